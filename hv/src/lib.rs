@@ -1,0 +1,126 @@
+//! kumo's VMM core: a KVM VM with memfd-backed RAM, the in-kernel irqchip and one
+//! thread per vCPU, booting a PVH ELF kernel as `docs/guest-abi.md` describes.
+//!
+//! ```no_run
+//! let config = hv::VmConfig {
+//!     vcpus: 1,
+//!     memory_mib: 64,
+//!     kernel: hv::testing::PvhImage::new(&[0xb0, 0x2a, 0xe6, 0xf4]).build(),
+//!     cmdline: String::new(),
+//!     modules: Vec::new(),
+//!     kvm_device: "/dev/kvm".into(),
+//! };
+//! let outcome = hv::Vm::new(config)?.run(Box::new(std::io::stdout()), std::time::Instant::now())?;
+//! assert!(matches!(outcome.exit, hv::GuestExit::DebugExit(0x2a)));
+//! # Ok::<(), hv::Error>(())
+//! ```
+
+pub mod acpi;
+pub mod boot;
+pub mod cpuid;
+pub mod elf;
+mod fault;
+mod kvm;
+pub mod layout;
+pub mod regs;
+pub mod testing;
+mod vcpu;
+mod vm;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub use fault::{CpuMode, FaultReason, FaultReport, Registers};
+pub use vm::Vm;
+
+/// What to boot and on how much.
+#[derive(Debug, Clone)]
+pub struct VmConfig {
+    pub vcpus: u32,
+    pub memory_mib: u64,
+    /// The PVH ELF kernel's bytes.
+    pub kernel: Vec<u8>,
+    pub cmdline: String,
+    /// Loaded page-aligned after the kernel and listed in `hvm_start_info`.
+    pub modules: Vec<Vec<u8>>,
+    /// Normally `/dev/kvm`.
+    pub kvm_device: PathBuf,
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunOutcome {
+    pub exit: GuestExit,
+    /// From `epoch` to the guest's first boot-timer write of 0x01, if it made one.
+    pub workload_started: Option<Duration>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[allow(clippy::large_enum_variant)] // made once per run; unboxed keeps matching simple
+pub enum GuestExit {
+    /// The guest wrote this value to the debug-exit port.
+    DebugExit(u32),
+    /// The guest crashed (or did something kumo cannot continue from).
+    Fault(FaultReport),
+}
+
+/// Errors creating or running a VM. Each message is one line a person can act on.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{}: KVM is not available on this host (no such device; load the kvm module or enable nested virtualization)", path.display())]
+    KvmMissing { path: PathBuf },
+    #[error("{}: permission denied opening the KVM device: run as root or join the kvm group", path.display())]
+    KvmPermission { path: PathBuf },
+    #[error("cannot open the KVM device {}: {source}", path.display())]
+    KvmOpen {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("KVM API version {0} is not supported (kumo needs 12)")]
+    KvmApiVersion(i32),
+    #[error("the VM needs at least 1 vCPU")]
+    NoVcpus,
+    #[error("{requested} vCPUs is above this host's KVM limit of {max} vCPUs")]
+    TooManyVcpus { requested: u32, max: u32 },
+    #[error(
+        "guest memory of {memory_mib} MiB is too small: the kernel image, modules and boot data need at least {needed_mib} MiB"
+    )]
+    MemoryTooSmall { memory_mib: u64, needed_mib: u64 },
+    #[error("guest memory of {memory_mib} MiB is above the supported maximum of {max_mib} MiB")]
+    MemoryTooLarge { memory_mib: u64, max_mib: u64 },
+    #[error("the kernel is not an ELF file (it does not start with \\x7fELF)")]
+    NotElf,
+    #[error("no XEN_ELFNOTE_PHYS32_ENTRY note: not a PVH kernel")]
+    NoPvhNote,
+    #[error("malformed kernel ELF: {0}")]
+    MalformedElf(String),
+    #[error("the kernel cannot be placed: {0}")]
+    KernelLayout(String),
+    #[error("the command line is {len} bytes long; at most {max} fit")]
+    CmdlineTooLong { len: usize, max: usize },
+    #[error("the command line contains a NUL byte")]
+    CmdlineNul,
+    #[error("{count} modules given; the module list holds at most {max}")]
+    TooManyModules { count: usize, max: usize },
+    #[error("KVM ioctl {ioctl} failed: {source}")]
+    Kvm {
+        ioctl: &'static str,
+        source: kvm_ioctls::Error,
+    },
+    #[error("{what} failed: {source}")]
+    Os {
+        what: &'static str,
+        source: std::io::Error,
+    },
+    #[error("guest memory: {0}")]
+    GuestMemory(String),
+    #[error("vCPU {index} thread failed: {why}")]
+    VcpuThread { index: u32, why: String },
+}
+
+/// The most vCPUs one VM may have on this host (KVM_CAP_MAX_VCPUS, else
+/// KVM_CAP_NR_VCPUS).
+pub fn max_vcpus(kvm_device: &Path) -> Result<u32, Error> {
+    let kvm = kvm::open(kvm_device)?;
+    Ok(kvm::max_vcpus(&kvm))
+}

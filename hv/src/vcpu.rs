@@ -1,0 +1,291 @@
+//! The vCPU thread: KVM_RUN and exit handling on the vCPU's own thread, and the kick
+//! that stops it.
+//!
+//! Stopping protocol: the coordinator sets `Shared::stop`, then sends `kick_signal()`
+//! to the thread (again every few ms until the thread reports back). The thread checks
+//! `stop` before every KVM_RUN. The signal's handler sets `immediate_exit` in the
+//! thread's own `kvm_run`, so a signal that lands between the check and the ioctl makes
+//! KVM_RUN return EINTR at once instead of entering the guest; a signal that lands
+//! inside KVM_RUN (running, halted, or waiting for SIPI) makes it return EINTR.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Once};
+
+use devices::{IoAction, PioBus};
+use kvm_bindings::{KVM_EXIT_IO_IN, KVM_EXIT_IO_OUT, kvm_run};
+use kvm_ioctls::{VcpuExit, VcpuFd};
+
+use crate::fault::{CpuMode, FaultReason, FaultReport, Registers};
+use crate::{Error, GuestExit};
+
+/// State shared by all vCPU threads of a VM.
+pub(crate) struct Shared {
+    pub stop: AtomicBool,
+    pub bus: PioBus,
+}
+
+impl Shared {
+    pub fn new(bus: PioBus) -> Self {
+        Self {
+            stop: AtomicBool::new(false),
+            bus,
+        }
+    }
+}
+
+/// How a vCPU thread ended.
+pub(crate) enum VcpuEnd {
+    /// The guest ended the VM on this vCPU.
+    Exit(GuestExit),
+    /// kumo could not continue (a KVM ioctl failed).
+    Error(Error),
+    /// Stopped on request.
+    Stopped,
+}
+
+pub(crate) fn kick_signal() -> libc::c_int {
+    vmm_sys_util::signal::SIGRTMIN()
+}
+
+thread_local! {
+    /// This thread's `kvm_run`, for the kick handler.
+    static KVM_RUN: Cell<*mut kvm_run> = const { Cell::new(std::ptr::null_mut()) };
+}
+
+extern "C" fn kick_handler(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    // Only a const-initialised, destructor-free thread-local and a volatile byte store:
+    // async-signal-safe.
+    let run = KVM_RUN.with(Cell::get);
+    if !run.is_null() {
+        // SAFETY: `run` points at this thread's kvm_run mapping, set by `thread_main`
+        // for the lifetime of the VcpuFd that owns it and cleared before the fd is
+        // dropped; `immediate_exit` is a plain byte that KVM reads on entry.
+        unsafe { std::ptr::addr_of_mut!((*run).immediate_exit).write_volatile(1) };
+    }
+}
+
+static HANDLER: Once = Once::new();
+
+pub(crate) fn install_kick_handler() -> Result<(), Error> {
+    let mut result = Ok(());
+    HANDLER.call_once(|| {
+        result = vmm_sys_util::signal::register_signal_handler(kick_signal(), kick_handler)
+            .map_err(|e| Error::Os {
+                what: "installing the vCPU kick signal handler",
+                source: std::io::Error::from_raw_os_error(e.errno()),
+            });
+    });
+    result
+}
+
+/// Reports the thread's end exactly once, even if the thread panics.
+struct Reporter {
+    index: u32,
+    tx: Sender<(u32, VcpuEnd)>,
+    sent: bool,
+}
+
+impl Reporter {
+    fn send(mut self, end: VcpuEnd) {
+        self.sent = true;
+        let _ = self.tx.send((self.index, end));
+    }
+}
+
+impl Drop for Reporter {
+    fn drop(&mut self) {
+        if !self.sent {
+            let _ = self.tx.send((
+                self.index,
+                VcpuEnd::Error(Error::VcpuThread {
+                    index: self.index,
+                    why: "the thread panicked".into(),
+                }),
+            ));
+        }
+    }
+}
+
+pub(crate) fn thread_main(
+    index: u32,
+    mut vcpu: VcpuFd,
+    shared: Arc<Shared>,
+    tx: Sender<(u32, VcpuEnd)>,
+) {
+    let reporter = Reporter {
+        index,
+        tx,
+        sent: false,
+    };
+    let _ = vmm_sys_util::signal::unblock_signal(kick_signal());
+    KVM_RUN.with(|c| c.set(vcpu.get_kvm_run() as *mut kvm_run));
+    let end = run_loop(index, &mut vcpu, &shared);
+    KVM_RUN.with(|c| c.set(std::ptr::null_mut()));
+    reporter.send(end);
+}
+
+enum Step {
+    Continue,
+    Io,
+    Fault(FaultReason),
+    InternalError,
+}
+
+fn run_loop(index: u32, vcpu: &mut VcpuFd, shared: &Shared) -> VcpuEnd {
+    let mut eagain: u32 = 0;
+    loop {
+        if shared.stop.load(Ordering::SeqCst) {
+            return VcpuEnd::Stopped;
+        }
+        let step = match vcpu.run() {
+            Ok(VcpuExit::IoIn(..) | VcpuExit::IoOut(..)) => Step::Io,
+            Ok(VcpuExit::MmioRead(addr, data)) => {
+                tracing::debug!(
+                    vcpu = index,
+                    "unhandled MMIO read of {} bytes at {addr:#x}",
+                    data.len()
+                );
+                data.fill(0xff);
+                Step::Continue
+            }
+            Ok(VcpuExit::MmioWrite(addr, data)) => {
+                tracing::debug!(
+                    vcpu = index,
+                    "unhandled MMIO write of {} bytes at {addr:#x}",
+                    data.len()
+                );
+                Step::Continue
+            }
+            Ok(VcpuExit::Shutdown) => Step::Fault(FaultReason::TripleFault),
+            Ok(VcpuExit::InternalError) => Step::InternalError,
+            Ok(VcpuExit::FailEntry(hardware_reason, cpu)) => Step::Fault(FaultReason::FailEntry {
+                hardware_reason,
+                cpu,
+            }),
+            Ok(VcpuExit::Intr) => Step::Continue,
+            Ok(VcpuExit::SystemEvent(kind, data)) => Step::Fault(FaultReason::UnhandledExit(
+                format!("KVM_EXIT_SYSTEM_EVENT type {kind} data {data:x?}"),
+            )),
+            Ok(other) => Step::Fault(FaultReason::UnhandledExit(format!("{other:?}"))),
+            Err(e) => match e.errno() {
+                libc::EINTR => {
+                    // A kick (or another signal). Re-arm before the stop check above.
+                    vcpu.set_kvm_immediate_exit(0);
+                    Step::Continue
+                }
+                libc::EAGAIN => {
+                    // An AP's first KVM_RUN after INIT-SIPI may say EAGAIN: retry.
+                    eagain += 1;
+                    if eagain > 16 {
+                        std::thread::yield_now();
+                    }
+                    Step::Continue
+                }
+                errno => Step::Fault(FaultReason::RunFailed { errno }),
+            },
+        };
+        match step {
+            Step::Continue => {}
+            Step::Io => {
+                if let IoAction::Exit(v) = handle_io(vcpu.get_kvm_run(), &shared.bus) {
+                    return VcpuEnd::Exit(GuestExit::DebugExit(v));
+                }
+            }
+            Step::Fault(reason) => return fault(index, vcpu, reason),
+            Step::InternalError => {
+                let run = vcpu.get_kvm_run();
+                // SAFETY: KVM_RUN just returned KVM_EXIT_INTERNAL_ERROR, so `internal` is
+                // the active member of the exit union.
+                let internal = unsafe { run.__bindgen_anon_1.internal };
+                let n = (internal.ndata as usize).min(internal.data.len());
+                let reason = FaultReason::InternalError {
+                    suberror: internal.suberror,
+                    data: internal.data[..n].to_vec(),
+                };
+                return fault(index, vcpu, reason);
+            }
+        }
+    }
+}
+
+/// Port I/O, including `rep ins/outs` (count > 1): each element goes to the bus.
+#[inline]
+fn handle_io(run: &mut kvm_run, bus: &PioBus) -> IoAction {
+    // SAFETY: KVM_RUN just returned KVM_EXIT_IO, so `io` is the active member.
+    let io = unsafe { run.__bindgen_anon_1.io };
+    let size = usize::from(io.size);
+    let len = size * io.count as usize;
+    let base = (run as *mut kvm_run).cast::<u8>();
+    // SAFETY: for KVM_EXIT_IO the kernel puts `size * count` data bytes at `data_offset`
+    // inside the vCPU's kvm_run mapping (KVM_GET_VCPU_MMAP_SIZE bytes, mapped for the
+    // life of the VcpuFd); nothing else references those bytes while this slice lives.
+    let data = unsafe { std::slice::from_raw_parts_mut(base.add(io.data_offset as usize), len) };
+    if size == 0 {
+        return IoAction::Continue;
+    }
+    let mut action = IoAction::Continue;
+    match u32::from(io.direction) {
+        KVM_EXIT_IO_OUT => {
+            for chunk in data.chunks_exact(size) {
+                if let IoAction::Exit(v) = bus.write(io.port, chunk) {
+                    action = IoAction::Exit(v);
+                    break;
+                }
+            }
+        }
+        KVM_EXIT_IO_IN => {
+            for chunk in data.chunks_exact_mut(size) {
+                bus.read(io.port, chunk);
+            }
+        }
+        _ => {}
+    }
+    action
+}
+
+fn fault(index: u32, vcpu: &VcpuFd, reason: FaultReason) -> VcpuEnd {
+    let registers = registers(vcpu);
+    VcpuEnd::Exit(GuestExit::Fault(FaultReport {
+        reason,
+        vcpu: index,
+        registers,
+    }))
+}
+
+fn registers(vcpu: &VcpuFd) -> Result<Registers, String> {
+    let r = vcpu
+        .get_regs()
+        .map_err(|e| format!("KVM_GET_REGS failed: {e}"))?;
+    let s = vcpu
+        .get_sregs()
+        .map_err(|e| format!("KVM_GET_SREGS failed: {e}"))?;
+    Ok(Registers {
+        gprs: [
+            r.rax, r.rbx, r.rcx, r.rdx, r.rsi, r.rdi, r.rbp, r.r8, r.r9, r.r10, r.r11, r.r12,
+            r.r13, r.r14, r.r15,
+        ],
+        rip: r.rip,
+        rsp: r.rsp,
+        rflags: r.rflags,
+        cr0: s.cr0,
+        cr2: s.cr2,
+        cr3: s.cr3,
+        cr4: s.cr4,
+        efer: s.efer,
+        cs: s.cs.selector,
+        cpl: if s.cr0 & 1 != 0 {
+            (s.cs.selector & 3) as u8
+        } else {
+            0
+        },
+        mode: Some(CpuMode::from_state(
+            s.cr0,
+            s.efer,
+            r.rflags,
+            s.cs.l != 0,
+            s.cs.db != 0,
+        )),
+    })
+}

@@ -1,0 +1,357 @@
+//! VM creation and the run coordinator.
+
+use std::fs::File;
+use std::os::fd::FromRawFd;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use devices::boot_timer::BOOT_TIMER_PORT;
+use devices::debug_exit::{DEBUG_EXIT_LEN, DEBUG_EXIT_PORT};
+use devices::serial::{COM1_LEN, COM1_PORT};
+use devices::{BootTimer, Com1, DebugExit, PioBus, PioRange};
+use kvm_bindings::{CpuId, KVM_MAX_CPUID_ENTRIES, kvm_userspace_memory_region};
+use kvm_ioctls::{Kvm, VcpuFd, VmFd};
+use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vmm_sys_util::signal::Killable;
+
+use crate::kvm::{self, ioctl};
+use crate::layout::*;
+use crate::vcpu::{self, Shared, VcpuEnd};
+use crate::{Error, GuestExit, RunOutcome, VmConfig, acpi, boot, cpuid, elf, regs};
+
+/// A created VM, ready to run.
+pub struct Vm {
+    // Field order is drop order: vCPUs before the VM before KVM; memory last.
+    vcpus: Vec<VcpuFd>,
+    _vm: VmFd,
+    _kvm: Kvm,
+    memory: GuestMemoryMmap,
+    memfd: File,
+}
+
+impl std::fmt::Debug for Vm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Vm")
+            .field("vcpus", &self.vcpus.len())
+            .field("memory", &self.memory.last_addr())
+            .finish()
+    }
+}
+
+/// How long the coordinator waits between kicks of vCPUs that have not stopped yet.
+const REKICK: Duration = Duration::from_millis(10);
+
+impl Vm {
+    /// Validates the configuration, opens KVM, creates the VM with memfd-backed RAM, the
+    /// in-kernel irqchip and the vCPUs (CPUID policy), loads the kernel and modules,
+    /// writes the boot information and ACPI tables and sets the BSP's PVH entry state.
+    pub fn new(config: VmConfig) -> Result<Vm, Error> {
+        // Everything that needs no KVM first, so bad input fails fast.
+        if config.vcpus == 0 {
+            return Err(Error::NoVcpus);
+        }
+        if config.memory_mib > MAX_MEMORY_MIB {
+            return Err(Error::MemoryTooLarge {
+                memory_mib: config.memory_mib,
+                max_mib: MAX_MEMORY_MIB,
+            });
+        }
+        let mem_size = config.memory_mib * MIB;
+        let info = elf::inspect(&config.kernel)?;
+        let sizes: Vec<u64> = config.modules.iter().map(|m| m.len() as u64).collect();
+        let (modules, modules_end) = boot::place_modules(info.end, &sizes).ok_or_else(|| {
+            Error::KernelLayout("the modules do not fit in the address space".into())
+        })?;
+        let blobs = boot::boot_blobs(mem_size, &config.cmdline, &modules)?;
+        let needed = info.end.max(modules_end).max(HIGH_RAM_START);
+        if needed > mem_size {
+            let needed_mib = needed.div_ceil(MIB);
+            if needed_mib > MAX_MEMORY_MIB {
+                return Err(Error::KernelLayout(format!(
+                    "the kernel and modules end at {needed:#x}, above the {MAX_MEMORY_MIB} MiB kumo supports"
+                )));
+            }
+            return Err(Error::MemoryTooSmall {
+                memory_mib: config.memory_mib,
+                needed_mib,
+            });
+        }
+        elf::check_layout(&info, mem_size)?;
+        let acpi_blob = acpi::build(config.vcpus, ACPI_START);
+        if ACPI_START + acpi_blob.len() as u64 > HIGH_RAM_START {
+            return Err(Error::KernelLayout(format!(
+                "ACPI tables for {} vCPUs do not fit below 1 MiB",
+                config.vcpus
+            )));
+        }
+
+        let kvm = kvm::open(&config.kvm_device)?;
+        let max = kvm::max_vcpus(&kvm);
+        if config.vcpus > max {
+            return Err(Error::TooManyVcpus {
+                requested: config.vcpus,
+                max,
+            });
+        }
+        let vm = create_vm(&kvm)?;
+        let (memory, memfd) = create_memory(mem_size)?;
+        let host = memory
+            .get_host_address(GuestAddress(0))
+            .map_err(|e| Error::GuestMemory(e.to_string()))?;
+        let region = kvm_userspace_memory_region {
+            slot: 0,
+            flags: 0,
+            guest_phys_addr: 0,
+            memory_size: mem_size,
+            userspace_addr: host as u64,
+        };
+        // SAFETY: the region maps `memory`, a live mapping of exactly `mem_size` bytes that
+        // the Vm owns and drops only after the VM fd (field order), so KVM never sees a
+        // dangling host range.
+        unsafe { vm.set_user_memory_region(region) }
+            .map_err(ioctl("KVM_SET_USER_MEMORY_REGION"))?;
+        vm.set_tss_address(KVM_TSS_ADDR)
+            .map_err(ioctl("KVM_SET_TSS_ADDR"))?;
+        // Before any vCPU: KVM refuses it afterwards.
+        vm.create_irq_chip().map_err(ioctl("KVM_CREATE_IRQCHIP"))?;
+
+        let supported = kvm
+            .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+            .map_err(ioctl("KVM_GET_SUPPORTED_CPUID"))?;
+        let mut vcpus = Vec::with_capacity(config.vcpus as usize);
+        let mut tsc_khz = 0;
+        for index in 0..config.vcpus {
+            let vcpu = vm
+                .create_vcpu(u64::from(index))
+                .map_err(ioctl("KVM_CREATE_VCPU"))?;
+            if index == 0 {
+                tsc_khz = vcpu.get_tsc_khz().unwrap_or_else(|e| {
+                    tracing::warn!("KVM_GET_TSC_KHZ failed ({e}); CPUID leaf 0x40000010 reports 0");
+                    0
+                });
+            }
+            let entries = cpuid::vcpu_cpuid(supported.as_slice(), index, config.vcpus, tsc_khz);
+            let cpuid = CpuId::from_entries(&entries).map_err(|_| Error::Kvm {
+                ioctl: "KVM_SET_CPUID2",
+                source: kvm_ioctls::Error::new(libc::E2BIG),
+            })?;
+            vcpu.set_cpuid2(&cpuid).map_err(ioctl("KVM_SET_CPUID2"))?;
+            vcpus.push(vcpu);
+        }
+
+        let entry = elf::load(&memory, &config.kernel, &info)?;
+        for ((addr, _), bytes) in modules.iter().zip(&config.modules) {
+            write(&memory, *addr, bytes)?;
+        }
+        for (addr, bytes) in &blobs {
+            write(&memory, *addr, bytes)?;
+        }
+        write(&memory, ACPI_START, &acpi_blob)?;
+
+        let bsp = &vcpus[0];
+        let sregs = bsp.get_sregs().map_err(ioctl("KVM_GET_SREGS"))?;
+        bsp.set_sregs(&regs::entry_sregs(&sregs))
+            .map_err(ioctl("KVM_SET_SREGS"))?;
+        bsp.set_regs(&regs::entry_regs(entry))
+            .map_err(ioctl("KVM_SET_REGS"))?;
+        tracing::debug!(
+            vcpus = config.vcpus,
+            memory_mib = config.memory_mib,
+            entry = format_args!("{entry:#x}"),
+            tsc_khz,
+            "VM created"
+        );
+        Ok(Vm {
+            vcpus,
+            _vm: vm,
+            _kvm: kvm,
+            memory,
+            memfd,
+        })
+    }
+
+    /// The memfd behind guest RAM (offset 0 = guest-physical 0).
+    pub fn memory_fd(&self) -> &File {
+        &self.memfd
+    }
+
+    /// Guest RAM.
+    pub fn memory(&self) -> &GuestMemoryMmap {
+        &self.memory
+    }
+
+    pub fn vcpu_count(&self) -> u32 {
+        self.vcpus.len() as u32
+    }
+
+    /// Runs one thread per vCPU (`vcpu0`, `vcpu1`, ...) until the guest writes the
+    /// debug-exit port or faults; then stops every other vCPU and returns. COM1 output
+    /// goes to `console`, which is dropped before this returns. `epoch` is the start
+    /// of kumo, for `workload_started`.
+    pub fn run(
+        self,
+        console: Box<dyn std::io::Write + Send>,
+        epoch: Instant,
+    ) -> Result<RunOutcome, Error> {
+        vcpu::install_kick_handler()?;
+        let com1 = Arc::new(Com1::new(console));
+        let timer = Arc::new(BootTimer::new());
+        let mut bus = PioBus::new();
+        let devices: [(u16, u16, Arc<dyn devices::PioDevice>); 3] = [
+            (COM1_PORT, COM1_LEN, com1.clone()),
+            (DEBUG_EXIT_PORT, DEBUG_EXIT_LEN, Arc::new(DebugExit)),
+            (BOOT_TIMER_PORT, 1, timer.clone()),
+        ];
+        for (base, len, device) in devices {
+            bus.insert(PioRange::new(base, len), device)
+                .expect("the fixed port map does not overlap");
+        }
+        let shared = Arc::new(Shared::new(bus));
+        let (tx, rx) = mpsc::channel();
+
+        let count = self.vcpus.len();
+        let mut handles = Vec::with_capacity(count);
+        let mut spawn_error = None;
+        for (index, fd) in self.vcpus.into_iter().enumerate() {
+            let index = index as u32;
+            let shared = shared.clone();
+            let tx = tx.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("vcpu{index}"))
+                .spawn(move || vcpu::thread_main(index, fd, shared, tx));
+            match spawned {
+                Ok(h) => handles.push(h),
+                Err(source) => {
+                    spawn_error = Some(Error::Os {
+                        what: "spawning a vCPU thread",
+                        source,
+                    });
+                    break;
+                }
+            }
+        }
+        drop(tx);
+
+        // The first vCPU to end the VM decides the outcome.
+        let mut ended = vec![false; handles.len()];
+        let mut remaining = handles.len();
+        let mut decision: Option<Result<GuestExit, Error>> = spawn_error.map(Err);
+        while decision.is_none() {
+            match rx.recv() {
+                Ok((index, end)) => {
+                    ended[index as usize] = true;
+                    remaining -= 1;
+                    match end {
+                        VcpuEnd::Exit(exit) => decision = Some(Ok(exit)),
+                        VcpuEnd::Error(e) => decision = Some(Err(e)),
+                        VcpuEnd::Stopped => {}
+                    }
+                }
+                Err(mpsc::RecvError) => {
+                    decision = Some(Err(Error::VcpuThread {
+                        index: 0,
+                        why: "every vCPU thread ended without an outcome".into(),
+                    }))
+                }
+            }
+        }
+
+        // Stop the others: flag first, then kick until each has acknowledged.
+        shared.stop.store(true, Ordering::SeqCst);
+        while remaining > 0 {
+            for (h, _) in handles.iter().zip(&ended).filter(|(_, e)| !**e) {
+                if let Err(e) = h.kill(vcpu::kick_signal()) {
+                    tracing::debug!("kicking a vCPU thread failed: {e}");
+                }
+            }
+            let deadline = Instant::now() + REKICK;
+            while remaining > 0 {
+                let Some(wait) = deadline.checked_duration_since(Instant::now()) else {
+                    break;
+                };
+                match rx.recv_timeout(wait) {
+                    Ok((index, end)) => {
+                        ended[index as usize] = true;
+                        remaining -= 1;
+                        if let VcpuEnd::Error(e) = end {
+                            tracing::debug!("vCPU {index} failed while stopping: {e}");
+                        }
+                    }
+                    Err(mpsc::RecvTimeoutError::Timeout) => break,
+                    Err(mpsc::RecvTimeoutError::Disconnected) => {
+                        remaining = 0;
+                    }
+                }
+            }
+        }
+        for (index, h) in handles.into_iter().enumerate() {
+            if h.join().is_err() {
+                tracing::error!("vCPU {index} thread panicked");
+            }
+        }
+
+        let workload_started = timer
+            .first_mark()
+            .map(|t| t.saturating_duration_since(epoch));
+        com1.flush();
+        drop(com1.take_writer());
+        let exit = decision.expect("loop ends with a decision")?;
+        match &exit {
+            GuestExit::DebugExit(v) => tracing::debug!("guest exited with {v:#x}"),
+            GuestExit::Fault(r) => tracing::debug!("guest fault: {}", r.reason),
+        }
+        Ok(RunOutcome {
+            exit,
+            workload_started,
+        })
+    }
+}
+
+fn create_vm(kvm: &Kvm) -> Result<VmFd, Error> {
+    // KVM_CREATE_VM can fail with EINTR when a signal arrives; retry then.
+    let mut tries = 0;
+    loop {
+        match kvm.create_vm() {
+            Ok(vm) => return Ok(vm),
+            Err(e) if e.errno() == libc::EINTR && tries < 10 => tries += 1,
+            Err(e) => return Err(ioctl("KVM_CREATE_VM")(e)),
+        }
+    }
+}
+
+/// Guest RAM `[0, size)` on a memfd (zero-filled, untouched: pages appear when used).
+fn create_memory(size: u64) -> Result<(GuestMemoryMmap, File), Error> {
+    // SAFETY: the name is a valid NUL-terminated string; the return value is checked.
+    let fd = unsafe { libc::memfd_create(c"kumo-guest-ram".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(Error::Os {
+            what: "memfd_create",
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    // SAFETY: `fd` is a new descriptor that nothing else owns.
+    let file = unsafe { File::from_raw_fd(fd) };
+    file.set_len(size).map_err(|source| Error::Os {
+        what: "sizing the guest RAM memfd",
+        source,
+    })?;
+    let mapped = file.try_clone().map_err(|source| Error::Os {
+        what: "duplicating the guest RAM memfd",
+        source,
+    })?;
+    let memory = GuestMemoryMmap::from_ranges_with_files([(
+        GuestAddress(0),
+        size as usize,
+        Some(FileOffset::new(mapped, 0)),
+    )])
+    .map_err(|e| Error::GuestMemory(e.to_string()))?;
+    Ok((memory, file))
+}
+
+fn write(memory: &GuestMemoryMmap, addr: u64, bytes: &[u8]) -> Result<(), Error> {
+    memory
+        .write_slice(bytes, GuestAddress(addr))
+        .map_err(|e| Error::GuestMemory(format!("writing {} bytes at {addr:#x}: {e}", bytes.len())))
+}
