@@ -1,0 +1,70 @@
+//! What kumo's guest supervisor (ring 0) and its runtime (ring 3) agree on: where the
+//! runtime image lives, what ring 3 is handed on entry, and the trap calls.
+#![no_std]
+
+/// Physical (= virtual: identity map) address where the runtime image is linked and
+/// loaded, as part of the supervisor's PVH ELF.
+pub const USER_IMAGE_BASE: u64 = 0x100_0000;
+
+/// First bytes of the runtime image.
+#[repr(C)]
+pub struct UserHeader {
+    /// [`USER_MAGIC`].
+    pub magic: u64,
+    /// Ring-3 entry point, entered on every CPU with `rdi` = `&BootInfo`, `rsi` = CPU
+    /// index, `rsp` = top of that CPU's ring-3 stack (16-byte aligned).
+    pub entry: u64,
+    /// End of the image including its .bss (the supervisor's ELF covers it, so the PVH
+    /// loader zero-fills it).
+    pub end: u64,
+}
+
+/// "KUMOUSR1", little-endian.
+pub const USER_MAGIC: u64 = u64::from_le_bytes(*b"KUMOUSR1");
+
+/// Most CPUs the guest brings up (GDT, TSS and stacks are sized for this).
+pub const MAX_CPUS: usize = 64;
+
+/// Shared, read-only description of the machine handed to ring 3.
+#[repr(C)]
+pub struct BootInfo {
+    /// CPUs running the runtime (the BSP is CPU 0).
+    pub cpus: u32,
+    pub reserved: u32,
+    /// TSC ticks per millisecond.
+    pub tsc_khz: u64,
+    /// Address of the NUL-terminated command line, 0 if there is none.
+    pub cmdline: u64,
+    /// Free RAM for the workload: `[heap_start, heap_end)`.
+    pub heap_start: u64,
+    pub heap_end: u64,
+    /// TSC at the guest's first instruction (PVH entry).
+    pub entry_tsc: u64,
+}
+
+/// Trap calls: ring 3 executes `int3` with `rdi` = call number and arguments in `rsi`,
+/// `rdx`, `rcx`; the result comes back in `rax`. Every other caller-saved register
+/// (SysV ABI) may be clobbered; vector registers are preserved (ring 0 never touches
+/// them). `syscall` and `int 0x80` are not used: they are broken on PVM hosts.
+pub mod call {
+    /// `write(ptr, len)`: bytes to COM1.
+    pub const WRITE: u64 = 0;
+    /// `exit(status)`: debug-exit port write; does not return.
+    pub const EXIT: u64 = 1;
+    /// `wait(addr, expected)`: sleep until an interrupt if the u32 at `addr` still
+    /// equals `expected` (checked with interrupts off). May return spuriously.
+    pub const WAIT: u64 = 2;
+    /// `wake()`: interrupt every other CPU (ends their `wait`).
+    pub const WAKE: u64 = 3;
+    /// `mark_start()`: the boot-timer port write ("workload started").
+    pub const MARK_START: u64 = 4;
+    /// `fault(kind)`: fault deliberately in ring 0, `kind` one of [`super::fault`].
+    pub const FAULT: u64 = 5;
+}
+
+/// Kinds of deliberate ring-0 fault (`fault=` on the command line).
+pub mod fault {
+    pub const TRIPLE: u64 = 0;
+    pub const UD: u64 = 1;
+    pub const PAGEFAULT: u64 = 2;
+}

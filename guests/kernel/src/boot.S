@@ -1,0 +1,275 @@
+/* kumo guest supervisor: entry, descriptor tables, page tables, interrupt stubs.
+ *
+ * Ring-0 code runs in KVM's instruction emulator on PVM hosts (~1 us per instruction),
+ * so everything that can be computed before run time is: the page tables, GDT, TSSs
+ * and IDT below are plain data in the image. The IDT gates can be data only because
+ * the stubs sit at a fixed address (kernel.ld asserts it), which makes each handler
+ * address an assembler constant that can be split into the gate's fields. */
+
+.set STUBS_BASE,    0x100000
+.set TSS_BASE,      0x101000
+.set TSS_SIZE,      128
+.set MAX_CPUS,      64
+.set KSTACK_SIZE,   16384
+.set SEL_CODE64,    0x08
+.set SEL_DATA,      0x10
+.set SEL_CODE32,    0x18
+.set IDT_VECTORS,   48
+.set WAKE_VECTOR,   32
+.set SPURIOUS_VECTOR, 47
+.set AP_TRAMPOLINE, 0x8000
+
+/* ---- Xen PVH entry note: XEN_ELFNOTE_PHYS32_ENTRY (18). The descriptor is 8 bytes
+   (QEMU reads a 64-bit value for ELF64 kernels; Xen and kumo accept 4 or 8). */
+.section .note.Xen, "a"
+.balign 4
+.long 4, 8, 18
+.asciz "Xen"
+.balign 4
+.quad pvh_start32
+
+/* ---- 32-bit entry (BSP from the PVH loader, APs from the trampoline) ---- */
+.section .text.boot, "ax"
+.code32
+.globl pvh_start32
+pvh_start32:
+    rdtsc
+    mov %eax, entry_tsc
+    mov %edx, entry_tsc + 4
+    xor %esi, %esi                  /* esi = 0: the BSP; ebx = hvm_start_info */
+enter_long_mode:
+    lgdt gdt_ptr
+    mov $0x620, %eax                /* CR4: PAE | OSFXSR | OSXMMEXCPT (SSE for ring 3) */
+    mov %eax, %cr4
+    mov $pml4, %eax
+    mov %eax, %cr3
+    mov $0xC0000080, %ecx           /* EFER.LME */
+    rdmsr
+    or $0x100, %eax
+    wrmsr
+    mov $0x80010033, %eax           /* CR0: PG | WP | NE | ET | MP | PE (EM clear) */
+    mov %eax, %cr0
+    ljmp $SEL_CODE64, $long_mode
+
+.code64
+long_mode:
+    mov $SEL_DATA, %eax
+    mov %eax, %ds
+    mov %eax, %es
+    mov %eax, %ss
+    lidt idt_ptr
+    test %esi, %esi
+    jnz ap_long_mode
+    mov $kstacks + KSTACK_SIZE, %esp    /* CPU 0's stack; rsp upper half is 0 */
+    mov %ebx, %edi
+    call bsp_main
+    ud2
+
+ap_long_mode:
+    mov $1, %eax                    /* CPUID.1 EBX[31:24]: this CPU's APIC ID */
+    cpuid
+    shr $24, %ebx
+    movzbl apic_to_cpu(%rbx), %edi
+    cmp $MAX_CPUS, %edi
+    jae park                        /* not in the MADT (or beyond MAX_CPUS): stay off */
+    mov %edi, %eax
+    shl $14, %eax                   /* KSTACK_SIZE */
+    lea kstacks + KSTACK_SIZE(%rax), %rsp
+    call ap_main
+park:
+    cli
+    hlt
+    jmp park
+
+/* ---- AP real-mode trampoline, copied to AP_TRAMPOLINE (SIPI vector 0x08) ---- */
+.code16
+.globl ap_trampoline_start, ap_trampoline_end
+ap_trampoline_start:
+    cli
+    mov %cs, %ax
+    mov %ax, %ds
+    lgdtl tramp_gdt_ptr - ap_trampoline_start
+    mov %cr0, %eax
+    or $1, %eax
+    mov %eax, %cr0
+    ljmpl $SEL_CODE32, $ap_protected_mode
+.balign 4
+tramp_gdt_ptr:
+    .short gdt_end - gdt - 1
+    .long gdt
+ap_trampoline_end:
+
+.code32
+ap_protected_mode:
+    mov $SEL_DATA, %eax
+    mov %eax, %ds
+    mov %eax, %es
+    mov %eax, %ss
+    mov $1, %esi
+    jmp enter_long_mode
+
+.code64
+/* ---- Trap and interrupt entries ---- */
+
+/* int3 from ring 3 is the trap call (see kumo_abi::call); from ring 0 it is a fault.
+   Ring 3 declares every caller-saved register clobbered, so nothing is saved here. */
+breakpoint_entry:
+    testb $3, 8(%rsp)
+    jz 1f
+    sub $8, %rsp                    /* 16-byte alignment for the call */
+    call kumo_trap
+    add $8, %rsp
+    iretq
+1:  push $0
+    push $3
+    jmp fault_entry
+
+/* The wake-up IPI: acknowledge and return (waking from hlt is the whole point). */
+wake_entry:
+    push %rax
+    push %rcx
+    push %rdx
+    cmpb $0, x2apic_mode
+    je 1f
+    mov $0x80B, %ecx                /* x2APIC EOI */
+    xor %eax, %eax
+    xor %edx, %edx
+    wrmsr
+    jmp 2f
+1:  mov $0xFEE000B0, %ecx           /* xAPIC EOI */
+    movl $0, (%rcx)
+2:  pop %rdx
+    pop %rcx
+    pop %rax
+    iretq
+
+/* Stack: vector, error code, then the CPU's frame (rip, cs, rflags, rsp, ss). */
+fault_entry:
+    mov %rsp, %rdi
+    and $-16, %rsp
+    call kumo_fault
+    ud2
+
+/* ---- IDT stubs, 16 bytes each at STUBS_BASE + 16 * vector ---- */
+.section .idt_stubs, "ax"
+.set vec, 0
+.rept IDT_VECTORS
+    .org vec * 16
+    .if vec == 3
+        jmp breakpoint_entry
+    .elseif vec == WAKE_VECTOR
+        jmp wake_entry
+    .elseif vec == SPURIOUS_VECTOR
+        iretq                       /* spurious: no EOI */
+    .elseif vec == 8 || vec == 10 || vec == 11 || vec == 12 || vec == 13 || vec == 14 || vec == 17 || vec == 21 || vec == 29 || vec == 30
+        push $vec                   /* the CPU pushed an error code */
+        jmp fault_entry
+    .else
+        push $0
+        push $vec
+        jmp fault_entry
+    .endif
+    .set vec, vec + 1
+.endr
+
+/* ---- Task state segments, TSS_SIZE apart at TSS_BASE: RSP0 = the CPU's kernel stack */
+.section .tss, "aw"
+.set cpu, 0
+.rept MAX_CPUS
+    .long 0
+    .quad kstacks + (cpu + 1) * KSTACK_SIZE   /* RSP0 */
+    .fill 88, 1, 0                  /* RSP1, RSP2, IST1-7, reserved */
+    .short 0
+    .short 104                      /* I/O map base beyond the limit: no I/O bitmap */
+    .fill TSS_SIZE - 104, 1, 0
+    .set cpu, cpu + 1
+.endr
+
+.section .data.tables, "aw"
+/* ---- Page tables: identity map of [0, 4 GiB) with 2 MiB pages.
+   U/S is set at every level: ring 3 needs its image, stacks, heap, BootInfo and the
+   command line, and this guest runs one trusted workload, so separating ring 3 from
+   ring-0 memory would buy nothing while finer tables would cost emulated ring-0 work. */
+.balign 4096
+pml4:
+    .quad pdpt + 0x7                /* P | RW | US */
+    .fill 511, 8, 0
+pdpt:
+    .quad pd + 0x0000 + 0x7
+    .quad pd + 0x1000 + 0x7
+    .quad pd + 0x2000 + 0x7
+    .quad pd + 0x3000 + 0x7
+    .fill 508, 8, 0
+pd:
+.set page, 0
+.rept 2048
+    .quad (page << 21) | 0x87       /* P | RW | US | PS (2 MiB) */
+    .set page, page + 1
+.endr
+
+/* ---- GDT: null, code64, data, code32, user data (0x23), user code64 (0x2B), then one
+   16-byte TSS descriptor per CPU at 0x30 + 16 * cpu. */
+.balign 16
+gdt:
+    .quad 0
+    .quad 0x00AF9A000000FFFF
+    .quad 0x00CF92000000FFFF
+    .quad 0x00CF9A000000FFFF
+    .quad 0x00CFF2000000FFFF
+    .quad 0x00AFFA000000FFFF
+.set cpu, 0
+.rept MAX_CPUS
+    .set tss, TSS_BASE + cpu * TSS_SIZE
+    .quad (TSS_SIZE - 1) | ((tss & 0xFFFFFF) << 16) | (0x89 << 40) | ((tss >> 24) << 56)
+    .quad tss >> 32
+    .set cpu, cpu + 1
+.endr
+gdt_end:
+.balign 8
+gdt_ptr:
+    .short gdt_end - gdt - 1
+    .quad gdt
+
+/* ---- IDT: interrupt gates (IF cleared on entry); only int3 is callable from ring 3. */
+.balign 16
+.globl idt_ptr
+idt:
+.set vec, 0
+.rept IDT_VECTORS
+    .set handler, STUBS_BASE + vec * 16
+    .short handler & 0xFFFF
+    .short SEL_CODE64
+    .byte 0
+    .if vec == 3
+        .byte 0xEE                  /* present, DPL 3, 64-bit interrupt gate */
+    .else
+        .byte 0x8E                  /* present, DPL 0, 64-bit interrupt gate */
+    .endif
+    .short (handler >> 16) & 0xFFFF
+    .long handler >> 32
+    .long 0
+    .set vec, vec + 1
+.endr
+idt_end:
+.balign 8
+idt_ptr:
+    .short idt_end - idt - 1
+    .quad idt
+
+/* Written by the BSP before it starts the APs: APIC ID -> CPU index (0xFF = none). */
+.globl apic_to_cpu
+apic_to_cpu:
+    .fill 256, 1, 0xFF
+.globl x2apic_mode
+x2apic_mode:
+    .byte 0
+.balign 8
+.globl entry_tsc
+entry_tsc:
+    .quad 0
+
+.section .bss.kstacks, "aw", @nobits
+.balign 4096
+.globl kstacks
+kstacks:
+    .skip MAX_CPUS * KSTACK_SIZE

@@ -1,0 +1,339 @@
+//! NAS Parallel Benchmarks for kumo's guest: the parts that do not depend on the guest
+//! runtime (problem classes, the random generator, each kernel's per-thread work,
+//! deterministic combining, verification, Mop/s).
+//!
+//! `no_std` and allocation-free: the same code runs in the guest's ring 3 and in the
+//! host's unit tests, and both use the pure-Rust `libm`, so they compute the same bits.
+#![no_std]
+
+use core::fmt;
+use core::str::FromStr;
+
+pub mod ep;
+pub mod random;
+
+/// A benchmark kernel. IS, CG, MG and FT are to follow; each gets its own module with
+/// per-thread work, combine and verify, and a row in the `match`es below.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+pub enum Kernel {
+    Ep,
+}
+
+impl Kernel {
+    pub const ALL: &'static [Kernel] = &[Kernel::Ep];
+
+    /// Lower-case name as written on command lines and in results: `ep`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Ep => "ep",
+        }
+    }
+
+    fn from_name(name: &str) -> Option<Kernel> {
+        Kernel::ALL.iter().copied().find(|k| k.name() == name)
+    }
+}
+
+/// A problem size class (B and C are to follow).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+pub enum Class {
+    S,
+    W,
+    A,
+}
+
+impl Class {
+    pub const ALL: &'static [Class] = &[Class::S, Class::W, Class::A];
+
+    /// Upper-case letter: `S`.
+    pub fn letter(self) -> char {
+        match self {
+            Class::S => 'S',
+            Class::W => 'W',
+            Class::A => 'A',
+        }
+    }
+
+    fn from_text(text: &str) -> Option<Class> {
+        let mut chars = text.chars();
+        let letter = chars.next()?;
+        if chars.next().is_some() {
+            return None;
+        }
+        Class::ALL.iter().copied().find(|c| c.letter() == letter)
+    }
+}
+
+/// One benchmark run: kernel and class, written `ep.S`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+pub struct Spec {
+    pub kernel: Kernel,
+    pub class: Class,
+}
+
+impl Spec {
+    /// What the guest runs when the command line names no benchmarks: every kernel, class S.
+    pub fn defaults() -> impl Iterator<Item = Spec> {
+        Kernel::ALL.iter().map(|&kernel| Spec {
+            kernel,
+            class: Class::S,
+        })
+    }
+}
+
+impl fmt::Display for Spec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.kernel.name(), self.class.letter())
+    }
+}
+
+impl FromStr for Spec {
+    type Err = ParseSpecError;
+
+    fn from_str(item: &str) -> Result<Spec, ParseSpecError> {
+        let Some((kernel, class)) = item.split_once('.') else {
+            return Err(ParseSpecError::Malformed {
+                item: Text::new(item),
+            });
+        };
+        let Some(kernel) = Kernel::from_name(kernel) else {
+            return Err(ParseSpecError::UnknownBenchmark {
+                item: Text::new(item),
+                name: Text::new(kernel),
+            });
+        };
+        let Some(class) = Class::from_text(class) else {
+            return Err(ParseSpecError::UnknownClass {
+                item: Text::new(item),
+                class: Text::new(class),
+            });
+        };
+        Ok(Spec { kernel, class })
+    }
+}
+
+/// Why a benchmark item such as `ep.S` did not parse. Holds copies of the offending text
+/// (no allocator in the guest; very long text is cut at [`Text::CAPACITY`] bytes).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum ParseSpecError {
+    /// Not `kernel.class`.
+    Malformed { item: Text },
+    /// The part before the dot names no kernel.
+    UnknownBenchmark { item: Text, name: Text },
+    /// The part after the dot names no class.
+    UnknownClass { item: Text, class: Text },
+}
+
+impl ParseSpecError {
+    /// A short machine-readable kind, used as `what=` in `@kumo error` lines.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ParseSpecError::Malformed { .. } => "malformed-benchmark",
+            ParseSpecError::UnknownBenchmark { .. } => "unknown-benchmark",
+            ParseSpecError::UnknownClass { .. } => "unknown-class",
+        }
+    }
+
+    /// The whole item that failed to parse.
+    pub fn item(&self) -> &str {
+        match self {
+            ParseSpecError::Malformed { item }
+            | ParseSpecError::UnknownBenchmark { item, .. }
+            | ParseSpecError::UnknownClass { item, .. } => item.as_str(),
+        }
+    }
+}
+
+impl fmt::Display for ParseSpecError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ParseSpecError::Malformed { item } => {
+                write!(
+                    f,
+                    "'{}' is not of the form kernel.class (e.g. ep.S)",
+                    item.as_str()
+                )
+            }
+            ParseSpecError::UnknownBenchmark { item, name } => {
+                write!(
+                    f,
+                    "unknown benchmark '{}' in '{}' (known: ",
+                    name.as_str(),
+                    item.as_str()
+                )?;
+                for (i, kernel) in Kernel::ALL.iter().enumerate() {
+                    let sep = if i == 0 { "" } else { ", " };
+                    write!(f, "{sep}{}", kernel.name())?;
+                }
+                f.write_str(")")
+            }
+            ParseSpecError::UnknownClass { item, class } => {
+                write!(
+                    f,
+                    "unknown class '{}' in '{}' (known: ",
+                    class.as_str(),
+                    item.as_str()
+                )?;
+                for (i, c) in Class::ALL.iter().enumerate() {
+                    let sep = if i == 0 { "" } else { ", " };
+                    write!(f, "{sep}{}", c.letter())?;
+                }
+                f.write_str(")")
+            }
+        }
+    }
+}
+
+/// A short string stored inline (error reports without an allocator).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Text {
+    bytes: [u8; Text::CAPACITY],
+    len: u8,
+}
+
+impl Text {
+    pub const CAPACITY: usize = 64;
+
+    /// Copies `s`, cut to at most `CAPACITY` bytes on a character boundary.
+    pub fn new(s: &str) -> Text {
+        let mut len = s.len().min(Text::CAPACITY);
+        while !s.is_char_boundary(len) {
+            len -= 1;
+        }
+        let mut bytes = [0; Text::CAPACITY];
+        bytes[..len].copy_from_slice(&s.as_bytes()[..len]);
+        Text {
+            bytes,
+            len: len as u8,
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        // Built from a &str cut on a character boundary, so always valid UTF-8.
+        core::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or("")
+    }
+}
+
+impl fmt::Debug for Text {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+/// Guest heap bytes the workload needs with `threads` threads.
+pub fn workload_heap_bytes(spec: Spec, threads: u32) -> u64 {
+    match spec.kernel {
+        Kernel::Ep => ep::heap_bytes(threads),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use std::string::ToString;
+
+    use super::*;
+
+    #[test]
+    fn parses_and_prints_every_spec() {
+        for &kernel in Kernel::ALL {
+            for &class in Class::ALL {
+                let spec = Spec { kernel, class };
+                let text = spec.to_string();
+                assert_eq!(text.parse::<Spec>(), Ok(spec));
+            }
+        }
+        assert_eq!(
+            "ep.S".parse(),
+            Ok(Spec {
+                kernel: Kernel::Ep,
+                class: Class::S
+            })
+        );
+        assert_eq!(
+            "ep.A".parse(),
+            Ok(Spec {
+                kernel: Kernel::Ep,
+                class: Class::A
+            })
+        );
+        assert_eq!(
+            Spec {
+                kernel: Kernel::Ep,
+                class: Class::W
+            }
+            .to_string(),
+            "ep.W"
+        );
+    }
+
+    #[test]
+    fn rejects_bad_specs_with_useful_messages() {
+        let err = "xx.S".parse::<Spec>().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "unknown benchmark 'xx' in 'xx.S' (known: ep)"
+        );
+        assert_eq!((err.kind(), err.item()), ("unknown-benchmark", "xx.S"));
+
+        let err = "ep.Q".parse::<Spec>().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "unknown class 'Q' in 'ep.Q' (known: S, W, A)"
+        );
+        assert_eq!((err.kind(), err.item()), ("unknown-class", "ep.Q"));
+
+        let err = "ep".parse::<Spec>().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "'ep' is not of the form kernel.class (e.g. ep.S)"
+        );
+        assert_eq!(err.kind(), "malformed-benchmark");
+
+        // Case matters: kernels lower-case, classes upper-case.
+        assert_eq!(
+            "EP.S".parse::<Spec>().unwrap_err().kind(),
+            "unknown-benchmark"
+        );
+        assert_eq!("ep.s".parse::<Spec>().unwrap_err().kind(), "unknown-class");
+        assert_eq!("ep.SW".parse::<Spec>().unwrap_err().kind(), "unknown-class");
+        assert_eq!("ep.".parse::<Spec>().unwrap_err().kind(), "unknown-class");
+        assert_eq!(
+            "".parse::<Spec>().unwrap_err().kind(),
+            "malformed-benchmark"
+        );
+        assert_eq!(
+            ".S".parse::<Spec>().unwrap_err().kind(),
+            "unknown-benchmark"
+        );
+    }
+
+    #[test]
+    fn long_and_multibyte_items_are_cut_safely() {
+        let long = "é".repeat(100) + ".S";
+        let err = long.parse::<Spec>().unwrap_err();
+        assert_eq!(err.item().len(), Text::CAPACITY);
+        assert!(long.starts_with(err.item()));
+        let odd = "x".repeat(63) + "é";
+        assert_eq!(Text::new(&odd).as_str(), "x".repeat(63));
+    }
+
+    #[test]
+    fn names_and_letters() {
+        assert_eq!(Kernel::Ep.name(), "ep");
+        let letters: std::string::String = Class::ALL.iter().map(|c| c.letter()).collect();
+        assert_eq!(letters, "SWA");
+        assert_eq!(Spec::defaults().count(), Kernel::ALL.len());
+        assert!(Spec::defaults().all(|s| s.class == Class::S));
+    }
+
+    #[test]
+    fn heap_grows_with_threads() {
+        let spec = Spec {
+            kernel: Kernel::Ep,
+            class: Class::S,
+        };
+        assert_eq!(workload_heap_bytes(spec, 1), 1 << 20);
+        assert_eq!(workload_heap_bytes(spec, 4), 4 << 20);
+    }
+}

@@ -1,0 +1,321 @@
+//! kumo's guest runtime, ring 3: every CPU enters here (the supervisor's `iretq`); CPU 0
+//! is the master that reads the command line, forks each benchmark over all CPUs,
+//! combines the results in thread order and prints them; the others are workers.
+//!
+//! Runs natively (ring 3 is not emulated on PVM hosts) with hardware floating point.
+#![no_std]
+#![no_main]
+
+mod mem;
+mod sync;
+mod sys;
+
+use core::arch::global_asm;
+use core::cell::UnsafeCell;
+use core::fmt::{self, Write};
+
+use kumo_abi::{BootInfo, MAX_CPUS, USER_MAGIC, fault};
+use npb::{Kernel, Spec, ep};
+use sync::Barrier;
+
+// The image header (read by the supervisor) and the entry point: rdi = &BootInfo,
+// rsi = CPU index, rsp = this CPU's stack top.
+global_asm!(
+    ".section .kumo_header, \"a\"",
+    ".quad {magic}",
+    ".quad _start",
+    ".quad user_image_end",
+    ".text",
+    ".globl _start",
+    "_start:",
+    "and rsp, -16",
+    "call {main}",
+    "ud2",
+    magic = const USER_MAGIC,
+    main = sym user_main,
+);
+
+/// Exit statuses (guest-abi.md).
+const STATUS_VERIFIED: u32 = 0;
+const STATUS_UNVERIFIED: u32 = 1;
+const STATUS_BAD_COMMAND_LINE: u32 = 2;
+const STATUS_FAULT: u32 = 3;
+
+/// Spin this long before sleeping in the supervisor.
+const SPIN_MICROSECONDS: u64 = 50;
+/// Most benchmark items on one command line.
+const MAX_ITEMS: usize = 64;
+/// The PVH ABI's command-line limit.
+const CMDLINE_MAX: usize = 4095;
+
+/// State the master writes before a barrier and the workers read after it (or the
+/// reverse); the barriers order every access.
+struct Shared<T>(UnsafeCell<T>);
+// SAFETY: accesses are separated by `Barrier::wait`, which orders them (see above).
+unsafe impl<T> Sync for Shared<T> {}
+
+/// The benchmark of the current fork.
+static JOB: Shared<Option<Spec>> = Shared(UnsafeCell::new(None));
+/// EP's per-thread results, combined in thread order by the master.
+static EP_PARTS: Shared<[ep::Partial; MAX_CPUS]> =
+    Shared(UnsafeCell::new([ep::Partial::ZERO; MAX_CPUS]));
+static FORK: Barrier = Barrier::new();
+static JOIN: Barrier = Barrier::new();
+
+extern "C" fn user_main(info: &'static BootInfo, cpu: u32) -> ! {
+    if cpu == 0 {
+        sync::set_spin_ticks(info.tsc_khz * SPIN_MICROSECONDS / 1000);
+        master(info)
+    }
+    loop {
+        FORK.wait(info.cpus);
+        // SAFETY: written by the master before FORK, not written again before JOIN.
+        if let Some(spec) = unsafe { *JOB.0.get() } {
+            run_share(info, spec, cpu);
+        }
+        JOIN.wait(info.cpus);
+    }
+}
+
+fn master(info: &BootInfo) -> ! {
+    sys::mark_start();
+    let mut line = Line::new();
+    let _ = write!(
+        line,
+        "@kumo boot cpus={} tsc_khz={}",
+        info.cpus, info.tsc_khz
+    );
+    if let Some(micros) = ((sys::rdtsc() - info.entry_tsc) * 1000).checked_div(info.tsc_khz) {
+        let _ = write!(line, " entry_to_start_us={micros}");
+    }
+    line.emit();
+
+    let plan = match parse_command_line(command_line(info)) {
+        Ok(plan) => plan,
+        Err(()) => end(STATUS_BAD_COMMAND_LINE),
+    };
+    if let Some(kind) = plan.fault {
+        sys::fault(kind);
+    }
+    let mut all_verified = true;
+    for &spec in &plan.specs[..plan.count] {
+        all_verified &= run_benchmark(info, spec);
+    }
+    end(if all_verified {
+        STATUS_VERIFIED
+    } else {
+        STATUS_UNVERIFIED
+    })
+}
+
+fn end(status: u32) -> ! {
+    let mut line = Line::new();
+    let _ = write!(line, "@kumo end status={status}");
+    line.emit();
+    sys::exit(status)
+}
+
+/// Forks `spec` over every CPU, joins, combines, verifies and prints the result line.
+fn run_benchmark(info: &BootInfo, spec: Spec) -> bool {
+    let threads = info.cpus;
+    if info.heap_end - info.heap_start < npb::workload_heap_bytes(spec, threads) {
+        let mut line = Line::new();
+        let _ = write!(line, "@kumo error what=out-of-memory item={spec}");
+        line.emit();
+        return false;
+    }
+    // SAFETY: the workers read JOB only after FORK.
+    unsafe { *JOB.0.get() = Some(spec) };
+    let start = sys::rdtsc();
+    FORK.wait(threads);
+    run_share(info, spec, 0);
+    JOIN.wait(threads);
+    let seconds = (sys::rdtsc() - start) as f64 / (info.tsc_khz as f64 * 1000.0);
+    match spec.kernel {
+        Kernel::Ep => {
+            // SAFETY: every worker wrote its slot before JOIN.
+            let parts = unsafe { &(&*EP_PARTS.0.get())[..threads as usize] };
+            let result = ep::combine(parts);
+            let verified = ep::verify(spec.class, &result);
+            let mut line = Line::new();
+            let _ = write!(
+                line,
+                "@kumo result benchmark={} class={} threads={threads} time_s={seconds:.6} \
+                 mops={:.2} verified={verified} sx={:.15e} sy={:.15e}",
+                spec.kernel.name(),
+                spec.class.letter(),
+                ep::mops(spec.class, seconds),
+                result.sx,
+                result.sy,
+            );
+            line.emit();
+            verified
+        }
+    }
+}
+
+/// This CPU's share of `spec`.
+fn run_share(info: &BootInfo, spec: Spec, cpu: u32) {
+    match spec.kernel {
+        Kernel::Ep => {
+            let scratch_bytes = ep::SCRATCH_LEN * core::mem::size_of::<f64>();
+            let scratch = (info.heap_start as usize + cpu as usize * scratch_bytes) as *mut f64;
+            // SAFETY: the heap is ours alone and large enough (checked by the master);
+            // each CPU uses a disjoint slice; any bit pattern is a valid f64.
+            let scratch = unsafe { core::slice::from_raw_parts_mut(scratch, ep::SCRATCH_LEN) };
+            let range = ep::batch_range(ep::batches(ep::m(spec.class)), cpu, info.cpus);
+            let part = ep::run_batches(range, scratch);
+            // SAFETY: slot `cpu` is written only by this CPU, read by the master after JOIN.
+            unsafe { (*EP_PARTS.0.get())[cpu as usize] = part };
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Command line.
+
+struct Plan {
+    specs: [Spec; MAX_ITEMS],
+    count: usize,
+    fault: Option<u64>,
+}
+
+fn command_line(info: &BootInfo) -> &'static str {
+    if info.cmdline == 0 {
+        return "";
+    }
+    let base = info.cmdline as *const u8;
+    let mut len = 0;
+    // SAFETY: the supervisor hands over the loader's NUL-terminated command line
+    // (at most CMDLINE_MAX bytes), identity-mapped and never written.
+    let bytes = unsafe {
+        while len < CMDLINE_MAX && base.add(len).read() != 0 {
+            len += 1;
+        }
+        core::slice::from_raw_parts(base, len)
+    };
+    // Not UTF-8: keep the valid prefix (the rest cannot name a benchmark anyway).
+    match core::str::from_utf8(bytes) {
+        Ok(text) => text,
+        Err(e) => core::str::from_utf8(&bytes[..e.valid_up_to()]).unwrap_or(""),
+    }
+}
+
+/// `npb=` (absent: every kernel, class S; empty: nothing) and `fault=`; other keys
+/// belong to someone else and are ignored. Problems are printed as `@kumo error` lines.
+fn parse_command_line(cmdline: &str) -> Result<Plan, ()> {
+    let mut plan = Plan {
+        specs: [Spec {
+            kernel: Kernel::Ep,
+            class: npb::Class::S,
+        }; MAX_ITEMS],
+        count: 0,
+        fault: None,
+    };
+    let mut npb_items = None;
+    let mut ok = true;
+    for word in cmdline.split_ascii_whitespace() {
+        if let Some(items) = word.strip_prefix("npb=") {
+            npb_items = Some(items);
+        } else if let Some(kind) = word.strip_prefix("fault=") {
+            plan.fault = match kind {
+                "triple" => Some(fault::TRIPLE),
+                "ud" => Some(fault::UD),
+                "pagefault" => Some(fault::PAGEFAULT),
+                _ => {
+                    error("unknown-fault", kind);
+                    ok = false;
+                    None
+                }
+            };
+        }
+    }
+    match npb_items {
+        None => {
+            for spec in Spec::defaults() {
+                plan.specs[plan.count] = spec;
+                plan.count += 1;
+            }
+        }
+        Some("") => {}
+        Some(items) => {
+            for item in items.split(',') {
+                match item.parse::<Spec>() {
+                    Ok(_) if plan.count == MAX_ITEMS => {
+                        error("too-many-benchmarks", item);
+                        ok = false;
+                        break;
+                    }
+                    Ok(spec) => {
+                        plan.specs[plan.count] = spec;
+                        plan.count += 1;
+                    }
+                    Err(e) => {
+                        error(e.kind(), e.item());
+                        ok = false;
+                    }
+                }
+            }
+        }
+    }
+    if ok { Ok(plan) } else { Err(()) }
+}
+
+fn error(what: &str, item: &str) {
+    let mut line = Line::new();
+    let _ = write!(line, "@kumo error what={what} item={item}");
+    line.emit();
+}
+
+// ---------------------------------------------------------------------------------------
+// Output.
+
+/// One output line, sent with a single trap call.
+struct Line {
+    buf: [u8; 512],
+    len: usize,
+}
+
+impl Line {
+    fn new() -> Line {
+        Line {
+            buf: [0; 512],
+            len: 0,
+        }
+    }
+
+    fn emit(mut self) {
+        if self.len == self.buf.len() {
+            self.len -= 1;
+        }
+        self.buf[self.len] = b'\n';
+        sys::write(&self.buf[..=self.len]);
+    }
+}
+
+impl fmt::Write for Line {
+    /// Cuts what does not fit (the newline always does).
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        let room = self.buf.len() - 1 - self.len;
+        let n = s.len().min(room);
+        self.buf[self.len..self.len + n].copy_from_slice(&s.as_bytes()[..n]);
+        self.len += n;
+        Ok(())
+    }
+}
+
+#[panic_handler]
+fn panic(info: &core::panic::PanicInfo) -> ! {
+    let mut line = Line::new();
+    let _ = write!(line, "@kumo error what=panic item=");
+    if let Some(location) = info.location() {
+        let _ = write!(line, "{}:{}", location.file(), location.line());
+    }
+    line.emit();
+    end(STATUS_FAULT)
+}
+
+/// The prebuilt `core` for this target is compiled for unwinding and refers to the
+/// personality routine; with `panic = "abort"` nothing ever unwinds, so it is never called.
+#[unsafe(no_mangle)]
+extern "C" fn rust_eh_personality() {}

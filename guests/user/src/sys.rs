@@ -1,0 +1,66 @@
+//! Trap calls into the supervisor (`int3`; see `kumo_abi::call`) and native ring-3
+//! instructions.
+
+use core::arch::asm;
+
+use kumo_abi::call;
+
+/// # Safety
+/// The arguments must be valid for the call (pointers to memory this program owns).
+unsafe fn trap(number: u64, a: u64, b: u64) -> u64 {
+    let result;
+    // SAFETY: the supervisor's int3 gate implements the call; it may clobber every
+    // caller-saved register, which clobber_abi declares.
+    unsafe {
+        asm!(
+            "int3",
+            in("rdi") number,
+            in("rsi") a,
+            in("rdx") b,
+            lateout("rax") result,
+            clobber_abi("C"),
+        )
+    };
+    result
+}
+
+pub fn write(bytes: &[u8]) {
+    // SAFETY: the supervisor only reads the buffer.
+    unsafe { trap(call::WRITE, bytes.as_ptr() as u64, bytes.len() as u64) };
+}
+
+pub fn exit(status: u32) -> ! {
+    // SAFETY: no pointers involved.
+    unsafe { trap(call::EXIT, u64::from(status), 0) };
+    // The supervisor never returns from EXIT.
+    loop {
+        core::hint::spin_loop();
+    }
+}
+
+/// Sleeps until an interrupt if `*word == expected` (may return spuriously).
+pub fn wait(word: *const u32, expected: u32) {
+    // SAFETY: `word` points to one of our own u32s; the supervisor only reads it.
+    unsafe { trap(call::WAIT, word as u64, u64::from(expected)) };
+}
+
+/// Interrupts every other CPU, ending their `wait`.
+pub fn wake() {
+    // SAFETY: no pointers involved.
+    unsafe { trap(call::WAKE, 0, 0) };
+}
+
+pub fn mark_start() {
+    // SAFETY: no pointers involved.
+    unsafe { trap(call::MARK_START, 0, 0) };
+}
+
+pub fn fault(kind: u64) {
+    // SAFETY: no pointers involved; the supervisor faults (and ends the VM).
+    unsafe { trap(call::FAULT, kind, 0) };
+}
+
+pub fn rdtsc() -> u64 {
+    // SAFETY: RDTSC is allowed in ring 3 (CR4.TSD clear) and has no side effects.
+    unsafe { core::arch::x86_64::_rdtsc() }
+}
