@@ -1,0 +1,84 @@
+//! The command line. Its shape is relied on by tests and later subcommands: keep it.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "kumo",
+    version,
+    about = "A research hypervisor for HPC experiments: boots PVH guests on KVM and runs NPB in them",
+    after_help = "With no arguments kumo boots its embedded NPB guest on 2 vCPUs and runs every \
+                  benchmark it has, class S.\nGuest protocol and boot ABI: docs/guest-abi.md.",
+    args_conflicts_with_subcommands = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
+    #[command(flatten)]
+    pub vm: VmArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run the same NPB code as ordinary host threads: the baseline for overhead figures.
+    Native(NativeArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct NativeArgs {
+    /// Benchmarks, comma-separated kernel.class items [default: every kernel, class S].
+    #[arg(long, value_name = "LIST")]
+    pub npb: Option<String>,
+
+    /// Worker threads [default: 2, like the VM's default vCPUs].
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub threads: u32,
+
+    /// Print one JSON object per line instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Running a VM: the embedded NPB guest, or any PVH kernel with --kernel.
+#[derive(Args, Debug)]
+pub struct VmArgs {
+    /// Number of virtual CPUs (may exceed the host's cores).
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub vcpus: u32,
+
+    /// Guest memory in MiB [default: what the workload needs, at least 64].
+    #[arg(long, value_name = "MIB")]
+    pub memory: Option<u64>,
+
+    /// Benchmarks for the embedded guest, comma-separated kernel.class items (ep.S,ep.W).
+    #[arg(long, value_name = "LIST", conflicts_with = "kernel")]
+    pub npb: Option<String>,
+
+    /// Print one JSON object per line instead of a table.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Boot this PVH ELF instead of the embedded guest; its console goes to stdout and
+    /// kumo exits with the status the guest writes to the debug-exit port.
+    #[arg(long, value_name = "ELF")]
+    pub kernel: Option<PathBuf>,
+
+    /// Command line for --kernel (the embedded guest's is built from --npb).
+    #[arg(long, value_name = "STR", requires = "kernel")]
+    pub cmdline: Option<String>,
+
+    /// A module (initrd-like blob) handed to --kernel through hvm_start_info; repeatable.
+    #[arg(long, value_name = "PATH", requires = "kernel")]
+    pub module: Vec<PathBuf>,
+
+    /// Write the embedded guest ELF to PATH and exit (boot it elsewhere: QEMU, Xen).
+    #[arg(long, value_name = "PATH", conflicts_with_all = ["kernel", "npb", "json"])]
+    pub dump_guest: Option<PathBuf>,
+
+    /// The KVM device to open.
+    #[arg(long, value_name = "PATH", default_value = "/dev/kvm")]
+    pub kvm_device: PathBuf,
+}

@@ -1,0 +1,121 @@
+//! kumo's embedded guest: the PVH ELF built from `guests/` by build.rs, and what it needs.
+
+use npb::{Class, Kernel, Spec};
+
+/// The guest ELF, built by `build.rs` from `guests/` with the pinned toolchain.
+pub static EMBEDDED_GUEST: &[u8] = include_bytes!(env!("KUMO_GUEST_ELF"));
+
+/// Memory the guest needs besides its workload's heap: the image and boot data below
+/// the user image's end, plus slack for page-table and allocator rounding.
+const GUEST_BASE_MIB: u64 = 32;
+/// Per vCPU: a ring-0 stack and a ring-3 stack, rounded generously.
+const GUEST_PER_VCPU_MIB: u64 = 1;
+/// Memory is cheap when untouched (memfd pages are only allocated when the guest writes
+/// them), so the default leaves room rather than cutting it fine.
+const DEFAULT_MIN_MIB: u64 = 64;
+
+/// The benchmarks run when none are named: every kernel kumo has, class S.
+pub fn default_specs() -> Vec<Spec> {
+    Kernel::ALL
+        .iter()
+        .map(|&kernel| Spec {
+            kernel,
+            class: Class::S,
+        })
+        .collect()
+}
+
+/// Rejects more vCPUs than the embedded guest can bring up (its per-CPU tables are
+/// fixed-size data, see guests/abi).
+pub fn check_vcpus(vcpus: u32) -> anyhow::Result<()> {
+    let max = kumo_abi::MAX_CPUS;
+    anyhow::ensure!(
+        vcpus as usize <= max,
+        "--vcpus {vcpus} is more than kumo's NPB guest supports ({max}); --kernel boots other guests"
+    );
+    Ok(())
+}
+
+/// Parses `--npb LIST`; the error names the offending item.
+pub fn parse_specs(list: &str) -> anyhow::Result<Vec<Spec>> {
+    let specs = list
+        .split(',')
+        .map(str::trim)
+        .filter(|item| !item.is_empty())
+        .map(|item| {
+            item.parse::<Spec>()
+                .map_err(|e| anyhow::anyhow!("--npb: {e}"))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    anyhow::ensure!(
+        !specs.is_empty(),
+        "--npb: no benchmark named (e.g. --npb ep.S)"
+    );
+    Ok(specs)
+}
+
+/// The least memory (MiB) with which the embedded guest can run `specs` on `vcpus`.
+/// Benchmarks run one after another, so the largest heap decides.
+pub fn required_memory_mib(specs: &[Spec], vcpus: u32) -> u64 {
+    let heap = specs
+        .iter()
+        .map(|&s| npb::workload_heap_bytes(s, vcpus))
+        .max()
+        .unwrap_or(0);
+    GUEST_BASE_MIB + GUEST_PER_VCPU_MIB * u64::from(vcpus) + heap.div_ceil(1 << 20)
+}
+
+/// `--memory` if given (checked against the need), else a size that fits.
+pub fn choose_memory_mib(
+    requested: Option<u64>,
+    specs: &[Spec],
+    vcpus: u32,
+) -> anyhow::Result<u64> {
+    let need = required_memory_mib(specs, vcpus);
+    match requested {
+        Some(mib) if mib < need => {
+            let names: Vec<String> = specs.iter().map(ToString::to_string).collect();
+            anyhow::bail!(
+                "--memory {mib} MiB is too small for {} on {vcpus} vCPUs: it needs at least {need} MiB",
+                names.join(",")
+            )
+        }
+        Some(mib) => Ok(mib),
+        None => Ok(need.max(DEFAULT_MIN_MIB)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_guest_is_an_elf() {
+        assert_eq!(&EMBEDDED_GUEST[..4], b"\x7fELF");
+    }
+
+    #[test]
+    fn parses_lists_and_names_the_bad_item() {
+        let specs = parse_specs("ep.S, ep.W").unwrap();
+        assert_eq!(specs.len(), 2);
+        assert_eq!(specs[1].to_string(), "ep.W");
+        let err = parse_specs("ep.S,xx.S").unwrap_err().to_string();
+        assert!(err.contains("xx"), "{err}");
+        let err = parse_specs("ep.Q").unwrap_err().to_string();
+        assert!(err.contains('Q'), "{err}");
+        assert!(parse_specs(",").is_err());
+    }
+
+    #[test]
+    fn memory_grows_with_vcpus_and_rejects_too_little() {
+        let specs = default_specs();
+        assert!(required_memory_mib(&specs, 8) > required_memory_mib(&specs, 1));
+        let need = required_memory_mib(&specs, 2);
+        assert_eq!(choose_memory_mib(Some(need), &specs, 2).unwrap(), need);
+        let err = choose_memory_mib(Some(need - 1), &specs, 2)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(&format!("at least {need} MiB")), "{err}");
+        assert!(choose_memory_mib(None, &specs, 2).unwrap() >= need);
+    }
+}

@@ -1,0 +1,10 @@
+//! kumo: a research hypervisor for HPC experiments. This crate is the program: the
+//! command line, the embedded NPB guest and how its results are judged and printed.
+//! The VMM itself lives in `hv`, device models in `devices`, NPB in `guests/npb`.
+
+pub mod cli;
+pub mod guest;
+pub mod native;
+pub mod protocol;
+pub mod report;
+pub mod run;

@@ -1,0 +1,36 @@
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::Parser;
+use kumo::cli::{Cli, Command};
+use kumo::run;
+
+/// Status for bad input and host problems (clap uses the same for usage errors).
+const EXIT_USAGE: u8 = 2;
+
+fn main() -> ExitCode {
+    // The boot-time figure is measured from here: as close to process start as we get.
+    let epoch = Instant::now();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
+    let cli = Cli::parse();
+    let vm = &cli.vm;
+    let result = match (&cli.command, &vm.dump_guest, &vm.kernel) {
+        (Some(Command::Native(args)), _, _) => kumo::native::run_native(args),
+        (None, Some(path), _) => run::dump_guest(path),
+        (None, None, Some(kernel)) => run::run_kernel(vm, kernel, epoch),
+        (None, None, None) => run::run_embedded(vm, epoch),
+    };
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(err) => {
+            eprintln!("kumo: error: {err:#}");
+            ExitCode::from(EXIT_USAGE)
+        }
+    }
+}

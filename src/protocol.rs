@@ -1,0 +1,225 @@
+//! The structured lines kumo's own guest prints on its console (`docs/guest-abi.md`):
+//! `@kumo <event> key=value ...`. The guest controls these bytes, so parsing is total:
+//! anything malformed becomes `Event::Malformed`, never a panic.
+
+use std::collections::BTreeMap;
+
+const PREFIX: &str = "@kumo ";
+
+/// One benchmark's outcome as the guest reported it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BenchResult {
+    pub benchmark: String,
+    pub class: String,
+    pub threads: u32,
+    pub time_s: f64,
+    pub mops: f64,
+    pub verified: bool,
+    /// Every other key the guest printed (checksums and the like), kept for `--json`.
+    pub extra: BTreeMap<String, String>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    Boot {
+        cpus: u32,
+        tsc_khz: u64,
+    },
+    Result(BenchResult),
+    Error {
+        fields: BTreeMap<String, String>,
+    },
+    Fault {
+        fields: BTreeMap<String, String>,
+    },
+    End {
+        status: u32,
+    },
+    /// An `@kumo` line that does not parse; kept so it can be reported.
+    Malformed(String),
+}
+
+/// Parses one console line; `None` if it is ordinary guest text.
+pub fn parse_line(line: &str) -> Option<Event> {
+    let rest = line.trim_end_matches(['\r', '\n']).strip_prefix(PREFIX)?;
+    let mut words = rest.split_ascii_whitespace();
+    let kind = words.next().unwrap_or("");
+    let mut fields = BTreeMap::new();
+    for word in words {
+        match word.split_once('=') {
+            Some((k, v)) if !k.is_empty() => {
+                fields.insert(k.to_string(), v.to_string());
+            }
+            _ => return Some(Event::Malformed(line.to_string())),
+        }
+    }
+    let event = match kind {
+        "boot" => parse_boot(&fields),
+        "result" => parse_result(fields),
+        "error" => Some(Event::Error { fields }),
+        "fault" => Some(Event::Fault { fields }),
+        "end" => num(&fields, "status").map(|status| Event::End { status }),
+        _ => None,
+    };
+    Some(event.unwrap_or_else(|| Event::Malformed(line.to_string())))
+}
+
+fn num<T: std::str::FromStr>(fields: &BTreeMap<String, String>, key: &str) -> Option<T> {
+    fields.get(key)?.parse().ok()
+}
+
+fn parse_boot(fields: &BTreeMap<String, String>) -> Option<Event> {
+    Some(Event::Boot {
+        cpus: num(fields, "cpus")?,
+        tsc_khz: num(fields, "tsc_khz")?,
+    })
+}
+
+fn parse_result(mut fields: BTreeMap<String, String>) -> Option<Event> {
+    let time_s: f64 = num(&fields, "time_s")?;
+    let mops: f64 = num(&fields, "mops")?;
+    if !time_s.is_finite() || !mops.is_finite() {
+        return None;
+    }
+    let verified = match fields.get("verified")?.as_str() {
+        "true" => true,
+        "false" => false,
+        _ => return None,
+    };
+    let threads = num(&fields, "threads")?;
+    let benchmark = fields.remove("benchmark")?;
+    let class = fields.remove("class")?;
+    for key in ["time_s", "mops", "verified", "threads"] {
+        fields.remove(key);
+    }
+    Some(Event::Result(BenchResult {
+        benchmark,
+        class,
+        threads,
+        time_s,
+        mops,
+        verified,
+        extra: fields,
+    }))
+}
+
+/// Splits a byte stream into lines and parses them. Ordinary text lines are handed to
+/// `on_text`, so a caller can echo the guest's own messages.
+#[derive(Default)]
+pub struct LineParser {
+    partial: Vec<u8>,
+}
+
+/// A guest that never prints a newline must not make kumo buffer without bound.
+const MAX_LINE: usize = 64 * 1024;
+
+impl LineParser {
+    pub fn feed(&mut self, bytes: &[u8], mut on_line: impl FnMut(&str, Option<Event>)) {
+        for &b in bytes {
+            if b == b'\n' || self.partial.len() >= MAX_LINE {
+                let text = String::from_utf8_lossy(&self.partial);
+                let text = text.trim_end_matches('\r');
+                on_line(text, parse_line(text));
+                self.partial.clear();
+                if b == b'\n' {
+                    continue;
+                }
+            }
+            self.partial.push(b);
+        }
+    }
+
+    /// Whatever remains after the guest stopped (a last line without a newline).
+    pub fn finish(&mut self, mut on_line: impl FnMut(&str, Option<Event>)) {
+        if !self.partial.is_empty() {
+            let text = String::from_utf8_lossy(&self.partial).into_owned();
+            on_line(&text, parse_line(&text));
+            self.partial.clear();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_a_result_line_with_extra_fields() {
+        let line = "@kumo result benchmark=ep class=S threads=2 time_s=0.812345 mops=41.31 \
+                    verified=true sx=-3.247834652034740e3 sy=-6.958407078382297e3";
+        let Some(Event::Result(r)) = parse_line(line) else {
+            panic!("not a result: {:?}", parse_line(line));
+        };
+        assert_eq!(r.benchmark, "ep");
+        assert_eq!(r.class, "S");
+        assert_eq!(r.threads, 2);
+        assert_eq!(r.time_s, 0.812345);
+        assert_eq!(r.mops, 41.31);
+        assert!(r.verified);
+        assert_eq!(r.extra.get("sx").unwrap(), "-3.247834652034740e3");
+        assert_eq!(r.extra.len(), 2);
+    }
+
+    #[test]
+    fn parses_boot_and_end() {
+        assert_eq!(
+            parse_line("@kumo boot cpus=4 tsc_khz=2995200\r"),
+            Some(Event::Boot {
+                cpus: 4,
+                tsc_khz: 2995200
+            })
+        );
+        assert_eq!(
+            parse_line("@kumo end status=1"),
+            Some(Event::End { status: 1 })
+        );
+    }
+
+    #[test]
+    fn ordinary_text_is_not_an_event() {
+        assert_eq!(parse_line("hello from the guest"), None);
+        assert_eq!(parse_line("@kumoboot cpus=1"), None);
+    }
+
+    #[test]
+    fn malformed_structured_lines_are_reported_not_trusted() {
+        for line in [
+            "@kumo result benchmark=ep class=S threads=2 time_s=abc mops=1 verified=true",
+            "@kumo result benchmark=ep class=S threads=2 time_s=NaN mops=1 verified=true",
+            "@kumo result benchmark=ep class=S threads=2 time_s=1 mops=1 verified=maybe",
+            "@kumo result class=S threads=2 time_s=1 mops=1 verified=true",
+            "@kumo end status=-1",
+            "@kumo boot cpus",
+            "@kumo frobnicate a=b",
+        ] {
+            assert!(
+                matches!(parse_line(line), Some(Event::Malformed(_))),
+                "{line}"
+            );
+        }
+    }
+
+    #[test]
+    fn line_parser_reassembles_split_lines_and_bounds_long_ones() {
+        let mut parser = LineParser::default();
+        let mut seen = Vec::new();
+        parser.feed(b"abc\n@kumo end sta", |t, e| seen.push((t.to_string(), e)));
+        parser.feed(b"tus=0\r\ntail", |t, e| seen.push((t.to_string(), e)));
+        parser.finish(|t, e| seen.push((t.to_string(), e)));
+        assert_eq!(
+            seen,
+            vec![
+                ("abc".to_string(), None),
+                (
+                    "@kumo end status=0".to_string(),
+                    Some(Event::End { status: 0 })
+                ),
+                ("tail".to_string(), None),
+            ]
+        );
+
+        let mut count = 0;
+        parser.feed(&vec![b'x'; MAX_LINE * 2 + 1], |_, _| count += 1);
+        assert_eq!(count, 2);
+    }
+}

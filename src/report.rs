@@ -1,0 +1,335 @@
+//! Turns what the guest reported into kumo's verdict and prints it as a table or JSON.
+
+use std::fmt::Write as _;
+
+use npb::Spec;
+use serde_json::{Map, Value, json};
+
+use crate::protocol::{BenchResult, Event};
+
+/// Exit statuses of `kumo` for the embedded guest.
+pub const EXIT_OK: u8 = 0;
+/// A benchmark did not verify, or the guest reported a problem.
+pub const EXIT_UNVERIFIED: u8 = 1;
+/// The VM crashed (triple fault, KVM internal error, ...).
+pub const EXIT_FAULT: u8 = 3;
+
+/// One requested benchmark and what the guest said about it.
+#[derive(Debug)]
+pub struct Row {
+    pub spec: Spec,
+    pub result: Option<BenchResult>,
+}
+
+#[derive(Debug)]
+pub struct Verdict {
+    pub rows: Vec<Row>,
+    pub vcpus: u32,
+    pub boot_ms: Option<f64>,
+    /// Everything that makes the run not a success, one line each.
+    pub problems: Vec<String>,
+    pub crashed: bool,
+    /// Host threads rather than a VM: no boot, "threads" rather than "vCPUs".
+    pub native: bool,
+}
+
+/// How the VM ended, as far as the verdict cares.
+pub enum Ending<'a> {
+    DebugExit(u32),
+    Fault(&'a str),
+}
+
+pub fn judge(
+    specs: &[Spec],
+    vcpus: u32,
+    events: &[Event],
+    ending: Ending,
+    boot_ms: Option<f64>,
+) -> Verdict {
+    let mut problems = Vec::new();
+    let mut results = Vec::new();
+    let mut end_status = None;
+    for event in events {
+        match event {
+            Event::Boot { cpus, .. } if *cpus != vcpus => {
+                problems.push(format!("the guest brought up {cpus} of {vcpus} vCPUs"));
+            }
+            Event::Boot { .. } => {}
+            Event::Result(r) => results.push(r.clone()),
+            Event::Error { fields } => {
+                problems.push(format!("guest error: {}", fields_text(fields)))
+            }
+            Event::Fault { fields } => {
+                problems.push(format!("guest fault: {}", fields_text(fields)))
+            }
+            Event::End { status } => end_status = Some(*status),
+            Event::Malformed(line) => problems.push(format!("malformed guest line: {line:?}")),
+        }
+    }
+    let rows = match_rows(specs, vcpus, results, &mut problems);
+    let mut crashed = false;
+    match ending {
+        Ending::Fault(report) => {
+            crashed = true;
+            problems.push(format!("the VM crashed: {report}"));
+        }
+        Ending::DebugExit(0) => {}
+        Ending::DebugExit(v) => problems.push(format!("the guest exited with status {v}")),
+    }
+    match end_status {
+        None if !crashed => problems.push("the guest did not report its end".to_string()),
+        Some(s) if s != 0 => problems.push(format!("the guest reported status {s}")),
+        _ => {}
+    }
+    Verdict {
+        rows,
+        vcpus,
+        boot_ms,
+        problems,
+        crashed,
+        native: false,
+    }
+}
+
+/// The verdict on a native run (host threads, no VM).
+pub fn judge_native(specs: &[Spec], threads: u32, results: Vec<BenchResult>) -> Verdict {
+    let mut problems = Vec::new();
+    let rows = match_rows(specs, threads, results, &mut problems);
+    Verdict {
+        rows,
+        vcpus: threads,
+        boot_ms: None,
+        problems,
+        crashed: false,
+        native: true,
+    }
+}
+
+/// Pairs each requested benchmark with the first unused result of the same name, and
+/// records what is missing, unverified or run on the wrong number of threads.
+fn match_rows(
+    specs: &[Spec],
+    threads: u32,
+    results: Vec<BenchResult>,
+    problems: &mut Vec<String>,
+) -> Vec<Row> {
+    let mut results: Vec<Option<BenchResult>> = results.into_iter().map(Some).collect();
+    specs
+        .iter()
+        .map(|&spec| {
+            let result = results
+                .iter_mut()
+                .find(|r| {
+                    r.as_ref().is_some_and(|r| {
+                        r.benchmark == spec.kernel.name()
+                            && r.class == spec.class.letter().to_string()
+                    })
+                })
+                .and_then(Option::take);
+            match &result {
+                None => problems.push(format!("no result for {spec}")),
+                Some(r) if !r.verified => problems.push(format!("{spec} did not verify")),
+                Some(r) if r.threads != threads => problems.push(format!(
+                    "{spec} ran on {} threads, not {threads}",
+                    r.threads
+                )),
+                Some(_) => {}
+            }
+            Row { spec, result }
+        })
+        .collect()
+}
+
+fn fields_text(fields: &std::collections::BTreeMap<String, String>) -> String {
+    let parts: Vec<String> = fields.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    parts.join(" ")
+}
+
+impl Verdict {
+    pub fn exit_code(&self) -> u8 {
+        if self.crashed {
+            EXIT_FAULT
+        } else if self.problems.is_empty() {
+            EXIT_OK
+        } else {
+            EXIT_UNVERIFIED
+        }
+    }
+
+    pub fn table(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "{:<10} {:<5} {:>7} {:>12} {:>12}  verified",
+            "benchmark",
+            "class",
+            if self.native { "threads" } else { "vCPUs" },
+            "time (s)",
+            "Mop/s"
+        );
+        for row in &self.rows {
+            let (kernel, class) = (row.spec.kernel.name(), row.spec.class.letter());
+            let _ = match &row.result {
+                Some(r) => writeln!(
+                    out,
+                    "{kernel:<10} {class:<5} {:>7} {:>12.3} {:>12.2}  {}",
+                    r.threads,
+                    r.time_s,
+                    r.mops,
+                    if r.verified { "yes" } else { "NO" }
+                ),
+                None => writeln!(
+                    out,
+                    "{kernel:<10} {class:<5} {:>7} {:>12} {:>12}  NO (no result)",
+                    self.vcpus, "-", "-"
+                ),
+            };
+        }
+        let _ = match (self.native, self.boot_ms) {
+            (true, _) => writeln!(out, "native: {} host threads, no VM", self.vcpus),
+            (false, Some(ms)) => {
+                writeln!(out, "boot: {ms:.1} ms from kumo's start to workload start")
+            }
+            (false, None) => writeln!(out, "boot: the guest never marked its workload start"),
+        };
+        out
+    }
+
+    /// One JSON object per benchmark, then one with the run's summary.
+    pub fn json_lines(&self) -> Vec<Value> {
+        let mut lines: Vec<Value> = self
+            .rows
+            .iter()
+            .map(|row| {
+                let mut obj = Map::new();
+                obj.insert("benchmark".into(), json!(row.spec.kernel.name()));
+                obj.insert("class".into(), json!(row.spec.class.letter().to_string()));
+                match &row.result {
+                    Some(r) => {
+                        obj.insert("vcpus".into(), json!(r.threads));
+                        obj.insert("time_s".into(), json!(r.time_s));
+                        obj.insert("mops".into(), json!(r.mops));
+                        obj.insert("verified".into(), json!(r.verified));
+                        for (k, v) in &r.extra {
+                            let value = v.parse::<f64>().map_or_else(|_| json!(v), |f| json!(f));
+                            obj.entry(k.clone()).or_insert(value);
+                        }
+                    }
+                    None => {
+                        obj.insert("vcpus".into(), json!(self.vcpus));
+                        obj.insert("time_s".into(), Value::Null);
+                        obj.insert("mops".into(), Value::Null);
+                        obj.insert("verified".into(), json!(false));
+                        obj.insert("error".into(), json!("no result"));
+                    }
+                }
+                Value::Object(obj)
+            })
+            .collect();
+        lines.push(json!({
+            "mode": if self.native { "native" } else { "vm" },
+            "boot_ms": self.boot_ms,
+            "vcpus": self.vcpus,
+            "ok": self.problems.is_empty(),
+            "problems": self.problems,
+        }));
+        lines
+    }
+}
+
+/// Prints the verdict on stdout (table or JSON lines) and its problems on stderr.
+pub fn print(verdict: &Verdict, json: bool) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    if json {
+        for line in verdict.json_lines() {
+            writeln!(stdout, "{line}")?;
+        }
+    } else {
+        write!(stdout, "{}", verdict.table())?;
+    }
+    stdout.flush()?;
+    for problem in &verdict.problems {
+        eprintln!("kumo: {problem}");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::parse_line;
+
+    fn events(lines: &[&str]) -> Vec<Event> {
+        lines.iter().filter_map(|l| parse_line(l)).collect()
+    }
+
+    const EP_S_OK: &str =
+        "@kumo result benchmark=ep class=S threads=2 time_s=0.5 mops=67.1 verified=true sx=-3247.8";
+
+    #[test]
+    fn a_clean_run_exits_zero_and_prints_both_formats() {
+        let specs = vec!["ep.S".parse().unwrap()];
+        let ev = events(&[
+            "@kumo boot cpus=2 tsc_khz=1000",
+            EP_S_OK,
+            "@kumo end status=0",
+        ]);
+        let v = judge(&specs, 2, &ev, Ending::DebugExit(0), Some(12.5));
+        assert_eq!(v.problems, Vec::<String>::new());
+        assert_eq!(v.exit_code(), EXIT_OK);
+        assert!(
+            v.table()
+                .contains("ep         S           2        0.500        67.10  yes")
+        );
+        let json = v.json_lines();
+        assert_eq!(json[0]["verified"], json!(true));
+        assert_eq!(json[0]["vcpus"], json!(2));
+        assert_eq!(json[0]["sx"], json!(-3247.8));
+        assert_eq!(json[1]["boot_ms"], json!(12.5));
+    }
+
+    #[test]
+    fn missing_unverified_and_short_runs_fail() {
+        let specs: Vec<Spec> = vec!["ep.S".parse().unwrap(), "ep.W".parse().unwrap()];
+        let ev = events(&[
+            "@kumo boot cpus=1 tsc_khz=1000",
+            EP_S_OK,
+            "@kumo end status=0",
+        ]);
+        let v = judge(&specs, 2, &ev, Ending::DebugExit(0), None);
+        assert_eq!(v.exit_code(), EXIT_UNVERIFIED);
+        assert!(v.problems.iter().any(|p| p.contains("1 of 2 vCPUs")));
+        assert!(v.problems.iter().any(|p| p == "no result for ep.W"));
+        assert_eq!(v.json_lines()[1]["error"], json!("no result"));
+
+        let unverified = EP_S_OK.replace("verified=true", "verified=false");
+        let ev = events(&[&unverified, "@kumo end status=1"]);
+        let v = judge(&specs[..1], 2, &ev, Ending::DebugExit(1), None);
+        assert!(v.problems.iter().any(|p| p == "ep.S did not verify"));
+        assert!(v.table().contains("NO"));
+    }
+
+    #[test]
+    fn a_crash_is_its_own_exit_status() {
+        let specs = vec!["ep.S".parse().unwrap()];
+        let v = judge(
+            &specs,
+            1,
+            &[],
+            Ending::Fault("triple fault on vCPU 0"),
+            None,
+        );
+        assert_eq!(v.exit_code(), EXIT_FAULT);
+        assert!(v.problems.iter().any(|p| p.contains("triple fault")));
+    }
+
+    #[test]
+    fn one_result_cannot_satisfy_two_requests() {
+        let specs: Vec<Spec> = vec!["ep.S".parse().unwrap(), "ep.S".parse().unwrap()];
+        let ev = events(&[EP_S_OK, "@kumo end status=0"]);
+        let v = judge(&specs, 2, &ev, Ending::DebugExit(0), None);
+        assert!(v.rows[0].result.is_some());
+        assert!(v.rows[1].result.is_none());
+    }
+}

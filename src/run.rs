@@ -1,0 +1,151 @@
+//! Runs a VM the way the command line asked and turns its ending into kumo's exit status.
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use hv::{GuestExit, Vm, VmConfig};
+
+use crate::cli::VmArgs;
+use crate::guest::{self, EMBEDDED_GUEST};
+use crate::protocol::{Event, LineParser};
+use crate::report::{self, Ending};
+
+/// Boots the embedded NPB guest, runs the requested benchmarks and reports them.
+pub fn run_embedded(args: &VmArgs, epoch: Instant) -> Result<u8> {
+    let specs = match &args.npb {
+        Some(list) => guest::parse_specs(list)?,
+        None => guest::default_specs(),
+    };
+    check_vcpus(args.vcpus, &args.kvm_device)?;
+    guest::check_vcpus(args.vcpus)?;
+    let memory_mib = guest::choose_memory_mib(args.memory, &specs, args.vcpus)?;
+    let names: Vec<String> = specs.iter().map(ToString::to_string).collect();
+    let config = VmConfig {
+        vcpus: args.vcpus,
+        memory_mib,
+        kernel: EMBEDDED_GUEST.to_vec(),
+        cmdline: format!("npb={}", names.join(",")),
+        modules: Vec::new(),
+        kvm_device: args.kvm_device.clone(),
+    };
+    let vm = Vm::new(config)?;
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let console = GuestConsole {
+        parser: LineParser::default(),
+        events: Arc::clone(&events),
+    };
+    let outcome = vm.run(Box::new(console), epoch)?;
+    let events = std::mem::take(&mut *events.lock().unwrap_or_else(|e| e.into_inner()));
+    let fault_text;
+    let ending = match &outcome.exit {
+        GuestExit::DebugExit(v) => Ending::DebugExit(*v),
+        GuestExit::Fault(report) => {
+            fault_text = report.to_string();
+            Ending::Fault(&fault_text)
+        }
+    };
+    let boot_ms = outcome.workload_started.map(|d| d.as_secs_f64() * 1e3);
+    let verdict = report::judge(&specs, args.vcpus, &events, ending, boot_ms);
+
+    report::print(&verdict, args.json)?;
+    Ok(verdict.exit_code())
+}
+
+/// Boots an arbitrary PVH kernel: its console is kumo's stdout, its debug-exit value
+/// kumo's exit status.
+pub fn run_kernel(args: &VmArgs, kernel: &Path, epoch: Instant) -> Result<u8> {
+    let image = read_input("kernel", kernel)?;
+    let modules = args
+        .module
+        .iter()
+        .map(|path| read_input("module", path))
+        .collect::<Result<Vec<_>>>()?;
+    check_vcpus(args.vcpus, &args.kvm_device)?;
+    let config = VmConfig {
+        vcpus: args.vcpus,
+        memory_mib: args.memory.unwrap_or(256),
+        kernel: image,
+        cmdline: args.cmdline.clone().unwrap_or_default(),
+        modules,
+        kvm_device: args.kvm_device.clone(),
+    };
+    let outcome = Vm::new(config)?.run(Box::new(std::io::stdout()), epoch)?;
+    std::io::stdout().flush()?;
+    if let Some(d) = outcome.workload_started {
+        eprintln!(
+            "kumo: workload started {:.1} ms after kumo started",
+            d.as_secs_f64() * 1e3
+        );
+    }
+    Ok(match outcome.exit {
+        GuestExit::DebugExit(v) => (v & 0xff) as u8,
+        GuestExit::Fault(report) => {
+            eprintln!("kumo: the VM crashed: {report}");
+            report::EXIT_FAULT
+        }
+    })
+}
+
+/// Writes the embedded guest ELF to `path`.
+pub fn dump_guest(path: &Path) -> Result<u8> {
+    std::fs::write(path, EMBEDDED_GUEST)
+        .with_context(|| format!("cannot write the guest to {}", path.display()))?;
+    Ok(report::EXIT_OK)
+}
+
+fn read_input(what: &str, path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path).with_context(|| format!("cannot read {what} {}", path.display()))
+}
+
+/// Rejects a vCPU count KVM cannot give before sizing memory for it.
+fn check_vcpus(vcpus: u32, kvm_device: &Path) -> Result<()> {
+    if vcpus == 0 {
+        bail!("--vcpus must be at least 1");
+    }
+    let max = hv::max_vcpus(kvm_device)?;
+    if vcpus > max {
+        bail!("--vcpus {vcpus} is above this host's KVM limit of {max} vCPUs");
+    }
+    Ok(())
+}
+
+/// The embedded guest's console: structured lines become events, the rest is echoed to
+/// stderr so the guest's own messages stay visible.
+struct GuestConsole {
+    parser: LineParser,
+    events: Arc<Mutex<Vec<Event>>>,
+}
+
+impl GuestConsole {
+    fn take_line(events: &Mutex<Vec<Event>>, text: &str, event: Option<Event>) {
+        match event {
+            Some(event) => events.lock().unwrap_or_else(|e| e.into_inner()).push(event),
+            None if !text.trim().is_empty() => eprintln!("guest: {text}"),
+            None => {}
+        }
+    }
+}
+
+impl Write for GuestConsole {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let events = &self.events;
+        self.parser
+            .feed(buf, |text, event| Self::take_line(events, text, event));
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for GuestConsole {
+    fn drop(&mut self) {
+        let events = &self.events;
+        self.parser
+            .finish(|text, event| Self::take_line(events, text, event));
+    }
+}

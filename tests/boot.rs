@@ -1,0 +1,99 @@
+//! The embedded guest boots on N vCPUs and its NPB results verify.
+
+mod common;
+
+use common::*;
+
+/// Runs `kumo --json` with `args` and checks that every named benchmark verified on
+/// `vcpus` vCPUs, and that the boot time was reported.
+fn assert_verified(args: &[&str], expected: &[(&str, &str)], vcpus: u64) {
+    let mut all = vec!["--json"];
+    all.extend_from_slice(args);
+    let out = kumo(&all);
+    let stderr = text(&out.stderr);
+    assert!(
+        out.status.success(),
+        "kumo {all:?} failed: {:?}\n{stderr}",
+        out.status
+    );
+    let lines = json_lines(&out);
+    assert_eq!(lines.len(), expected.len() + 1, "{lines:?}");
+    for (line, (bench, class)) in lines.iter().zip(expected) {
+        assert_eq!(line["benchmark"], *bench, "{line}");
+        assert_eq!(line["class"], *class, "{line}");
+        assert_eq!(line["vcpus"], vcpus, "{line}");
+        assert_eq!(line["verified"], true, "{line}");
+        assert!(line["time_s"].as_f64().unwrap() > 0.0, "{line}");
+        assert!(line["mops"].as_f64().unwrap() > 0.0, "{line}");
+    }
+    let summary = lines.last().unwrap();
+    assert!(summary["boot_ms"].as_f64().unwrap() > 0.0, "{summary}");
+    assert_eq!(summary["ok"], true, "{summary}");
+}
+
+#[test]
+fn ep_s_verifies_on_one_vcpu() {
+    if kvm_available() {
+        assert_verified(&["--vcpus", "1", "--npb", "ep.S"], &[("ep", "S")], 1);
+    }
+}
+
+#[test]
+fn no_arguments_runs_every_benchmark_class_s_on_two_vcpus() {
+    if kvm_available() {
+        let expected: Vec<(&str, &str)> =
+            npb::Kernel::ALL.iter().map(|k| (k.name(), "S")).collect();
+        assert_verified(&[], &expected, 2);
+    }
+}
+
+#[test]
+fn ep_s_verifies_on_four_vcpus_on_a_smaller_host() {
+    if kvm_available() {
+        assert_verified(&["--vcpus", "4", "--npb", "ep.S"], &[("ep", "S")], 4);
+    }
+}
+
+#[test]
+fn ep_w_verifies_on_two_vcpus() {
+    if kvm_available() {
+        assert_verified(&["--vcpus", "2", "--npb", "ep.W"], &[("ep", "W")], 2);
+    }
+}
+
+#[test]
+fn the_human_table_names_each_benchmark_and_the_boot_time() {
+    if kvm_available() {
+        let out = kumo(&["--vcpus", "1", "--npb", "ep.S,ep.S"]);
+        let stdout = text(&out.stdout);
+        assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+        let rows: Vec<&str> = stdout.lines().filter(|l| l.starts_with("ep ")).collect();
+        assert_eq!(rows.len(), 2, "{stdout}");
+        assert!(rows.iter().all(|r| r.ends_with("yes")), "{stdout}");
+        assert!(stdout.contains("boot: "), "{stdout}");
+    }
+}
+
+#[test]
+fn an_empty_workload_boots_and_exits_cleanly() {
+    if kvm_available() {
+        let guest = dumped_guest();
+        let out = kumo(&[
+            "--kernel",
+            guest.to_str().unwrap(),
+            "--cmdline",
+            "npb=",
+            "--vcpus",
+            "2",
+        ]);
+        let stdout = text(&out.stdout);
+        assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+        assert!(stdout.contains("@kumo boot cpus=2"), "{stdout}");
+        assert!(stdout.contains("@kumo end status=0"), "{stdout}");
+        assert!(
+            text(&out.stderr).contains("workload started"),
+            "{}",
+            text(&out.stderr)
+        );
+    }
+}

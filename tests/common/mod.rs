@@ -1,0 +1,101 @@
+//! Shared helpers for kumo's integration tests: run the real binary, guard against hangs,
+//! and insist on KVM in CI.
+#![allow(dead_code)] // each test crate uses a different subset
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// A hang guard, not a performance threshold: far above any healthy run on 2 cores.
+const HANG_LIMIT: Duration = Duration::from_secs(300);
+
+/// True if the KVM tests can run. Without /dev/kvm they are skipped loudly, except in CI
+/// (CI=true), where a missing KVM must fail the run instead of passing it vacuously.
+pub fn kvm_available() -> bool {
+    if Path::new("/dev/kvm").exists() {
+        return true;
+    }
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("/dev/kvm is missing but CI=true: the KVM tests must run in CI");
+    }
+    eprintln!("SKIPPED: /dev/kvm is missing on this host");
+    false
+}
+
+pub fn kumo_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_kumo")
+}
+
+pub fn kumo(args: &[&str]) -> Output {
+    run_with_hang_guard(Command::new(kumo_bin()).args(args))
+}
+
+/// Runs a command to completion; a process still running after HANG_LIMIT is killed
+/// and the test fails, so a hung VM can never hang the suite.
+pub fn run_with_hang_guard(cmd: &mut Command) -> Output {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let start = Instant::now();
+    // Drain the pipes on threads so a chatty child cannot block on a full pipe.
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let out_t = std::thread::spawn(move || read_all(&mut out));
+    let err_t = std::thread::spawn(move || read_all(&mut err));
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if start.elapsed() > HANG_LIMIT {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{cmd:?} still running after {HANG_LIMIT:?}: hung");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Output {
+        status,
+        stdout: out_t.join().unwrap(),
+        stderr: err_t.join().unwrap(),
+    }
+}
+
+fn read_all(r: &mut impl std::io::Read) -> Vec<u8> {
+    let mut buf = Vec::new();
+    let _ = r.read_to_end(&mut buf);
+    buf
+}
+
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// A scratch path unique to this test process and name.
+pub fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("kumo-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+/// Writes the embedded guest ELF to a scratch file via `kumo --dump-guest`.
+pub fn dumped_guest() -> PathBuf {
+    let path = scratch("guest.elf");
+    let out = kumo(&["--dump-guest", path.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "--dump-guest failed: {}",
+        text(&out.stderr)
+    );
+    path
+}
+
+/// The JSON lines kumo printed.
+pub fn json_lines(out: &Output) -> Vec<serde_json::Value> {
+    text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l:?}: {e}")))
+        .collect()
+}
