@@ -32,6 +32,7 @@ fn main() {
         println!("cargo:rerun-if-changed={input}");
     }
 
+    ensure_target_installed(KERNEL_TARGET);
     let user_elf = target_dir.join(USER_TARGET).join("release/kumo-user");
     nested_build(&guests, &target_dir, "kumo-user", USER_TARGET, &[]);
     nested_build(
@@ -83,6 +84,35 @@ fn nested_build(
         eprintln!("{}", String::from_utf8_lossy(&output.stdout));
         eprintln!("{}", String::from_utf8_lossy(&output.stderr));
         panic!("building the guest's {package} ({target}) failed; its output is above");
+    }
+}
+
+/// The guest supervisor needs the bare-metal target's `core`. rust-toolchain.toml asks
+/// rustup for it, but a toolchain installed by hand (or with rustup's auto-install off)
+/// may lack it: add it rather than fail with "can't find crate for `core`".
+fn ensure_target_installed(target: &str) {
+    let rustc = env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    let sysroot = Command::new(rustc)
+        .args(["--print", "sysroot"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
+    let Some(sysroot) = sysroot else { return };
+    if sysroot.join("lib/rustlib").join(target).exists() {
+        return;
+    }
+    let mut rustup = Command::new("rustup");
+    rustup.args(["target", "add", target]);
+    if let Some(toolchain) = env::var_os("RUSTUP_TOOLCHAIN") {
+        rustup.arg("--toolchain").arg(toolchain);
+    }
+    match rustup.status() {
+        Ok(status) if status.success() => {}
+        _ => panic!(
+            "the guest needs the Rust target {target}: run `rustup target add {target}` \
+             (rust-toolchain.toml lists it)"
+        ),
     }
 }
 

@@ -241,3 +241,17 @@ pub mod asm {
         c
     }
 }
+
+/// True if tests that need KVM can run. Without /dev/kvm they are skipped loudly, except
+/// in CI (`CI=true`), where a missing KVM must fail the run instead of passing it
+/// vacuously.
+pub fn kvm_available() -> bool {
+    if std::path::Path::new("/dev/kvm").exists() {
+        return true;
+    }
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("/dev/kvm is missing but CI=true: the KVM tests must run in CI");
+    }
+    eprintln!("SKIPPED: /dev/kvm is missing on this host");
+    false
+}

@@ -12,18 +12,7 @@ use vm_memory::{Bytes, GuestAddress};
 /// A hang guard, not a performance threshold.
 const HANG_LIMIT: Duration = Duration::from_secs(60);
 
-/// True if the KVM tests can run. Without /dev/kvm they are skipped loudly, except in CI
-/// (CI=true), where a missing KVM must fail the run instead of passing it vacuously.
-fn kvm_available() -> bool {
-    if Path::new("/dev/kvm").exists() {
-        return true;
-    }
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("/dev/kvm is missing but CI=true: the KVM tests must run in CI");
-    }
-    eprintln!("SKIPPED: /dev/kvm is missing on this host");
-    false
-}
+use hv::testing::kvm_available;
 
 #[derive(Clone, Default)]
 struct Console(Arc<Mutex<Vec<u8>>>);

@@ -2,25 +2,13 @@
 //! and insist on KVM in CI.
 #![allow(dead_code)] // each test crate uses a different subset
 
-use std::path::{Path, PathBuf};
+pub use hv::testing::kvm_available;
+use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// A hang guard, not a performance threshold: far above any healthy run on 2 cores.
 const HANG_LIMIT: Duration = Duration::from_secs(300);
-
-/// True if the KVM tests can run. Without /dev/kvm they are skipped loudly, except in CI
-/// (CI=true), where a missing KVM must fail the run instead of passing it vacuously.
-pub fn kvm_available() -> bool {
-    if Path::new("/dev/kvm").exists() {
-        return true;
-    }
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("/dev/kvm is missing but CI=true: the KVM tests must run in CI");
-    }
-    eprintln!("SKIPPED: /dev/kvm is missing on this host");
-    false
-}
 
 pub fn kumo_bin() -> &'static str {
     env!("CARGO_BIN_EXE_kumo")
