@@ -25,6 +25,38 @@ pub struct Cli {
 pub enum Command {
     /// Run the same NPB code as ordinary host threads: the baseline for overhead figures.
     Native(NativeArgs),
+    /// Measurements (benchmarks, not tests).
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum BenchCommand {
+    /// Guest/native time ratio per benchmark, from alternating native and guest runs.
+    Overhead(OverheadArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct OverheadArgs {
+    /// Benchmarks, comma-separated kernel.class items [default: every kernel, class S].
+    #[arg(long, value_name = "LIST")]
+    pub npb: Option<String>,
+
+    /// vCPUs of the guest and threads of the native run.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub vcpus: u32,
+
+    /// Native/guest pairs per benchmark.
+    #[arg(long, value_name = "R", default_value_t = 5)]
+    pub runs: u32,
+
+    /// Print one JSON object per line instead of a table.
+    #[arg(long)]
+    pub json: bool,
+
+    /// The KVM device to open.
+    #[arg(long, value_name = "PATH", default_value = "/dev/kvm")]
+    pub kvm_device: PathBuf,
 }
 
 #[derive(Args, Debug)]

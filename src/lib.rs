@@ -5,6 +5,7 @@
 pub mod cli;
 pub mod guest;
 pub mod native;
+pub mod overhead;
 pub mod protocol;
 pub mod report;
 pub mod run;

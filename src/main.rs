@@ -2,7 +2,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Parser;
-use kumo::cli::{Cli, Command};
+use kumo::cli::{BenchCommand, Cli, Command};
 use kumo::run;
 
 /// Status for bad input and host problems (clap uses the same for usage errors).
@@ -22,6 +22,9 @@ fn main() -> ExitCode {
     let vm = &cli.vm;
     let result = match (&cli.command, &vm.dump_guest, &vm.kernel) {
         (Some(Command::Native(args)), _, _) => kumo::native::run_native(args),
+        (Some(Command::Bench(BenchCommand::Overhead(args))), _, _) => {
+            kumo::overhead::run_overhead(args)
+        }
         (None, Some(path), _) => run::dump_guest(path),
         (None, None, Some(kernel)) => run::run_kernel(vm, kernel, epoch),
         (None, None, None) => run::run_embedded(vm, epoch),

@@ -7,11 +7,12 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use hv::{GuestExit, Vm, VmConfig};
+use npb::Spec;
 
 use crate::cli::VmArgs;
 use crate::guest::{self, EMBEDDED_GUEST};
 use crate::protocol::{Event, LineParser};
-use crate::report::{self, Ending};
+use crate::report::{self, Ending, Verdict};
 
 /// Boots the embedded NPB guest, runs the requested benchmarks and reports them.
 pub fn run_embedded(args: &VmArgs, epoch: Instant) -> Result<u8> {
@@ -19,17 +20,35 @@ pub fn run_embedded(args: &VmArgs, epoch: Instant) -> Result<u8> {
         Some(list) => guest::parse_specs(list)?,
         None => guest::default_specs(),
     };
-    check_vcpus(args.vcpus, &args.kvm_device)?;
-    guest::check_vcpus(args.vcpus)?;
-    let memory_mib = guest::choose_memory_mib(args.memory, &specs, args.vcpus)?;
+    check_guest_vcpus(args.vcpus, &args.kvm_device)?;
+    let verdict = run_guest(&specs, args.vcpus, args.memory, &args.kvm_device, epoch)?;
+    report::print(&verdict, args.json)?;
+    Ok(verdict.exit_code())
+}
+
+/// Checks a vCPU count for the embedded guest: KVM's limit, then the guest's.
+pub fn check_guest_vcpus(vcpus: u32, kvm_device: &Path) -> Result<()> {
+    check_vcpus(vcpus, kvm_device)?;
+    guest::check_vcpus(vcpus)
+}
+
+/// One VM of the embedded guest running `specs` in order, judged.
+pub fn run_guest(
+    specs: &[Spec],
+    vcpus: u32,
+    memory: Option<u64>,
+    kvm_device: &Path,
+    epoch: Instant,
+) -> Result<Verdict> {
+    let memory_mib = guest::choose_memory_mib(memory, specs, vcpus)?;
     let names: Vec<String> = specs.iter().map(ToString::to_string).collect();
     let config = VmConfig {
-        vcpus: args.vcpus,
+        vcpus,
         memory_mib,
         kernel: EMBEDDED_GUEST.to_vec(),
         cmdline: format!("npb={}", names.join(",")),
         modules: Vec::new(),
-        kvm_device: args.kvm_device.clone(),
+        kvm_device: kvm_device.to_path_buf(),
     };
     let vm = Vm::new(config)?;
     let events = Arc::new(Mutex::new(Vec::new()));
@@ -48,10 +67,7 @@ pub fn run_embedded(args: &VmArgs, epoch: Instant) -> Result<u8> {
         }
     };
     let boot_ms = outcome.workload_started.map(|d| d.as_secs_f64() * 1e3);
-    let verdict = report::judge(&specs, args.vcpus, &events, ending, boot_ms);
-
-    report::print(&verdict, args.json)?;
-    Ok(verdict.exit_code())
+    Ok(report::judge(specs, vcpus, &events, ending, boot_ms))
 }
 
 /// Boots an arbitrary PVH kernel: its console is kumo's stdout, its debug-exit value

@@ -1,0 +1,164 @@
+//! `kumo bench overhead`: what running in a kumo VM costs each benchmark. Native and
+//! guest runs alternate (A B A B ...) so slow drifts of a shared host hit both sides
+//! alike; each pair gives one guest/native ratio, and the median ratio is the figure.
+
+use std::time::Instant;
+
+use anyhow::{Result, bail, ensure};
+use npb::Spec;
+use serde_json::json;
+
+use crate::cli::OverheadArgs;
+use crate::{guest, native, run};
+
+/// Times (seconds) of one benchmark's paired runs and what they say.
+#[derive(Debug, PartialEq)]
+pub struct Summary {
+    pub native_median: f64,
+    pub guest_median: f64,
+    pub ratio_median: f64,
+    pub ratio_min: f64,
+    pub ratio_max: f64,
+}
+
+/// Summarises paired times; `native[i]` and `guest[i]` were measured back to back.
+pub fn summarize(native: &[f64], guest: &[f64]) -> Option<Summary> {
+    if native.is_empty() || native.len() != guest.len() {
+        return None;
+    }
+    let ratios: Vec<f64> = guest.iter().zip(native).map(|(g, n)| g / n).collect();
+    Some(Summary {
+        native_median: median(native),
+        guest_median: median(guest),
+        ratio_median: median(&ratios),
+        ratio_min: ratios.iter().copied().fold(f64::INFINITY, f64::min),
+        ratio_max: ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+    })
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let mid = sorted.len() / 2;
+    if sorted.len() % 2 == 1 {
+        sorted[mid]
+    } else {
+        (sorted[mid - 1] + sorted[mid]) / 2.0
+    }
+}
+
+pub fn run_overhead(args: &OverheadArgs) -> Result<u8> {
+    let specs = match &args.npb {
+        Some(list) => guest::parse_specs(list)?,
+        None => guest::default_specs(),
+    };
+    ensure!(args.runs >= 1, "--runs must be at least 1");
+    run::check_guest_vcpus(args.vcpus, &args.kvm_device)?;
+    let mut lines = Vec::new();
+    for &spec in &specs {
+        let (mut native_times, mut guest_times) = (Vec::new(), Vec::new());
+        for round in 1..=args.runs {
+            native_times.push(native_time(spec, args.vcpus)?);
+            guest_times.push(guest_time(spec, args)?);
+            eprintln!(
+                "kumo: {spec} pair {round}/{}: native {:.3} s, guest {:.3} s",
+                args.runs,
+                native_times.last().unwrap(),
+                guest_times.last().unwrap()
+            );
+        }
+        let s = summarize(&native_times, &guest_times).expect("runs >= 1, paired");
+        lines.push((spec, s));
+    }
+    print(&lines, args);
+    Ok(0)
+}
+
+fn native_time(spec: Spec, threads: u32) -> Result<f64> {
+    let result = native::run_one(spec, threads);
+    if !result.verified {
+        bail!("{spec} did not verify natively: no overhead can be measured");
+    }
+    Ok(result.time_s)
+}
+
+fn guest_time(spec: Spec, args: &OverheadArgs) -> Result<f64> {
+    let verdict = run::run_guest(&[spec], args.vcpus, None, &args.kvm_device, Instant::now())?;
+    if !verdict.problems.is_empty() {
+        bail!("{spec} in the guest: {}", verdict.problems.join("; "));
+    }
+    match verdict.rows.first().and_then(|row| row.result.as_ref()) {
+        Some(result) => Ok(result.time_s),
+        None => bail!("{spec} in the guest gave no result"),
+    }
+}
+
+fn print(lines: &[(Spec, Summary)], args: &OverheadArgs) {
+    if args.json {
+        for (spec, s) in lines {
+            println!(
+                "{}",
+                json!({
+                    "benchmark": spec.kernel.name(),
+                    "class": spec.class.letter().to_string(),
+                    "vcpus": args.vcpus,
+                    "runs": args.runs,
+                    "native_median_s": s.native_median,
+                    "guest_median_s": s.guest_median,
+                    "ratio_median": s.ratio_median,
+                    "ratio_min": s.ratio_min,
+                    "ratio_max": s.ratio_max,
+                })
+            );
+        }
+        return;
+    }
+    println!(
+        "{:<10} {:<5} {:>5} {:>4} {:>11} {:>11} {:>8} {:>15}",
+        "benchmark", "class", "vCPUs", "runs", "native (s)", "guest (s)", "ratio", "ratio min-max"
+    );
+    for (spec, s) in lines {
+        println!(
+            "{:<10} {:<5} {:>5} {:>4} {:>11.3} {:>11.3} {:>8.3} {:>7.3}-{:<7.3}",
+            spec.kernel.name(),
+            spec.class.letter(),
+            args.vcpus,
+            args.runs,
+            s.native_median,
+            s.guest_median,
+            s.ratio_median,
+            s.ratio_min,
+            s.ratio_max
+        );
+    }
+    println!("ratio = guest time / native time of the same benchmark, median over the pairs");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn medians_of_odd_and_even_counts() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+    }
+
+    #[test]
+    fn ratios_are_taken_pairwise_not_from_the_medians() {
+        // Pairwise ratios 2.0, 1.0, 0.5: median 1.0, although the medians give 2/2 too.
+        let s = summarize(&[1.0, 2.0, 4.0], &[2.0, 2.0, 2.0]).unwrap();
+        assert_eq!(s.ratio_median, 1.0);
+        assert_eq!((s.ratio_min, s.ratio_max), (0.5, 2.0));
+        assert_eq!((s.native_median, s.guest_median), (2.0, 2.0));
+        // A slow pair moves the median ratio only as far as its rank allows.
+        let s = summarize(&[1.0, 1.0, 1.0], &[1.01, 1.02, 5.0]).unwrap();
+        assert_eq!(s.ratio_median, 1.02);
+    }
+
+    #[test]
+    fn unpaired_or_empty_input_has_no_summary() {
+        assert_eq!(summarize(&[], &[]), None);
+        assert_eq!(summarize(&[1.0], &[1.0, 2.0]), None);
+    }
+}

@@ -1,0 +1,61 @@
+//! The native twin verifies what the guest verifies, and `kumo bench overhead` pairs
+//! the two. No timing is asserted: ratios are measurements, not pass/fail criteria.
+
+mod common;
+
+use common::*;
+
+#[test]
+fn the_native_twin_verifies_ep_s_and_w_on_one_to_three_threads() {
+    for threads in ["1", "3"] {
+        let out = kumo(&[
+            "native",
+            "--npb",
+            "ep.S,ep.W",
+            "--threads",
+            threads,
+            "--json",
+        ]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let lines = json_lines(&out);
+        assert_eq!(lines.len(), 3, "{lines:?}");
+        for (line, class) in lines.iter().zip(["S", "W"]) {
+            assert_eq!(line["class"], class, "{line}");
+            assert_eq!(line["verified"], true, "{line}");
+            assert_eq!(line["vcpus"].to_string(), threads, "{line}");
+        }
+        assert_eq!(lines[2]["mode"], "native");
+    }
+}
+
+#[test]
+fn zero_native_threads_are_refused() {
+    let out = kumo(&["native", "--threads", "0"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("--threads must be at least 1"));
+}
+
+#[test]
+fn overhead_pairs_native_and_guest_runs() {
+    if kvm_available() {
+        let out = kumo(&[
+            "bench", "overhead", "--npb", "ep.S", "--runs", "2", "--vcpus", "2", "--json",
+        ]);
+        let stderr = text(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        assert_eq!(stderr.matches("pair ").count(), 2, "{stderr}");
+        let lines = json_lines(&out);
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        let line = &lines[0];
+        assert_eq!(
+            (line["benchmark"].as_str(), line["runs"].as_u64()),
+            (Some("ep"), Some(2))
+        );
+        let (min, median, max) = (
+            line["ratio_min"].as_f64().unwrap(),
+            line["ratio_median"].as_f64().unwrap(),
+            line["ratio_max"].as_f64().unwrap(),
+        );
+        assert!(min > 0.0 && min <= median && median <= max, "{line}");
+    }
+}
