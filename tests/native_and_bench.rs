@@ -57,5 +57,6 @@ fn overhead_pairs_native_and_guest_runs() {
             line["ratio_max"].as_f64().unwrap(),
         );
         assert!(min > 0.0 && min <= median && median <= max, "{line}");
+        assert!(line["best_ratio"].as_f64().unwrap() > 0.0, "{line}");
     }
 }
