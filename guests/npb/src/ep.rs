@@ -7,8 +7,9 @@
 
 use core::ops::Range;
 
-use crate::Class;
 use crate::random::{self, A};
+use crate::team::{Arena, Plain, Team};
+use crate::{Class, Outcome, Values};
 
 /// log2 of the pairs per batch (`MK` in the reference).
 pub const MK: u32 = 16;
@@ -58,6 +59,7 @@ pub const SCRATCH_LEN: usize = NUMBERS_PER_BATCH;
 
 /// One thread's (or the whole run's) sums and annulus counts.
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[repr(C)]
 pub struct Partial {
     pub sx: f64,
     pub sy: f64,
@@ -107,6 +109,40 @@ pub fn run_batches(range: Range<u64>, scratch: &mut [f64]) -> Partial {
     out
 }
 
+// SAFETY: repr(C) floats and integers, no padding; every bit pattern is a value.
+unsafe impl Plain for Partial {}
+
+/// One thread's part of a team run: its share of the batches, then (on the master)
+/// the rank-ordered combine, timed from the first barrier to the last as NPB times EP.
+pub fn run(class: Class, team: &Team, arena: &mut Arena) -> Outcome {
+    let scratch = arena.alloc::<f64>(SCRATCH_LEN * team.size());
+    let parts = arena.alloc::<Partial>(team.size());
+    let rank = team.rank();
+    team.barrier();
+    let start = team.seconds();
+    // SAFETY: each thread owns its scratch block and its own result slot until the
+    // barrier; the master reads every slot only after it.
+    let scratch = unsafe { scratch.slice_mut(rank * SCRATCH_LEN..(rank + 1) * SCRATCH_LEN) };
+    let range = batch_range(batches(m(class)), rank as u32, team.size() as u32);
+    let part = run_batches(range, scratch);
+    // SAFETY: slot `rank` is this thread's alone (see above).
+    unsafe { parts.set(rank, part) };
+    team.barrier();
+    let seconds = team.seconds() - start;
+    // SAFETY: no thread writes `parts` after the barrier.
+    let total = combine(unsafe { parts.all() });
+    let mut values = Values::new();
+    values.push("sx", total.sx);
+    values.push("sy", total.sy);
+    values.push("pairs", total.pairs() as f64);
+    Outcome {
+        seconds,
+        mops: mops(class, seconds),
+        verified: verify(class, &total),
+        values,
+    }
+}
+
 /// Folds partial results in slice (thread) order.
 pub fn combine(parts: &[Partial]) -> Partial {
     let mut total = Partial::ZERO;
@@ -134,9 +170,10 @@ pub fn mops(class: Class, seconds: f64) -> f64 {
     (1u64 << (m(class) + 1)) as f64 / seconds / 1.0e6
 }
 
-/// Heap bytes for `threads` threads (one scratch array each).
-pub fn heap_bytes(threads: u32) -> u64 {
-    u64::from(threads) * (SCRATCH_LEN * core::mem::size_of::<f64>()) as u64
+/// Arena bytes [`run`] needs with `threads` threads (one scratch array and one result
+/// slot each, and alignment).
+pub fn heap_bytes(threads: usize) -> usize {
+    threads * (SCRATCH_LEN * core::mem::size_of::<f64>() + core::mem::size_of::<Partial>()) + 128
 }
 
 #[cfg(test)]

@@ -14,8 +14,9 @@ use core::arch::global_asm;
 use core::cell::UnsafeCell;
 use core::fmt::{self, Write};
 
-use kumo_abi::{BootInfo, MAX_CPUS, USER_MAGIC, fault};
-use npb::{Kernel, Spec, ep};
+use kumo_abi::{BootInfo, USER_MAGIC, fault};
+use npb::team::{Arena, Runtime, Team};
+use npb::{Kernel, Spec};
 use sync::Barrier;
 
 // The image header (read by the supervisor) and the entry point: rdi = &BootInfo,
@@ -56,11 +57,10 @@ unsafe impl<T> Sync for Shared<T> {}
 
 /// The benchmark of the current fork.
 static JOB: Shared<Option<Spec>> = Shared(UnsafeCell::new(None));
-/// EP's per-thread results, combined in thread order by the master.
-static EP_PARTS: Shared<[ep::Partial; MAX_CPUS]> =
-    Shared(UnsafeCell::new([ep::Partial::ZERO; MAX_CPUS]));
 static FORK: Barrier = Barrier::new();
 static JOIN: Barrier = Barrier::new();
+/// The barrier kernels use between their phases.
+static TEAM: Barrier = Barrier::new();
 
 extern "C" fn user_main(info: &'static BootInfo, cpu: u32) -> ! {
     if cpu == 0 {
@@ -71,7 +71,7 @@ extern "C" fn user_main(info: &'static BootInfo, cpu: u32) -> ! {
         FORK.wait(info.cpus);
         // SAFETY: written by the master before FORK, not written again before JOIN.
         if let Some(spec) = unsafe { *JOB.0.get() } {
-            run_share(info, spec, cpu);
+            let _ = run_share(info, spec, cpu);
         }
         JOIN.wait(info.cpus);
     }
@@ -115,10 +115,10 @@ fn end(status: u32) -> ! {
     sys::exit(status)
 }
 
-/// Forks `spec` over every CPU, joins, combines, verifies and prints the result line.
+/// Forks `spec` over every CPU, joins, and prints the master's result line.
 fn run_benchmark(info: &BootInfo, spec: Spec) -> bool {
     let threads = info.cpus;
-    if info.heap_end - info.heap_start < npb::workload_heap_bytes(spec, threads) {
+    if heap_len(info) < npb::workload_heap_bytes(spec, threads) {
         let mut line = Line::new();
         let _ = write!(line, "@kumo error what=out-of-memory item={spec}");
         line.emit();
@@ -126,48 +126,57 @@ fn run_benchmark(info: &BootInfo, spec: Spec) -> bool {
     }
     // SAFETY: the workers read JOB only after FORK.
     unsafe { *JOB.0.get() = Some(spec) };
-    let start = sys::rdtsc();
     FORK.wait(threads);
-    run_share(info, spec, 0);
+    let outcome = run_share(info, spec, 0);
     JOIN.wait(threads);
-    let seconds = (sys::rdtsc() - start) as f64 / (info.tsc_khz as f64 * 1000.0);
-    match spec.kernel {
-        Kernel::Ep => {
-            // SAFETY: every worker wrote its slot before JOIN.
-            let parts = unsafe { &(&*EP_PARTS.0.get())[..threads as usize] };
-            let result = ep::combine(parts);
-            let verified = ep::verify(spec.class, &result);
-            let mut line = Line::new();
-            let _ = write!(
-                line,
-                "@kumo result benchmark={} class={} threads={threads} time_s={seconds:.6} \
-                 mops={:.2} verified={verified} sx={:.15e} sy={:.15e}",
-                spec.kernel.name(),
-                spec.class.letter(),
-                ep::mops(spec.class, seconds),
-                result.sx,
-                result.sy,
-            );
-            line.emit();
-            verified
-        }
+    let mut line = Line::new();
+    let _ = write!(
+        line,
+        "@kumo result benchmark={} class={} threads={threads} time_s={:.6} mops={:.2} \
+         verified={}",
+        spec.kernel.name(),
+        spec.class.letter(),
+        outcome.seconds,
+        outcome.mops,
+        outcome.verified,
+    );
+    for (key, value) in outcome.values.iter() {
+        let _ = write!(line, " {key}={value}");
     }
+    line.emit();
+    outcome.verified
 }
 
-/// This CPU's share of `spec`.
-fn run_share(info: &BootInfo, spec: Spec, cpu: u32) {
-    match spec.kernel {
-        Kernel::Ep => {
-            let scratch_bytes = ep::SCRATCH_LEN * core::mem::size_of::<f64>();
-            let scratch = (info.heap_start as usize + cpu as usize * scratch_bytes) as *mut f64;
-            // SAFETY: the heap is ours alone and large enough (checked by the master);
-            // each CPU uses a disjoint slice; any bit pattern is a valid f64.
-            let scratch = unsafe { core::slice::from_raw_parts_mut(scratch, ep::SCRATCH_LEN) };
-            let range = ep::batch_range(ep::batches(ep::m(spec.class)), cpu, info.cpus);
-            let part = ep::run_batches(range, scratch);
-            // SAFETY: slot `cpu` is written only by this CPU, read by the master after JOIN.
-            unsafe { (*EP_PARTS.0.get())[cpu as usize] = part };
-        }
+/// This CPU's part of `spec`: every CPU carves the same heap the same way.
+fn run_share(info: &BootInfo, spec: Spec, cpu: u32) -> npb::Outcome {
+    let runtime = GuestRuntime {
+        cpus: info.cpus,
+        tsc_khz: info.tsc_khz,
+    };
+    let team = Team::new(cpu as usize, info.cpus as usize, &runtime);
+    // SAFETY: the heap is identity-mapped, ours alone, large enough (the master checked
+    // before FORK), and every CPU builds its arena over it in the same way.
+    let mut arena = unsafe { Arena::new(info.heap_start as *mut u8, heap_len(info) as usize) };
+    npb::run(spec, &team, &mut arena)
+}
+
+fn heap_len(info: &BootInfo) -> u64 {
+    info.heap_end.saturating_sub(info.heap_start)
+}
+
+/// The team barrier and clock of the guest: shared-memory barrier, TSC time.
+struct GuestRuntime {
+    cpus: u32,
+    tsc_khz: u64,
+}
+
+impl Runtime for GuestRuntime {
+    fn barrier(&self) {
+        TEAM.wait(self.cpus);
+    }
+
+    fn seconds(&self) -> f64 {
+        sys::rdtsc() as f64 / (self.tsc_khz as f64 * 1000.0)
     }
 }
 
