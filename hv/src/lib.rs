@@ -20,6 +20,7 @@ pub mod boot;
 pub mod cpuid;
 pub mod elf;
 mod fault;
+pub mod irq;
 mod kvm;
 pub mod layout;
 pub mod regs;

@@ -16,6 +16,7 @@ use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 use vmm_sys_util::signal::Killable;
 
+use crate::irq::{EventLoop, GsiRouter, Msi};
 use crate::kvm::{self, ioctl};
 use crate::layout::*;
 use crate::vcpu::{self, Shared, VcpuEnd};
@@ -25,7 +26,9 @@ use crate::{Error, GuestExit, RunOutcome, VmConfig, acpi, boot, cpuid, elf, regs
 pub struct Vm {
     // Field order is drop order: vCPUs before the VM before KVM; memory last.
     vcpus: Vec<VcpuFd>,
-    _vm: VmFd,
+    /// Shared with the interrupt paths (event loop, GSI router), which may hold it
+    /// until they are dropped.
+    vm: Arc<VmFd>,
     _kvm: Kvm,
     memory: GuestMemoryMmap,
     memfd: File,
@@ -165,7 +168,7 @@ impl Vm {
         );
         Ok(Vm {
             vcpus,
-            _vm: vm,
+            vm: Arc::new(vm),
             _kvm: kvm,
             memory,
             memfd,
@@ -180,6 +183,22 @@ impl Vm {
     /// Guest RAM.
     pub fn memory(&self) -> &GuestMemoryMmap {
         &self.memory
+    }
+
+    /// Starts the generic interrupt path's event-loop thread for this VM.
+    pub fn start_event_loop(&self) -> Result<EventLoop, Error> {
+        EventLoop::start(self.vm.clone())
+    }
+
+    /// Injects `msi` now, from this thread (`KVM_SIGNAL_MSI`; what the event loop does
+    /// for each queued interrupt). `Ok(false)`: coalesced or blocked by the guest.
+    pub fn signal_msi(&self, msi: Msi) -> Result<bool, Error> {
+        crate::irq::signal_msi(&self.vm, msi)
+    }
+
+    /// The fast path's GSI routing table for this VM (make one per VM).
+    pub fn gsi_router(&self) -> Arc<GsiRouter> {
+        GsiRouter::new(self.vm.clone())
     }
 
     pub fn vcpu_count(&self) -> u32 {

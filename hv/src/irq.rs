@@ -1,0 +1,411 @@
+//! Interrupt delivery: two paths behind one interface.
+//!
+//! - **Generic** ([`EventLoop`]): every source queues its message to one event-loop
+//!   thread, which injects them in arrival order with `KVM_SIGNAL_MSI` — the model of
+//!   Xen's event channels, one serialized mechanism for all sources (one thread hop and
+//!   one ioctl per interrupt).
+//! - **Fast** ([`FastVector`]): the vector's eventfd is a KVM irqfd bound to its own GSI,
+//!   whose MSI route names the vCPU the guest programmed. A write to the eventfd is
+//!   injected by the kernel: no user-space hop. Re-targeting rewrites the route; a
+//!   masked vector's irqfd is unregistered.
+//!
+//! Devices see neither: they raise a vector through [`VectorSink`].
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use kvm_bindings::{
+    KVM_IRQ_ROUTING_IRQCHIP, KVM_IRQ_ROUTING_MSI, KVM_IRQCHIP_IOAPIC, KvmIrqRouting,
+    kvm_irq_routing_entry, kvm_msi,
+};
+use kvm_ioctls::VmFd;
+use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+
+use crate::Error;
+use crate::kvm::ioctl;
+
+/// A message-signalled interrupt as a device (or its MSI-X table) writes it: the
+/// address names the destination APIC, the data the vector and delivery mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Msi {
+    pub address: u64,
+    pub data: u32,
+}
+
+impl Msi {
+    /// A fixed, edge-triggered interrupt of `vector` to the CPU with `apic_id`
+    /// (physical destination; IDs above 255 in the extended destination bits 11:5, as
+    /// KVM's `KVM_X2APIC_API` and Linux's "ext_dest_id" use them).
+    pub fn fixed(apic_id: u32, vector: u8) -> Msi {
+        let low = u64::from(apic_id & 0xff) << 12;
+        let high = u64::from((apic_id >> 8) & 0x7f) << 5;
+        Msi {
+            address: 0xfee0_0000 | low | high,
+            data: u32::from(vector),
+        }
+    }
+
+    fn kvm(self) -> kvm_msi {
+        kvm_msi {
+            address_lo: self.address as u32,
+            address_hi: (self.address >> 32) as u32,
+            data: self.data,
+            ..Default::default()
+        }
+    }
+}
+
+/// How a device raises one of its interrupts; the path behind it is the VMM's choice.
+pub trait VectorSink: Send + Sync {
+    /// Delivers `msi` (the generic path uses it; the fast path's route already holds it).
+    fn raise(&self, msi: Msi);
+}
+
+/// Which path a device's interrupts take (`--irq-path`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IrqPath {
+    #[default]
+    Generic,
+    Fast,
+}
+
+impl std::str::FromStr for IrqPath {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "generic" => Ok(IrqPath::Generic),
+            "fast" => Ok(IrqPath::Fast),
+            _ => Err(format!(
+                "unknown interrupt path '{s}' (known: generic, fast)"
+            )),
+        }
+    }
+}
+
+/// Counters of one path, for reports and tests.
+#[derive(Debug, Default)]
+pub struct IrqStats {
+    /// Interrupts handed to KVM.
+    pub injected: AtomicU64,
+    /// Injections KVM refused (logged once each; a guest can cause them, so never fatal).
+    pub failed: AtomicU64,
+}
+
+// ---------------------------------------------------------------------------------------
+// Generic path.
+
+struct LoopState {
+    queue: Mutex<VecDeque<Msi>>,
+    wake: EventFd,
+    stop: AtomicBool,
+    stats: IrqStats,
+}
+
+/// The generic path's event-loop thread.
+pub struct EventLoop {
+    state: Arc<LoopState>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl EventLoop {
+    /// Starts the loop thread (`irq-loop`) injecting into `vm`.
+    pub fn start(vm: Arc<VmFd>) -> Result<EventLoop, Error> {
+        let state = Arc::new(LoopState {
+            queue: Mutex::new(VecDeque::new()),
+            wake: EventFd::new(0).map_err(|source| Error::Os {
+                what: "creating the event loop's eventfd",
+                source,
+            })?,
+            stop: AtomicBool::new(false),
+            stats: IrqStats::default(),
+        });
+        let loop_state = state.clone();
+        let thread = std::thread::Builder::new()
+            .name("irq-loop".into())
+            .spawn(move || run_loop(&vm, &loop_state))
+            .map_err(|source| Error::Os {
+                what: "spawning the event loop thread",
+                source,
+            })?;
+        Ok(EventLoop {
+            state,
+            thread: Some(thread),
+        })
+    }
+
+    /// A handle sources use to queue interrupts.
+    pub fn sink(&self) -> GenericSink {
+        GenericSink {
+            state: self.state.clone(),
+        }
+    }
+
+    pub fn stats(&self) -> &IrqStats {
+        &self.state.stats
+    }
+}
+
+impl Drop for EventLoop {
+    fn drop(&mut self) {
+        self.state.stop.store(true, Ordering::SeqCst);
+        let _ = self.state.wake.write(1);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic elsewhere cannot leave a queue or a route table half-updated in a way
+    // that matters more than losing interrupts: keep going.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn run_loop(vm: &VmFd, state: &LoopState) {
+    let mut batch = VecDeque::new();
+    loop {
+        // Blocks until a source queues something (eventfd counter > 0).
+        if let Err(e) = state.wake.read() {
+            tracing::error!("event loop: reading its eventfd failed ({e}); stopping");
+            return;
+        }
+        std::mem::swap(&mut batch, &mut *lock(&state.queue));
+        for msi in batch.drain(..) {
+            inject(vm, msi, &state.stats);
+        }
+        if state.stop.load(Ordering::SeqCst) {
+            return;
+        }
+    }
+}
+
+/// One `KVM_SIGNAL_MSI`: the generic path's injection primitive. `Ok(false)` when KVM
+/// coalesced it (the vector was already pending) or the guest's APIC blocked it.
+pub(crate) fn signal_msi(vm: &VmFd, msi: Msi) -> Result<bool, Error> {
+    vm.signal_msi(msi.kvm())
+        .map(|delivered| delivered > 0)
+        .map_err(ioctl("KVM_SIGNAL_MSI"))
+}
+
+fn inject(vm: &VmFd, msi: Msi, stats: &IrqStats) {
+    match vm.signal_msi(msi.kvm()) {
+        // 0 = the interrupt was coalesced or blocked by the guest's APIC state; it is
+        // still "delivered" as far as the device is concerned, like on hardware.
+        Ok(_) => stats.injected.fetch_add(1, Ordering::Relaxed),
+        Err(e) => {
+            if stats.failed.fetch_add(1, Ordering::Relaxed) == 0 {
+                tracing::warn!("KVM_SIGNAL_MSI {msi:x?} failed: {e}");
+            }
+            0
+        }
+    };
+}
+
+/// Queues interrupts to the [`EventLoop`] (cheap to clone).
+#[derive(Clone)]
+pub struct GenericSink {
+    state: Arc<LoopState>,
+}
+
+impl VectorSink for GenericSink {
+    fn raise(&self, msi: Msi) {
+        lock(&self.state.queue).push_back(msi);
+        if let Err(e) = self.state.wake.write(1) {
+            tracing::error!("waking the event loop failed: {e}");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Fast path.
+
+/// GSIs 0..24 are the IOAPIC's pins; fast vectors take GSIs above them.
+const FIRST_MSI_GSI: u32 = 24;
+const IOAPIC_PINS: u32 = 24;
+
+/// The VM's GSI routing table. KVM_SET_GSI_ROUTING replaces the whole table, so every
+/// change rewrites it from this copy (the IOAPIC pins' default routes included).
+pub struct GsiRouter {
+    vm: Arc<VmFd>,
+    routes: Mutex<Routes>,
+}
+
+struct Routes {
+    msi: BTreeMap<u32, Msi>,
+    next_gsi: u32,
+}
+
+impl GsiRouter {
+    pub fn new(vm: Arc<VmFd>) -> Arc<GsiRouter> {
+        Arc::new(GsiRouter {
+            vm,
+            routes: Mutex::new(Routes {
+                msi: BTreeMap::new(),
+                next_gsi: FIRST_MSI_GSI,
+            }),
+        })
+    }
+
+    /// A new fast vector with its own GSI and eventfd, not yet routed (masked).
+    pub fn vector(self: &Arc<Self>) -> Result<FastVector, Error> {
+        let gsi = {
+            let mut routes = lock(&self.routes);
+            let gsi = routes.next_gsi;
+            routes.next_gsi += 1;
+            gsi
+        };
+        let eventfd = EventFd::new(EFD_NONBLOCK).map_err(|source| Error::Os {
+            what: "creating an irqfd",
+            source,
+        })?;
+        Ok(FastVector {
+            router: self.clone(),
+            gsi,
+            eventfd,
+            routed: Mutex::new(None),
+        })
+    }
+
+    fn commit(&self, routes: &Routes) -> Result<(), Error> {
+        let mut table = KvmIrqRouting::new(0).map_err(|_| fam_error())?;
+        for pin in 0..IOAPIC_PINS {
+            let mut entry = kvm_irq_routing_entry {
+                gsi: pin,
+                type_: KVM_IRQ_ROUTING_IRQCHIP,
+                ..Default::default()
+            };
+            entry.u.irqchip.irqchip = KVM_IRQCHIP_IOAPIC;
+            entry.u.irqchip.pin = pin;
+            table.push(entry).map_err(|_| fam_error())?;
+        }
+        for (&gsi, msi) in &routes.msi {
+            let mut entry = kvm_irq_routing_entry {
+                gsi,
+                type_: KVM_IRQ_ROUTING_MSI,
+                ..Default::default()
+            };
+            entry.u.msi.address_lo = msi.address as u32;
+            entry.u.msi.address_hi = (msi.address >> 32) as u32;
+            entry.u.msi.data = msi.data;
+            table.push(entry).map_err(|_| fam_error())?;
+        }
+        self.vm
+            .set_gsi_routing(&table)
+            .map_err(ioctl("KVM_SET_GSI_ROUTING"))
+    }
+}
+
+fn fam_error() -> Error {
+    Error::Kvm {
+        ioctl: "KVM_SET_GSI_ROUTING",
+        source: kvm_ioctls::Error::new(libc::E2BIG),
+    }
+}
+
+/// One device vector on the fast path: an irqfd on its own GSI.
+pub struct FastVector {
+    router: Arc<GsiRouter>,
+    gsi: u32,
+    eventfd: EventFd,
+    /// The message the GSI routes to, while the irqfd is registered.
+    routed: Mutex<Option<Msi>>,
+}
+
+impl FastVector {
+    pub fn gsi(&self) -> u32 {
+        self.gsi
+    }
+
+    /// Points the vector at `msi` (registering the irqfd if it was masked), or masks
+    /// it (`None`: the irqfd is unregistered, so a write to the eventfd is not
+    /// delivered). Called when the guest rewrites or (un)masks the MSI-X entry.
+    pub fn route(&self, msi: Option<Msi>) -> Result<(), Error> {
+        let mut routed = lock(&self.routed);
+        if *routed == msi {
+            return Ok(());
+        }
+        let mut routes = lock(&self.router.routes);
+        match msi {
+            Some(msi) => {
+                routes.msi.insert(self.gsi, msi);
+                self.router.commit(&routes)?;
+                if routed.is_none() {
+                    self.router
+                        .vm
+                        .register_irqfd(&self.eventfd, self.gsi)
+                        .map_err(ioctl("KVM_IRQFD"))?;
+                }
+            }
+            None => {
+                self.router
+                    .vm
+                    .unregister_irqfd(&self.eventfd, self.gsi)
+                    .map_err(ioctl("KVM_IRQFD (deassign)"))?;
+                // Drain what was written while routed but not yet consumed, so an
+                // unmask does not deliver a stale interrupt twice.
+                let _ = self.eventfd.read();
+                routes.msi.remove(&self.gsi);
+                self.router.commit(&routes)?;
+            }
+        }
+        *routed = msi;
+        Ok(())
+    }
+
+    /// Raises the vector: one eventfd write, injected by KVM.
+    pub fn trigger(&self) {
+        if let Err(e) = self.eventfd.write(1) {
+            tracing::error!("irqfd write for GSI {} failed: {e}", self.gsi);
+        }
+    }
+}
+
+impl VectorSink for FastVector {
+    fn raise(&self, _msi: Msi) {
+        self.trigger();
+    }
+}
+
+impl Drop for FastVector {
+    fn drop(&mut self) {
+        if lock(&self.routed).is_some() {
+            let _ = self.router.vm.unregister_irqfd(&self.eventfd, self.gsi);
+            let mut routes = lock(&self.router.routes);
+            routes.msi.remove(&self.gsi);
+            let _ = self.router.commit(&routes);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fixed_messages_encode_destination_and_vector() {
+        assert_eq!(
+            Msi::fixed(0, 0x41),
+            Msi {
+                address: 0xfee0_0000,
+                data: 0x41
+            }
+        );
+        assert_eq!(Msi::fixed(3, 0x50).address, 0xfee0_3000);
+        // APIC ID 0x1_23: low byte in 19:12, the rest in the extended bits 11:5.
+        assert_eq!(Msi::fixed(0x123, 0x30).address, 0xfee2_3000 | (1 << 5));
+    }
+
+    #[test]
+    fn paths_parse_by_name() {
+        assert_eq!("fast".parse(), Ok(IrqPath::Fast));
+        assert_eq!("generic".parse(), Ok(IrqPath::Generic));
+        assert!(
+            "posted"
+                .parse::<IrqPath>()
+                .unwrap_err()
+                .contains("generic, fast")
+        );
+    }
+}
