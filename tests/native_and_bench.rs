@@ -5,26 +5,33 @@ mod common;
 
 use common::*;
 
+/// The same set the guest tests verify: every kernel at S on 1, 2 and 3 threads, and
+/// at W on 2.
 #[test]
-fn the_native_twin_verifies_ep_s_and_w_on_one_to_three_threads() {
-    for threads in ["1", "3"] {
+fn the_native_twin_verifies_every_kernel() {
+    for (class, threads) in [("S", "1"), ("S", "2"), ("S", "3"), ("W", "2")] {
+        let specs: Vec<String> = npb::Kernel::ALL
+            .iter()
+            .map(|k| format!("{}.{class}", k.name()))
+            .collect();
         let out = kumo(&[
             "native",
             "--npb",
-            "ep.S,ep.W",
+            &specs.join(","),
             "--threads",
             threads,
             "--json",
         ]);
         assert!(out.status.success(), "{}", text(&out.stderr));
         let lines = json_lines(&out);
-        assert_eq!(lines.len(), 3, "{lines:?}");
-        for (line, class) in lines.iter().zip(["S", "W"]) {
+        assert_eq!(lines.len(), specs.len() + 1, "{lines:?}");
+        for (line, kernel) in lines.iter().zip(npb::Kernel::ALL) {
+            assert_eq!(line["benchmark"], kernel.name(), "{line}");
             assert_eq!(line["class"], class, "{line}");
             assert_eq!(line["verified"], true, "{line}");
             assert_eq!(line["vcpus"].to_string(), threads, "{line}");
         }
-        assert_eq!(lines[2]["mode"], "native");
+        assert_eq!(lines[specs.len()]["mode"], "native");
     }
 }
 
