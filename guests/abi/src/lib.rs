@@ -40,6 +40,29 @@ pub struct BootInfo {
     pub heap_end: u64,
     /// TSC at the guest's first instruction (PVH entry).
     pub entry_tsc: u64,
+    /// PCI configuration space (ECAM) of segment 0, bus 0, from the ACPI MCFG; 0 if
+    /// the machine has none.
+    pub pci_ecam: u64,
+    /// Address of the supervisor's [`IrqRecord`] array, one per device vector.
+    pub irq_log: u64,
+}
+
+/// Interrupt vectors the supervisor hands to devices: `DEVICE_VECTOR_BASE + i` for
+/// `i < DEVICE_VECTORS`. Each one's handler fills `IrqRecord` `i` and acknowledges.
+pub const DEVICE_VECTOR_BASE: u32 = 48;
+pub const DEVICE_VECTORS: usize = 16;
+
+/// What the supervisor records for each device interrupt it takes. Written in ring 0
+/// (`tsc` and `apic_id` first, then `count` with a locked increment), read by ring 3.
+#[repr(C)]
+pub struct IrqRecord {
+    /// Interrupts taken on this vector so far.
+    pub count: u64,
+    /// TSC at the handler's entry, for the latest one.
+    pub tsc: u64,
+    /// APIC ID of the CPU that took the latest one.
+    pub apic_id: u64,
+    pub reserved: u64,
 }
 
 /// Trap calls: ring 3 executes `int3` with `rdi` = call number and arguments in `rsi`,
@@ -67,4 +90,21 @@ pub mod fault {
     pub const TRIPLE: u64 = 0;
     pub const UD: u64 = 1;
     pub const PAGEFAULT: u64 = 2;
+}
+
+/// kumo's interrupt test device (PCI, MSI-X): what a driver in the guest needs.
+///
+/// BAR 0 (memory, 32-bit, [`irq_device::BAR0_SIZE`] bytes):
+/// - doorbell `i` at `i * DOORBELL_STRIDE` (a 4-byte write of any value asks the device
+///   to raise MSI-X vector `i` after its configured delay; backed by an ioeventfd, so
+///   the write does not wait for the VMM);
+/// - the MSI-X table at [`irq_device::MSIX_TABLE`], the PBA at [`irq_device::MSIX_PBA`].
+pub mod irq_device {
+    /// "KU", not a PCI-SIG assigned vendor: a research device that exists only in kumo.
+    pub const VENDOR_ID: u16 = 0x4b55;
+    pub const DEVICE_ID: u16 = 0x0001;
+    pub const DOORBELL_STRIDE: u64 = 8;
+    pub const MSIX_TABLE: u64 = 0x1000;
+    pub const MSIX_PBA: u64 = 0x1800;
+    pub const BAR0_SIZE: u64 = 0x2000;
 }

@@ -14,9 +14,11 @@
 .set SEL_CODE64,    0x08
 .set SEL_DATA,      0x10
 .set SEL_CODE32,    0x18
-.set IDT_VECTORS,   48
+.set IDT_VECTORS,   64
 .set WAKE_VECTOR,   32
 .set SPURIOUS_VECTOR, 47
+.set DEVICE_VECTOR_BASE, 48     /* kumo_abi::DEVICE_VECTOR_BASE; 16 device vectors */
+.set IRQ_RECORD_SIZE, 32
 .set AP_TRAMPOLINE, 0x8000
 
 /* ---- Xen PVH entry note: XEN_ELFNOTE_PHYS32_ENTRY (18). The descriptor is 8 bytes
@@ -143,6 +145,48 @@ wake_entry:
     pop %rax
     iretq
 
+/* A device vector (MSI): record TSC, APIC ID and count in irq_log[vector - 48] for
+   ring 3, acknowledge, return. Kept short: every instruction here is emulated on PVM
+   hosts, and is part of the interrupt latency ring 3 measures.
+   Stack: vector, then the CPU's frame. */
+device_entry:
+    push %rax
+    push %rcx
+    push %rdx
+    push %rbx
+    mov 32(%rsp), %rbx
+    shl $5, %rbx                    /* IRQ_RECORD_SIZE */
+    lea irq_log - DEVICE_VECTOR_BASE * IRQ_RECORD_SIZE(%rbx), %rbx
+    rdtsc
+    shl $32, %rdx
+    or %rdx, %rax
+    mov %rax, 8(%rbx)
+    cmpb $0, x2apic_mode
+    je 1f
+    mov $0x802, %ecx                /* x2APIC ID */
+    rdmsr
+    mov %eax, %eax
+    mov %rax, 16(%rbx)
+    lock incq (%rbx)
+    mov $0x80B, %ecx                /* x2APIC EOI */
+    xor %eax, %eax
+    xor %edx, %edx
+    wrmsr
+    jmp 2f
+1:  mov $0xFEE00020, %ecx           /* xAPIC ID register, ID in bits 31:24 */
+    mov (%rcx), %eax
+    shr $24, %eax
+    mov %rax, 16(%rbx)
+    lock incq (%rbx)
+    mov $0xFEE000B0, %ecx           /* xAPIC EOI */
+    movl $0, (%rcx)
+2:  pop %rbx
+    pop %rdx
+    pop %rcx
+    pop %rax
+    add $8, %rsp
+    iretq
+
 /* Stack: vector, error code, then the CPU's frame (rip, cs, rflags, rsp, ss). */
 fault_entry:
     mov %rsp, %rdi
@@ -161,6 +205,9 @@ fault_entry:
         jmp wake_entry
     .elseif vec == SPURIOUS_VECTOR
         iretq                       /* spurious: no EOI */
+    .elseif vec >= DEVICE_VECTOR_BASE
+        push $vec
+        jmp device_entry
     .elseif vec == 8 || vec == 10 || vec == 11 || vec == 12 || vec == 13 || vec == 14 || vec == 17 || vec == 21 || vec == 29 || vec == 30
         push $vec                   /* the CPU pushed an error code */
         jmp fault_entry
@@ -267,6 +314,11 @@ x2apic_mode:
 .globl entry_tsc
 entry_tsc:
     .quad 0
+/* kumo_abi::IrqRecord per device vector, written by device_entry, read by ring 3. */
+.balign 64
+.globl irq_log
+irq_log:
+    .fill 16 * IRQ_RECORD_SIZE, 1, 0
 
 .section .bss.kstacks, "aw", @nobits
 .balign 4096

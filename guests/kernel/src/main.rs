@@ -33,6 +33,8 @@ unsafe extern "C" {
     /// Nonzero when the local APICs are driven as x2APIC (MSRs), else xAPIC (MMIO).
     static mut x2apic_mode: u8;
     static entry_tsc: u64;
+    /// One `IrqRecord` per device vector (boot.S).
+    static irq_log: u8;
     static ap_trampoline_start: u8;
     static ap_trampoline_end: u8;
     /// End of the runtime image including its .bss (kernel.ld).
@@ -82,6 +84,8 @@ static BOOT_INFO: BspWritten<BootInfo> = BspWritten(UnsafeCell::new(BootInfo {
     heap_start: 0,
     heap_end: 0,
     entry_tsc: 0,
+    pci_ecam: 0,
+    irq_log: 0,
 }));
 /// Ring-3 stacks: `USER_STACK_SIZE` per CPU from here.
 static USER_STACKS: BspWritten<u64> = BspWritten(UnsafeCell::new(0));
@@ -128,6 +132,8 @@ extern "C" fn bsp_main(start_info: u32) -> ! {
         info.heap_start = heap_start;
         info.heap_end = heap_end;
         info.entry_tsc = read_volatile(&raw const entry_tsc);
+        info.pci_ecam = pci_ecam(si);
+        info.irq_log = &raw const irq_log as u64;
     }
     serial_init();
     // With a TSC-deadline timer the BSP can sleep while the APs start (they may share
@@ -295,6 +301,25 @@ fn discover_cpus(si: u64, bsp_apic_id: u8) -> u32 {
         }
     }
     cpus
+}
+
+/// Segment 0's ECAM base if the MCFG describes one starting at bus 0, else 0.
+fn pci_ecam(si: u64) -> u64 {
+    let Some(mcfg) = find_acpi_table(find_rsdp(si), *b"MCFG") else {
+        return 0;
+    };
+    // Header (36 bytes) + 8 reserved, then 16-byte allocations: base, segment, buses.
+    let end = mcfg + u64::from(read32(mcfg + 4));
+    let mut entry = mcfg + 44;
+    while entry + 16 <= end {
+        let segment = read32(entry + 8) & 0xFFFF;
+        let start_bus = read8(entry + 10);
+        if segment == 0 && start_bus == 0 {
+            return read64(entry);
+        }
+        entry += 16;
+    }
+    0
 }
 
 fn find_rsdp(si: u64) -> u64 {

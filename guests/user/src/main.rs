@@ -6,6 +6,7 @@
 #![no_std]
 #![no_main]
 
+mod irq;
 mod mem;
 mod sync;
 mod sys;
@@ -63,6 +64,7 @@ static JOIN: Barrier = Barrier::new();
 static TEAM: Barrier = Barrier::new();
 
 extern "C" fn user_main(info: &'static BootInfo, cpu: u32) -> ! {
+    irq::record_apic_id(cpu);
     if cpu == 0 {
         sync::set_spin_ticks(info.tsc_khz * SPIN_MICROSECONDS / 1000);
         master(info)
@@ -100,6 +102,17 @@ fn master(info: &BootInfo) -> ! {
     let mut all_verified = true;
     for &spec in &plan.specs[..plan.count] {
         all_verified &= run_benchmark(info, spec);
+    }
+    if let Some(mode) = plan.irq {
+        // An empty fork: every CPU has recorded its APIC ID once it returns.
+        // SAFETY: the workers read JOB only after FORK.
+        unsafe { *JOB.0.get() = None };
+        FORK.wait(info.cpus);
+        JOIN.wait(info.cpus);
+        all_verified &= match mode {
+            IrqMode::Check => irq::check(info),
+            IrqMode::Bench { rounds, target } => irq::bench(info, rounds, target),
+        };
     }
     end(if all_verified {
         STATUS_VERIFIED
@@ -187,6 +200,27 @@ struct Plan {
     specs: [Spec; MAX_ITEMS],
     count: usize,
     fault: Option<u64>,
+    irq: Option<IrqMode>,
+}
+
+/// `irq=check` or `irq=bench:ROUNDS:CPU`.
+#[derive(Clone, Copy)]
+enum IrqMode {
+    Check,
+    Bench { rounds: usize, target: u32 },
+}
+
+fn parse_irq(text: &str) -> Option<IrqMode> {
+    if text == "check" {
+        return Some(IrqMode::Check);
+    }
+    let mut parts = text.strip_prefix("bench:")?.split(':');
+    let rounds = parts.next()?.parse().ok()?;
+    let target = parts.next()?.parse().ok()?;
+    if parts.next().is_some() {
+        return None;
+    }
+    Some(IrqMode::Bench { rounds, target })
 }
 
 fn command_line(info: &BootInfo) -> &'static str {
@@ -210,8 +244,9 @@ fn command_line(info: &BootInfo) -> &'static str {
     }
 }
 
-/// `npb=` (absent: every kernel, class S; empty: nothing) and `fault=`; other keys
-/// belong to someone else and are ignored. Problems are printed as `@kumo error` lines.
+/// `npb=` (absent: every kernel, class S, unless `irq=` is given; empty: nothing),
+/// `fault=` and `irq=`; other keys belong to someone else and are ignored. Problems
+/// are printed as `@kumo error` lines.
 fn parse_command_line(cmdline: &str) -> Result<Plan, ()> {
     let mut plan = Plan {
         specs: [Spec {
@@ -220,12 +255,19 @@ fn parse_command_line(cmdline: &str) -> Result<Plan, ()> {
         }; MAX_ITEMS],
         count: 0,
         fault: None,
+        irq: None,
     };
     let mut npb_items = None;
     let mut ok = true;
     for word in cmdline.split_ascii_whitespace() {
         if let Some(items) = word.strip_prefix("npb=") {
             npb_items = Some(items);
+        } else if let Some(mode) = word.strip_prefix("irq=") {
+            plan.irq = parse_irq(mode);
+            if plan.irq.is_none() {
+                error("bad-irq-mode", mode);
+                ok = false;
+            }
         } else if let Some(kind) = word.strip_prefix("fault=") {
             plan.fault = match kind {
                 "triple" => Some(fault::TRIPLE),
@@ -240,6 +282,7 @@ fn parse_command_line(cmdline: &str) -> Result<Plan, ()> {
         }
     }
     match npb_items {
+        None if plan.irq.is_some() => {}
         None => {
             for spec in Spec::defaults() {
                 plan.specs[plan.count] = spec;
@@ -280,20 +323,20 @@ fn error(what: &str, item: &str) {
 // Output.
 
 /// One output line, sent with a single trap call.
-struct Line {
+pub(crate) struct Line {
     buf: [u8; 512],
     len: usize,
 }
 
 impl Line {
-    fn new() -> Line {
+    pub(crate) fn new() -> Line {
         Line {
             buf: [0; 512],
             len: 0,
         }
     }
 
-    fn emit(mut self) {
+    pub(crate) fn emit(mut self) {
         if self.len == self.buf.len() {
             self.len -= 1;
         }
