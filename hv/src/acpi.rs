@@ -1,7 +1,8 @@
-//! ACPI tables: RSDP (revision 2) -> XSDT -> FADT (hardware-reduced, -> DSDT) + MADT.
+//! ACPI tables: RSDP (revision 2) -> XSDT -> FADT (hardware-reduced, -> DSDT) + MADT
+//! + MCFG (PCI ECAM for bus 0).
 //! Pure: builds one blob to be placed at a given guest address, RSDP first.
 
-use crate::layout::{IOAPIC_BASE, LAPIC_BASE};
+use crate::layout::{IOAPIC_BASE, LAPIC_BASE, PCI_ECAM_BASE};
 
 const OEM_ID: &[u8; 6] = b"KUMO  ";
 const OEM_TABLE_ID: &[u8; 8] = b"KUMOVM  ";
@@ -32,9 +33,11 @@ pub fn build(vcpus: u32, base: u64) -> Vec<u8> {
     let dsdt = place(&mut blob, table(b"DSDT", 2, &[]));
     let fadt = place(&mut blob, fadt(dsdt));
     let madt = place(&mut blob, madt(vcpus));
+    let mcfg = place(&mut blob, mcfg());
     let mut xsdt_body = Vec::new();
-    xsdt_body.extend_from_slice(&fadt.to_le_bytes());
-    xsdt_body.extend_from_slice(&madt.to_le_bytes());
+    for table in [fadt, madt, mcfg] {
+        xsdt_body.extend_from_slice(&table.to_le_bytes());
+    }
     let xsdt = place(&mut blob, table(b"XSDT", 1, &xsdt_body));
     blob[..36].copy_from_slice(&rsdp(xsdt));
     blob
@@ -114,6 +117,16 @@ fn madt(vcpus: u32) -> Vec<u8> {
     table(b"APIC", 5, &body)
 }
 
+/// One allocation: segment 0, buses 0..=0 at PCI_ECAM_BASE.
+fn mcfg() -> Vec<u8> {
+    let mut body = vec![0u8; 8]; // reserved
+    body.extend_from_slice(&PCI_ECAM_BASE.to_le_bytes());
+    body.extend_from_slice(&0u16.to_le_bytes()); // PCI segment group
+    body.extend_from_slice(&[0, 0]); // start and end bus
+    body.extend_from_slice(&[0; 4]); // reserved
+    table(b"MCFG", 1, &body)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -154,9 +167,13 @@ mod tests {
         assert_eq!(sum(rsdp), 0, "RSDP extended checksum");
         assert_eq!(u32_at(rsdp, 20), 36);
         let xsdt = table_at(blob, u64_at(rsdp, 24), b"XSDT");
-        assert_eq!(xsdt.len(), 36 + 16);
+        assert_eq!(xsdt.len(), 36 + 24);
         let fadt = table_at(blob, u64_at(xsdt, 36), b"FACP").to_vec();
         let madt = table_at(blob, u64_at(xsdt, 44), b"APIC").to_vec();
+        let mcfg = table_at(blob, u64_at(xsdt, 52), b"MCFG");
+        assert_eq!(mcfg.len(), 36 + 8 + 16);
+        assert_eq!(u64_at(mcfg, 44), PCI_ECAM_BASE);
+        assert_eq!(&mcfg[52..56], &[0, 0, 0, 0], "segment 0, buses 0..=0");
         assert_eq!(fadt.len(), 276);
         let dsdt = table_at(blob, u64_at(&fadt, 140), b"DSDT").to_vec();
         Parsed { fadt, dsdt, madt }

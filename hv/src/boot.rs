@@ -54,6 +54,12 @@ pub fn memory_map(mem_size: u64) -> Vec<MemRange> {
             kind: E820_RAM,
         });
     }
+    // As firmware does for the MCFG's region, so no OS takes it for anything else.
+    map.push(MemRange {
+        addr: PCI_ECAM_BASE,
+        size: PCI_ECAM_SIZE,
+        kind: E820_RESERVED,
+    });
     map
 }
 
@@ -187,7 +193,7 @@ mod tests {
     }
 
     #[test]
-    fn memory_map_is_low_ram_reserved_high_ram() {
+    fn memory_map_is_low_ram_reserved_high_ram_then_ecam() {
         let map = memory_map(64 * MIB);
         assert_eq!(
             map,
@@ -207,15 +213,21 @@ mod tests {
                     size: 63 * MIB,
                     kind: E820_RAM
                 },
+                MemRange {
+                    addr: 0xe000_0000,
+                    size: MIB,
+                    kind: E820_RESERVED
+                },
             ]
         );
         let b = memmap_bytes(&map);
-        assert_eq!(b.len(), 3 * 24);
+        assert_eq!(b.len(), 4 * 24);
+        assert_eq!(u64_at(&b, 72), 0xe000_0000);
         assert_eq!(u64_at(&b, 48), 0x100000);
         assert_eq!(u64_at(&b, 56), 63 * MIB);
         assert_eq!(u32_at(&b, 64), E820_RAM);
         assert_eq!(u32_at(&b, 24 + 16), E820_RESERVED);
-        assert_eq!(memory_map(MIB).len(), 2, "no empty high-RAM entry");
+        assert_eq!(memory_map(MIB).len(), 3, "no empty high-RAM entry");
     }
 
     #[test]

@@ -22,6 +22,14 @@ pub const ACPI_START: u64 = 0xe0000;
 pub const HIGH_RAM_START: u64 = 0x100000;
 /// Guest RAM stays below the PCI/APIC hole for now.
 pub const MAX_MEMORY_MIB: u64 = 3072;
+/// Where kumo assigns PCI BARs (as firmware would): between the top of RAM (at most
+/// 3 GiB) and ECAM.
+pub const PCI_MMIO_START: u64 = 0xc000_0000;
+pub const PCI_MMIO_END: u64 = 0xe000_0000;
+/// PCI configuration space (ECAM) for bus 0 only, described by the ACPI MCFG and
+/// reserved in the memory map.
+pub const PCI_ECAM_BASE: u64 = 0xe000_0000;
+pub const PCI_ECAM_SIZE: u64 = 1 << 20;
 /// The local APIC and I/O APIC MMIO bases.
 pub const LAPIC_BASE: u32 = 0xfee0_0000;
 pub const IOAPIC_BASE: u32 = 0xfec0_0000;

@@ -135,7 +135,11 @@ fn boot_data_is_where_the_abi_says() {
     assert_eq!(u64_at(0x6000 + 24), 0x20000);
     assert_eq!(u64_at(0x6000 + 32), 0xe0000);
     assert_eq!(u64_at(0x6000 + 40), 0x7000);
-    assert_eq!(u32_at(0x6000 + 48), 3);
+    assert_eq!(
+        u32_at(0x6000 + 48),
+        4,
+        "memory map: low RAM, reserved, RAM, ECAM"
+    );
     let mut cmdline = [0u8; 20];
     mem.read_slice(&mut cmdline, GuestAddress(0x20000)).unwrap();
     assert_eq!(&cmdline, b"npb=ep.S fault=none\0");
