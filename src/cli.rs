@@ -34,6 +34,53 @@ pub enum Command {
 pub enum BenchCommand {
     /// Guest/native time ratio per benchmark, from alternating native and guest runs.
     Overhead(OverheadArgs),
+    /// Cost of switching a host CPU between two vCPUs, per scheduling mechanism.
+    Switch(SwitchArgs),
+}
+
+/// How a scheduler hands a host CPU from one vCPU to another (`hv::placement`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mechanism {
+    /// SCHED_FIFO ranks: the kernel preempts inside KVM_RUN.
+    Fifo,
+    /// Park the running vCPU outside KVM_RUN (signal kick), unpark the next.
+    Park,
+}
+
+impl Mechanism {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mechanism::Fifo => "fifo",
+            Mechanism::Park => "park",
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct SwitchArgs {
+    /// The mechanism to measure.
+    #[arg(long, value_enum, default_value_t = Mechanism::Fifo)]
+    pub mechanism: Mechanism,
+
+    /// Time each vCPU holds the host CPU before the switch, in microseconds.
+    #[arg(long, value_name = "US", default_value_t = 1000)]
+    pub slice_us: u64,
+
+    /// How long the guest measures, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 2000)]
+    pub millis: u64,
+
+    /// The host CPU both vCPUs share (the controller runs on the next one).
+    #[arg(long, value_name = "CPU", default_value_t = 1)]
+    pub pcpu: usize,
+
+    /// Print one JSON object instead of a sentence.
+    #[arg(long)]
+    pub json: bool,
+
+    /// The KVM device to open.
+    #[arg(long, value_name = "PATH", default_value = "/dev/kvm")]
+    pub kvm_device: PathBuf,
 }
 
 #[derive(Args, Debug)]

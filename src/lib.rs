@@ -9,3 +9,4 @@ pub mod overhead;
 pub mod protocol;
 pub mod report;
 pub mod run;
+pub mod switch;

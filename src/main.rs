@@ -25,6 +25,9 @@ fn main() -> ExitCode {
         (Some(Command::Bench(BenchCommand::Overhead(args))), _, _) => {
             kumo::overhead::run_overhead(args)
         }
+        (Some(Command::Bench(BenchCommand::Switch(args))), _, _) => {
+            kumo::switch::run_switch(args, epoch)
+        }
         (None, Some(path), _) => run::dump_guest(path),
         (None, None, Some(kernel)) => run::run_kernel(vm, kernel, epoch),
         (None, None, None) => run::run_embedded(vm, epoch),

@@ -35,6 +35,11 @@ pub enum Event {
     End {
         status: u32,
     },
+    /// A measurement workload's summary (`switchprobe`, `irqbench`, `irqcheck`).
+    Measurement {
+        kind: String,
+        fields: BTreeMap<String, String>,
+    },
     /// An `@kumo` line that does not parse; kept so it can be reported.
     Malformed(String),
 }
@@ -59,6 +64,10 @@ pub fn parse_line(line: &str) -> Option<Event> {
         "error" => Some(Event::Error { fields }),
         "fault" => Some(Event::Fault { fields }),
         "end" => num(&fields, "status").map(|status| Event::End { status }),
+        "switchprobe" | "irqbench" | "irqcheck" => Some(Event::Measurement {
+            kind: kind.to_string(),
+            fields,
+        }),
         _ => None,
     };
     Some(event.unwrap_or_else(|| Event::Malformed(line.to_string())))

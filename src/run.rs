@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use hv::{GuestExit, Vm, VmConfig};
+use hv::{GuestExit, RunOutcome, Vm, VmConfig};
 use npb::Spec;
 
 use crate::cli::VmArgs;
@@ -42,15 +42,90 @@ pub fn run_guest(
 ) -> Result<Verdict> {
     let memory_mib = guest::choose_memory_mib(memory, specs, vcpus)?;
     let names: Vec<String> = specs.iter().map(ToString::to_string).collect();
-    let config = VmConfig {
+    let config = embedded_config(
+        vcpus,
+        memory_mib,
+        format!("npb={}", names.join(",")),
+        kvm_device,
+    );
+    let (run, ()) = boot_embedded(config, epoch, |_| ())?;
+    let fault_text;
+    let ending = match &run.outcome.exit {
+        GuestExit::DebugExit(v) => Ending::DebugExit(*v),
+        GuestExit::Fault(report) => {
+            fault_text = report.to_string();
+            Ending::Fault(&fault_text)
+        }
+    };
+    let boot_ms = run.outcome.workload_started.map(|d| d.as_secs_f64() * 1e3);
+    Ok(report::judge(specs, vcpus, &run.events, ending, boot_ms))
+}
+
+/// The embedded guest on `vcpus` vCPUs with `cmdline`.
+pub fn embedded_config(
+    vcpus: u32,
+    memory_mib: u64,
+    cmdline: String,
+    kvm_device: &Path,
+) -> VmConfig {
+    VmConfig {
         vcpus,
         memory_mib,
         kernel: EMBEDDED_GUEST.to_vec(),
-        cmdline: format!("npb={}", names.join(",")),
+        cmdline,
         modules: Vec::new(),
         kvm_device: kvm_device.to_path_buf(),
-    };
+    }
+}
+
+/// What a run of the embedded guest printed and how it ended.
+pub struct GuestRun {
+    pub events: Vec<Event>,
+    pub outcome: RunOutcome,
+}
+
+impl GuestRun {
+    /// The fields of the first `@kumo <kind>` measurement line, or why there is none.
+    pub fn measurement(&self, kind: &str) -> Result<&std::collections::BTreeMap<String, String>> {
+        let found = self.events.iter().find_map(|e| match e {
+            Event::Measurement { kind: k, fields } if k == kind => Some(fields),
+            _ => None,
+        });
+        if let Some(fields) = found {
+            return Ok(fields);
+        }
+        let problems: Vec<String> = self
+            .events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Error { fields } | Event::Fault { fields } => Some(format!("{fields:?}")),
+                Event::Malformed(line) => Some(line.clone()),
+                _ => None,
+            })
+            .collect();
+        match &self.outcome.exit {
+            GuestExit::Fault(report) => bail!("the guest crashed: {report}"),
+            GuestExit::DebugExit(status) => bail!(
+                "the guest reported no {kind} result (exit status {status}; {})",
+                if problems.is_empty() {
+                    "no error lines".to_string()
+                } else {
+                    problems.join("; ")
+                }
+            ),
+        }
+    }
+}
+
+/// Boots `config` (the embedded guest), handing the created VM to `prepare` before it
+/// runs (to take interrupt or placement handles), and collects its events.
+pub fn boot_embedded<T>(
+    config: VmConfig,
+    epoch: Instant,
+    prepare: impl FnOnce(&Vm) -> T,
+) -> Result<(GuestRun, T)> {
     let vm = Vm::new(config)?;
+    let prepared = prepare(&vm);
     let events = Arc::new(Mutex::new(Vec::new()));
     let console = GuestConsole {
         parser: LineParser::default(),
@@ -58,16 +133,7 @@ pub fn run_guest(
     };
     let outcome = vm.run(Box::new(console), epoch)?;
     let events = std::mem::take(&mut *events.lock().unwrap_or_else(|e| e.into_inner()));
-    let fault_text;
-    let ending = match &outcome.exit {
-        GuestExit::DebugExit(v) => Ending::DebugExit(*v),
-        GuestExit::Fault(report) => {
-            fault_text = report.to_string();
-            Ending::Fault(&fault_text)
-        }
-    };
-    let boot_ms = outcome.workload_started.map(|d| d.as_secs_f64() * 1e3);
-    Ok(report::judge(specs, vcpus, &events, ending, boot_ms))
+    Ok((GuestRun { events, outcome }, prepared))
 }
 
 /// Boots an arbitrary PVH kernel: its console is kumo's stdout, its debug-exit value

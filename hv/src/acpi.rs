@@ -1,5 +1,5 @@
-//! ACPI tables: RSDP (revision 2) -> XSDT -> FADT (hardware-reduced, -> DSDT) + MADT
-//! + MCFG (PCI ECAM for bus 0).
+//! ACPI tables: RSDP (revision 2) -> XSDT -> FADT (hardware-reduced, -> DSDT), MADT
+//! and MCFG (PCI ECAM for bus 0).
 //! Pure: builds one blob to be placed at a given guest address, RSDP first.
 
 use crate::layout::{IOAPIC_BASE, LAPIC_BASE, PCI_ECAM_BASE};

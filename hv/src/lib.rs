@@ -23,6 +23,7 @@ mod fault;
 pub mod irq;
 mod kvm;
 pub mod layout;
+pub mod placement;
 pub mod regs;
 pub mod testing;
 mod vcpu;

@@ -18,19 +18,22 @@ use kvm_bindings::{KVM_EXIT_IO_IN, KVM_EXIT_IO_OUT, kvm_run};
 use kvm_ioctls::{VcpuExit, VcpuFd};
 
 use crate::fault::{CpuMode, FaultReason, FaultReport, Registers};
+use crate::placement::VcpuControl;
 use crate::{Error, GuestExit};
 
 /// State shared by all vCPU threads of a VM.
 pub(crate) struct Shared {
     pub stop: AtomicBool,
     pub bus: PioBus,
+    pub control: Arc<VcpuControl>,
 }
 
 impl Shared {
-    pub fn new(bus: PioBus) -> Self {
+    pub fn new(bus: PioBus, control: Arc<VcpuControl>) -> Self {
         Self {
             stop: AtomicBool::new(false),
             bus,
+            control,
         }
     }
 }
@@ -121,6 +124,7 @@ pub(crate) fn thread_main(
     };
     let _ = vmm_sys_util::signal::unblock_signal(kick_signal());
     KVM_RUN.with(|c| c.set(vcpu.get_kvm_run() as *mut kvm_run));
+    shared.control.register(index as usize);
     let end = run_loop(index, &mut vcpu, &shared);
     KVM_RUN.with(|c| c.set(std::ptr::null_mut()));
     reporter.send(end);
@@ -136,6 +140,11 @@ enum Step {
 fn run_loop(index: u32, vcpu: &mut VcpuFd, shared: &Shared) -> VcpuEnd {
     let mut eagain: u32 = 0;
     loop {
+        if shared.stop.load(Ordering::SeqCst) {
+            return VcpuEnd::Stopped;
+        }
+        // Parked by a scheduler: wait outside the guest (not once the VM stops).
+        shared.control.pass(index as usize);
         if shared.stop.load(Ordering::SeqCst) {
             return VcpuEnd::Stopped;
         }

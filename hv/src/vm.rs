@@ -19,6 +19,7 @@ use vmm_sys_util::signal::Killable;
 use crate::irq::{EventLoop, GsiRouter, Msi};
 use crate::kvm::{self, ioctl};
 use crate::layout::*;
+use crate::placement::VcpuControl;
 use crate::vcpu::{self, Shared, VcpuEnd};
 use crate::{Error, GuestExit, RunOutcome, VmConfig, acpi, boot, cpuid, elf, regs};
 
@@ -29,6 +30,7 @@ pub struct Vm {
     /// Shared with the interrupt paths (event loop, GSI router), which may hold it
     /// until they are dropped.
     vm: Arc<VmFd>,
+    control: Arc<VcpuControl>,
     _kvm: Kvm,
     memory: GuestMemoryMmap,
     memfd: File,
@@ -169,6 +171,7 @@ impl Vm {
         Ok(Vm {
             vcpus,
             vm: Arc::new(vm),
+            control: Arc::new(VcpuControl::new(config.vcpus as usize)),
             _kvm: kvm,
             memory,
             memfd,
@@ -183,6 +186,12 @@ impl Vm {
     /// Guest RAM.
     pub fn memory(&self) -> &GuestMemoryMmap {
         &self.memory
+    }
+
+    /// Pinning, ranking and parking of this VM's vCPU threads (usable once `run` has
+    /// started them; see [`VcpuControl::wait_started`]).
+    pub fn control(&self) -> Arc<VcpuControl> {
+        self.control.clone()
     }
 
     /// Starts the generic interrupt path's event-loop thread for this VM.
@@ -227,7 +236,7 @@ impl Vm {
             bus.insert(PioRange::new(base, len), device)
                 .expect("the fixed port map does not overlap");
         }
-        let shared = Arc::new(Shared::new(bus));
+        let shared = Arc::new(Shared::new(bus, self.control.clone()));
         let (tx, rx) = mpsc::channel();
 
         let count = self.vcpus.len();
@@ -277,8 +286,10 @@ impl Vm {
             }
         }
 
-        // Stop the others: flag first, then kick until each has acknowledged.
+        // Stop the others: flag first (and open every scheduler gate), then kick until
+        // each has acknowledged.
         shared.stop.store(true, Ordering::SeqCst);
+        self.control.release_all();
         while remaining > 0 {
             for (h, _) in handles.iter().zip(&ended).filter(|(_, e)| !**e) {
                 if let Err(e) = h.kill(vcpu::kick_signal()) {

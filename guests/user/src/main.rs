@@ -8,6 +8,7 @@
 
 mod irq;
 mod mem;
+mod probe;
 mod sync;
 mod sys;
 
@@ -57,7 +58,15 @@ struct Shared<T>(UnsafeCell<T>);
 unsafe impl<T> Sync for Shared<T> {}
 
 /// The benchmark of the current fork.
-static JOB: Shared<Option<Spec>> = Shared(UnsafeCell::new(None));
+static JOB: Shared<Option<Job>> = Shared(UnsafeCell::new(None));
+
+/// What every CPU does between FORK and JOIN.
+#[derive(Clone, Copy)]
+enum Job {
+    Benchmark(Spec),
+    /// `probe=switch:MS`.
+    SwitchProbe(u64),
+}
 static FORK: Barrier = Barrier::new();
 static JOIN: Barrier = Barrier::new();
 /// The barrier kernels use between their phases.
@@ -72,8 +81,12 @@ extern "C" fn user_main(info: &'static BootInfo, cpu: u32) -> ! {
     loop {
         FORK.wait(info.cpus);
         // SAFETY: written by the master before FORK, not written again before JOIN.
-        if let Some(spec) = unsafe { *JOB.0.get() } {
-            let _ = run_share(info, spec, cpu);
+        match unsafe { *JOB.0.get() } {
+            Some(Job::Benchmark(spec)) => {
+                let _ = run_share(info, spec, cpu);
+            }
+            Some(Job::SwitchProbe(millis)) => probe::run_share(info, cpu, millis),
+            None => {}
         }
         JOIN.wait(info.cpus);
     }
@@ -102,6 +115,14 @@ fn master(info: &BootInfo) -> ! {
     let mut all_verified = true;
     for &spec in &plan.specs[..plan.count] {
         all_verified &= run_benchmark(info, spec);
+    }
+    if let Some(millis) = plan.switch_probe {
+        // SAFETY: the workers read JOB only after FORK.
+        unsafe { *JOB.0.get() = Some(Job::SwitchProbe(millis)) };
+        FORK.wait(info.cpus);
+        probe::run_share(info, 0, millis);
+        JOIN.wait(info.cpus);
+        all_verified &= probe::report(info, millis);
     }
     if let Some(mode) = plan.irq {
         // An empty fork: every CPU has recorded its APIC ID once it returns.
@@ -138,7 +159,7 @@ fn run_benchmark(info: &BootInfo, spec: Spec) -> bool {
         return false;
     }
     // SAFETY: the workers read JOB only after FORK.
-    unsafe { *JOB.0.get() = Some(spec) };
+    unsafe { *JOB.0.get() = Some(Job::Benchmark(spec)) };
     FORK.wait(threads);
     let outcome = run_share(info, spec, 0);
     JOIN.wait(threads);
@@ -201,6 +222,7 @@ struct Plan {
     count: usize,
     fault: Option<u64>,
     irq: Option<IrqMode>,
+    switch_probe: Option<u64>,
 }
 
 /// `irq=check` or `irq=bench:ROUNDS:CPU`.
@@ -244,8 +266,8 @@ fn command_line(info: &BootInfo) -> &'static str {
     }
 }
 
-/// `npb=` (absent: every kernel, class S, unless `irq=` is given; empty: nothing),
-/// `fault=` and `irq=`; other keys belong to someone else and are ignored. Problems
+/// `npb=` (absent: every kernel, class S, unless `irq=` or `probe=` is given; empty:
+/// nothing), `fault=`, `irq=` and `probe=`; other keys belong to someone else and are ignored. Problems
 /// are printed as `@kumo error` lines.
 fn parse_command_line(cmdline: &str) -> Result<Plan, ()> {
     let mut plan = Plan {
@@ -256,12 +278,22 @@ fn parse_command_line(cmdline: &str) -> Result<Plan, ()> {
         count: 0,
         fault: None,
         irq: None,
+        switch_probe: None,
     };
     let mut npb_items = None;
     let mut ok = true;
     for word in cmdline.split_ascii_whitespace() {
         if let Some(items) = word.strip_prefix("npb=") {
             npb_items = Some(items);
+        } else if let Some(probe) = word.strip_prefix("probe=") {
+            plan.switch_probe = probe
+                .strip_prefix("switch:")
+                .and_then(|ms| ms.parse().ok())
+                .filter(|&ms| ms > 0 && ms <= 600_000);
+            if plan.switch_probe.is_none() {
+                error("bad-probe", probe);
+                ok = false;
+            }
         } else if let Some(mode) = word.strip_prefix("irq=") {
             plan.irq = parse_irq(mode);
             if plan.irq.is_none() {
@@ -282,7 +314,7 @@ fn parse_command_line(cmdline: &str) -> Result<Plan, ()> {
         }
     }
     match npb_items {
-        None if plan.irq.is_some() => {}
+        None if plan.irq.is_some() || plan.switch_probe.is_some() => {}
         None => {
             for spec in Spec::defaults() {
                 plan.specs[plan.count] = spec;

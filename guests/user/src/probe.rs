@@ -1,0 +1,118 @@
+//! `probe=switch:MS`: how long a host CPU takes to switch from one vCPU to another.
+//!
+//! Every CPU spins in ring 3 for MS milliseconds reading the TSC and logs each gap
+//! longer than [`GAP_NS`] (a time it was not running) as `(last seen, first seen
+//! again)`. When the host runs two vCPUs of this VM on one core and switches between
+//! them, a gap of CPU A that starts at `s` is a switch to CPU B if B was itself stopped
+//! at `s` and resumed before A did; B's resume time `r` then gives the switch's cost
+//! `r - s` (from A's last instruction to B's first, TSC shared by all vCPUs of a VM).
+
+use core::fmt::Write;
+
+use kumo_abi::BootInfo;
+
+use crate::{Line, sys};
+
+/// Shorter interruptions (a host timer tick, an exit) are not descheduling.
+const GAP_NS: u64 = 3_000;
+
+/// One CPU's log region in the heap: `[count, (start, end)...]`.
+fn region(info: &BootInfo, cpu: u32) -> (*mut u64, usize) {
+    let bytes = (info.heap_end - info.heap_start) / u64::from(info.cpus);
+    let words = (bytes / 8) as usize;
+    let base = (info.heap_start + u64::from(cpu) * (words as u64 * 8)) as *mut u64;
+    (base, (words - 1) / 2)
+}
+
+/// This CPU's part: spin and log gaps.
+pub fn run_share(info: &BootInfo, cpu: u32, millis: u64) {
+    let (base, capacity) = region(info, cpu);
+    let threshold = GAP_NS * info.tsc_khz / 1_000_000;
+    let mut count = 0usize;
+    let mut last = sys::rdtsc();
+    let end = last + millis * info.tsc_khz;
+    while last < end {
+        let now = sys::rdtsc();
+        if now - last > threshold && count < capacity {
+            // SAFETY: inside this CPU's own region of the heap (see `region`).
+            unsafe {
+                base.add(1 + 2 * count).write(last);
+                base.add(2 + 2 * count).write(now);
+            }
+            count += 1;
+        }
+        last = now;
+    }
+    // SAFETY: as above; read by the master after the join.
+    unsafe { base.write(count as u64) };
+}
+
+fn gaps(info: &BootInfo, cpu: u32) -> &'static [[u64; 2]] {
+    let (base, _) = region(info, cpu);
+    // SAFETY: written by `run_share` on that CPU before the join barrier.
+    unsafe {
+        let count = base.read() as usize;
+        core::slice::from_raw_parts(base.add(1).cast::<[u64; 2]>(), count)
+    }
+}
+
+/// The master, after the join: matches CPU 0's and CPU 1's gaps and prints the
+/// distribution of switch costs. Uses the heap after both logs as scratch.
+pub fn report(info: &BootInfo, millis: u64) -> bool {
+    if info.cpus < 2 {
+        let mut line = Line::new();
+        let _ = write!(line, "@kumo error what=probe item=needs-two-cpus");
+        line.emit();
+        return false;
+    }
+    let (a, b) = (gaps(info, 0), gaps(info, 1));
+    // Scratch for the costs: the third region, or CPU 0's unused tail.
+    let (scratch, room) = {
+        let (base, capacity) = region(info, 0);
+        // SAFETY: past CPU 0's `a.len()` logged pairs, inside its region.
+        (unsafe { base.add(1 + 2 * a.len()) }, 2 * (capacity - a.len()))
+    };
+    let mut n = 0usize;
+    for (mine, theirs) in [(a, b), (b, a)] {
+        let mut j = 0;
+        for gap in mine {
+            let stop = gap[0];
+            // Their gaps are in time order: find the one that spans our stop.
+            while j < theirs.len() && theirs[j][1] <= stop {
+                j += 1;
+            }
+            // A switch: they were stopped when we stopped, and resumed before we did
+            // (a short interruption of ours while they waited anyway is no switch).
+            if j < theirs.len() && theirs[j][0] <= stop && theirs[j][1] <= gap[1] && n < room {
+                // SAFETY: n < room, inside the scratch area.
+                unsafe { scratch.add(n).write(theirs[j][1] - stop) };
+                n += 1;
+            }
+        }
+    }
+    // SAFETY: the n values written above.
+    let costs = unsafe { core::slice::from_raw_parts_mut(scratch, n) };
+    costs.sort_unstable();
+    let micros = |t: u64| t as f64 * 1000.0 / info.tsc_khz as f64;
+    let at = |q: f64| -> f64 {
+        if costs.is_empty() {
+            return f64::NAN;
+        }
+        let rank = libm::ceil(q * costs.len() as f64) as usize;
+        micros(costs[rank.clamp(1, costs.len()) - 1])
+    };
+    let mut line = Line::new();
+    let _ = write!(
+        line,
+        "@kumo switchprobe millis={millis} gaps0={} gaps1={} switches={n} median_us={:.2} \
+         p90_us={:.2} p99_us={:.2} max_us={:.2}",
+        a.len(),
+        b.len(),
+        at(0.5),
+        at(0.9),
+        at(0.99),
+        at(1.0),
+    );
+    line.emit();
+    n > 0
+}

@@ -1,0 +1,222 @@
+//! Where and when vCPU threads run: the host-side levers a scheduler pulls.
+//!
+//! - **Pinning**: a vCPU thread is bound to one host CPU (`sched_setaffinity`).
+//! - **Ranking**: SCHED_FIFO priorities. Among the threads pinned to a CPU the kernel
+//!   runs the highest-ranked runnable one, and switches at once when ranks change or a
+//!   thread blocks (a vCPU halted in KVM_RUN sleeps) or wakes.
+//! - **Parking**: a vCPU's gate is closed and its thread kicked out of KVM_RUN; it
+//!   waits outside the guest until the gate reopens.
+//!
+//! `kumo bench switch` measures the cost of a switch with each (DESIGN.md asks for both
+//! to be measured before one is kept).
+
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::Error;
+
+/// A vCPU thread's host scheduling class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    /// SCHED_OTHER: the host's fair scheduler.
+    Normal,
+    /// SCHED_FIFO with this priority (1..=99): runs until it blocks or a higher one
+    /// becomes runnable on its CPU.
+    Fifo(u8),
+}
+
+/// Whether a vCPU may enter the guest.
+struct Gate {
+    open: AtomicBool,
+    lock: Mutex<()>,
+    opened: Condvar,
+}
+
+struct Slot {
+    /// Kernel thread id, 0 until the vCPU thread starts.
+    tid: AtomicI32,
+    gate: Gate,
+}
+
+/// Control over a VM's vCPU threads, usable from any thread while the VM runs.
+pub struct VcpuControl {
+    slots: Vec<Slot>,
+    started: Mutex<usize>,
+    all_started: Condvar,
+    /// Set when the VM stops: gates no longer hold anyone.
+    released: AtomicBool,
+}
+
+impl VcpuControl {
+    pub(crate) fn new(vcpus: usize) -> VcpuControl {
+        VcpuControl {
+            slots: (0..vcpus)
+                .map(|_| Slot {
+                    tid: AtomicI32::new(0),
+                    gate: Gate {
+                        open: AtomicBool::new(true),
+                        lock: Mutex::new(()),
+                        opened: Condvar::new(),
+                    },
+                })
+                .collect(),
+            started: Mutex::new(0),
+            all_started: Condvar::new(),
+            released: AtomicBool::new(false),
+        }
+    }
+
+    pub fn vcpus(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Waits until every vCPU thread has started (false on timeout).
+    pub fn wait_started(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut started = self.started.lock().unwrap_or_else(|e| e.into_inner());
+        while *started < self.slots.len() {
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                return false;
+            };
+            started = self
+                .all_started
+                .wait_timeout(started, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        true
+    }
+
+    fn tid(&self, vcpu: usize) -> Result<libc::pid_t, Error> {
+        match self.slots.get(vcpu).map(|s| s.tid.load(Ordering::Acquire)) {
+            Some(tid) if tid > 0 => Ok(tid),
+            _ => Err(Error::VcpuThread {
+                index: vcpu as u32,
+                why: "no such vCPU thread (not started yet, or out of range)".into(),
+            }),
+        }
+    }
+
+    /// Binds vCPU `vcpu`'s thread to host CPU `cpu`.
+    pub fn pin(&self, vcpu: usize, cpu: usize) -> Result<(), Error> {
+        let tid = self.tid(vcpu)?;
+        pin_thread(tid, cpu)
+    }
+
+    /// Sets vCPU `vcpu`'s host scheduling class.
+    pub fn set_policy(&self, vcpu: usize, policy: Policy) -> Result<(), Error> {
+        set_policy(self.tid(vcpu)?, policy)
+    }
+
+    /// Keeps vCPU `vcpu` out of the guest: closes its gate and kicks it out of KVM_RUN.
+    pub fn park(&self, vcpu: usize) -> Result<(), Error> {
+        let tid = self.tid(vcpu)?;
+        self.slots[vcpu].gate.open.store(false, Ordering::SeqCst);
+        kick(tid)
+    }
+
+    /// Lets vCPU `vcpu` enter the guest again.
+    pub fn unpark(&self, vcpu: usize) {
+        if let Some(slot) = self.slots.get(vcpu) {
+            let _guard = slot.gate.lock.lock().unwrap_or_else(|e| e.into_inner());
+            slot.gate.open.store(true, Ordering::SeqCst);
+            slot.gate.opened.notify_all();
+        }
+    }
+
+    /// Called by vCPU thread `vcpu` when it starts.
+    pub(crate) fn register(&self, vcpu: usize) {
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::gettid() };
+        self.slots[vcpu].tid.store(tid, Ordering::Release);
+        let mut started = self.started.lock().unwrap_or_else(|e| e.into_inner());
+        *started += 1;
+        self.all_started.notify_all();
+    }
+
+    /// Called by vCPU thread `vcpu` before each KVM_RUN: returns at once if its gate
+    /// is open (one atomic load), else waits until it opens or the VM stops.
+    pub(crate) fn pass(&self, vcpu: usize) {
+        let gate = &self.slots[vcpu].gate;
+        if gate.open.load(Ordering::Acquire) {
+            return;
+        }
+        let mut guard = gate.lock.lock().unwrap_or_else(|e| e.into_inner());
+        while !gate.open.load(Ordering::Acquire) && !self.released.load(Ordering::Acquire) {
+            guard = gate.opened.wait(guard).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// The VM is stopping: no gate holds a thread any more.
+    pub(crate) fn release_all(&self) {
+        self.released.store(true, Ordering::SeqCst);
+        for slot in &self.slots {
+            let _guard = slot.gate.lock.lock().unwrap_or_else(|e| e.into_inner());
+            slot.gate.opened.notify_all();
+        }
+    }
+}
+
+/// Binds thread `tid` (0 = the caller) to host CPU `cpu`.
+pub fn pin_thread(tid: libc::pid_t, cpu: usize) -> Result<(), Error> {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return Err(Error::Os {
+            what: "pinning a thread (CPU number out of range)",
+            source: std::io::Error::from_raw_os_error(libc::EINVAL),
+        });
+    }
+    // SAFETY: an all-zero cpu_set_t is a valid empty set; CPU_SET writes inside it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `cpu` < CPU_SETSIZE (checked above).
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: `set` is a valid cpu_set_t of the size passed.
+    let rc = unsafe { libc::sched_setaffinity(tid, std::mem::size_of_val(&set), &set) };
+    if rc != 0 {
+        return Err(Error::Os {
+            what: "pinning a thread to a host CPU (sched_setaffinity)",
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(())
+}
+
+/// Sets thread `tid`'s (0 = the caller's) scheduling class.
+pub fn set_policy(tid: libc::pid_t, policy: Policy) -> Result<(), Error> {
+    let (class, priority) = match policy {
+        Policy::Normal => (libc::SCHED_OTHER, 0),
+        Policy::Fifo(p) => (libc::SCHED_FIFO, i32::from(p.clamp(1, 99))),
+    };
+    let param = libc::sched_param {
+        sched_priority: priority,
+    };
+    // SAFETY: `param` is a valid sched_param for the call's duration.
+    let rc = unsafe { libc::sched_setscheduler(tid, class, &param) };
+    if rc != 0 {
+        return Err(Error::Os {
+            what: "setting a thread's scheduling policy (sched_setscheduler; SCHED_FIFO needs root or CAP_SYS_NICE)",
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(())
+}
+
+fn kick(tid: libc::pid_t) -> Result<(), Error> {
+    // SAFETY: tgkill with our own pid and a thread id of ours; the signal's handler is
+    // installed before any vCPU thread starts.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_tgkill,
+            libc::getpid(),
+            tid,
+            crate::vcpu::kick_signal(),
+        )
+    };
+    if rc != 0 {
+        return Err(Error::Os {
+            what: "kicking a vCPU thread (tgkill)",
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,180 @@
+//! `kumo bench switch`: the real cost of switching a host CPU from one vCPU to another,
+//! with each of the two mechanisms a scheduler can use (`hv::placement`).
+//!
+//! A 2-vCPU guest runs `probe=switch:MS` (each vCPU spins and logs when it was not
+//! running; the guest matches one vCPU's stop with the other's resume). Both vCPU
+//! threads are pinned to one host CPU, and a controller thread on another CPU hands
+//! that CPU from one vCPU to the other every slice:
+//! - `fifo`: both vCPU threads are SCHED_FIFO; the controller swaps their priorities,
+//!   and the kernel preempts at once (the running vCPU stays inside KVM_RUN);
+//! - `park`: the controller parks the running vCPU (gate closed, signal kicks it out of
+//!   KVM_RUN) and unparks the other (it leaves its wait and enters KVM_RUN).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use hv::placement::{Policy, VcpuControl};
+use serde_json::json;
+
+use crate::cli::{Mechanism, SwitchArgs};
+use crate::run;
+
+/// FIFO priorities: the chosen vCPU above the other; the controller above both.
+const RUNNING_RANK: u8 = 2;
+const WAITING_RANK: u8 = 1;
+const CONTROLLER_RANK: u8 = 3;
+
+pub fn run_switch(args: &SwitchArgs, epoch: Instant) -> Result<u8> {
+    let host_cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if args.pcpu >= host_cpus {
+        bail!(
+            "--pcpu {} does not exist: this host has CPUs 0..={}",
+            args.pcpu,
+            host_cpus - 1
+        );
+    }
+    if args.slice_us < 100 {
+        bail!("--slice-us must be at least 100");
+    }
+    if args.millis == 0 || args.millis > 600_000 {
+        bail!("--millis must be between 1 and 600000");
+    }
+    let controller_cpu = (args.pcpu + 1) % host_cpus;
+    let config = run::embedded_config(
+        2,
+        64,
+        format!("probe=switch:{}", args.millis),
+        &args.kvm_device,
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let (guest, controller) = run::boot_embedded(config, epoch, |vm| {
+        let control = vm.control();
+        let stop = stop.clone();
+        let (mechanism, pcpu, slice) = (
+            args.mechanism,
+            args.pcpu,
+            Duration::from_micros(args.slice_us),
+        );
+        std::thread::Builder::new()
+            .name("switch-controller".into())
+            .spawn(move || control_loop(&control, mechanism, pcpu, controller_cpu, slice, &stop))
+    })?;
+    let controller = controller.context("spawning the controller thread")?;
+    stop.store(true, Ordering::SeqCst);
+    let switches = controller
+        .join()
+        .map_err(|_| anyhow::anyhow!("the controller thread panicked"))??;
+    let fields = guest.measurement("switchprobe")?;
+    let get = |key: &str| -> Result<f64> {
+        fields
+            .get(key)
+            .and_then(|v| v.parse().ok())
+            .with_context(|| format!("the guest's switchprobe line has no numeric {key}"))
+    };
+    let row = json!({
+        "mechanism": args.mechanism.name(),
+        "slice_us": args.slice_us,
+        "pcpu": args.pcpu,
+        "millis": args.millis,
+        "switches_requested": switches,
+        "switches_seen": get("switches")?,
+        "median_us": get("median_us")?,
+        "p90_us": get("p90_us")?,
+        "p99_us": get("p99_us")?,
+        "max_us": get("max_us")?,
+    });
+    if args.json {
+        println!("{row}");
+    } else {
+        println!(
+            "mechanism {}: {} switches seen ({} requested, slice {} us on host CPU {}): \
+             median {} us, p90 {} us, p99 {} us, max {} us",
+            args.mechanism.name(),
+            row["switches_seen"],
+            switches,
+            args.slice_us,
+            args.pcpu,
+            row["median_us"],
+            row["p90_us"],
+            row["p99_us"],
+            row["max_us"],
+        );
+    }
+    Ok(0)
+}
+
+/// Pins both vCPUs to `pcpu` and alternates them every `slice` until `stop`. Returns
+/// the number of switches it made.
+fn control_loop(
+    control: &VcpuControl,
+    mechanism: Mechanism,
+    pcpu: usize,
+    own_cpu: usize,
+    slice: Duration,
+    stop: &AtomicBool,
+) -> Result<u64> {
+    if !control.wait_started(Duration::from_secs(10)) {
+        bail!("the vCPU threads did not start");
+    }
+    hv::placement::pin_thread(0, own_cpu)?;
+    hv::placement::set_policy(0, Policy::Fifo(CONTROLLER_RANK))?;
+    for vcpu in 0..2 {
+        control.pin(vcpu, pcpu)?;
+    }
+    let result = alternate(control, mechanism, slice, stop);
+    // Leave nothing parked or real-time behind, whatever happened.
+    for vcpu in 0..2 {
+        control.unpark(vcpu);
+        let _ = control.set_policy(vcpu, Policy::Normal);
+    }
+    let _ = hv::placement::set_policy(0, Policy::Normal);
+    result
+}
+
+fn alternate(
+    control: &VcpuControl,
+    mechanism: Mechanism,
+    slice: Duration,
+    stop: &AtomicBool,
+) -> Result<u64> {
+    match mechanism {
+        Mechanism::Fifo => {
+            control.set_policy(0, Policy::Fifo(RUNNING_RANK))?;
+            control.set_policy(1, Policy::Fifo(WAITING_RANK))?;
+        }
+        Mechanism::Park => control.park(1)?,
+    }
+    let mut running = 0;
+    let mut switches = 0u64;
+    while !stop.load(Ordering::SeqCst) {
+        std::thread::sleep(slice);
+        let next = 1 - running;
+        match mechanism {
+            // An error here means the VM is ending (its vCPU threads are gone); the
+            // start-up calls above already proved the permissions.
+            Mechanism::Fifo => {
+                // Raise first: equal ranks do not preempt, so the switch happens at
+                // the lowering, in one step.
+                let raised = control.set_policy(next, Policy::Fifo(RUNNING_RANK));
+                if raised.is_err()
+                    || control
+                        .set_policy(running, Policy::Fifo(WAITING_RANK))
+                        .is_err()
+                {
+                    break;
+                }
+            }
+            Mechanism::Park => {
+                if control.park(running).is_err() {
+                    break;
+                }
+                control.unpark(next);
+            }
+        }
+        running = next;
+        switches += 1;
+    }
+    Ok(switches)
+}
