@@ -49,16 +49,7 @@ pub fn run_guest(
         kvm_device,
     );
     let (run, ()) = boot_embedded(config, epoch, |_| ())?;
-    let fault_text;
-    let ending = match &run.outcome.exit {
-        GuestExit::DebugExit(v) => Ending::DebugExit(*v),
-        GuestExit::Fault(report) => {
-            fault_text = report.to_string();
-            Ending::Fault(&fault_text)
-        }
-    };
-    let boot_ms = run.outcome.workload_started.map(|d| d.as_secs_f64() * 1e3);
-    Ok(report::judge(specs, vcpus, &run.events, ending, boot_ms))
+    Ok(run.judge(specs, vcpus))
 }
 
 /// The embedded guest on `vcpus` vCPUs with `cmdline`.
@@ -85,6 +76,20 @@ pub struct GuestRun {
 }
 
 impl GuestRun {
+    /// The verdict on an NPB run of `specs` on `vcpus` vCPUs.
+    pub fn judge(&self, specs: &[Spec], vcpus: u32) -> Verdict {
+        let fault_text;
+        let ending = match &self.outcome.exit {
+            GuestExit::DebugExit(v) => Ending::DebugExit(*v),
+            GuestExit::Fault(report) => {
+                fault_text = report.to_string();
+                Ending::Fault(&fault_text)
+            }
+        };
+        let boot_ms = self.outcome.workload_started.map(|d| d.as_secs_f64() * 1e3);
+        report::judge(specs, vcpus, &self.events, ending, boot_ms)
+    }
+
     /// The fields of the first `@kumo <kind>` measurement line, or why there is none.
     pub fn measurement(&self, kind: &str) -> Result<&std::collections::BTreeMap<String, String>> {
         let found = self.events.iter().find_map(|e| match e {
@@ -126,6 +131,11 @@ pub fn boot_embedded<T>(
 ) -> Result<(GuestRun, T)> {
     let vm = Vm::new(config)?;
     let prepared = prepare(&vm);
+    Ok((run_collecting(vm, epoch)?, prepared))
+}
+
+/// Runs a created VM of the embedded guest and collects its events.
+pub fn run_collecting(vm: Vm, epoch: Instant) -> Result<GuestRun> {
     let events = Arc::new(Mutex::new(Vec::new()));
     let console = GuestConsole {
         parser: LineParser::default(),
@@ -133,7 +143,7 @@ pub fn boot_embedded<T>(
     };
     let outcome = vm.run(Box::new(console), epoch)?;
     let events = std::mem::take(&mut *events.lock().unwrap_or_else(|e| e.into_inner()));
-    Ok((GuestRun { events, outcome }, prepared))
+    Ok(GuestRun { events, outcome })
 }
 
 /// Boots an arbitrary PVH kernel: its console is kumo's stdout, its debug-exit value

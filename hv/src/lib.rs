@@ -55,6 +55,8 @@ pub struct RunOutcome {
     pub exit: GuestExit,
     /// From `epoch` to the guest's first boot-timer write of 0x01, if it made one.
     pub workload_started: Option<Duration>,
+    /// Host CPU time each vCPU thread used (guest execution plus exit handling).
+    pub vcpu_cpu_time: Vec<Duration>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -10,7 +10,7 @@
 //! `kumo bench switch` measures the cost of a switch with each (DESIGN.md asks for both
 //! to be measured before one is kept).
 
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -37,6 +37,8 @@ struct Slot {
     /// Kernel thread id, 0 until the vCPU thread starts.
     tid: AtomicI32,
     gate: Gate,
+    /// CPU time the thread used, recorded by the thread as it ends (u64::MAX before).
+    final_cpu_ns: AtomicU64,
 }
 
 /// Control over a VM's vCPU threads, usable from any thread while the VM runs.
@@ -54,6 +56,7 @@ impl VcpuControl {
             slots: (0..vcpus)
                 .map(|_| Slot {
                     tid: AtomicI32::new(0),
+                    final_cpu_ns: AtomicU64::new(u64::MAX),
                     gate: Gate {
                         open: AtomicBool::new(true),
                         lock: Mutex::new(()),
@@ -100,8 +103,13 @@ impl VcpuControl {
 
     /// Binds vCPU `vcpu`'s thread to host CPU `cpu`.
     pub fn pin(&self, vcpu: usize, cpu: usize) -> Result<(), Error> {
+        self.confine(vcpu, &[cpu])
+    }
+
+    /// Lets vCPU `vcpu`'s thread run on any of `cpus` (and nowhere else).
+    pub fn confine(&self, vcpu: usize, cpus: &[usize]) -> Result<(), Error> {
         let tid = self.tid(vcpu)?;
-        pin_thread(tid, cpu)
+        confine_thread(tid, cpus)
     }
 
     /// Sets vCPU `vcpu`'s host scheduling class.
@@ -123,6 +131,31 @@ impl VcpuControl {
             slot.gate.open.store(true, Ordering::SeqCst);
             slot.gate.opened.notify_all();
         }
+    }
+
+    /// Host CPU time vCPU `vcpu`'s thread has used (running the guest and handling its
+    /// exits); `None` before it starts.
+    pub fn cpu_time(&self, vcpu: usize) -> Option<Duration> {
+        let slot = self.slots.get(vcpu)?;
+        let done = slot.final_cpu_ns.load(Ordering::Acquire);
+        if done != u64::MAX {
+            return Some(Duration::from_nanos(done));
+        }
+        let tid = slot.tid.load(Ordering::Acquire);
+        if tid <= 0 {
+            return None;
+        }
+        // The first field of schedstat: nanoseconds on a CPU.
+        let text = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?;
+        let ns = text.split_ascii_whitespace().next()?.parse().ok()?;
+        Some(Duration::from_nanos(ns))
+    }
+
+    /// Called by vCPU thread `vcpu` as it ends: keeps its CPU time after it is gone.
+    pub(crate) fn record_final_cpu_time(&self, vcpu: usize) {
+        self.slots[vcpu]
+            .final_cpu_ns
+            .store(thread_cpu_time().as_nanos() as u64, Ordering::Release);
     }
 
     /// Called by vCPU thread `vcpu` when it starts.
@@ -158,18 +191,36 @@ impl VcpuControl {
     }
 }
 
+/// The calling thread's CPU time.
+pub fn thread_cpu_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
 /// Binds thread `tid` (0 = the caller) to host CPU `cpu`.
 pub fn pin_thread(tid: libc::pid_t, cpu: usize) -> Result<(), Error> {
-    if cpu >= libc::CPU_SETSIZE as usize {
-        return Err(Error::Os {
-            what: "pinning a thread (CPU number out of range)",
-            source: std::io::Error::from_raw_os_error(libc::EINVAL),
-        });
-    }
+    confine_thread(tid, &[cpu])
+}
+
+/// Lets thread `tid` (0 = the caller) run on any of `cpus` and nowhere else.
+pub fn confine_thread(tid: libc::pid_t, cpus: &[usize]) -> Result<(), Error> {
     // SAFETY: an all-zero cpu_set_t is a valid empty set; CPU_SET writes inside it.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `cpu` < CPU_SETSIZE (checked above).
-    unsafe { libc::CPU_SET(cpu, &mut set) };
+    for &cpu in cpus {
+        if cpu >= libc::CPU_SETSIZE as usize {
+            return Err(Error::Os {
+                what: "pinning a thread (CPU number out of range)",
+                source: std::io::Error::from_raw_os_error(libc::EINVAL),
+            });
+        }
+        // SAFETY: `cpu` < CPU_SETSIZE (checked above).
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+    }
     // SAFETY: `set` is a valid cpu_set_t of the size passed.
     let rc = unsafe { libc::sched_setaffinity(tid, std::mem::size_of_val(&set), &set) };
     if rc != 0 {

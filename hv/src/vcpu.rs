@@ -127,6 +127,7 @@ pub(crate) fn thread_main(
     shared.control.register(index as usize);
     let end = run_loop(index, &mut vcpu, &shared);
     KVM_RUN.with(|c| c.set(std::ptr::null_mut()));
+    shared.control.record_final_cpu_time(index as usize);
     reporter.send(end);
 }
 

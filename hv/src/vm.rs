@@ -332,9 +332,13 @@ impl Vm {
             GuestExit::DebugExit(v) => tracing::debug!("guest exited with {v:#x}"),
             GuestExit::Fault(r) => tracing::debug!("guest fault: {}", r.reason),
         }
+        let vcpu_cpu_time = (0..self.control.vcpus())
+            .map(|v| self.control.cpu_time(v).unwrap_or_default())
+            .collect();
         Ok(RunOutcome {
             exit,
             workload_started,
+            vcpu_cpu_time,
         })
     }
 }
