@@ -25,6 +25,8 @@ fn main() -> ExitCode {
         (Some(Command::Bench(BenchCommand::Overhead(args))), _, _) => {
             kumo::overhead::run_overhead(args)
         }
+        (Some(Command::Node(args)), _, _) => kumo::node::run_node(args, epoch),
+        (Some(Command::Ctl(args)), _, _) => kumo::ctl::run_ctl(args),
         (Some(Command::Bench(BenchCommand::Switch(args))), _, _) => {
             kumo::switch::run_switch(args, epoch)
         }
@@ -34,9 +36,19 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(code) => ExitCode::from(code),
+        // The reader of our output went away (`kumo ... | head`): nothing to report to.
+        Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("kumo: error: {err:#}");
             ExitCode::from(EXIT_USAGE)
         }
     }
+}
+
+fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }

@@ -161,3 +161,20 @@ fn more_vcpus_than_the_guest_supports_are_refused() {
         assert_rejected(&["--vcpus", "65"], "kumo's NPB guest supports (64)");
     }
 }
+
+/// `kumo ... | head` closes our stdout early: kumo stops quietly, not with an error.
+#[test]
+fn a_closed_stdout_ends_kumo_quietly() {
+    let mut child = std::process::Command::new(kumo_bin())
+        .args(["native", "--npb", "ep.S", "--threads", "1"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("wait");
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+    assert!(!stderr.contains("Broken pipe"), "{stderr}");
+}
