@@ -28,6 +28,79 @@ pub enum Command {
     /// Measurements (benchmarks, not tests).
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Run several VMs (domains) on a set of host CPUs, from a node file.
+    Node(NodeArgs),
+    /// Inspect and change a running kumo node through its control socket.
+    Ctl(CtlArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct CtlArgs {
+    /// The node's control socket (printed by `kumo node` at start).
+    #[arg(long, value_name = "PATH")]
+    pub socket: PathBuf,
+
+    /// Print the node's JSON reply instead of text.
+    #[arg(long)]
+    pub json: bool,
+
+    #[command(subcommand)]
+    pub command: CtlCommand,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum CtlCommand {
+    /// Show the credit scheduler's parameters, or set some of them.
+    SchedCredit {
+        /// Time slice in milliseconds.
+        #[arg(long, value_name = "MS")]
+        tslice_ms: Option<f64>,
+        /// Accounting tick in milliseconds.
+        #[arg(long, value_name = "MS")]
+        tick_ms: Option<f64>,
+        /// Minimum run time before preemption in microseconds (0 = off).
+        #[arg(long, value_name = "US")]
+        ratelimit_us: Option<u64>,
+    },
+    /// Domains of the node.
+    #[command(subcommand)]
+    Domain(DomainCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum DomainCommand {
+    /// Every domain with its weight, cap and CPU time so far.
+    List,
+    /// Change a domain's weight and/or cap.
+    Set {
+        /// The domain's name.
+        name: String,
+        #[arg(long, value_name = "W")]
+        weight: Option<u32>,
+        /// Percent of one host CPU; 0 = no cap.
+        #[arg(long, value_name = "C")]
+        cap: Option<u32>,
+    },
+}
+
+#[derive(Args, Debug)]
+pub struct NodeArgs {
+    /// The node file (TOML; see examples/).
+    #[arg(long, value_name = "PATH")]
+    pub config: PathBuf,
+
+    /// Where to create the control socket [default: $XDG_RUNTIME_DIR or /tmp,
+    /// kumo-<pid>.sock].
+    #[arg(long, value_name = "PATH")]
+    pub ctl_socket: Option<PathBuf>,
+
+    /// Print one JSON object per domain, then one for the node.
+    #[arg(long)]
+    pub json: bool,
+
+    /// The KVM device to open.
+    #[arg(long, value_name = "PATH", default_value = "/dev/kvm")]
+    pub kvm_device: PathBuf,
 }
 
 #[derive(Subcommand, Debug)]

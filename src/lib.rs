@@ -3,8 +3,11 @@
 //! The VMM itself lives in `hv`, device models in `devices`, NPB in `guests/npb`.
 
 pub mod cli;
+pub mod ctl;
 pub mod guest;
 pub mod native;
+pub mod node;
+pub mod node_config;
 pub mod overhead;
 pub mod protocol;
 pub mod report;

@@ -1,0 +1,454 @@
+//! Run-time control, xl-like: a UNIX socket per kumo process (mode 0600) that speaks
+//! one JSON object per line each way, and the `kumo ctl` client.
+//!
+//! Requests: `{"cmd":"sched-credit"}` (show), `{"cmd":"sched-credit","tslice_ms":1,
+//! "tick_ms":1,"ratelimit_us":0}` (set any of them), `{"cmd":"domain-list"}`,
+//! `{"cmd":"domain-set","name":"a","weight":512,"cap":50}`. Replies carry `"ok"`,
+//! and either the state or `"error"`. The peer is the local owner, but its bytes are
+//! still untrusted: bad JSON or unknown commands get an error reply, never a panic.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::cli::{CtlArgs, CtlCommand, DomainCommand};
+
+/// Longest request line accepted.
+const MAX_REQUEST: u64 = 64 * 1024;
+/// A client that sends nothing is dropped after this.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Scheduler parameters as the control API shows and sets them.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SchedParams {
+    pub tslice_ms: f64,
+    pub tick_ms: f64,
+    pub ratelimit_us: u64,
+}
+
+/// A change to some of the parameters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize)]
+pub struct SchedUpdate {
+    pub tslice_ms: Option<f64>,
+    pub tick_ms: Option<f64>,
+    pub ratelimit_us: Option<u64>,
+}
+
+/// A domain as `domain list` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DomainInfo {
+    pub domain: String,
+    pub weight: u32,
+    pub cap: u32,
+    pub vcpus: u32,
+    pub cpu_s: f64,
+}
+
+/// What a running kumo lets the control socket see and change.
+pub trait Controlled: Send + Sync {
+    fn sched_params(&self) -> SchedParams;
+    /// Applies `update` to the running scheduler; the error says which value is out
+    /// of which range.
+    fn set_sched_params(&self, update: SchedUpdate) -> Result<SchedParams, String>;
+    fn domains(&self) -> Vec<DomainInfo>;
+    fn set_domain(
+        &self,
+        name: &str,
+        weight: Option<u32>,
+        cap: Option<u32>,
+    ) -> Result<DomainInfo, String>;
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(tag = "cmd", rename_all = "kebab-case", deny_unknown_fields)]
+enum Request {
+    SchedCredit {
+        tslice_ms: Option<f64>,
+        tick_ms: Option<f64>,
+        ratelimit_us: Option<u64>,
+    },
+    DomainList {},
+    DomainSet {
+        name: String,
+        weight: Option<u32>,
+        cap: Option<u32>,
+    },
+}
+
+/// Answers one request line.
+pub fn answer(target: &dyn Controlled, line: &str) -> Value {
+    let request: Request = match serde_json::from_str(line) {
+        Ok(r) => r,
+        Err(e) => return json!({"ok": false, "error": format!("bad request: {e}")}),
+    };
+    let result = match request {
+        Request::SchedCredit {
+            tslice_ms: None,
+            tick_ms: None,
+            ratelimit_us: None,
+        } => Ok(json!(target.sched_params())),
+        Request::SchedCredit {
+            tslice_ms,
+            tick_ms,
+            ratelimit_us,
+        } => target
+            .set_sched_params(SchedUpdate {
+                tslice_ms,
+                tick_ms,
+                ratelimit_us,
+            })
+            .map(|p| json!(p)),
+        Request::DomainList {} => Ok(json!({"domains": target.domains()})),
+        Request::DomainSet { name, weight, cap } => target
+            .set_domain(&name, weight, cap)
+            .map(|d| json!({"domain": d})),
+    };
+    match result {
+        Ok(Value::Object(mut fields)) => {
+            fields.insert("ok".into(), json!(true));
+            Value::Object(fields)
+        }
+        Ok(other) => json!({"ok": true, "value": other}),
+        Err(error) => json!({"ok": false, "error": error}),
+    }
+}
+
+/// The listening socket; removed when dropped.
+pub struct Server {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Server {
+    /// Binds `path` (mode 0600) and serves `target` from a thread (`ctl`).
+    pub fn start(path: &Path, target: Arc<dyn Controlled>) -> Result<Server> {
+        if path.exists() {
+            // A live kumo answers; a stale file from a crashed one can go.
+            if UnixStream::connect(path).is_ok() {
+                bail!("{} is in use by another kumo", path.display());
+            }
+            std::fs::remove_file(path)
+                .with_context(|| format!("cannot remove stale socket {}", path.display()))?;
+        }
+        let listener = UnixListener::bind(path)
+            .with_context(|| format!("cannot create control socket {}", path.display()))?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+            .with_context(|| format!("cannot restrict {} to its owner", path.display()))?;
+        listener.set_nonblocking(true)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread_stop = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("ctl".into())
+            .spawn(move || serve(&listener, target.as_ref(), &thread_stop))?;
+        Ok(Server {
+            path: path.to_path_buf(),
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Accepts clients one at a time (control traffic is a few requests per run), polling
+/// so that `stop` is noticed.
+fn serve(listener: &UnixListener, target: &dyn Controlled, stop: &AtomicBool) {
+    while !stop.load(Ordering::SeqCst) {
+        match listener.accept() {
+            Ok((stream, _)) => {
+                if let Err(e) = serve_client(stream, target) {
+                    tracing::debug!("control client: {e}");
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => {
+                tracing::warn!("control socket accept failed: {e}");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+}
+
+fn serve_client(stream: UnixStream, target: &dyn Controlled) -> std::io::Result<()> {
+    stream.set_nonblocking(false)?;
+    stream.set_read_timeout(Some(IDLE_TIMEOUT))?;
+    let mut writer = stream.try_clone()?;
+    let mut reader = BufReader::new(stream.take(MAX_REQUEST));
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if reader.read_line(&mut line)? == 0 {
+            return Ok(());
+        }
+        let reply = if line.ends_with('\n') {
+            answer(target, line.trim())
+        } else {
+            json!({"ok": false, "error": "request too long or not newline-terminated"})
+        };
+        writeln!(writer, "{reply}")?;
+    }
+}
+
+/// Sends one request and returns the reply (the `kumo ctl` side).
+pub fn request(socket: &Path, request: &Value) -> Result<Value> {
+    let stream = UnixStream::connect(socket).with_context(|| {
+        format!(
+            "cannot connect to {} (is a kumo node running there?)",
+            socket.display()
+        )
+    })?;
+    stream.set_read_timeout(Some(IDLE_TIMEOUT))?;
+    let mut writer = stream.try_clone()?;
+    writeln!(writer, "{request}")?;
+    let mut reply = String::new();
+    BufReader::new(stream).read_line(&mut reply)?;
+    let reply: Value = serde_json::from_str(&reply)
+        .with_context(|| format!("bad reply from {}: {reply:?}", socket.display()))?;
+    if reply["ok"] != json!(true) {
+        bail!(
+            "{}",
+            reply["error"]
+                .as_str()
+                .unwrap_or("the node refused the request")
+        );
+    }
+    Ok(reply)
+}
+
+/// `kumo ctl`: one request, its reply printed.
+pub fn run_ctl(args: &CtlArgs) -> Result<u8> {
+    let req = match &args.command {
+        CtlCommand::SchedCredit {
+            tslice_ms,
+            tick_ms,
+            ratelimit_us,
+        } => {
+            let mut req = json!({"cmd": "sched-credit"});
+            for (key, value) in [
+                ("tslice_ms", tslice_ms.map(|v| json!(v))),
+                ("tick_ms", tick_ms.map(|v| json!(v))),
+                ("ratelimit_us", ratelimit_us.map(|v| json!(v))),
+            ] {
+                if let Some(value) = value {
+                    req[key] = value;
+                }
+            }
+            req
+        }
+        CtlCommand::Domain(DomainCommand::List) => json!({"cmd": "domain-list"}),
+        CtlCommand::Domain(DomainCommand::Set { name, weight, cap }) => {
+            if weight.is_none() && cap.is_none() {
+                bail!("domain set {name}: give --weight and/or --cap");
+            }
+            let mut req = json!({"cmd": "domain-set", "name": name});
+            if let Some(w) = weight {
+                req["weight"] = json!(w);
+            }
+            if let Some(c) = cap {
+                req["cap"] = json!(c);
+            }
+            req
+        }
+    };
+    let reply = request(&args.socket, &req)?;
+    if args.json {
+        println!("{reply}");
+        return Ok(0);
+    }
+    match &args.command {
+        CtlCommand::SchedCredit { .. } => println!(
+            "credit: tslice {} ms, tick {} ms, ratelimit {} us",
+            reply["tslice_ms"], reply["tick_ms"], reply["ratelimit_us"]
+        ),
+        CtlCommand::Domain(DomainCommand::List) => {
+            println!(
+                "{:<12} {:>6} {:>4} {:>5} {:>9}",
+                "domain", "weight", "cap", "vCPUs", "cpu (s)"
+            );
+            for d in reply["domains"].as_array().into_iter().flatten() {
+                println!(
+                    "{:<12} {:>6} {:>4} {:>5} {:>9.3}",
+                    d["domain"].as_str().unwrap_or("?"),
+                    d["weight"],
+                    d["cap"],
+                    d["vcpus"],
+                    d["cpu_s"].as_f64().unwrap_or(f64::NAN)
+                );
+            }
+        }
+        CtlCommand::Domain(DomainCommand::Set { .. }) => {
+            let d = &reply["domain"];
+            println!(
+                "{}: weight {}, cap {}",
+                d["domain"].as_str().unwrap_or("?"),
+                d["weight"],
+                d["cap"]
+            );
+        }
+    }
+    Ok(0)
+}
+
+/// The default control socket of this process.
+pub fn default_socket_path() -> PathBuf {
+    let dir = std::env::var_os("XDG_RUNTIME_DIR")
+        .map(PathBuf::from)
+        .filter(|d| d.is_dir())
+        .unwrap_or_else(std::env::temp_dir);
+    dir.join(format!("kumo-{}.sock", std::process::id()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    struct Fake {
+        params: Mutex<SchedParams>,
+        weight: Mutex<u32>,
+    }
+
+    impl Controlled for Fake {
+        fn sched_params(&self) -> SchedParams {
+            *self.params.lock().unwrap()
+        }
+        fn set_sched_params(&self, u: SchedUpdate) -> Result<SchedParams, String> {
+            let mut p = self.params.lock().unwrap();
+            if let Some(t) = u.tslice_ms {
+                if t < 0.1 {
+                    return Err("tslice_ms 0.01 is outside 0.1..=1000".into());
+                }
+                p.tslice_ms = t;
+            }
+            if let Some(r) = u.ratelimit_us {
+                p.ratelimit_us = r;
+            }
+            Ok(*p)
+        }
+        fn domains(&self) -> Vec<DomainInfo> {
+            vec![DomainInfo {
+                domain: "a".into(),
+                weight: *self.weight.lock().unwrap(),
+                cap: 0,
+                vcpus: 1,
+                cpu_s: 0.5,
+            }]
+        }
+        fn set_domain(
+            &self,
+            name: &str,
+            w: Option<u32>,
+            _c: Option<u32>,
+        ) -> Result<DomainInfo, String> {
+            if name != "a" {
+                return Err(format!("no domain '{name}'"));
+            }
+            if let Some(w) = w {
+                *self.weight.lock().unwrap() = w;
+            }
+            Ok(self.domains().remove(0))
+        }
+    }
+
+    fn fake() -> Arc<Fake> {
+        Arc::new(Fake {
+            params: Mutex::new(SchedParams {
+                tslice_ms: 30.0,
+                tick_ms: 10.0,
+                ratelimit_us: 1000,
+            }),
+            weight: Mutex::new(256),
+        })
+    }
+
+    #[test]
+    fn requests_are_answered_and_bad_ones_refused() {
+        let f = fake();
+        let show = answer(f.as_ref(), r#"{"cmd":"sched-credit"}"#);
+        assert_eq!(show["ok"], true);
+        assert_eq!(show["tslice_ms"], 30.0);
+        let set = answer(
+            f.as_ref(),
+            r#"{"cmd":"sched-credit","tslice_ms":1,"ratelimit_us":0}"#,
+        );
+        assert_eq!(
+            (set["ok"].clone(), set["tslice_ms"].clone()),
+            (json!(true), json!(1.0))
+        );
+        assert_eq!(f.sched_params().ratelimit_us, 0);
+        let out_of_range = answer(f.as_ref(), r#"{"cmd":"sched-credit","tslice_ms":0.01}"#);
+        assert_eq!(out_of_range["ok"], false);
+        assert!(
+            out_of_range["error"]
+                .as_str()
+                .unwrap()
+                .contains("0.1..=1000")
+        );
+        let set = answer(
+            f.as_ref(),
+            r#"{"cmd":"domain-set","name":"a","weight":512}"#,
+        );
+        assert_eq!(set["domain"]["weight"], 512);
+        let missing = answer(f.as_ref(), r#"{"cmd":"domain-set","name":"zz"}"#);
+        assert_eq!(missing["error"], "no domain 'zz'");
+        for bad in [
+            "",
+            "{",
+            "[]",
+            r#"{"cmd":"reboot"}"#,
+            r#"{"cmd":"domain-list","x":1}"#,
+        ] {
+            let reply = answer(f.as_ref(), bad);
+            assert_eq!(reply["ok"], false, "{bad}");
+            assert!(
+                reply["error"].as_str().unwrap().starts_with("bad request"),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_socket_is_private_and_serves_requests() {
+        let dir = std::env::temp_dir().join(format!("kumo-ctl-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("ctl.sock");
+        let f = fake();
+        let server = Server::start(&path, f.clone()).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let reply = request(&path, &json!({"cmd": "domain-list"})).unwrap();
+        assert_eq!(reply["domains"][0]["domain"], "a");
+        let err = request(&path, &json!({"cmd": "domain-set", "name": "b"})).unwrap_err();
+        assert_eq!(err.to_string(), "no domain 'b'");
+        // A second server on a live socket is refused; a dropped one cleans up.
+        assert!(Server::start(&path, f.clone()).is_err());
+        drop(server);
+        assert!(!path.exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,245 @@
+//! `kumo node --config node.toml`: several VMs (domains) in one kumo process, sharing
+//! the node's host CPUs, each running its NPB list; reports each domain's results and
+//! the CPU time each domain and domain 0 (kumo's own threads) received.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow};
+use hv::Vm;
+use hv::placement::VcpuControl;
+use serde_json::{Value, json};
+
+use crate::cli::NodeArgs;
+use crate::node_config::{self, Domain, Node};
+use crate::report::{self, Verdict};
+use crate::run::{self, GuestRun};
+
+/// How long to wait for a domain's vCPU threads to start before placing them.
+const START_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One domain's outcome.
+pub struct DomainReport {
+    pub domain: Domain,
+    pub verdict: Verdict,
+    /// Host CPU time of the domain's vCPU threads over the whole run.
+    pub cpu: Duration,
+    /// The same, up to the moment the first domain finished: the window in which every
+    /// domain competed, where shares show what the scheduler decided.
+    pub cpu_contended: Duration,
+}
+
+pub fn run_node(args: &NodeArgs, epoch: Instant) -> Result<u8> {
+    let node = node_config::load(&args.config)?;
+    if node.scheduler.kind.as_deref() != Some("host") {
+        anyhow::bail!(
+            "the credit scheduler is not wired into nodes yet: set [scheduler] kind = \"host\""
+        );
+    }
+    let (reports, dom0_cpu, wall) = run(&node, &args.kvm_device, epoch)?;
+    print(&node, &reports, dom0_cpu, wall, args.json)?;
+    let code = reports
+        .iter()
+        .map(|r| r.verdict.exit_code())
+        .max()
+        .unwrap_or(report::EXIT_OK);
+    Ok(code)
+}
+
+/// Creates every domain's VM, runs them together on the node's CPUs and waits for all.
+pub fn run(
+    node: &Node,
+    kvm_device: &std::path::Path,
+    epoch: Instant,
+) -> Result<(Vec<DomainReport>, Duration, Duration)> {
+    let process_cpu_before = process_cpu_time();
+    let mut vms = Vec::new();
+    for domain in &node.domains {
+        let names: Vec<String> = domain.specs.iter().map(ToString::to_string).collect();
+        let config = run::embedded_config(
+            domain.vcpus,
+            domain.memory_mib,
+            format!("npb={}", names.join(",")),
+            kvm_device,
+        );
+        let vm = Vm::new(config).with_context(|| format!("domain '{}'", domain.name))?;
+        vms.push(vm);
+    }
+    let controls: Vec<Arc<VcpuControl>> = vms.iter().map(Vm::control).collect();
+    let start = Instant::now();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let mut contended = vec![Duration::ZERO; node.domains.len()];
+    let runs: Vec<Result<GuestRun>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = vms
+            .into_iter()
+            .map(|vm| {
+                let done = done_tx.clone();
+                scope.spawn(move || {
+                    let run = run::run_collecting(vm, epoch);
+                    let _ = done.send(());
+                    run
+                })
+            })
+            .collect();
+        // Confine every vCPU thread to the node's CPUs as soon as it exists.
+        for (control, domain) in controls.iter().zip(&node.domains) {
+            if !control.wait_started(START_TIMEOUT) {
+                tracing::warn!("domain '{}': vCPU threads did not all start", domain.name);
+            }
+            for vcpu in 0..control.vcpus() {
+                if let Err(e) = control.confine(vcpu, &node.pcpus) {
+                    // A domain that already finished has no threads left to confine.
+                    tracing::debug!("domain '{}' vCPU {vcpu}: {e}", domain.name);
+                }
+            }
+        }
+        // The first domain to finish ends the contended window.
+        let _ = done_rx.recv();
+        for (slot, control) in contended.iter_mut().zip(&controls) {
+            *slot = (0..control.vcpus())
+                .filter_map(|v| control.cpu_time(v))
+                .sum();
+        }
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow!("a domain's thread panicked")))
+            })
+            .collect()
+    });
+    let wall = start.elapsed();
+    let mut reports = Vec::new();
+    let mut vcpu_cpu_total = Duration::ZERO;
+    for ((run, domain), cpu_contended) in runs.into_iter().zip(&node.domains).zip(contended) {
+        let run = run.with_context(|| format!("domain '{}'", domain.name))?;
+        let cpu: Duration = run.outcome.vcpu_cpu_time.iter().sum();
+        vcpu_cpu_total += cpu;
+        reports.push(DomainReport {
+            domain: domain.clone(),
+            verdict: run.judge(&domain.specs, domain.vcpus),
+            cpu,
+            cpu_contended,
+        });
+    }
+    let dom0 = process_cpu_time()
+        .saturating_sub(process_cpu_before)
+        .saturating_sub(vcpu_cpu_total);
+    Ok((reports, dom0, wall))
+}
+
+/// User plus system CPU time of the whole process.
+fn process_cpu_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// One JSON object per domain, then the node's line.
+pub fn json_lines(
+    node: &Node,
+    reports: &[DomainReport],
+    dom0: Duration,
+    wall: Duration,
+) -> Vec<Value> {
+    let mut lines: Vec<Value> = reports
+        .iter()
+        .map(|r| {
+            let results: Vec<Value> = r
+                .verdict
+                .json_lines()
+                .into_iter()
+                .filter(|line| line.get("benchmark").is_some())
+                .collect();
+            json!({
+                "domain": r.domain.name,
+                "weight": r.domain.weight,
+                "cap": r.domain.cap,
+                "vcpus": r.domain.vcpus,
+                "cpu_s": r.cpu.as_secs_f64(),
+                "cpu_contended_s": r.cpu_contended.as_secs_f64(),
+                "ok": r.verdict.problems.is_empty(),
+                "problems": r.verdict.problems,
+                "results": results,
+            })
+        })
+        .collect();
+    lines.push(json!({
+        "node": true,
+        "pcpus": node.pcpus,
+        "scheduler": node.scheduler.kind.as_deref().unwrap_or("credit"),
+        "dom0_cpu_s": dom0.as_secs_f64(),
+        "wall_s": wall.as_secs_f64(),
+    }));
+    lines
+}
+
+fn print(
+    node: &Node,
+    reports: &[DomainReport],
+    dom0: Duration,
+    wall: Duration,
+    json: bool,
+) -> Result<()> {
+    if json {
+        for line in json_lines(node, reports, dom0, wall) {
+            println!("{line}");
+        }
+        return Ok(());
+    }
+    let total: f64 = reports.iter().map(|r| r.cpu_contended.as_secs_f64()).sum();
+    println!(
+        "{:<12} {:>6} {:>4} {:>5} {:>9} {:>6}  results",
+        "domain", "weight", "cap", "vCPUs", "cpu (s)", "share"
+    );
+    for r in reports {
+        let contended = r.cpu_contended.as_secs_f64();
+        let results: Vec<String> = r
+            .verdict
+            .rows
+            .iter()
+            .map(|row| match &row.result {
+                Some(res) => format!(
+                    "{} {:.3}s {}",
+                    row.spec,
+                    res.time_s,
+                    if res.verified {
+                        "verified"
+                    } else {
+                        "NOT VERIFIED"
+                    }
+                ),
+                None => format!("{} no result", row.spec),
+            })
+            .collect();
+        println!(
+            "{:<12} {:>6} {:>4} {:>5} {:>9.3} {:>5.1}%  {}",
+            r.domain.name,
+            r.domain.weight,
+            r.domain.cap,
+            r.domain.vcpus,
+            r.cpu.as_secs_f64(),
+            if total > 0.0 {
+                100.0 * contended / total
+            } else {
+                0.0
+            },
+            results.join(", ")
+        );
+        for problem in &r.verdict.problems {
+            eprintln!("kumo: domain '{}': {problem}", r.domain.name);
+        }
+    }
+    println!(
+        "share: of the CPU time the domains received while all of them ran\n\
+         node: host CPUs {:?}, {:.2} s wall, domain 0 (kumo's own threads) {:.3} s CPU",
+        node.pcpus,
+        wall.as_secs_f64(),
+        dom0.as_secs_f64()
+    );
+    Ok(())
+}

@@ -1,0 +1,234 @@
+//! The node file (`kumo node --config node.toml`): which host CPUs the node owns, the
+//! scheduler's parameters, and its domains. Parsed strictly (unknown keys are errors:
+//! a misspelt `weigth` must not silently become the default) and validated with
+//! messages that name the domain and the allowed range.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use npb::Spec;
+use serde::Deserialize;
+
+use crate::guest;
+
+/// Xen's defaults and `xl sched-credit` ranges.
+pub const DEFAULT_WEIGHT: u32 = 256;
+pub const WEIGHT_RANGE: (u32, u32) = (1, 65535);
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeFile {
+    /// Host CPUs the node's vCPUs run on.
+    pub pcpus: Vec<usize>,
+    /// Scheduler parameters (absent: Xen's defaults).
+    #[serde(default)]
+    pub scheduler: SchedulerFile,
+    #[serde(rename = "domain", default)]
+    pub domains: Vec<DomainFile>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SchedulerFile {
+    /// `credit` (default) or `host` (no kumo scheduler: Linux shares the pCPUs).
+    pub kind: Option<String>,
+    pub tslice_ms: Option<f64>,
+    pub tick_ms: Option<f64>,
+    pub ratelimit_us: Option<u64>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DomainFile {
+    pub name: String,
+    #[serde(default = "one")]
+    pub vcpus: u32,
+    pub memory_mib: Option<u64>,
+    #[serde(default = "default_weight")]
+    pub weight: u32,
+    /// Percent of one pCPU; 0 = no cap.
+    #[serde(default)]
+    pub cap: u32,
+    /// NPB list, as `--npb`.
+    pub npb: String,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn default_weight() -> u32 {
+    DEFAULT_WEIGHT
+}
+
+/// A domain ready to run.
+#[derive(Debug, Clone)]
+pub struct Domain {
+    pub name: String,
+    pub vcpus: u32,
+    pub memory_mib: u64,
+    pub weight: u32,
+    pub cap: u32,
+    pub specs: Vec<Spec>,
+}
+
+/// A validated node.
+#[derive(Debug, Clone)]
+pub struct Node {
+    pub pcpus: Vec<usize>,
+    pub scheduler: SchedulerFile,
+    pub domains: Vec<Domain>,
+}
+
+pub fn load(path: &Path) -> Result<Node> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read node file {}", path.display()))?;
+    parse(&text).with_context(|| format!("in node file {}", path.display()))
+}
+
+/// Parses and validates a node file's text.
+pub fn parse(text: &str) -> Result<Node> {
+    let file: NodeFile = toml::from_str(text)?;
+    let host_cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    validate(file, host_cpus)
+}
+
+fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
+    if file.pcpus.is_empty() {
+        bail!("pcpus is empty: name at least one host CPU");
+    }
+    let mut seen = BTreeSet::new();
+    for &cpu in &file.pcpus {
+        if cpu >= host_cpus {
+            bail!(
+                "pcpus names CPU {cpu}, but this host has CPUs 0..={}",
+                host_cpus - 1
+            );
+        }
+        if !seen.insert(cpu) {
+            bail!("pcpus names CPU {cpu} twice");
+        }
+    }
+    if let Some(kind) = &file.scheduler.kind
+        && kind != "credit"
+        && kind != "host"
+    {
+        bail!("scheduler.kind '{kind}' is unknown (known: credit, host)");
+    }
+    if file.domains.is_empty() {
+        bail!("no [[domain]]: a node needs at least one");
+    }
+    let max_cap = 100 * file.pcpus.len() as u32;
+    let mut names = BTreeSet::new();
+    let mut domains = Vec::new();
+    for d in file.domains {
+        let name = d.name.trim().to_string();
+        if name.is_empty() || name.contains(char::is_whitespace) {
+            bail!("domain name '{}' must be one non-empty word", d.name);
+        }
+        if !names.insert(name.clone()) {
+            bail!("two domains are named '{name}'");
+        }
+        if !(WEIGHT_RANGE.0..=WEIGHT_RANGE.1).contains(&d.weight) {
+            bail!(
+                "domain '{name}': weight {} is outside {}..={}",
+                d.weight,
+                WEIGHT_RANGE.0,
+                WEIGHT_RANGE.1
+            );
+        }
+        if d.cap > max_cap {
+            bail!(
+                "domain '{name}': cap {} is above {max_cap} (100 per pCPU of the node; 0 = no cap)",
+                d.cap
+            );
+        }
+        guest::check_vcpus(d.vcpus).with_context(|| format!("domain '{name}'"))?;
+        if d.vcpus == 0 {
+            bail!("domain '{name}': vcpus must be at least 1");
+        }
+        let specs = guest::parse_specs(&d.npb).with_context(|| format!("domain '{name}'"))?;
+        let memory_mib = guest::choose_memory_mib(d.memory_mib, &specs, d.vcpus)
+            .with_context(|| format!("domain '{name}'"))?;
+        domains.push(Domain {
+            name,
+            vcpus: d.vcpus,
+            memory_mib,
+            weight: d.weight,
+            cap: d.cap,
+            specs,
+        });
+    }
+    Ok(Node {
+        pcpus: file.pcpus,
+        scheduler: file.scheduler,
+        domains,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(text: &str) -> Result<Node> {
+        validate(toml::from_str(text)?, 2)
+    }
+
+    const TWO: &str = r#"
+pcpus = [0]
+[[domain]]
+name = "light"
+weight = 256
+npb = "ep.S"
+[[domain]]
+name = "heavy"
+weight = 512
+cap = 50
+npb = "ep.S"
+"#;
+
+    #[test]
+    fn a_two_domain_node_parses_with_defaults() {
+        let n = node(TWO).unwrap();
+        assert_eq!(n.pcpus, vec![0]);
+        assert_eq!(n.domains.len(), 2);
+        assert_eq!(n.domains[0].name, "light");
+        assert_eq!(n.domains[0].vcpus, 1);
+        assert_eq!(n.domains[0].cap, 0);
+        assert_eq!(n.domains[1].weight, 512);
+        assert_eq!(n.domains[1].cap, 50);
+        assert!(n.domains[0].memory_mib >= 64);
+        assert_eq!(n.scheduler.kind, None);
+    }
+
+    fn error(text: &str) -> String {
+        format!("{:#}", node(text).unwrap_err())
+    }
+
+    #[test]
+    fn bad_nodes_are_refused_with_the_reason() {
+        let d = "[[domain]]\nname = \"a\"\nnpb = \"ep.S\"\n";
+        assert!(error(&format!("pcpus = []\n{d}")).contains("pcpus is empty"));
+        assert!(error(&format!("pcpus = [7]\n{d}")).contains("this host has CPUs 0..=1"));
+        assert!(error(&format!("pcpus = [0, 0]\n{d}")).contains("CPU 0 twice"));
+        assert!(error("pcpus = [0]\n").contains("no [[domain]]"));
+        assert!(error(&format!("pcpus = [0]\n{d}{d}")).contains("two domains are named 'a'"));
+        let weight = "pcpus = [0]\n[[domain]]\nname = \"a\"\nweight = 0\nnpb = \"ep.S\"\n";
+        assert!(error(weight).contains("weight 0 is outside 1..=65535"));
+        let cap = "pcpus = [0]\n[[domain]]\nname = \"a\"\ncap = 101\nnpb = \"ep.S\"\n";
+        assert!(error(cap).contains("cap 101 is above 100"));
+        let typo = "pcpus = [0]\n[[domain]]\nname = \"a\"\nweigth = 5\nnpb = \"ep.S\"\n";
+        assert!(
+            error(typo).contains("unknown field `weigth`"),
+            "{}",
+            error(typo)
+        );
+        let bench = "pcpus = [0]\n[[domain]]\nname = \"a\"\nnpb = \"xx.S\"\n";
+        assert!(error(bench).contains("domain 'a'"));
+        let kind = format!("pcpus = [0]\n[scheduler]\nkind = \"rr\"\n{d}");
+        assert!(error(&kind).contains("unknown (known: credit, host)"));
+        let vcpus = "pcpus = [0]\n[[domain]]\nname = \"a\"\nvcpus = 0\nnpb = \"ep.S\"\n";
+        assert!(error(vcpus).contains("domain 'a'"));
+    }
+}
