@@ -55,11 +55,10 @@ pub fn run(
     let process_cpu_before = process_cpu_time();
     let mut vms = Vec::new();
     for domain in &node.domains {
-        let names: Vec<String> = domain.specs.iter().map(ToString::to_string).collect();
         let config = run::embedded_config(
             domain.vcpus,
             domain.memory_mib,
-            format!("npb={}", names.join(",")),
+            domain.cmdline(),
             kvm_device,
         );
         let vm = Vm::new(config).with_context(|| format!("domain '{}'", domain.name))?;

@@ -51,7 +51,11 @@ pub struct DomainFile {
     #[serde(default)]
     pub cap: u32,
     /// NPB list, as `--npb`.
+    #[serde(default)]
     pub npb: String,
+    /// After the benchmarks, halt every vCPU for this long (a domain that exists but
+    /// wants no CPU).
+    pub idle_ms: Option<u64>,
 }
 
 fn one() -> u32 {
@@ -71,6 +75,19 @@ pub struct Domain {
     pub weight: u32,
     pub cap: u32,
     pub specs: Vec<Spec>,
+    pub idle_ms: Option<u64>,
+}
+
+impl Domain {
+    /// The embedded guest's command line for this domain.
+    pub fn cmdline(&self) -> String {
+        let names: Vec<String> = self.specs.iter().map(ToString::to_string).collect();
+        let mut line = format!("npb={}", names.join(","));
+        if let Some(ms) = self.idle_ms {
+            line.push_str(&format!(" idle={ms}"));
+        }
+        line
+    }
 }
 
 /// A validated node.
@@ -148,7 +165,17 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
         if d.vcpus == 0 {
             bail!("domain '{name}': vcpus must be at least 1");
         }
-        let specs = guest::parse_specs(&d.npb).with_context(|| format!("domain '{name}'"))?;
+        let specs = if d.npb.trim().is_empty() {
+            Vec::new()
+        } else {
+            guest::parse_specs(&d.npb).with_context(|| format!("domain '{name}'"))?
+        };
+        if specs.is_empty() && d.idle_ms.is_none() {
+            bail!("domain '{name}' has no workload: give npb and/or idle_ms");
+        }
+        if d.idle_ms.is_some_and(|ms| ms > 3_600_000) {
+            bail!("domain '{name}': idle_ms is above 3600000 (one hour)");
+        }
         let memory_mib = guest::choose_memory_mib(d.memory_mib, &specs, d.vcpus)
             .with_context(|| format!("domain '{name}'"))?;
         domains.push(Domain {
@@ -158,6 +185,7 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
             weight: d.weight,
             cap: d.cap,
             specs,
+            idle_ms: d.idle_ms,
         });
     }
     Ok(Node {
@@ -230,5 +258,9 @@ npb = "ep.S"
         assert!(error(&kind).contains("unknown (known: credit, host)"));
         let vcpus = "pcpus = [0]\n[[domain]]\nname = \"a\"\nvcpus = 0\nnpb = \"ep.S\"\n";
         assert!(error(vcpus).contains("domain 'a'"));
+        let nothing = "pcpus = [0]\n[[domain]]\nname = \"a\"\n";
+        assert!(error(nothing).contains("has no workload"));
+        let idle = node("pcpus = [0]\n[[domain]]\nname = \"a\"\nidle_ms = 500\n").unwrap();
+        assert_eq!(idle.domains[0].cmdline(), "npb= idle=500");
     }
 }

@@ -83,6 +83,10 @@ pub mod call {
     pub const MARK_START: u64 = 4;
     /// `fault(kind)`: fault deliberately in ring 0, `kind` one of [`super::fault`].
     pub const FAULT: u64 = 5;
+    /// `sleep(until_tsc)`: halt until the TSC reaches `until_tsc` (or any interrupt;
+    /// may return early). Returns 0, or 1 if this machine has no TSC-deadline timer
+    /// (x2APIC and CPUID.1:ECX[24] are needed): the caller must wait another way.
+    pub const SLEEP: u64 = 6;
 }
 
 /// Kinds of deliberate ring-0 fault (`fault=` on the command line).

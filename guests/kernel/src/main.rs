@@ -92,6 +92,8 @@ static USER_STACKS: BspWritten<u64> = BspWritten(UnsafeCell::new(0));
 /// The BSP's APIC ID: APs interrupt it when they check in.
 static BSP_APIC_ID: BspWritten<u32> = BspWritten(UnsafeCell::new(0));
 static APS_READY: AtomicU32 = AtomicU32::new(0);
+/// x2APIC with a TSC-deadline timer: `call::SLEEP` can arm it.
+static TSC_DEADLINE: AtomicBool = AtomicBool::new(false);
 static SERIAL_LOCK: AtomicBool = AtomicBool::new(false);
 
 // ---------------------------------------------------------------------------------------
@@ -139,6 +141,7 @@ extern "C" fn bsp_main(start_info: u32) -> ! {
     // With a TSC-deadline timer the BSP can sleep while the APs start (they may share
     // host cores with it) and still time out.
     let tsc_deadline = x2apic && leaf1[2] & (1 << 24) != 0;
+    TSC_DEADLINE.store(tsc_deadline, Ordering::Relaxed);
     start_aps(cpus, tsc_khz, tsc_deadline);
     enter_user(0, header.entry)
 }
@@ -189,6 +192,18 @@ extern "C" fn kumo_trap(number: u64, a: u64, b: u64, _c: u64) -> u64 {
             0
         }
         call::FAULT => deliberate_fault(a),
+        call::SLEEP => {
+            if !TSC_DEADLINE.load(Ordering::Relaxed) {
+                return 1;
+            }
+            wrmsr(0x832, LVT_TSC_DEADLINE);
+            wrmsr(MSR_TSC_DEADLINE, a);
+            // SAFETY: the timer (and any IPI) lands on the wake vector, whose handler
+            // only acknowledges; `sti; hlt` leaves no window to miss it.
+            unsafe { asm!("sti", "hlt", "cli", options(nomem, nostack)) };
+            wrmsr(MSR_TSC_DEADLINE, 0);
+            0
+        }
         _ => u64::MAX,
     }
 }

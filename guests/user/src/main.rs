@@ -116,6 +116,9 @@ fn master(info: &BootInfo) -> ! {
     for &spec in &plan.specs[..plan.count] {
         all_verified &= run_benchmark(info, spec);
     }
+    if let Some(millis) = plan.idle {
+        idle(info, millis);
+    }
     if let Some(millis) = plan.switch_probe {
         // SAFETY: the workers read JOB only after FORK.
         unsafe { *JOB.0.get() = Some(Job::SwitchProbe(millis)) };
@@ -140,6 +143,18 @@ fn master(info: &BootInfo) -> ! {
     } else {
         STATUS_UNVERIFIED
     })
+}
+
+/// `idle=MS`: every CPU halted for MS milliseconds (the workers already are, in the
+/// fork barrier); a domain that is there but asks for no CPU.
+fn idle(info: &BootInfo, millis: u64) {
+    let until = sys::rdtsc() + millis * info.tsc_khz;
+    while sys::rdtsc() < until {
+        if !sys::sleep_until(until) {
+            // No TSC-deadline timer: nothing can wake us on time, so spin.
+            core::hint::spin_loop();
+        }
+    }
 }
 
 fn end(status: u32) -> ! {
@@ -223,6 +238,7 @@ struct Plan {
     fault: Option<u64>,
     irq: Option<IrqMode>,
     switch_probe: Option<u64>,
+    idle: Option<u64>,
 }
 
 /// `irq=check` or `irq=bench:ROUNDS:CPU`.
@@ -279,12 +295,19 @@ fn parse_command_line(cmdline: &str) -> Result<Plan, ()> {
         fault: None,
         irq: None,
         switch_probe: None,
+        idle: None,
     };
     let mut npb_items = None;
     let mut ok = true;
     for word in cmdline.split_ascii_whitespace() {
         if let Some(items) = word.strip_prefix("npb=") {
             npb_items = Some(items);
+        } else if let Some(millis) = word.strip_prefix("idle=") {
+            plan.idle = millis.parse().ok().filter(|&ms| ms <= 3_600_000);
+            if plan.idle.is_none() {
+                error("bad-idle", millis);
+                ok = false;
+            }
         } else if let Some(probe) = word.strip_prefix("probe=") {
             plan.switch_probe = probe
                 .strip_prefix("switch:")
@@ -314,7 +337,7 @@ fn parse_command_line(cmdline: &str) -> Result<Plan, ()> {
         }
     }
     match npb_items {
-        None if plan.irq.is_some() || plan.switch_probe.is_some() => {}
+        None if plan.irq.is_some() || plan.switch_probe.is_some() || plan.idle.is_some() => {}
         None => {
             for spec in Spec::defaults() {
                 plan.specs[plan.count] = spec;

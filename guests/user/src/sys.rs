@@ -60,6 +60,13 @@ pub fn fault(kind: u64) {
     unsafe { trap(call::FAULT, kind, 0) };
 }
 
+/// Halts until the TSC reaches `until` (or an interrupt); false if the machine has no
+/// TSC-deadline timer.
+pub fn sleep_until(until: u64) -> bool {
+    // SAFETY: no pointers involved.
+    unsafe { trap(call::SLEEP, until, 0) == 0 }
+}
+
 pub fn rdtsc() -> u64 {
     // SAFETY: RDTSC is allowed in ring 3 (CR4.TSD clear) and has no side effects.
     unsafe { core::arch::x86_64::_rdtsc() }
