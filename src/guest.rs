@@ -85,6 +85,27 @@ pub fn choose_memory_mib(
     }
 }
 
+/// How long a guest (or native) thread waiting at a barrier spins before it sleeps.
+/// With a host CPU for every thread, spinning is free and waking a halted vCPU is not
+/// (tens of microseconds, milliseconds at the tail, on nested hosts); when threads
+/// share CPUs, a long spin steals time from the thread being waited for.
+pub fn barrier_spin_us(threads: u32, host_cpus: usize) -> u64 {
+    if threads as usize <= host_cpus {
+        DEDICATED_SPIN_US
+    } else {
+        SHARED_SPIN_US
+    }
+}
+
+/// Spins (microseconds) for dedicated and for shared host CPUs.
+pub const DEDICATED_SPIN_US: u64 = 2000;
+pub const SHARED_SPIN_US: u64 = 50;
+
+/// Host CPUs this process may use.
+pub fn host_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -117,5 +138,12 @@ mod tests {
             .to_string();
         assert!(err.contains(&format!("at least {need} MiB")), "{err}");
         assert!(choose_memory_mib(None, &specs, 2).unwrap() >= need);
+    }
+
+    #[test]
+    fn barrier_spins_long_only_with_a_cpu_per_thread() {
+        assert_eq!(barrier_spin_us(2, 2), DEDICATED_SPIN_US);
+        assert_eq!(barrier_spin_us(3, 2), SHARED_SPIN_US);
+        assert_eq!(barrier_spin_us(1, 1), DEDICATED_SPIN_US);
     }
 }

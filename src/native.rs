@@ -29,7 +29,12 @@ pub fn run_native(args: &NativeArgs) -> Result<u8> {
 /// Runs one benchmark on `threads` host threads: the guest's kernel code, timed over
 /// the same region, printed the same way.
 pub fn run_one(spec: Spec, threads: u32) -> BenchResult {
-    let outcome = npb::host::run(spec, threads as usize);
+    let spin = guest::barrier_spin_us(threads, guest::host_cpus());
+    let outcome = npb::host::run_with_spin(
+        spec,
+        threads as usize,
+        std::time::Duration::from_micros(spin),
+    );
     BenchResult {
         benchmark: spec.kernel.name().to_string(),
         class: spec.class.letter().to_string(),

@@ -42,10 +42,11 @@ pub fn run_guest(
 ) -> Result<Verdict> {
     let memory_mib = guest::choose_memory_mib(memory, specs, vcpus)?;
     let names: Vec<String> = specs.iter().map(ToString::to_string).collect();
+    let spin = guest::barrier_spin_us(vcpus, guest::host_cpus());
     let config = embedded_config(
         vcpus,
         memory_mib,
-        format!("npb={}", names.join(",")),
+        format!("npb={} spin_us={spin}", names.join(",")),
         kvm_device,
     );
     let (run, ()) = boot_embedded(config, epoch, |_| ())?;

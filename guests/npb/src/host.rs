@@ -12,22 +12,28 @@ use std::time::{Duration, Instant};
 use crate::team::{Arena, Runtime, Team};
 use crate::{Outcome, Spec, workload_heap_bytes};
 
-/// How long a waiting thread spins before sleeping (the guest runtime's value).
-const SPIN: Duration = Duration::from_micros(50);
-
 /// The arena's alignment: 2 MiB, as the guest's heap (lets THP back it where enabled).
 const ARENA_ALIGN: usize = 2 << 20;
 
-/// Runs `spec` on `threads` host threads and returns the master's outcome.
+/// The guest runtime's default barrier spin (when kumo does not pass `spin_us=`).
+pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
+
+/// Runs `spec` on `threads` host threads with the default barrier spin.
 pub fn run(spec: Spec, threads: usize) -> Outcome {
+    run_with_spin(spec, threads, DEFAULT_SPIN)
+}
+
+/// Runs `spec` on `threads` host threads and returns the master's outcome. A thread
+/// waiting at a barrier spins for `spin` before sleeping (give it the guest's value).
+pub fn run_with_spin(spec: Spec, threads: usize, spin: Duration) -> Outcome {
     let threads = threads.max(1);
     let bytes = workload_heap_bytes(spec, threads as u32) as usize;
     let memory = ArenaMemory::new(bytes);
-    run_in(spec, threads, &memory)
+    run_in(spec, threads, spin, &memory)
 }
 
-fn run_in(spec: Spec, threads: usize, memory: &ArenaMemory) -> Outcome {
-    let runtime = HostRuntime::new(threads);
+fn run_in(spec: Spec, threads: usize, spin: Duration, memory: &ArenaMemory) -> Outcome {
+    let runtime = HostRuntime::new(threads, spin);
     std::thread::scope(|scope| {
         let workers: std::vec::Vec<_> = (1..threads)
             .map(|rank| {
@@ -88,6 +94,7 @@ impl Drop for ArenaMemory {
 /// Barrier and clock for host threads.
 struct HostRuntime {
     threads: u32,
+    spin: Duration,
     arrived: AtomicU32,
     generation: AtomicU32,
     sleep: Mutex<()>,
@@ -96,9 +103,10 @@ struct HostRuntime {
 }
 
 impl HostRuntime {
-    fn new(threads: usize) -> HostRuntime {
+    fn new(threads: usize, spin: Duration) -> HostRuntime {
         HostRuntime {
             threads: threads as u32,
+            spin,
             arrived: AtomicU32::new(0),
             generation: AtomicU32::new(0),
             sleep: Mutex::new(()),
@@ -122,7 +130,7 @@ impl Runtime for HostRuntime {
         }
         let start = Instant::now();
         while self.generation.load(Ordering::Acquire) == generation {
-            if start.elapsed() < SPIN {
+            if start.elapsed() < self.spin {
                 core::hint::spin_loop();
                 continue;
             }
@@ -161,7 +169,7 @@ mod tests {
 
     #[test]
     fn barrier_orders_writes_across_many_generations() {
-        let runtime = HostRuntime::new(3);
+        let runtime = HostRuntime::new(3, DEFAULT_SPIN);
         let counter = AtomicU32::new(0);
         std::thread::scope(|scope| {
             for _ in 0..3 {

@@ -12,6 +12,7 @@ use core::str::FromStr;
 pub mod ep;
 #[cfg(any(test, feature = "host"))]
 pub mod host;
+pub mod mg;
 pub mod random;
 pub mod team;
 
@@ -22,15 +23,17 @@ use team::{Arena, Team};
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
 pub enum Kernel {
     Ep,
+    Mg,
 }
 
 impl Kernel {
-    pub const ALL: &'static [Kernel] = &[Kernel::Ep];
+    pub const ALL: &'static [Kernel] = &[Kernel::Ep, Kernel::Mg];
 
     /// Lower-case name as written on command lines and in results: `ep`.
     pub fn name(self) -> &'static str {
         match self {
             Kernel::Ep => "ep",
+            Kernel::Mg => "mg",
         }
     }
 
@@ -232,6 +235,7 @@ pub fn workload_heap_bytes(spec: Spec, threads: u32) -> u64 {
     let threads = threads.max(1) as usize;
     (match spec.kernel {
         Kernel::Ep => ep::heap_bytes(threads),
+        Kernel::Mg => mg::heap_bytes(spec.class, threads),
     }) as u64
 }
 
@@ -241,6 +245,7 @@ pub fn workload_heap_bytes(spec: Spec, threads: u32) -> u64 {
 pub fn run(spec: Spec, team: &Team, arena: &mut Arena) -> Outcome {
     match spec.kernel {
         Kernel::Ep => ep::run(spec.class, team, arena),
+        Kernel::Mg => mg::run(spec.class, team, arena),
     }
 }
 
@@ -337,7 +342,7 @@ mod tests {
         let err = "xx.S".parse::<Spec>().unwrap_err();
         assert_eq!(
             err.to_string(),
-            "unknown benchmark 'xx' in 'xx.S' (known: ep)"
+            "unknown benchmark 'xx' in 'xx.S' (known: ep, mg)"
         );
         assert_eq!((err.kind(), err.item()), ("unknown-benchmark", "xx.S"));
 
