@@ -130,8 +130,14 @@ pub struct Server {
 }
 
 impl Server {
-    /// Binds `path` (mode 0600) and serves `target` from a thread (`ctl`).
-    pub fn start(path: &Path, target: Arc<dyn Controlled>) -> Result<Server> {
+    /// Binds `path` (mode 0600) and serves `target` from a thread (`ctl`), which
+    /// first runs `setup` (e.g. to give itself a real-time rank so it is answered
+    /// while vCPUs keep every host CPU busy).
+    pub fn start(
+        path: &Path,
+        target: Arc<dyn Controlled>,
+        setup: impl FnOnce() + Send + 'static,
+    ) -> Result<Server> {
         if path.exists() {
             // A live kumo answers; a stale file from a crashed one can go.
             if UnixStream::connect(path).is_ok() {
@@ -149,7 +155,10 @@ impl Server {
         let thread_stop = stop.clone();
         let thread = std::thread::Builder::new()
             .name("ctl".into())
-            .spawn(move || serve(&listener, target.as_ref(), &thread_stop))?;
+            .spawn(move || {
+                setup();
+                serve(&listener, target.as_ref(), &thread_stop)
+            })?;
         Ok(Server {
             path: path.to_path_buf(),
             stop,
@@ -289,13 +298,17 @@ pub fn run_ctl(args: &CtlArgs) -> Result<u8> {
                 "{:<12} {:>6} {:>4} {:>5} {:>9}",
                 "domain", "weight", "cap", "vCPUs", "cpu (s)"
             );
+            let number = |v: &Value| {
+                v.as_u64()
+                    .map_or_else(|| "?".to_string(), |n| n.to_string())
+            };
             for d in reply["domains"].as_array().into_iter().flatten() {
                 println!(
                     "{:<12} {:>6} {:>4} {:>5} {:>9.3}",
                     d["domain"].as_str().unwrap_or("?"),
-                    d["weight"],
-                    d["cap"],
-                    d["vcpus"],
+                    number(&d["weight"]),
+                    number(&d["cap"]),
+                    number(&d["vcpus"]),
                     d["cpu_s"].as_f64().unwrap_or(f64::NAN)
                 );
             }
@@ -438,7 +451,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("ctl.sock");
         let f = fake();
-        let server = Server::start(&path, f.clone()).unwrap();
+        let server = Server::start(&path, f.clone(), || ()).unwrap();
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
         let reply = request(&path, &json!({"cmd": "domain-list"})).unwrap();
@@ -446,7 +459,7 @@ mod tests {
         let err = request(&path, &json!({"cmd": "domain-set", "name": "b"})).unwrap_err();
         assert_eq!(err.to_string(), "no domain 'b'");
         // A second server on a live socket is refused; a dropped one cleans up.
-        assert!(Server::start(&path, f.clone()).is_err());
+        assert!(Server::start(&path, f.clone(), || ()).is_err());
         drop(server);
         assert!(!path.exists());
         let _ = std::fs::remove_dir_all(&dir);

@@ -12,4 +12,5 @@ pub mod overhead;
 pub mod protocol;
 pub mod report;
 pub mod run;
+pub mod sched_params;
 pub mod switch;

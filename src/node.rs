@@ -10,10 +10,15 @@ use hv::Vm;
 use hv::placement::VcpuControl;
 use serde_json::{Value, json};
 
+use hv::credit::{self, CreditDriver, DomainSpec};
+use hv::placement::{self, Policy};
+
 use crate::cli::NodeArgs;
+use crate::ctl::{self, Controlled, DomainInfo, SchedParams, SchedUpdate};
 use crate::node_config::{self, Domain, Node};
 use crate::report::{self, Verdict};
 use crate::run::{self, GuestRun};
+use crate::sched_params;
 
 /// How long to wait for a domain's vCPU threads to start before placing them.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
@@ -31,12 +36,11 @@ pub struct DomainReport {
 
 pub fn run_node(args: &NodeArgs, epoch: Instant) -> Result<u8> {
     let node = node_config::load(&args.config)?;
-    if node.scheduler.kind.as_deref() != Some("host") {
-        anyhow::bail!(
-            "the credit scheduler is not wired into nodes yet: set [scheduler] kind = \"host\""
-        );
-    }
-    let (reports, dom0_cpu, wall) = run(&node, &args.kvm_device, epoch)?;
+    let socket = args
+        .ctl_socket
+        .clone()
+        .unwrap_or_else(ctl::default_socket_path);
+    let (reports, dom0_cpu, wall) = run(&node, &args.kvm_device, Some(&socket), epoch)?;
     print(&node, &reports, dom0_cpu, wall, args.json)?;
     let code = reports
         .iter()
@@ -46,10 +50,12 @@ pub fn run_node(args: &NodeArgs, epoch: Instant) -> Result<u8> {
     Ok(code)
 }
 
-/// Creates every domain's VM, runs them together on the node's CPUs and waits for all.
+/// Creates every domain's VM, runs them together on the node's CPUs under the node's
+/// scheduler (serving the control socket at `socket`, if given) and waits for all.
 pub fn run(
     node: &Node,
     kvm_device: &std::path::Path,
+    socket: Option<&std::path::Path>,
     epoch: Instant,
 ) -> Result<(Vec<DomainReport>, Duration, Duration)> {
     let process_cpu_before = process_cpu_time();
@@ -65,6 +71,43 @@ pub fn run(
         vms.push(vm);
     }
     let controls: Vec<Arc<VcpuControl>> = vms.iter().map(Vm::control).collect();
+    let credit = node.uses_credit();
+    let driver = if credit {
+        let specs = node
+            .domains
+            .iter()
+            .zip(&controls)
+            .map(|(d, control)| DomainSpec {
+                name: d.name.clone(),
+                weight: d.weight as u16,
+                cap: d.cap,
+                control: control.clone(),
+            })
+            .collect();
+        Some(Arc::new(CreditDriver::start(
+            node.params,
+            node.pcpus.clone(),
+            specs,
+        )?))
+    } else {
+        None
+    };
+    let control = Arc::new(NodeControl {
+        driver: driver.clone(),
+        domains: node.domains.iter().cloned().zip(controls.clone()).collect(),
+    });
+    let _server = match socket {
+        Some(path) => {
+            let server = ctl::Server::start(path, control.clone(), move || {
+                if credit {
+                    let _ = placement::set_policy(0, Policy::Fifo(credit::RANK_DRIVER));
+                }
+            })?;
+            eprintln!("kumo: control socket {}", server.path().display());
+            Some(server)
+        }
+        None => None,
+    };
     let start = Instant::now();
     let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
     let mut contended = vec![Duration::ZERO; node.domains.len()];
@@ -74,14 +117,21 @@ pub fn run(
             .map(|vm| {
                 let done = done_tx.clone();
                 scope.spawn(move || {
+                    // The VM's coordinator: it must get a CPU to stop the VM even
+                    // when real-time vCPUs fill every node CPU.
+                    if credit {
+                        let _ = placement::set_policy(0, Policy::Fifo(credit::RANK_DRIVER));
+                    }
                     let run = run::run_collecting(vm, epoch);
                     let _ = done.send(());
                     run
                 })
             })
             .collect();
-        // Confine every vCPU thread to the node's CPUs as soon as it exists.
-        for (control, domain) in controls.iter().zip(&node.domains) {
+        // Without kumo's scheduler, confine every vCPU thread to the node's CPUs as
+        // soon as it exists and let the host share them (the driver places them
+        // itself otherwise).
+        for (control, domain) in controls.iter().zip(&node.domains).filter(|_| !credit) {
             if !control.wait_started(START_TIMEOUT) {
                 tracing::warn!("domain '{}': vCPU threads did not all start", domain.name);
             }
@@ -108,15 +158,29 @@ pub fn run(
             .collect()
     });
     let wall = start.elapsed();
+    // Weights and caps may have changed at run time: report the final ones.
+    let final_views = driver.as_ref().map(|d| d.domains());
+    drop(_server);
+    drop(driver);
     let mut reports = Vec::new();
     let mut vcpu_cpu_total = Duration::ZERO;
-    for ((run, domain), cpu_contended) in runs.into_iter().zip(&node.domains).zip(contended) {
+    for (i, ((run, domain), cpu_contended)) in runs
+        .into_iter()
+        .zip(&node.domains)
+        .zip(contended)
+        .enumerate()
+    {
         let run = run.with_context(|| format!("domain '{}'", domain.name))?;
+        let mut domain = domain.clone();
+        if let Some(view) = final_views.as_ref().and_then(|v| v.get(i)) {
+            domain.weight = u32::from(view.weight);
+            domain.cap = view.cap;
+        }
         let cpu: Duration = run.outcome.vcpu_cpu_time.iter().sum();
         vcpu_cpu_total += cpu;
         reports.push(DomainReport {
-            domain: domain.clone(),
-            verdict: run.judge(&domain.specs, domain.vcpus),
+            domain,
+            verdict: run.judge(&node.domains[i].specs, node.domains[i].vcpus),
             cpu,
             cpu_contended,
         });
@@ -170,7 +234,8 @@ pub fn json_lines(
     lines.push(json!({
         "node": true,
         "pcpus": node.pcpus,
-        "scheduler": node.scheduler.kind.as_deref().unwrap_or("credit"),
+        "scheduler": if node.uses_credit() { "credit" } else { "host" },
+        "sched": node.uses_credit().then(|| json!(sched_params::view(node.params))),
         "dom0_cpu_s": dom0.as_secs_f64(),
         "wall_s": wall.as_secs_f64(),
     }));
@@ -241,4 +306,98 @@ fn print(
         dom0.as_secs_f64()
     );
     Ok(())
+}
+
+/// What the control socket sees of a node.
+struct NodeControl {
+    driver: Option<Arc<CreditDriver>>,
+    domains: Vec<(Domain, Arc<VcpuControl>)>,
+}
+
+impl Controlled for NodeControl {
+    fn sched_params(&self) -> SchedParams {
+        match &self.driver {
+            Some(d) => sched_params::view(d.params()),
+            None => SchedParams {
+                tslice_ms: 0.0,
+                tick_ms: 0.0,
+                ratelimit_us: 0,
+            },
+        }
+    }
+
+    fn set_sched_params(&self, update: SchedUpdate) -> Result<SchedParams, String> {
+        let driver = self
+            .driver
+            .as_ref()
+            .ok_or("this node has no credit scheduler (scheduler kind = host)")?;
+        let params = sched_params::apply(driver.params(), update).map_err(|e| e.to_string())?;
+        driver.set_params(params).map_err(|e| e.to_string())?;
+        Ok(sched_params::view(params))
+    }
+
+    fn domains(&self) -> Vec<DomainInfo> {
+        match &self.driver {
+            Some(d) => d
+                .domains()
+                .into_iter()
+                .map(|v| DomainInfo {
+                    domain: v.name,
+                    weight: u32::from(v.weight),
+                    cap: v.cap,
+                    vcpus: v.vcpus,
+                    cpu_s: v.cpu.as_secs_f64(),
+                })
+                .collect(),
+            None => self
+                .domains
+                .iter()
+                .map(|(d, control)| DomainInfo {
+                    domain: d.name.clone(),
+                    weight: d.weight,
+                    cap: d.cap,
+                    vcpus: d.vcpus,
+                    cpu_s: (0..control.vcpus())
+                        .filter_map(|v| control.cpu_time(v))
+                        .sum::<Duration>()
+                        .as_secs_f64(),
+                })
+                .collect(),
+        }
+    }
+
+    fn set_domain(
+        &self,
+        name: &str,
+        weight: Option<u32>,
+        cap: Option<u32>,
+    ) -> Result<DomainInfo, String> {
+        let driver = self
+            .driver
+            .as_ref()
+            .ok_or("this node has no credit scheduler (scheduler kind = host)")?;
+        let weight = match weight {
+            Some(w)
+                if !(node_config::WEIGHT_RANGE.0..=node_config::WEIGHT_RANGE.1).contains(&w) =>
+            {
+                return Err(format!(
+                    "weight {w} is outside {}..={}",
+                    node_config::WEIGHT_RANGE.0,
+                    node_config::WEIGHT_RANGE.1
+                ));
+            }
+            Some(w) => Some(w as u16),
+            None => None,
+        };
+        let v = driver
+            .set_domain(name, weight, cap)
+            .map_err(|e| e.to_string())?;
+        Ok(DomainInfo {
+            domain: v.name,
+            weight: u32::from(v.weight),
+            cap: v.cap,
+            vcpus: v.vcpus,
+            cpu_s: v.cpu.as_secs_f64(),
+        })
+    }
 }

@@ -10,7 +10,9 @@ use anyhow::{Context, Result, bail};
 use npb::Spec;
 use serde::Deserialize;
 
+use crate::ctl::SchedUpdate;
 use crate::guest;
+use crate::sched_params;
 
 /// Xen's defaults and `xl sched-credit` ranges.
 pub const DEFAULT_WEIGHT: u32 = 256;
@@ -76,13 +78,15 @@ pub struct Domain {
     pub cap: u32,
     pub specs: Vec<Spec>,
     pub idle_ms: Option<u64>,
+    /// The guest's barrier spin (short: domains share the node's CPUs).
+    pub spin_us: u64,
 }
 
 impl Domain {
     /// The embedded guest's command line for this domain.
     pub fn cmdline(&self) -> String {
         let names: Vec<String> = self.specs.iter().map(ToString::to_string).collect();
-        let mut line = format!("npb={}", names.join(","));
+        let mut line = format!("npb={} spin_us={}", names.join(","), self.spin_us);
         if let Some(ms) = self.idle_ms {
             line.push_str(&format!(" idle={ms}"));
         }
@@ -95,7 +99,16 @@ impl Domain {
 pub struct Node {
     pub pcpus: Vec<usize>,
     pub scheduler: SchedulerFile,
+    /// The credit scheduler's parameters (Xen's defaults for what the file omits).
+    pub params: sched::Params,
     pub domains: Vec<Domain>,
+}
+
+impl Node {
+    /// Whether kumo's credit scheduler runs the node (else the host shares the CPUs).
+    pub fn uses_credit(&self) -> bool {
+        self.scheduler.kind.as_deref() != Some("host")
+    }
 }
 
 pub fn load(path: &Path) -> Result<Node> {
@@ -133,6 +146,12 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
     {
         bail!("scheduler.kind '{kind}' is unknown (known: credit, host)");
     }
+    let params = sched_params::from_update(SchedUpdate {
+        tslice_ms: file.scheduler.tslice_ms,
+        tick_ms: file.scheduler.tick_ms,
+        ratelimit_us: file.scheduler.ratelimit_us,
+    })
+    .context("[scheduler]")?;
     if file.domains.is_empty() {
         bail!("no [[domain]]: a node needs at least one");
     }
@@ -186,11 +205,19 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
             cap: d.cap,
             specs,
             idle_ms: d.idle_ms,
+            spin_us: 0,
         });
+    }
+    // Domains share the node's CPUs unless every vCPU has one of its own.
+    let total_vcpus: u32 = domains.iter().map(|d| d.vcpus).sum();
+    let spin = guest::barrier_spin_us(total_vcpus, file.pcpus.len());
+    for d in &mut domains {
+        d.spin_us = spin;
     }
     Ok(Node {
         pcpus: file.pcpus,
         scheduler: file.scheduler,
+        params,
         domains,
     })
 }
@@ -261,6 +288,6 @@ npb = "ep.S"
         let nothing = "pcpus = [0]\n[[domain]]\nname = \"a\"\n";
         assert!(error(nothing).contains("has no workload"));
         let idle = node("pcpus = [0]\n[[domain]]\nname = \"a\"\nidle_ms = 500\n").unwrap();
-        assert_eq!(idle.domains[0].cmdline(), "npb= idle=500");
+        assert_eq!(idle.domains[0].cmdline(), "npb= spin_us=2000 idle=500");
     }
 }

@@ -18,6 +18,7 @@
 pub mod acpi;
 pub mod boot;
 pub mod cpuid;
+pub mod credit;
 pub mod elf;
 mod fault;
 pub mod irq;
@@ -120,6 +121,8 @@ pub enum Error {
     GuestMemory(String),
     #[error("vCPU {index} thread failed: {why}")]
     VcpuThread { index: u32, why: String },
+    #[error("credit scheduler: {0}")]
+    Scheduler(String),
 }
 
 /// The most vCPUs one VM may have on this host (KVM_CAP_MAX_VCPUS, else

@@ -151,6 +151,38 @@ impl VcpuControl {
         Some(Duration::from_nanos(ns))
     }
 
+    /// Whether vCPU `vcpu`'s thread is runnable (`Some(true)`: running or waiting for a
+    /// host CPU) or asleep (`Some(false)`: halted in KVM_RUN, waiting for SIPI, or parked
+    /// at its gate); `None` if it has not started or has ended.
+    pub fn runnable(&self, vcpu: usize) -> Option<bool> {
+        let slot = self.slots.get(vcpu)?;
+        if slot.final_cpu_ns.load(Ordering::Acquire) != u64::MAX {
+            return None;
+        }
+        let tid = slot.tid.load(Ordering::Acquire);
+        if tid <= 0 {
+            return None;
+        }
+        let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?;
+        // "tid (comm) S ...": the state follows the last ')' (comm may hold any byte).
+        let state = stat.rsplit_once(')')?.1.trim_start().chars().next()?;
+        Some(state == 'R')
+    }
+
+    /// Whether vCPU `vcpu`'s thread has ended (the VM stopped).
+    pub fn has_ended(&self, vcpu: usize) -> bool {
+        self.slots
+            .get(vcpu)
+            .is_some_and(|s| s.final_cpu_ns.load(Ordering::Acquire) != u64::MAX)
+    }
+
+    /// Whether vCPU `vcpu` is held at its gate (parked).
+    pub fn is_parked(&self, vcpu: usize) -> bool {
+        self.slots
+            .get(vcpu)
+            .is_some_and(|s| !s.gate.open.load(Ordering::Acquire))
+    }
+
     /// Called by vCPU thread `vcpu` as it ends: keeps its CPU time after it is gone.
     pub(crate) fn record_final_cpu_time(&self, vcpu: usize) {
         self.slots[vcpu]
@@ -234,9 +266,14 @@ pub fn confine_thread(tid: libc::pid_t, cpus: &[usize]) -> Result<(), Error> {
 
 /// Sets thread `tid`'s (0 = the caller's) scheduling class.
 pub fn set_policy(tid: libc::pid_t, policy: Policy) -> Result<(), Error> {
+    // Threads the ranked thread spawns (a VM's vCPU threads, spawned by its
+    // coordinator) must not inherit the rank: SCHED_RESET_ON_FORK.
     let (class, priority) = match policy {
         Policy::Normal => (libc::SCHED_OTHER, 0),
-        Policy::Fifo(p) => (libc::SCHED_FIFO, i32::from(p.clamp(1, 99))),
+        Policy::Fifo(p) => (
+            libc::SCHED_FIFO | libc::SCHED_RESET_ON_FORK,
+            i32::from(p.clamp(1, 99)),
+        ),
     };
     let param = libc::sched_param {
         sched_priority: priority,

@@ -1,0 +1,223 @@
+//! The credit scheduler on real VMs: two single-vCPU domains on one host CPU, and
+//! what weights, caps, a halted domain and `kumo ctl` do to the CPU time each gets.
+//! Shares are ratios of CPU time measured in one run (tolerances from issue 4), not
+//! speeds. The scenarios share host CPU 1, so they run one at a time.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+static ONE_NODE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn node_file(name: &str, text: &str) -> PathBuf {
+    let path = scratch(&format!("{name}.toml"));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Runs a node to completion; returns its domain lines (by name order in the file).
+fn run_node(name: &str, text: &str) -> Vec<Value> {
+    let path = node_file(name, text);
+    let out = kumo(&["node", "--config", path.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{}", text_of(&out.stderr));
+    let lines = json_lines(&out);
+    let node = lines.last().unwrap();
+    assert_eq!(node["scheduler"], "credit", "{node}");
+    lines[..lines.len() - 1].to_vec()
+}
+
+fn text_of(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn f(v: &Value, key: &str) -> f64 {
+    v[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{key} missing in {v}"))
+}
+
+#[test]
+fn weights_256_and_512_share_one_cpu_one_to_two() {
+    if !kvm_available() {
+        return;
+    }
+    let _one = ONE_NODE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let text = std::fs::read_to_string("examples/weights.toml").unwrap();
+    let domains = run_node("weights", &text);
+    assert_eq!(domains.len(), 2);
+    for d in &domains {
+        assert_eq!(d["ok"], true, "{d}");
+        assert_eq!(d["results"][0]["verified"], true, "{d}");
+    }
+    let (light, heavy) = (&domains[0], &domains[1]);
+    assert_eq!(
+        (light["weight"].as_u64(), heavy["weight"].as_u64()),
+        (Some(256), Some(512))
+    );
+    let ratio = f(heavy, "cpu_contended_s") / f(light, "cpu_contended_s");
+    assert!(
+        (1.8..=2.2).contains(&ratio),
+        "heavy/light CPU {ratio:.3}: {domains:?}"
+    );
+}
+
+#[test]
+fn a_domain_capped_at_50_gets_at_most_55_percent() {
+    if !kvm_available() {
+        return;
+    }
+    let _one = ONE_NODE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let domains = run_node(
+        "cap",
+        "pcpus = [1]\n[[domain]]\nname = \"capped\"\ncap = 50\nnpb = \"ep.W\"\n",
+    );
+    let d = &domains[0];
+    assert_eq!(d["results"][0]["verified"], true, "{d}");
+    let share = f(d, "cpu_s") / f(&d["results"][0], "time_s");
+    assert!(share <= 0.55, "capped domain used {share:.3} of a CPU: {d}");
+    assert!(share >= 0.3, "capped domain barely ran ({share:.3}): {d}");
+}
+
+#[test]
+fn a_halted_domain_leaves_its_cpu_to_the_busy_one() {
+    if !kvm_available() {
+        return;
+    }
+    let _one = ONE_NODE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let domains = run_node(
+        "idle",
+        "pcpus = [1]\n[[domain]]\nname = \"busy\"\nnpb = \"ep.W\"\n\
+         [[domain]]\nname = \"idle\"\nidle_ms = 2000\n",
+    );
+    let (busy, idle) = (&domains[0], &domains[1]);
+    let share = f(busy, "cpu_s") / f(&busy["results"][0], "time_s");
+    assert!(
+        share >= 0.9,
+        "busy domain got {share:.3} of the CPU beside an idle one: {domains:?}"
+    );
+    assert!(f(idle, "cpu_s") < 0.1, "the idle domain used CPU: {idle}");
+}
+
+struct Node {
+    child: Child,
+    socket: PathBuf,
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn ctl(socket: &Path, args: &[&str]) -> Value {
+    let mut all = vec!["ctl", "--socket", socket.to_str().unwrap(), "--json"];
+    all.extend_from_slice(args);
+    let out = kumo(&all);
+    assert!(
+        out.status.success(),
+        "kumo {all:?}: {}",
+        text_of(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// CPU seconds per domain, by name.
+fn cpu(socket: &Path) -> (f64, f64) {
+    let list = ctl(socket, &["domain", "list"]);
+    let get = |name: &str| {
+        list["domains"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["domain"] == name)
+            .map(|d| f(d, "cpu_s"))
+            .unwrap()
+    };
+    (get("a"), get("b"))
+}
+
+#[test]
+fn kumo_ctl_changes_weights_and_parameters_of_a_running_node() {
+    if !kvm_available() {
+        return;
+    }
+    let _one = ONE_NODE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let config = node_file(
+        "ctl",
+        "pcpus = [1]\n[[domain]]\nname = \"a\"\nnpb = \"ep.W,ep.W\"\n\
+         [[domain]]\nname = \"b\"\nnpb = \"ep.W,ep.W\"\n",
+    );
+    let socket = scratch("ctl.sock");
+    let _ = std::fs::remove_file(&socket);
+    let child = Command::new(kumo_bin())
+        .args(["node", "--config", config.to_str().unwrap(), "--ctl-socket"])
+        .arg(&socket)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let node = Node { child, socket };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !node.socket.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the node never opened its socket"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&node.socket).unwrap().permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o600);
+
+    std::thread::sleep(Duration::from_millis(300));
+    let (a0, b0) = cpu(&node.socket);
+    std::thread::sleep(Duration::from_millis(900));
+    let (a1, b1) = cpu(&node.socket);
+    let before = (b1 - b0) / (a1 - a0);
+    assert!(
+        (0.7..=1.4).contains(&before),
+        "equal weights gave b/a {before:.3}"
+    );
+
+    let set = ctl(&node.socket, &["domain", "set", "b", "--weight", "768"]);
+    assert_eq!(set["domain"]["weight"], 768);
+    std::thread::sleep(Duration::from_millis(200));
+    let (a2, b2) = cpu(&node.socket);
+    std::thread::sleep(Duration::from_millis(1200));
+    let (a3, b3) = cpu(&node.socket);
+    let after = (b3 - b2) / (a3 - a2);
+    assert!(
+        after >= 2.2,
+        "weights 768:256 gave b/a {after:.3} (before: {before:.3})"
+    );
+
+    let params = ctl(&node.socket, &["sched-credit", "--tslice-ms", "1"]);
+    assert_eq!(
+        (params["tslice_ms"].as_f64(), params["tick_ms"].as_f64()),
+        (Some(1.0), Some(1.0))
+    );
+    let shown = ctl(&node.socket, &["sched-credit"]);
+    assert_eq!(shown["ratelimit_us"], 0);
+    let bad = kumo(&[
+        "ctl",
+        "--socket",
+        node.socket.to_str().unwrap(),
+        "sched-credit",
+        "--tick-ms",
+        "5",
+    ]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        text_of(&bad.stderr).contains("tick"),
+        "{}",
+        text_of(&bad.stderr)
+    );
+}
