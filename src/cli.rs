@@ -226,6 +226,11 @@ pub struct VmArgs {
     #[arg(long, value_name = "PATH", requires = "kernel")]
     pub module: Vec<PathBuf>,
 
+    /// Schedule the vCPUs with kumo's credit scheduler on every host CPU, e.g.
+    /// `credit` (Xen's defaults) or `credit:tslice=1ms,tick=1ms,ratelimit=100us`.
+    #[arg(long, value_name = "SPEC")]
+    pub sched: Option<String>,
+
     /// Write the embedded guest ELF to PATH and exit (boot it elsewhere: QEMU, Xen).
     #[arg(long, value_name = "PATH", conflicts_with_all = ["kernel", "npb", "json"])]
     pub dump_guest: Option<PathBuf>,

@@ -92,20 +92,12 @@ pub fn run(
     } else {
         None
     };
-    let control = Arc::new(NodeControl {
-        driver: driver.clone(),
-        domains: node.domains.iter().cloned().zip(controls.clone()).collect(),
-    });
     let _server = match socket {
-        Some(path) => {
-            let server = ctl::Server::start(path, control.clone(), move || {
-                if credit {
-                    let _ = placement::set_policy(0, Policy::Fifo(credit::RANK_DRIVER));
-                }
-            })?;
-            eprintln!("kumo: control socket {}", server.path().display());
-            Some(server)
-        }
+        Some(path) => Some(serve_control(
+            driver.clone(),
+            node.domains.iter().cloned().zip(controls.clone()).collect(),
+            path,
+        )?),
         None => None,
     };
     let start = Instant::now();
@@ -189,6 +181,25 @@ pub fn run(
         .saturating_sub(process_cpu_before)
         .saturating_sub(vcpu_cpu_total);
     Ok((reports, dom0, wall))
+}
+
+/// Serves the control socket at `path` for a scheduler (or, without one, for domains
+/// the host schedules), and says where it is.
+pub fn serve_control(
+    driver: Option<Arc<CreditDriver>>,
+    domains: Vec<(Domain, Arc<VcpuControl>)>,
+    path: &std::path::Path,
+) -> Result<ctl::Server> {
+    let credit = driver.is_some();
+    let control = Arc::new(NodeControl { driver, domains });
+    let server = ctl::Server::start(path, control, move || {
+        // Answered even while real-time vCPUs keep every CPU busy.
+        if credit {
+            let _ = placement::set_policy(0, Policy::Fifo(credit::RANK_DRIVER));
+        }
+    })?;
+    eprintln!("kumo: control socket {}", server.path().display());
+    Ok(server)
 }
 
 /// User plus system CPU time of the whole process.

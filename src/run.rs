@@ -21,7 +21,15 @@ pub fn run_embedded(args: &VmArgs, epoch: Instant) -> Result<u8> {
         None => guest::default_specs(),
     };
     check_guest_vcpus(args.vcpus, &args.kvm_device)?;
-    let verdict = run_guest(&specs, args.vcpus, args.memory, &args.kvm_device, epoch)?;
+    let sched = parse_sched(args)?;
+    let verdict = run_guest_scheduled(
+        &specs,
+        args.vcpus,
+        args.memory,
+        &args.kvm_device,
+        epoch,
+        sched,
+    )?;
     report::print(&verdict, args.json)?;
     Ok(verdict.exit_code())
 }
@@ -40,6 +48,52 @@ pub fn run_guest(
     kvm_device: &Path,
     epoch: Instant,
 ) -> Result<Verdict> {
+    run_guest_scheduled(specs, vcpus, memory, kvm_device, epoch, None)
+}
+
+/// `--sched`, parsed.
+fn parse_sched(args: &VmArgs) -> Result<Option<sched::Params>> {
+    args.sched
+        .as_deref()
+        .map(crate::sched_params::parse_spec)
+        .transpose()
+}
+
+/// Starts the credit scheduler for one VM on every host CPU (the single-VM form of a
+/// node), with its control socket.
+fn start_credit(
+    vm: &Vm,
+    params: sched::Params,
+) -> Result<(crate::ctl::Server, Arc<hv::credit::CreditDriver>)> {
+    let driver = hv::credit::CreditDriver::start(
+        params,
+        (0..guest::host_cpus()).collect(),
+        vec![hv::credit::DomainSpec {
+            name: "guest".into(),
+            weight: crate::node_config::DEFAULT_WEIGHT as u16,
+            cap: 0,
+            control: vm.control(),
+        }],
+    )?;
+    let driver = Arc::new(driver);
+    let socket = crate::ctl::default_socket_path();
+    let server = crate::node::serve_control(Some(driver.clone()), Vec::new(), &socket)?;
+    // This thread is the VM's coordinator: it must get a CPU to stop the VM even when
+    // real-time vCPUs fill every host CPU.
+    hv::placement::set_policy(0, hv::placement::Policy::Fifo(hv::credit::RANK_DRIVER))?;
+    // The server goes first (it holds the scheduler too).
+    Ok((server, driver))
+}
+
+/// As [`run_guest`], under the credit scheduler when `sched` is given.
+pub fn run_guest_scheduled(
+    specs: &[Spec],
+    vcpus: u32,
+    memory: Option<u64>,
+    kvm_device: &Path,
+    epoch: Instant,
+    sched: Option<sched::Params>,
+) -> Result<Verdict> {
     let memory_mib = guest::choose_memory_mib(memory, specs, vcpus)?;
     let names: Vec<String> = specs.iter().map(ToString::to_string).collect();
     let spin = guest::barrier_spin_us(vcpus, guest::host_cpus());
@@ -49,7 +103,12 @@ pub fn run_guest(
         format!("npb={} spin_us={spin}", names.join(",")),
         kvm_device,
     );
-    let (run, ()) = boot_embedded(config, epoch, |_| ())?;
+    let (run, scheduler) = boot_embedded(config, epoch, |vm| {
+        sched.map(|params| start_credit(vm, params)).transpose()
+    })?;
+    if scheduler?.is_some() {
+        hv::placement::set_policy(0, hv::placement::Policy::Normal)?;
+    }
     Ok(run.judge(specs, vcpus))
 }
 

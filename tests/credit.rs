@@ -221,3 +221,36 @@ fn kumo_ctl_changes_weights_and_parameters_of_a_running_node() {
         text_of(&bad.stderr)
     );
 }
+
+#[test]
+fn the_single_vm_form_runs_under_the_credit_scheduler() {
+    if !kvm_available() {
+        return;
+    }
+    let _one = ONE_NODE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let out = kumo(&[
+        "--npb",
+        "ep.S",
+        "--vcpus",
+        "3",
+        "--sched",
+        "credit:tslice=1ms,tick=1ms",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", text_of(&out.stderr));
+    assert_eq!(json_lines(&out)[0]["verified"], true);
+    assert!(text_of(&out.stderr).contains("control socket"));
+    for (spec, why) in [
+        ("credit:tslice=0.01ms", "100 us to 1000 ms"),
+        ("credit:slice=1ms", "unknown parameter 'slice'"),
+        ("fifo", "only the credit scheduler"),
+    ] {
+        let out = kumo(&["--npb", "ep.S", "--sched", spec]);
+        assert_eq!(out.status.code(), Some(2), "{spec}");
+        assert!(
+            text_of(&out.stderr).contains(why),
+            "{spec}: {}",
+            text_of(&out.stderr)
+        );
+    }
+}
