@@ -109,6 +109,35 @@ pub enum BenchCommand {
     Overhead(OverheadArgs),
     /// Cost of switching a host CPU between two vCPUs, per scheduling mechanism.
     Switch(SwitchArgs),
+    /// Wake-up latency of a halted vCPU beside a busy one, per credit slice.
+    Wake(WakeArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct WakeArgs {
+    /// Credit slices to compare, in milliseconds, comma-separated.
+    #[arg(long, value_name = "LIST", default_value = "30,1")]
+    pub tslice_ms: String,
+
+    /// How long each setting measures, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 3000)]
+    pub millis: u64,
+
+    /// The sleeper's timer period, in microseconds.
+    #[arg(long, value_name = "US", default_value_t = 1000)]
+    pub period_us: u64,
+
+    /// The host CPU both domains share.
+    #[arg(long, value_name = "CPU", default_value_t = 1)]
+    pub pcpu: usize,
+
+    /// Print one JSON object per setting.
+    #[arg(long)]
+    pub json: bool,
+
+    /// The KVM device to open.
+    #[arg(long, value_name = "PATH", default_value = "/dev/kvm")]
+    pub kvm_device: PathBuf,
 }
 
 /// How a scheduler hands a host CPU from one vCPU to another (`hv::placement`).

@@ -14,3 +14,4 @@ pub mod report;
 pub mod run;
 pub mod sched_params;
 pub mod switch;
+pub mod wake;

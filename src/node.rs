@@ -32,6 +32,8 @@ pub struct DomainReport {
     /// The same, up to the moment the first domain finished: the window in which every
     /// domain competed, where shares show what the scheduler decided.
     pub cpu_contended: Duration,
+    /// Probe results the guest printed (`@kumo wakeprobe ...`), by kind.
+    pub measurements: Vec<(String, std::collections::BTreeMap<String, String>)>,
 }
 
 pub fn run_node(args: &NodeArgs, epoch: Instant) -> Result<u8> {
@@ -175,6 +177,16 @@ pub fn run(
             verdict: run.judge(&node.domains[i].specs, node.domains[i].vcpus),
             cpu,
             cpu_contended,
+            measurements: run
+                .events
+                .iter()
+                .filter_map(|e| match e {
+                    crate::protocol::Event::Measurement { kind, fields } => {
+                        Some((kind.clone(), fields.clone()))
+                    }
+                    _ => None,
+                })
+                .collect(),
         });
     }
     let dom0 = process_cpu_time()
@@ -239,6 +251,15 @@ pub fn json_lines(
                 "ok": r.verdict.problems.is_empty(),
                 "problems": r.verdict.problems,
                 "results": results,
+                "probes": r.measurements.iter().map(|(kind, fields)| {
+                    let mut obj = serde_json::Map::new();
+                    obj.insert("probe".into(), json!(kind));
+                    for (k, v) in fields {
+                        let value = v.parse::<f64>().map_or_else(|_| json!(v), |f| json!(f));
+                        obj.insert(k.clone(), value);
+                    }
+                    Value::Object(obj)
+                }).collect::<Vec<_>>(),
             })
         })
         .collect();

@@ -58,6 +58,9 @@ pub struct DomainFile {
     /// After the benchmarks, halt every vCPU for this long (a domain that exists but
     /// wants no CPU).
     pub idle_ms: Option<u64>,
+    /// A guest probe after the benchmarks: `wake:MS:PERIOD_US` (wake-up latency of a
+    /// halted vCPU), `busy:MS` (spin on every vCPU), `switch:MS`.
+    pub probe: Option<String>,
 }
 
 fn one() -> u32 {
@@ -78,6 +81,7 @@ pub struct Domain {
     pub cap: u32,
     pub specs: Vec<Spec>,
     pub idle_ms: Option<u64>,
+    pub probe: Option<String>,
     /// The guest's barrier spin (short: domains share the node's CPUs).
     pub spin_us: u64,
 }
@@ -89,6 +93,9 @@ impl Domain {
         let mut line = format!("npb={} spin_us={}", names.join(","), self.spin_us);
         if let Some(ms) = self.idle_ms {
             line.push_str(&format!(" idle={ms}"));
+        }
+        if let Some(probe) = &self.probe {
+            line.push_str(&format!(" probe={probe}"));
         }
         line
     }
@@ -189,8 +196,13 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
         } else {
             guest::parse_specs(&d.npb).with_context(|| format!("domain '{name}'"))?
         };
-        if specs.is_empty() && d.idle_ms.is_none() {
-            bail!("domain '{name}' has no workload: give npb and/or idle_ms");
+        if specs.is_empty() && d.idle_ms.is_none() && d.probe.is_none() {
+            bail!("domain '{name}' has no workload: give npb, idle_ms and/or probe");
+        }
+        if let Some(probe) = &d.probe
+            && (probe.is_empty() || !probe.chars().all(|c| c.is_ascii_alphanumeric() || c == ':'))
+        {
+            bail!("domain '{name}': probe '{probe}' is not of the form kind:number[:number]");
         }
         if d.idle_ms.is_some_and(|ms| ms > 3_600_000) {
             bail!("domain '{name}': idle_ms is above 3600000 (one hour)");
@@ -205,6 +217,7 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
             cap: d.cap,
             specs,
             idle_ms: d.idle_ms,
+            probe: d.probe,
             spin_us: 0,
         });
     }

@@ -35,7 +35,8 @@ pub enum Event {
     End {
         status: u32,
     },
-    /// A measurement workload's summary (`switchprobe`, `irqbench`, `irqcheck`).
+    /// A measurement workload's summary (`switchprobe`, `wakeprobe`, `irqbench`,
+    /// `irqcheck`).
     Measurement {
         kind: String,
         fields: BTreeMap<String, String>,
@@ -64,7 +65,7 @@ pub fn parse_line(line: &str) -> Option<Event> {
         "error" => Some(Event::Error { fields }),
         "fault" => Some(Event::Fault { fields }),
         "end" => num(&fields, "status").map(|status| Event::End { status }),
-        "switchprobe" | "irqbench" | "irqcheck" => Some(Event::Measurement {
+        "switchprobe" | "wakeprobe" | "irqbench" | "irqcheck" => Some(Event::Measurement {
             kind: kind.to_string(),
             fields,
         }),

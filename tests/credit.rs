@@ -254,3 +254,33 @@ fn the_single_vm_form_runs_under_the_credit_scheduler() {
         );
     }
 }
+
+#[test]
+fn bench_wake_measures_each_slice() {
+    if !kvm_available() {
+        return;
+    }
+    let _one = ONE_NODE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let out = kumo(&[
+        "bench",
+        "wake",
+        "--millis",
+        "300",
+        "--tslice-ms",
+        "30,1",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", text_of(&out.stderr));
+    let rows = json_lines(&out);
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    for (row, slice) in rows.iter().zip([30.0, 1.0]) {
+        assert_eq!(f(row, "tslice_ms"), slice, "{row}");
+        assert!(f(row, "wakes") > 0.0, "{row}");
+        assert!(
+            f(row, "median_us") > 0.0 && f(row, "median_us") <= f(row, "max_us"),
+            "{row}"
+        );
+        // The hog really ran beside the sleeper.
+        assert!(f(row, "hog_cpu_s") > 0.05, "{row}");
+    }
+}

@@ -69,6 +69,33 @@ enum Job {
     Benchmark(Spec),
     /// `probe=switch:MS`.
     SwitchProbe(u64),
+    /// `probe=busy:MS`.
+    Busy(u64),
+}
+
+/// `probe=...`.
+#[derive(Clone, Copy)]
+enum Probe {
+    Switch { millis: u64 },
+    Wake { millis: u64, period_us: u64 },
+    Busy { millis: u64 },
+}
+
+fn parse_probe(text: &str) -> Option<Probe> {
+    let mut parts = text.split(':');
+    let kind = parts.next()?;
+    let mut number = || -> Option<u64> { parts.next()?.parse().ok() };
+    let millis = number().filter(|&ms| ms > 0 && ms <= 600_000)?;
+    let probe = match kind {
+        "switch" => Probe::Switch { millis },
+        "busy" => Probe::Busy { millis },
+        "wake" => Probe::Wake {
+            millis,
+            period_us: number().filter(|&us| (10..=1_000_000).contains(&us))?,
+        },
+        _ => return None,
+    };
+    parts.next().is_none().then_some(probe)
 }
 static FORK: Barrier = Barrier::new();
 static JOIN: Barrier = Barrier::new();
@@ -88,6 +115,7 @@ extern "C" fn user_main(info: &'static BootInfo, cpu: u32) -> ! {
                 let _ = run_share(info, spec, cpu);
             }
             Some(Job::SwitchProbe(millis)) => probe::run_share(info, cpu, millis),
+            Some(Job::Busy(millis)) => probe::busy(info, millis),
             None => {}
         }
         JOIN.wait(info.cpus);
@@ -122,13 +150,26 @@ fn master(info: &BootInfo) -> ! {
     if let Some(millis) = plan.idle {
         idle(info, millis);
     }
-    if let Some(millis) = plan.switch_probe {
-        // SAFETY: the workers read JOB only after FORK.
-        unsafe { *JOB.0.get() = Some(Job::SwitchProbe(millis)) };
-        FORK.wait(info.cpus);
-        probe::run_share(info, 0, millis);
-        JOIN.wait(info.cpus);
-        all_verified &= probe::report(info, millis);
+    match plan.probe {
+        Some(Probe::Switch { millis }) => {
+            // SAFETY: the workers read JOB only after FORK.
+            unsafe { *JOB.0.get() = Some(Job::SwitchProbe(millis)) };
+            FORK.wait(info.cpus);
+            probe::run_share(info, 0, millis);
+            JOIN.wait(info.cpus);
+            all_verified &= probe::report(info, millis);
+        }
+        Some(Probe::Busy { millis }) => {
+            // SAFETY: the workers read JOB only after FORK.
+            unsafe { *JOB.0.get() = Some(Job::Busy(millis)) };
+            FORK.wait(info.cpus);
+            probe::busy(info, millis);
+            JOIN.wait(info.cpus);
+        }
+        Some(Probe::Wake { millis, period_us }) => {
+            all_verified &= probe::wake(info, millis, period_us);
+        }
+        None => {}
     }
     if let Some(mode) = plan.irq {
         // An empty fork: every CPU has recorded its APIC ID once it returns.
@@ -240,7 +281,7 @@ struct Plan {
     count: usize,
     fault: Option<u64>,
     irq: Option<IrqMode>,
-    switch_probe: Option<u64>,
+    probe: Option<Probe>,
     idle: Option<u64>,
     spin_us: u64,
 }
@@ -298,7 +339,7 @@ fn parse_command_line(cmdline: &str) -> Result<Plan, ()> {
         count: 0,
         fault: None,
         irq: None,
-        switch_probe: None,
+        probe: None,
         idle: None,
         spin_us: DEFAULT_SPIN_MICROSECONDS,
     };
@@ -322,11 +363,8 @@ fn parse_command_line(cmdline: &str) -> Result<Plan, ()> {
                 ok = false;
             }
         } else if let Some(probe) = word.strip_prefix("probe=") {
-            plan.switch_probe = probe
-                .strip_prefix("switch:")
-                .and_then(|ms| ms.parse().ok())
-                .filter(|&ms| ms > 0 && ms <= 600_000);
-            if plan.switch_probe.is_none() {
+            plan.probe = parse_probe(probe);
+            if plan.probe.is_none() {
                 error("bad-probe", probe);
                 ok = false;
             }
@@ -350,7 +388,7 @@ fn parse_command_line(cmdline: &str) -> Result<Plan, ()> {
         }
     }
     match npb_items {
-        None if plan.irq.is_some() || plan.switch_probe.is_some() || plan.idle.is_some() => {}
+        None if plan.irq.is_some() || plan.probe.is_some() || plan.idle.is_some() => {}
         None => {
             for spec in Spec::defaults() {
                 plan.specs[plan.count] = spec;

@@ -1,3 +1,5 @@
+//! Probes of how the host schedules this VM's vCPUs.
+//!
 //! `probe=switch:MS`: how long a host CPU takes to switch from one vCPU to another.
 //!
 //! Every CPU spins in ring 3 for MS milliseconds reading the TSC and logs each gap
@@ -115,4 +117,63 @@ pub fn report(info: &BootInfo, millis: u64) -> bool {
     );
     line.emit();
     n > 0
+}
+
+/// `probe=wake:MS:PERIOD_US`: CPU 0 sleeps on its TSC-deadline timer every PERIOD_US
+/// for MS milliseconds and measures how late it runs again (deadline -> first ring-3
+/// instruction): the wake-up latency a scheduler gives a halted vCPU whose interrupt
+/// arrives. Uses the heap for the samples.
+pub fn wake(info: &BootInfo, millis: u64, period_us: u64) -> bool {
+    let period = (period_us * info.tsc_khz / 1000).max(1);
+    let capacity = ((info.heap_end - info.heap_start) / 8) as usize;
+    let samples = info.heap_start as *mut u64;
+    let end = sys::rdtsc() + millis * info.tsc_khz;
+    let mut n = 0usize;
+    while n < capacity {
+        let deadline = sys::rdtsc() + period;
+        if deadline > end {
+            break;
+        }
+        if !sys::sleep_until(deadline) {
+            let mut line = Line::new();
+            let _ = write!(line, "@kumo error what=probe item=no-tsc-deadline-timer");
+            line.emit();
+            return false;
+        }
+        let late = sys::rdtsc().saturating_sub(deadline);
+        // SAFETY: n < capacity: inside the heap, which is ours.
+        unsafe { samples.add(n).write(late) };
+        n += 1;
+    }
+    // SAFETY: the n samples written above.
+    let lates = unsafe { core::slice::from_raw_parts_mut(samples, n) };
+    lates.sort_unstable();
+    let micros = |t: u64| t as f64 * 1000.0 / info.tsc_khz as f64;
+    let at = |q: f64| -> f64 {
+        if lates.is_empty() {
+            return f64::NAN;
+        }
+        let rank = libm::ceil(q * lates.len() as f64) as usize;
+        micros(lates[rank.clamp(1, lates.len()) - 1])
+    };
+    let mut line = Line::new();
+    let _ = write!(
+        line,
+        "@kumo wakeprobe millis={millis} period_us={period_us} wakes={n} median_us={:.2} \
+         p90_us={:.2} p99_us={:.2} max_us={:.2}",
+        at(0.5),
+        at(0.9),
+        at(0.99),
+        at(1.0),
+    );
+    line.emit();
+    n > 0
+}
+
+/// `probe=busy:MS`: every CPU spins for MS milliseconds (a CPU hog beside others).
+pub fn busy(info: &BootInfo, millis: u64) {
+    let end = sys::rdtsc() + millis * info.tsc_khz;
+    while sys::rdtsc() < end {
+        core::hint::spin_loop();
+    }
 }
