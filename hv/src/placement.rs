@@ -39,6 +39,9 @@ struct Slot {
     gate: Gate,
     /// CPU time the thread used, recorded by the thread as it ends (u64::MAX before).
     final_cpu_ns: AtomicU64,
+    /// `/proc/self/task/<tid>/stat`, kept open: a scheduler reads it every tick, and
+    /// one `pread` is much cheaper than open-read-close.
+    stat: Mutex<Option<std::fs::File>>,
 }
 
 /// Control over a VM's vCPU threads, usable from any thread while the VM runs.
@@ -57,6 +60,7 @@ impl VcpuControl {
                 .map(|_| Slot {
                     tid: AtomicI32::new(0),
                     final_cpu_ns: AtomicU64::new(u64::MAX),
+                    stat: Mutex::new(None),
                     gate: Gate {
                         open: AtomicBool::new(true),
                         lock: Mutex::new(()),
@@ -163,10 +167,17 @@ impl VcpuControl {
         if tid <= 0 {
             return None;
         }
-        let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?;
+        let mut file = slot.stat.lock().unwrap_or_else(|e| e.into_inner());
+        if file.is_none() {
+            *file = std::fs::File::open(format!("/proc/self/task/{tid}/stat")).ok();
+        }
+        let mut buf = [0u8; 512];
+        let n = std::os::unix::fs::FileExt::read_at(file.as_ref()?, &mut buf, 0).ok()?;
         // "tid (comm) S ...": the state follows the last ')' (comm may hold any byte).
-        let state = stat.rsplit_once(')')?.1.trim_start().chars().next()?;
-        Some(state == 'R')
+        let text = &buf[..n];
+        let close = text.iter().rposition(|&b| b == b')')?;
+        let state = text[close + 1..].iter().find(|b| !b.is_ascii_whitespace())?;
+        Some(*state == b'R')
     }
 
     /// Whether vCPU `vcpu`'s thread has ended (the VM stopped).
