@@ -131,12 +131,12 @@ pub struct Server {
 
 impl Server {
     /// Binds `path` (mode 0600) and serves `target` from a thread (`ctl`), which
-    /// first runs `setup` (e.g. to give itself a real-time rank so it is answered
-    /// while vCPUs keep every host CPU busy).
-    pub fn start(
+    /// first runs `setup` and keeps what it returns while it serves (e.g. its
+    /// membership of domain 0).
+    pub fn start<K: Send + 'static>(
         path: &Path,
         target: Arc<dyn Controlled>,
-        setup: impl FnOnce() + Send + 'static,
+        setup: impl FnOnce() -> K + Send + 'static,
     ) -> Result<Server> {
         if path.exists() {
             // A live kumo answers; a stale file from a crashed one can go.
@@ -150,13 +150,12 @@ impl Server {
             .with_context(|| format!("cannot create control socket {}", path.display()))?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
             .with_context(|| format!("cannot restrict {} to its owner", path.display()))?;
-        listener.set_nonblocking(true)?;
         let stop = Arc::new(AtomicBool::new(false));
         let thread_stop = stop.clone();
         let thread = std::thread::Builder::new()
             .name("ctl".into())
             .spawn(move || {
-                setup();
+                let _kept = setup();
                 serve(&listener, target.as_ref(), &thread_stop)
             })?;
         Ok(Server {
@@ -174,6 +173,8 @@ impl Server {
 impl Drop for Server {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
+        // The thread sleeps in accept(): a connection of our own wakes it to see `stop`.
+        let _ = UnixStream::connect(&self.path);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -181,18 +182,20 @@ impl Drop for Server {
     }
 }
 
-/// Accepts clients one at a time (control traffic is a few requests per run), polling
-/// so that `stop` is noticed.
+/// Accepts clients one at a time (control traffic is a few requests per run). It
+/// sleeps in accept() in between: the thread belongs to domain 0, and a thread that
+/// woke up to poll would be scheduled (and charged) for nothing.
 fn serve(listener: &UnixListener, target: &dyn Controlled, stop: &AtomicBool) {
-    while !stop.load(Ordering::SeqCst) {
-        match listener.accept() {
+    loop {
+        let accepted = listener.accept();
+        if stop.load(Ordering::SeqCst) {
+            return;
+        }
+        match accepted {
             Ok((stream, _)) => {
                 if let Err(e) = serve_client(stream, target) {
                     tracing::debug!("control client: {e}");
                 }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(20));
             }
             Err(e) => {
                 tracing::warn!("control socket accept failed: {e}");

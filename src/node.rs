@@ -10,8 +10,8 @@ use hv::Vm;
 use hv::placement::VcpuControl;
 use serde_json::{Value, json};
 
-use hv::credit::{self, CreditDriver, DomainSpec};
-use hv::placement::{self, Policy};
+use hv::credit::{CreditDriver, Dom0Spec, DomainSpec};
+use hv::placement::ThreadGroup;
 
 use crate::cli::NodeArgs;
 use crate::ctl::{self, Controlled, DomainInfo, SchedParams, SchedUpdate};
@@ -42,8 +42,8 @@ pub fn run_node(args: &NodeArgs, epoch: Instant) -> Result<u8> {
         .ctl_socket
         .clone()
         .unwrap_or_else(ctl::default_socket_path);
-    let (reports, dom0_cpu, wall) = run(&node, &args.kvm_device, Some(&socket), epoch)?;
-    print(&node, &reports, dom0_cpu, wall, args.json)?;
+    let (reports, overhead, wall) = run(&node, &args.kvm_device, Some(&socket), epoch)?;
+    print(&node, &reports, overhead, wall, args.json)?;
     let code = reports
         .iter()
         .map(|r| r.verdict.exit_code())
@@ -59,7 +59,7 @@ pub fn run(
     kvm_device: &std::path::Path,
     socket: Option<&std::path::Path>,
     epoch: Instant,
-) -> Result<(Vec<DomainReport>, Duration, Duration)> {
+) -> Result<(Vec<DomainReport>, Overhead, Duration)> {
     let process_cpu_before = process_cpu_time();
     let mut vms = Vec::new();
     for domain in &node.domains {
@@ -74,6 +74,8 @@ pub fn run(
     }
     let controls: Vec<Arc<VcpuControl>> = vms.iter().map(Vm::control).collect();
     let credit = node.uses_credit();
+    // Domain 0: the threads that run each VM (and stop it) and the control socket's.
+    let dom0 = ThreadGroup::new();
     let driver = if credit {
         let specs = node
             .domains
@@ -90,6 +92,10 @@ pub fn run(
             node.params,
             node.pcpus.clone(),
             specs,
+            Some(Dom0Spec {
+                weight: node.dom0_weight as u16,
+                threads: dom0.clone(),
+            }),
         )?))
     } else {
         None
@@ -99,6 +105,7 @@ pub fn run(
             driver.clone(),
             node.domains.iter().cloned().zip(controls.clone()).collect(),
             path,
+            dom0.clone(),
         )?),
         None => None,
     };
@@ -110,12 +117,9 @@ pub fn run(
             .into_iter()
             .map(|vm| {
                 let done = done_tx.clone();
+                let dom0 = dom0.clone();
                 scope.spawn(move || {
-                    // The VM's coordinator: it must get a CPU to stop the VM even
-                    // when real-time vCPUs fill every node CPU.
-                    if credit {
-                        let _ = placement::set_policy(0, Policy::Fifo(credit::RANK_DRIVER));
-                    }
+                    let _member = dom0.join_current();
                     let run = run::run_collecting(vm, epoch);
                     let _ = done.send(());
                     run
@@ -136,8 +140,20 @@ pub fn run(
                 }
             }
         }
-        // The first domain to finish ends the contended window.
-        let _ = done_rx.recv();
+        // The first vCPU to finish ends the contended window (not the end of its VM's
+        // teardown, during which the others keep running alone).
+        loop {
+            let ended = controls
+                .iter()
+                .any(|c| (0..c.vcpus()).any(|v| c.has_ended(v)));
+            if ended {
+                break;
+            }
+            match done_rx.recv_timeout(Duration::from_millis(2)) {
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                _ => break,
+            }
+        }
         for (slot, control) in contended.iter_mut().zip(&controls) {
             *slot = (0..control.vcpus())
                 .filter_map(|v| control.cpu_time(v))
@@ -153,7 +169,7 @@ pub fn run(
     });
     let wall = start.elapsed();
     // Weights and caps may have changed at run time: report the final ones.
-    let final_views = driver.as_ref().map(|d| d.domains());
+    let final_views = driver.as_ref().map(|d| d.domains()).unwrap_or_default();
     drop(_server);
     drop(driver);
     let mut reports = Vec::new();
@@ -166,7 +182,7 @@ pub fn run(
     {
         let run = run.with_context(|| format!("domain '{}'", domain.name))?;
         let mut domain = domain.clone();
-        if let Some(view) = final_views.as_ref().and_then(|v| v.get(i)) {
+        if let Some(view) = final_views.iter().find(|v| v.name == domain.name) {
             domain.weight = u32::from(view.weight);
             domain.cap = view.cap;
         }
@@ -189,10 +205,28 @@ pub fn run(
                 .collect(),
         });
     }
-    let dom0 = process_cpu_time()
+    let dom0_cpu = dom0.cpu_time();
+    let vmm = process_cpu_time()
         .saturating_sub(process_cpu_before)
-        .saturating_sub(vcpu_cpu_total);
-    Ok((reports, dom0, wall))
+        .saturating_sub(vcpu_cpu_total)
+        .saturating_sub(dom0_cpu);
+    Ok((
+        reports,
+        Overhead {
+            dom0: dom0_cpu,
+            vmm,
+        },
+        wall,
+    ))
+}
+
+/// CPU time that went to neither domain's vCPUs.
+#[derive(Debug, Clone, Copy)]
+pub struct Overhead {
+    /// Domain 0: the threads that run and stop each VM, the control socket.
+    pub dom0: Duration,
+    /// The rest of kumo: the credit scheduler's driver, set-up and teardown.
+    pub vmm: Duration,
 }
 
 /// Serves the control socket at `path` for a scheduler (or, without one, for domains
@@ -201,15 +235,11 @@ pub fn serve_control(
     driver: Option<Arc<CreditDriver>>,
     domains: Vec<(Domain, Arc<VcpuControl>)>,
     path: &std::path::Path,
+    dom0: Arc<ThreadGroup>,
 ) -> Result<ctl::Server> {
-    let credit = driver.is_some();
     let control = Arc::new(NodeControl { driver, domains });
-    let server = ctl::Server::start(path, control, move || {
-        // Answered even while real-time vCPUs keep every CPU busy.
-        if credit {
-            let _ = placement::set_policy(0, Policy::Fifo(credit::RANK_DRIVER));
-        }
-    })?;
+    // The socket's thread is part of domain 0 (scheduled with it).
+    let server = ctl::Server::start(path, control, move || dom0.join_current())?;
     eprintln!("kumo: control socket {}", server.path().display());
     Ok(server)
 }
@@ -229,7 +259,7 @@ fn process_cpu_time() -> Duration {
 pub fn json_lines(
     node: &Node,
     reports: &[DomainReport],
-    dom0: Duration,
+    overhead: Overhead,
     wall: Duration,
 ) -> Vec<Value> {
     let mut lines: Vec<Value> = reports
@@ -268,7 +298,9 @@ pub fn json_lines(
         "pcpus": node.pcpus,
         "scheduler": if node.uses_credit() { "credit" } else { "host" },
         "sched": node.uses_credit().then(|| json!(sched_params::view(node.params))),
-        "dom0_cpu_s": dom0.as_secs_f64(),
+        "dom0_weight": node.dom0_weight,
+        "dom0_cpu_s": overhead.dom0.as_secs_f64(),
+        "vmm_cpu_s": overhead.vmm.as_secs_f64(),
         "wall_s": wall.as_secs_f64(),
     }));
     lines
@@ -277,12 +309,12 @@ pub fn json_lines(
 fn print(
     node: &Node,
     reports: &[DomainReport],
-    dom0: Duration,
+    overhead: Overhead,
     wall: Duration,
     json: bool,
 ) -> Result<()> {
     if json {
-        for line in json_lines(node, reports, dom0, wall) {
+        for line in json_lines(node, reports, overhead, wall) {
             println!("{line}");
         }
         return Ok(());
@@ -332,10 +364,13 @@ fn print(
     }
     println!(
         "share: of the CPU time the domains received while all of them ran\n\
-         node: host CPUs {:?}, {:.2} s wall, domain 0 (kumo's own threads) {:.3} s CPU",
+         node: host CPUs {:?}, {:.2} s wall; CPU: domain 0 (weight {}) {:.3} s, \
+         kumo's scheduler and set-up {:.3} s",
         node.pcpus,
         wall.as_secs_f64(),
-        dom0.as_secs_f64()
+        node.dom0_weight,
+        overhead.dom0.as_secs_f64(),
+        overhead.vmm.as_secs_f64(),
     );
     Ok(())
 }

@@ -28,6 +28,16 @@ pub struct NodeFile {
     pub scheduler: SchedulerFile,
     #[serde(rename = "domain", default)]
     pub domains: Vec<DomainFile>,
+    /// Domain 0: kumo's own backend threads, scheduled as one vCPU.
+    #[serde(default)]
+    pub dom0: Dom0File,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Dom0File {
+    /// Its credit weight (default 256, as Xen's dom0).
+    pub weight: Option<u32>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -109,6 +119,7 @@ pub struct Node {
     /// The credit scheduler's parameters (Xen's defaults for what the file omits).
     pub params: sched::Params,
     pub domains: Vec<Domain>,
+    pub dom0_weight: u32,
 }
 
 impl Node {
@@ -159,6 +170,14 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
         ratelimit_us: file.scheduler.ratelimit_us,
     })
     .context("[scheduler]")?;
+    let dom0_weight = file.dom0.weight.unwrap_or(DEFAULT_WEIGHT);
+    if !(WEIGHT_RANGE.0..=WEIGHT_RANGE.1).contains(&dom0_weight) {
+        bail!(
+            "dom0: weight {dom0_weight} is outside {}..={}",
+            WEIGHT_RANGE.0,
+            WEIGHT_RANGE.1
+        );
+    }
     if file.domains.is_empty() {
         bail!("no [[domain]]: a node needs at least one");
     }
@@ -169,6 +188,9 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
         let name = d.name.trim().to_string();
         if name.is_empty() || name.contains(char::is_whitespace) {
             bail!("domain name '{}' must be one non-empty word", d.name);
+        }
+        if name == hv::credit::DOM0_NAME {
+            bail!("domain name '{name}' is reserved for domain 0 ([dom0] in the file)");
         }
         if !names.insert(name.clone()) {
             bail!("two domains are named '{name}'");
@@ -232,6 +254,7 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
         scheduler: file.scheduler,
         params,
         domains,
+        dom0_weight,
     })
 }
 

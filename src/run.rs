@@ -64,25 +64,35 @@ fn parse_sched(args: &VmArgs) -> Result<Option<sched::Params>> {
 fn start_credit(
     vm: &Vm,
     params: sched::Params,
-) -> Result<(crate::ctl::Server, Arc<hv::credit::CreditDriver>)> {
+) -> Result<(
+    hv::placement::Membership,
+    crate::ctl::Server,
+    Arc<hv::credit::CreditDriver>,
+)> {
+    // Domain 0: this thread (it runs the VM and stops it) and the control socket's.
+    let dom0 = hv::placement::ThreadGroup::new();
+    let member = dom0.join_current();
+    let weight = crate::node_config::DEFAULT_WEIGHT as u16;
     let driver = hv::credit::CreditDriver::start(
         params,
         (0..guest::host_cpus()).collect(),
         vec![hv::credit::DomainSpec {
             name: "guest".into(),
-            weight: crate::node_config::DEFAULT_WEIGHT as u16,
+            weight,
             cap: 0,
             control: vm.control(),
         }],
+        Some(hv::credit::Dom0Spec {
+            weight,
+            threads: dom0.clone(),
+        }),
     )?;
     let driver = Arc::new(driver);
     let socket = crate::ctl::default_socket_path();
-    let server = crate::node::serve_control(Some(driver.clone()), Vec::new(), &socket)?;
-    // This thread is the VM's coordinator: it must get a CPU to stop the VM even when
-    // real-time vCPUs fill every host CPU.
-    hv::placement::set_policy(0, hv::placement::Policy::Fifo(hv::credit::RANK_DRIVER))?;
-    // The server goes first (it holds the scheduler too).
-    Ok((server, driver))
+    let server = crate::node::serve_control(Some(driver.clone()), Vec::new(), &socket, dom0)?;
+    // Dropped in this order: the server (it holds the scheduler too), the scheduler
+    // (it returns every thread to normal scheduling), the membership.
+    Ok((member, server, driver))
 }
 
 /// As [`run_guest`], under the credit scheduler when `sched` is given.
@@ -106,8 +116,10 @@ pub fn run_guest_scheduled(
     let (run, scheduler) = boot_embedded(config, epoch, |vm| {
         sched.map(|params| start_credit(vm, params)).transpose()
     })?;
-    if scheduler?.is_some() {
-        hv::placement::set_policy(0, hv::placement::Policy::Normal)?;
+    if let Some((member, server, driver)) = scheduler? {
+        drop(server);
+        drop(driver);
+        drop(member);
     }
     Ok(run.judge(specs, vcpus))
 }

@@ -53,6 +53,7 @@ pub fn run_wake(args: &WakeArgs, epoch: Instant) -> Result<u8> {
                 ),
                 domain("hog", format!("busy:{}", args.millis)),
             ],
+            dom0_weight: node_config::DEFAULT_WEIGHT,
         };
         let (reports, _, _) = node::run(&node, &args.kvm_device, None, epoch)?;
         let fields = reports[0]

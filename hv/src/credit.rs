@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use sched::{DomainId, Params, PcpuId, Priority, Scheduler, Tickles, VcpuId, VcpuState};
 
 use crate::Error;
-use crate::placement::{self, Policy, VcpuControl};
+use crate::placement::{self, Policy, ThreadGroup, VcpuControl};
 
 /// SCHED_FIFO priorities, low to high.
 pub const RANK_QUEUED: u8 = 2;
@@ -42,6 +42,98 @@ pub struct DomainSpec {
     pub control: Arc<VcpuControl>,
 }
 
+/// Domain 0: the VMM's backend threads, scheduled as one vCPU with its own weight
+/// (as Xen's dom0 competes with guests for pCPUs). It cannot be capped: its threads
+/// have no gate to park at.
+pub struct Dom0Spec {
+    pub weight: u16,
+    pub threads: Arc<ThreadGroup>,
+}
+
+/// What runs for one scheduler vCPU: a VM's vCPU thread, or domain 0's threads.
+enum Runner {
+    Vcpu {
+        control: Arc<VcpuControl>,
+        index: usize,
+    },
+    Dom0(Arc<ThreadGroup>),
+}
+
+impl Runner {
+    fn runnable(&self) -> Option<bool> {
+        match self {
+            Runner::Vcpu { control, index } => control.runnable(*index),
+            Runner::Dom0(group) => group.runnable(),
+        }
+    }
+
+    fn has_ended(&self) -> bool {
+        match self {
+            Runner::Vcpu { control, index } => control.has_ended(*index),
+            Runner::Dom0(_) => false,
+        }
+    }
+
+    fn is_parked(&self) -> bool {
+        match self {
+            Runner::Vcpu { control, index } => control.is_parked(*index),
+            Runner::Dom0(_) => false,
+        }
+    }
+
+    fn pin(&self, cpu: usize) -> Result<(), Error> {
+        match self {
+            Runner::Vcpu { control, index } => control.pin(*index, cpu),
+            Runner::Dom0(group) => group.confine(&[cpu]),
+        }
+    }
+
+    fn set_policy(&self, policy: Policy) -> Result<(), Error> {
+        match self {
+            Runner::Vcpu { control, index } => control.set_policy(*index, policy),
+            Runner::Dom0(group) => group.set_policy(policy),
+        }
+    }
+
+    fn park(&self) -> Result<(), Error> {
+        match self {
+            Runner::Vcpu { control, index } => control.park(*index),
+            Runner::Dom0(_) => Ok(()),
+        }
+    }
+
+    fn unpark(&self) {
+        if let Runner::Vcpu { control, index } = self {
+            control.unpark(*index);
+        }
+    }
+
+    fn confine(&self, cpus: &[usize]) {
+        let _ = match self {
+            Runner::Vcpu { control, index } => control.confine(*index, cpus),
+            Runner::Dom0(group) => group.confine(cpus),
+        };
+    }
+
+    /// Changes when the set of threads changes (a newcomer must be placed).
+    fn generation(&self) -> u64 {
+        match self {
+            Runner::Vcpu { .. } => 0,
+            Runner::Dom0(group) => group.joins(),
+        }
+    }
+
+    fn cpu_time(&self) -> Duration {
+        match self {
+            Runner::Vcpu { control, index } => control.cpu_time(*index).unwrap_or_default(),
+            Runner::Dom0(group) => group.cpu_time(),
+        }
+    }
+}
+
+/// The name domain 0 has in reports and the control API.
+pub const DOM0_NAME: &str = "dom0";
+
 /// A domain as the driver reports it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DomainView {
@@ -56,7 +148,6 @@ pub struct DomainView {
 struct Dom {
     name: String,
     id: DomainId,
-    control: Arc<VcpuControl>,
     /// Scheduler ids of its vCPUs, in vCPU order.
     vcpus: Vec<VcpuId>,
 }
@@ -67,11 +158,11 @@ struct Applied {
     host_cpu: usize,
     rank: u8,
     parked: bool,
+    generation: u64,
 }
 
 struct VcpuRef {
-    dom: usize,
-    index: usize,
+    runner: Runner,
     /// As last reported to the scheduler.
     blocked: bool,
     /// Its thread ended (the VM finished): removed from the scheduler.
@@ -109,38 +200,56 @@ impl CreditDriver {
         params: Params,
         host_cpus: Vec<usize>,
         domains: Vec<DomainSpec>,
+        dom0: Option<Dom0Spec>,
     ) -> Result<CreditDriver, Error> {
         let epoch = Instant::now();
         let mut sched = Scheduler::new(params, host_cpus.len() as u32, 0)
             .map_err(|e| Error::Scheduler(e.to_string()))?;
         let mut doms = Vec::new();
         let mut vcpus = Vec::new();
-        for (d, spec) in domains.into_iter().enumerate() {
+        let mut add = |name: String, weight: u16, cap: u32, runners: Vec<Runner>| {
             let id = sched
-                .add_domain(spec.weight, spec.cap)
-                .map_err(|e| Error::Scheduler(format!("domain '{}': {e}", spec.name)))?;
+                .add_domain(weight, cap)
+                .map_err(|e| Error::Scheduler(format!("domain '{name}': {e}")))?;
             let mut ids = Vec::new();
-            for index in 0..spec.control.vcpus() {
+            for runner in runners {
                 let v = sched
                     .add_vcpu(0, id)
                     .map_err(|e| Error::Scheduler(e.to_string()))?;
-                // Created blocked; a vCPU thread about to run is runnable.
+                // Created blocked; a thread about to run is runnable (if it is not,
+                // the first observation reports it).
                 let _ = sched.wake(0, v);
                 ids.push(v);
                 vcpus.push(VcpuRef {
-                    dom: d,
-                    index,
+                    runner,
                     blocked: false,
                     removed: false,
                     applied: None,
                 });
             }
             doms.push(Dom {
-                name: spec.name,
+                name,
                 id,
-                control: spec.control,
                 vcpus: ids,
             });
+            Ok::<(), Error>(())
+        };
+        if let Some(dom0) = dom0 {
+            add(
+                DOM0_NAME.into(),
+                dom0.weight,
+                0,
+                vec![Runner::Dom0(dom0.threads)],
+            )?;
+        }
+        for spec in domains {
+            let runners = (0..spec.control.vcpus())
+                .map(|index| Runner::Vcpu {
+                    control: spec.control.clone(),
+                    index,
+                })
+                .collect();
+            add(spec.name, spec.weight, spec.cap, runners)?;
         }
         for p in 0..host_cpus.len() {
             let _ = sched.schedule(0, PcpuId(p as u32));
@@ -236,10 +345,9 @@ impl Drop for CreditDriver {
         // Whatever is left of the domains goes back to the host's scheduler.
         let state = self.lock();
         for r in &state.vcpus {
-            let control = &state.doms[r.dom].control;
-            control.unpark(r.index);
-            let _ = control.set_policy(r.index, Policy::Normal);
-            let _ = control.confine(r.index, &state.host_cpus);
+            r.runner.unpark();
+            let _ = r.runner.set_policy(Policy::Normal);
+            r.runner.confine(&state.host_cpus);
         }
     }
 }
@@ -256,8 +364,10 @@ impl State {
             weight: stats.weight,
             cap: stats.cap,
             vcpus: d.vcpus.len() as u32,
-            cpu: (0..d.control.vcpus())
-                .filter_map(|i| d.control.cpu_time(i))
+            cpu: d
+                .vcpus
+                .iter()
+                .map(|v| self.vcpus[v.0 as usize].runner.cpu_time())
                 .sum(),
         }
     }
@@ -279,12 +389,11 @@ impl State {
         let mut tickles = Tickles::new();
         for v in 0..self.vcpus.len() {
             let r = &self.vcpus[v];
-            let control = &self.doms[r.dom].control;
             if r.removed {
                 continue;
             }
             let id = VcpuId(v as u32);
-            if control.has_ended(r.index) {
+            if r.runner.has_ended() {
                 // The VM is over: its vCPUs leave the scheduler (Xen destroys the
                 // domain's units), so others get the pCPUs at once.
                 tickles.extend(self.sched.remove_vcpu(now, id));
@@ -292,10 +401,10 @@ impl State {
                 continue;
             }
             // Parked threads sleep at the gate: that is not the guest halting.
-            if control.is_parked(r.index) {
+            if r.runner.is_parked() {
                 continue;
             }
-            let Some(runnable) = control.runnable(r.index) else {
+            let Some(runnable) = r.runner.runnable() else {
                 continue;
             };
             if runnable && r.blocked {
@@ -333,28 +442,29 @@ impl State {
                     _ => RANK_QUEUED,
                 },
                 parked: stats.state == VcpuState::Parked,
+                generation: self.vcpus[v].runner.generation(),
             };
             let r = &self.vcpus[v];
             if r.removed || r.applied == Some(want) {
                 continue;
             }
-            let control = &self.doms[r.dom].control;
-            let index = r.index;
+            let runner = &r.runner;
             let before = r.applied;
             // A thread that has not started (or has ended) cannot be placed yet.
-            let placed = (before.map(|a| a.host_cpu) == Some(want.host_cpu)
-                || control.pin(index, want.host_cpu).is_ok())
-                && (before.map(|a| a.rank) == Some(want.rank)
-                    || control.set_policy(index, Policy::Fifo(want.rank)).is_ok());
+            let same_threads = before.map(|a| a.generation) == Some(want.generation);
+            let placed = (same_threads && before.map(|a| a.host_cpu) == Some(want.host_cpu)
+                || runner.pin(want.host_cpu).is_ok())
+                && (same_threads && before.map(|a| a.rank) == Some(want.rank)
+                    || runner.set_policy(Policy::Fifo(want.rank)).is_ok());
             if !placed {
                 continue;
             }
-            if want.parked && !control.is_parked(index) {
-                if control.park(index).is_err() {
+            if want.parked && !runner.is_parked() {
+                if runner.park().is_err() {
                     continue;
                 }
-            } else if !want.parked && control.is_parked(index) {
-                control.unpark(index);
+            } else if !want.parked && runner.is_parked() {
+                runner.unpark();
             }
             self.vcpus[v].applied = Some(want);
         }

@@ -176,7 +176,9 @@ impl VcpuControl {
         // "tid (comm) S ...": the state follows the last ')' (comm may hold any byte).
         let text = &buf[..n];
         let close = text.iter().rposition(|&b| b == b')')?;
-        let state = text[close + 1..].iter().find(|b| !b.is_ascii_whitespace())?;
+        let state = text[close + 1..]
+            .iter()
+            .find(|b| !b.is_ascii_whitespace())?;
         Some(*state == b'R')
     }
 
@@ -232,6 +234,29 @@ impl VcpuControl {
             slot.gate.opened.notify_all();
         }
     }
+}
+
+/// Host CPUs the process may use (the main thread's affinity).
+pub fn process_cpus() -> Vec<usize> {
+    // SAFETY: an all-zero cpu_set_t is a valid empty set to fill.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid cpu_set_t of the size passed; getpid has no
+    // preconditions.
+    let rc =
+        unsafe { libc::sched_getaffinity(libc::getpid(), std::mem::size_of_val(&set), &mut set) };
+    if rc != 0 {
+        return (0..std::thread::available_parallelism().map_or(1, |n| n.get())).collect();
+    }
+    // SAFETY: CPU_ISSET reads inside `set` for every index below CPU_SETSIZE.
+    (0..libc::CPU_SETSIZE as usize)
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect()
+}
+
+/// Returns the calling thread to ordinary scheduling on every CPU of the process.
+pub fn release_current_thread() {
+    let _ = set_policy(0, Policy::Normal);
+    let _ = confine_thread(0, &process_cpus());
 }
 
 /// The calling thread's CPU time.
@@ -318,4 +343,124 @@ fn kick(tid: libc::pid_t) -> Result<(), Error> {
         });
     }
     Ok(())
+}
+
+/// A set of host threads scheduled as one unit: domain 0, the VMM's own backend
+/// threads (event loops, device emulation, the control socket). A thread joins with
+/// [`ThreadGroup::join_current`] and leaves when the returned guard drops.
+#[derive(Default)]
+pub struct ThreadGroup {
+    members: Mutex<Vec<Member>>,
+    /// CPU time of members that have left.
+    departed_ns: AtomicU64,
+    /// Bumped when a thread joins, so a placer knows to place the newcomer.
+    joins: AtomicU64,
+}
+
+struct Member {
+    tid: libc::pid_t,
+    stat: Option<std::fs::File>,
+}
+
+/// Membership of the calling thread in a [`ThreadGroup`]; dropping it (on the same
+/// thread) records the thread's CPU time and leaves.
+pub struct Membership {
+    group: std::sync::Arc<ThreadGroup>,
+    tid: libc::pid_t,
+}
+
+impl Drop for Membership {
+    fn drop(&mut self) {
+        self.group
+            .departed_ns
+            .fetch_add(thread_cpu_time().as_nanos() as u64, Ordering::Relaxed);
+        let mut members = self.group.members.lock().unwrap_or_else(|e| e.into_inner());
+        members.retain(|m| m.tid != self.tid);
+    }
+}
+
+impl ThreadGroup {
+    pub fn new() -> std::sync::Arc<ThreadGroup> {
+        std::sync::Arc::new(ThreadGroup::default())
+    }
+
+    /// Adds the calling thread; it stays a member while the guard lives.
+    pub fn join_current(self: &std::sync::Arc<Self>) -> Membership {
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::gettid() };
+        let stat = std::fs::File::open(format!("/proc/self/task/{tid}/stat")).ok();
+        self.members
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Member { tid, stat });
+        self.joins.fetch_add(1, Ordering::Release);
+        Membership {
+            group: self.clone(),
+            tid,
+        }
+    }
+
+    /// How many threads have ever joined.
+    pub fn joins(&self) -> u64 {
+        self.joins.load(Ordering::Acquire)
+    }
+
+    fn tids(&self) -> Vec<libc::pid_t> {
+        self.members
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|m| m.tid)
+            .collect()
+    }
+
+    /// Whether any member is runnable; `None` when the group has no members.
+    pub fn runnable(&self) -> Option<bool> {
+        let members = self.members.lock().unwrap_or_else(|e| e.into_inner());
+        if members.is_empty() {
+            return None;
+        }
+        let mut buf = [0u8; 512];
+        Some(members.iter().any(|m| {
+            let Some(file) = &m.stat else { return false };
+            let Ok(n) = std::os::unix::fs::FileExt::read_at(file, &mut buf, 0) else {
+                return false;
+            };
+            let text = &buf[..n];
+            text.iter()
+                .rposition(|&b| b == b')')
+                .and_then(|close| text[close + 1..].iter().find(|b| !b.is_ascii_whitespace()))
+                == Some(&b'R')
+        }))
+    }
+
+    /// Binds every member to `cpus`.
+    pub fn confine(&self, cpus: &[usize]) -> Result<(), Error> {
+        for tid in self.tids() {
+            confine_thread(tid, cpus)?;
+        }
+        Ok(())
+    }
+
+    /// Sets every member's scheduling class.
+    pub fn set_policy(&self, policy: Policy) -> Result<(), Error> {
+        for tid in self.tids() {
+            set_policy(tid, policy)?;
+        }
+        Ok(())
+    }
+
+    /// CPU time of the members, present and past.
+    pub fn cpu_time(&self) -> Duration {
+        let live: u64 = self
+            .tids()
+            .into_iter()
+            .filter_map(|tid| {
+                let text =
+                    std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?;
+                text.split_ascii_whitespace().next()?.parse::<u64>().ok()
+            })
+            .sum();
+        Duration::from_nanos(live + self.departed_ns.load(Ordering::Relaxed))
+    }
 }

@@ -128,6 +128,10 @@ pub(crate) fn thread_main(
     let end = run_loop(index, &mut vcpu, &shared);
     KVM_RUN.with(|c| c.set(std::ptr::null_mut()));
     shared.control.record_final_cpu_time(index as usize);
+    // A scheduler may have pinned and ranked this thread: leaving like that, it would
+    // wait behind the vCPU that now has its host CPU (and the VM's teardown with it).
+    // Leave as an ordinary thread free to finish on any CPU.
+    crate::placement::release_current_thread();
     reporter.send(end);
 }
 
