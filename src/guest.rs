@@ -101,6 +101,18 @@ pub fn barrier_spin_us(threads: u32, host_cpus: usize) -> u64 {
 pub const DEDICATED_SPIN_US: u64 = 2000;
 pub const SHARED_SPIN_US: u64 = 50;
 
+/// Refuses a host CPU number this host does not have (`what` names the option).
+pub fn check_host_cpu(what: &str, cpu: usize) -> anyhow::Result<()> {
+    let host_cpus = host_cpus();
+    if cpu >= host_cpus {
+        anyhow::bail!(
+            "{what} {cpu} does not exist: this host has CPUs 0..={}",
+            host_cpus - 1
+        );
+    }
+    Ok(())
+}
+
 /// Host CPUs this process may use.
 pub fn host_cpus() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())

@@ -19,6 +19,7 @@ use hv::placement::{Policy, VcpuControl};
 use serde_json::json;
 
 use crate::cli::{Mechanism, SwitchArgs};
+use crate::guest;
 use crate::run;
 
 /// FIFO priorities: the chosen vCPU above the other; the controller above both.
@@ -27,21 +28,14 @@ const WAITING_RANK: u8 = 1;
 const CONTROLLER_RANK: u8 = 3;
 
 pub fn run_switch(args: &SwitchArgs, epoch: Instant) -> Result<u8> {
-    let host_cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if args.pcpu >= host_cpus {
-        bail!(
-            "--pcpu {} does not exist: this host has CPUs 0..={}",
-            args.pcpu,
-            host_cpus - 1
-        );
-    }
+    crate::guest::check_host_cpu("--pcpu", args.pcpu)?;
     if args.slice_us < 100 {
         bail!("--slice-us must be at least 100");
     }
     if args.millis == 0 || args.millis > 600_000 {
         bail!("--millis must be between 1 and 600000");
     }
-    let controller_cpu = (args.pcpu + 1) % host_cpus;
+    let controller_cpu = (args.pcpu + 1) % guest::host_cpus();
     let config = run::embedded_config(
         2,
         64,

@@ -18,14 +18,7 @@ use crate::node_config::{self, Domain, Node, SchedulerFile};
 use crate::sched_params;
 
 pub fn run_wake(args: &WakeArgs, epoch: Instant) -> Result<u8> {
-    let host_cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if args.pcpu >= host_cpus {
-        bail!(
-            "--pcpu {} does not exist: this host has CPUs 0..={}",
-            args.pcpu,
-            host_cpus - 1
-        );
-    }
+    crate::guest::check_host_cpu("--pcpu", args.pcpu)?;
     if !(10..=1_000_000).contains(&args.period_us) {
         bail!("--period-us must be between 10 and 1000000");
     }

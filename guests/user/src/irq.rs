@@ -250,17 +250,9 @@ pub fn bench(info: &BootInfo, rounds: usize, target: u32) -> bool {
         noise.mask(0, true);
     }
     device.mask(0, true);
+    // Lost rounds hold u64::MAX: sorted last, left out.
     samples.sort_unstable();
-    let valid = &samples[..rounds - lost as usize];
-    let micros = |ticks: u64| ticks as f64 * 1000.0 / info.tsc_khz as f64;
-    let at = |q: f64| -> f64 {
-        if valid.is_empty() {
-            return f64::NAN;
-        }
-        // Nearest rank.
-        let rank = libm::ceil(q * valid.len() as f64) as usize;
-        micros(valid[rank.clamp(1, valid.len()) - 1])
-    };
+    let at = crate::stats::quantiles(&mut samples[..rounds - lost as usize], info.tsc_khz);
     let mut line = Line::new();
     let _ = write!(
         line,

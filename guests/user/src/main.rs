@@ -9,6 +9,7 @@
 mod irq;
 mod mem;
 mod probe;
+mod stats;
 mod sync;
 mod sys;
 

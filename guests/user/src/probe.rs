@@ -94,15 +94,7 @@ pub fn report(info: &BootInfo, millis: u64) -> bool {
     }
     // SAFETY: the n values written above.
     let costs = unsafe { core::slice::from_raw_parts_mut(scratch, n) };
-    costs.sort_unstable();
-    let micros = |t: u64| t as f64 * 1000.0 / info.tsc_khz as f64;
-    let at = |q: f64| -> f64 {
-        if costs.is_empty() {
-            return f64::NAN;
-        }
-        let rank = libm::ceil(q * costs.len() as f64) as usize;
-        micros(costs[rank.clamp(1, costs.len()) - 1])
-    };
+    let at = crate::stats::quantiles(costs, info.tsc_khz);
     let mut line = Line::new();
     let _ = write!(
         line,
@@ -147,15 +139,7 @@ pub fn wake(info: &BootInfo, millis: u64, period_us: u64) -> bool {
     }
     // SAFETY: the n samples written above.
     let lates = unsafe { core::slice::from_raw_parts_mut(samples, n) };
-    lates.sort_unstable();
-    let micros = |t: u64| t as f64 * 1000.0 / info.tsc_khz as f64;
-    let at = |q: f64| -> f64 {
-        if lates.is_empty() {
-            return f64::NAN;
-        }
-        let rank = libm::ceil(q * lates.len() as f64) as usize;
-        micros(lates[rank.clamp(1, lates.len()) - 1])
-    };
+    let at = crate::stats::quantiles(lates, info.tsc_khz);
     let mut line = Line::new();
     let _ = write!(
         line,
