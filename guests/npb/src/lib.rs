@@ -12,28 +12,33 @@ use core::str::FromStr;
 pub mod ep;
 #[cfg(any(test, feature = "host"))]
 pub mod host;
+pub mod is;
 pub mod mg;
 pub mod random;
 pub mod team;
+#[cfg(test)]
+mod testing;
 
 use team::{Arena, Team};
 
-/// A benchmark kernel. IS, CG, MG and FT are to follow; each gets its own module with
-/// per-thread work, combine and verify, and a row in the `match`es below.
+/// A benchmark kernel. Each has its own module with per-thread work, combine and
+/// verify, and a row in the `match`es below.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
 pub enum Kernel {
     Ep,
     Mg,
+    Is,
 }
 
 impl Kernel {
-    pub const ALL: &'static [Kernel] = &[Kernel::Ep, Kernel::Mg];
+    pub const ALL: &'static [Kernel] = &[Kernel::Ep, Kernel::Mg, Kernel::Is];
 
     /// Lower-case name as written on command lines and in results: `ep`.
     pub fn name(self) -> &'static str {
         match self {
             Kernel::Ep => "ep",
             Kernel::Mg => "mg",
+            Kernel::Is => "is",
         }
     }
 
@@ -236,6 +241,7 @@ pub fn workload_heap_bytes(spec: Spec, threads: u32) -> u64 {
     (match spec.kernel {
         Kernel::Ep => ep::heap_bytes(threads),
         Kernel::Mg => mg::heap_bytes(spec.class, threads),
+        Kernel::Is => is::heap_bytes(spec.class, threads),
     }) as u64
 }
 
@@ -246,6 +252,7 @@ pub fn run(spec: Spec, team: &Team, arena: &mut Arena) -> Outcome {
     match spec.kernel {
         Kernel::Ep => ep::run(spec.class, team, arena),
         Kernel::Mg => mg::run(spec.class, team, arena),
+        Kernel::Is => is::run(spec.class, team, arena),
     }
 }
 
@@ -342,7 +349,7 @@ mod tests {
         let err = "xx.S".parse::<Spec>().unwrap_err();
         assert_eq!(
             err.to_string(),
-            "unknown benchmark 'xx' in 'xx.S' (known: ep, mg)"
+            "unknown benchmark 'xx' in 'xx.S' (known: ep, mg, is)"
         );
         assert_eq!((err.kind(), err.item()), ("unknown-benchmark", "xx.S"));
 

@@ -1,0 +1,57 @@
+//! Test support shared by the kernels' unit tests: run a closure on a team of host
+//! threads over one arena, as the runtimes do.
+
+extern crate std;
+use std::sync::Barrier;
+use std::time::Instant;
+use std::vec;
+use std::vec::Vec;
+
+use crate::team::{Arena, Runtime, Team};
+
+/// A plain barrier runtime, so a kernel's phases can be run on a team directly.
+struct TestRuntime {
+    barrier: Barrier,
+    origin: Instant,
+}
+
+impl Runtime for TestRuntime {
+    fn barrier(&self) {
+        self.barrier.wait();
+    }
+    fn seconds(&self) -> f64 {
+        self.origin.elapsed().as_secs_f64()
+    }
+}
+
+/// Runs `body` on `threads` threads sharing a zeroed arena of `bytes`; rank 0's result.
+pub fn on_team<R: Send>(
+    threads: usize,
+    bytes: usize,
+    body: impl Fn(&Team, &mut Arena) -> R + Sync,
+) -> R {
+    let mut memory = vec![0u64; bytes / 8 + 16];
+    let base = memory.as_mut_ptr() as usize;
+    let len = memory.len() * 8;
+    let runtime = TestRuntime {
+        barrier: Barrier::new(threads),
+        origin: Instant::now(),
+    };
+    let mut results: Vec<R> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|rank| {
+                let (runtime, body) = (&runtime, &body);
+                scope.spawn(move || {
+                    let team = Team::new(rank, threads, runtime);
+                    // SAFETY: `memory` outlives the scope; every thread carves it the
+                    // same way.
+                    let mut arena = unsafe { Arena::new(base as *mut u8, len) };
+                    body(&team, &mut arena)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    drop(memory);
+    results.swap_remove(0)
+}
