@@ -5,12 +5,18 @@
 //! - `0x3F8..=0x3FF` COM1 ([`serial::Com1`])
 //! - `0xF4..=0xF7` debug-exit ([`debug_exit::DebugExit`])
 //! - `0x80` boot-timer ([`boot_timer::BootTimer`])
+//! - `0xCF8..=0xCFF` PCI configuration ports ([`pci::ConfigPorts`])
+//!
+//! PCI ([`pci`]): bus 0 through ECAM (a memory window) or the ports above; devices'
+//! memory BARs are routed by [`pci::PciBus::mmio_read`] / [`pci::PciBus::mmio_write`].
 //!
 //! Any other port reads as all ones and ignores writes.
 
 pub mod boot_timer;
 pub mod bus;
 pub mod debug_exit;
+pub mod irq_test;
+pub mod pci;
 pub mod serial;
 
 pub use boot_timer::BootTimer;

@@ -1,0 +1,315 @@
+//! PCI bus 0: a host bridge and up to 31 devices, reached through ECAM (a memory
+//! window the ACPI MCFG table describes) or the legacy 0xCF8/0xCFC ports, and the
+//! routing of memory accesses to the device whose BAR decodes them.
+//!
+//! The bus is built before the vCPUs run and shared by them read-only; only the table
+//! of decoded BAR regions changes at run time (after a configuration write, when the
+//! guest may have moved a BAR or toggled memory decoding), behind a `RwLock` that the
+//! data path only reads. Devices lock their own state.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, RwLock};
+
+use super::config::{BarRegion, ConfigSpace, ECAM_FUNCTION_SIZE};
+use crate::{IoAction, PioDevice};
+
+/// Devices (slots) on a bus.
+pub const SLOTS: usize = 32;
+/// Bytes of ECAM for one bus: 32 devices x 8 functions x 4 KiB.
+pub const ECAM_BUS_SIZE: u64 = 1 << 20;
+
+/// A PCI function on kumo's bus. Offsets are relative to the configuration space or
+/// to the BAR; data is 1 to 8 bytes. Called from vCPU threads concurrently: a device
+/// locks its own state.
+pub trait PciDevice: Send + Sync {
+    fn config_read(&self, offset: usize, data: &mut [u8]);
+    fn config_write(&self, offset: usize, data: &[u8]);
+    /// Its memory BARs that decode now (see [`ConfigSpace::memory_regions`]).
+    fn memory_regions(&self) -> Vec<BarRegion>;
+    fn bar_read(&self, bar: u8, offset: u64, data: &mut [u8]);
+    fn bar_write(&self, bar: u8, offset: u64, data: &[u8]);
+}
+
+/// Errors building a bus (VMM configuration mistakes).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PciError {
+    #[error("PCI bus 0 is full ({SLOTS} slots)")]
+    Full,
+    #[error("no room for a {size:#x}-byte BAR in the PCI memory window")]
+    WindowFull { size: u64 },
+}
+
+/// The host bridge in slot 0: identity only (Intel's Q35 MCH IDs, which guests know).
+pub struct HostBridge {
+    config: ConfigSpace,
+}
+
+impl HostBridge {
+    pub fn new() -> HostBridge {
+        HostBridge {
+            config: ConfigSpace::new(0x8086, 0x29c0, 0x06_00_00, 0),
+        }
+    }
+}
+
+impl Default for HostBridge {
+    fn default() -> Self {
+        HostBridge::new()
+    }
+}
+
+impl PciDevice for HostBridge {
+    fn config_read(&self, offset: usize, data: &mut [u8]) {
+        self.config.read(offset, data);
+    }
+    // Nothing in the bridge's header is writable that kumo models.
+    fn config_write(&self, _offset: usize, _data: &[u8]) {}
+    fn memory_regions(&self) -> Vec<BarRegion> {
+        Vec::new()
+    }
+    fn bar_read(&self, _bar: u8, _offset: u64, data: &mut [u8]) {
+        data.fill(0xff);
+    }
+    fn bar_write(&self, _bar: u8, _offset: u64, _data: &[u8]) {}
+}
+
+/// A decoded BAR: where, and whose.
+#[derive(Debug, Clone, Copy)]
+struct Route {
+    region: BarRegion,
+    slot: usize,
+}
+
+/// Bus 0.
+pub struct PciBus {
+    slots: Vec<Option<Arc<dyn PciDevice>>>,
+    ecam_base: u64,
+    routes: RwLock<Vec<Route>>,
+}
+
+impl PciBus {
+    /// A bus with its host bridge, whose ECAM window starts at `ecam_base`.
+    pub fn new(ecam_base: u64) -> PciBus {
+        let mut slots: Vec<Option<Arc<dyn PciDevice>>> = vec![None; SLOTS];
+        slots[0] = Some(Arc::new(HostBridge::new()));
+        PciBus {
+            slots,
+            ecam_base,
+            routes: RwLock::new(Vec::new()),
+        }
+    }
+
+    /// Plugs `device` into the first free slot; returns the slot.
+    pub fn add(&mut self, device: Arc<dyn PciDevice>) -> Result<u8, PciError> {
+        let slot = self
+            .slots
+            .iter()
+            .position(Option::is_none)
+            .ok_or(PciError::Full)?;
+        self.slots[slot] = Some(device);
+        self.refresh_routes();
+        Ok(slot as u8)
+    }
+
+    fn device(&self, bus: u32, slot: u32, function: u32) -> Option<&Arc<dyn PciDevice>> {
+        if bus != 0 || function != 0 {
+            return None;
+        }
+        self.slots.get(slot as usize)?.as_ref()
+    }
+
+    /// Reads configuration space; nothing there reads as all ones.
+    pub fn config_read(&self, bus: u32, slot: u32, function: u32, offset: usize, data: &mut [u8]) {
+        match self.device(bus, slot, function) {
+            Some(device) if offset + data.len() <= ECAM_FUNCTION_SIZE => {
+                device.config_read(offset, data)
+            }
+            _ => data.fill(0xff),
+        }
+    }
+
+    /// Writes configuration space (ignored where nothing answers).
+    pub fn config_write(&self, bus: u32, slot: u32, function: u32, offset: usize, data: &[u8]) {
+        if let Some(device) = self.device(bus, slot, function)
+            && offset + data.len() <= ECAM_FUNCTION_SIZE
+        {
+            device.config_write(offset, data);
+            // The write may have moved a BAR or switched decoding.
+            self.refresh_routes();
+        }
+    }
+
+    fn refresh_routes(&self) {
+        let routes = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(slot, d)| Some((slot, d.as_ref()?)))
+            .flat_map(|(slot, d)| {
+                d.memory_regions()
+                    .into_iter()
+                    .map(move |region| Route { region, slot })
+            })
+            .collect();
+        *self.routes.write().unwrap_or_else(|e| e.into_inner()) = routes;
+    }
+
+    /// Splits an ECAM offset into (bus, slot, function, register).
+    fn ecam_decode(offset: u64) -> (u32, u32, u32, usize) {
+        (
+            (offset >> 20) as u32,
+            ((offset >> 15) & 0x1f) as u32,
+            ((offset >> 12) & 0x7) as u32,
+            (offset & 0xfff) as usize,
+        )
+    }
+
+    fn ecam_offset(&self, addr: u64) -> Option<u64> {
+        addr.checked_sub(self.ecam_base)
+            .filter(|&off| off < ECAM_BUS_SIZE)
+    }
+
+    /// A memory read: ECAM or a device's BAR. False if nothing decodes `addr`.
+    pub fn mmio_read(&self, addr: u64, data: &mut [u8]) -> bool {
+        if let Some(off) = self.ecam_offset(addr) {
+            let (bus, slot, function, reg) = Self::ecam_decode(off);
+            self.config_read(bus, slot, function, reg, data);
+            return true;
+        }
+        match self.route(addr, data.len()) {
+            Some((device, bar, offset)) => {
+                device.bar_read(bar, offset, data);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// A memory write: ECAM or a device's BAR. False if nothing decodes `addr`.
+    pub fn mmio_write(&self, addr: u64, data: &[u8]) -> bool {
+        if let Some(off) = self.ecam_offset(addr) {
+            let (bus, slot, function, reg) = Self::ecam_decode(off);
+            self.config_write(bus, slot, function, reg, data);
+            return true;
+        }
+        match self.route(addr, data.len()) {
+            Some((device, bar, offset)) => {
+                device.bar_write(bar, offset, data);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The device, BAR and offset of an access wholly inside one decoded BAR.
+    fn route(&self, addr: u64, len: usize) -> Option<(Arc<dyn PciDevice>, u8, u64)> {
+        let routes = self.routes.read().unwrap_or_else(|e| e.into_inner());
+        let route = routes.iter().find(|r| {
+            addr.checked_sub(r.region.address)
+                .is_some_and(|off| off.saturating_add(len as u64) <= r.region.size)
+        })?;
+        let device = self.slots[route.slot].clone()?;
+        Some((device, route.region.index, addr - route.region.address))
+    }
+}
+
+/// The legacy configuration mechanism: address register at 0xCF8, data at
+/// 0xCFC..=0xCFF. Registered on the port bus for `0xCF8..0xD00`.
+pub struct ConfigPorts {
+    bus: Arc<PciBus>,
+    address: AtomicU32,
+}
+
+/// First port of [`ConfigPorts`] and how many it takes.
+pub const CONFIG_PORTS_BASE: u16 = 0xcf8;
+pub const CONFIG_PORTS_LEN: u16 = 8;
+const ENABLE: u32 = 1 << 31;
+
+impl ConfigPorts {
+    pub fn new(bus: Arc<PciBus>) -> ConfigPorts {
+        ConfigPorts {
+            bus,
+            address: AtomicU32::new(0),
+        }
+    }
+
+    /// (bus, slot, function, register) the address register selects, if enabled.
+    fn target(&self, port_offset: u16) -> Option<(u32, u32, u32, usize)> {
+        let address = self.address.load(Ordering::SeqCst);
+        (address & ENABLE != 0).then(|| {
+            (
+                (address >> 16) & 0xff,
+                (address >> 11) & 0x1f,
+                (address >> 8) & 0x7,
+                (address & 0xfc) as usize + usize::from(port_offset - 4),
+            )
+        })
+    }
+}
+
+impl PioDevice for ConfigPorts {
+    fn read(&self, offset: u16, data: &mut [u8]) {
+        match offset {
+            0 if data.len() == 4 => {
+                data.copy_from_slice(&self.address.load(Ordering::SeqCst).to_le_bytes())
+            }
+            4..=7 => match self.target(offset) {
+                Some((bus, slot, function, reg)) => {
+                    self.bus.config_read(bus, slot, function, reg, data)
+                }
+                None => data.fill(0xff),
+            },
+            _ => data.fill(0xff),
+        }
+    }
+
+    fn write(&self, offset: u16, data: &[u8]) -> IoAction {
+        match offset {
+            0 if data.len() == 4 => {
+                let value = u32::from_le_bytes([data[0], data[1], data[2], data[3]]);
+                self.address.store(value & 0x80ff_fffc, Ordering::SeqCst);
+            }
+            4..=7 => {
+                if let Some((bus, slot, function, reg)) = self.target(offset) {
+                    self.bus.config_write(bus, slot, function, reg, data);
+                }
+            }
+            _ => {}
+        }
+        IoAction::Continue
+    }
+}
+
+/// Hands out BAR addresses from a window, naturally aligned, as firmware does before
+/// the guest boots.
+#[derive(Debug, Clone)]
+pub struct BarAllocator {
+    next: u64,
+    end: u64,
+}
+
+impl BarAllocator {
+    /// The window `[start, end)`.
+    pub fn new(start: u64, end: u64) -> BarAllocator {
+        BarAllocator { next: start, end }
+    }
+
+    /// An address for a BAR of `size` (a power of two).
+    pub fn allocate(&mut self, size: u64) -> Result<u64, PciError> {
+        let fits = if size.is_power_of_two() {
+            self.next
+                .checked_next_multiple_of(size)
+                .and_then(|at| Some((at, at.checked_add(size)?)))
+                .filter(|&(_, end)| end <= self.end)
+        } else {
+            None
+        };
+        match fits {
+            Some((at, end)) => {
+                self.next = end;
+                Ok(at)
+            }
+            None => Err(PciError::WindowFull { size }),
+        }
+    }
+}

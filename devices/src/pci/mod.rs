@@ -1,0 +1,12 @@
+//! PCI for guests: configuration space with its write masks ([`config`]), MSI-X
+//! ([`msix`]), and bus 0 with ECAM, the legacy configuration ports and BAR routing
+//! ([`bus`]). KVM-free: the VMM feeds guest accesses in and turns MSI-X messages and
+//! route changes into injections.
+
+pub mod bus;
+pub mod config;
+pub mod msix;
+
+pub use bus::{BarAllocator, ConfigPorts, HostBridge, PciBus, PciDevice, PciError};
+pub use config::{Bar, BarKind, BarRegion, ConfigError, ConfigSpace};
+pub use msix::{MsiMessage, Msix, Update};
