@@ -45,6 +45,11 @@ pub struct BootInfo {
     pub pci_ecam: u64,
     /// Address of the supervisor's [`IrqRecord`] array, one per device vector.
     pub irq_log: u64,
+    /// Address of the supervisor's APIC ID -> CPU index table (256 bytes, 0xFF where
+    /// there is no CPU), from the MADT. Ring 3 aims interrupts with it: CPUID in ring 3
+    /// need not reach the hypervisor (on PVM hosts it runs natively and reports the
+    /// host's APIC ID).
+    pub apic_to_cpu: u64,
 }
 
 /// Interrupt vectors the supervisor hands to devices: `DEVICE_VECTOR_BASE + i` for

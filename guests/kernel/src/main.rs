@@ -86,6 +86,7 @@ static BOOT_INFO: BspWritten<BootInfo> = BspWritten(UnsafeCell::new(BootInfo {
     entry_tsc: 0,
     pci_ecam: 0,
     irq_log: 0,
+    apic_to_cpu: 0,
 }));
 /// Ring-3 stacks: `USER_STACK_SIZE` per CPU from here.
 static USER_STACKS: BspWritten<u64> = BspWritten(UnsafeCell::new(0));
@@ -136,6 +137,7 @@ extern "C" fn bsp_main(start_info: u32) -> ! {
         info.entry_tsc = read_volatile(&raw const entry_tsc);
         info.pci_ecam = pci_ecam(si);
         info.irq_log = &raw const irq_log as u64;
+        info.apic_to_cpu = &raw const apic_to_cpu as u64;
     }
     serial_init();
     // With a TSC-deadline timer the BSP can sleep while the APs start (they may share

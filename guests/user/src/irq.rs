@@ -8,10 +8,9 @@
 
 use core::fmt::Write;
 use core::ptr::{read_volatile, write_volatile};
-use core::sync::atomic::{AtomicU32, Ordering};
 
 use kumo_abi::irq_device::{DEVICE_ID, DOORBELL_STRIDE, MSIX_PBA, MSIX_TABLE, VENDOR_ID};
-use kumo_abi::{BootInfo, DEVICE_VECTOR_BASE, DEVICE_VECTORS, IrqRecord, MAX_CPUS};
+use kumo_abi::{BootInfo, DEVICE_VECTOR_BASE, DEVICE_VECTORS, IrqRecord};
 
 use crate::{Line, sys};
 
@@ -21,14 +20,16 @@ const TIMEOUT_MS: u64 = 2000;
 const NOISE_VECTOR_INDEX: usize = DEVICE_VECTORS - 1;
 const PCI_CAP_MSIX: u32 = 0x11;
 
-/// APIC ID of each CPU, written by each CPU itself when it enters the runtime.
-pub static APIC_IDS: [AtomicU32; MAX_CPUS] = [const { AtomicU32::new(u32::MAX) }; MAX_CPUS];
-
-/// This CPU's x2APIC ID (CPUID leaf 0xB; kumo and QEMU provide it).
-pub fn record_apic_id(cpu: u32) {
-    // CPUID is available in ring 3 (it exits to the hypervisor).
-    let leaf = core::arch::x86_64::__cpuid_count(0xB, 0);
-    APIC_IDS[cpu as usize].store(leaf.edx, Ordering::Release);
+/// The APIC ID of CPU `cpu`, from the supervisor's APIC ID -> CPU table (not CPUID:
+/// in ring 3 it may run natively and report the host's APIC ID).
+fn apic_id(info: &BootInfo, cpu: u32) -> Option<u32> {
+    // SAFETY: the supervisor's 256-byte table, identity-mapped and read-only to us,
+    // written before ring 3 started.
+    let table = unsafe { core::slice::from_raw_parts(info.apic_to_cpu as *const u8, 256) };
+    table
+        .iter()
+        .position(|&c| u32::from(c) == cpu)
+        .map(|id| id as u32)
 }
 
 fn read32(addr: u64) -> u32 {
@@ -157,8 +158,11 @@ pub fn check(info: &BootInfo) -> bool {
     let vectors = device.vectors.min(DEVICE_VECTORS - 1);
     let (mut delivered, mut misrouted, mut lost) = (0u32, 0u32, 0u32);
     for (entry, record) in log.iter().enumerate().take(vectors) {
-        for apic_ids in &APIC_IDS[..info.cpus as usize] {
-            let apic_id = apic_ids.load(Ordering::Acquire);
+        for cpu in 0..info.cpus {
+            let Some(apic_id) = apic_id(info, cpu) else {
+                lost += 1;
+                continue;
+            };
             device.program(entry, apic_id, entry, false);
             let before = count(record);
             device.ring(entry);
@@ -224,7 +228,10 @@ pub fn bench(info: &BootInfo, rounds: usize, target: u32) -> bool {
         return false;
     }
     let log = records(info);
-    let apic_id = APIC_IDS[target as usize].load(Ordering::Acquire);
+    let Some(apic_id) = apic_id(info, target) else {
+        bad_request("target-cpu-out-of-range");
+        return false;
+    };
     device.program(0, apic_id, 0, false);
     if let Some(noise) = &noise {
         noise.program(0, apic_id, NOISE_VECTOR_INDEX, false);

@@ -104,7 +104,6 @@ static JOIN: Barrier = Barrier::new();
 static TEAM: Barrier = Barrier::new();
 
 extern "C" fn user_main(info: &'static BootInfo, cpu: u32) -> ! {
-    irq::record_apic_id(cpu);
     if cpu == 0 {
         master(info)
     }
