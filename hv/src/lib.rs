@@ -22,6 +22,7 @@ pub mod credit;
 pub mod elf;
 mod fault;
 pub mod irq;
+pub mod irq_device;
 mod kvm;
 pub mod layout;
 pub mod placement;
@@ -123,6 +124,8 @@ pub enum Error {
     VcpuThread { index: u32, why: String },
     #[error("credit scheduler: {0}")]
     Scheduler(String),
+    #[error("PCI: {0}")]
+    Device(String),
 }
 
 /// The most vCPUs one VM may have on this host (KVM_CAP_MAX_VCPUS, else

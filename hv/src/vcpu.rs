@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Once};
 
+use devices::pci::PciBus;
 use devices::{IoAction, PioBus};
 use kvm_bindings::{KVM_EXIT_IO_IN, KVM_EXIT_IO_OUT, kvm_run};
 use kvm_ioctls::{VcpuExit, VcpuFd};
@@ -25,14 +26,17 @@ use crate::{Error, GuestExit};
 pub(crate) struct Shared {
     pub stop: AtomicBool,
     pub bus: PioBus,
+    /// ECAM and the devices' memory BARs: every MMIO exit is theirs or unclaimed.
+    pub pci: Arc<PciBus>,
     pub control: Arc<VcpuControl>,
 }
 
 impl Shared {
-    pub fn new(bus: PioBus, control: Arc<VcpuControl>) -> Self {
+    pub fn new(bus: PioBus, pci: Arc<PciBus>, control: Arc<VcpuControl>) -> Self {
         Self {
             stop: AtomicBool::new(false),
             bus,
+            pci,
             control,
         }
     }
@@ -156,20 +160,24 @@ fn run_loop(index: u32, vcpu: &mut VcpuFd, shared: &Shared) -> VcpuEnd {
         let step = match vcpu.run() {
             Ok(VcpuExit::IoIn(..) | VcpuExit::IoOut(..)) => Step::Io,
             Ok(VcpuExit::MmioRead(addr, data)) => {
-                tracing::debug!(
-                    vcpu = index,
-                    "unhandled MMIO read of {} bytes at {addr:#x}",
-                    data.len()
-                );
-                data.fill(0xff);
+                if !shared.pci.mmio_read(addr, data) {
+                    tracing::debug!(
+                        vcpu = index,
+                        "unclaimed MMIO read of {} bytes at {addr:#x}",
+                        data.len()
+                    );
+                    data.fill(0xff);
+                }
                 Step::Continue
             }
             Ok(VcpuExit::MmioWrite(addr, data)) => {
-                tracing::debug!(
-                    vcpu = index,
-                    "unhandled MMIO write of {} bytes at {addr:#x}",
-                    data.len()
-                );
+                if !shared.pci.mmio_write(addr, data) {
+                    tracing::debug!(
+                        vcpu = index,
+                        "unclaimed MMIO write of {} bytes at {addr:#x}",
+                        data.len()
+                    );
+                }
                 Step::Continue
             }
             Ok(VcpuExit::Shutdown) => Step::Fault(FaultReason::TripleFault),

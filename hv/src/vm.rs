@@ -9,11 +9,13 @@ use std::time::{Duration, Instant};
 
 use devices::boot_timer::BOOT_TIMER_PORT;
 use devices::debug_exit::{DEBUG_EXIT_LEN, DEBUG_EXIT_PORT};
+use devices::pci::{BarAllocator, ConfigPorts, PciBus, PciDevice};
 use devices::serial::{COM1_LEN, COM1_PORT};
 use devices::{BootTimer, Com1, DebugExit, PioBus, PioRange};
 use kvm_bindings::{CpuId, KVM_MAX_CPUID_ENTRIES, kvm_userspace_memory_region};
-use kvm_ioctls::{Kvm, VcpuFd, VmFd};
+use kvm_ioctls::{IoEventAddress, Kvm, NoDatamatch, VcpuFd, VmFd};
 use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::signal::Killable;
 
 use crate::irq::{EventLoop, GsiRouter, Msi};
@@ -31,6 +33,9 @@ pub struct Vm {
     /// until they are dropped.
     vm: Arc<VmFd>,
     control: Arc<VcpuControl>,
+    /// Bus 0 and the window its BARs are placed in, filled before `run`.
+    pci: PciBus,
+    bar_window: BarAllocator,
     _kvm: Kvm,
     memory: GuestMemoryMmap,
     memfd: File,
@@ -172,6 +177,8 @@ impl Vm {
             vcpus,
             vm: Arc::new(vm),
             control: Arc::new(VcpuControl::new(config.vcpus as usize)),
+            pci: PciBus::new(PCI_ECAM_BASE),
+            bar_window: BarAllocator::new(PCI_MMIO_START, PCI_MMIO_END),
             _kvm: kvm,
             memory,
             memfd,
@@ -210,6 +217,29 @@ impl Vm {
         GsiRouter::new(self.vm.clone())
     }
 
+    /// Plugs a device into PCI bus 0 (before `run`); returns its slot.
+    pub fn add_pci_device(&mut self, device: Arc<dyn PciDevice>) -> Result<u8, Error> {
+        self.pci
+            .add(device)
+            .map_err(|e| Error::Device(e.to_string()))
+    }
+
+    /// A guest-physical address for a memory BAR of `size` bytes, as firmware would
+    /// assign it (the guest keeps what it finds).
+    pub fn allocate_bar(&mut self, size: u64) -> Result<u64, Error> {
+        self.bar_window
+            .allocate(size)
+            .map_err(|e| Error::Device(e.to_string()))
+    }
+
+    /// Has KVM signal `eventfd` on every guest write of `len` bytes at `addr` (an
+    /// MMIO doorbell that never leaves the kernel: KVM_IOEVENTFD).
+    pub fn register_mmio_doorbell(&self, eventfd: &EventFd, addr: u64) -> Result<(), Error> {
+        self.vm
+            .register_ioevent(eventfd, &IoEventAddress::Mmio(addr), NoDatamatch)
+            .map_err(ioctl("KVM_IOEVENTFD"))
+    }
+
     pub fn vcpu_count(&self) -> u32 {
         self.vcpus.len() as u32
     }
@@ -227,16 +257,22 @@ impl Vm {
         let com1 = Arc::new(Com1::new(console));
         let timer = Arc::new(BootTimer::new());
         let mut bus = PioBus::new();
-        let devices: [(u16, u16, Arc<dyn devices::PioDevice>); 3] = [
+        let pci = Arc::new(self.pci);
+        let devices: [(u16, u16, Arc<dyn devices::PioDevice>); 4] = [
             (COM1_PORT, COM1_LEN, com1.clone()),
             (DEBUG_EXIT_PORT, DEBUG_EXIT_LEN, Arc::new(DebugExit)),
             (BOOT_TIMER_PORT, 1, timer.clone()),
+            (
+                devices::pci::bus::CONFIG_PORTS_BASE,
+                devices::pci::bus::CONFIG_PORTS_LEN,
+                Arc::new(ConfigPorts::new(pci.clone())),
+            ),
         ];
         for (base, len, device) in devices {
             bus.insert(PioRange::new(base, len), device)
                 .expect("the fixed port map does not overlap");
         }
-        let shared = Arc::new(Shared::new(bus, self.control.clone()));
+        let shared = Arc::new(Shared::new(bus, pci, self.control.clone()));
         let (tx, rx) = mpsc::channel();
 
         let count = self.vcpus.len();
