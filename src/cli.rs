@@ -111,6 +111,48 @@ pub enum BenchCommand {
     Switch(SwitchArgs),
     /// Wake-up latency of a halted vCPU beside a busy one, per credit slice.
     Wake(WakeArgs),
+    /// Interrupt latency of the test device, generic path vs fast path.
+    Irq(IrqBenchArgs),
+}
+
+fn irq_path(text: &str) -> Result<hv::irq::IrqPath, String> {
+    text.parse()
+}
+
+#[derive(Args, Debug)]
+pub struct IrqBenchArgs {
+    /// The path to measure: generic (one event-loop thread, KVM_SIGNAL_MSI) or fast
+    /// (irqfd per vector) [default: both, side by side].
+    #[arg(long, value_name = "PATH", value_parser = irq_path)]
+    pub path: Option<hv::irq::IrqPath>,
+
+    /// Interrupts per second of a second, noisy device on the generic path (0: none).
+    #[arg(long, value_name = "HZ", default_value_t = 0.0)]
+    pub noise_rate: f64,
+
+    /// vCPUs of the guest.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub vcpus: u32,
+
+    /// The vCPU the test vector is aimed at.
+    #[arg(long, value_name = "K", default_value_t = 1)]
+    pub target_vcpu: u32,
+
+    /// Doorbell rounds (one interrupt outstanding at a time).
+    #[arg(long, value_name = "R", default_value_t = 2000)]
+    pub rounds: u32,
+
+    /// The device's delay between doorbell and interrupt, in microseconds.
+    #[arg(long, value_name = "US", default_value_t = 0)]
+    pub delay_us: u64,
+
+    /// Print one JSON object per path.
+    #[arg(long)]
+    pub json: bool,
+
+    /// The KVM device to open.
+    #[arg(long, value_name = "PATH", default_value = "/dev/kvm")]
+    pub kvm_device: PathBuf,
 }
 
 #[derive(Args, Debug)]
@@ -259,6 +301,16 @@ pub struct VmArgs {
     /// `credit` (Xen's defaults) or `credit:tslice=1ms,tick=1ms,ratelimit=100us`.
     #[arg(long, value_name = "SPEC")]
     pub sched: Option<String>,
+
+    /// Attach kumo's interrupt test device and run the guest's delivery check instead
+    /// of NPB: every vector to every vCPU (re-targeted live), masking and the PBA.
+    #[arg(long, conflicts_with_all = ["kernel", "npb", "sched"])]
+    pub irq_check: bool,
+
+    /// Interrupt path of the test device: generic (one event-loop thread,
+    /// KVM_SIGNAL_MSI) or fast (an irqfd per vector, routed where the guest aims it).
+    #[arg(long, value_name = "PATH", default_value = "generic", value_parser = irq_path, requires = "irq_check")]
+    pub irq_path: hv::irq::IrqPath,
 
     /// Write the embedded guest ELF to PATH and exit (boot it elsewhere: QEMU, Xen).
     #[arg(long, value_name = "PATH", conflicts_with_all = ["kernel", "npb", "json"])]

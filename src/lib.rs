@@ -5,6 +5,7 @@
 pub mod cli;
 pub mod ctl;
 pub mod guest;
+pub mod irq;
 pub mod native;
 pub mod node;
 pub mod node_config;

@@ -31,7 +31,9 @@ fn main() -> ExitCode {
         (Some(Command::Bench(BenchCommand::Switch(args))), _, _) => {
             kumo::switch::run_switch(args, epoch)
         }
+        (Some(Command::Bench(BenchCommand::Irq(args))), _, _) => kumo::irq::run_bench(args, epoch),
         (None, Some(path), _) => run::dump_guest(path),
+        (None, None, None) if vm.irq_check => kumo::irq::run_check(vm, epoch),
         (None, None, Some(kernel)) => run::run_kernel(vm, kernel, epoch),
         (None, None, None) => run::run_embedded(vm, epoch),
     };

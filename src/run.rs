@@ -195,14 +195,15 @@ impl GuestRun {
 }
 
 /// Boots `config` (the embedded guest), handing the created VM to `prepare` before it
-/// runs (to take interrupt or placement handles), and collects its events.
+/// runs (to attach devices, take interrupt or placement handles), and collects its
+/// events.
 pub fn boot_embedded<T>(
     config: VmConfig,
     epoch: Instant,
-    prepare: impl FnOnce(&Vm) -> T,
+    prepare: impl FnOnce(&mut Vm) -> T,
 ) -> Result<(GuestRun, T)> {
-    let vm = Vm::new(config)?;
-    let prepared = prepare(&vm);
+    let mut vm = Vm::new(config)?;
+    let prepared = prepare(&mut vm);
     Ok((run_collecting(vm, epoch)?, prepared))
 }
 
