@@ -62,6 +62,8 @@ pub fn run(
 ) -> Result<(Vec<DomainReport>, Overhead, Duration)> {
     let process_cpu_before = process_cpu_time();
     let mut vms = Vec::new();
+    // Kept until every VM has ended (their threads feed the VMs' interrupts).
+    let mut irq_devices = Vec::new();
     for domain in &node.domains {
         let config = run::embedded_config(
             domain.vcpus,
@@ -69,7 +71,17 @@ pub fn run(
             domain.cmdline(),
             kvm_device,
         );
-        let vm = Vm::new(config).with_context(|| format!("domain '{}'", domain.name))?;
+        let mut vm = Vm::new(config).with_context(|| format!("domain '{}'", domain.name))?;
+        if let Some(path) = domain.irq_path {
+            let setup = hv::irq_device::IrqDeviceSetup {
+                path,
+                delay: Duration::ZERO,
+                noise_hz: None,
+            };
+            let devices = hv::irq_device::attach(&mut vm, &setup)
+                .with_context(|| format!("domain '{}': interrupt test device", domain.name))?;
+            irq_devices.push(devices);
+        }
         vms.push(vm);
     }
     let controls: Vec<Arc<VcpuControl>> = vms.iter().map(Vm::control).collect();

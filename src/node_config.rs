@@ -71,6 +71,11 @@ pub struct DomainFile {
     /// A guest probe after the benchmarks: `wake:MS:PERIOD_US` (wake-up latency of a
     /// halted vCPU), `busy:MS` (spin on every vCPU), `switch:MS`.
     pub probe: Option<String>,
+    /// Drive kumo's interrupt test device: `check` or `bench:ROUNDS:CPU`.
+    pub irq: Option<String>,
+    /// The test device's interrupt path, `generic` (default) or `fast`; giving it
+    /// attaches the device even without `irq`.
+    pub irq_path: Option<String>,
 }
 
 fn one() -> u32 {
@@ -92,6 +97,9 @@ pub struct Domain {
     pub specs: Vec<Spec>,
     pub idle_ms: Option<u64>,
     pub probe: Option<String>,
+    pub irq: Option<String>,
+    /// Attach the interrupt test device on this path.
+    pub irq_path: Option<hv::irq::IrqPath>,
     /// The guest's barrier spin (short: domains share the node's CPUs).
     pub spin_us: u64,
 }
@@ -107,7 +115,19 @@ impl Domain {
         if let Some(probe) = &self.probe {
             line.push_str(&format!(" probe={probe}"));
         }
+        if let Some(irq) = &self.irq {
+            line.push_str(&format!(" irq={irq}"));
+        }
         line
+    }
+}
+
+/// `check`, or `bench:ROUNDS:CPU` with numbers (the guest checks their ranges).
+fn valid_irq_action(text: &str) -> bool {
+    match text.split(':').collect::<Vec<_>>()[..] {
+        ["check"] => true,
+        ["bench", rounds, cpu] => rounds.parse::<u32>().is_ok() && cpu.parse::<u32>().is_ok(),
+        _ => false,
     }
 }
 
@@ -218,9 +238,22 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
         } else {
             guest::parse_specs(&d.npb).with_context(|| format!("domain '{name}'"))?
         };
-        if specs.is_empty() && d.idle_ms.is_none() && d.probe.is_none() {
-            bail!("domain '{name}' has no workload: give npb, idle_ms and/or probe");
+        if specs.is_empty() && d.idle_ms.is_none() && d.probe.is_none() && d.irq.is_none() {
+            bail!("domain '{name}' has no workload: give npb, idle_ms, probe and/or irq");
         }
+        if let Some(irq) = &d.irq
+            && !valid_irq_action(irq)
+        {
+            bail!("domain '{name}': irq '{irq}' is not 'check' or 'bench:ROUNDS:CPU'");
+        }
+        let irq_path = match (&d.irq_path, &d.irq) {
+            (Some(path), _) => Some(
+                path.parse::<hv::irq::IrqPath>()
+                    .map_err(|e| anyhow::anyhow!("domain '{name}': irq_path: {e}"))?,
+            ),
+            (None, Some(_)) => Some(hv::irq::IrqPath::Generic),
+            (None, None) => None,
+        };
         if let Some(probe) = &d.probe
             && (probe.is_empty() || !probe.chars().all(|c| c.is_ascii_alphanumeric() || c == ':'))
         {
@@ -240,6 +273,8 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
             specs,
             idle_ms: d.idle_ms,
             probe: d.probe,
+            irq: d.irq,
+            irq_path,
             spin_us: 0,
         });
     }
@@ -325,5 +360,28 @@ npb = "ep.S"
         assert!(error(nothing).contains("has no workload"));
         let idle = node("pcpus = [0]\n[[domain]]\nname = \"a\"\nidle_ms = 500\n").unwrap();
         assert_eq!(idle.domains[0].cmdline(), "npb= spin_us=2000 idle=500");
+    }
+
+    #[test]
+    fn interrupt_test_device_keys() {
+        let base = "pcpus = [0]\n[[domain]]\nname = \"a\"\n";
+        let check = node(&format!("{base}irq = \"check\"\nirq_path = \"fast\"\n")).unwrap();
+        assert_eq!(check.domains[0].irq_path, Some(hv::irq::IrqPath::Fast));
+        assert!(check.domains[0].cmdline().ends_with(" irq=check"));
+        let bench = node(&format!("{base}irq = \"bench:100:0\"\n")).unwrap();
+        assert_eq!(bench.domains[0].irq_path, Some(hv::irq::IrqPath::Generic));
+        let device_only = node(&format!("{base}npb = \"ep.S\"\nirq_path = \"generic\"\n")).unwrap();
+        assert_eq!(
+            device_only.domains[0].irq_path,
+            Some(hv::irq::IrqPath::Generic)
+        );
+        let plain = node(&format!("{base}npb = \"ep.S\"\n")).unwrap();
+        assert_eq!(plain.domains[0].irq_path, None);
+        let error = |extra: &str| format!("{:#}", node(&format!("{base}{extra}")).unwrap_err());
+        assert!(error("irq = \"bench:x:0\"\n").contains("not 'check' or 'bench:ROUNDS:CPU'"));
+        assert!(
+            error("irq = \"check\"\nirq_path = \"posted\"\n")
+                .contains("unknown interrupt path 'posted'")
+        );
     }
 }

@@ -89,6 +89,8 @@ fn domain(name: &str, probe: String) -> Domain {
         specs: Vec::new(),
         idle_ms: None,
         probe: Some(probe),
+        irq: None,
+        irq_path: None,
         spin_us: crate::guest::SHARED_SPIN_US,
     }
 }

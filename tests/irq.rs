@@ -113,3 +113,27 @@ fn bad_interrupt_bench_input_is_refused_before_boot() {
         text(&out.stderr)
     );
 }
+
+#[test]
+fn node_domains_get_the_test_device_on_the_path_their_file_names() {
+    if !kvm_available() {
+        return;
+    }
+    let out = kumo(&["node", "--config", "examples/irq.toml", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let rows = json_lines(&out);
+    let probe = |domain: &str| -> serde_json::Value {
+        let row = rows
+            .iter()
+            .find(|r| r["domain"] == domain)
+            .unwrap_or_else(|| panic!("no {domain} in {rows:?}"));
+        row["probes"][0].clone()
+    };
+    let check = probe("nic-fast");
+    assert_eq!(check["probe"], "irqcheck");
+    assert_eq!(check["verified"], "true", "{check}");
+    let bench = probe("nic-generic");
+    assert_eq!(bench["probe"], "irqbench");
+    assert_eq!(bench["rounds"].as_f64(), Some(500.0), "{bench}");
+    assert_eq!(bench["lost"].as_f64(), Some(0.0), "{bench}");
+}
