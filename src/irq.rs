@@ -116,7 +116,8 @@ fn boot(
     epoch: Instant,
 ) -> Result<(GuestRun, IrqDevices)> {
     let config = run::embedded_config(vcpus, MEMORY_MIB, cmdline.into(), kvm_device);
-    let (guest, devices) = run::boot_embedded(config, epoch, |vm| irq_device::attach(vm, setup))?;
+    let (guest, devices) =
+        run::boot_embedded(config, epoch, |vm| irq_device::attach(vm, setup, None))?;
     let devices = devices.context("attaching the interrupt test device")?;
     Ok((guest, devices))
 }

@@ -62,6 +62,9 @@ pub fn run(
 ) -> Result<(Vec<DomainReport>, Overhead, Duration)> {
     let process_cpu_before = process_cpu_time();
     let mut vms = Vec::new();
+    // Domain 0: the threads that run each VM (and stop it), the control socket's, and
+    // the device threads (event loops, the test devices' responders).
+    let dom0 = ThreadGroup::new();
     // Kept until every VM has ended (their threads feed the VMs' interrupts).
     let mut irq_devices = Vec::new();
     for domain in &node.domains {
@@ -78,7 +81,7 @@ pub fn run(
                 delay: Duration::ZERO,
                 noise_hz: None,
             };
-            let devices = hv::irq_device::attach(&mut vm, &setup)
+            let devices = hv::irq_device::attach(&mut vm, &setup, Some(&dom0))
                 .with_context(|| format!("domain '{}': interrupt test device", domain.name))?;
             irq_devices.push(devices);
         }
@@ -86,8 +89,6 @@ pub fn run(
     }
     let controls: Vec<Arc<VcpuControl>> = vms.iter().map(Vm::control).collect();
     let credit = node.uses_credit();
-    // Domain 0: the threads that run each VM (and stop it) and the control socket's.
-    let dom0 = ThreadGroup::new();
     let driver = if credit {
         let specs = node
             .domains

@@ -25,6 +25,7 @@ use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use crate::Error;
 use crate::kvm::ioctl;
+use crate::placement::ThreadGroup;
 
 /// A message-signalled interrupt as a device (or its MSI-X table) writes it: the
 /// address names the destination APIC, the data the vector and delivery mode.
@@ -112,6 +113,12 @@ pub struct EventLoop {
 impl EventLoop {
     /// Starts the loop thread (`irq-loop`) injecting into `vm`.
     pub fn start(vm: Arc<VmFd>) -> Result<EventLoop, Error> {
+        EventLoop::start_in(vm, None)
+    }
+
+    /// As [`EventLoop::start`], the thread a member of `dom0` (the VMM's own threads,
+    /// scheduled as domain 0 by kumo's credit scheduler).
+    pub fn start_in(vm: Arc<VmFd>, dom0: Option<Arc<ThreadGroup>>) -> Result<EventLoop, Error> {
         let state = Arc::new(LoopState {
             queue: Mutex::new(VecDeque::new()),
             wake: EventFd::new(0).map_err(|source| Error::Os {
@@ -124,7 +131,10 @@ impl EventLoop {
         let loop_state = state.clone();
         let thread = std::thread::Builder::new()
             .name("irq-loop".into())
-            .spawn(move || run_loop(&vm, &loop_state))
+            .spawn(move || {
+                let _member = dom0.map(|group| group.join_current());
+                run_loop(&vm, &loop_state)
+            })
             .map_err(|source| Error::Os {
                 what: "spawning the event loop thread",
                 source,

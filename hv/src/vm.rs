@@ -206,6 +206,14 @@ impl Vm {
         EventLoop::start(self.vm.clone())
     }
 
+    /// As [`Vm::start_event_loop`], the loop thread a member of `dom0`.
+    pub fn start_event_loop_in(
+        &self,
+        dom0: Option<Arc<crate::placement::ThreadGroup>>,
+    ) -> Result<EventLoop, Error> {
+        EventLoop::start_in(self.vm.clone(), dom0)
+    }
+
     /// Injects `msi` now, from this thread (`KVM_SIGNAL_MSI`; what the event loop does
     /// for each queued interrupt). `Ok(false)`: coalesced or blocked by the guest.
     pub fn signal_msi(&self, msi: Msi) -> Result<bool, Error> {

@@ -20,6 +20,7 @@ use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use crate::Error;
 use crate::irq::{EventLoop, FastVector, GenericSink, IrqPath, IrqStats, Msi, VectorSink};
+use crate::placement::ThreadGroup;
 use crate::vm::Vm;
 use responder::{Fire, Responder, Round, Trigger};
 
@@ -71,9 +72,14 @@ impl IrqDevices {
 }
 
 /// Plugs the test device (and the noise device, if asked) into `vm`'s PCI bus, with
-/// BARs placed and doorbells registered. Call before [`Vm::run`].
-pub fn attach(vm: &mut Vm, setup: &IrqDeviceSetup) -> Result<IrqDevices, Error> {
-    let event_loop = vm.start_event_loop()?;
+/// BARs placed and doorbells registered. Call before [`Vm::run`]. The device and
+/// event-loop threads join `dom0` if given.
+pub fn attach(
+    vm: &mut Vm,
+    setup: &IrqDeviceSetup,
+    dom0: Option<&Arc<ThreadGroup>>,
+) -> Result<IrqDevices, Error> {
+    let event_loop = vm.start_event_loop_in(dom0.cloned())?;
     let sink: Arc<dyn MsixSink> = match setup.path {
         IrqPath::Generic => Arc::new(GenericMsix(event_loop.sink())),
         IrqPath::Fast => {
@@ -105,6 +111,7 @@ pub fn attach(vm: &mut Vm, setup: &IrqDeviceSetup) -> Result<IrqDevices, Error> 
         Trigger::Doorbells(doorbells),
         setup.delay,
         fire(&device),
+        dom0.cloned(),
     )?;
 
     let noise = match setup.noise_hz {
@@ -121,6 +128,7 @@ pub fn attach(vm: &mut Vm, setup: &IrqDeviceSetup) -> Result<IrqDevices, Error> 
                 Trigger::Periodic(Duration::from_secs_f64(1.0 / hz)),
                 Duration::ZERO,
                 fire(&noisy),
+                dom0.cloned(),
             )?)
         }
         _ => None,

@@ -17,6 +17,7 @@ use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 use vmm_sys_util::timerfd::TimerFd;
 
 use crate::Error;
+use crate::placement::ThreadGroup;
 
 /// Rounds the host log keeps (a bench's rounds fit; beyond, the oldest are kept).
 const LOG_CAPACITY: usize = 1 << 20;
@@ -77,12 +78,14 @@ pub struct Responder {
 const STOP_TOKEN: u64 = u64::MAX;
 
 impl Responder {
-    /// Starts thread `name` answering `trigger` with `fire` after `delay`.
+    /// Starts thread `name` answering `trigger` with `fire` after `delay`, a member of
+    /// `dom0` if given (device emulation is the VMM's work: domain 0's).
     pub fn start(
         name: &str,
         trigger: Trigger,
         delay: Duration,
         fire: Fire,
+        dom0: Option<Arc<ThreadGroup>>,
     ) -> Result<Responder, Error> {
         let os = |what: &'static str| move |source: std::io::Error| Error::Os { what, source };
         let epoll = Epoll::new().map_err(os("creating the test device's epoll"))?;
@@ -134,7 +137,10 @@ impl Responder {
         };
         let thread = std::thread::Builder::new()
             .name(name.into())
-            .spawn(move || worker.run())
+            .spawn(move || {
+                let _member = dom0.map(|group| group.join_current());
+                worker.run()
+            })
             .map_err(os("spawning the test device's thread"))?;
         Ok(Responder {
             stop,
@@ -246,6 +252,7 @@ mod tests {
             Trigger::Doorbells(doorbells),
             delay,
             Box::new(move |v| tx.send(v).unwrap()),
+            None,
         )
         .unwrap();
         rings[2].write(1).unwrap();
@@ -269,6 +276,7 @@ mod tests {
             Box::new(move |v| {
                 let _ = tx.send(v);
             }),
+            None,
         )
         .unwrap();
         for _ in 0..5 {
