@@ -9,6 +9,7 @@
 use core::fmt;
 use core::str::FromStr;
 
+pub mod cg;
 pub mod ep;
 #[cfg(any(test, feature = "host"))]
 pub mod host;
@@ -28,10 +29,11 @@ pub enum Kernel {
     Ep,
     Mg,
     Is,
+    Cg,
 }
 
 impl Kernel {
-    pub const ALL: &'static [Kernel] = &[Kernel::Ep, Kernel::Mg, Kernel::Is];
+    pub const ALL: &'static [Kernel] = &[Kernel::Ep, Kernel::Mg, Kernel::Is, Kernel::Cg];
 
     /// Lower-case name as written on command lines and in results: `ep`.
     pub fn name(self) -> &'static str {
@@ -39,6 +41,7 @@ impl Kernel {
             Kernel::Ep => "ep",
             Kernel::Mg => "mg",
             Kernel::Is => "is",
+            Kernel::Cg => "cg",
         }
     }
 
@@ -242,6 +245,7 @@ pub fn workload_heap_bytes(spec: Spec, threads: u32) -> u64 {
         Kernel::Ep => ep::heap_bytes(threads),
         Kernel::Mg => mg::heap_bytes(spec.class, threads),
         Kernel::Is => is::heap_bytes(spec.class, threads),
+        Kernel::Cg => cg::heap_bytes(spec.class, threads),
     }) as u64
 }
 
@@ -253,6 +257,7 @@ pub fn run(spec: Spec, team: &Team, arena: &mut Arena) -> Outcome {
         Kernel::Ep => ep::run(spec.class, team, arena),
         Kernel::Mg => mg::run(spec.class, team, arena),
         Kernel::Is => is::run(spec.class, team, arena),
+        Kernel::Cg => cg::run(spec.class, team, arena),
     }
 }
 
@@ -349,7 +354,7 @@ mod tests {
         let err = "xx.S".parse::<Spec>().unwrap_err();
         assert_eq!(
             err.to_string(),
-            "unknown benchmark 'xx' in 'xx.S' (known: ep, mg, is)"
+            "unknown benchmark 'xx' in 'xx.S' (known: ep, mg, is, cg)"
         );
         assert_eq!((err.kind(), err.item()), ("unknown-benchmark", "xx.S"));
 
