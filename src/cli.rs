@@ -32,6 +32,19 @@ pub enum Command {
     Node(NodeArgs),
     /// Inspect and change a running kumo node through its control socket.
     Ctl(CtlArgs),
+    /// Simulate a cluster under the credit scheduler (the same scheduler code).
+    Sim(SimArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct SimArgs {
+    /// The simulation file (examples/sim-s1.toml).
+    #[arg(long, value_name = "PATH")]
+    pub config: PathBuf,
+
+    /// Print one JSON object per scenario.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args, Debug)]

@@ -14,5 +14,6 @@ pub mod protocol;
 pub mod report;
 pub mod run;
 pub mod sched_params;
+pub mod sim;
 pub mod switch;
 pub mod wake;

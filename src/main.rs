@@ -27,6 +27,7 @@ fn main() -> ExitCode {
         }
         (Some(Command::Node(args)), _, _) => kumo::node::run_node(args, epoch),
         (Some(Command::Ctl(args)), _, _) => kumo::ctl::run_ctl(args),
+        (Some(Command::Sim(args)), _, _) => kumo::sim::run_sim(args),
         (Some(Command::Bench(BenchCommand::Wake(args))), _, _) => kumo::wake::run_wake(args, epoch),
         (Some(Command::Bench(BenchCommand::Switch(args))), _, _) => {
             kumo::switch::run_switch(args, epoch)

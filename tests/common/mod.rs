@@ -2,6 +2,7 @@
 //! and insist on KVM in CI.
 #![allow(dead_code)] // each test crate uses a different subset
 
+#[allow(unused_imports)] // not every test crate boots a VM
 pub use hv::testing::kvm_available;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
