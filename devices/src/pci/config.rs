@@ -309,6 +309,10 @@ impl std::fmt::Debug for ConfigSpace {
 mod tests {
     use super::*;
 
+    fn bar(kind: BarKind, size: u64) -> Bar {
+        Bar { kind, size }
+    }
+
     fn space() -> ConfigSpace {
         ConfigSpace::new(0x1234, 0x5678, 0x02_00_00, 3)
     }
@@ -357,30 +361,9 @@ mod tests {
     #[test]
     fn bar_sizing_protocol_for_32_bit_64_bit_and_io_bars() {
         let mut s = space();
-        s.add_bar(
-            0,
-            Bar {
-                kind: BarKind::Memory32,
-                size: 0x2000,
-            },
-        )
-        .unwrap();
-        s.add_bar(
-            2,
-            Bar {
-                kind: BarKind::Memory64,
-                size: 1 << 32,
-            },
-        )
-        .unwrap();
-        s.add_bar(
-            4,
-            Bar {
-                kind: BarKind::Io,
-                size: 0x20,
-            },
-        )
-        .unwrap();
+        s.add_bar(0, bar(BarKind::Memory32, 0x2000)).unwrap();
+        s.add_bar(2, bar(BarKind::Memory64, 1 << 32)).unwrap();
+        s.add_bar(4, bar(BarKind::Io, 0x20)).unwrap();
         for at in (BAR0..BAR0 + 24).step_by(4) {
             write32(&mut s, at, 0xffff_ffff);
         }
@@ -410,7 +393,6 @@ mod tests {
     #[test]
     fn bar_declarations_are_checked() {
         let mut s = space();
-        let bar = |kind, size| Bar { kind, size };
         assert_eq!(
             s.add_bar(0, bar(BarKind::Memory32, 0x1800)),
             Err(ConfigError::BarSize {
@@ -436,14 +418,7 @@ mod tests {
     #[test]
     fn memory_regions_follow_the_memory_enable_bit_and_moves() {
         let mut s = space();
-        s.add_bar(
-            0,
-            Bar {
-                kind: BarKind::Memory32,
-                size: 0x2000,
-            },
-        )
-        .unwrap();
+        s.add_bar(0, bar(BarKind::Memory32, 0x2000)).unwrap();
         s.set_bar_address(0, 0xc000_0000);
         assert_eq!(s.memory_regions().count(), 0, "memory decoding is off");
         write32(&mut s, COMMAND, u32::from(COMMAND_MEMORY));

@@ -397,6 +397,19 @@ struct Vectors {
     r: Shared<f64>,
 }
 
+impl Vectors {
+    /// Carves the five `n`-element vectors (the same on every thread).
+    fn alloc(arena: &mut Arena, n: usize) -> Vectors {
+        Vectors {
+            x: arena.alloc(n),
+            z: arena.alloc(n),
+            p: arena.alloc(n),
+            q: arena.alloc(n),
+            r: arena.alloc(n),
+        }
+    }
+}
+
 /// One solve of `A z = x` by [`CG_ITERATIONS`] CG iterations on this thread's rows;
 /// returns `||x - A z||`. All threads call it together; `z` is complete (and the
 /// matrix and `x` untouched) on return.
@@ -532,13 +545,7 @@ pub fn run(class: Class, team: &Team, arena: &mut Arena) -> Outcome {
     let arow = arena.alloc::<u32>(n);
     let acol = arena.alloc::<u32>(naz);
     let aelt = arena.alloc::<f64>(naz);
-    let v = Vectors {
-        x: arena.alloc(n),
-        z: arena.alloc(n),
-        p: arena.alloc(n),
-        q: arena.alloc(n),
-        r: arena.alloc(n),
-    };
+    let v = Vectors::alloc(arena, n);
     let sums = Sums::new(arena, team.size());
 
     if team.is_master() {
@@ -788,13 +795,7 @@ mod tests {
                 colidx: arena.alloc(colidx.len()),
                 a: arena.alloc(a.len()),
             };
-            let v = Vectors {
-                x: arena.alloc(n),
-                z: arena.alloc(n),
-                p: arena.alloc(n),
-                q: arena.alloc(n),
-                r: arena.alloc(n),
-            };
+            let v = Vectors::alloc(arena, n);
             let sums = Sums::new(arena, team.size());
             if team.is_master() {
                 // SAFETY: only rank 0 touches the arena before the barrier.
