@@ -42,8 +42,9 @@ fn f(v: &Value, key: &str) -> f64 {
         .unwrap_or_else(|| panic!("{key} missing in {v}"))
 }
 
-/// Weights 256 and 512 (examples/weights.toml, with twice the work so both compete for
-/// long enough): CPU time received while both run, over ~90 slices after start-up
+/// Weights 256 and 512 (examples/weights.toml, with twice the work and then 4 s of
+/// spinning, so both compete for long enough whatever the host's speed state): CPU
+/// time received while both run, over ~90 slices after start-up
 /// (boot and the first accounting periods are transients), sampled through the
 /// control socket; then the whole run must verify.
 #[test]
@@ -54,7 +55,7 @@ fn weights_256_and_512_share_one_cpu_one_to_two() {
     let _one = ONE_NODE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let text = std::fs::read_to_string("examples/weights.toml")
         .unwrap()
-        .replace("npb = \"ep.W\"", "npb = \"ep.W,ep.W\"");
+        .replace("npb = \"ep.W\"", "npb = \"ep.W,ep.W\"\nprobe = \"busy:4000\"");
     assert!(
         text.matches("ep.W,ep.W").count() == 2,
         "examples/weights.toml changed shape"
@@ -208,8 +209,10 @@ fn kumo_ctl_changes_weights_and_parameters_of_a_running_node() {
     let _one = ONE_NODE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let config = node_file(
         "ctl",
-        "pcpus = [1]\n[[domain]]\nname = \"a\"\nnpb = \"ep.W,ep.W\"\n\
-         [[domain]]\nname = \"b\"\nnpb = \"ep.W,ep.W\"\n",
+        // EP, then 5 s of spinning: both compete through every window below even
+        // when the host is in its fast state.
+        "pcpus = [1]\n[[domain]]\nname = \"a\"\nnpb = \"ep.W,ep.W\"\nprobe = \"busy:5000\"\n\
+         [[domain]]\nname = \"b\"\nnpb = \"ep.W,ep.W\"\nprobe = \"busy:5000\"\n",
     );
     let node = spawn_node(&config, "ctl.sock");
     std::thread::sleep(Duration::from_millis(300));
