@@ -55,7 +55,10 @@ fn weights_256_and_512_share_one_cpu_one_to_two() {
     let _one = ONE_NODE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let text = std::fs::read_to_string("examples/weights.toml")
         .unwrap()
-        .replace("npb = \"ep.W\"", "npb = \"ep.W,ep.W\"\nprobe = \"busy:4000\"");
+        .replace(
+            "npb = \"ep.W\"",
+            "npb = \"ep.W,ep.W\"\nprobe = \"busy:4000\"",
+        );
     assert!(
         text.matches("ep.W,ep.W").count() == 2,
         "examples/weights.toml changed shape"

@@ -259,6 +259,11 @@ mod tests {
         assert_eq!(rx.recv_timeout(Duration::from_secs(5)), Ok(2));
         rings[0].write(1).unwrap();
         assert_eq!(rx.recv_timeout(Duration::from_secs(5)), Ok(0));
+        // The round is logged just after it fires.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while responder.log().rounds().len() < 2 && Instant::now() < deadline {
+            std::thread::yield_now();
+        }
         let rounds = responder.log().rounds();
         assert_eq!(rounds.iter().map(|r| r.vector).collect::<Vec<_>>(), [2, 0]);
         for round in rounds {
