@@ -332,7 +332,6 @@ mod tests {
 
     use super::*;
     use crate::testing::on_team;
-    use crate::{Kernel, Spec, host};
 
     /// The reference's serial `create_seq`, one random number at a time.
     fn serial_keys(class: Class) -> Vec<i32> {
@@ -412,38 +411,5 @@ mod tests {
     fn heap_covers_every_class() {
         assert!(heap_bytes(Class::A, 1) >= 2 * 4 * (1 << 23) + 4 * (1 << 19));
         assert!(heap_bytes(Class::S, 4) > heap_bytes(Class::S, 1));
-    }
-
-    fn verified(class: Class, threads: usize) {
-        let outcome = host::run(
-            Spec {
-                kernel: Kernel::Is,
-                class,
-            },
-            threads,
-        );
-        assert!(
-            outcome.verified,
-            "IS.{} on {threads} threads: {outcome:?}",
-            class.letter()
-        );
-    }
-
-    #[test]
-    fn class_s_verifies_on_one_two_and_three_threads() {
-        for threads in [1, 2, 3] {
-            verified(Class::S, threads);
-        }
-    }
-
-    #[test]
-    fn class_w_verifies_on_two_threads() {
-        verified(Class::W, 2);
-    }
-
-    #[test]
-    #[ignore = "class A takes seconds; run with --include-ignored in release"]
-    fn class_a_verifies() {
-        verified(Class::A, 2);
     }
 }

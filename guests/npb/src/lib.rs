@@ -409,6 +409,80 @@ mod tests {
         assert!(Spec::defaults().all(|s| s.class == Class::S));
     }
 
+    /// Runs every kernel at `class` on `threads` host threads; each must verify.
+    fn every_kernel(class: Class, threads: usize) -> std::vec::Vec<Outcome> {
+        Kernel::ALL
+            .iter()
+            .map(|&kernel| {
+                let outcome = host::run(Spec { kernel, class }, threads);
+                assert!(
+                    outcome.verified && outcome.seconds > 0.0 && outcome.mops > 0.0,
+                    "{}.{} on {threads} threads: {outcome:?}",
+                    kernel.name(),
+                    class.letter()
+                );
+                outcome
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_kernel_class_s_verifies_on_one_to_eight_threads() {
+        // 3, 5 and 7 divide no kernel's sizes: the splits must still verify.
+        for threads in 1..=8 {
+            every_kernel(Class::S, threads);
+        }
+    }
+
+    #[test]
+    fn the_same_thread_count_gives_the_same_bits() {
+        let bits = |outcomes: std::vec::Vec<Outcome>| -> std::vec::Vec<u64> {
+            outcomes
+                .iter()
+                .flat_map(|o| o.values.iter().map(|(_, v)| v.to_bits()))
+                .collect()
+        };
+        assert_eq!(
+            bits(every_kernel(Class::S, 3)),
+            bits(every_kernel(Class::S, 3))
+        );
+    }
+
+    #[test]
+    fn every_kernel_class_w_verifies_on_two_threads() {
+        every_kernel(Class::W, 2);
+    }
+
+    #[test]
+    #[ignore = "class A: seconds per kernel and up to ~450 MiB; run with --release --include-ignored"]
+    fn every_kernel_class_a_verifies_on_two_threads() {
+        every_kernel(Class::A, 2);
+    }
+
+    #[test]
+    fn every_kernel_runs_in_exactly_its_heap_with_little_to_spare() {
+        // The arena panics if a kernel allocates more than workload_heap_bytes.
+        for &kernel in Kernel::ALL {
+            for threads in [1, 3] {
+                let spec = Spec {
+                    kernel,
+                    class: Class::S,
+                };
+                let bytes = workload_heap_bytes(spec, threads as u32) as usize;
+                let used = crate::testing::on_team(threads, bytes, |team, arena| {
+                    let outcome = run(spec, team, arena);
+                    // Only the master's outcome is the run's.
+                    assert!(!team.is_master() || outcome.verified, "{outcome:?}");
+                    arena.used()
+                });
+                assert!(
+                    used <= bytes && bytes - used < 1024,
+                    "{spec}: {used} of {bytes}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn heap_grows_with_threads() {
         let spec = Spec {
