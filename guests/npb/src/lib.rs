@@ -10,6 +10,7 @@ use core::fmt;
 use core::str::FromStr;
 
 pub mod ep;
+pub mod ft;
 #[cfg(any(test, feature = "host"))]
 pub mod host;
 pub mod mg;
@@ -24,16 +25,18 @@ use team::{Arena, Team};
 pub enum Kernel {
     Ep,
     Mg,
+    Ft,
 }
 
 impl Kernel {
-    pub const ALL: &'static [Kernel] = &[Kernel::Ep, Kernel::Mg];
+    pub const ALL: &'static [Kernel] = &[Kernel::Ep, Kernel::Mg, Kernel::Ft];
 
     /// Lower-case name as written on command lines and in results: `ep`.
     pub fn name(self) -> &'static str {
         match self {
             Kernel::Ep => "ep",
             Kernel::Mg => "mg",
+            Kernel::Ft => "ft",
         }
     }
 
@@ -236,6 +239,7 @@ pub fn workload_heap_bytes(spec: Spec, threads: u32) -> u64 {
     (match spec.kernel {
         Kernel::Ep => ep::heap_bytes(threads),
         Kernel::Mg => mg::heap_bytes(spec.class, threads),
+        Kernel::Ft => ft::heap_bytes(spec.class, threads),
     }) as u64
 }
 
@@ -246,6 +250,7 @@ pub fn run(spec: Spec, team: &Team, arena: &mut Arena) -> Outcome {
     match spec.kernel {
         Kernel::Ep => ep::run(spec.class, team, arena),
         Kernel::Mg => mg::run(spec.class, team, arena),
+        Kernel::Ft => ft::run(spec.class, team, arena),
     }
 }
 
@@ -342,7 +347,7 @@ mod tests {
         let err = "xx.S".parse::<Spec>().unwrap_err();
         assert_eq!(
             err.to_string(),
-            "unknown benchmark 'xx' in 'xx.S' (known: ep, mg)"
+            "unknown benchmark 'xx' in 'xx.S' (known: ep, mg, ft)"
         );
         assert_eq!((err.kind(), err.item()), ("unknown-benchmark", "xx.S"));
 
