@@ -639,3 +639,493 @@ pub fn run(class: Class, team: &Team, arena: &mut Arena) -> Outcome {
         values,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use std::sync::Barrier;
+    use std::time::Instant;
+    use std::vec;
+    use std::vec::Vec;
+
+    use super::*;
+    use crate::team::Runtime;
+    use crate::{Kernel, Spec, host};
+
+    /// A plain barrier runtime, so the passes can be run on a team directly.
+    struct TestRuntime {
+        barrier: Barrier,
+        origin: Instant,
+    }
+
+    impl Runtime for TestRuntime {
+        fn barrier(&self) {
+            self.barrier.wait();
+        }
+        fn seconds(&self) -> f64 {
+            self.origin.elapsed().as_secs_f64()
+        }
+    }
+
+    /// Runs `body` on `threads` threads sharing an arena of `bytes`; rank 0's result.
+    fn on_team<R: Send>(
+        threads: usize,
+        bytes: usize,
+        body: impl Fn(&Team, &mut Arena) -> R + Sync,
+    ) -> R {
+        let mut memory = vec![0u64; bytes / 8 + 16];
+        let base = memory.as_mut_ptr() as usize;
+        let len = memory.len() * 8;
+        let runtime = TestRuntime {
+            barrier: Barrier::new(threads),
+            origin: Instant::now(),
+        };
+        let mut results: Vec<R> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..threads)
+                .map(|rank| {
+                    let (runtime, body) = (&runtime, &body);
+                    scope.spawn(move || {
+                        let team = Team::new(rank, threads, runtime);
+                        // SAFETY: `memory` outlives the scope; every thread carves it
+                        // the same way.
+                        let mut arena = unsafe { Arena::new(base as *mut u8, len) };
+                        body(&team, &mut arena)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        drop(memory);
+        results.swap_remove(0)
+    }
+
+    /// Deterministic pseudo-random test data in [-1, 1) (not the NPB stream).
+    fn noise(len: usize, seed: u64) -> Vec<f64> {
+        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 11) as f64 / (1u64 << 52) as f64 - 1.0
+            })
+            .collect()
+    }
+
+    fn noise_complex(len: usize, seed: u64) -> Vec<Complex> {
+        noise(2 * len, seed)
+            .chunks_exact(2)
+            .map(|c| Complex::new(c[0], c[1]))
+            .collect()
+    }
+
+    /// `X[k] = sum_j x[j] exp(sign 2 pi i jk / n)`, term by term.
+    fn naive_dft(x: &[Complex], sign: f64) -> Vec<Complex> {
+        let n = x.len();
+        (0..n)
+            .map(|k| {
+                let mut total = Complex::ZERO;
+                for (j, v) in x.iter().enumerate() {
+                    let angle = sign * 2.0 * PI * ((j * k) % n) as f64 / n as f64;
+                    let (s, c) = angle.sin_cos();
+                    total.re += v.re * c - v.im * s;
+                    total.im += v.re * s + v.im * c;
+                }
+                total
+            })
+            .collect()
+    }
+
+    /// Naive 3-D DFT of an unpadded `nx * ny * nz` grid (x fastest), axis by axis.
+    fn naive_dft_3d(x: &[Complex], [nx, ny, nz]: [usize; 3], sign: f64) -> Vec<Complex> {
+        let mut a = x.to_vec();
+        let at = |i: usize, j: usize, k: usize| i + nx * (j + ny * k);
+        for (n, step, others) in [(nx, 1, ny * nz), (ny, nx, nx * nz), (nz, nx * ny, nx * ny)] {
+            for o in 0..others {
+                let first = match step {
+                    1 => at(0, o % ny, o / ny),
+                    s if s == nx => at(o % nx, 0, o / nx),
+                    _ => at(o % nx, o / nx, 0),
+                };
+                let line: Vec<Complex> = (0..n).map(|p| a[first + p * step]).collect();
+                for (p, v) in naive_dft(&line, sign).into_iter().enumerate() {
+                    a[first + p * step] = v;
+                }
+            }
+        }
+        a
+    }
+
+    fn assert_close(got: &[Complex], want: &[Complex], scale: f64, what: &str) {
+        assert_eq!(got.len(), want.len());
+        for (k, (g, w)) in got.iter().zip(want).enumerate() {
+            let err = (g.re - w.re).abs().max((g.im - w.im).abs());
+            assert!(
+                err <= 1e-13 * scale,
+                "{what}: point {k}: got {g:?}, want {w:?}"
+            );
+        }
+    }
+
+    /// The roots table for `n` points, as a fresh vector.
+    fn roots(n: usize) -> Vec<f64> {
+        let mut r = vec![f64::NAN; 2 * n];
+        fft_init(&mut r, n);
+        r
+    }
+
+    #[test]
+    fn roots_are_the_reference_table() {
+        let r = roots(16);
+        for ln in [1usize, 2, 4, 8] {
+            for i in 0..ln {
+                let angle = PI * i as f64 / ln as f64;
+                assert!((r[2 * (ln + i)] - angle.cos()).abs() < 1e-16);
+                assert!((r[2 * (ln + i) + 1] - angle.sin()).abs() < 1e-16);
+            }
+        }
+    }
+
+    #[test]
+    fn cfftz_matches_a_naive_dft_on_every_lane() {
+        for m in 0..=7u32 {
+            let n = 1usize << m;
+            let table = roots(n.max(2));
+            let lines: Vec<Vec<Complex>> = (0..LANES)
+                .map(|l| noise_complex(n, 100 + l as u64))
+                .collect();
+            for forward in [true, false] {
+                let mut x = vec![0.0; n * POINT];
+                let mut y = vec![f64::NAN; n * POINT];
+                for (l, line) in lines.iter().enumerate() {
+                    for (p, c) in line.iter().enumerate() {
+                        x[p * POINT + l] = c.re;
+                        x[p * POINT + LANES + l] = c.im;
+                    }
+                }
+                let out = cfftz(forward, m, &table, &mut x, &mut y).to_vec();
+                let sign = if forward { 1.0 } else { -1.0 };
+                for (l, line) in lines.iter().enumerate() {
+                    let got: Vec<Complex> = (0..n)
+                        .map(|p| Complex::new(out[p * POINT + l], out[p * POINT + LANES + l]))
+                        .collect();
+                    assert_close(&got, &naive_dft(line, sign), n as f64, "cfftz");
+                }
+            }
+        }
+    }
+
+    /// Copies an unpadded grid into a padded array (padding gets NaN: never read).
+    fn pad(g: &Grid, x: &[Complex]) -> Vec<Complex> {
+        let mut out = vec![Complex::new(f64::NAN, f64::NAN); g.len()];
+        for k in 0..g.nz {
+            for j in 0..g.ny {
+                for i in 0..g.nx {
+                    out[g.index(i, j, k)] = x[i + g.nx * (j + g.ny * k)];
+                }
+            }
+        }
+        out
+    }
+
+    fn unpad(g: &Grid, x: &[Complex]) -> Vec<Complex> {
+        let mut out = Vec::with_capacity(g.total());
+        for k in 0..g.nz {
+            for j in 0..g.ny {
+                out.extend_from_slice(&x[g.index(0, j, k)..g.index(g.nx, j, k)]);
+            }
+        }
+        out
+    }
+
+    /// An array of the grid in the arena, filled by rank 0 (the caller's barrier
+    /// publishes it).
+    fn array(team: &Team, arena: &mut Arena, init: &[Complex]) -> Shared<Complex> {
+        let a = arena.alloc::<Complex>(init.len());
+        if team.is_master() {
+            // SAFETY: only rank 0 touches the array before the caller's barrier.
+            unsafe { a.all_mut() }.copy_from_slice(init);
+        }
+        a
+    }
+
+    /// Arena bytes for the passes' tests: two arrays and the team's work.
+    fn test_bytes(g: &Grid, threads: usize) -> usize {
+        2 * (16 * g.len() + 64) + 8 * threads * g.work_len() + 64 + Reduction::bytes(threads)
+    }
+
+    fn with_work<R>(
+        team: &Team,
+        arena: &mut Arena,
+        g: &Grid,
+        body: impl FnOnce(&mut Work) -> R,
+    ) -> R {
+        let all = arena.alloc::<f64>(team.size() * g.work_len());
+        let mine = team.rank() * g.work_len()..(team.rank() + 1) * g.work_len();
+        // SAFETY: each thread's slot is its own.
+        let mut w = Work::carve(g, unsafe { all.slice_mut(mine) });
+        fft_init(w.roots, g.max_dim());
+        body(&mut w)
+    }
+
+    #[test]
+    fn fft_3d_matches_a_naive_dft_on_any_team() {
+        // Partial blocks (4 rows, 8 columns), full blocks, and z longer than x.
+        for dims in [[8, 4, 2], [32, 16, 4], [16, 2, 32]] {
+            let g = Grid::new(dims);
+            let x = noise_complex(g.total(), 7);
+            let forward = naive_dft_3d(&x, dims, 1.0);
+            let inverse = naive_dft_3d(&x, dims, -1.0);
+            let scale = g.total() as f64;
+            for threads in [1, 2, 3, 5] {
+                let (f, i) = on_team(threads, test_bytes(&g, threads), |team, arena| {
+                    let a = array(team, arena, &pad(&g, &x));
+                    let b = array(team, arena, &pad(&g, &x));
+                    with_work(team, arena, &g, |w| {
+                        team.barrier();
+                        fft(team, &g, true, a, a, w);
+                        fft(team, &g, false, b, b, w);
+                        // SAFETY: after fft's final barrier nobody writes.
+                        unsafe { (unpad(&g, a.all()), unpad(&g, b.all())) }
+                    })
+                });
+                assert_close(&f, &forward, scale, "forward");
+                assert_close(&i, &inverse, scale, "inverse");
+            }
+        }
+    }
+
+    #[test]
+    fn fft_to_another_array_leaves_the_result_there() {
+        let g = Grid::new([16, 8, 4]);
+        let x = noise_complex(g.total(), 8);
+        let want = naive_dft_3d(&x, [16, 8, 4], 1.0);
+        let back = naive_dft_3d(&x, [16, 8, 4], -1.0);
+        let (f, i) = on_team(3, test_bytes(&g, 3) + 16 * g.len() + 64, |team, arena| {
+            let a = array(team, arena, &pad(&g, &x));
+            let b = array(team, arena, &pad(&g, &x));
+            let out = array(team, arena, &vec![Complex::ZERO; g.len()]);
+            with_work(team, arena, &g, |w| {
+                team.barrier();
+                fft(team, &g, true, a, out, w);
+                // SAFETY: after fft's final barrier nobody writes `out`.
+                let f = unpad(&g, unsafe { out.all() });
+                team.barrier();
+                fft(team, &g, false, b, out, w);
+                // SAFETY: as above.
+                (f, unpad(&g, unsafe { out.all() }))
+            })
+        });
+        assert_close(&f, &want, g.total() as f64, "forward to u0");
+        assert_close(&i, &back, g.total() as f64, "inverse to another array");
+    }
+
+    #[test]
+    fn initial_conditions_follow_the_stream() {
+        let g = Grid::new([8, 4, 2]);
+        // The stream stepped one number at a time with u128 arithmetic.
+        let mut x: u128 = SEED as u128;
+        let mut next = || {
+            x = x * 1_220_703_125 % (1u128 << 46);
+            x as f64 / (1u64 << 46) as f64
+        };
+        let want: Vec<Complex> = (0..g.total())
+            .map(|_| {
+                let re = next();
+                Complex::new(re, next())
+            })
+            .collect();
+        for threads in [1, 2, 3, 5] {
+            let got = on_team(threads, test_bytes(&g, threads), |team, arena| {
+                let u = array(team, arena, &vec![Complex::ZERO; g.len()]);
+                team.barrier();
+                initial_conditions(team, &g, u);
+                team.barrier();
+                // SAFETY: after the barrier nobody writes.
+                unpad(&g, unsafe { u.all() })
+            });
+            assert_eq!(got, want, "{threads} threads");
+        }
+    }
+
+    #[test]
+    fn evolve_applies_the_decay_factor_of_each_wave_number() {
+        let dims = [8, 4, 2];
+        let g = Grid::new(dims);
+        let x = noise_complex(g.total(), 9);
+        let ap = -4.0 * ALPHA * PI * PI;
+        // Wave numbers 0 1 2 3 -4 -3 -2 -1 along x, 0 1 -2 -1 along y, 0 -1 along z.
+        let wave = |i: usize, n: usize| -> i64 {
+            if i < n / 2 {
+                i as i64
+            } else {
+                i as i64 - n as i64
+            }
+        };
+        let want: Vec<Complex> = x
+            .iter()
+            .enumerate()
+            .map(|(p, c)| {
+                let (i, j, k) = (p % 8, p / 8 % 4, p / 32);
+                let (ii, jj, kk) = (wave(i, 8), wave(j, 4), wave(k, 2));
+                let t = (ap * (ii * ii + jj * jj + kk * kk) as f64).exp();
+                // Twice: evolve is cumulative.
+                Complex::new(c.re * t * t, c.im * t * t)
+            })
+            .collect();
+        for threads in [1, 3] {
+            let (a, b) = on_team(threads, test_bytes(&g, threads), |team, arena| {
+                let u0 = array(team, arena, &pad(&g, &x));
+                let u1 = array(team, arena, &vec![Complex::ZERO; g.len()]);
+                with_work(team, arena, &g, |w| {
+                    decay_factors(w.tx);
+                    decay_factors(w.ty);
+                    decay_factors(w.tz);
+                    team.barrier();
+                    evolve(team, &g, u0, u1, w);
+                    team.barrier();
+                    evolve(team, &g, u0, u1, w);
+                    team.barrier();
+                    // SAFETY: after the barrier nobody writes.
+                    unsafe { (unpad(&g, u0.all()), unpad(&g, u1.all())) }
+                })
+            });
+            assert_close(&a, &want, 10.0, "u0");
+            assert_eq!(a, b);
+        }
+    }
+
+    #[test]
+    fn checksum_sums_the_fixed_points() {
+        let dims = [16, 8, 4];
+        let g = Grid::new(dims);
+        let x = noise_complex(g.total(), 10);
+        let mut want = Complex::ZERO;
+        for j in 1..=1024 {
+            let c = x[j % 16 + 16 * (3 * j % 8 + 8 * (5 * j % 4))];
+            want.re += c.re;
+            want.im += c.im;
+        }
+        let want = Complex::new(want.re / 512.0, want.im / 512.0);
+        for threads in [1, 2, 3] {
+            let got = on_team(threads, test_bytes(&g, threads), |team, arena| {
+                let u = array(team, arena, &pad(&g, &x));
+                let sums = Reduction::new(arena, team.size());
+                team.barrier();
+                checksum(team, &g, u, &sums)
+            });
+            assert!((got.re - want.re).abs() < 1e-14 && (got.im - want.im).abs() < 1e-14);
+        }
+    }
+
+    fn run_class(class: Class, threads: usize) -> Outcome {
+        host::run(
+            Spec {
+                kernel: Kernel::Ft,
+                class,
+            },
+            threads,
+        )
+    }
+
+    fn sums(outcome: &Outcome) -> Vec<f64> {
+        outcome
+            .values
+            .iter()
+            .filter(|(k, _)| k.starts_with("re") || k.starts_with("im"))
+            .map(|(_, v)| v)
+            .collect()
+    }
+
+    #[test]
+    fn class_s_verifies_on_one_to_eight_threads() {
+        for threads in 1..=8 {
+            let outcome = run_class(Class::S, threads);
+            assert!(outcome.verified, "{threads} threads: {outcome:?}");
+            assert!(outcome.seconds > 0.0 && outcome.mops > 0.0);
+            assert_eq!(sums(&outcome).len(), 12);
+        }
+    }
+
+    #[test]
+    fn same_thread_count_gives_the_same_bits() {
+        let a = sums(&run_class(Class::S, 3));
+        let b = sums(&run_class(Class::S, 3));
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn class_w_verifies_on_two_threads() {
+        let outcome = run_class(Class::W, 2);
+        std::println!("ft.W 2 threads: {outcome:?}");
+        assert!(outcome.verified, "{outcome:?}");
+    }
+
+    #[test]
+    #[ignore = "benchmark: serial class W, prints time and Mop/s"]
+    fn class_w_serial_rate() {
+        let outcome = run_class(Class::W, 1);
+        std::println!("ft.W 1 thread: {outcome:?}");
+        assert!(outcome.verified, "{outcome:?}");
+    }
+
+    #[test]
+    #[ignore = "slow and ~260 MiB: class A on two threads"]
+    fn class_a_verifies_on_two_threads() {
+        // FT_THREADS=n runs it on n threads instead (for timing by hand).
+        let threads = std::env::var("FT_THREADS").map_or(2, |t| t.parse().unwrap());
+        let outcome = run_class(Class::A, threads);
+        std::println!("ft.A {threads} threads: {outcome:?}");
+        assert!(outcome.verified, "{outcome:?}");
+    }
+
+    #[test]
+    fn verify_rejects_wrong_checksums() {
+        for &class in Class::ALL {
+            let good = reference_checksums(class);
+            assert!(verify(class, &good));
+            assert!(!verify(class, &good[..5]), "an iteration missing");
+            for it in 0..MAX_ITERATIONS {
+                for (dre, dim) in [(2e-12, 0.0), (0.0, 2e-12), (0.0, -2e-12)] {
+                    let mut sums = good;
+                    let r = good[it].abs();
+                    sums[it].re += dre * r;
+                    sums[it].im += dim * r;
+                    assert!(!verify(class, &sums), "{class:?} {it}");
+                }
+                let mut close = good;
+                close[it].im += 0.5e-12 * good[it].abs();
+                assert!(verify(class, &close));
+                let mut nan = good;
+                nan[it].re = f64::NAN;
+                assert!(!verify(class, &nan));
+            }
+        }
+        assert!(!verify(Class::W, &reference_checksums(Class::S)));
+    }
+
+    #[test]
+    fn heap_bytes_fits_the_run_and_little_more() {
+        // The whole run in an arena of exactly heap_bytes (alloc panics if short).
+        for threads in [1, 3] {
+            let bytes = heap_bytes(Class::S, threads);
+            let used = on_team(threads, bytes, |team, arena| {
+                let outcome = run(Class::S, team, arena);
+                assert!(outcome.verified);
+                arena.used()
+            });
+            assert!(used <= bytes && bytes - used < 1024, "{used} of {bytes}");
+        }
+        // Two padded complex arrays and nothing else of that size.
+        let a = 257 * 256 * 128 * 16;
+        assert!(heap_bytes(Class::A, 2) >= 2 * a);
+        assert!(heap_bytes(Class::A, 2) < 2 * a + (1 << 20));
+    }
+
+    #[test]
+    fn mops_formula() {
+        let n = 64.0f64 * 64.0 * 64.0;
+        let ops = n * (14.8157 + 7.19641 * n.ln() + (5.23518 + 7.21113 * n.ln()) * 6.0);
+        assert!((mops(Class::S, 2.0) - ops / 2e6).abs() < 1e-9);
+    }
+}
