@@ -16,9 +16,10 @@
 //! (real parts of the lanes, then imaginary parts, point by point), transforms it there,
 //! and scatters it back; the lanes make the butterfly loops vector code.
 //!
-//! Parallel split: each 1-D pass (x, y, z) splits its blocks of lines among the threads
-//! ([`Team::share`] of the block index); a block's lines belong to one thread, so the
-//! passes work in place. A barrier separates the passes. Initial conditions and
+//! Parallel split: the x and y passes split the `z` planes among the threads and run
+//! plane by plane (a plane's x and y lines lie in it); the z pass splits its blocks of
+//! lines ([`Team::share`] of the block index). Lines belong to one thread per pass, so
+//! the passes work in place; a barrier separates the z pass from the others. Initial conditions and
 //! `evolve` split the rows; the checksum splits its 1024 points and sums in rank order.
 
 use core::f64::consts::PI;
@@ -380,96 +381,114 @@ fn interleave(point: &[f64; POINT], seg: &mut [Complex]) {
     }
 }
 
-/// The x pass (`cffts1`): blocks of `LANES` rows of a plane, each row one line. Rows are
-/// contiguous, so a block is transposed into scratch and back, [`TILE`] points at a time.
-fn fft_x(
-    team: &Team,
+/// One block of the x pass (`cffts1`): rows `j0..` (up to `LANES`) of plane `k`, each row
+/// one line, from `src` to `dst`. Rows are contiguous, so the block is transposed into
+/// scratch and back, [`TILE`] points at a time. The block's rows must be this thread's.
+fn x_block(
     g: &Grid,
     forward: bool,
+    k: usize,
+    j0: usize,
     src: Shared<Complex>,
     dst: Shared<Complex>,
     w: &mut Work,
 ) {
     let (n, row) = (g.nx, g.row());
-    let m = n.trailing_zeros();
-    let per_plane = g.ny.div_ceil(LANES);
-    for blk in team.share(g.nz * per_plane) {
-        let (k, j0) = (blk / per_plane, blk % per_plane * LANES);
-        let lanes = LANES.min(g.ny - j0);
-        let range = g.index(0, j0, k)..g.index(n, j0 + lanes - 1, k);
-        {
-            let (points, _) = w.a[..n * POINT].as_chunks_mut::<POINT>();
-            if lanes < LANES {
-                points.iter_mut().for_each(|p| p.fill(0.0));
-            }
-            // SAFETY: this block's rows are this thread's in this pass; nobody writes
-            // them while the slice lives (dst writes come after it is dropped).
-            let block = unsafe { src.slice(range.clone()) };
-            for (t, tile) in points.chunks_mut(TILE).enumerate() {
-                let len = tile.len();
-                for l in 0..lanes {
-                    let at = l * row + t * TILE;
-                    for (p, c) in tile.iter_mut().zip(&block[at..at + len]) {
-                        p[l % LANES] = c.re;
-                        p[LANES + l % LANES] = c.im;
-                    }
-                }
-            }
+    let lanes = LANES.min(g.ny - j0);
+    let range = g.index(0, j0, k)..g.index(n, j0 + lanes - 1, k);
+    {
+        let (points, _) = w.a[..n * POINT].as_chunks_mut::<POINT>();
+        if lanes < LANES {
+            points.iter_mut().for_each(|p| p.fill(0.0));
         }
-        let out = cfftz(forward, m, w.roots, w.a, w.b);
-        let (points, _) = out[..n * POINT].as_chunks::<POINT>();
-        // SAFETY: as above; the block's rows are written by this thread alone.
-        let block = unsafe { dst.slice_mut(range) };
-        for (t, tile) in points.chunks(TILE).enumerate() {
+        // SAFETY: the block's rows are this thread's (caller); nobody writes them while
+        // the slice lives (the writes to dst come after it is dropped).
+        let block = unsafe { src.slice(range.clone()) };
+        for (t, tile) in points.chunks_mut(TILE).enumerate() {
+            let len = tile.len();
             for l in 0..lanes {
                 let at = l * row + t * TILE;
-                for (p, c) in tile.iter().zip(&mut block[at..at + tile.len()]) {
-                    *c = Complex::new(p[l % LANES], p[LANES + l % LANES]);
+                for (p, c) in tile.iter_mut().zip(&block[at..at + len]) {
+                    p[l % LANES] = c.re;
+                    p[LANES + l % LANES] = c.im;
                 }
             }
         }
     }
-}
-
-/// The y or z pass (`cffts2`, `cffts3`): lines of `n` points `stride` apart, in blocks of
-/// `LANES` neighbours along x. `blocks` blocks in all; block `b` starts at `base(b)`
-/// and has `lanes(b)` lines.
-#[allow(clippy::too_many_arguments)]
-fn fft_strided(
-    team: &Team,
-    forward: bool,
-    src: Shared<Complex>,
-    dst: Shared<Complex>,
-    n: usize,
-    stride: usize,
-    blocks: usize,
-    block: impl Fn(usize) -> (usize, usize),
-    w: &mut Work,
-) {
-    let m = n.trailing_zeros();
-    for blk in team.share(blocks) {
-        let (base, lanes) = block(blk);
-        {
-            let (points, _) = w.a[..n * POINT].as_chunks_mut::<POINT>();
-            for (p, point) in points.iter_mut().enumerate() {
-                let at = base + p * stride;
-                // SAFETY: the lines of this block are this thread's in this pass;
-                // nobody writes them while the slice lives.
-                deinterleave(unsafe { src.slice(at..at + lanes) }, point);
+    let out = cfftz(forward, n.trailing_zeros(), w.roots, w.a, w.b);
+    let (points, _) = out[..n * POINT].as_chunks::<POINT>();
+    // SAFETY: as above; the block's rows are written by this thread alone.
+    let block = unsafe { dst.slice_mut(range) };
+    for (t, tile) in points.chunks(TILE).enumerate() {
+        for l in 0..lanes {
+            let at = l * row + t * TILE;
+            for (p, c) in tile.iter().zip(&mut block[at..at + tile.len()]) {
+                *c = Complex::new(p[l % LANES], p[LANES + l % LANES]);
             }
-        }
-        let out = cfftz(forward, m, w.roots, w.a, w.b);
-        let (points, _) = out[..n * POINT].as_chunks::<POINT>();
-        for (p, point) in points.iter().enumerate() {
-            let at = base + p * stride;
-            // SAFETY: as above; written by this thread alone.
-            interleave(point, unsafe { dst.slice_mut(at..at + lanes) });
         }
     }
 }
 
-/// The y pass: blocks `(k, x block)`.
-fn fft_y(
+/// A block of the y or z pass: `lanes` neighbouring lines along x, point `p` of lane `l`
+/// at `base + p * stride + l`.
+#[derive(Clone, Copy)]
+struct Lines {
+    base: usize,
+    stride: usize,
+    n: usize,
+    lanes: usize,
+}
+
+impl Lines {
+    /// Point `p` of every lane.
+    fn at(&self, p: usize) -> Range<usize> {
+        let at = self.base + p * self.stride;
+        at..at + self.lanes
+    }
+}
+
+/// One block of the y or z pass (`cffts2`, `cffts3`), from `src` to `dst`: gathered
+/// point by point into scratch, transformed, scattered back. The block's lines must be
+/// this thread's.
+fn strided_block(
+    forward: bool,
+    lines: Lines,
+    src: Shared<Complex>,
+    dst: Shared<Complex>,
+    w: &mut Work,
+) {
+    let n = lines.n;
+    {
+        let (points, _) = w.a[..n * POINT].as_chunks_mut::<POINT>();
+        for (p, point) in points.iter_mut().enumerate() {
+            // SAFETY: the block's lines are this thread's (caller); nobody writes them
+            // while the slice lives.
+            deinterleave(unsafe { src.slice(lines.at(p)) }, point);
+        }
+    }
+    let out = cfftz(forward, n.trailing_zeros(), w.roots, w.a, w.b);
+    let (points, _) = out[..n * POINT].as_chunks::<POINT>();
+    for (p, point) in points.iter().enumerate() {
+        // SAFETY: as above; written by this thread alone.
+        interleave(point, unsafe { dst.slice_mut(lines.at(p)) });
+    }
+}
+
+/// Columns `i0..` (up to `LANES`) of plane `k`: a block of the y pass.
+fn y_lines(g: &Grid, k: usize, i0: usize) -> Lines {
+    Lines {
+        base: g.index(i0, 0, k),
+        stride: g.row(),
+        n: g.ny,
+        lanes: LANES.min(g.nx - i0),
+    }
+}
+
+/// The x and y passes on this thread's planes, from `src` to `dst`: forward x then y,
+/// inverse y then x. A plane's y lines need only its own x lines, so the two passes
+/// run plane by plane without a barrier between them, and each plane is still in
+/// cache for the second. No barrier.
+fn fft_xy(
     team: &Team,
     g: &Grid,
     forward: bool,
@@ -477,16 +496,27 @@ fn fft_y(
     dst: Shared<Complex>,
     w: &mut Work,
 ) {
-    let per_plane = g.nx.div_ceil(LANES);
-    let block = |blk: usize| {
-        let (k, i0) = (blk / per_plane, blk % per_plane * LANES);
-        (g.index(i0, 0, k), LANES.min(g.nx - i0))
-    };
-    let blocks = g.nz * per_plane;
-    fft_strided(team, forward, src, dst, g.ny, g.row(), blocks, block, w);
+    for k in team.share(g.nz) {
+        if forward {
+            for j0 in (0..g.ny).step_by(LANES) {
+                x_block(g, true, k, j0, src, dst, w);
+            }
+            for i0 in (0..g.nx).step_by(LANES) {
+                strided_block(true, y_lines(g, k, i0), dst, dst, w);
+            }
+        } else {
+            for i0 in (0..g.nx).step_by(LANES) {
+                strided_block(false, y_lines(g, k, i0), src, dst, w);
+            }
+            for j0 in (0..g.ny).step_by(LANES) {
+                x_block(g, false, k, j0, dst, dst, w);
+            }
+        }
+    }
 }
 
-/// The z pass: blocks `(j, x block)`.
+/// The z pass (`cffts3`) from `src` to `dst`: blocks `(j, x block)` split among the
+/// threads. No barrier.
 fn fft_z(
     team: &Team,
     g: &Grid,
@@ -496,12 +526,16 @@ fn fft_z(
     w: &mut Work,
 ) {
     let per_row = g.nx.div_ceil(LANES);
-    let block = |blk: usize| {
+    for blk in team.share(g.ny * per_row) {
         let (j, i0) = (blk / per_row, blk % per_row * LANES);
-        (g.index(i0, j, 0), LANES.min(g.nx - i0))
-    };
-    let blocks = g.ny * per_row;
-    fft_strided(team, forward, src, dst, g.nz, g.plane(), blocks, block, w);
+        let lines = Lines {
+            base: g.index(i0, j, 0),
+            stride: g.plane(),
+            n: g.nz,
+            lanes: LANES.min(g.nx - i0),
+        };
+        strided_block(forward, lines, src, dst, w);
+    }
 }
 
 /// The 3-D transform of `x1` into `x2` (`fft`): forward x, y, z; inverse z, y, x. `x1` is
@@ -515,17 +549,13 @@ fn fft(
     w: &mut Work,
 ) {
     if forward {
-        fft_x(team, g, true, x1, x1, w);
-        team.barrier();
-        fft_y(team, g, true, x1, x1, w);
+        fft_xy(team, g, true, x1, x1, w);
         team.barrier();
         fft_z(team, g, true, x1, x2, w);
     } else {
         fft_z(team, g, false, x1, x1, w);
         team.barrier();
-        fft_y(team, g, false, x1, x1, w);
-        team.barrier();
-        fft_x(team, g, false, x1, x2, w);
+        fft_xy(team, g, false, x1, x2, w);
     }
     team.barrier();
 }
