@@ -7,8 +7,9 @@
 //! complex, as the reference (`d1 + 1`), so power-of-two strides do not alias in cache.
 //! Two complex arrays: `u0` holds the evolving spectrum, `u1` the field being
 //! transformed. The decay factor is separable, so instead of the reference's third
-//! array (`twiddle`, one real per point) each thread keeps the three 1-D factor tables
-//! and multiplies them per point: the same value to a few ulps, 20 % less memory.
+//! array (`twiddle`, one real per point, an `exp` each) each thread keeps three 1-D
+//! factor tables and multiplies them per point: the same value to a few ulps, 20 % less
+//! memory, and a timed set-up without `nx*ny*nz` exponentials.
 //!
 //! The 1-D FFTs are the reference's: Swarztrauber's Stockham variant (`cfftz`, with the
 //! `fftz2` butterflies and the `fft_init` roots-of-unity table), applied to [`LANES`]
@@ -17,10 +18,11 @@
 //! and scatters it back; the lanes make the butterfly loops vector code.
 //!
 //! Parallel split: the x and y passes split the `z` planes among the threads and run
-//! plane by plane (a plane's x and y lines lie in it); the z pass splits its blocks of
-//! lines ([`Team::share`] of the block index). Lines belong to one thread per pass, so
-//! the passes work in place; a barrier separates the z pass from the others. Initial conditions and
-//! `evolve` split the rows; the checksum splits its 1024 points and sums in rank order.
+//! plane by plane (a plane's x and y lines lie in it, and it is still in cache for the
+//! second pass); the z pass splits its blocks of lines ([`Team::share`] of the block
+//! index). Lines belong to one thread per pass, so the passes work in place; a barrier
+//! separates the z pass from the others. Initial conditions and `evolve` split the rows;
+//! the checksum splits its 1024 points and sums in rank order.
 
 use core::f64::consts::PI;
 use core::ops::Range;
