@@ -11,6 +11,7 @@ use core::str::FromStr;
 
 pub mod cg;
 pub mod ep;
+pub mod ft;
 #[cfg(any(test, feature = "host"))]
 pub mod host;
 pub mod is;
@@ -30,10 +31,12 @@ pub enum Kernel {
     Mg,
     Is,
     Cg,
+    Ft,
 }
 
 impl Kernel {
-    pub const ALL: &'static [Kernel] = &[Kernel::Ep, Kernel::Mg, Kernel::Is, Kernel::Cg];
+    pub const ALL: &'static [Kernel] =
+        &[Kernel::Ep, Kernel::Mg, Kernel::Is, Kernel::Cg, Kernel::Ft];
 
     /// Lower-case name as written on command lines and in results: `ep`.
     pub fn name(self) -> &'static str {
@@ -42,6 +45,7 @@ impl Kernel {
             Kernel::Mg => "mg",
             Kernel::Is => "is",
             Kernel::Cg => "cg",
+            Kernel::Ft => "ft",
         }
     }
 
@@ -246,6 +250,7 @@ pub fn workload_heap_bytes(spec: Spec, threads: u32) -> u64 {
         Kernel::Mg => mg::heap_bytes(spec.class, threads),
         Kernel::Is => is::heap_bytes(spec.class, threads),
         Kernel::Cg => cg::heap_bytes(spec.class, threads),
+        Kernel::Ft => ft::heap_bytes(spec.class, threads),
     }) as u64
 }
 
@@ -258,6 +263,7 @@ pub fn run(spec: Spec, team: &Team, arena: &mut Arena) -> Outcome {
         Kernel::Mg => mg::run(spec.class, team, arena),
         Kernel::Is => is::run(spec.class, team, arena),
         Kernel::Cg => cg::run(spec.class, team, arena),
+        Kernel::Ft => ft::run(spec.class, team, arena),
     }
 }
 
@@ -354,7 +360,7 @@ mod tests {
         let err = "xx.S".parse::<Spec>().unwrap_err();
         assert_eq!(
             err.to_string(),
-            "unknown benchmark 'xx' in 'xx.S' (known: ep, mg, is, cg)"
+            "unknown benchmark 'xx' in 'xx.S' (known: ep, mg, is, cg, ft)"
         );
         assert_eq!((err.kind(), err.item()), ("unknown-benchmark", "xx.S"));
 
