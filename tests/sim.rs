@@ -180,3 +180,24 @@ fn bad_simulation_files_are_refused_with_the_reason() {
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("cannot read simulation file"));
 }
+
+#[test]
+fn blocking_receives_spin_never_and_still_finish() {
+    let text = std::fs::read_to_string("examples/sim-s1.toml")
+        .unwrap()
+        .replace("wait = \"spin\"", "wait = \"block\"")
+        .replace("iterations = 1200", "iterations = 200");
+    assert!(
+        text.contains("wait = \"block\""),
+        "examples/sim-s1.toml changed shape"
+    );
+    let rows = sim("sim-block.toml", &text);
+    for row in &rows {
+        assert_eq!(row["finished"], true, "{row}");
+        for d in row["domains"].as_array().unwrap() {
+            assert_eq!(d["spin_s"].as_f64(), Some(0.0), "{row}");
+        }
+        // 200 iterations of 2 ms compute at least, plus messages.
+        assert!(row["time_s"].as_f64().unwrap() > 0.4, "{row}");
+    }
+}
