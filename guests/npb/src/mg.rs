@@ -729,20 +729,7 @@ mod tests {
     use std::vec::Vec;
 
     use super::*;
-    use crate::testing::on_team;
-
-    /// Deterministic pseudo-random test data in [-1, 1) (not the NPB stream).
-    fn noise(len: usize, seed: u64) -> Vec<f64> {
-        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        (0..len)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                (x >> 11) as f64 / (1u64 << 52) as f64 - 1.0
-            })
-            .collect()
-    }
+    use crate::testing::{noise, on_team};
 
     /// A full grid (ghosts included) from interior values `n^3` by periodic wrap.
     fn periodic(interior: &[f64], n: usize) -> Vec<f64> {

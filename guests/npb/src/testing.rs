@@ -55,3 +55,16 @@ pub fn on_team<R: Send>(
     drop(memory);
     results.swap_remove(0)
 }
+
+/// Deterministic pseudo-random test data in [-1, 1) (not the NPB stream).
+pub fn noise(len: usize, seed: u64) -> Vec<f64> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 11) as f64 / (1u64 << 52) as f64 - 1.0
+        })
+        .collect()
+}
