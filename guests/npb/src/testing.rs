@@ -1,5 +1,5 @@
 //! Test support shared by the kernels' unit tests: run a closure on a team of host
-//! threads over one arena, as the runtimes do.
+//! threads over one arena, as the runtimes do, and deterministic test data.
 
 extern crate std;
 use std::sync::Barrier;
