@@ -240,7 +240,7 @@ impl Vm {
             .map_err(|e| Error::Device(e.to_string()))
     }
 
-    /// Has KVM signal `eventfd` on every guest write of `len` bytes at `addr` (an
+    /// Has KVM signal `eventfd` on every guest write at `addr`, of any size (an
     /// MMIO doorbell that never leaves the kernel: KVM_IOEVENTFD).
     pub fn register_mmio_doorbell(&self, eventfd: &EventFd, addr: u64) -> Result<(), Error> {
         self.vm
