@@ -356,6 +356,11 @@ fn print(
                 ),
                 None => format!("{} no result", row.spec),
             })
+            .chain(
+                r.measurements
+                    .iter()
+                    .map(|(kind, fields)| probe_summary(kind, fields)),
+            )
             .collect();
         println!(
             "{:<12} {:>6} {:>4} {:>5} {:>9.3} {:>5.1}%  {}",
@@ -386,6 +391,20 @@ fn print(
         overhead.vmm.as_secs_f64(),
     );
     Ok(())
+}
+
+/// One line of a guest probe for the table: its kind and its headline numbers.
+fn probe_summary(kind: &str, fields: &std::collections::BTreeMap<String, String>) -> String {
+    let keys: &[&str] = match kind {
+        "irqcheck" => &["verified", "delivered", "misrouted", "lost", "masked_held"],
+        "irqbench" | "wakeprobe" => &["median_us", "p99_us", "max_us"],
+        _ => &[],
+    };
+    let picked: Vec<String> = keys
+        .iter()
+        .filter_map(|k| fields.get(*k).map(|v| format!("{k}={v}")))
+        .collect();
+    format!("{kind} {}", picked.join(" "))
 }
 
 /// What the control socket sees of a node.
