@@ -85,6 +85,33 @@ fn the_bench_measures_both_paths_and_the_host_sees_every_round() {
 }
 
 #[test]
+fn the_device_answers_after_its_delay_and_not_before() {
+    if !kvm_available() {
+        return;
+    }
+    let out = kumo(&[
+        "bench",
+        "irq",
+        "--path",
+        "fast",
+        "--delay-us",
+        "300",
+        "--rounds",
+        "20",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let rows = json_lines(&out);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let row = &rows[0];
+    // Physical lower bounds, not timing thresholds: nothing can arrive before the
+    // device has waited its delay.
+    assert!(row["host_device_us"].as_f64().unwrap() >= 300.0, "{row}");
+    assert!(row["min_us"].as_f64().unwrap() >= 300.0, "{row}");
+    assert_eq!(row["host_rounds"].as_f64(), Some(20.0), "{row}");
+}
+
+#[test]
 fn bad_interrupt_bench_input_is_refused_before_boot() {
     for (args, needle) in [
         (
