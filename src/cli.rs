@@ -38,11 +38,11 @@ pub enum Command {
 
 #[derive(Args, Debug)]
 pub struct SimArgs {
-    /// The simulation file (examples/sim-s1.toml).
+    /// The simulation file (TOML; see examples/sim-s1.toml).
     #[arg(long, value_name = "PATH")]
     pub config: PathBuf,
 
-    /// Print one JSON object per scenario.
+    /// Print one JSON object (every run) instead of tables.
     #[arg(long)]
     pub json: bool,
 }

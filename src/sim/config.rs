@@ -1,52 +1,77 @@
-//! The simulator's file (`kumo sim --config sim.toml`): costs calibrated on real runs,
-//! the cluster (nodes, their pCPUs, domain 0 and the domains), one MPI-like program
-//! that every domain vCPU runs as one rank, and the scenarios to compare (scheduler
-//! parameters and domain 0's weight). Parsed strictly, like node files.
+//! The simulation file (`kumo sim --config sim.toml`): scheduler parameters, costs
+//! calibrated on real runs, the cluster (nodes, their pCPUs, domain 0 and the
+//! domains), the programs the ranks run, and the scenarios to compare. Parsed
+//! strictly, like node files: an unknown key is an error (a misspelt `weigth` must
+//! not silently become the default), and every error names the field, the item
+//! (node, domain, program, scenario) and the allowed range.
+//!
+//! Ranks are the domains' vCPUs (domain 0 excluded), numbered node by node in file
+//! order: with S1's cluster, ranks 0 and 1 run on the first node, 2 and 3 on the second.
 
+use std::collections::BTreeSet;
 use std::path::Path;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use serde::Deserialize;
 
+use super::program::{self, Pattern, Phase, Step};
 use crate::ctl::SchedUpdate;
 use crate::node_config::{DEFAULT_WEIGHT, WEIGHT_RANGE};
 use crate::sched_params;
 
-#[derive(Debug, Clone, Deserialize)]
+/// Domain 0's name in reports and scenario overrides (as in `kumo node`).
+pub const DOM0: &str = "dom0";
+/// Most ranks (domain vCPUs) in one cluster: the model keeps a mailbox per pair.
+pub const MAX_RANKS: u32 = 1024;
+/// Most vCPUs of one domain (as many as one scheduler's pCPUs).
+const MAX_VCPUS: u32 = sched::MAX_PCPUS;
+/// Longest simulated time of one run (one day).
+const MAX_DURATION_S: f64 = 86_400.0;
+
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct SimFile {
-    /// Stop after this much simulated time even if the program has not finished.
-    #[serde(default = "default_duration")]
-    duration_s: f64,
+    /// Cut every run at this much simulated time, finished or not.
+    duration_s: Option<f64>,
+    #[serde(default)]
+    scheduler: SchedulerFile,
     #[serde(default)]
     costs: Costs,
-    #[serde(rename = "node")]
+    #[serde(rename = "node", default)]
     nodes: Vec<NodeFile>,
-    program: Program,
-    #[serde(rename = "scenario")]
+    #[serde(rename = "program", default)]
+    programs: Vec<ProgramFile>,
+    #[serde(rename = "scenario", default)]
     scenarios: Vec<ScenarioFile>,
 }
 
-fn default_duration() -> f64 {
-    600.0
+/// The keys of a node file's `[scheduler]` (its `kind` has no meaning here).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SchedulerFile {
+    tslice_ms: Option<f64>,
+    tick_ms: Option<f64>,
+    ratelimit_us: Option<u64>,
 }
 
-/// What things cost, in microseconds of CPU (or of latency). The defaults are this
-/// host's measurements (README, "Measured"): see each field.
+/// What things cost, in microseconds (of CPU, or of latency for the wire). The
+/// defaults are the values of `examples/sim-s1.toml`, which says where each comes from.
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Costs {
-    /// Handing a pCPU to another vCPU (`kumo bench switch --mechanism fifo`, median).
+    /// CPU lost when a pCPU starts running another vCPU than the one it ran last.
     pub switch_us: f64,
-    /// From a message's arrival to the waiting vCPU noticing it when it is halted:
-    /// the interrupt path (`kumo bench irq --path fast`, median).
-    pub notify_us: f64,
-    /// A DomU vCPU's own CPU to hand a message to its driver (netfront).
+    /// From the event that wakes a halted vCPU (work for domain 0, a message for a
+    /// blocked receive, a timer) to the scheduler's wake-up.
+    pub wake_us: f64,
+    /// CPU lost on a busy pCPU at each scheduler timer interrupt.
+    pub tick_us: f64,
+    /// A rank's own CPU to hand a message to its driver (netfront).
     pub send_us: f64,
     /// Domain 0's CPU per message and side (netback), plus per KiB copied.
     pub dom0_per_message_us: f64,
     pub dom0_per_kib_us: f64,
-    /// Between nodes: wire latency and bandwidth (1 GbE: 125 MB/s).
+    /// Between nodes: latency of the wire and switch, and each node's link rate.
     pub network_latency_us: f64,
     pub network_mb_s: f64,
 }
@@ -55,17 +80,18 @@ impl Default for Costs {
     fn default() -> Self {
         Costs {
             switch_us: 29.0,
-            notify_us: 45.0,
+            wake_us: 46.0,
+            tick_us: 0.0,
             send_us: 5.0,
             dom0_per_message_us: 25.0,
-            dom0_per_kib_us: 0.5,
+            dom0_per_kib_us: 5.0,
             network_latency_us: 30.0,
-            network_mb_s: 125.0,
+            network_mb_s: 117.0,
         }
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct NodeFile {
     name: String,
@@ -74,11 +100,11 @@ struct NodeFile {
     dom0_vcpus: u32,
     #[serde(default = "default_weight")]
     dom0_weight: u32,
-    #[serde(rename = "domain")]
+    #[serde(rename = "domain", default)]
     domains: Vec<DomainFile>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct DomainFile {
     name: String,
@@ -98,58 +124,79 @@ fn default_weight() -> u32 {
     DEFAULT_WEIGHT
 }
 
-/// The program every rank runs: `iterations` times, compute, then exchange messages
-/// with its peers by `pattern`, waiting for theirs by `wait`.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+/// A program: the same phase list for every rank (`phases`, or the shorthand
+/// `compute_ms` + `pattern` + `message_bytes`), or lists for chosen ranks
+/// (`[[program.rank]]`), repeated `iterations` times.
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Program {
-    pub iterations: u32,
-    pub compute_ms: f64,
+struct ProgramFile {
+    name: String,
+    #[serde(default = "one_u64")]
+    iterations: u64,
     #[serde(default)]
-    pub message_bytes: u64,
-    #[serde(default = "default_pattern")]
-    pub pattern: Pattern,
-    #[serde(default = "default_wait")]
-    pub wait: Wait,
+    wait: Wait,
+    compute_ms: Option<f64>,
+    pattern: Option<String>,
+    message_bytes: Option<u64>,
+    phases: Option<Vec<String>>,
+    #[serde(rename = "rank", default)]
+    ranks: Vec<RankFile>,
 }
 
-fn default_pattern() -> Pattern {
-    Pattern::Alltoall
+fn one_u64() -> u64 {
+    1
 }
 
-fn default_wait() -> Wait {
-    Wait::Spin
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RankFile {
+    ranks: Vec<u32>,
+    phases: Vec<String>,
 }
 
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum Pattern {
-    /// No messages (EP).
-    None,
-    /// Send to the next rank, receive from the previous one.
-    Ring,
-    /// Send to and receive from every other rank (reductions, transposes).
-    Alltoall,
-}
-
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum Wait {
-    /// MPI's busy-wait: the vCPU stays runnable and burns its pCPU (S1's case).
-    Spin,
-    /// Block until the message arrives (an interrupt-driven receive).
-    Block,
-}
-
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ScenarioFile {
     name: String,
     tslice_ms: Option<f64>,
     tick_ms: Option<f64>,
     ratelimit_us: Option<u64>,
-    /// Domain 0's weight on every node (default: each node's own).
+    /// Domain 0's weight on every node.
     dom0_weight: Option<u32>,
+    /// Overrides every program's way of waiting.
+    wait: Option<Wait>,
+    #[serde(rename = "domain", default)]
+    domains: Vec<ScenarioDomainFile>,
+}
+
+/// A scenario's change to domains named `name` (on every node, or on `node`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ScenarioDomainFile {
+    name: String,
+    node: Option<String>,
+    weight: Option<u32>,
+    cap: Option<u32>,
+}
+
+/// How a rank waits for a message or for domain 0's I/O.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Wait {
+    /// MPI's busy-wait: the vCPU stays runnable and burns its pCPU (S1's case).
+    #[default]
+    Spin,
+    /// Halt until it arrives (an interrupt-driven receive).
+    Block,
+}
+
+impl Wait {
+    pub fn name(self) -> &'static str {
+        match self {
+            Wait::Spin => "spin",
+            Wait::Block => "block",
+        }
+    }
 }
 
 /// A validated simulation.
@@ -158,7 +205,9 @@ pub struct Sim {
     pub duration_ns: u64,
     pub costs: Costs,
     pub nodes: Vec<Node>,
-    pub program: Program,
+    /// Where each rank runs, in rank order.
+    pub ranks: Vec<RankPlace>,
+    pub programs: Vec<Program>,
     pub scenarios: Vec<Scenario>,
 }
 
@@ -167,7 +216,7 @@ pub struct Node {
     pub name: String,
     pub pcpus: u32,
     pub dom0_vcpus: u32,
-    pub dom0_weight: u32,
+    /// Domain 0 first (index 0, named [`DOM0`]), then the file's domains.
     pub domains: Vec<Domain>,
 }
 
@@ -179,11 +228,30 @@ pub struct Domain {
     pub cap: u32,
 }
 
+/// A rank's node, domain (index into `Node::domains`) and vCPU within the domain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RankPlace {
+    pub node: usize,
+    pub domain: usize,
+    pub vcpu: u32,
+}
+
+#[derive(Debug, Clone)]
+pub struct Program {
+    pub name: String,
+    pub iterations: u64,
+    pub wait: Wait,
+    /// One iteration of each rank, in rank order (empty: the rank does nothing).
+    pub bodies: Vec<Vec<Phase>>,
+}
+
 #[derive(Debug, Clone)]
 pub struct Scenario {
     pub name: String,
     pub params: sched::Params,
-    pub dom0_weight: Option<u32>,
+    pub wait: Option<Wait>,
+    /// Weight and cap of every domain of every node (same shape as `Node::domains`).
+    pub shares: Vec<Vec<(u32, u32)>>,
 }
 
 pub fn load(path: &Path) -> Result<Sim> {
@@ -192,9 +260,22 @@ pub fn load(path: &Path) -> Result<Sim> {
     parse(&text).with_context(|| format!("in simulation file {}", path.display()))
 }
 
+/// Parses and validates a simulation file's text.
 pub fn parse(text: &str) -> Result<Sim> {
-    let file: SimFile = toml::from_str(text)?;
+    let file: SimFile = toml::from_str(text).map_err(|e| one_line(text, &e))?;
     validate(file)
+}
+
+/// TOML errors come as a multi-line excerpt; kumo reports bad input on one line.
+fn one_line(text: &str, e: &toml::de::Error) -> anyhow::Error {
+    let message = e.message().trim().replace('\n', " ");
+    match e.span() {
+        Some(span) => {
+            let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
+            anyhow!("line {line}: {message}")
+        }
+        None => anyhow!("{message}"),
+    }
 }
 
 fn check_weight(what: &str, weight: u32) -> Result<()> {
@@ -208,14 +289,57 @@ fn check_weight(what: &str, weight: u32) -> Result<()> {
     Ok(())
 }
 
-fn validate(file: SimFile) -> Result<Sim> {
-    if !(file.duration_s > 0.0 && file.duration_s <= 86_400.0) {
-        bail!("duration_s must be above 0 and at most 86400 (one day)");
+fn check_cap(what: &str, cap: u32, pcpus: u32) -> Result<()> {
+    if cap > 100 * pcpus {
+        bail!(
+            "{what}: cap {cap} is above {} (100 per pCPU of the node; 0 = no cap)",
+            100 * pcpus
+        );
     }
-    let c = file.costs;
+    Ok(())
+}
+
+fn check_name(what: &str, name: &str) -> Result<()> {
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    {
+        bail!("{what} name '{name}' must be one word of letters, digits, '-', '_' or '.'");
+    }
+    Ok(())
+}
+
+fn validate(file: SimFile) -> Result<Sim> {
+    let duration_s = file.duration_s.unwrap_or(600.0);
+    if !(duration_s > 0.0 && duration_s <= MAX_DURATION_S) {
+        bail!("duration_s {duration_s} is outside (0, {MAX_DURATION_S}] seconds");
+    }
+    let costs = check_costs(file.costs)?;
+    let base = sched_params::from_update(SchedUpdate {
+        tslice_ms: file.scheduler.tslice_ms,
+        tick_ms: file.scheduler.tick_ms,
+        ratelimit_us: file.scheduler.ratelimit_us,
+    })
+    .context("[scheduler]")?;
+    let (nodes, ranks) = check_nodes(file.nodes)?;
+    let programs = check_programs(file.programs, ranks.len() as u32)?;
+    let scenarios = check_scenarios(file.scenarios, base, &nodes)?;
+    Ok(Sim {
+        duration_ns: (duration_s * 1e9).round() as u64,
+        costs,
+        nodes,
+        ranks,
+        programs,
+        scenarios,
+    })
+}
+
+fn check_costs(c: Costs) -> Result<Costs> {
     let named = [
         ("switch_us", c.switch_us),
-        ("notify_us", c.notify_us),
+        ("wake_us", c.wake_us),
+        ("tick_us", c.tick_us),
         ("send_us", c.send_us),
         ("dom0_per_message_us", c.dom0_per_message_us),
         ("dom0_per_kib_us", c.dom0_per_kib_us),
@@ -223,47 +347,72 @@ fn validate(file: SimFile) -> Result<Sim> {
     ];
     for (name, value) in named {
         if !(0.0..=1e6).contains(&value) {
-            bail!("costs.{name} must be between 0 and 1000000 us");
+            bail!("costs.{name} {value} is outside 0..=1000000 (microseconds)");
         }
     }
-    if !(c.network_mb_s > 0.0 && c.network_mb_s.is_finite()) {
-        bail!("costs.network_mb_s must be above 0");
+    if !(c.network_mb_s > 0.0 && c.network_mb_s <= 1e7) {
+        bail!(
+            "costs.network_mb_s {} is outside (0, 10000000] (MB/s)",
+            c.network_mb_s
+        );
     }
-    if file.nodes.is_empty() {
+    Ok(c)
+}
+
+fn check_nodes(files: Vec<NodeFile>) -> Result<(Vec<Node>, Vec<RankPlace>)> {
+    if files.is_empty() {
         bail!("no [[node]]: a cluster needs at least one");
     }
+    let mut names = BTreeSet::new();
     let mut nodes = Vec::new();
-    let mut ranks = 0u32;
-    for n in file.nodes {
+    let mut ranks = Vec::new();
+    for n in files {
+        check_name("node", &n.name)?;
+        let what = format!("node '{}'", n.name);
+        if !names.insert(n.name.clone()) {
+            bail!("two nodes are named '{}'", n.name);
+        }
         if !(1..=sched::MAX_PCPUS).contains(&n.pcpus) {
             bail!(
-                "node '{}': pcpus must be between 1 and {}",
-                n.name,
+                "{what}: pcpus {} is outside 1..={}",
+                n.pcpus,
                 sched::MAX_PCPUS
             );
         }
-        if !(1..=64).contains(&n.dom0_vcpus) {
-            bail!("node '{}': dom0_vcpus must be between 1 and 64", n.name);
+        if !(1..=MAX_VCPUS).contains(&n.dom0_vcpus) {
+            bail!(
+                "{what}: dom0_vcpus {} is outside 1..={MAX_VCPUS}",
+                n.dom0_vcpus
+            );
         }
-        check_weight(&format!("node '{}' dom0", n.name), n.dom0_weight)?;
-        if n.domains.is_empty() {
-            bail!("node '{}' has no [[node.domain]]", n.name);
-        }
-        let mut domains = Vec::new();
+        check_weight(&format!("{what} dom0"), n.dom0_weight)?;
+        let mut domains = vec![Domain {
+            name: DOM0.into(),
+            vcpus: n.dom0_vcpus,
+            weight: n.dom0_weight,
+            cap: 0,
+        }];
         for d in n.domains {
-            check_weight(&format!("domain '{}'", d.name), d.weight)?;
-            if !(1..=64).contains(&d.vcpus) {
-                bail!("domain '{}': vcpus must be between 1 and 64", d.name);
+            check_name("domain", &d.name)?;
+            let what = format!("{what} domain '{}'", d.name);
+            if d.name == DOM0 {
+                bail!("{what}: the name is domain 0's (set dom0_weight, dom0_vcpus on the node)");
             }
-            if d.cap > 100 * n.pcpus {
-                bail!(
-                    "domain '{}': cap {} is above {} (100 per pCPU of the node; 0 = no cap)",
-                    d.name,
-                    d.cap,
-                    100 * n.pcpus
-                );
+            if domains.iter().any(|x| x.name == d.name) {
+                bail!("{what}: two domains of the node have this name");
             }
-            ranks += d.vcpus;
+            check_weight(&what, d.weight)?;
+            check_cap(&what, d.cap, n.pcpus)?;
+            if !(1..=MAX_VCPUS).contains(&d.vcpus) {
+                bail!("{what}: vcpus {} is outside 1..={MAX_VCPUS}", d.vcpus);
+            }
+            for vcpu in 0..d.vcpus {
+                ranks.push(RankPlace {
+                    node: nodes.len(),
+                    domain: domains.len(),
+                    vcpu,
+                });
+            }
             domains.push(Domain {
                 name: d.name,
                 vcpus: d.vcpus,
@@ -275,51 +424,425 @@ fn validate(file: SimFile) -> Result<Sim> {
             name: n.name,
             pcpus: n.pcpus,
             dom0_vcpus: n.dom0_vcpus,
-            dom0_weight: n.dom0_weight,
             domains,
         });
     }
-    let p = &file.program;
-    if !(1..=10_000_000).contains(&p.iterations) {
-        bail!("program.iterations must be between 1 and 10000000");
+    if ranks.is_empty() {
+        bail!("no [[node.domain]]: the ranks are the domains' vCPUs, and there are none");
     }
-    if !(p.compute_ms >= 0.0 && p.compute_ms <= 60_000.0) {
-        bail!("program.compute_ms must be between 0 and 60000");
-    }
-    if p.message_bytes > 1 << 30 {
-        bail!("program.message_bytes must be at most 1 GiB");
-    }
-    if ranks < 2 && p.pattern != Pattern::None {
+    if ranks.len() > MAX_RANKS as usize {
         bail!(
-            "program.pattern '{:?}' needs at least 2 ranks (domain vCPUs)",
-            p.pattern
+            "{} domain vCPUs (ranks): at most {MAX_RANKS} are simulated",
+            ranks.len()
         );
     }
-    if file.scenarios.is_empty() {
-        bail!("no [[scenario]]: name at least one (e.g. Xen's defaults)");
+    Ok((nodes, ranks))
+}
+
+fn parse_list(list: &[String]) -> Result<Vec<Step>> {
+    list.iter()
+        .map(|s| program::parse_step(s).map_err(|e| anyhow!("phase '{s}': {e}")))
+        .collect()
+}
+
+fn expand(steps: &[Step], rank: u32, ranks: u32, list: &[String]) -> Result<Vec<Phase>> {
+    // Report the first phase that does not fit this rank, by its text.
+    for (step, text) in steps.iter().zip(list) {
+        program::expand(std::slice::from_ref(step), rank, ranks)
+            .map_err(|e| anyhow!("phase '{text}' on rank {rank}: {e}"))?;
     }
+    program::expand(steps, rank, ranks).map_err(|e| anyhow!("rank {rank}: {e}"))
+}
+
+fn check_programs(files: Vec<ProgramFile>, ranks: u32) -> Result<Vec<Program>> {
+    if files.is_empty() {
+        bail!("no [[program]]: give at least one (name, iterations, phases)");
+    }
+    let mut names = BTreeSet::new();
+    let mut programs = Vec::new();
+    for p in files {
+        check_name("program", &p.name)?;
+        let what = format!("program '{}'", p.name);
+        if !names.insert(p.name.clone()) {
+            bail!("two programs are named '{}'", p.name);
+        }
+        if !(1..=1_000_000_000).contains(&p.iterations) {
+            bail!(
+                "{what}: iterations {} is outside 1..=1000000000",
+                p.iterations
+            );
+        }
+        let shorthand = p.compute_ms.is_some() || p.pattern.is_some() || p.message_bytes.is_some();
+        let kinds = [shorthand, p.phases.is_some(), !p.ranks.is_empty()];
+        if kinds.iter().filter(|k| **k).count() != 1 {
+            bail!(
+                "{what}: give exactly one of compute_ms/pattern/message_bytes, phases, \
+                 or [[program.rank]] lists"
+            );
+        }
+        let bodies = if shorthand {
+            let list = shorthand_list(&p).with_context(|| what.clone())?;
+            let steps = parse_list(&list).with_context(|| what.clone())?;
+            (0..ranks)
+                .map(|r| expand(&steps, r, ranks, &list))
+                .collect::<Result<Vec<_>>>()
+                .with_context(|| what.clone())?
+        } else if let Some(list) = &p.phases {
+            let steps = parse_list(list).with_context(|| what.clone())?;
+            (0..ranks)
+                .map(|r| expand(&steps, r, ranks, list))
+                .collect::<Result<Vec<_>>>()
+                .with_context(|| what.clone())?
+        } else {
+            let mut bodies: Vec<Option<Vec<Phase>>> = vec![None; ranks as usize];
+            for (i, entry) in p.ranks.iter().enumerate() {
+                let what = format!("{what} [[program.rank]] {}", i + 1);
+                if entry.ranks.is_empty() {
+                    bail!("{what}: ranks is empty");
+                }
+                let steps = parse_list(&entry.phases).with_context(|| what.clone())?;
+                for &r in &entry.ranks {
+                    if r >= ranks {
+                        bail!(
+                            "{what}: rank {r} is out of range (ranks are 0..={})",
+                            ranks - 1
+                        );
+                    }
+                    if bodies[r as usize].is_some() {
+                        bail!("{what}: rank {r} already has a phase list");
+                    }
+                    let body =
+                        expand(&steps, r, ranks, &entry.phases).with_context(|| what.clone())?;
+                    bodies[r as usize] = Some(body);
+                }
+            }
+            bodies.into_iter().map(Option::unwrap_or_default).collect()
+        };
+        programs.push(Program {
+            name: p.name,
+            iterations: p.iterations,
+            wait: p.wait,
+            bodies,
+        });
+    }
+    Ok(programs)
+}
+
+/// `compute_ms` + `pattern` + `message_bytes` as a phase list.
+fn shorthand_list(p: &ProgramFile) -> Result<Vec<String>> {
+    let Some(ms) = p.compute_ms else {
+        bail!("compute_ms is missing (pattern and message_bytes go with it)");
+    };
+    let mut list = vec![format!("compute:{ms}")];
+    match p.pattern.as_deref().unwrap_or("none") {
+        "none" => {
+            if p.message_bytes.is_some() {
+                bail!("message_bytes without a pattern (ring, pairs, alltoall)");
+            }
+        }
+        name => {
+            let pattern = Pattern::parse(name).map_err(|e| anyhow!("{e}, or none"))?;
+            list.push(format!(
+                "exchange:{pattern}:{}",
+                p.message_bytes.unwrap_or(0)
+            ));
+        }
+    }
+    Ok(list)
+}
+
+fn check_scenarios(
+    files: Vec<ScenarioFile>,
+    base: sched::Params,
+    nodes: &[Node],
+) -> Result<Vec<Scenario>> {
+    let file_shares: Vec<Vec<(u32, u32)>> = nodes
+        .iter()
+        .map(|n| n.domains.iter().map(|d| (d.weight, d.cap)).collect())
+        .collect();
+    if files.is_empty() {
+        return Ok(vec![Scenario {
+            name: "base".into(),
+            params: base,
+            wait: None,
+            shares: file_shares,
+        }]);
+    }
+    let mut names = BTreeSet::new();
     let mut scenarios = Vec::new();
-    for s in file.scenarios {
-        let params = sched_params::from_update(SchedUpdate {
-            tslice_ms: s.tslice_ms,
-            tick_ms: s.tick_ms,
-            ratelimit_us: s.ratelimit_us,
-        })
-        .with_context(|| format!("scenario '{}'", s.name))?;
+    for s in files {
+        check_name("scenario", &s.name)?;
+        let what = format!("scenario '{}'", s.name);
+        if !names.insert(s.name.clone()) {
+            bail!("two scenarios are named '{}'", s.name);
+        }
+        let params = sched_params::apply(
+            base,
+            SchedUpdate {
+                tslice_ms: s.tslice_ms,
+                tick_ms: s.tick_ms,
+                ratelimit_us: s.ratelimit_us,
+            },
+        )
+        .with_context(|| what.clone())?;
+        let mut shares = file_shares.clone();
         if let Some(w) = s.dom0_weight {
-            check_weight(&format!("scenario '{}' dom0", s.name), w)?;
+            check_weight(&format!("{what} dom0"), w)?;
+            for node in &mut shares {
+                node[0].0 = w;
+            }
+        }
+        for d in &s.domains {
+            let dwhat = format!("{what} domain '{}'", d.name);
+            if d.weight.is_none() && d.cap.is_none() {
+                bail!("{dwhat}: give weight and/or cap");
+            }
+            if let Some(node) = &d.node
+                && !nodes.iter().any(|n| &n.name == node)
+            {
+                let known: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
+                bail!("{dwhat}: no node '{node}' (nodes: {})", known.join(", "));
+            }
+            let mut found = false;
+            for (n, node) in nodes.iter().enumerate() {
+                if d.node.as_ref().is_some_and(|name| name != &node.name) {
+                    continue;
+                }
+                for (i, domain) in node.domains.iter().enumerate() {
+                    if domain.name != d.name {
+                        continue;
+                    }
+                    found = true;
+                    if let Some(w) = d.weight {
+                        check_weight(&dwhat, w)?;
+                        shares[n][i].0 = w;
+                    }
+                    if let Some(c) = d.cap {
+                        check_cap(&dwhat, c, node.pcpus)?;
+                        shares[n][i].1 = c;
+                    }
+                }
+            }
+            if !found {
+                let mut known: Vec<String> = nodes
+                    .iter()
+                    .flat_map(|n| n.domains.iter().map(|d| d.name.clone()))
+                    .collect();
+                known.sort();
+                known.dedup();
+                bail!("{dwhat}: no such domain (domains: {})", known.join(", "));
+            }
         }
         scenarios.push(Scenario {
             name: s.name,
             params,
-            dom0_weight: s.dom0_weight,
+            wait: s.wait,
+            shares,
         });
     }
-    Ok(Sim {
-        duration_ns: (file.duration_s * 1e9) as u64,
-        costs: c,
-        nodes,
-        program: file.program,
-        scenarios,
-    })
+    Ok(scenarios)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SMALL: &str = r#"
+[[node]]
+name = "n0"
+pcpus = 2
+[[node.domain]]
+name = "a"
+[[node.domain]]
+name = "b"
+vcpus = 2
+weight = 512
+
+[[node]]
+name = "n1"
+pcpus = 1
+dom0_weight = 64
+[[node.domain]]
+name = "a"
+
+[[program]]
+name = "ring"
+iterations = 3
+phases = ["compute:1.5", "exchange:ring:100"]
+"#;
+
+    fn error(text: &str) -> String {
+        format!("{:#}", parse(text).unwrap_err())
+    }
+
+    #[test]
+    fn a_small_cluster_parses_with_defaults() {
+        let sim = parse(SMALL).unwrap();
+        assert_eq!(sim.duration_ns, 600_000_000_000);
+        assert_eq!(sim.costs, Costs::default());
+        assert_eq!(sim.nodes.len(), 2);
+        assert_eq!(sim.nodes[0].domains[0].name, DOM0);
+        assert_eq!(sim.nodes[1].domains[0].weight, 64);
+        let places: Vec<(usize, usize, u32)> = sim
+            .ranks
+            .iter()
+            .map(|r| (r.node, r.domain, r.vcpu))
+            .collect();
+        assert_eq!(places, [(0, 1, 0), (0, 2, 0), (0, 2, 1), (1, 1, 0)]);
+        let p = &sim.programs[0];
+        assert_eq!((p.iterations, p.wait), (3, Wait::Spin));
+        assert_eq!(
+            p.bodies[0],
+            [
+                Phase::Compute(1_500_000),
+                Phase::Send { to: 1, bytes: 100 },
+                Phase::Recv { from: 3 }
+            ]
+        );
+        assert_eq!(sim.scenarios.len(), 1);
+        assert_eq!(sim.scenarios[0].name, "base");
+        assert_eq!(sim.scenarios[0].params, sched::Params::default());
+        assert_eq!(
+            sim.scenarios[0].shares,
+            [vec![(256, 0), (256, 0), (512, 0)], vec![(64, 0), (256, 0)]]
+        );
+    }
+
+    #[test]
+    fn scenarios_override_the_scheduler_and_shares() {
+        let text = format!(
+            "{SMALL}\n[scheduler]\nratelimit_us = 0\n\
+             [[scenario]]\nname = \"short\"\ntslice_ms = 1\ndom0_weight = 1024\nwait = \"block\"\n\
+             [[scenario.domain]]\nname = \"a\"\nnode = \"n1\"\ncap = 50\n\
+             [[scenario.domain]]\nname = \"b\"\nweight = 128\n"
+        );
+        let sim = parse(&text).unwrap();
+        let s = &sim.scenarios[0];
+        assert_eq!(
+            (s.params.tslice_ns, s.params.tick_ns, s.params.ratelimit_ns),
+            (1_000_000, 1_000_000, 0)
+        );
+        assert_eq!(s.wait, Some(Wait::Block));
+        assert_eq!(
+            s.shares,
+            [
+                vec![(1024, 0), (256, 0), (128, 0)],
+                vec![(1024, 0), (256, 50)]
+            ]
+        );
+    }
+
+    #[test]
+    fn rank_lists_and_the_shorthand_give_bodies() {
+        let text = SMALL.replace(
+            "phases = [\"compute:1.5\", \"exchange:ring:100\"]",
+            "[[program.rank]]\nranks = [0, 3]\nphases = [\"send:+1:8\", \"recv:-1\"]",
+        );
+        let sim = parse(&text).unwrap();
+        let b = &sim.programs[0].bodies;
+        assert_eq!(
+            b[3],
+            [Phase::Send { to: 0, bytes: 8 }, Phase::Recv { from: 2 }]
+        );
+        assert!(b[1].is_empty() && b[2].is_empty());
+        let text = SMALL.replace(
+            "phases = [\"compute:1.5\", \"exchange:ring:100\"]",
+            "compute_ms = 2\npattern = \"pairs\"\nmessage_bytes = 10",
+        );
+        let sim = parse(&text).unwrap();
+        assert_eq!(
+            sim.programs[0].bodies[1],
+            [
+                Phase::Compute(2_000_000),
+                Phase::Send { to: 3, bytes: 10 },
+                Phase::Recv { from: 3 }
+            ]
+        );
+    }
+
+    #[test]
+    fn bad_files_are_refused_with_the_reason() {
+        let cases = [
+            (
+                SMALL.replace("pcpus = 2", "pcpus = 2\nweigth = 1"),
+                "line 5: unknown field `weigth`",
+            ),
+            (
+                SMALL.replace("pcpus = 2", "pcpus = 0"),
+                "node 'n0': pcpus 0 is outside 1..=256",
+            ),
+            (
+                SMALL.replace("weight = 512", "weight = 0"),
+                "domain 'b': weight 0 is outside 1..=65535",
+            ),
+            (
+                SMALL.replace("weight = 512", "cap = 300"),
+                "cap 300 is above 200",
+            ),
+            (SMALL.replace("name = \"b\"", "name = \"a\""), "two domains"),
+            (
+                SMALL.replace("name = \"b\"", "name = \"dom0\""),
+                "domain 0's",
+            ),
+            (
+                SMALL.replace("exchange:ring:100", "send:4:1"),
+                "rank 4 is out of range (ranks are 0..=3)",
+            ),
+            (SMALL.replace("exchange:ring:100", "recv:+4"), "itself"),
+            (
+                SMALL.replace("exchange:ring:100", "exchange:pairs:1\", \"spin:1"),
+                "phase 'spin:1'",
+            ),
+            (
+                SMALL.replace("iterations = 3", "iterations = 0"),
+                "iterations 0 is outside",
+            ),
+            (
+                SMALL.replace("iterations = 3", "compute_ms = 3"),
+                "exactly one of",
+            ),
+            (
+                format!("{SMALL}[scheduler]\ntslice_ms = 5000\n"),
+                "[scheduler]: tslice_ns",
+            ),
+            (
+                format!("{SMALL}[[scenario]]\nname = \"x\"\ntick_ms = 50\n"),
+                "scenario 'x': tick_ns",
+            ),
+            (
+                format!(
+                    "{SMALL}[[scenario]]\nname = \"x\"\n[[scenario.domain]]\nname = \"c\"\nweight = 1\n"
+                ),
+                "scenario 'x' domain 'c': no such domain (domains: a, b, dom0)",
+            ),
+            (
+                format!(
+                    "{SMALL}[[scenario]]\nname = \"x\"\n[[scenario.domain]]\nname = \"a\"\nnode = \"n7\"\ncap = 1\n"
+                ),
+                "no node 'n7'",
+            ),
+            (
+                format!("{SMALL}[costs]\nswitch_us = -1\n"),
+                "costs.switch_us -1 is outside",
+            ),
+            (
+                format!("duration_s = 0\n{SMALL}"),
+                "duration_s 0 is outside",
+            ),
+            (
+                SMALL.replace("[[program]]", "[[programme]]"),
+                "unknown field `programme`",
+            ),
+        ];
+        for (text, needle) in cases {
+            let e = error(&text);
+            assert!(e.contains(needle), "{e:?} lacks {needle:?}");
+            assert!(!e.contains('\n'), "{e:?} is not one line");
+        }
+        let rank = SMALL.replace(
+            "phases = [\"compute:1.5\", \"exchange:ring:100\"]",
+            "[[program.rank]]\nranks = [4]\nphases = []",
+        );
+        assert!(error(&rank).contains("[[program.rank]] 1: rank 4 is out of range"));
+    }
 }
