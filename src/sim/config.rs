@@ -300,12 +300,8 @@ fn check_cap(what: &str, cap: u32, pcpus: u32) -> Result<()> {
 }
 
 fn check_name(what: &str, name: &str) -> Result<()> {
-    if name.is_empty()
-        || !name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-    {
-        bail!("{what} name '{name}' must be one word of letters, digits, '-', '_' or '.'");
+    if name.is_empty() || name.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        bail!("{what} name '{name}' must be one non-empty word");
     }
     Ok(())
 }
