@@ -1,203 +1,246 @@
-//! `kumo sim`: deterministic, exact where the answer is known, faithful to the
-//! scheduler's shares, and S1's direction on the example cluster.
+//! `kumo sim` as a user runs it: deterministic to the byte, exact where the answer is
+//! known, faithful to the scheduler's shares, S1's direction on the example cluster,
+//! and bad files refused with one line and exit status 2. No VM is booted.
 
 mod common;
 
 use common::*;
 use serde_json::Value;
 
-fn sim(name: &str, body: &str) -> Vec<Value> {
+const S1: &str = "examples/sim-s1.toml";
+
+fn write(name: &str, body: &str) -> String {
     let path = scratch(name);
     std::fs::write(&path, body).unwrap();
-    let out = kumo(&["sim", "--config", path.to_str().unwrap(), "--json"]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    json_lines(&out)
+    path.to_str().unwrap().to_string()
 }
 
-/// One node with `pcpus` and one single-vCPU domain per weight.
+/// The runs of `kumo sim --json` on `path`.
+fn runs(path: &str) -> Vec<Value> {
+    let out = kumo(&["sim", "--config", path, "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let lines = json_lines(&out);
+    assert_eq!(lines.len(), 1, "--json prints one object");
+    lines[0]["runs"].as_array().unwrap().clone()
+}
+
+fn run<'a>(runs: &'a [Value], program: &str, scenario: &str) -> &'a Value {
+    runs.iter()
+        .find(|r| r["program"] == program && r["scenario"] == scenario)
+        .unwrap_or_else(|| panic!("no run {program}/{scenario}"))
+}
+
+fn time(run: &Value) -> f64 {
+    run["time_s"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("unfinished: {run}"))
+}
+
+/// One node of `pcpus` with one single-vCPU domain per weight, and `program`.
 fn cluster(pcpus: u32, weights: &[u32], program: &str, duration_s: f64) -> String {
     let mut body = format!(
-        "duration_s = {duration_s}\n[costs]\nswitch_us = 0\nnotify_us = 0\n\n[program]\n{program}\n\n\
+        "duration_s = {duration_s}\n[costs]\nswitch_us = 29\nwake_us = 46\n\
          [[node]]\nname = \"n\"\npcpus = {pcpus}\n"
     );
     for (i, w) in weights.iter().enumerate() {
         body.push_str(&format!("[[node.domain]]\nname = \"d{i}\"\nweight = {w}\n"));
     }
-    body.push_str("\n[[scenario]]\nname = \"default\"\n");
+    body.push_str(&format!("[[program]]\nname = \"p\"\n{program}\n"));
     body
 }
 
-fn without_host_time(mut rows: Vec<Value>) -> Vec<Value> {
-    for row in &mut rows {
-        row.as_object_mut().unwrap().remove("host_s");
+#[test]
+fn the_same_file_gives_the_same_bytes() {
+    for args in [
+        &["sim", "--config", S1][..],
+        &["sim", "--config", S1, "--json"],
+    ] {
+        let a = kumo(args);
+        let b = kumo(args);
+        assert!(a.status.success(), "{}", text(&a.stderr));
+        assert!(!a.stdout.is_empty());
+        assert_eq!(a.stdout, b.stdout, "kumo {args:?} differs between runs");
     }
-    rows
 }
 
 #[test]
-fn the_same_file_gives_the_same_results() {
-    let a = without_host_time(sim(
-        "sim-det-a.toml",
-        &std::fs::read_to_string("examples/sim-s1.toml").unwrap(),
-    ));
-    let b = without_host_time(sim(
-        "sim-det-b.toml",
-        &std::fs::read_to_string("examples/sim-s1.toml").unwrap(),
-    ));
-    assert_eq!(a, b);
-    assert_eq!(a.len(), 5);
-}
-
-#[test]
-fn compute_only_ranks_with_a_pcpu_each_take_exactly_their_work() {
-    let rows = sim(
+fn compute_only_ranks_with_a_pcpu_each_take_exactly_their_phases() {
+    // 40 x (1.5 + 0.25) ms on each of two ranks, each with a pCPU of its own (domain 0
+    // never wakes: no messages), switch and wake costs on: exactly 70 ms.
+    let path = write(
         "sim-exact.toml",
         &cluster(
             2,
             &[256, 256],
-            "iterations = 100\ncompute_ms = 3.5\npattern = \"none\"",
-            600.0,
+            "iterations = 40\nphases = [\"compute:1.5\", \"compute:0.25\"]",
+            10.0,
         ),
     );
-    assert_eq!(rows[0]["finished"], true);
-    assert_eq!(rows[0]["time_s"].as_f64(), Some(0.35), "{}", rows[0]);
-    assert_eq!(rows[0]["messages"].as_u64(), Some(0));
+    let runs = runs(&path);
+    let r = &runs[0];
+    assert_eq!(r["finished"], true);
+    assert_eq!(r["time_s"].as_f64(), Some(70e6 / 1e9), "{r}");
+    assert_eq!(r["busy_wait_s"].as_f64(), Some(0.0));
+    assert_eq!(r["messages"].as_u64(), Some(0));
+    for rank in r["ranks"].as_array().unwrap() {
+        assert_eq!(rank["finish_s"].as_f64(), Some(70e6 / 1e9), "{rank}");
+    }
 }
 
 #[test]
-fn busy_domains_share_one_pcpu_by_weight() {
-    // Far more work than 20 s: the run is cut at duration_s with both still busy.
-    let rows = sim(
+fn busy_domains_of_weights_256_and_512_share_one_pcpu_one_to_two() {
+    // Far more work than the 20 s simulated: both compete until the cut.
+    let path = write(
         "sim-weights.toml",
-        &cluster(
-            1,
-            &[256, 512],
-            "iterations = 1\ncompute_ms = 60000\npattern = \"none\"",
-            20.0,
-        ),
+        &cluster(1, &[256, 512], "phases = [\"compute:600000\"]", 20.0),
     );
-    let row = &rows[0];
-    assert_eq!(row["finished"], false);
-    let cpu = |i: usize| row["domains"][i]["cpu_s"].as_f64().unwrap();
-    let ratio = cpu(1) / cpu(0);
-    assert!((1.9..=2.1).contains(&ratio), "512:256 gave {ratio}: {row}");
-    assert!(
-        (cpu(0) + cpu(1) - 20.0).abs() < 0.01,
-        "work conserving: {row}"
-    );
-}
-
-#[test]
-fn a_short_slice_speeds_up_busy_waiting_mpi_as_in_s1() {
-    let rows = sim(
-        "sim-s1.toml",
-        &std::fs::read_to_string("examples/sim-s1.toml").unwrap(),
-    );
-    let time = |name: &str| {
-        rows.iter().find(|r| r["scenario"] == name).unwrap()["time_s"]
-            .as_f64()
-            .unwrap()
-    };
-    assert!(rows.iter().all(|r| r["finished"] == true), "{rows:?}");
-    assert!(time("ts1-tick1") < 0.9 * time("xen-default"), "{rows:?}");
-    assert!(time("ts1-tick1-dom0-1024") <= time("ts1-tick1"), "{rows:?}");
-    // Busy-waiting is what the short slice removes.
-    let spin = |name: &str| -> f64 {
-        rows.iter().find(|r| r["scenario"] == name).unwrap()["domains"]
+    let runs = runs(&path);
+    let r = &runs[0];
+    assert_eq!(r["finished"], false);
+    assert!(r["time_s"].is_null());
+    let cpu = |name: &str| {
+        r["domains"]
             .as_array()
             .unwrap()
             .iter()
-            .map(|d| d["spin_s"].as_f64().unwrap())
-            .sum()
+            .find(|d| d["domain"] == name)
+            .unwrap()["cpu_s"]
+            .as_f64()
+            .unwrap()
     };
-    assert!(spin("ts1-tick1") < spin("xen-default"), "{rows:?}");
+    let ratio = cpu("d1") / cpu("d0");
+    assert!((1.9..=2.1).contains(&ratio), "512:256 got {ratio:.3}: {r}");
+    assert!(
+        (cpu("d0") + cpu("d1") - 20.0).abs() < 1e-6,
+        "work conserving: {r}"
+    );
 }
 
 #[test]
-fn compute_only_programs_do_not_care_about_the_slice() {
-    let mut text = cluster(
-        1,
-        &[256, 256],
-        "iterations = 50\ncompute_ms = 10\npattern = \"none\"",
-        600.0,
+fn a_1_ms_slice_speeds_up_busy_waiting_cg_and_not_ep_as_in_s1() {
+    let runs = runs(S1);
+    let base = run(&runs, "cg", "xen-30/10");
+    let short = run(&runs, "cg", "1/1");
+    assert!(
+        time(short) < 0.9 * time(base),
+        "1/1 {} vs 30/10 {}",
+        time(short),
+        time(base)
     );
-    text.push_str("[[scenario]]\nname = \"short\"\ntslice_ms = 1\ntick_ms = 1\n");
-    let rows = sim("sim-ep.toml", &text);
-    let (a, b) = (
-        rows[0]["time_s"].as_f64().unwrap(),
-        rows[1]["time_s"].as_f64().unwrap(),
+    // What the short slice removes is busy-waiting.
+    let spin = |r: &Value| r["busy_wait_s"].as_f64().unwrap();
+    assert!(spin(short) < spin(base), "{short} {base}");
+    // Domain 0 weight 1024 helps on top (S1: +51 % against +45 %).
+    assert!(time(run(&runs, "cg", "1/1-dom0-1024")) <= time(short));
+    // EP does not communicate until the end: the slice makes no difference.
+    let ep: Vec<f64> = runs
+        .iter()
+        .filter(|r| r["program"] == "ep")
+        .map(time)
+        .collect();
+    let (lo, hi) = ep
+        .iter()
+        .fold((f64::MAX, 0.0f64), |(lo, hi), t| (lo.min(*t), hi.max(*t)));
+    assert!(ep.len() >= 4 && hi / lo < 1.01, "EP times {ep:?}");
+}
+
+#[test]
+fn blocking_receives_never_spin() {
+    let runs = runs(S1);
+    let r = run(&runs, "cg", "30/10-block");
+    assert_eq!(r["wait"], "block");
+    assert_eq!(r["busy_wait_s"].as_f64(), Some(0.0), "{r}");
+    assert!(time(r) > 375.0 * 2.5e-3, "at least the compute: {r}");
+}
+
+#[test]
+fn the_text_output_is_a_table_per_run() {
+    let out = kumo(&["sim", "--config", S1]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let header = stdout.lines().next().unwrap();
+    for column in [
+        "program",
+        "scenario",
+        "time (s)",
+        "speed-up",
+        "busy-wait (s)",
+        "switches",
+    ] {
+        assert!(header.contains(column), "{header}");
+    }
+    assert!(stdout.contains("CPU time per domain"));
+    assert!(stdout.contains("node1/dom0"));
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("cg ") && l.contains("1/1-dom0-1024"))
     );
-    // Both domains need 0.5 s of one pCPU: 1.0 s either way (switches cost nothing here).
-    assert!((a - 1.0).abs() < 1e-6 && (b - 1.0).abs() < 1e-6, "{rows:?}");
+}
+
+/// Runs kumo on `body`, expects exit status 2 and a single `kumo: error:` line
+/// containing `needle`, and nothing on stdout.
+fn assert_refused(name: &str, body: &str, needle: &str) {
+    let path = write(name, body);
+    let out = kumo(&["sim", "--config", &path]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{name}: {stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{name}: not one line:\n{stderr}");
+    assert!(lines[0].starts_with("kumo: error: "), "{stderr}");
+    assert!(
+        lines[0].contains(needle),
+        "{name}: {stderr:?} lacks {needle:?}"
+    );
+    assert!(
+        out.stdout.is_empty(),
+        "{name} printed {}",
+        text(&out.stdout)
+    );
 }
 
 #[test]
 fn bad_simulation_files_are_refused_with_the_reason() {
     let good = cluster(
-        1,
-        &[256],
-        "iterations = 1\ncompute_ms = 1\npattern = \"none\"",
+        2,
+        &[256, 256],
+        "phases = [\"compute:1\", \"send:+1:8\", \"recv:-1\"]",
         1.0,
     );
-    for (name, body, needle) in [
-        (
-            "sim-bad-key.toml",
-            good.replace("duration_s", "duraton_s"),
-            "unknown field `duraton_s`",
+    assert!(runs(&write("sim-good.toml", &good))[0]["finished"] == true);
+    assert_refused(
+        "sim-bad-key.toml",
+        &good.replace("duration_s", "duraton_s"),
+        "unknown field `duraton_s`",
+    );
+    assert_refused(
+        "sim-bad-slice.toml",
+        &format!("{good}[[scenario]]\nname = \"x\"\ntslice_ms = 5000\n"),
+        "scenario 'x': tslice_ns = 5000000000: must be in 100000..=1000000000",
+    );
+    assert_refused(
+        "sim-bad-rank.toml",
+        &good.replace("send:+1:8", "send:5:8"),
+        "program 'p': phase 'send:5:8' on rank 0: rank 5 is out of range (ranks are 0..=1)",
+    );
+    assert_refused(
+        "sim-bad-domain.toml",
+        &format!(
+            "{good}[[scenario]]\nname = \"x\"\n[[scenario.domain]]\nname = \"web\"\nweight = 512\n"
         ),
-        (
-            "sim-bad-slice.toml",
-            format!("{good}[[scenario]]\nname = \"x\"\ntslice_ms = 5000\n"),
-            "scenario 'x'",
-        ),
-        (
-            "sim-bad-weight.toml",
-            good.replace("weight = 256", "weight = 0"),
-            "weight 0 is outside",
-        ),
-        (
-            "sim-bad-ranks.toml",
-            good.replace("pattern = \"none\"", "pattern = \"ring\""),
-            "needs at least 2 ranks",
-        ),
-        (
-            "sim-bad-pattern.toml",
-            good.replace("pattern = \"none\"", "pattern = \"star\""),
-            "unknown variant `star`",
-        ),
-    ] {
-        let path = scratch(name);
-        std::fs::write(&path, &body).unwrap();
-        let out = kumo(&["sim", "--config", path.to_str().unwrap()]);
-        assert_eq!(out.status.code(), Some(2), "{name}");
-        assert!(
-            text(&out.stderr).contains(needle),
-            "{name}: {}",
-            text(&out.stderr)
-        );
-    }
+        "scenario 'x' domain 'web': no such domain (domains: d0, d1, dom0)",
+    );
+    assert_refused(
+        "sim-bad-weight.toml",
+        &good.replace("weight = 256", "weight = 0"),
+        "weight 0 is outside 1..=65535",
+    );
+    assert_refused(
+        "sim-deadlock.toml",
+        &good.replace("send:+1:8", "compute:1"),
+        "deadlock at",
+    );
     let out = kumo(&["sim", "--config", "/nonexistent/sim.toml"]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(text(&out.stderr).contains("cannot read simulation file"));
-}
-
-#[test]
-fn blocking_receives_spin_never_and_still_finish() {
-    let text = std::fs::read_to_string("examples/sim-s1.toml")
-        .unwrap()
-        .replace("wait = \"spin\"", "wait = \"block\"")
-        .replace("iterations = 1200", "iterations = 200");
-    assert!(
-        text.contains("wait = \"block\""),
-        "examples/sim-s1.toml changed shape"
-    );
-    let rows = sim("sim-block.toml", &text);
-    for row in &rows {
-        assert_eq!(row["finished"], true, "{row}");
-        for d in row["domains"].as_array().unwrap() {
-            assert_eq!(d["spin_s"].as_f64(), Some(0.0), "{row}");
-        }
-        // 200 iterations of 2 ms compute at least, plus messages.
-        assert!(row["time_s"].as_f64().unwrap() > 0.4, "{row}");
-    }
+    assert!(text(&out.stderr).contains("cannot read simulation file /nonexistent/sim.toml"));
 }

@@ -363,7 +363,12 @@ impl<'a> Model<'a> {
             };
             if at > self.duration {
                 self.now = self.duration;
-                return Ok(());
+                // Cut short: say so if it would never have finished.
+                return if self.in_flight == 0 {
+                    self.check_deadlock()
+                } else {
+                    Ok(())
+                };
             }
             self.now = at;
             self.events += 1;
@@ -377,7 +382,7 @@ impl<'a> Model<'a> {
                 Event::Wake { vcpu } => self.on_wake(vcpu as usize),
                 Event::Wire { msg } => self.on_wire(msg),
             }
-            if self.in_flight == 0 && self.events % DEADLOCK_CHECK_EVERY == 0 {
+            if self.in_flight == 0 && self.events.is_multiple_of(DEADLOCK_CHECK_EVERY) {
                 self.check_deadlock()?;
             }
         }

@@ -199,7 +199,7 @@ pub fn expand(steps: &[Step], rank: u32, ranks: u32) -> Result<Vec<Phase>, Strin
                 let peers: Vec<(u32, u32)> = match pattern {
                     Pattern::Ring if n > 1 => vec![(at(1), back(1))],
                     Pattern::Ring => Vec::new(),
-                    Pattern::Pairs if n % 2 == 0 => vec![(at(n / 2), at(n / 2))],
+                    Pattern::Pairs if n.is_multiple_of(2) => vec![(at(n / 2), at(n / 2))],
                     Pattern::Pairs => {
                         return Err(format!(
                             "exchange:pairs needs an even number of ranks (there are {n})"
