@@ -27,9 +27,10 @@
 //! - **Domain 0** works through its node's job queue in order (message sides, `io`
 //!   requests). A domain 0 vCPU with nothing to do halts; new work wakes one (unless
 //!   one is awake between jobs), and the credit scheduler BOOSTs it on that wake-up
-//!   as Xen does, so it preempts a busy-waiting rank only while it holds BOOST or a
-//!   better priority: after a tick finds it running, or once it is OVER, it waits
-//!   for the spinning vCPU's slice to end. That wait is what S1 measured.
+//!   as Xen does. So it preempts a busy-waiting rank at once, unless the ratelimit
+//!   protects a rank dispatched less than `ratelimit_us` ago, or domain 0 has lost
+//!   BOOST (a tick found it running) or is OVER: then it waits for the spinning
+//!   vCPU's ratelimit or slice to end. That wait is what S1 measured.
 //! - **Costs**: every wake-up of a halted vCPU (domain 0's work, a blocked receive, a
 //!   sleep's timer) reaches the scheduler `wake_us` after its cause; a pCPU that
 //!   starts running another vCPU than the one it ran last loses `switch_us` before
@@ -48,8 +49,12 @@
 //!
 //! What it leaves out: the guests' own interrupt and TCP work on receive, MPI's
 //! rendezvous protocol for large messages, flow control, caches, and the scheduler's
-//! deviations from Xen 3.4 (exact credit burning instead of sampled ticks, see
-//! `sched`). Times are simulated nanoseconds; the host's speed does not matter.
+//! deviations from S1's Xen 3.4: `sched` debits credit exactly (Xen after "Accurate
+//! accounting for credit scheduler"), where Xen 3.4 debited a whole tick from the vCPU
+//! a tick found running, and it has Xen 4.2's ratelimit (off when set to 0). On the
+//! example, it is the ratelimit, not the slice, that makes 1/1 ms faster than Xen's
+//! defaults (README, "Simulating S1"). Times are simulated nanoseconds; the host's
+//! speed does not matter.
 //!
 //! # Determinism
 //! No randomness, no hash maps, no host clock: events are ordered by (time,

@@ -813,7 +813,7 @@ impl<'a> Model<'a> {
         }
         for vc in &mut self.vcpus {
             let u = &mut vc.usage;
-            u.overhead_ns = u.cpu_ns - u.work_ns - u.spin_ns;
+            u.overhead_ns = u.cpu_ns.saturating_sub(u.work_ns + u.spin_ns);
         }
         let mut domains: Vec<Vec<Usage>> = Vec::new();
         for vc in &self.vcpus {
