@@ -83,7 +83,7 @@ impl Default for Costs {
             wake_us: 46.0,
             tick_us: 0.0,
             send_us: 5.0,
-            dom0_per_message_us: 25.0,
+            dom0_per_message_us: 20.0,
             dom0_per_kib_us: 5.0,
             network_latency_us: 30.0,
             network_mb_s: 117.0,

@@ -1,6 +1,6 @@
 //! The cluster model: per node one `sched::Scheduler` (the code that places real
 //! vCPUs in `kumo node`) decides which modelled vCPU each pCPU runs; the vCPUs do
-//! modelled work. See the module above for the model in words.
+//! modelled work. The parent module's documentation describes the model in words.
 //!
 //! Event-driven: a binary heap of timed events ordered by (time, insertion number),
 //! so ties resolve in a fixed order and a run is deterministic. Events:
