@@ -80,6 +80,13 @@ struct Route {
     slot: usize,
 }
 
+/// Where a memory access lands: a function's configuration register (bus, slot,
+/// function, register) or an offset in one of a device's BARs.
+enum Target {
+    Config(u32, u32, u32, usize),
+    Bar(Arc<dyn PciDevice>, u8, u64),
+}
+
 /// Bus 0.
 pub struct PciBus {
     slots: Vec<Option<Arc<dyn PciDevice>>>,
@@ -171,34 +178,32 @@ impl PciBus {
 
     /// A memory read: ECAM or a device's BAR. False if nothing decodes `addr`.
     pub fn mmio_read(&self, addr: u64, data: &mut [u8]) -> bool {
-        if let Some(off) = self.ecam_offset(addr) {
-            let (bus, slot, function, reg) = Self::ecam_decode(off);
-            self.config_read(bus, slot, function, reg, data);
-            return true;
+        match self.decode(addr, data.len()) {
+            Some(Target::Config(b, s, f, reg)) => self.config_read(b, s, f, reg, data),
+            Some(Target::Bar(device, bar, offset)) => device.bar_read(bar, offset, data),
+            None => return false,
         }
-        match self.route(addr, data.len()) {
-            Some((device, bar, offset)) => {
-                device.bar_read(bar, offset, data);
-                true
-            }
-            None => false,
-        }
+        true
     }
 
     /// A memory write: ECAM or a device's BAR. False if nothing decodes `addr`.
     pub fn mmio_write(&self, addr: u64, data: &[u8]) -> bool {
+        match self.decode(addr, data.len()) {
+            Some(Target::Config(b, s, f, reg)) => self.config_write(b, s, f, reg, data),
+            Some(Target::Bar(device, bar, offset)) => device.bar_write(bar, offset, data),
+            None => return false,
+        }
+        true
+    }
+
+    /// What a memory access of `len` bytes at `addr` reaches, if anything.
+    fn decode(&self, addr: u64, len: usize) -> Option<Target> {
         if let Some(off) = self.ecam_offset(addr) {
             let (bus, slot, function, reg) = Self::ecam_decode(off);
-            self.config_write(bus, slot, function, reg, data);
-            return true;
+            return Some(Target::Config(bus, slot, function, reg));
         }
-        match self.route(addr, data.len()) {
-            Some((device, bar, offset)) => {
-                device.bar_write(bar, offset, data);
-                true
-            }
-            None => false,
-        }
+        let (device, bar, offset) = self.route(addr, len)?;
+        Some(Target::Bar(device, bar, offset))
     }
 
     /// The device, BAR and offset of an access wholly inside one decoded BAR.
