@@ -288,25 +288,31 @@ pub fn run_ctl(args: &CtlArgs) -> Result<u8> {
     };
     let reply = request(&args.socket, &req)?;
     if args.json {
-        println!("{reply}");
+        crate::outln!("{reply}");
         return Ok(0);
     }
     match &args.command {
-        CtlCommand::SchedCredit { .. } => println!(
+        CtlCommand::SchedCredit { .. } => crate::outln!(
             "credit: tslice {} ms, tick {} ms, ratelimit {} us",
-            reply["tslice_ms"], reply["tick_ms"], reply["ratelimit_us"]
+            reply["tslice_ms"],
+            reply["tick_ms"],
+            reply["ratelimit_us"]
         ),
         CtlCommand::Domain(DomainCommand::List) => {
-            println!(
+            crate::outln!(
                 "{:<12} {:>6} {:>4} {:>5} {:>9}",
-                "domain", "weight", "cap", "vCPUs", "cpu (s)"
+                "domain",
+                "weight",
+                "cap",
+                "vCPUs",
+                "cpu (s)"
             );
             let number = |v: &Value| {
                 v.as_u64()
                     .map_or_else(|| "?".to_string(), |n| n.to_string())
             };
             for d in reply["domains"].as_array().into_iter().flatten() {
-                println!(
+                crate::outln!(
                     "{:<12} {:>6} {:>4} {:>5} {:>9.3}",
                     d["domain"].as_str().unwrap_or("?"),
                     number(&d["weight"]),
@@ -318,7 +324,7 @@ pub fn run_ctl(args: &CtlArgs) -> Result<u8> {
         }
         CtlCommand::Domain(DomainCommand::Set { .. }) => {
             let d = &reply["domain"];
-            println!(
+            crate::outln!(
                 "{}: weight {}, cap {}",
                 d["domain"].as_str().unwrap_or("?"),
                 d["weight"],

@@ -5,10 +5,12 @@
 pub mod cli;
 pub mod ctl;
 pub mod guest;
+pub mod input;
 pub mod irq;
 pub mod native;
 pub mod node;
 pub mod node_config;
+pub mod output;
 pub mod overhead;
 pub mod protocol;
 pub mod report;

@@ -239,22 +239,19 @@ impl Verdict {
     }
 }
 
-/// Prints the verdict on stdout (table or JSON lines) and its problems on stderr.
-pub fn print(verdict: &Verdict, json: bool) -> std::io::Result<()> {
-    use std::io::Write;
-    let mut stdout = std::io::stdout().lock();
+/// Prints the verdict on stdout (table or JSON lines) and its problems on stderr. A
+/// closed stdout loses the table, never the problems (see `crate::output`).
+pub fn print(verdict: &Verdict, json: bool) {
     if json {
         for line in verdict.json_lines() {
-            writeln!(stdout, "{line}")?;
+            crate::outln!("{line}");
         }
     } else {
-        write!(stdout, "{}", verdict.table())?;
+        crate::out!("{}", verdict.table());
     }
-    stdout.flush()?;
     for problem in &verdict.problems {
         eprintln!("kumo: {problem}");
     }
-    Ok(())
 }
 
 #[cfg(test)]
