@@ -100,12 +100,12 @@ pub fn attach(
             .collect::<Result<_, _>>()?,
     ));
     let device = Arc::new(IrqTestDevice::new(VECTORS, sink, fallback));
-    let bar0 = vm.allocate_bar(irq_test::BAR0_SIZE)?;
-    device.place_bar0(bar0);
-    for (i, doorbell) in doorbells.iter().enumerate() {
-        vm.register_mmio_doorbell(doorbell, bar0 + irq_test::DOORBELL_STRIDE * i as u64)?;
-    }
-    vm.add_pci_device(device.clone())?;
+    device.place_bar0(vm.allocate_bar(irq_test::BAR0_SIZE)?);
+    let wired = doorbells
+        .iter()
+        .map(|fd| fd.try_clone().map_err(os("duplicating a doorbell eventfd")))
+        .collect::<Result<_, _>>()?;
+    vm.add_pci_device_with_doorbells(device.clone(), wired)?;
     let responder = Responder::start(
         "irq-test-device",
         Trigger::Doorbells(doorbells),
@@ -193,7 +193,8 @@ impl MsixSink for FastMsix {
     }
 }
 
-/// Doorbell writes that reached the model (the BAR moved away from the ioeventfds):
+/// Doorbell writes that reached the model (between a BAR move and its ioeventfds
+/// following it, or where KVM refused one):
 /// signalled on the same eventfds, so the responder answers them all the same.
 struct EventfdDoorbells(Vec<EventFd>);
 
