@@ -148,6 +148,7 @@ impl Server {
         }
         let listener = UnixListener::bind(path)
             .with_context(|| format!("cannot create control socket {}", path.display()))?;
+        crate::signals::track_socket(path.to_path_buf());
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
             .with_context(|| format!("cannot restrict {} to its owner", path.display()))?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -179,6 +180,7 @@ impl Drop for Server {
             let _ = t.join();
         }
         let _ = std::fs::remove_file(&self.path);
+        crate::signals::untrack_socket(&self.path);
     }
 }
 

@@ -16,6 +16,7 @@ pub mod protocol;
 pub mod report;
 pub mod run;
 pub mod sched_params;
+pub mod signals;
 pub mod sim;
 pub mod switch;
 pub mod wake;

@@ -1,8 +1,7 @@
 use std::process::ExitCode;
 use std::time::Instant;
 
-use clap::Parser;
-use kumo::cli::{BenchCommand, Cli, Command};
+use kumo::cli::{BenchCommand, Command};
 use kumo::run;
 
 /// Status for bad input and host problems (clap uses the same for usage errors).
@@ -18,8 +17,24 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .init();
-    let cli = Cli::parse();
+    // First, before any thread exists: every thread inherits the blocked signals.
+    if let Err(e) = kumo::signals::install() {
+        eprintln!("kumo: error: cannot set up signal handling: {e}");
+        return ExitCode::from(EXIT_USAGE);
+    }
+    let cli = match kumo::cli::parse() {
+        Ok(cli) => cli,
+        Err(refusal) => {
+            eprintln!("kumo: error: {refusal}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
     let vm = &cli.vm;
+    let limits = match &cli.command {
+        Some(Command::Node(args)) => args.limits.limits(),
+        _ => vm.limits.limits(),
+    };
+    hv::stop::set_default_limits(limits);
     let result = match (&cli.command, &vm.dump_guest, &vm.kernel) {
         (Some(Command::Native(args)), _, _) => kumo::native::run_native(args),
         (Some(Command::Bench(BenchCommand::Overhead(args))), _, _) => {

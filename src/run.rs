@@ -157,6 +157,7 @@ impl GuestRun {
                 fault_text = report.to_string();
                 Ending::Fault(&fault_text)
             }
+            GuestExit::Stopped(cause) => Ending::Stopped(*cause),
         };
         let boot_ms = self.outcome.workload_started.map(|d| d.as_secs_f64() * 1e3);
         report::judge(specs, vcpus, &self.events, ending, boot_ms)
@@ -182,6 +183,7 @@ impl GuestRun {
             .collect();
         match &self.outcome.exit {
             GuestExit::Fault(report) => bail!("the guest crashed: {report}"),
+            GuestExit::Stopped(cause) => bail!("kumo stopped the VM: {cause}"),
             GuestExit::DebugExit(status) => bail!(
                 "the guest reported no {kind} result (exit status {status}; {})",
                 if problems.is_empty() {
@@ -253,6 +255,10 @@ pub fn run_kernel(args: &VmArgs, kernel: &Path, epoch: Instant) -> Result<u8> {
         GuestExit::Fault(report) => {
             eprintln!("kumo: the VM crashed: {report}");
             report::EXIT_FAULT
+        }
+        GuestExit::Stopped(cause) => {
+            eprintln!("kumo: {cause}");
+            report::stop_status(cause)
         }
     })
 }

@@ -81,9 +81,12 @@ pub fn scratch(name: &str) -> PathBuf {
     dir.join(name)
 }
 
-/// Writes the embedded guest ELF to a scratch file via `kumo --dump-guest`.
+/// Writes the embedded guest ELF to a scratch file of its own via `kumo --dump-guest`
+/// (one per call: tests run in parallel, and one must not rewrite a file another boots).
 pub fn dumped_guest() -> PathBuf {
-    let path = scratch("guest.elf");
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = scratch(&format!("guest-{n}.elf"));
     let out = kumo(&["--dump-guest", path.to_str().unwrap()]);
     assert!(
         out.status.success(),
