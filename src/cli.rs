@@ -389,6 +389,13 @@ pub enum Mode {
 const VM_RUN: [&str; 4] = ["vcpus", "kvm_device", "timeout", "watchdog"];
 
 impl Mode {
+    const ALL: [Mode; 4] = [
+        Mode::Embedded,
+        Mode::Kernel,
+        Mode::IrqCheck,
+        Mode::DumpGuest,
+    ];
+
     pub fn of(vm: &VmArgs) -> Mode {
         if vm.dump_guest.is_some() {
             Mode::DumpGuest
@@ -447,7 +454,16 @@ pub fn parse() -> Result<Cli, String> {
         for (id, flag) in &args {
             let given = matches.value_source(id) == Some(ValueSource::CommandLine);
             if given && !mode.reads(id) {
-                return Err(format!("{flag} does not apply to {}", mode.name()));
+                let readers: Vec<&str> = Mode::ALL
+                    .iter()
+                    .filter(|m| m.reads(id))
+                    .map(|m| m.name())
+                    .collect();
+                return Err(format!(
+                    "{flag} does not apply to {} (only to {})",
+                    mode.name(),
+                    readers.join(", ")
+                ));
             }
         }
     }

@@ -53,11 +53,15 @@ fn main() -> ExitCode {
         (None, None, Some(kernel)) => run::run_kernel(vm, kernel, epoch),
         (None, None, None) => run::run_embedded(vm, epoch),
     };
+    // A signal stopped the VMs: whatever the command made of that (a verdict, or an
+    // error from a bench that lost its measurement), the status says which signal.
+    let signalled = hv::stop::requested()
+        .map(|signal| kumo::report::stop_status(hv::StopCause::Signal(signal)));
     match result {
-        Ok(code) => ExitCode::from(code),
+        Ok(code) => ExitCode::from(signalled.unwrap_or(code)),
         Err(err) => {
             eprintln!("kumo: error: {err:#}");
-            ExitCode::from(EXIT_USAGE)
+            ExitCode::from(signalled.unwrap_or(EXIT_USAGE))
         }
     }
 }

@@ -146,7 +146,8 @@ impl Watchdog {
         let mut to_sample = Vec::new();
         for (vcpu, (track, obs)) in self.tracks.iter_mut().zip(seen).enumerate() {
             let Some(cpu) = obs.cpu else { continue };
-            let mut progressed = obs.exits != track.exits || track.progress_cpu.is_none();
+            let exited = obs.exits != track.exits || track.progress_cpu.is_none();
+            let mut progressed = exited;
             track.exits = obs.exits;
             if let Some(sample) = &obs.sample
                 && sample.seq != track.seen_seq
@@ -158,17 +159,20 @@ impl Watchdog {
             }
             if progressed {
                 track.progress_cpu = Some(cpu);
-                continue;
+            } else {
+                let stalled = cpu.saturating_sub(track.progress_cpu.unwrap_or(cpu));
+                if stalled >= self.bound {
+                    return Verdict::Stuck {
+                        vcpu,
+                        stalled,
+                        last: obs.sample.clone().map(Box::new),
+                    };
+                }
             }
-            let stalled = cpu.saturating_sub(track.progress_cpu.unwrap_or(cpu));
-            if stalled >= self.bound {
-                return Verdict::Stuck {
-                    vcpu,
-                    stalled,
-                    last: obs.sample.clone().map(Box::new),
-                };
+            // No exit since the last check: only a sample can show progress next time.
+            if !exited {
+                to_sample.push(vcpu);
             }
-            to_sample.push(vcpu);
         }
         if to_sample.is_empty() {
             Verdict::Fine
