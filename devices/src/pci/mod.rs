@@ -9,4 +9,4 @@ pub mod msix;
 
 pub use bus::{BarAllocator, ConfigPorts, HostBridge, PciBus, PciDevice, PciError};
 pub use config::{Bar, BarKind, BarRegion, ConfigError, ConfigSpace};
-pub use msix::{MsiMessage, Msix, Update};
+pub use msix::{MsiMessage, Msix, MsixSink, Update};
