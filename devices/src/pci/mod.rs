@@ -11,4 +11,4 @@ pub use bus::{
     BarAllocator, ConfigPorts, Doorbell, DoorbellWiring, HostBridge, PciBus, PciDevice, PciError,
 };
 pub use config::{Bar, BarKind, BarRegion, ConfigError, ConfigSpace};
-pub use msix::{MsiMessage, Msix, Update};
+pub use msix::{MsiMessage, Msix, MsixSink, Update};
