@@ -1,0 +1,972 @@
+//! A small MPI over raw Ethernet frames (EtherType [`ETHERTYPE`]), one rank per VM,
+//! on the ring-3 virtio-net driver. Meant to carry NPB-MPI kernels: point-to-point
+//! send/recv of any size, nonblocking isend/irecv with waitall, barrier, bcast and
+//! allreduce (sum/max/min over f64 and i64).
+//!
+//! Wire format (docs/guest-abi.md has the full table): every frame is an Ethernet
+//! header, a 32-byte kumo header (kind, flags, source and destination rank, payload
+//! length, `seq`, `ack`, `aux`) and up to [`PAYLOAD`] bytes. Between every ordered pair
+//! of ranks there is one byte stream; messages are written into it back to back, each
+//! a 16-byte message header (magic, tag, length) and its bytes, so large messages are
+//! cut into frames simply by cutting the stream, and small ones share nothing but
+//! their frame. `seq` is the stream offset of a data frame's first byte: the receiver
+//! accepts exactly the next offset, so delivery is in order and a loss or duplicate is
+//! seen (and counted) at once.
+//!
+//! Flow control is by credit: each receiver owns a ring of `window` bytes per sender
+//! and copies every accepted frame into it at once, so the device's receive ring never
+//! backs up; a sender may run at most `window` bytes ahead of what the receiver has
+//! consumed (`ack`, carried by every frame to that peer and by ACK frames). A rank
+//! about to wait first tells every peer what it has consumed, so two ranks can never
+//! both wait for credit the other holds. A message larger than the window streams
+//! through it as the receiver consumes it: sizes are limited only by memory.
+//!
+//! Startup: ranks learn each other's MAC from HELLO frames (broadcast every 20 ms,
+//! answered directly) until every rank has heard every other and knows it was heard;
+//! frames lost before a wire is connected only delay that.
+//!
+//! Loss: the protocol detects it (a `seq` other than the next one) but does not yet
+//! recover; wires that can drop (QEMU's dgram) need the retransmission described in
+//! docs/guest-abi.md.
+
+use core::fmt::Write;
+
+use crate::net::{MAX_FRAME, Nic};
+use crate::sys;
+use crate::virtio::Bump;
+
+pub const ETHERTYPE: u16 = 0x88B5;
+const ETH_HEADER: usize = 14;
+const HEADER: usize = 32;
+/// Payload bytes per frame (a standard 1500-byte Ethernet payload).
+pub const PAYLOAD: usize = MAX_FRAME - ETH_HEADER - HEADER;
+/// Ethernet's minimum frame (without FCS): shorter ones are padded.
+const MIN_FRAME: usize = 60;
+pub const MAX_RANKS: usize = 64;
+
+const KIND_HELLO: u8 = 1;
+const KIND_DATA: u8 = 2;
+const KIND_ACK: u8 = 3;
+const BROADCAST_RANK: u16 = 0xFFFF;
+const BROADCAST_MAC: [u8; 6] = [0xFF; 6];
+
+/// Message header in a stream: magic, tag, length.
+const MESSAGE_HEADER: usize = 16;
+const MESSAGE_MAGIC: u32 = u32::from_le_bytes(*b"KMSG");
+/// User tags are below this; collectives use tags above.
+pub const TAG_LIMIT: u32 = 0x8000_0000;
+const TAG_BARRIER: u32 = 0x8000_0001;
+const TAG_BCAST: u32 = 0x8000_0002;
+const TAG_REDUCE: u32 = 0x8000_0003;
+
+const HELLO_PERIOD_MS: u64 = 20;
+/// A blocked wait wakes this often even without an interrupt (a safety net only).
+const BLOCK_SLICE_MS: u64 = 100;
+/// Scratch for reductions; larger reductions go in chunks of this.
+const SCRATCH_BYTES: u64 = 256 << 10;
+
+/// How a rank waits for the network.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    /// Busy-poll the rings (as MPI libraries do).
+    Spin,
+    /// Poll briefly, then sleep in the supervisor until the NIC's interrupt.
+    Block,
+}
+
+impl Wait {
+    pub fn name(self) -> &'static str {
+        match self {
+            Wait::Spin => "spin",
+            Wait::Block => "block",
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+pub struct Config {
+    pub rank: usize,
+    pub size: usize,
+    pub wait: Wait,
+    pub tsc_khz: u64,
+    /// With `Wait::Block`: poll this long before sleeping.
+    pub spin_ticks: u64,
+    /// A wait with no network activity for this long fails.
+    pub timeout_ms: u64,
+    /// Receive window per sender, bytes (a power of two).
+    pub window: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub enum Error {
+    BadRank,
+    OutOfMemory,
+    HandshakeTimeout,
+    Timeout,
+    /// The next message from that source had another tag.
+    TagMismatch {
+        expected: u32,
+        got: u32,
+    },
+    /// The next message from that source is longer than the buffer.
+    Truncated {
+        len: u64,
+        room: usize,
+    },
+    /// The stream does not start a message where one should start.
+    Corrupt,
+}
+
+impl Error {
+    pub fn name(self) -> &'static str {
+        match self {
+            Error::BadRank => "bad-rank",
+            Error::OutOfMemory => "out-of-memory",
+            Error::HandshakeTimeout => "handshake-timeout",
+            Error::Timeout => "timeout",
+            Error::TagMismatch { .. } => "tag-mismatch",
+            Error::Truncated { .. } => "truncated",
+            Error::Corrupt => "corrupt-stream",
+        }
+    }
+}
+
+/// Reduction operators.
+#[derive(Clone, Copy)]
+pub enum Op {
+    Sum,
+    Max,
+    Min,
+}
+
+#[derive(Clone, Copy)]
+struct Peer {
+    mac: [u8; 6],
+    /// We have a HELLO from it (its MAC is known).
+    heard: bool,
+    /// It has heard us (its HELLO says so, or it sent data).
+    confirmed: bool,
+    /// It lacks something only a HELLO from us can give.
+    hello_due: bool,
+    /// Our stream to it: bytes sent, and bytes it has consumed (our credit).
+    sent: u64,
+    peer_consumed: u64,
+    /// Its stream to us: our ring, bytes received into it, consumed from it, and the
+    /// consumed count we last told it.
+    ring: u64,
+    received: u64,
+    consumed: u64,
+    acked: u64,
+    /// Operations are served in the order they were started, per peer and direction.
+    sends_started: u64,
+    sends_done: u64,
+    recvs_started: u64,
+    recvs_done: u64,
+}
+
+const PEER: Peer = Peer {
+    mac: [0; 6],
+    heard: false,
+    confirmed: false,
+    hello_due: false,
+    sent: 0,
+    peer_consumed: 0,
+    ring: 0,
+    received: 0,
+    consumed: 0,
+    acked: 0,
+    sends_started: 0,
+    sends_done: 0,
+    recvs_started: 0,
+    recvs_done: 0,
+};
+
+/// Protocol counters, for the `@kumo mpistats` line.
+#[derive(Clone, Copy, Default)]
+pub struct Stats {
+    pub hellos_sent: u64,
+    pub acks_sent: u64,
+    /// Data frames not at the next stream offset, or beyond the window.
+    pub out_of_order: u64,
+    /// Frames of other protocols, or for other ranks.
+    pub foreign: u64,
+}
+
+/// A send in progress: the message header and the data, as one stream of bytes.
+pub struct SendOp<'a> {
+    dst: usize,
+    ticket: u64,
+    header: [u8; MESSAGE_HEADER],
+    data: &'a [u8],
+    offset: usize,
+}
+
+impl SendOp<'_> {
+    fn total(&self) -> usize {
+        MESSAGE_HEADER + self.data.len()
+    }
+
+    /// Copies stream bytes `[offset, offset + out.len())` of this message into `out`.
+    fn gather(&self, offset: usize, out: &mut [u8]) {
+        let mut at = 0;
+        if offset < MESSAGE_HEADER {
+            let n = (MESSAGE_HEADER - offset).min(out.len());
+            out[..n].copy_from_slice(&self.header[offset..offset + n]);
+            at = n;
+        }
+        let from = offset + at - MESSAGE_HEADER;
+        let rest = out.len() - at;
+        out[at..].copy_from_slice(&self.data[from..from + rest]);
+    }
+}
+
+/// A receive in progress.
+pub struct RecvOp<'a> {
+    src: usize,
+    ticket: u64,
+    tag: u32,
+    buf: &'a mut [u8],
+    len: Option<usize>,
+    offset: usize,
+}
+
+/// A nonblocking operation; complete it with [`Mpi::waitall`]. Every request must be
+/// waited for: later operations with the same peer are served after it.
+pub enum Request<'a> {
+    Send(SendOp<'a>),
+    Recv(RecvOp<'a>),
+    /// Finished; a receive's length.
+    Done(usize),
+}
+
+pub struct Mpi {
+    nic: Nic,
+    cfg: Config,
+    peers: [Peer; MAX_RANKS],
+    scratch: u64,
+    pub stats: Stats,
+}
+
+impl Mpi {
+    /// Sets up the streams (a window-sized ring per rank, from `memory`) and finds
+    /// every other rank on the wire.
+    pub fn init(nic: Nic, cfg: Config, memory: &mut Bump) -> Result<Mpi, Error> {
+        if cfg.size == 0 || cfg.size > MAX_RANKS || cfg.rank >= cfg.size {
+            return Err(Error::BadRank);
+        }
+        let mut mpi = Mpi {
+            nic,
+            cfg,
+            peers: [PEER; MAX_RANKS],
+            scratch: memory
+                .alloc(SCRATCH_BYTES, 4096)
+                .map_err(|_| Error::OutOfMemory)?,
+            stats: Stats::default(),
+        };
+        for peer in &mut mpi.peers[..cfg.size] {
+            peer.ring = memory
+                .alloc(cfg.window, 4096)
+                .map_err(|_| Error::OutOfMemory)?;
+        }
+        let me = &mut mpi.peers[cfg.rank];
+        me.heard = true;
+        me.confirmed = true;
+        me.mac = mpi.nic.mac;
+        mpi.handshake()?;
+        Ok(mpi)
+    }
+
+    pub fn rank(&self) -> usize {
+        self.cfg.rank
+    }
+
+    pub fn size(&self) -> usize {
+        self.cfg.size
+    }
+
+    pub fn mac(&self) -> [u8; 6] {
+        self.nic.mac
+    }
+
+    pub fn nic(&self) -> &Nic {
+        &self.nic
+    }
+
+    fn ms(&self, millis: u64) -> u64 {
+        millis * self.cfg.tsc_khz
+    }
+
+    fn handshake(&mut self) -> Result<(), Error> {
+        let start = sys::rdtsc();
+        let mut next_hello = start;
+        let size = self.cfg.size;
+        while !self.peers[..size].iter().all(|p| p.heard && p.confirmed) {
+            let now = sys::rdtsc();
+            if now >= next_hello {
+                self.send_hello(None);
+                next_hello = now + self.ms(HELLO_PERIOD_MS);
+            }
+            self.progress();
+            if now - start > self.ms(self.cfg.timeout_ms) {
+                return Err(Error::HandshakeTimeout);
+            }
+            core::hint::spin_loop();
+        }
+        Ok(())
+    }
+
+    fn masks(&self) -> (u64, u64) {
+        let (mut heard, mut confirmed) = (0u64, 0u64);
+        for (i, peer) in self.peers[..self.cfg.size].iter().enumerate() {
+            heard |= u64::from(peer.heard) << i;
+            confirmed |= u64::from(peer.confirmed) << i;
+        }
+        (heard, confirmed)
+    }
+
+    /// A HELLO to `to`, or broadcast: `seq` = heard mask, `ack` = confirmed mask,
+    /// `aux` = job size.
+    fn send_hello(&mut self, to: Option<usize>) -> bool {
+        let (heard, confirmed) = self.masks();
+        let (dst_mac, dst) = match to {
+            Some(p) => (self.peers[p].mac, p as u16),
+            None => (BROADCAST_MAC, BROADCAST_RANK),
+        };
+        let (mac, rank, size) = (self.nic.mac, self.cfg.rank as u16, self.cfg.size as u64);
+        let sent = self.nic.send(|frame| {
+            write_header(frame, dst_mac, mac, KIND_HELLO, rank, dst, 0);
+            put64(frame, 22, heard);
+            put64(frame, 30, confirmed);
+            put64(frame, 38, size);
+            MIN_FRAME
+        });
+        self.stats.hellos_sent += u64::from(sent);
+        sent
+    }
+
+    /// Tells `p` how much of its stream we have consumed.
+    fn send_ack(&mut self, p: usize) -> bool {
+        let peer = self.peers[p];
+        let (mac, rank) = (self.nic.mac, self.cfg.rank as u16);
+        let sent = self.nic.send(|frame| {
+            write_header(frame, peer.mac, mac, KIND_ACK, rank, p as u16, 0);
+            put64(frame, 22, peer.sent);
+            put64(frame, 30, peer.consumed);
+            put64(frame, 38, 0);
+            MIN_FRAME
+        });
+        if sent {
+            self.peers[p].acked = peer.consumed;
+            self.stats.acks_sent += 1;
+        }
+        sent
+    }
+
+    /// Receives what has arrived, answers HELLOs, returns credit that is due.
+    /// Returns whether any frame arrived.
+    fn progress(&mut self) -> bool {
+        let Mpi {
+            nic,
+            cfg,
+            peers,
+            stats,
+            ..
+        } = self;
+        let mac = nic.mac;
+        let arrived = nic.poll(64, |frame| handle_frame(cfg, peers, stats, mac, frame));
+        for p in 0..self.cfg.size {
+            if p == self.cfg.rank {
+                continue;
+            }
+            let peer = self.peers[p];
+            if peer.hello_due && peer.heard && self.send_hello(Some(p)) {
+                self.peers[p].hello_due = false;
+            }
+            if peer.consumed - peer.acked >= self.cfg.window / 4 {
+                self.send_ack(p);
+            }
+        }
+        self.nic.flush();
+        arrived > 0
+    }
+
+    /// Before waiting: every peer learns all we have consumed, so no two ranks can
+    /// wait for credit the other holds.
+    fn flush_acks(&mut self) {
+        for p in 0..self.cfg.size {
+            if p != self.cfg.rank && self.peers[p].consumed != self.peers[p].acked {
+                self.send_ack(p);
+            }
+        }
+        self.nic.flush();
+    }
+
+    /// Runs `step` (which moves operations along) until it says done, receiving in
+    /// between; spins or sleeps as configured. Fails after `timeout_ms` without any
+    /// frame sent or received.
+    fn wait_for(
+        &mut self,
+        mut step: impl FnMut(&mut Mpi) -> Result<bool, Error>,
+    ) -> Result<(), Error> {
+        self.flush_acks();
+        let activity = |m: &Mpi| m.nic.stats.tx_frames + m.nic.stats.rx_frames;
+        let mut last = activity(self);
+        let mut last_at = sys::rdtsc();
+        loop {
+            let done = step(self)?;
+            self.nic.flush();
+            if done {
+                return Ok(());
+            }
+            self.progress();
+            let now = sys::rdtsc();
+            if activity(self) != last {
+                last = activity(self);
+                last_at = now;
+                continue;
+            }
+            let idle = now - last_at;
+            if idle > self.ms(self.cfg.timeout_ms) {
+                return Err(Error::Timeout);
+            }
+            if self.cfg.wait == Wait::Block && idle > self.cfg.spin_ticks {
+                // Credit we got back during the step is told before sleeping, too.
+                self.flush_acks();
+                if self.nic.wait(now + self.ms(BLOCK_SLICE_MS)) {
+                    continue;
+                }
+            }
+            core::hint::spin_loop();
+        }
+    }
+
+    // ----- point to point -----
+
+    fn check_peer(&self, rank: usize) -> Result<(), Error> {
+        if rank < self.cfg.size {
+            Ok(())
+        } else {
+            Err(Error::BadRank)
+        }
+    }
+
+    /// Starts sending `data` to `dst` with `tag`; complete it with [`Mpi::waitall`].
+    pub fn isend<'a>(
+        &mut self,
+        dst: usize,
+        tag: u32,
+        data: &'a [u8],
+    ) -> Result<Request<'a>, Error> {
+        self.check_peer(dst)?;
+        let mut op = self.start_send(dst, tag, data);
+        if self.pump_send(&mut op) {
+            self.nic.flush();
+            return Ok(Request::Done(data.len()));
+        }
+        self.nic.flush();
+        Ok(Request::Send(op))
+    }
+
+    /// Starts receiving the next message from `src` (it must carry `tag` and fit).
+    pub fn irecv<'a>(
+        &mut self,
+        src: usize,
+        tag: u32,
+        buf: &'a mut [u8],
+    ) -> Result<Request<'a>, Error> {
+        self.check_peer(src)?;
+        let peer = &mut self.peers[src];
+        let ticket = peer.recvs_started;
+        peer.recvs_started += 1;
+        Ok(Request::Recv(RecvOp {
+            src,
+            ticket,
+            tag,
+            buf,
+            len: None,
+            offset: 0,
+        }))
+    }
+
+    /// Completes every request (in any order); each becomes `Request::Done`.
+    pub fn waitall(&mut self, requests: &mut [Request]) -> Result<(), Error> {
+        self.wait_for(|m| {
+            let mut all = true;
+            for request in requests.iter_mut() {
+                all &= m.pump(request)?;
+            }
+            Ok(all)
+        })
+    }
+
+    pub fn send(&mut self, dst: usize, tag: u32, data: &[u8]) -> Result<(), Error> {
+        let mut request = [self.isend(dst, tag, data)?];
+        self.waitall(&mut request)
+    }
+
+    /// Receives the next message from `src`; returns its length.
+    pub fn recv(&mut self, src: usize, tag: u32, buf: &mut [u8]) -> Result<usize, Error> {
+        let mut request = [self.irecv(src, tag, buf)?];
+        self.waitall(&mut request)?;
+        match request[0] {
+            Request::Done(len) => Ok(len),
+            _ => Err(Error::Corrupt),
+        }
+    }
+
+    /// Sends to `dst` and receives from `src` at the same time (no deadlock when two
+    /// ranks exchange messages larger than the window).
+    pub fn sendrecv(
+        &mut self,
+        dst: usize,
+        send_tag: u32,
+        data: &[u8],
+        src: usize,
+        recv_tag: u32,
+        buf: &mut [u8],
+    ) -> Result<usize, Error> {
+        let mut requests = [
+            self.irecv(src, recv_tag, buf)?,
+            self.isend(dst, send_tag, data)?,
+        ];
+        self.waitall(&mut requests)?;
+        match requests[0] {
+            Request::Done(len) => Ok(len),
+            _ => Err(Error::Corrupt),
+        }
+    }
+
+    fn start_send<'a>(&mut self, dst: usize, tag: u32, data: &'a [u8]) -> SendOp<'a> {
+        let peer = &mut self.peers[dst];
+        let ticket = peer.sends_started;
+        peer.sends_started += 1;
+        let mut header = [0u8; MESSAGE_HEADER];
+        header[0..4].copy_from_slice(&MESSAGE_MAGIC.to_le_bytes());
+        header[4..8].copy_from_slice(&tag.to_le_bytes());
+        header[8..16].copy_from_slice(&(data.len() as u64).to_le_bytes());
+        SendOp {
+            dst,
+            ticket,
+            header,
+            data,
+            offset: 0,
+        }
+    }
+
+    fn pump(&mut self, request: &mut Request) -> Result<bool, Error> {
+        let finished = match request {
+            Request::Done(_) => return Ok(true),
+            Request::Send(op) => self.pump_send(op).then_some(op.data.len()),
+            Request::Recv(op) => self.pump_recv(op)?.then(|| op.len.unwrap_or(0)),
+        };
+        match finished {
+            Some(len) => {
+                *request = Request::Done(len);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// Sends as much of `op` as credit and the transmit ring allow; true when all of
+    /// it is sent.
+    fn pump_send(&mut self, op: &mut SendOp) -> bool {
+        let total = op.total();
+        let window = self.cfg.window;
+        if self.peers[op.dst].sends_done != op.ticket {
+            return false;
+        }
+        if op.dst == self.cfg.rank {
+            // To ourselves: straight into our own ring.
+            let peer = self.peers[op.dst];
+            let room = (peer.consumed + window - peer.received) as usize;
+            let n = room.min(total - op.offset);
+            let mut at = 0;
+            while at < n {
+                let pos = (peer.received + at as u64) % window;
+                let piece = (n - at).min((window - pos) as usize);
+                // SAFETY: [pos, pos + piece) lies inside our own ring (window bytes).
+                let out =
+                    unsafe { core::slice::from_raw_parts_mut((peer.ring + pos) as *mut u8, piece) };
+                op.gather(op.offset + at, out);
+                at += piece;
+            }
+            self.peers[op.dst].received += n as u64;
+            op.offset += n;
+            if op.offset == total {
+                self.peers[op.dst].sends_done += 1;
+                return true;
+            }
+            return false;
+        }
+        while op.offset < total {
+            let peer = self.peers[op.dst];
+            let credit = (peer.peer_consumed + window - peer.sent) as usize;
+            let n = PAYLOAD.min(total - op.offset).min(credit);
+            if n == 0 {
+                break;
+            }
+            let (mac, rank) = (self.nic.mac, self.cfg.rank as u16);
+            let sent = self.nic.send(|frame| {
+                write_header(
+                    frame,
+                    peer.mac,
+                    mac,
+                    KIND_DATA,
+                    rank,
+                    op.dst as u16,
+                    n as u16,
+                );
+                put64(frame, 22, peer.sent);
+                put64(frame, 30, peer.consumed);
+                put64(frame, 38, 0);
+                let end = ETH_HEADER + HEADER + n;
+                op.gather(op.offset, &mut frame[ETH_HEADER + HEADER..end]);
+                end.max(MIN_FRAME)
+            });
+            if !sent {
+                break;
+            }
+            let peer = &mut self.peers[op.dst];
+            peer.sent += n as u64;
+            peer.acked = peer.consumed;
+            op.offset += n;
+        }
+        if op.offset == total {
+            self.peers[op.dst].sends_done += 1;
+            return true;
+        }
+        false
+    }
+
+    /// Copies what has arrived of `op`'s message; true when all of it has.
+    fn pump_recv(&mut self, op: &mut RecvOp) -> Result<bool, Error> {
+        let window = self.cfg.window;
+        let peer = &mut self.peers[op.src];
+        if peer.recvs_done != op.ticket {
+            return Ok(false);
+        }
+        if op.len.is_none() {
+            if peer.received - peer.consumed < MESSAGE_HEADER as u64 {
+                return Ok(false);
+            }
+            let mut header = [0u8; MESSAGE_HEADER];
+            ring_read(peer.ring, window, peer.consumed, &mut header);
+            let magic = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
+            let tag = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
+            let len = get64(&header, 8);
+            if magic != MESSAGE_MAGIC {
+                return Err(Error::Corrupt);
+            }
+            if tag != op.tag {
+                return Err(Error::TagMismatch {
+                    expected: op.tag,
+                    got: tag,
+                });
+            }
+            if len > op.buf.len() as u64 {
+                return Err(Error::Truncated {
+                    len,
+                    room: op.buf.len(),
+                });
+            }
+            peer.consumed += MESSAGE_HEADER as u64;
+            op.len = Some(len as usize);
+        }
+        let len = op.len.unwrap_or(0);
+        let n = ((peer.received - peer.consumed) as usize).min(len - op.offset);
+        ring_read(
+            peer.ring,
+            window,
+            peer.consumed,
+            &mut op.buf[op.offset..op.offset + n],
+        );
+        peer.consumed += n as u64;
+        op.offset += n;
+        if op.offset == len {
+            peer.recvs_done += 1;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    // ----- collectives (binomial trees rooted at rank 0 or the given root) -----
+
+    /// Every rank has entered the barrier when any rank leaves it.
+    pub fn barrier(&mut self) -> Result<(), Error> {
+        self.reduce_to_zero(TAG_BARRIER, &mut [], |_, _| {})?;
+        self.bcast_tag(0, TAG_BARRIER, &mut [])
+    }
+
+    /// `buf` of `root` to every rank.
+    pub fn bcast(&mut self, root: usize, buf: &mut [u8]) -> Result<(), Error> {
+        self.check_peer(root)?;
+        self.bcast_tag(root, TAG_BCAST, buf)
+    }
+
+    fn bcast_tag(&mut self, root: usize, tag: u32, buf: &mut [u8]) -> Result<(), Error> {
+        let size = self.cfg.size;
+        let me = (self.cfg.rank + size - root) % size;
+        let mut mask = 1;
+        while mask < size {
+            if me & mask != 0 {
+                let parent = (me - mask + root) % size;
+                self.recv(parent, tag, buf)?;
+                break;
+            }
+            mask <<= 1;
+        }
+        mask >>= 1;
+        while mask > 0 {
+            if me + mask < size {
+                self.send((me + mask + root) % size, tag, buf)?;
+            }
+            mask >>= 1;
+        }
+        Ok(())
+    }
+
+    /// Combines every rank's `buf` into rank 0's with `combine(acc, other)`.
+    fn reduce_to_zero(
+        &mut self,
+        tag: u32,
+        buf: &mut [u8],
+        combine: impl Fn(&mut [u8], &[u8]),
+    ) -> Result<(), Error> {
+        let (rank, size) = (self.cfg.rank, self.cfg.size);
+        // SAFETY: the scratch area is ours alone (SCRATCH_BYTES); callers pass at most
+        // that much.
+        let scratch =
+            unsafe { core::slice::from_raw_parts_mut(self.scratch as *mut u8, buf.len()) };
+        let mut mask = 1;
+        while mask < size {
+            if rank & mask != 0 {
+                return self.send(rank - mask, tag, buf);
+            }
+            if rank + mask < size {
+                self.recv(rank + mask, tag, scratch)?;
+                combine(buf, scratch);
+            }
+            mask <<= 1;
+        }
+        Ok(())
+    }
+
+    fn allreduce_bytes(
+        &mut self,
+        buf: &mut [u8],
+        combine: impl Fn(&mut [u8], &[u8]) + Copy,
+    ) -> Result<(), Error> {
+        for chunk in buf.chunks_mut(SCRATCH_BYTES as usize) {
+            self.reduce_to_zero(TAG_REDUCE, chunk, combine)?;
+            self.bcast_tag(0, TAG_REDUCE, chunk)?;
+        }
+        if buf.is_empty() {
+            self.barrier()?;
+        }
+        Ok(())
+    }
+
+    /// Element-wise reduction over every rank; every rank gets the same result
+    /// (computed on rank 0 in a fixed order).
+    pub fn allreduce_f64(&mut self, values: &mut [f64], op: Op) -> Result<(), Error> {
+        let combine = move |acc: &mut [u8], other: &[u8]| {
+            for (a, b) in acc.chunks_exact_mut(8).zip(other.chunks_exact(8)) {
+                let x = f64::from_le_bytes(a.try_into().unwrap_or([0; 8]));
+                let y = f64::from_le_bytes(b.try_into().unwrap_or([0; 8]));
+                let r = match op {
+                    Op::Sum => x + y,
+                    Op::Max => x.max(y),
+                    Op::Min => x.min(y),
+                };
+                a.copy_from_slice(&r.to_le_bytes());
+            }
+        };
+        self.allreduce_bytes(as_bytes_mut(values), combine)
+    }
+
+    pub fn allreduce_i64(&mut self, values: &mut [i64], op: Op) -> Result<(), Error> {
+        let combine = move |acc: &mut [u8], other: &[u8]| {
+            for (a, b) in acc.chunks_exact_mut(8).zip(other.chunks_exact(8)) {
+                let x = i64::from_le_bytes(a.try_into().unwrap_or([0; 8]));
+                let y = i64::from_le_bytes(b.try_into().unwrap_or([0; 8]));
+                let r = match op {
+                    Op::Sum => x.wrapping_add(y),
+                    Op::Max => x.max(y),
+                    Op::Min => x.min(y),
+                };
+                a.copy_from_slice(&r.to_le_bytes());
+            }
+        };
+        self.allreduce_bytes(as_bytes_mut(values), combine)
+    }
+
+    /// The end of a job: a barrier, then every frame handed to the wire (so the last
+    /// ones are not lost when the VM exits).
+    pub fn finish(&mut self) -> Result<(), Error> {
+        self.barrier()?;
+        let until = sys::rdtsc() + self.ms(self.cfg.timeout_ms);
+        if self.nic.drain(until) {
+            Ok(())
+        } else {
+            Err(Error::Timeout)
+        }
+    }
+
+    /// `@kumo mpistats ...`: what the NIC and the protocol did.
+    pub fn report(&self) {
+        let (rx_kicks, tx_kicks) = self.nic.kicks();
+        let nic = self.nic.stats;
+        let mut line = crate::Line::new();
+        let _ = write!(
+            line,
+            "@kumo mpistats rank={} tx_frames={} rx_frames={} rx_bad={} tx_kicks={tx_kicks} \
+             rx_kicks={rx_kicks} interrupts={} sleeps={} hellos={} acks={} out_of_order={} \
+             foreign={}",
+            self.cfg.rank,
+            nic.tx_frames,
+            nic.rx_frames,
+            nic.rx_bad,
+            self.nic.interrupts(),
+            nic.sleeps,
+            self.stats.hellos_sent,
+            self.stats.acks_sent,
+            self.stats.out_of_order,
+            self.stats.foreign,
+        );
+        line.emit();
+    }
+}
+
+/// Any slice of plain 8-byte numbers as bytes.
+fn as_bytes_mut<T: Plain>(values: &mut [T]) -> &mut [u8] {
+    // SAFETY: `Plain` types have no padding and every bit pattern is a valid value, so
+    // the same memory may be read and written as bytes.
+    unsafe {
+        core::slice::from_raw_parts_mut(
+            values.as_mut_ptr().cast::<u8>(),
+            core::mem::size_of_val(values),
+        )
+    }
+}
+
+/// Numbers without padding for which every bit pattern is valid.
+trait Plain: Copy {}
+impl Plain for f64 {}
+impl Plain for i64 {}
+
+fn handle_frame(cfg: &Config, peers: &mut [Peer], stats: &mut Stats, mac: [u8; 6], frame: &[u8]) {
+    if frame.len() < ETH_HEADER + HEADER
+        || u16::from_be_bytes([frame[12], frame[13]]) != ETHERTYPE
+        || (frame[0..6] != mac && frame[0..6] != BROADCAST_MAC)
+    {
+        stats.foreign += 1;
+        return;
+    }
+    let kind = frame[14];
+    let src = usize::from(u16::from_le_bytes([frame[16], frame[17]]));
+    let dst = u16::from_le_bytes([frame[18], frame[19]]);
+    let len = usize::from(u16::from_le_bytes([frame[20], frame[21]]));
+    let (seq, ack, aux) = (get64(frame, 22), get64(frame, 30), get64(frame, 38));
+    let for_us = dst == cfg.rank as u16 || (kind == KIND_HELLO && dst == BROADCAST_RANK);
+    if src >= cfg.size || src == cfg.rank || !for_us {
+        stats.foreign += 1;
+        return;
+    }
+    let me = 1u64 << cfg.rank;
+    let window = cfg.window;
+    let peer = &mut peers[src];
+    match kind {
+        KIND_HELLO if aux == cfg.size as u64 => {
+            peer.mac.copy_from_slice(&frame[6..12]);
+            peer.heard = true;
+            if seq & me != 0 {
+                peer.confirmed = true;
+            }
+            // It has not heard us, or does not know we heard it: answer.
+            if seq & me == 0 || ack & me == 0 {
+                peer.hello_due = true;
+            }
+        }
+        KIND_DATA | KIND_ACK => {
+            peer.confirmed = true;
+            peer.peer_consumed = peer.peer_consumed.max(ack);
+            if kind == KIND_ACK {
+                return;
+            }
+            let end = seq + len as u64;
+            if seq != peer.received
+                || end > peer.consumed + window
+                || ETH_HEADER + HEADER + len > frame.len()
+            {
+                stats.out_of_order += 1;
+                return;
+            }
+            ring_write(
+                peer.ring,
+                window,
+                seq,
+                &frame[ETH_HEADER + HEADER..ETH_HEADER + HEADER + len],
+            );
+            peer.received = end;
+        }
+        _ => stats.foreign += 1,
+    }
+}
+
+fn write_header(
+    frame: &mut [u8],
+    dst_mac: [u8; 6],
+    src_mac: [u8; 6],
+    kind: u8,
+    src: u16,
+    dst: u16,
+    len: u16,
+) {
+    frame[0..6].copy_from_slice(&dst_mac);
+    frame[6..12].copy_from_slice(&src_mac);
+    frame[12..14].copy_from_slice(&ETHERTYPE.to_be_bytes());
+    frame[14] = kind;
+    frame[15] = 0;
+    frame[16..18].copy_from_slice(&src.to_le_bytes());
+    frame[18..20].copy_from_slice(&dst.to_le_bytes());
+    frame[20..22].copy_from_slice(&len.to_le_bytes());
+    // Zero the padding of short frames (no stale bytes on the wire).
+    frame[ETH_HEADER + HEADER..MIN_FRAME].fill(0);
+}
+
+fn put64(frame: &mut [u8], at: usize, value: u64) {
+    frame[at..at + 8].copy_from_slice(&value.to_le_bytes());
+}
+
+fn get64(bytes: &[u8], at: usize) -> u64 {
+    let mut word = [0u8; 8];
+    word.copy_from_slice(&bytes[at..at + 8]);
+    u64::from_le_bytes(word)
+}
+
+/// Copies `data` into a ring of `window` bytes at stream offset `pos`.
+fn ring_write(ring: u64, window: u64, pos: u64, data: &[u8]) {
+    let mut done = 0;
+    while done < data.len() {
+        let at = (pos + done as u64) % window;
+        let n = (data.len() - done).min((window - at) as usize);
+        // SAFETY: [at, at + n) is inside the ring, which only this module touches.
+        unsafe { core::ptr::copy_nonoverlapping(data[done..].as_ptr(), (ring + at) as *mut u8, n) };
+        done += n;
+    }
+}
+
+/// Copies ring bytes at stream offset `pos` into `out`.
+fn ring_read(ring: u64, window: u64, pos: u64, out: &mut [u8]) {
+    let mut done = 0;
+    while done < out.len() {
+        let at = (pos + done as u64) % window;
+        let n = (out.len() - done).min((window - at) as usize);
+        // SAFETY: as in `ring_write`.
+        unsafe {
+            core::ptr::copy_nonoverlapping((ring + at) as *const u8, out[done..].as_mut_ptr(), n)
+        };
+        done += n;
+    }
+}
