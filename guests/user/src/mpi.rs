@@ -53,8 +53,7 @@ const BROADCAST_MAC: [u8; 6] = [0xFF; 6];
 /// Message header in a stream: magic, tag, length.
 const MESSAGE_HEADER: usize = 16;
 const MESSAGE_MAGIC: u32 = u32::from_le_bytes(*b"KMSG");
-/// User tags are below this; collectives use tags above.
-pub const TAG_LIMIT: u32 = 0x8000_0000;
+// User tags must stay below 0x8000_0000: collectives use the tags above.
 const TAG_BARRIER: u32 = 0x8000_0001;
 const TAG_BCAST: u32 = 0x8000_0002;
 const TAG_REDUCE: u32 = 0x8000_0003;
@@ -118,6 +117,22 @@ pub enum Error {
 }
 
 impl Error {
+    /// `@kumo error what=mpi item=NAME [details]`.
+    pub fn report(self) {
+        let mut line = crate::Line::new();
+        let _ = write!(line, "@kumo error what=mpi item={}", self.name());
+        match self {
+            Error::TagMismatch { expected, got } => {
+                let _ = write!(line, " expected_tag={expected} got_tag={got}");
+            }
+            Error::Truncated { len, room } => {
+                let _ = write!(line, " len={len} room={room}");
+            }
+            _ => {}
+        }
+        line.emit();
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Error::BadRank => "bad-rank",
@@ -286,10 +301,6 @@ impl Mpi {
 
     pub fn mac(&self) -> [u8; 6] {
         self.nic.mac
-    }
-
-    pub fn nic(&self) -> &Nic {
-        &self.nic
     }
 
     fn ms(&self, millis: u64) -> u64 {

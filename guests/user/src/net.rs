@@ -235,11 +235,6 @@ impl Nic {
         n
     }
 
-    /// Whether frames wait to be polled.
-    pub fn has_frames(&self) -> bool {
-        self.rx.has_used()
-    }
-
     /// Sleeps until a frame arrives, a sent frame completes (if any are in flight), or
     /// the TSC reaches `until_tsc`. False if the machine cannot sleep with a deadline
     /// (no TSC-deadline timer): the caller must keep polling.

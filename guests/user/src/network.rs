@@ -145,7 +145,7 @@ pub fn run(info: &BootInfo, plan: &Plan, spin_us: u64) -> bool {
     let mut mpi = match Mpi::init(nic, cfg, &mut memory) {
         Ok(mpi) => mpi,
         Err(e) => {
-            error("mpi", e.name());
+            e.report();
             return false;
         }
     };
@@ -178,14 +178,14 @@ pub fn run(info: &BootInfo, plan: &Plan, spin_us: u64) -> bool {
         match outcome {
             Ok(verified) => ok &= verified,
             Err(e) => {
-                error("mpi", e.name());
+                e.report();
                 mpi.report();
                 return false;
             }
         }
     }
     if let Err(e) = mpi.finish() {
-        error("mpi", e.name());
+        e.report();
         ok = false;
     }
     mpi.report();

@@ -24,9 +24,6 @@ const DRIVER_OK: u8 = 4;
 const FEATURES_OK: u8 = 8;
 const FAILED: u8 = 0x80;
 
-/// No MSI-X vector (for `msix_config` / `queue_msix_vector`).
-pub const NO_VECTOR: u16 = 0xFFFF;
-
 /// Common configuration registers (virtio 1.x, 4.1.4.3).
 mod common {
     pub const DEVICE_FEATURE_SELECT: u64 = 0x00;
@@ -96,11 +93,6 @@ impl Bump {
         unsafe { core::ptr::write_bytes(at as *mut u8, 0, size as usize) };
         self.next = at + size;
         Ok(at)
-    }
-
-    /// The first byte not handed out.
-    pub fn next(&self) -> u64 {
-        self.next
     }
 }
 
