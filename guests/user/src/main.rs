@@ -292,7 +292,7 @@ struct Plan {
     probe: Option<Probe>,
     idle: Option<u64>,
     spin_us: u64,
-    /// `mpi=`, `wait=`, `net=`, `net_rounds=`, `net_seed=`.
+    /// `mpi=`, `wait=`, `net=`, `net_rounds=`, `net_seed=`, `net_drop=`.
     net: network::Plan,
 }
 
@@ -407,6 +407,14 @@ fn parse_command_line(cmdline: &str) -> Result<Plan, ()> {
             if plan.net.rounds.is_none() {
                 error("bad-net-rounds", rounds);
                 ok = false;
+            }
+        } else if let Some(every) = word.strip_prefix("net_drop=") {
+            match every.parse() {
+                Ok(every) => plan.net.drop_every = every,
+                Err(_) => {
+                    error("bad-net-drop", every);
+                    ok = false;
+                }
             }
         } else if let Some(seed) = word.strip_prefix("net_seed=") {
             match seed.parse() {

@@ -25,9 +25,13 @@
 //! answered directly) until every rank has heard every other and knows it was heard;
 //! frames lost before a wire is connected only delay that.
 //!
-//! Loss: the protocol detects it (a `seq` other than the next one) but does not yet
-//! recover; wires that can drop (QEMU's dgram) need the retransmission described in
-//! docs/guest-abi.md.
+//! Loss (QEMU's dgram wire can drop): go-back-N. A sender keeps a copy of what it
+//! has sent and the receiver has not yet received (at most a window: credit bounds
+//! it) in a send ring per peer; every frame to a peer also carries the receiver's
+//! in-order received offset (`aux` of DATA, `seq` of ACK). A receiver that sees a gap
+//! or a duplicate answers at once with an ACK flagged GAP, and the sender resends from
+//! that offset; a sender whose data stays unacknowledged sends one probe frame after
+//! 10 ms (doubling up to 1 s), which the receiver answers the same way.
 
 use core::fmt::Write;
 
@@ -47,6 +51,8 @@ pub const MAX_RANKS: usize = 64;
 const KIND_HELLO: u8 = 1;
 const KIND_DATA: u8 = 2;
 const KIND_ACK: u8 = 3;
+/// ACK flag: a frame arrived out of order (resend from `seq`).
+const FLAG_GAP: u8 = 1;
 const BROADCAST_RANK: u16 = 0xFFFF;
 const BROADCAST_MAC: [u8; 6] = [0xFF; 6];
 
@@ -59,8 +65,14 @@ const TAG_BCAST: u32 = 0x8000_0002;
 const TAG_REDUCE: u32 = 0x8000_0003;
 
 const HELLO_PERIOD_MS: u64 = 20;
-/// A blocked wait wakes this often even without an interrupt (a safety net only).
+/// A blocked wait wakes this often even without an interrupt (a safety net only), or
+/// after the retransmission timeout when data is unacknowledged.
 const BLOCK_SLICE_MS: u64 = 100;
+/// Retransmission timeout: first and largest.
+const RTO_MIN_MS: u64 = 10;
+const RTO_MAX_MS: u64 = 1000;
+/// How long the end of a job waits for its last frames to be acknowledged.
+const LINGER_MS: u64 = 2000;
 /// Scratch for reductions; larger reductions go in chunks of this.
 const SCRATCH_BYTES: u64 = 256 << 10;
 
@@ -92,6 +104,8 @@ pub struct Config {
     pub spin_ticks: u64,
     /// A wait with no network activity for this long fails.
     pub timeout_ms: u64,
+    /// Testing: drop every Nth data frame received (0: none), as a lossy wire would.
+    pub drop_every: u64,
     /// Receive window per sender, bytes (a power of two).
     pub window: u64,
 }
@@ -166,12 +180,29 @@ struct Peer {
     /// Our stream to it: bytes sent, and bytes it has consumed (our credit).
     sent: u64,
     peer_consumed: u64,
+    /// Bytes of our stream it has received in order; our copy of `[peer_received,
+    /// sent)` is in `send_ring`; `resend` is where go-back-N resends from (== `sent`
+    /// when nothing is being resent).
+    peer_received: u64,
+    send_ring: u64,
+    resend: u64,
+    /// When `peer_received` last moved (or unacknowledged data was first sent), the
+    /// current timeout, and the offset of the last GAP-triggered rewind.
+    progress_tsc: u64,
+    rto: u64,
+    rewound_to: u64,
+    rewound_tsc: u64,
     /// Its stream to us: our ring, bytes received into it, consumed from it, and the
     /// consumed count we last told it.
     ring: u64,
     received: u64,
     consumed: u64,
     acked: u64,
+    /// The received count we last told it; whether a gap (GAP flag) or a duplicate
+    /// (plain ACK: a probe wants to know) asks for telling now.
+    acked_received: u64,
+    gap_due: bool,
+    dup_due: bool,
     /// Operations are served in the order they were started, per peer and direction.
     sends_started: u64,
     sends_done: u64,
@@ -186,10 +217,20 @@ const PEER: Peer = Peer {
     hello_due: false,
     sent: 0,
     peer_consumed: 0,
+    peer_received: 0,
+    send_ring: 0,
+    resend: 0,
+    progress_tsc: 0,
+    rto: 0,
+    rewound_to: 0,
+    rewound_tsc: 0,
     ring: 0,
     received: 0,
     consumed: 0,
     acked: 0,
+    acked_received: 0,
+    gap_due: false,
+    dup_due: false,
     sends_started: 0,
     sends_done: 0,
     recvs_started: 0,
@@ -201,8 +242,16 @@ const PEER: Peer = Peer {
 pub struct Stats {
     pub hellos_sent: u64,
     pub acks_sent: u64,
-    /// Data frames not at the next stream offset, or beyond the window.
+    /// Data frames past the next stream offset (a frame before them was lost), or
+    /// beyond the window; and frames already received (resent needlessly).
     pub out_of_order: u64,
+    pub duplicates: u64,
+    /// Frames resent, and timeouts that sent a probe.
+    pub resent: u64,
+    pub timeouts: u64,
+    /// Data frames seen, and dropped on purpose (`drop_every`).
+    data_seen: u64,
+    pub dropped: u64,
     /// Frames of other protocols, or for other ranks.
     pub foreign: u64,
 }
@@ -278,10 +327,17 @@ impl Mpi {
                 .map_err(|_| Error::OutOfMemory)?,
             stats: Stats::default(),
         };
-        for peer in &mut mpi.peers[..cfg.size] {
+        let rto = cfg.tsc_khz * RTO_MIN_MS;
+        for (p, peer) in mpi.peers[..cfg.size].iter_mut().enumerate() {
             peer.ring = memory
                 .alloc(cfg.window, 4096)
                 .map_err(|_| Error::OutOfMemory)?;
+            if p != cfg.rank {
+                peer.send_ring = memory
+                    .alloc(cfg.window, 4096)
+                    .map_err(|_| Error::OutOfMemory)?;
+            }
+            peer.rto = rto;
         }
         let me = &mut mpi.peers[cfg.rank];
         me.heard = true;
@@ -355,22 +411,67 @@ impl Mpi {
         sent
     }
 
-    /// Tells `p` how much of its stream we have consumed.
+    /// Tells `p` how much of its stream we have received in order and consumed
+    /// (flagged GAP if something arrived out of order since the last ACK).
     fn send_ack(&mut self, p: usize) -> bool {
         let peer = self.peers[p];
         let (mac, rank) = (self.nic.mac, self.cfg.rank as u16);
         let sent = self.nic.send(|frame| {
             write_header(frame, peer.mac, mac, KIND_ACK, rank, p as u16, 0);
-            put64(frame, 22, peer.sent);
+            frame[15] = if peer.gap_due { FLAG_GAP } else { 0 };
+            put64(frame, 22, peer.received);
             put64(frame, 30, peer.consumed);
             put64(frame, 38, 0);
             MIN_FRAME
         });
         if sent {
-            self.peers[p].acked = peer.consumed;
+            let peer = &mut self.peers[p];
+            peer.acked = peer.consumed;
+            peer.acked_received = peer.received;
+            peer.gap_due = false;
+            peer.dup_due = false;
             self.stats.acks_sent += 1;
         }
         sent
+    }
+
+    /// Resends `p`'s stream from `resend` (go-back-N) as far as the transmit ring
+    /// allows, or, when `probe`, the first unacknowledged frame only.
+    fn resend(&mut self, p: usize, probe: bool) {
+        let window = self.cfg.window;
+        let (mac, rank) = (self.nic.mac, self.cfg.rank as u16);
+        loop {
+            let peer = self.peers[p];
+            let from = if probe {
+                peer.peer_received
+            } else {
+                peer.resend
+            };
+            if from >= peer.sent {
+                return;
+            }
+            let n = PAYLOAD.min((peer.sent - from) as usize);
+            let sent = self.nic.send(|frame| {
+                write_header(frame, peer.mac, mac, KIND_DATA, rank, p as u16, n as u16);
+                put64(frame, 22, from);
+                put64(frame, 30, peer.consumed);
+                put64(frame, 38, peer.received);
+                let at = ETH_HEADER + HEADER;
+                ring_read(peer.send_ring, window, from, &mut frame[at..at + n]);
+                (at + n).max(MIN_FRAME)
+            });
+            if !sent {
+                return;
+            }
+            self.stats.resent += 1;
+            let peer = &mut self.peers[p];
+            peer.acked = peer.consumed;
+            peer.acked_received = peer.received;
+            if probe {
+                return;
+            }
+            peer.resend = from + n as u64;
+        }
     }
 
     /// Receives what has arrived, answers HELLOs, returns credit that is due.
@@ -384,7 +485,9 @@ impl Mpi {
             ..
         } = self;
         let mac = nic.mac;
-        let arrived = nic.poll(64, |frame| handle_frame(cfg, peers, stats, mac, frame));
+        let now = sys::rdtsc();
+        let arrived = nic.poll(64, |frame| handle_frame(cfg, peers, stats, mac, now, frame));
+        let quarter = self.cfg.window / 4;
         for p in 0..self.cfg.size {
             if p == self.cfg.rank {
                 continue;
@@ -393,8 +496,23 @@ impl Mpi {
             if peer.hello_due && peer.heard && self.send_hello(Some(p)) {
                 self.peers[p].hello_due = false;
             }
-            if peer.consumed - peer.acked >= self.cfg.window / 4 {
+            if peer.gap_due
+                || peer.dup_due
+                || peer.consumed - peer.acked >= quarter
+                || peer.received - peer.acked_received >= quarter
+            {
                 self.send_ack(p);
+            }
+            if peer.resend < peer.sent {
+                self.resend(p, false);
+            } else if peer.peer_received < peer.sent && now - peer.progress_tsc > peer.rto {
+                // Nothing heard for a while: probe with the first unacknowledged frame
+                // (its answer says where to resend from), and back off.
+                self.stats.timeouts += 1;
+                self.resend(p, true);
+                let peer = &mut self.peers[p];
+                peer.progress_tsc = now;
+                peer.rto = (peer.rto * 2).min(self.cfg.tsc_khz * RTO_MAX_MS);
             }
         }
         self.nic.flush();
@@ -405,7 +523,10 @@ impl Mpi {
     /// wait for credit the other holds.
     fn flush_acks(&mut self) {
         for p in 0..self.cfg.size {
-            if p != self.cfg.rank && self.peers[p].consumed != self.peers[p].acked {
+            let peer = self.peers[p];
+            if p != self.cfg.rank
+                && (peer.consumed != peer.acked || peer.received != peer.acked_received)
+            {
                 self.send_ack(p);
             }
         }
@@ -443,7 +564,11 @@ impl Mpi {
             if self.cfg.wait == Wait::Block && idle > self.cfg.spin_ticks {
                 // Credit we got back during the step is told before sleeping, too.
                 self.flush_acks();
-                if self.nic.wait(now + self.ms(BLOCK_SLICE_MS)) {
+                let unacked = self.peers[..self.cfg.size]
+                    .iter()
+                    .any(|p| p.peer_received < p.sent);
+                let slice = if unacked { RTO_MIN_MS } else { BLOCK_SLICE_MS };
+                if self.nic.wait(now + self.ms(slice)) {
                     continue;
                 }
             }
@@ -612,6 +737,9 @@ impl Mpi {
         }
         while op.offset < total {
             let peer = self.peers[op.dst];
+            if peer.resend < peer.sent {
+                break; // resending first: the stream stays in order
+            }
             let credit = (peer.peer_consumed + window - peer.sent) as usize;
             let n = PAYLOAD.min(total - op.offset).min(credit);
             if n == 0 {
@@ -630,17 +758,24 @@ impl Mpi {
                 );
                 put64(frame, 22, peer.sent);
                 put64(frame, 30, peer.consumed);
-                put64(frame, 38, 0);
-                let end = ETH_HEADER + HEADER + n;
-                op.gather(op.offset, &mut frame[ETH_HEADER + HEADER..end]);
-                end.max(MIN_FRAME)
+                put64(frame, 38, peer.received);
+                let at = ETH_HEADER + HEADER;
+                op.gather(op.offset, &mut frame[at..at + n]);
+                // Kept until the peer has received it.
+                ring_write(peer.send_ring, window, peer.sent, &frame[at..at + n]);
+                (at + n).max(MIN_FRAME)
             });
             if !sent {
                 break;
             }
             let peer = &mut self.peers[op.dst];
+            if peer.peer_received == peer.sent {
+                peer.progress_tsc = sys::rdtsc();
+            }
             peer.sent += n as u64;
+            peer.resend = peer.sent;
             peer.acked = peer.consumed;
+            peer.acked_received = peer.received;
             op.offset += n;
         }
         if op.offset == total {
@@ -816,6 +951,18 @@ impl Mpi {
     /// ones are not lost when the VM exits).
     pub fn finish(&mut self) -> Result<(), Error> {
         self.barrier()?;
+        // Until every peer has received all we sent (bounded: its last ACK may be
+        // lost after it has left).
+        let linger = sys::rdtsc() + self.ms(LINGER_MS);
+        self.flush_acks();
+        while self.peers[..self.cfg.size]
+            .iter()
+            .any(|p| p.peer_received < p.sent)
+            && sys::rdtsc() < linger
+        {
+            self.progress();
+            core::hint::spin_loop();
+        }
         let until = sys::rdtsc() + self.ms(self.cfg.timeout_ms);
         if self.nic.drain(until) {
             Ok(())
@@ -833,7 +980,7 @@ impl Mpi {
             line,
             "@kumo mpistats rank={} tx_frames={} rx_frames={} rx_bad={} tx_kicks={tx_kicks} \
              rx_kicks={rx_kicks} interrupts={} sleeps={} hellos={} acks={} out_of_order={} \
-             foreign={}",
+             duplicates={} resent={} timeouts={} dropped={} foreign={}",
             self.cfg.rank,
             nic.tx_frames,
             nic.rx_frames,
@@ -843,6 +990,10 @@ impl Mpi {
             self.stats.hellos_sent,
             self.stats.acks_sent,
             self.stats.out_of_order,
+            self.stats.duplicates,
+            self.stats.resent,
+            self.stats.timeouts,
+            self.stats.dropped,
             self.stats.foreign,
         );
         line.emit();
@@ -866,7 +1017,14 @@ trait Plain: Copy {}
 impl Plain for f64 {}
 impl Plain for i64 {}
 
-fn handle_frame(cfg: &Config, peers: &mut [Peer], stats: &mut Stats, mac: [u8; 6], frame: &[u8]) {
+fn handle_frame(
+    cfg: &Config,
+    peers: &mut [Peer],
+    stats: &mut Stats,
+    mac: [u8; 6],
+    now: u64,
+    frame: &[u8],
+) {
     if frame.len() < ETH_HEADER + HEADER
         || u16::from_be_bytes([frame[12], frame[13]]) != ETHERTYPE
         || (frame[0..6] != mac && frame[0..6] != BROADCAST_MAC)
@@ -874,7 +1032,7 @@ fn handle_frame(cfg: &Config, peers: &mut [Peer], stats: &mut Stats, mac: [u8; 6
         stats.foreign += 1;
         return;
     }
-    let kind = frame[14];
+    let (kind, flags) = (frame[14], frame[15]);
     let src = usize::from(u16::from_le_bytes([frame[16], frame[17]]));
     let dst = u16::from_le_bytes([frame[18], frame[19]]);
     let len = usize::from(u16::from_le_bytes([frame[20], frame[21]]));
@@ -900,17 +1058,51 @@ fn handle_frame(cfg: &Config, peers: &mut [Peer], stats: &mut Stats, mac: [u8; 6
             }
         }
         KIND_DATA | KIND_ACK => {
+            if kind == KIND_DATA && cfg.drop_every != 0 {
+                stats.data_seen += 1;
+                if stats.data_seen % cfg.drop_every == 0 {
+                    stats.dropped += 1;
+                    return;
+                }
+            }
             peer.confirmed = true;
             peer.peer_consumed = peer.peer_consumed.max(ack);
+            // How much of our stream it has received in order.
+            let their_received = if kind == KIND_ACK { seq } else { aux };
+            if their_received > peer.peer_received && their_received <= peer.sent {
+                peer.peer_received = their_received;
+                peer.progress_tsc = now;
+                peer.rto = cfg.tsc_khz * RTO_MIN_MS;
+            }
+            if peer.resend < peer.peer_received {
+                peer.resend = peer.peer_received;
+            }
             if kind == KIND_ACK {
+                // A gap at its end: go back to what it has. The frames that were in
+                // flight behind the lost one raise more GAPs for the same offset:
+                // those are ignored for a timeout's length.
+                let fresh =
+                    seq != peer.rewound_to || now - peer.rewound_tsc > cfg.tsc_khz * RTO_MIN_MS;
+                if flags & FLAG_GAP != 0 && seq < peer.sent && fresh {
+                    peer.resend = seq.max(peer.peer_received);
+                    peer.rewound_to = seq;
+                    peer.rewound_tsc = now;
+                }
                 return;
             }
             let end = seq + len as u64;
-            if seq != peer.received
-                || end > peer.consumed + window
-                || ETH_HEADER + HEADER + len > frame.len()
-            {
+            if ETH_HEADER + HEADER + len > frame.len() {
                 stats.out_of_order += 1;
+                return;
+            }
+            if seq != peer.received || end > peer.consumed + window {
+                if seq < peer.received {
+                    stats.duplicates += 1;
+                    peer.dup_due = true;
+                } else {
+                    stats.out_of_order += 1;
+                    peer.gap_due = true;
+                }
                 return;
             }
             ring_write(

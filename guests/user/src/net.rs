@@ -248,7 +248,8 @@ impl Nic {
         let mut slept = true;
         // Interrupts are asked for: anything that arrives from now on raises one. What
         // arrived before is in the rings: look there first.
-        if !self.rx.has_used() && !(in_flight && self.tx.has_used()) {
+        let work = self.rx.has_used() || (in_flight && self.tx.has_used());
+        if !work {
             slept = pci::wait_for_interrupt(self.record, seen, until_tsc);
             self.stats.sleeps += u64::from(slept);
         }

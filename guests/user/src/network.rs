@@ -43,6 +43,8 @@ pub struct Plan {
     pub items: [Option<Item>; MAX_ITEMS],
     pub rounds: Option<u32>,
     pub seed: u64,
+    /// `net_drop=N`: drop every Nth data frame received (tests retransmission).
+    pub drop_every: u64,
 }
 
 impl Plan {
@@ -54,6 +56,7 @@ impl Plan {
             items: [None; MAX_ITEMS],
             rounds: None,
             seed: 1,
+            drop_every: 0,
         }
     }
 
@@ -140,6 +143,7 @@ pub fn run(info: &BootInfo, plan: &Plan, spin_us: u64) -> bool {
         spin_ticks: spin_us * info.tsc_khz / 1000,
         timeout_ms: TIMEOUT_MS,
         window: WINDOW,
+        drop_every: plan.drop_every,
     };
     let start = sys::rdtsc();
     let mut mpi = match Mpi::init(nic, cfg, &mut memory) {
