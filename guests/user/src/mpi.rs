@@ -51,8 +51,14 @@ pub const MAX_RANKS: usize = 64;
 const KIND_HELLO: u8 = 1;
 const KIND_DATA: u8 = 2;
 const KIND_ACK: u8 = 3;
-/// ACK flag: a frame arrived out of order (resend from `seq`).
+/// ACK flag: a frame arrived out of order, or a probe: resend from `seq`.
 const FLAG_GAP: u8 = 1;
+/// DATA flag: a timeout's probe; answer at once (GAP: what is not there is lost).
+const FLAG_PROBE: u8 = 2;
+/// DATA flag: the sender is held by its congestion window: acknowledge soon.
+const FLAG_ACK_REQUEST: u8 = 4;
+/// The congestion window never shrinks below this many frames.
+const MIN_CWND_FRAMES: u64 = 8;
 const BROADCAST_RANK: u16 = 0xFFFF;
 const BROADCAST_MAC: [u8; 6] = [0xFF; 6];
 
@@ -192,6 +198,10 @@ struct Peer {
     rto: u64,
     rewound_to: u64,
     rewound_tsc: u64,
+    /// Congestion window: bytes in flight not yet received (halved on each loss,
+    /// grown by a frame per window's worth acknowledged; the receive window on a
+    /// wire that never drops).
+    cwnd: u64,
     /// Its stream to us: our ring, bytes received into it, consumed from it, and the
     /// consumed count we last told it.
     ring: u64,
@@ -224,6 +234,7 @@ const PEER: Peer = Peer {
     rto: 0,
     rewound_to: 0,
     rewound_tsc: 0,
+    cwnd: 0,
     ring: 0,
     received: 0,
     consumed: 0,
@@ -338,6 +349,7 @@ impl Mpi {
                     .map_err(|_| Error::OutOfMemory)?;
             }
             peer.rto = rto;
+            peer.cwnd = cfg.window;
         }
         let me = &mut mpi.peers[cfg.rank];
         me.heard = true;
@@ -447,12 +459,19 @@ impl Mpi {
             } else {
                 peer.resend
             };
-            if from >= peer.sent {
+            // Within the congestion window (a probe always goes).
+            let limit = peer.sent.min(peer.peer_received + peer.cwnd);
+            if from >= peer.sent || (!probe && from >= limit) {
                 return;
             }
             let n = PAYLOAD.min((peer.sent - from) as usize);
             let sent = self.nic.send(|frame| {
                 write_header(frame, peer.mac, mac, KIND_DATA, rank, p as u16, n as u16);
+                frame[15] = if probe {
+                    FLAG_PROBE
+                } else {
+                    ack_request(&peer, window, from, n)
+                };
                 put64(frame, 22, from);
                 put64(frame, 30, peer.consumed);
                 put64(frame, 38, peer.received);
@@ -505,12 +524,14 @@ impl Mpi {
             }
             if peer.resend < peer.sent {
                 self.resend(p, false);
-            } else if peer.peer_received < peer.sent && now - peer.progress_tsc > peer.rto {
+            }
+            if peer.peer_received < peer.sent && now - peer.progress_tsc > peer.rto {
                 // Nothing heard for a while: probe with the first unacknowledged frame
                 // (its answer says where to resend from), and back off.
                 self.stats.timeouts += 1;
                 self.resend(p, true);
                 let peer = &mut self.peers[p];
+                peer.cwnd = (peer.cwnd / 2).max(MIN_CWND_FRAMES * PAYLOAD as u64);
                 peer.progress_tsc = now;
                 peer.rto = (peer.rto * 2).min(self.cfg.tsc_khz * RTO_MAX_MS);
             }
@@ -535,13 +556,20 @@ impl Mpi {
 
     /// Runs `step` (which moves operations along) until it says done, receiving in
     /// between; spins or sleeps as configured. Fails after `timeout_ms` without any
-    /// frame sent or received.
+    /// stream moving.
     fn wait_for(
         &mut self,
         mut step: impl FnMut(&mut Mpi) -> Result<bool, Error>,
     ) -> Result<(), Error> {
         self.flush_acks();
-        let activity = |m: &Mpi| m.nic.stats.tx_frames + m.nic.stats.rx_frames;
+        // Progress: stream bytes sent (new), received in order, consumed, and known
+        // received by peers (resent frames are not progress).
+        let activity = |m: &Mpi| {
+            m.peers[..m.cfg.size]
+                .iter()
+                .map(|p| p.sent + p.received + p.consumed + p.peer_received)
+                .sum::<u64>()
+        };
         let mut last = activity(self);
         let mut last_at = sys::rdtsc();
         loop {
@@ -740,7 +768,8 @@ impl Mpi {
             if peer.resend < peer.sent {
                 break; // resending first: the stream stays in order
             }
-            let credit = (peer.peer_consumed + window - peer.sent) as usize;
+            let limit = (peer.peer_consumed + window).min(peer.peer_received + peer.cwnd);
+            let credit = limit.saturating_sub(peer.sent) as usize;
             let n = PAYLOAD.min(total - op.offset).min(credit);
             if n == 0 {
                 break;
@@ -756,6 +785,7 @@ impl Mpi {
                     op.dst as u16,
                     n as u16,
                 );
+                frame[15] = ack_request(&peer, window, peer.sent, n);
                 put64(frame, 22, peer.sent);
                 put64(frame, 30, peer.consumed);
                 put64(frame, 38, peer.received);
@@ -1070,6 +1100,8 @@ fn handle_frame(
             // How much of our stream it has received in order.
             let their_received = if kind == KIND_ACK { seq } else { aux };
             if their_received > peer.peer_received && their_received <= peer.sent {
+                let grown = (their_received - peer.peer_received) * PAYLOAD as u64 / peer.cwnd;
+                peer.cwnd = (peer.cwnd + grown.max(1)).min(window);
                 peer.peer_received = their_received;
                 peer.progress_tsc = now;
                 peer.rto = cfg.tsc_khz * RTO_MIN_MS;
@@ -1087,6 +1119,7 @@ fn handle_frame(
                     peer.resend = seq.max(peer.peer_received);
                     peer.rewound_to = seq;
                     peer.rewound_tsc = now;
+                    peer.cwnd = (peer.cwnd / 2).max(MIN_CWND_FRAMES * PAYLOAD as u64);
                 }
                 return;
             }
@@ -1094,6 +1127,12 @@ fn handle_frame(
             if ETH_HEADER + HEADER + len > frame.len() {
                 stats.out_of_order += 1;
                 return;
+            }
+            if flags & FLAG_PROBE != 0 {
+                peer.gap_due = true;
+            }
+            if flags & FLAG_ACK_REQUEST != 0 {
+                peer.dup_due = true;
             }
             if seq != peer.received || end > peer.consumed + window {
                 if seq < peer.received {
@@ -1114,6 +1153,19 @@ fn handle_frame(
             peer.received = end;
         }
         _ => stats.foreign += 1,
+    }
+}
+
+/// While the congestion window holds a sender back, every fourth frame and the one
+/// that fills the window ask for an ACK (a receiver otherwise acknowledges only every
+/// quarter of its receive window).
+fn ack_request(peer: &Peer, window: u64, seq: u64, len: usize) -> u8 {
+    let end = seq + len as u64;
+    let frame_index = seq / PAYLOAD as u64;
+    if peer.cwnd < window && (frame_index % 4 == 3 || end >= peer.peer_received + peer.cwnd) {
+        FLAG_ACK_REQUEST
+    } else {
+        0
     }
 }
 
