@@ -31,7 +31,8 @@
 //! in-order received offset (`aux` of DATA, `seq` of ACK). A receiver that sees a gap
 //! or a duplicate answers at once with an ACK flagged GAP, and the sender resends from
 //! that offset; a sender whose data stays unacknowledged sends one probe frame after
-//! 10 ms (doubling up to 1 s), which the receiver answers the same way.
+//! 10 ms (doubling up to 1 s), which the receiver answers the same way. A congestion
+//! window (halved per loss) keeps bursts within what such a wire takes.
 
 use core::fmt::Write;
 

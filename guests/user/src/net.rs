@@ -28,6 +28,10 @@ const QUEUE_SIZE: u16 = 256;
 /// device takes the first ones and the last; these are free.
 pub const QUEUE_RECORD: usize = 8;
 pub const CONFIG_RECORD: usize = 9;
+/// Where the driver places BARs that firmware left unassigned (qboot does not assign
+/// them): kumo's BAR window, free on QEMU's q35 too (its ECAM is at 0xB0000000).
+const BAR_WINDOW_START: u64 = 0xC000_0000;
+const BAR_WINDOW_END: u64 = 0xE000_0000;
 
 const CONFIG_ENTRY: u16 = 0;
 const RX_ENTRY: u16 = 1;
@@ -65,6 +69,7 @@ pub enum OpenError {
     NoPci,
     NoDevice,
     NoCpu,
+    NoBarSpace,
     Virtio(Error),
 }
 
@@ -74,6 +79,7 @@ impl OpenError {
             OpenError::NoPci => "no-pci",
             OpenError::NoDevice => "no-virtio-net",
             OpenError::NoCpu => "no-apic-id",
+            OpenError::NoBarSpace => "no-bar-space",
             OpenError::Virtio(e) => e.name(),
         }
     }
@@ -96,6 +102,10 @@ impl Nic {
             .next()
             .ok_or(OpenError::NoDevice)?;
         let apic_id = pci::apic_id(info, cpu).ok_or(OpenError::NoCpu)?;
+        let mut next = BAR_WINDOW_START;
+        if !function.assign_bars(&mut next, BAR_WINDOW_END) {
+            return Err(OpenError::NoBarSpace);
+        }
         let device = virtio::Device::open(&function)?;
         device.negotiate(F_VERSION_1 | F_MAC, 0)?;
         if device.msix.vectors <= usize::from(TX_ENTRY) {

@@ -95,6 +95,59 @@ impl Function {
         (base != 0).then_some(base)
     }
 
+    /// Places every memory BAR that firmware left unassigned (0) in `[*next, end)`,
+    /// naturally aligned, advancing `*next`; BARs already assigned stay. Firmware that
+    /// does not assign BARs (qboot) leaves this to the OS. Memory decode is off while
+    /// sizing. False if a BAR does not fit.
+    pub fn assign_bars(&self, next: &mut u64, end: u64) -> bool {
+        let command = read32(self.cfg + 4) & 0xFFFF;
+        let mut index = 0u64;
+        while index < 6 {
+            let at = self.cfg + 0x10 + 4 * index;
+            let low = read32(at);
+            let wide = low & 0x7 == 0x4;
+            let step = if wide { 2 } else { 1 };
+            if low & 1 != 0 || low & !0xF != 0 || (wide && read32(at + 4) != 0) {
+                index += step; // I/O space, or assigned
+                continue;
+            }
+            write32(self.cfg + 4, command & !0x2);
+            write32(at, 0xFFFF_FFFF);
+            let mut mask = u64::from(read32(at) & !0xF);
+            if mask == 0 && !wide {
+                write32(at, low); // not implemented
+                index += step;
+                continue;
+            }
+            if wide {
+                write32(at + 4, 0xFFFF_FFFF);
+                mask |= u64::from(read32(at + 4)) << 32;
+            } else {
+                mask |= 0xFFFF_FFFF_0000_0000;
+            }
+            let size = (!mask).wrapping_add(1);
+            write32(at, low);
+            if wide {
+                write32(at + 4, 0);
+            }
+            if mask != 0 && size != 0 {
+                let base = (*next + size - 1) & !(size - 1);
+                if base + size > end {
+                    write32(self.cfg + 4, command);
+                    return false;
+                }
+                write32(at, base as u32 | (low & 0xF));
+                if wide {
+                    write32(at + 4, (base >> 32) as u32);
+                }
+                *next = base + size;
+            }
+            index += step;
+        }
+        write32(self.cfg + 4, command);
+        true
+    }
+
     /// Configuration-space offsets of every capability with this ID, in chain order.
     pub fn capabilities(&self, id: u8) -> impl Iterator<Item = u64> + '_ {
         let has_list = read32(self.cfg + 4) & (1 << 20) != 0;
