@@ -1,7 +1,7 @@
 //! A small MPI over raw Ethernet frames (EtherType [`ETHERTYPE`]), one rank per VM,
 //! on the ring-3 virtio-net driver. Meant to carry NPB-MPI kernels: point-to-point
-//! send/recv of any size, nonblocking isend/irecv with waitall, barrier, bcast and
-//! allreduce (sum/max/min over f64 and i64).
+//! send/recv of any size, nonblocking isend/irecv with waitall, barrier, bcast,
+//! allreduce (sum/max/min over f64 and i64), alltoall and alltoallv.
 //!
 //! Wire format (docs/guest-abi.md has the full table): every frame is an Ethernet
 //! header, a 32-byte kumo header (kind, flags, source and destination rank, payload
@@ -70,6 +70,7 @@ const MESSAGE_MAGIC: u32 = u32::from_le_bytes(*b"KMSG");
 const TAG_BARRIER: u32 = 0x8000_0001;
 const TAG_BCAST: u32 = 0x8000_0002;
 const TAG_REDUCE: u32 = 0x8000_0003;
+const TAG_ALLTOALL: u32 = 0x8000_0004;
 
 const HELLO_PERIOD_MS: u64 = 20;
 /// A blocked wait wakes this often even without an interrupt (a safety net only), or
@@ -135,6 +136,8 @@ pub enum Error {
     },
     /// The stream does not start a message where one should start.
     Corrupt,
+    /// alltoallv blocks that overlap or lie outside their buffers.
+    BadLayout,
 }
 
 impl Error {
@@ -163,6 +166,7 @@ impl Error {
             Error::TagMismatch { .. } => "tag-mismatch",
             Error::Truncated { .. } => "truncated",
             Error::Corrupt => "corrupt-stream",
+            Error::BadLayout => "bad-layout",
         }
     }
 }
@@ -976,6 +980,90 @@ impl Mpi {
             }
         };
         self.allreduce_bytes(as_bytes_mut(values), combine)
+    }
+
+    /// Every rank sends block `j` of `send` to rank `j` and receives rank `j`'s block
+    /// into block `j` of `recv`; blocks are `send.len() / size` bytes.
+    pub fn alltoall(&mut self, send: &[u8], recv: &mut [u8]) -> Result<(), Error> {
+        let size = self.cfg.size;
+        let block = send.len() / size;
+        if recv.len() < block * size {
+            return Err(Error::Truncated {
+                len: (block * size) as u64,
+                room: recv.len(),
+            });
+        }
+        let mut counts = [0usize; MAX_RANKS];
+        let mut displs = [0usize; MAX_RANKS];
+        for j in 0..size {
+            counts[j] = block;
+            displs[j] = j * block;
+        }
+        let layout = &(counts, displs);
+        self.alltoallv(send, layout, recv, layout)
+    }
+
+    /// As [`Mpi::alltoall`] with per-rank byte counts and offsets: `(counts, displs)`
+    /// for what goes to each rank from `send`, and for what comes from each rank into
+    /// `recv` (each rank's receive counts must match what the others send it).
+    pub fn alltoallv(
+        &mut self,
+        send: &[u8],
+        send_layout: &([usize; MAX_RANKS], [usize; MAX_RANKS]),
+        recv: &mut [u8],
+        recv_layout: &([usize; MAX_RANKS], [usize; MAX_RANKS]),
+    ) -> Result<(), Error> {
+        let (rank, size) = (self.cfg.rank, self.cfg.size);
+        let (send_counts, send_displs) = send_layout;
+        let (recv_counts, recv_displs) = recv_layout;
+        for j in 0..size {
+            if send_displs[j] + send_counts[j] > send.len()
+                || recv_displs[j] + recv_counts[j] > recv.len()
+            {
+                return Err(Error::BadLayout);
+            }
+        }
+        // Our own block: a copy.
+        let own = &send[send_displs[rank]..send_displs[rank] + send_counts[rank]];
+        if own.len() != recv_counts[rank] {
+            return Err(Error::Truncated {
+                len: own.len() as u64,
+                room: recv_counts[rank],
+            });
+        }
+        recv[recv_displs[rank]..recv_displs[rank] + own.len()].copy_from_slice(own);
+        // The others' blocks: disjoint pieces of `recv`, cut in rank order.
+        let mut order = [0usize; MAX_RANKS];
+        for (i, slot) in order.iter_mut().enumerate().take(size) {
+            *slot = i;
+        }
+        order[..size].sort_unstable_by_key(|&j| recv_displs[j]);
+        let mut requests: [Request; 2 * MAX_RANKS] = [const { Request::Done(0) }; 2 * MAX_RANKS];
+        let mut rest: &mut [u8] = recv;
+        let mut at = 0;
+        let mut n = 0;
+        for &j in &order[..size] {
+            if recv_displs[j] < at {
+                return Err(Error::BadLayout); // overlapping receive blocks
+            }
+            let (_, tail) = rest.split_at_mut(recv_displs[j] - at);
+            let (piece, tail) = tail.split_at_mut(recv_counts[j]);
+            rest = tail;
+            at = recv_displs[j] + recv_counts[j];
+            if j != rank {
+                requests[n] = self.irecv(j, TAG_ALLTOALL, piece)?;
+                n += 1;
+            }
+        }
+        // Sends in a staggered order (rank + 1, rank + 2, ...) so no rank is everyone's
+        // first target.
+        for step in 1..size {
+            let j = (rank + step) % size;
+            let data = &send[send_displs[j]..send_displs[j] + send_counts[j]];
+            requests[n] = self.isend(j, TAG_ALLTOALL, data)?;
+            n += 1;
+        }
+        self.waitall(&mut requests[..n])
     }
 
     /// The end of a job: a barrier, then every frame handed to the wire (so the last

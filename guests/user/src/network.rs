@@ -397,8 +397,9 @@ fn check(
     Ok(verified)
 }
 
-/// Barriers, bcast from every root, allreduce sum/max/min over f64 and i64 (small,
-/// and large enough to go in chunks). Returns how many checks failed.
+/// Barriers, bcast from every root, alltoall and alltoallv, allreduce sum/max/min over
+/// f64 and i64 (small, and large enough to go in chunks). Returns how many checks
+/// failed.
 fn collectives(mpi: &mut Mpi, memory: &mut Bump, seed: u64) -> Result<u64, mpi::Error> {
     let (rank, size) = (mpi.rank(), mpi.size());
     let mut failed = 0u64;
@@ -416,6 +417,42 @@ fn collectives(mpi: &mut Mpi, memory: &mut Bump, seed: u64) -> Result<u64, mpi::
         mpi.bcast(root, buf)?;
         failed += u64::from(mismatches(buf, key) != 0);
     }
+    // alltoall: block j of rank i is message (i, j); alltoallv: rank i sends
+    // `v_count(i, j)` bytes to rank j, packed in rank order.
+    let block = 3000;
+    let out = buffer(memory, block * size)?;
+    let inn = buffer(memory, block * size)?;
+    let pair_key = |i: usize, j: usize| mix(seed ^ 0xA77A ^ ((i as u64) << 8) ^ j as u64);
+    for j in 0..size {
+        fill(&mut out[j * block..(j + 1) * block], pair_key(rank, j));
+    }
+    mpi.alltoall(out, inn)?;
+    for i in 0..size {
+        failed += u64::from(mismatches(&inn[i * block..(i + 1) * block], pair_key(i, rank)) != 0);
+    }
+    let v_count = |i: usize, j: usize| (i * 977 + j * 1409 + 5) % block;
+    let mut send_layout = ([0usize; mpi::MAX_RANKS], [0usize; mpi::MAX_RANKS]);
+    let mut recv_layout = ([0usize; mpi::MAX_RANKS], [0usize; mpi::MAX_RANKS]);
+    let (mut send_at, mut recv_at) = (0, 0);
+    for j in 0..size {
+        send_layout.0[j] = v_count(rank, j);
+        send_layout.1[j] = send_at;
+        fill(
+            &mut out[send_at..send_at + v_count(rank, j)],
+            pair_key(rank, j) ^ 1,
+        );
+        send_at += v_count(rank, j);
+        recv_layout.0[j] = v_count(j, rank);
+        recv_layout.1[j] = recv_at;
+        recv_at += v_count(j, rank);
+    }
+    inn.fill(0);
+    mpi.alltoallv(out, &send_layout, inn, &recv_layout)?;
+    for i in 0..size {
+        let got = &inn[recv_layout.1[i]..recv_layout.1[i] + recv_layout.0[i]];
+        failed += u64::from(mismatches(got, pair_key(i, rank) ^ 1) != 0);
+    }
+
     // f64: values (r + 1) * (i + 1) / 2, sums exact in binary floating point.
     let n = 100_000usize;
     let at = memory
