@@ -34,11 +34,29 @@
 //! 10 ms (doubling up to 1 s), which the receiver answers the same way. A congestion
 //! window (halved per loss) keeps bursts within what such a wire takes.
 
-use core::fmt::Write;
+/// What the MPI needs of a NIC (kumo's guest: the virtio-net driver) and a clock.
+/// Host tests implement it with in-memory wires.
+pub trait Link {
+    /// This NIC's MAC address.
+    fn mac(&self) -> [u8; 6];
+    /// Queues one frame: `build` writes it (at most [`MAX_FRAME`] bytes) and returns
+    /// its length. False if the transmit ring is full.
+    fn send(&mut self, build: impl FnOnce(&mut [u8]) -> usize) -> bool;
+    /// Hands queued frames to the wire.
+    fn flush(&mut self);
+    /// Calls `handle` on up to `limit` received frames; returns how many.
+    fn poll(&mut self, limit: usize, handle: impl FnMut(&[u8])) -> usize;
+    /// Sleeps until a frame arrives or sent frames complete, or until `until`
+    /// (clock ticks); false if it cannot sleep (the caller polls).
+    fn wait(&mut self, until: u64) -> bool;
+    /// Waits (at most until `until`) until every queued frame is on the wire.
+    fn drain(&mut self, until: u64) -> bool;
+    /// The clock, in ticks ([`Config::tsc_khz`] per millisecond).
+    fn now(&self) -> u64;
+}
 
-use crate::net::{MAX_FRAME, Nic};
-use crate::sys;
-use crate::virtio::Bump;
+/// Largest Ethernet frame (no FCS): 14-byte header and a 1500-byte payload.
+pub const MAX_FRAME: usize = 1514;
 
 pub const ETHERTYPE: u16 = 0x88B5;
 const ETH_HEADER: usize = 14;
@@ -141,22 +159,6 @@ pub enum Error {
 }
 
 impl Error {
-    /// `@kumo error what=mpi item=NAME [details]`.
-    pub fn report(self) {
-        let mut line = crate::Line::new();
-        let _ = write!(line, "@kumo error what=mpi item={}", self.name());
-        match self {
-            Error::TagMismatch { expected, got } => {
-                let _ = write!(line, " expected_tag={expected} got_tag={got}");
-            }
-            Error::Truncated { len, room } => {
-                let _ = write!(line, " len={len} room={room}");
-            }
-            _ => {}
-        }
-        line.emit();
-    }
-
     pub fn name(self) -> &'static str {
         match self {
             Error::BadRank => "bad-rank",
@@ -319,18 +321,23 @@ pub enum Request<'a> {
     Done(usize),
 }
 
-pub struct Mpi {
-    nic: Nic,
+pub struct Mpi<L: Link> {
+    nic: L,
     cfg: Config,
     peers: [Peer; MAX_RANKS],
     scratch: u64,
     pub stats: Stats,
 }
 
-impl Mpi {
-    /// Sets up the streams (a window-sized ring per rank, from `memory`) and finds
-    /// every other rank on the wire.
-    pub fn init(nic: Nic, cfg: Config, memory: &mut Bump) -> Result<Mpi, Error> {
+impl<L: Link> Mpi<L> {
+    /// Sets up the streams (a window-sized ring per rank, from `alloc(bytes)`, which
+    /// returns the address of memory that stays this MPI's) and finds every other
+    /// rank on the wire.
+    pub fn init(
+        nic: L,
+        cfg: Config,
+        mut alloc: impl FnMut(u64) -> Option<u64>,
+    ) -> Result<Mpi<L>, Error> {
         if cfg.size == 0 || cfg.size > MAX_RANKS || cfg.rank >= cfg.size {
             return Err(Error::BadRank);
         }
@@ -338,20 +345,14 @@ impl Mpi {
             nic,
             cfg,
             peers: [PEER; MAX_RANKS],
-            scratch: memory
-                .alloc(SCRATCH_BYTES, 4096)
-                .map_err(|_| Error::OutOfMemory)?,
+            scratch: alloc(SCRATCH_BYTES).ok_or(Error::OutOfMemory)?,
             stats: Stats::default(),
         };
         let rto = cfg.tsc_khz * RTO_MIN_MS;
         for (p, peer) in mpi.peers[..cfg.size].iter_mut().enumerate() {
-            peer.ring = memory
-                .alloc(cfg.window, 4096)
-                .map_err(|_| Error::OutOfMemory)?;
+            peer.ring = alloc(cfg.window).ok_or(Error::OutOfMemory)?;
             if p != cfg.rank {
-                peer.send_ring = memory
-                    .alloc(cfg.window, 4096)
-                    .map_err(|_| Error::OutOfMemory)?;
+                peer.send_ring = alloc(cfg.window).ok_or(Error::OutOfMemory)?;
             }
             peer.rto = rto;
             peer.cwnd = cfg.window;
@@ -359,7 +360,7 @@ impl Mpi {
         let me = &mut mpi.peers[cfg.rank];
         me.heard = true;
         me.confirmed = true;
-        me.mac = mpi.nic.mac;
+        me.mac = mpi.nic.mac();
         mpi.handshake()?;
         Ok(mpi)
     }
@@ -373,7 +374,7 @@ impl Mpi {
     }
 
     pub fn mac(&self) -> [u8; 6] {
-        self.nic.mac
+        self.nic.mac()
     }
 
     fn ms(&self, millis: u64) -> u64 {
@@ -381,11 +382,11 @@ impl Mpi {
     }
 
     fn handshake(&mut self) -> Result<(), Error> {
-        let start = sys::rdtsc();
+        let start = self.nic.now();
         let mut next_hello = start;
         let size = self.cfg.size;
         while !self.peers[..size].iter().all(|p| p.heard && p.confirmed) {
-            let now = sys::rdtsc();
+            let now = self.nic.now();
             if now >= next_hello {
                 self.send_hello(None);
                 next_hello = now + self.ms(HELLO_PERIOD_MS);
@@ -416,7 +417,7 @@ impl Mpi {
             Some(p) => (self.peers[p].mac, p as u16),
             None => (BROADCAST_MAC, BROADCAST_RANK),
         };
-        let (mac, rank, size) = (self.nic.mac, self.cfg.rank as u16, self.cfg.size as u64);
+        let (mac, rank, size) = (self.nic.mac(), self.cfg.rank as u16, self.cfg.size as u64);
         let sent = self.nic.send(|frame| {
             write_header(frame, dst_mac, mac, KIND_HELLO, rank, dst, 0);
             put64(frame, 22, heard);
@@ -432,7 +433,7 @@ impl Mpi {
     /// (flagged GAP if something arrived out of order since the last ACK).
     fn send_ack(&mut self, p: usize) -> bool {
         let peer = self.peers[p];
-        let (mac, rank) = (self.nic.mac, self.cfg.rank as u16);
+        let (mac, rank) = (self.nic.mac(), self.cfg.rank as u16);
         let sent = self.nic.send(|frame| {
             write_header(frame, peer.mac, mac, KIND_ACK, rank, p as u16, 0);
             frame[15] = if peer.gap_due { FLAG_GAP } else { 0 };
@@ -456,7 +457,7 @@ impl Mpi {
     /// allows, or, when `probe`, the first unacknowledged frame only.
     fn resend(&mut self, p: usize, probe: bool) {
         let window = self.cfg.window;
-        let (mac, rank) = (self.nic.mac, self.cfg.rank as u16);
+        let (mac, rank) = (self.nic.mac(), self.cfg.rank as u16);
         loop {
             let peer = self.peers[p];
             let from = if probe {
@@ -508,8 +509,8 @@ impl Mpi {
             stats,
             ..
         } = self;
-        let mac = nic.mac;
-        let now = sys::rdtsc();
+        let mac = nic.mac();
+        let now = nic.now();
         let arrived = nic.poll(64, |frame| handle_frame(cfg, peers, stats, mac, now, frame));
         let quarter = self.cfg.window / 4;
         for p in 0..self.cfg.size {
@@ -564,19 +565,19 @@ impl Mpi {
     /// stream moving.
     fn wait_for(
         &mut self,
-        mut step: impl FnMut(&mut Mpi) -> Result<bool, Error>,
+        mut step: impl FnMut(&mut Mpi<L>) -> Result<bool, Error>,
     ) -> Result<(), Error> {
         self.flush_acks();
         // Progress: stream bytes sent (new), received in order, consumed, and known
         // received by peers (resent frames are not progress).
-        let activity = |m: &Mpi| {
+        let activity = |m: &Mpi<L>| {
             m.peers[..m.cfg.size]
                 .iter()
                 .map(|p| p.sent + p.received + p.consumed + p.peer_received)
                 .sum::<u64>()
         };
         let mut last = activity(self);
-        let mut last_at = sys::rdtsc();
+        let mut last_at = self.nic.now();
         loop {
             let done = step(self)?;
             self.nic.flush();
@@ -584,7 +585,7 @@ impl Mpi {
                 return Ok(());
             }
             self.progress();
-            let now = sys::rdtsc();
+            let now = self.nic.now();
             if activity(self) != last {
                 last = activity(self);
                 last_at = now;
@@ -779,7 +780,7 @@ impl Mpi {
             if n == 0 {
                 break;
             }
-            let (mac, rank) = (self.nic.mac, self.cfg.rank as u16);
+            let (mac, rank) = (self.nic.mac(), self.cfg.rank as u16);
             let sent = self.nic.send(|frame| {
                 write_header(
                     frame,
@@ -805,7 +806,7 @@ impl Mpi {
             }
             let peer = &mut self.peers[op.dst];
             if peer.peer_received == peer.sent {
-                peer.progress_tsc = sys::rdtsc();
+                peer.progress_tsc = self.nic.now();
             }
             peer.sent += n as u64;
             peer.resend = peer.sent;
@@ -1072,17 +1073,17 @@ impl Mpi {
         self.barrier()?;
         // Until every peer has received all we sent (bounded: its last ACK may be
         // lost after it has left).
-        let linger = sys::rdtsc() + self.ms(LINGER_MS);
+        let linger = self.nic.now() + self.ms(LINGER_MS);
         self.flush_acks();
         while self.peers[..self.cfg.size]
             .iter()
             .any(|p| p.peer_received < p.sent)
-            && sys::rdtsc() < linger
+            && self.nic.now() < linger
         {
             self.progress();
             core::hint::spin_loop();
         }
-        let until = sys::rdtsc() + self.ms(self.cfg.timeout_ms);
+        let until = self.nic.now() + self.ms(self.cfg.timeout_ms);
         if self.nic.drain(until) {
             Ok(())
         } else {
@@ -1090,32 +1091,9 @@ impl Mpi {
         }
     }
 
-    /// `@kumo mpistats ...`: what the NIC and the protocol did.
-    pub fn report(&self) {
-        let (rx_kicks, tx_kicks) = self.nic.kicks();
-        let nic = self.nic.stats;
-        let mut line = crate::Line::new();
-        let _ = write!(
-            line,
-            "@kumo mpistats rank={} tx_frames={} rx_frames={} rx_bad={} tx_kicks={tx_kicks} \
-             rx_kicks={rx_kicks} interrupts={} sleeps={} hellos={} acks={} out_of_order={} \
-             duplicates={} resent={} timeouts={} dropped={} foreign={}",
-            self.cfg.rank,
-            nic.tx_frames,
-            nic.rx_frames,
-            nic.rx_bad,
-            self.nic.interrupts(),
-            nic.sleeps,
-            self.stats.hellos_sent,
-            self.stats.acks_sent,
-            self.stats.out_of_order,
-            self.stats.duplicates,
-            self.stats.resent,
-            self.stats.timeouts,
-            self.stats.dropped,
-            self.stats.foreign,
-        );
-        line.emit();
+    /// The link, for its own counters.
+    pub fn link(&self) -> &L {
+        &self.nic
     }
 }
 

@@ -18,8 +18,7 @@ pub const DEVICE_ID: u16 = 0x1041;
 pub const F_MAC: u64 = 1 << 5;
 /// `virtio_net_hdr` with VERSION_1 (num_buffers included).
 const NET_HDR: u64 = 12;
-/// Largest Ethernet frame (no FCS): 14-byte header and a 1500-byte payload.
-pub const MAX_FRAME: usize = 1514;
+pub use crate::mpi::MAX_FRAME;
 /// Each descriptor's buffer: header and frame, rounded up.
 const BUFFER: u64 = 2048;
 /// Ring size we ask for (the device's if smaller).
@@ -292,5 +291,35 @@ impl Nic {
     /// Interrupts taken on the queues' vector so far.
     pub fn interrupts(&self) -> u64 {
         pci::count(self.record)
+    }
+}
+
+impl crate::mpi::Link for Nic {
+    fn mac(&self) -> [u8; 6] {
+        self.mac
+    }
+
+    fn send(&mut self, build: impl FnOnce(&mut [u8]) -> usize) -> bool {
+        Nic::send(self, build)
+    }
+
+    fn flush(&mut self) {
+        Nic::flush(self)
+    }
+
+    fn poll(&mut self, limit: usize, handle: impl FnMut(&[u8])) -> usize {
+        Nic::poll(self, limit, handle)
+    }
+
+    fn wait(&mut self, until: u64) -> bool {
+        Nic::wait(self, until)
+    }
+
+    fn drain(&mut self, until: u64) -> bool {
+        Nic::drain(self, until)
+    }
+
+    fn now(&self) -> u64 {
+        crate::sys::rdtsc()
     }
 }

@@ -146,10 +146,10 @@ pub fn run(info: &BootInfo, plan: &Plan, spin_us: u64) -> bool {
         drop_every: plan.drop_every,
     };
     let start = sys::rdtsc();
-    let mut mpi = match Mpi::init(nic, cfg, &mut memory) {
+    let mut mpi = match Mpi::init(nic, cfg, |bytes| memory.alloc(bytes, 4096).ok()) {
         Ok(mpi) => mpi,
         Err(e) => {
-            e.report();
+            report_error(e);
             return false;
         }
     };
@@ -182,18 +182,63 @@ pub fn run(info: &BootInfo, plan: &Plan, spin_us: u64) -> bool {
         match outcome {
             Ok(verified) => ok &= verified,
             Err(e) => {
-                e.report();
-                mpi.report();
+                report_error(e);
+                report(&mpi);
                 return false;
             }
         }
     }
     if let Err(e) = mpi.finish() {
-        e.report();
+        report_error(e);
         ok = false;
     }
-    mpi.report();
+    report(&mpi);
     ok
+}
+
+/// `@kumo error what=mpi item=NAME [details]`.
+fn report_error(e: mpi::Error) {
+    let mut line = Line::new();
+    let _ = write!(line, "@kumo error what=mpi item={}", e.name());
+    match e {
+        mpi::Error::TagMismatch { expected, got } => {
+            let _ = write!(line, " expected_tag={expected} got_tag={got}");
+        }
+        mpi::Error::Truncated { len, room } => {
+            let _ = write!(line, " len={len} room={room}");
+        }
+        _ => {}
+    }
+    line.emit();
+}
+
+/// `@kumo mpistats ...`: what the NIC and the protocol did.
+fn report(mpi: &Mpi<Nic>) {
+    let nic = mpi.link();
+    let (rx_kicks, tx_kicks) = nic.kicks();
+    let (n, p) = (nic.stats, mpi.stats);
+    let mut line = Line::new();
+    let _ = write!(
+        line,
+        "@kumo mpistats rank={} tx_frames={} rx_frames={} rx_bad={} tx_kicks={tx_kicks} \
+         rx_kicks={rx_kicks} interrupts={} sleeps={} hellos={} acks={} out_of_order={} \
+         duplicates={} resent={} timeouts={} dropped={} foreign={}",
+        mpi.rank(),
+        n.tx_frames,
+        n.rx_frames,
+        n.rx_bad,
+        nic.interrupts(),
+        n.sleeps,
+        p.hellos_sent,
+        p.acks_sent,
+        p.out_of_order,
+        p.duplicates,
+        p.resent,
+        p.timeouts,
+        p.dropped,
+        p.foreign,
+    );
+    line.emit();
 }
 
 /// A slice of `len` bytes of fresh heap memory.
@@ -274,7 +319,7 @@ fn random_len(rng: &mut Rng) -> usize {
 /// random numbers, so each knows what to expect.
 fn check(
     info: &BootInfo,
-    mpi: &mut Mpi,
+    mpi: &mut Mpi<Nic>,
     memory: &mut Bump,
     plan: &Plan,
 ) -> Result<bool, mpi::Error> {
@@ -400,7 +445,7 @@ fn check(
 /// Barriers, bcast from every root, alltoall and alltoallv, allreduce sum/max/min over
 /// f64 and i64 (small, and large enough to go in chunks). Returns how many checks
 /// failed.
-fn collectives(mpi: &mut Mpi, memory: &mut Bump, seed: u64) -> Result<u64, mpi::Error> {
+fn collectives(mpi: &mut Mpi<Nic>, memory: &mut Bump, seed: u64) -> Result<u64, mpi::Error> {
     let (rank, size) = (mpi.rank(), mpi.size());
     let mut failed = 0u64;
     for _ in 0..10 {
@@ -505,7 +550,7 @@ fn collectives(mpi: &mut Mpi, memory: &mut Bump, seed: u64) -> Result<u64, mpi::
 /// trip is the latency. Other ranks only take part in the barriers.
 fn pingpong(
     info: &BootInfo,
-    mpi: &mut Mpi,
+    mpi: &mut Mpi<Nic>,
     memory: &mut Bump,
     plan: &Plan,
     sizes: &[u64],
