@@ -840,13 +840,17 @@ impl<L: Link> Mpi<L> {
             if magic != MESSAGE_MAGIC {
                 return Err(Error::Corrupt);
             }
+            // A receive that does not match ends here (with its error); the message
+            // stays for the next receive from that source.
             if tag != op.tag {
+                peer.recvs_done += 1;
                 return Err(Error::TagMismatch {
                     expected: op.tag,
                     got: tag,
                 });
             }
             if len > op.buf.len() as u64 {
+                peer.recvs_done += 1;
                 return Err(Error::Truncated {
                     len,
                     room: op.buf.len(),
@@ -1157,7 +1161,7 @@ fn handle_frame(
         KIND_DATA | KIND_ACK => {
             if kind == KIND_DATA && cfg.drop_every != 0 {
                 stats.data_seen += 1;
-                if stats.data_seen % cfg.drop_every == 0 {
+                if stats.data_seen.is_multiple_of(cfg.drop_every) {
                     stats.dropped += 1;
                     return;
                 }
