@@ -204,9 +204,9 @@ fn two_qemu_vms_run_the_mpi_check_and_a_ping_pong_busy_polling() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let outputs = pair(
         "spin",
-        "wait=spin net=check+pingpong:8,1024,65536,1048576 net_seed=11",
+        "wait=spin net=check+pingpong:8,1024,65536,262144 net_rounds=100 net_seed=11",
     );
-    assert_verified(&outputs, "spin", &[8, 1024, 65536, 1048576], true);
+    assert_verified(&outputs, "spin", &[8, 1024, 65536, 262144], true);
 }
 
 #[test]
