@@ -34,6 +34,74 @@ pub enum Command {
     Ctl(CtlArgs),
     /// Simulate a cluster under the credit scheduler (the same scheduler code).
     Sim(SimArgs),
+    /// An MPI job across VMs of this host, on domain 0's switch.
+    Mpi(MpiArgs),
+}
+
+/// How a guest's MPI rank waits for the network.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wait {
+    /// Busy-poll the NIC's rings (as MPI libraries do).
+    Spin,
+    /// Poll briefly, then halt until the NIC's interrupt.
+    Block,
+}
+
+#[derive(Args, Debug)]
+pub struct MpiArgs {
+    /// VMs, one MPI rank each.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub vms: u32,
+
+    /// vCPUs of each VM.
+    #[arg(long, value_name = "K", default_value_t = 1)]
+    pub vcpus: u32,
+
+    /// How ranks wait for messages.
+    #[arg(long, value_enum, default_value_t = Wait::Spin)]
+    pub wait: Wait,
+
+    /// Interrupt path of every NIC.
+    #[arg(long, value_name = "PATH", default_value = "generic", value_parser = irq_path)]
+    pub irq_path: hv::irq::IrqPath,
+
+    /// Print one JSON object per rank, then one for the job.
+    #[arg(long)]
+    pub json: bool,
+
+    /// The KVM device to open.
+    #[arg(long, value_name = "PATH", default_value = "/dev/kvm")]
+    pub kvm_device: PathBuf,
+
+    #[command(flatten)]
+    pub limits: LimitArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct NetBenchArgs {
+    /// Message sizes, comma-separated (K and M are binary units).
+    #[arg(long, value_name = "LIST", default_value = "8,1K,64K,1M")]
+    pub sizes: String,
+
+    /// Interrupt path of both NICs [default: both, side by side].
+    #[arg(long, value_name = "PATH", value_parser = irq_path)]
+    pub irq_path: Option<hv::irq::IrqPath>,
+
+    /// How the ranks wait [default: both, side by side].
+    #[arg(long, value_enum)]
+    pub wait: Option<Wait>,
+
+    /// Round trips per size [default: the guest's, 32 MiB / max(size, 16 KiB) + 10].
+    #[arg(long, value_name = "N")]
+    pub rounds: Option<u32>,
+
+    /// Print one JSON object per size and setting.
+    #[arg(long)]
+    pub json: bool,
+
+    /// The KVM device to open.
+    #[arg(long, value_name = "PATH", default_value = "/dev/kvm")]
+    pub kvm_device: PathBuf,
 }
 
 #[derive(Args, Debug)]
@@ -129,6 +197,8 @@ pub enum BenchCommand {
     Wake(WakeArgs),
     /// Interrupt latency of the test device, generic path vs fast path.
     Irq(IrqBenchArgs),
+    /// Ping-pong latency and bandwidth between two VMs through domain 0's switch.
+    Net(NetBenchArgs),
 }
 
 fn irq_path(text: &str) -> Result<hv::irq::IrqPath, String> {

@@ -7,6 +7,7 @@ pub mod ctl;
 pub mod guest;
 pub mod input;
 pub mod irq;
+pub mod mpi;
 pub mod native;
 pub mod node;
 pub mod node_config;

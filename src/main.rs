@@ -32,6 +32,7 @@ fn main() -> ExitCode {
     let vm = &cli.vm;
     let limits = match &cli.command {
         Some(Command::Node(args)) => args.limits.limits(),
+        Some(Command::Mpi(args)) => args.limits.limits(),
         _ => vm.limits.limits(),
     };
     hv::stop::set_default_limits(limits);
@@ -48,6 +49,8 @@ fn main() -> ExitCode {
             kumo::switch::run_switch(args, epoch)
         }
         (Some(Command::Bench(BenchCommand::Irq(args))), _, _) => kumo::irq::run_bench(args, epoch),
+        (Some(Command::Bench(BenchCommand::Net(args))), _, _) => kumo::mpi::run_bench(args, epoch),
+        (Some(Command::Mpi(args)), _, _) => kumo::mpi::run_mpi(args, epoch),
         (None, Some(path), _) => run::dump_guest(path),
         (None, None, None) if vm.irq_check => kumo::irq::run_check(vm, epoch),
         (None, None, Some(kernel)) => run::run_kernel(vm, kernel, epoch),

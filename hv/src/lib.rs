@@ -26,6 +26,7 @@ pub mod irq;
 pub mod irq_device;
 mod kvm;
 pub mod layout;
+pub mod net;
 pub mod placement;
 pub mod regs;
 pub mod stop;
