@@ -295,6 +295,11 @@ impl SendOp<'_> {
             let n = (MESSAGE_HEADER - offset).min(out.len());
             out[..n].copy_from_slice(&self.header[offset..offset + n]);
             at = n;
+            if at == out.len() {
+                // A piece within the header (little credit left): no data bytes, and
+                // `offset + at` may still be short of the header's end.
+                return;
+            }
         }
         let from = offset + at - MESSAGE_HEADER;
         let rest = out.len() - at;
