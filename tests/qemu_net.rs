@@ -242,3 +242,46 @@ fn two_qemu_vms_on_a_udp_dgram_wire_verify_despite_its_losses() {
     let outputs = dgram_pair("wait=spin net=check+pingpong:8,65536 net_rounds=60 net_seed=14");
     assert_verified(&outputs, "spin", &[8, 65536], false);
 }
+
+#[test]
+fn a_kumo_vm_and_a_qemu_vm_share_one_wire_and_both_verify() {
+    if !kvm_available() || !qemu_available() {
+        return;
+    }
+    let guest = dumped_guest();
+    let socket = scratch("kumo-qemu.sock");
+    let _ = std::fs::remove_file(&socket);
+    let path = socket.to_str().unwrap().to_owned();
+    // QEMU's rank 1 listens; kumo's rank 0 connects (it waits for the socket).
+    let server = format!("stream,id=n0,server=on,addr.type=unix,addr.path={path}");
+    let mut qemu = vm(&guest, &server, 1, "net=check");
+    let peer = std::thread::spawn(move || run_with_hang_guard(&mut qemu));
+    let wire = format!("unix:{path}");
+    let ours = kumo(&[
+        "mpi",
+        "--vms",
+        "1",
+        "--job-size",
+        "2",
+        "--wire",
+        &wire,
+        "--json",
+        "--timeout",
+        "120",
+    ]);
+    let theirs = peer.join().unwrap();
+    let _ = std::fs::remove_file(&socket);
+    assert_eq!(ours.status.code(), Some(0), "{}", text(&ours.stderr));
+    let rows = json_lines(&ours);
+    assert_eq!(
+        rows[0]["rank"],
+        serde_json::json!(0),
+        "{}",
+        text(&ours.stdout)
+    );
+    assert_eq!(rows[0]["verified"], serde_json::json!(true));
+    let stdout = text(&theirs.stdout);
+    let check = lines(&stdout, "netcheck");
+    assert_eq!(check.len(), 1, "QEMU's rank 1:\n{stdout}");
+    assert_eq!(field(check[0], "verified"), "true", "{}", check[0]);
+}
