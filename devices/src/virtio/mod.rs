@@ -22,6 +22,9 @@ pub mod chain;
 pub mod net;
 pub mod transport;
 
+#[cfg(test)]
+mod tests;
+
 pub use transport::{NotifyDoorbell, TransportAction, VirtioPciDevice};
 
 /// PCI vendor ID of every virtio device.

@@ -466,10 +466,15 @@ impl<M: GuestMemory + Send + Sync> VirtioNet<M> {
                 if active.features & feature::MQ != 0 =>
             {
                 let pairs = u16::from_le_bytes([low, high]);
-                let ready = (0..pairs).all(|p| {
-                    (2 * p..2 * p + 2).all(|q| active.queue(q).is_some_and(|queue| queue.ready()))
-                });
-                if pairs >= 1 && pairs <= self.config.queue_pairs && ready {
+                // Range first: the control queue (locked by our caller) follows the
+                // last pair, so it must not be looked at as a pair's queue.
+                let in_range = pairs >= 1 && pairs <= self.config.queue_pairs;
+                let ready = in_range
+                    && (0..pairs).all(|p| {
+                        (2 * p..2 * p + 2)
+                            .all(|q| active.queue(q).is_some_and(|queue| queue.ready()))
+                    });
+                if ready {
                     active.pairs_in_use.store(pairs, Ordering::Relaxed);
                     CTRL_OK
                 } else {
