@@ -25,12 +25,19 @@
 //! guest that gives each vCPU's rank its own MAC gets each rank's traffic on its own
 //! pair.
 //!
+//! Threads: each queue has its own lock, so one backend thread per queue pair can
+//! run [`VirtioNet::transmit`] and RX in parallel. The intended lock order is a NIC's
+//! queue, then the switch (as in `transmit(p, |f| switch.lock().ingress(..))` and
+//! `receive_batch(|rx| switch.lock().egress(port, |f| rx.push(f).consumed()))`); never
+//! call into a NIC while holding the switch unless through these closures. A driver
+//! reset quiesces the data path before the transport reports it.
+//!
 //! Malformed chains (broken, looping, wrong direction, outside guest memory, too
 //! long) are returned to the guest as used with length 0 and counted; nothing a guest
 //! writes into its rings can make this code panic or write outside the buffers the
 //! chain offered (and the used ring).
 
-use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
@@ -172,14 +179,19 @@ struct Active {
     queues: Vec<Mutex<Queue>>,
     interrupt: Arc<dyn VirtioInterrupt>,
     pairs_in_use: AtomicU16,
+    /// Set by reset: the queues belong to a driver instance that is gone.
+    dead: AtomicBool,
     /// (source MAC, pair) of recent transmissions, newest last.
     steering: Mutex<Vec<([u8; 6], u16)>>,
 }
 
 impl Active {
+    /// Queue `index`, locked; `None` once the device was reset (so a backend thread
+    /// that still holds this `Active` stops touching the old driver's rings).
     fn queue(&self, index: u16) -> Option<MutexGuard<'_, Queue>> {
         let queue = self.queues.get(usize::from(index))?;
-        Some(queue.lock().unwrap_or_else(|e| e.into_inner()))
+        let guard = queue.lock().unwrap_or_else(|e| e.into_inner());
+        (!self.dead.load(Ordering::SeqCst)).then_some(guard)
     }
 
     fn learn(&self, frame: &[u8], pair: u16) {
@@ -680,13 +692,26 @@ impl<M: GuestMemory + Send + Sync> VirtioDevice for VirtioNet<M> {
             queues: queues.into_iter().map(Mutex::new).collect(),
             interrupt,
             pairs_in_use: AtomicU16::new(1),
+            dead: AtomicBool::new(false),
             steering: Mutex::new(Vec::new()),
         };
         *self.active.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(active));
         Ok(())
     }
 
+    /// Quiesces: once this returns, no backend thread touches the old rings (one in
+    /// the middle of a pass finishes it first; any later one finds the queues dead).
     fn reset(&self) {
-        *self.active.write().unwrap_or_else(|e| e.into_inner()) = None;
+        let old = self
+            .active
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(active) = old {
+            active.dead.store(true, Ordering::SeqCst);
+            for queue in &active.queues {
+                drop(queue.lock().unwrap_or_else(|e| e.into_inner()));
+            }
+        }
     }
 }

@@ -1184,3 +1184,23 @@ fn interrupt_causes_map_to_the_chosen_vectors() {
     irq.trigger(InterruptCause::Queue(1));
     assert_eq!(d.rec.sent.lock().unwrap().len(), 2);
 }
+
+#[test]
+fn after_reset_the_old_rings_are_left_alone() {
+    let mem = memory();
+    let (n, mut rings, _) = active_net(1, &mem);
+    rings[0].desc(&mem, 0, 0x20000, 2048, WRITE, 0);
+    rings[0].offer(&mem, 0);
+    let f = frame(mac(9), mac(1), 20, 0);
+    mem.write_slice(&[0; HEADER_LEN], GuestAddress(0x21000))
+        .unwrap();
+    mem.write_slice(&f, GuestAddress(0x2100c)).unwrap();
+    rings[1].desc(&mem, 0, 0x21000, (HEADER_LEN + f.len()) as u32, 0, 0);
+    rings[1].offer(&mem, 0);
+    n.reset();
+    assert!(!n.is_active());
+    assert_eq!(n.receive(&f), RxOutcome::Inactive);
+    assert_eq!(n.transmit(0, |_| true).frames, 0);
+    assert_eq!((rings[0].used_idx(&mem), rings[1].used_idx(&mem)), (0, 0));
+    assert_eq!(n.stats().rx_inactive, 1);
+}
