@@ -26,6 +26,14 @@
 //! RX buffers. The switch only decides where a frame goes from its header, so a
 //! zero-intermediate-copy path (TX buffers straight into RX buffers when the
 //! destination has room) can be added beside this one without changing the policy.
+//!
+//! What the intermediate copy costs (`cargo bench -p devices --bench net`, release,
+//! 2026-11-23 on the shared 2-core build host, medians; noisy): a whole guest-to-guest
+//! hop (TX gather, switch, RX scatter, both used rings, no exits or injections) takes
+//! about 1.0 µs for a 64-byte frame, 1.7 µs for 1514 bytes and 5.1 µs for 64 KiB; the
+//! switch's own allocate-and-copy is 0.06, 0.17 and 1.9 µs of that (6 %, 10 %, 36 %).
+//! So the direct copy matters for large frames only; for MPI's small messages the
+//! per-frame ring work dominates.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
