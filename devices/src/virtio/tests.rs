@@ -1204,3 +1204,106 @@ fn after_reset_the_old_rings_are_left_alone() {
     assert_eq!((rings[0].used_idx(&mem), rings[1].used_idx(&mem)), (0, 0));
     assert_eq!(n.stats().rx_inactive, 1);
 }
+
+/// One guest access to the transport.
+#[derive(Debug, Clone)]
+enum Access {
+    Bar(u64, Vec<u8>),
+    BarRead(u64, usize),
+    Config(usize, Vec<u8>),
+    ConfigRead(usize, usize),
+    /// A plausible register write (so sequences get past negotiation).
+    Common(usize, u64, usize),
+    /// A doorbell write for queue `.0` (which may not exist).
+    Notify(u64),
+}
+
+fn p_access() -> impl Strategy<Value = Access> {
+    let data = proptest::collection::vec(any::<u8>(), 1..9);
+    let common_field = proptest::sample::select(vec![
+        (0x00usize, 4usize),
+        (0x08, 4),
+        (0x0c, 4),
+        (0x10, 2),
+        (0x14, 1),
+        (0x16, 2),
+        (0x18, 2),
+        (0x1a, 2),
+        (0x1c, 2),
+        (0x20, 8),
+        (0x28, 8),
+        (0x30, 8),
+    ]);
+    let value = prop_oneof![
+        Just(0u64),
+        Just(1),
+        Just(0x0b),
+        Just(0x0f),
+        Just(features::VERSION_1 >> 32),
+        Just(0x10000),
+        Just(0x10400),
+        Just(0x10800),
+        any::<u64>(),
+    ];
+    prop_oneof![
+        1 => (0..BAR_SIZE + 16, data.clone()).prop_map(|(o, d)| Access::Bar(o, d)),
+        1 => (0..BAR_SIZE + 16, 1usize..9).prop_map(|(o, l)| Access::BarRead(o, l)),
+        1 => (0usize..0x110, data).prop_map(|(o, d)| Access::Config(o, d)),
+        1 => (0usize..0x110, 1usize..9).prop_map(|(o, l)| Access::ConfigRead(o, l)),
+        4 => (common_field, value).prop_map(|((o, w), v)| Access::Common(o, v, w)),
+        2 => (0u64..8).prop_map(Access::Notify),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Whatever the guest does to the registers, the transport neither panics nor
+    /// reports an action it should not: Activated only with DRIVER_OK newly set and
+    /// the device live, QueueNotify only for a queue that exists while live.
+    #[test]
+    fn arbitrary_register_accesses_never_panic(
+        accesses in proptest::collection::vec(p_access(), 1..64),
+        live_first in any::<bool>(),
+    ) {
+        let d = Driver::new(2);
+        if live_first {
+            let (action, _) = d.bring_up(features::VERSION_1 | feature::CTRL_VQ | feature::MQ);
+            prop_assert_eq!(action, TransportAction::Activated);
+        }
+        for access in accesses {
+            let was_live = d.status() & status::DRIVER_OK != 0;
+            let action = match access {
+                Access::Bar(o, data) => d.dev.write_bar(0, o, &data),
+                Access::BarRead(o, len) => {
+                    let mut data = vec![0; len];
+                    d.dev.read_bar(0, o, &mut data);
+                    TransportAction::None
+                }
+                Access::Config(o, data) => d.dev.write_config(o, &data),
+                Access::ConfigRead(o, len) => {
+                    let mut data = vec![0; len];
+                    d.dev.read_config(o, &mut data);
+                    TransportAction::None
+                }
+                Access::Common(o, v, w) => d.write(o, v, w),
+                Access::Notify(q) => d.dev.write_bar(0, NOTIFY_OFFSET + 4 * q, &[0, 0]),
+            };
+            match action {
+                TransportAction::Activated => {
+                    prop_assert!(!was_live && d.net.is_active());
+                }
+                TransportAction::QueueNotify(q) => {
+                    prop_assert!(was_live && q < 5);
+                }
+                TransportAction::Reset => prop_assert!(!d.net.is_active()),
+                TransportAction::None => {}
+            }
+            if d.net.is_active() {
+                let _ = d.net.transmit(0, |_| true);
+                let _ = d.net.receive(&frame(mac(1), mac(2), 10, 0));
+                let _ = d.net.process_ctrl();
+            }
+        }
+    }
+}
