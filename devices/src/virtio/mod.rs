@@ -13,6 +13,35 @@
 //! KVM-free: guest memory is any `vm_memory::GuestMemory`, interrupts leave through
 //! [`crate::pci::MsixSink`], queue notifications arrive as calls from the VMM (which
 //! normally serves the notify doorbells with ioeventfds).
+//!
+//! # Wiring a NIC (what the VMM does)
+//!
+//! 1. `let nic = Arc::new(VirtioNet::new(NetConfig { mac, queue_pairs, queue_size },
+//!    guest_memory.clone())?)`, then `VirtioPciDevice::new(nic.clone(), sink, actions)?`
+//!    where `sink` is the VMM's [`crate::pci::MsixSink`] for the domain's `irq_path`
+//!    (the same types that serve the interrupt test device) and `actions` its
+//!    [`transport::ActionSink`]. `place_bar(addr)` (32 KiB, from the `BarAllocator`),
+//!    then `PciBus::add`.
+//! 2. Actions arrive on the vCPU thread that made the access, with no transport lock
+//!    held (the sink may call back into the transport):
+//!    - `Activated`: for each [`NotifyDoorbell`] register an ioeventfd at the BAR's
+//!      address + `offset` (4 bytes, no datamatch) and start the backend; tell the
+//!      switch the port is up.
+//!    - `QueueNotify(q)`: the fallback when a doorbell write reached the model; do what
+//!      the ioeventfd of queue `q` would have done.
+//!    - `Reset`: the device has already stopped touching the rings; unregister the
+//!      ioeventfds, stop the backend, take the switch port down (its queued frames are
+//!      discarded and counted).
+//! 3. The backend (domain 0) maps a woken queue with `nic.queue_role(q)`:
+//!    - `Tx(p)`: `nic.transmit(p, |frame| switch.ingress(port, frame).taken())`; if the
+//!      report says `stopped`, wait until an egress names `port` in `unblocked`.
+//!    - `Rx(_)` (the guest posted buffers) and whenever the switch has frames for the
+//!      port: `nic.receive_batch(|rx| switch.egress(port, |f| rx.push(f).consumed()))`,
+//!      then resume the TX of every source in the result's `unblocked`.
+//!    - `Ctrl`: `nic.process_ctrl()`.
+//!
+//!    Interrupts are raised inside these calls, through the transport, at most once
+//!    per queue per call.
 
 use std::sync::Arc;
 

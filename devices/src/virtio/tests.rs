@@ -1307,3 +1307,43 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_multiqueue_driver_comes_up_through_the_transport() {
+    // What the VMM does with each action, as a Linux-like driver brings up 2 pairs.
+    let d = Driver::new(2);
+    let (action, mut rings) = d.bring_up(features::VERSION_1 | feature::CTRL_VQ | feature::MQ);
+    assert_eq!(action, TransportAction::Activated);
+    assert_eq!(rings.len(), 5);
+    assert_eq!(d.dev.notify_doorbells().len(), 5);
+    let mut cfg = [0u8; 2];
+    d.dev.read_bar(0, DEVICE_CONFIG_OFFSET + 8, &mut cfg);
+    assert_eq!(u16::from_le_bytes(cfg), 2, "max_virtqueue_pairs");
+    // VQ_PAIRS_SET 2 on the control queue, then its doorbell.
+    let mem = &d.mem;
+    mem.write_slice(&[4, 0, 2, 0], GuestAddress(0x30000))
+        .unwrap();
+    rings[4].desc(mem, 0, 0x30000, 4, NEXT, 1);
+    rings[4].desc(mem, 1, 0x30100, 1, WRITE, 0);
+    rings[4].offer(mem, 0);
+    let action = d
+        .dev
+        .write_bar(0, NOTIFY_OFFSET + 4 * 4, &4u16.to_le_bytes());
+    let TransportAction::QueueNotify(q) = action else {
+        panic!("expected a notification, got {action:?}");
+    };
+    assert_eq!(d.net.queue_role(q), Some(super::net::QueueRole::Ctrl));
+    assert_eq!(d.net.process_ctrl(), 1);
+    assert_eq!(d.net.queue_pairs_in_use(), 2);
+    // The control queue's used buffer raised its vector (queue 4 -> vector 5).
+    assert_eq!(d.rec.sent.lock().unwrap().last().map(|s| s.0), Some(5));
+    assert_eq!(
+        [0, 1, 2, 3].map(|q| d.net.queue_role(q)),
+        [
+            Some(super::net::QueueRole::Rx(0)),
+            Some(super::net::QueueRole::Tx(0)),
+            Some(super::net::QueueRole::Rx(1)),
+            Some(super::net::QueueRole::Tx(1)),
+        ]
+    );
+}
