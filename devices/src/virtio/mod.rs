@@ -34,7 +34,8 @@
 //!      discarded and counted).
 //! 3. The backend (domain 0) maps a woken queue with `nic.queue_role(q)`:
 //!    - `Tx(p)`: `nic.transmit(p, |frame| switch.ingress(port, frame).taken())`; if the
-//!      report says `stopped`, wait until an egress names `port` in `unblocked`.
+//!      report says `stopped`, wait until an egress names `port` in `unblocked`; if it
+//!      says `more`, call again after serving the other queues.
 //!    - `Rx(_)` (the guest posted buffers) and whenever the switch has frames for the
 //!      port: `nic.receive_batch(|rx| switch.egress(port, |f| rx.push(f).consumed()))`,
 //!      then resume the TX of every source in the result's `unblocked`.

@@ -150,6 +150,9 @@ pub struct TxReport {
     pub malformed: usize,
     /// The caller refused a frame (back-pressure): call again when it can take more.
     pub stopped: bool,
+    /// The pass used up its budget (one ring's worth of chains) with more possibly
+    /// queued: call again after serving the other queues (no notification will come).
+    pub more: bool,
 }
 
 /// What became of a frame offered for reception.
@@ -323,8 +326,8 @@ impl<M: GuestMemory + Send + Sync> VirtioNet<M> {
             .clone()
     }
 
-    /// Takes every frame the guest queued on TX queue pair `pair` and hands each to
-    /// `send`, which returns false to refuse it (back-pressure: the frame stays in the
+    /// Takes the frames the guest queued on TX queue pair `pair` (at most one ring's
+    /// worth; see [`TxReport::more`]) and hands each to `send`, which returns false to refuse it (back-pressure: the frame stays in the
     /// guest's ring, unconsumed, and this pass stops; call again when the destination
     /// can take more). Raises the TX interrupt if the guest wants one.
     pub fn transmit(&self, pair: u16, mut send: impl FnMut(&[u8]) -> bool) -> TxReport {
@@ -345,10 +348,22 @@ impl<M: GuestMemory + Send + Sync> VirtioNet<M> {
         let mem = &self.mem;
         let mut frame = Vec::new();
         let mut used = 0usize;
+        // One ring's worth per call, so a guest that keeps queueing cannot hold this
+        // backend thread (and the other ports it serves) forever.
+        let budget = usize::from(queue.size());
+        let mut taken = 0usize;
         'drain: loop {
             let mut popped = 0usize;
-            while let Some(chain) = queue.pop_descriptor_chain(mem) {
+            loop {
+                if taken == budget {
+                    report.more = true;
+                    break 'drain;
+                }
+                let Some(chain) = queue.pop_descriptor_chain(mem) else {
+                    break;
+                };
                 popped += 1;
+                taken += 1;
                 let head = chain.head_index();
                 frame.clear();
                 let result = chain::walk(chain, Direction::DeviceReads, HEADER_LEN + MAX_FRAME_LEN)

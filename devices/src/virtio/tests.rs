@@ -1347,3 +1347,26 @@ fn a_multiqueue_driver_comes_up_through_the_transport() {
         ]
     );
 }
+
+#[test]
+fn a_guest_that_keeps_queueing_gets_one_ring_per_pass() {
+    let mem = memory();
+    let (n, mut rings, _) = active_net(1, &mem);
+    let f = frame(mac(9), mac(1), 20, 0);
+    mem.write_slice(&[0; HEADER_LEN], GuestAddress(0x21000))
+        .unwrap();
+    mem.write_slice(&f, GuestAddress(0x2100c)).unwrap();
+    rings[1].desc(&mem, 0, 0x21000, (HEADER_LEN + f.len()) as u32, 0, 0);
+    rings[1].offer(&mem, 0);
+    // The "guest" re-queues the chain every time the device takes it.
+    let mut tx = rings[1];
+    let report = n.transmit(0, |_| {
+        tx.offer(&mem, 0);
+        true
+    });
+    assert_eq!(report.frames, usize::from(QSIZE));
+    assert!(report.more && !report.stopped);
+    assert_eq!(tx.used_idx(&mem), QSIZE);
+    let report = n.transmit(0, |_| true);
+    assert_eq!((report.frames, report.more), (1, false));
+}
