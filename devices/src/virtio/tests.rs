@@ -371,7 +371,12 @@ fn features_ok_is_refused_for_unknown_features_and_without_version_1() {
     assert_ne!(offered & features::VERSION_1, 0);
     assert_ne!(offered & feature::MAC, 0);
     assert_eq!(offered & feature::MQ, 0, "one pair: no MQ");
-    let _ = d.set_status(status::ACKNOWLEDGE | status::DRIVER);
+    let _ = d.set_status(status::ACKNOWLEDGE | status::DRIVER | status::DEVICE_NEEDS_RESET);
+    assert_eq!(
+        d.status(),
+        status::ACKNOWLEDGE | status::DRIVER,
+        "NEEDS_RESET is the device's"
+    );
     // An unknown feature (bit 41) is refused.
     d.set_driver_features(features::VERSION_1 | (1 << 41));
     let _ = d.set_status(status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK);
