@@ -21,19 +21,24 @@
 //!   frames queued for a port when it goes down (its driver reset). A port that goes
 //!   down forgets its MACs, so frames for them are flooded to the ports that are up.
 //!
-//! The data path copies each frame once, from the sender's TX buffers into a shared
-//! buffer (`Arc`, so a flood does not copy again), and once more into each receiver's
-//! RX buffers. The switch only decides where a frame goes from its header, so a
-//! zero-intermediate-copy path (TX buffers straight into RX buffers when the
-//! destination has room) can be added beside this one without changing the policy.
+//! Two data paths. **Direct**: [`Switch::route`] looks at a frame's header while it
+//! is still in the sender's TX buffers; a unicast frame to a learned port with nothing
+//! from this sender queued there is copied by the NICs straight from the sender's TX
+//! buffers into the receiver's RX buffers (`RxBatch::push_frame`), one copy, no
+//! switch queue. **Switched** (floods, a receiver without buffers, a sender with
+//! frames already queued): [`Switch::ingress`] copies the frame into a shared buffer
+//! (`Arc`, so a flood does not copy again) and egress copies it into each receiver's
+//! RX buffers. A direct frame that finds no RX buffer falls back to the switched path,
+//! and from then on the sender's frames to that port queue behind it, so order holds.
 //!
-//! What the intermediate copy costs (`cargo bench -p devices --bench net`, release,
-//! 2026-11-23 on the shared 2-core build host, medians; noisy): a whole guest-to-guest
-//! hop (TX gather, switch, RX scatter, both used rings, no exits or injections) takes
-//! about 1.0 µs for a 64-byte frame, 1.7 µs for 1514 bytes and 5.1 µs for 64 KiB; the
-//! switch's own allocate-and-copy is 0.06, 0.17 and 1.9 µs of that (6 %, 10 %, 36 %).
-//! So the direct copy matters for large frames only; for MPI's small messages the
-//! per-frame ring work dominates.
+//! What the two paths cost (`cargo bench -p devices --bench net`, release, 2026-11-23
+//! on the shared 2-core build host at load 8, so medians of three runs disagree by up
+//! to 2x; compare within a run): one guest-to-guest hop without exits or injections
+//! (TX chain, routing, RX chain, both used rings) takes about 1 µs for a 64-byte
+//! frame either way (ring work dominates; the switched path's allocate-and-copy is
+//! 30-60 ns of it); for 1514 bytes direct is 0.69-1.16 µs against 0.93-1.64 µs
+//! switched (direct/switched 0.71-0.74 within a run); for 64 KiB 1.8 µs against
+//! 5.1-12.9 µs (0.14-0.35).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -100,6 +105,16 @@ pub enum DropReason {
     BadSource,
 }
 
+/// Where a frame can go, decided from its header alone ([`Switch::route`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// Straight to this port's guest (copy TX buffers into its RX buffers), then
+    /// [`Switch::delivered_direct`]; if it has no buffer, [`Switch::ingress`] instead.
+    Direct(PortId),
+    /// Through the switch's queues: [`Switch::ingress`] with the frame's bytes.
+    Switched,
+}
+
 /// What an egress pass did.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Egress {
@@ -120,6 +135,9 @@ pub struct SwitchStats {
     pub delivered: u64,
     /// Frames that had to be flooded.
     pub flooded: u64,
+    /// Frames copied straight from the sender's guest to the receiver's (also
+    /// counted in `received` and `delivered`).
+    pub direct: u64,
     /// Times a source was blocked by a full destination.
     pub held: u64,
     pub runts: u64,
@@ -393,6 +411,49 @@ impl Switch {
             });
         }
         Ingress::Held
+    }
+
+    /// Decides from a frame's first bytes (at least its Ethernet header) and length
+    /// whether it can skip the queues: unicast to a learned port other than the
+    /// source, with nothing from `source` still queued there (so order holds) and
+    /// `source` not blocked. Learns the source MAC. Everything else (floods,
+    /// malformed frames, a blocked source) is [`Route::Switched`].
+    pub fn route(&mut self, source: PortId, header: &[u8], len: usize) -> Route {
+        let usable = self
+            .port(source)
+            .is_some_and(|p| p.up && p.parked.is_none());
+        if !usable
+            || header.len() < ETHERNET_HEADER_LEN
+            || len < ETHERNET_HEADER_LEN
+            || len > self.config.max_frame
+        {
+            return Route::Switched;
+        }
+        self.learn(source, header);
+        if is_group(&header[..6]) {
+            return Route::Switched;
+        }
+        let mut mac = [0u8; 6];
+        mac.copy_from_slice(&header[..6]);
+        match self.macs.get(&mac) {
+            Some(&port)
+                if port != source
+                    && self
+                        .port(port)
+                        .is_some_and(|p| p.up && p.inbox[source].is_empty()) =>
+            {
+                Route::Direct(port)
+            }
+            _ => Route::Switched,
+        }
+    }
+
+    /// A frame [`Switch::route`] sent straight from `source` to its destination was
+    /// delivered: count it.
+    pub fn delivered_direct(&mut self) {
+        self.stats.received += 1;
+        self.stats.delivered += 1;
+        self.stats.direct += 1;
     }
 
     /// Offers the frames waiting for `destination` to `deliver`, round-robin over

@@ -33,9 +33,14 @@
 //!      ioeventfds, stop the backend, take the switch port down (its queued frames are
 //!      discarded and counted).
 //! 3. The backend (domain 0) maps a woken queue with `nic.queue_role(q)`:
-//!    - `Tx(p)`: `nic.transmit(p, |frame| switch.ingress(port, frame).taken())`; if the
-//!      report says `stopped`, wait until an egress names `port` in `unblocked`; if it
-//!      says `more`, call again after serving the other queues.
+//!    - `Tx(p)`: `nic.transmit(p, |frame| switch.ingress(port, frame).taken())`, or
+//!      with the direct path `nic.transmit_frames(p, |f| ..)`: on
+//!      `switch.route(port, f.header(), f.len())` = `Direct(dst)`,
+//!      `nics[dst].receive_batch(|rx| rx.push_frame(f))` and, if delivered,
+//!      `switch.delivered_direct()`, else `switch.ingress(port, f.bytes())` (release
+//!      the switch's lock between the calls). If the report says `stopped`, wait until
+//!      an egress names `port` in `unblocked`; if it says `more`, call again after
+//!      serving the other queues.
 //!    - `Rx(_)` (the guest posted buffers) and whenever the switch has frames for the
 //!      port: `nic.receive_batch(|rx| switch.egress(port, |f| rx.push(f).consumed()))`,
 //!      then resume the TX of every source in the result's `unblocked`.

@@ -1147,6 +1147,47 @@ proptest! {
             queues: vec![rx.queue(), tx.queue()],
             interrupt: rec.clone(),
         });
+        // A second guest with 16 good 2 KiB RX buffers takes the first frames
+        // straight from these TX buffers.
+        let mem_b: Mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), P_MEM)]).unwrap();
+        let b = net(1, &mem_b);
+        let mut rx_b = Ring {
+            desc: 0x1000,
+            avail: 0x3000,
+            used: 0x6000,
+            size: QSIZE,
+            next_avail: 0,
+        };
+        for i in 0..QSIZE {
+            rx_b.desc(&mem_b, i, P_BUFFERS + 0x800 * u64::from(i), 0x800, WRITE, 0);
+            rx_b.offer(&mem_b, i);
+        }
+        let tx_b = Ring::at(0x2000, QSIZE);
+        b.activate(Activation {
+            features: features::VERSION_1,
+            queues: vec![rx_b.queue(false), tx_b.queue(false)],
+            interrupt: rec.clone(),
+        })
+        .unwrap();
+        let mut before_b = vec![0u8; P_MEM];
+        mem_b.read_slice(&mut before_b, GuestAddress(0)).unwrap();
+        let mut direct = 0;
+        let _ = n.transmit_frames(0, |f| {
+            direct += 1;
+            direct <= stop_after && b.receive_batch(|rx| rx.push_frame(f)).consumed()
+        });
+        let mut after_b = vec![0u8; P_MEM];
+        mem_b.read_slice(&mut after_b, GuestAddress(0)).unwrap();
+        for (at, (x, y)) in before_b.iter().zip(&after_b).enumerate() {
+            let ok = at as u64 >= P_BUFFERS || (0x6000..0x6000 + 6 + 8 * u64::from(QSIZE)).contains(&(at as u64));
+            prop_assert!(x == y || ok, "guest B's byte {:#x} changed outside its RX buffers", at);
+        }
+        let delivered = rx_b.used_idx(&mem_b);
+        prop_assert_eq!(u64::from(delivered), b.stats().rx_frames + b.stats().rx_malformed);
+        for i in 0..delivered {
+            prop_assert!(rx_b.used(&mem_b, i).1 <= 0x800);
+        }
+
         let mut sent = 0;
         let mut oversize = false;
         let _ = n.transmit(0, |f| {
@@ -1374,4 +1415,96 @@ fn a_guest_that_keeps_queueing_gets_one_ring_per_pass() {
     assert_eq!(tx.used_idx(&mem), QSIZE);
     let report = n.transmit(0, |_| true);
     assert_eq!((report.frames, report.more), (1, false));
+}
+
+#[test]
+fn unicast_frames_go_straight_from_tx_buffers_into_rx_buffers_in_order() {
+    use crate::net::switch::Route;
+    let (mem_a, mem_b) = (memory(), memory());
+    let (a, mut rings_a, _) = active_net(1, &mem_a);
+    let (b, mut rings_b, _) = active_net(1, &mem_b);
+    let mut switch = Switch::new(SwitchConfig::default());
+    let (pa, pb) = (switch.add_port(), switch.add_port());
+    let b_mac = mac(0xb);
+    let hello = frame([0xff; 6], b_mac, 10, 0);
+    mem_b
+        .write_slice(&[0; HEADER_LEN], GuestAddress(0x20000))
+        .unwrap();
+    mem_b.write_slice(&hello, GuestAddress(0x2000c)).unwrap();
+    rings_b[1].desc(&mem_b, 0, 0x20000, (HEADER_LEN + hello.len()) as u32, 0, 0);
+    rings_b[1].offer(&mem_b, 0);
+    b.transmit(0, |f| switch.ingress(pb, f).taken());
+    let _ = switch.egress(pa, |_| true);
+    // A queues 4 frames, each split over 3 descriptors; B has 1 RX buffer (2 pieces).
+    let frames: Vec<Vec<u8>> = (0..4).map(|i| frame(b_mac, mac(0xa), 700, i)).collect();
+    for (i, f) in frames.iter().enumerate() {
+        let at = 0x20000 + 0x1000 * i as u64;
+        let mut bytes = vec![0u8; HEADER_LEN];
+        bytes.extend_from_slice(f);
+        mem_a.write_slice(&bytes, GuestAddress(at)).unwrap();
+        let d = 3 * i as u16;
+        rings_a[1].desc(&mem_a, d, at, 5, NEXT, d + 1);
+        rings_a[1].desc(&mem_a, d + 1, at + 5, 300, NEXT, d + 2);
+        rings_a[1].desc(&mem_a, d + 2, at + 305, (bytes.len() - 305) as u32, 0, 0);
+        rings_a[1].offer(&mem_a, d);
+    }
+    rings_b[0].desc(&mem_b, 0, 0x30000, 100, WRITE | NEXT, 1);
+    rings_b[0].desc(&mem_b, 1, 0x31000, 2000, WRITE, 0);
+    rings_b[0].offer(&mem_b, 0);
+    // The VMM's TX closure: route by header; direct if possible, else the switch.
+    let report = a.transmit_frames(0, |f| match switch.route(pa, f.header(), f.len()) {
+        Route::Direct(port) => {
+            assert_eq!(port, pb);
+            match b.receive_batch(|rx| rx.push_frame(f)) {
+                RxOutcome::Delivered => {
+                    switch.delivered_direct();
+                    true
+                }
+                _ => switch.ingress(pa, f.bytes()).taken(),
+            }
+        }
+        Route::Switched => switch.ingress(pa, f.bytes()).taken(),
+    });
+    assert_eq!(report.frames, 4);
+    // The first went straight across, byte for byte, into B's two pieces.
+    assert_eq!(switch.stats().direct, 1);
+    assert_eq!(rings_b[0].used(&mem_b, 0), (0, (HEADER_LEN + 714) as u32));
+    let mut got = vec![0u8; 100];
+    mem_b.read_slice(&mut got, GuestAddress(0x30000)).unwrap();
+    let mut rest = vec![0u8; HEADER_LEN + 714 - 100];
+    mem_b.read_slice(&mut rest, GuestAddress(0x31000)).unwrap();
+    got.extend_from_slice(&rest);
+    assert_eq!(got[..HEADER_LEN], [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0]);
+    assert_eq!(got[HEADER_LEN..], frames[0][..]);
+    // The second found no buffer and queued; the others queued behind it (order).
+    assert_eq!(switch.pending(pb), 3);
+    assert_eq!(
+        switch.route(pa, &frames[1][..14], frames[1].len()),
+        Route::Switched
+    );
+    for i in 1..4u16 {
+        rings_b[0].desc(
+            &mem_b,
+            i + 1,
+            0x40000 - 0x1000 * u64::from(i),
+            2048,
+            WRITE,
+            0,
+        );
+        rings_b[0].offer(&mem_b, i + 1);
+    }
+    let mut tags = Vec::new();
+    let _ = b.receive_batch(|rx| {
+        switch.egress(pb, |f| {
+            tags.push(f[14]);
+            rx.push(f).consumed()
+        })
+    });
+    assert_eq!(tags, [frames[1][14], frames[2][14], frames[3][14]]);
+    // Drained: the next frame may go direct again.
+    assert_eq!(
+        switch.route(pa, &frames[1][..14], frames[1].len()),
+        Route::Direct(pb)
+    );
+    assert_eq!(b.stats().rx_frames, 4);
 }
