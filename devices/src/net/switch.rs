@@ -28,8 +28,9 @@
 //! switch queue. **Switched** (floods, a receiver without buffers, a sender with
 //! frames already queued): [`Switch::ingress`] copies the frame into a shared buffer
 //! (`Arc`, so a flood does not copy again) and egress copies it into each receiver's
-//! RX buffers. A direct frame that finds no RX buffer falls back to the switched path,
-//! and from then on the sender's frames to that port queue behind it, so order holds.
+//! RX buffers. A direct frame that finds no RX buffer falls back to the switched path;
+//! while anything is queued for a port, every frame to it queues (so order holds and
+//! the round-robin stays fair).
 //!
 //! What the two paths cost (`cargo bench -p devices --bench net`, release, 2026-11-23
 //! on the shared 2-core build host at load 8, so medians of three runs disagree by up
@@ -415,8 +416,8 @@ impl Switch {
 
     /// Decides from a frame's first bytes (at least its Ethernet header) and length
     /// whether it can skip the queues: unicast to a learned port other than the
-    /// source, with nothing from `source` still queued there (so order holds) and
-    /// `source` not blocked. Learns the source MAC. Everything else (floods,
+    /// source, with nothing queued there (so order holds, and a sender going direct
+    /// cannot overtake senders waiting in the round-robin) and `source` not blocked. Learns the source MAC. Everything else (floods,
     /// malformed frames, a blocked source) is [`Route::Switched`].
     pub fn route(&mut self, source: PortId, header: &[u8], len: usize) -> Route {
         let usable = self
@@ -437,10 +438,7 @@ impl Switch {
         mac.copy_from_slice(&header[..6]);
         match self.macs.get(&mac) {
             Some(&port)
-                if port != source
-                    && self
-                        .port(port)
-                        .is_some_and(|p| p.up && p.inbox[source].is_empty()) =>
+                if port != source && self.port(port).is_some_and(|p| p.up && p.pending == 0) =>
             {
                 Route::Direct(port)
             }
@@ -777,6 +775,39 @@ mod tests {
         }
         assert_eq!(count[1], count[2]);
         assert_eq!(count[1] + count[2], 200);
+    }
+
+    #[test]
+    fn only_unicast_to_an_idle_port_may_go_direct() {
+        let mut s = switch(3, 1);
+        let f = |dst, src, tag| frame(dst, src, tag);
+        // Unknown destination: flooded, so switched; the source is learned anyway.
+        assert_eq!(s.route(0, &f(mac(2), mac(1), 0), 16), Route::Switched);
+        assert_eq!(s.lookup(&mac(1)), Some(0));
+        let _ = s.ingress(1, &f([0xff; 6], mac(2), 0));
+        let _ = drain(&mut s, 0);
+        let _ = drain(&mut s, 2);
+        assert_eq!(s.route(0, &f(mac(2), mac(1), 0), 16), Route::Direct(1));
+        // Broadcast, runts, giants, frames back to the source: switched.
+        assert_eq!(s.route(0, &f([0xff; 6], mac(1), 0), 16), Route::Switched);
+        assert_eq!(s.route(0, &f(mac(2), mac(1), 0), 13), Route::Switched);
+        assert_eq!(s.route(0, &f(mac(2), mac(1), 0), 1 << 20), Route::Switched);
+        assert_eq!(s.route(1, &f(mac(2), mac(7), 0), 16), Route::Switched);
+        // Anything queued for port 1 (here from port 2) sends everyone through the
+        // queues; a blocked source too.
+        let _ = s.ingress(2, &f(mac(2), mac(3), 0));
+        assert_eq!(s.route(0, &f(mac(2), mac(1), 0), 16), Route::Switched);
+        assert_eq!(s.ingress(2, &f(mac(2), mac(3), 1)), Ingress::Held);
+        assert_eq!(
+            s.route(2, &f(mac(1), mac(3), 0), 16),
+            Route::Switched,
+            "a blocked source"
+        );
+        assert_eq!(drain(&mut s, 1), [(3, 0), (3, 1)]);
+        assert_eq!(s.route(0, &f(mac(2), mac(1), 0), 16), Route::Direct(1));
+        assert_eq!(s.route(2, &f(mac(2), mac(3), 0), 16), Route::Direct(1));
+        s.delivered_direct();
+        assert_eq!(s.stats().direct, 1);
     }
 
     #[test]
