@@ -39,8 +39,8 @@
 //!      `nics[dst].receive_batch(|rx| rx.push_frame(f))` and, if delivered,
 //!      `switch.delivered_direct()`, else `switch.ingress(port, f.bytes())` (release
 //!      the switch's lock between the calls). If the report says `stopped`, wait until
-//!      an egress names `port` in `unblocked`; if it says `more`, call again after
-//!      serving the other queues.
+//!      an egress names `port` in `unblocked`. (`transmit_bounded` caps a pass; if
+//!      its report says `more`, call again after serving the other queues.)
 //!    - `Rx(_)` (the guest posted buffers) and whenever the switch has frames for the
 //!      port: `nic.receive_batch(|rx| switch.egress(port, |f| rx.push(f).consumed()))`,
 //!      then resume the TX of every source in the result's `unblocked`.

@@ -158,8 +158,9 @@ pub struct TxReport {
     pub malformed: usize,
     /// The caller refused a frame (back-pressure): call again when it can take more.
     pub stopped: bool,
-    /// The pass used up its budget (one ring's worth of chains) with more possibly
-    /// queued: call again after serving the other queues (no notification will come).
+    /// The pass used up its budget ([`VirtioNet::transmit_bounded`]) with more
+    /// possibly queued: call again after serving the other queues (no notification
+    /// will come for them).
     pub more: bool,
 }
 
@@ -334,11 +335,10 @@ impl<M: GuestMemory + Send + Sync> VirtioNet<M> {
             .clone()
     }
 
-    /// Takes the frames the guest queued on TX queue pair `pair` (at most one ring's
-    /// worth; see [`TxReport::more`]) and hands each to `send`, which returns false to
-    /// refuse it (back-pressure: the frame stays in the guest's ring, unconsumed, and
-    /// this pass stops; call again when the destination can take more). Raises the TX
-    /// interrupt if the guest wants one.
+    /// Takes every frame the guest queued on TX queue pair `pair` and hands each to
+    /// `send`, which returns false to refuse it (back-pressure: the frame stays in the
+    /// guest's ring, unconsumed, and this pass stops; call again when the destination
+    /// can take more). Raises the TX interrupt if the guest wants one.
     pub fn transmit(&self, pair: u16, mut send: impl FnMut(&[u8]) -> bool) -> TxReport {
         self.transmit_frames(pair, |frame| send(frame.bytes()))
     }
@@ -349,6 +349,19 @@ impl<M: GuestMemory + Send + Sync> VirtioNet<M> {
     pub fn transmit_frames(
         &self,
         pair: u16,
+        send: impl FnMut(&mut TxFrame<'_, M>) -> bool,
+    ) -> TxReport {
+        self.transmit_bounded(pair, usize::MAX, send)
+    }
+
+    /// [`VirtioNet::transmit_frames`] taking at most `budget` chains, so a guest that
+    /// keeps queueing cannot hold a backend thread (and the other ports it serves)
+    /// forever. When the budget runs out the report says [`TxReport::more`]: call
+    /// again after serving the others (no notification will come for those chains).
+    pub fn transmit_bounded(
+        &self,
+        pair: u16,
+        budget: usize,
         mut send: impl FnMut(&mut TxFrame<'_, M>) -> bool,
     ) -> TxReport {
         let mut report = TxReport::default();
@@ -368,9 +381,6 @@ impl<M: GuestMemory + Send + Sync> VirtioNet<M> {
         let mem = &self.mem;
         let mut bytes = Vec::new();
         let mut used = 0usize;
-        // One ring's worth per call, so a guest that keeps queueing cannot hold this
-        // backend thread (and the other ports it serves) forever.
-        let budget = usize::from(queue.size());
         let mut taken = 0usize;
         'drain: loop {
             let mut popped = 0usize;

@@ -1395,7 +1395,7 @@ fn a_multiqueue_driver_comes_up_through_the_transport() {
 }
 
 #[test]
-fn a_guest_that_keeps_queueing_gets_one_ring_per_pass() {
+fn a_bounded_pass_stops_a_guest_that_keeps_queueing() {
     let mem = memory();
     let (n, mut rings, _) = active_net(1, &mem);
     let f = frame(mac(9), mac(1), 20, 0);
@@ -1406,7 +1406,7 @@ fn a_guest_that_keeps_queueing_gets_one_ring_per_pass() {
     rings[1].offer(&mem, 0);
     // The "guest" re-queues the chain every time the device takes it.
     let mut tx = rings[1];
-    let report = n.transmit(0, |_| {
+    let report = n.transmit_bounded(0, usize::from(QSIZE), |_| {
         tx.offer(&mem, 0);
         true
     });
