@@ -145,6 +145,17 @@ impl PciDevice for IrqTestDevice {
         self.state().config.memory_regions().collect()
     }
 
+    /// One per vector at BAR 0 + stride x vector; doorbell id = vector.
+    fn doorbells(&self) -> Vec<crate::pci::Doorbell> {
+        (0..self.vectors())
+            .map(|vector| crate::pci::Doorbell {
+                bar: 0,
+                offset: DOORBELL_STRIDE * u64::from(vector),
+                id: u32::from(vector),
+            })
+            .collect()
+    }
+
     fn bar_read(&self, bar: u8, offset: u64, data: &mut [u8]) {
         let state = self.state();
         match (bar, offset) {

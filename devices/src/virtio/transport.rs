@@ -795,6 +795,19 @@ impl PciDevice for VirtioPciDevice {
             self.actions.act(action);
         }
     }
+
+    /// The queues' notify doorbells (doorbell id = queue index), served by the VMM
+    /// wherever BAR 0 decodes.
+    fn doorbells(&self) -> Vec<crate::pci::Doorbell> {
+        self.notify_doorbells()
+            .into_iter()
+            .map(|d| crate::pci::Doorbell {
+                bar: d.bar,
+                offset: d.offset,
+                id: u32::from(d.queue),
+            })
+            .collect()
+    }
 }
 
 /// Configuration-space offset of BAR 0 (for VMM code that reads it raw).
