@@ -483,6 +483,12 @@ fn driver_ok_activates_and_status_zero_resets() {
         "no queue 2"
     );
     // Through the PciDevice trait the action reaches the VMM's sink.
+    // The bus serves the same doorbells (ids are queue indices).
+    let served: Vec<(u8, u64, u32)> = crate::pci::PciDevice::doorbells(&d.dev)
+        .iter()
+        .map(|b| (b.bar, b.offset, b.id))
+        .collect();
+    assert_eq!(served, [(0, NOTIFY_OFFSET, 0), (0, NOTIFY_OFFSET + 4, 1)]);
     crate::pci::PciDevice::bar_write(&d.dev, 0, NOTIFY_OFFSET, &0u16.to_le_bytes());
     assert_eq!(
         d.rec.actions.lock().unwrap().last(),
@@ -1507,4 +1513,49 @@ fn unicast_frames_go_straight_from_tx_buffers_into_rx_buffers_in_order() {
         Route::Direct(pb)
     );
     assert_eq!(b.stats().rx_frames, 4);
+}
+
+#[test]
+fn event_idx_suppresses_interrupts_and_asks_for_kicks() {
+    let mem = memory();
+    let n = net(1, &mem);
+    let rings: Vec<Ring> = (0..2)
+        .map(|q| Ring::at(0x10000 + 0x1000 * q, QSIZE))
+        .collect();
+    let rec = Arc::new(Recorder::default());
+    n.activate(Activation {
+        features: n.features(),
+        queues: rings.iter().map(|r| r.queue(true)).collect(),
+        interrupt: rec.clone(),
+    })
+    .unwrap();
+    let (mut rx, mut tx) = (rings[0], rings[1]);
+    let used_event = |r: &Ring| GuestAddress(r.avail + 4 + 2 * u64::from(r.size));
+    let avail_event = |r: &Ring| GuestAddress(r.used + 4 + 8 * u64::from(r.size));
+    // The driver wants a TX interrupt only after the 3rd used buffer (used_event 2).
+    mem.write_obj(2u16, used_event(&tx)).unwrap();
+    let f = frame(mac(9), mac(1), 20, 0);
+    mem.write_slice(&[0; HEADER_LEN], GuestAddress(0x21000))
+        .unwrap();
+    mem.write_slice(&f, GuestAddress(0x2100c)).unwrap();
+    tx.desc(&mem, 0, 0x21000, (HEADER_LEN + f.len()) as u32, 0, 0);
+    for round in 1..=3u16 {
+        tx.offer(&mem, 0);
+        assert_eq!(n.transmit(0, |_| true).frames, 1);
+        let raised = rec.causes.lock().unwrap().len();
+        assert_eq!(raised, usize::from(round == 3), "round {round}");
+        // The device asks to be kicked for the next chain.
+        assert_eq!(mem.read_obj::<u16>(avail_event(&tx)).unwrap(), round);
+    }
+    // RX with no buffers: held, and the device asks for a kick at the next buffer.
+    assert_eq!(n.receive(&f), RxOutcome::NoBuffer);
+    assert_eq!(mem.read_obj::<u16>(avail_event(&rx)).unwrap(), 0);
+    rx.desc(&mem, 0, 0x30000, 2048, WRITE, 0);
+    rx.offer(&mem, 0);
+    mem.write_obj(0u16, used_event(&rx)).unwrap();
+    assert_eq!(n.receive(&f), RxOutcome::Delivered);
+    assert_eq!(
+        rec.causes.lock().unwrap().last(),
+        Some(&InterruptCause::Queue(0))
+    );
 }
