@@ -625,7 +625,7 @@ fn pingpong(
             let _ = write!(
                 line,
                 "@kumo pingpong size={size} rounds={rounds} wait={} median_us={median:.2} \
-                 p99_us={:.2} min_us={:.2} max_us={:.2} mbps={:.1} total_ms={:.1}",
+                 p99_us={:.2} min_us={:.2} max_us={:.2} mb_per_s={:.1} total_ms={:.1}",
                 plan.wait.name(),
                 at(0.99),
                 at(0.0),
@@ -702,7 +702,7 @@ fn bandwidth(
             let mut line = Line::new();
             let _ = write!(
                 line,
-                "@kumo bandwidth size={size} messages={} wait={} mbps={:.1} total_ms={:.1}",
+                "@kumo bandwidth size={size} messages={} wait={} mb_per_s={:.1} total_ms={:.1}",
                 bursts * BW_BURST,
                 plan.wait.name(),
                 if seconds > 0.0 {
