@@ -1175,6 +1175,12 @@ fn handle_frame(
     let me = 1u64 << cfg.rank;
     let window = cfg.window;
     let peer = &mut peers[src];
+    // A rank is the MAC that first said HELLO as it: another one claiming the same
+    // rank (a second job, a misconfigured VM) is not listened to.
+    if peer.heard && frame[6..12] != peer.mac {
+        stats.foreign += 1;
+        return;
+    }
     match kind {
         KIND_HELLO if aux == cfg.size as u64 => {
             peer.mac.copy_from_slice(&frame[6..12]);
