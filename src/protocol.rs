@@ -36,7 +36,7 @@ pub enum Event {
         status: u32,
     },
     /// A measurement workload's summary (`switchprobe`, `wakeprobe`, `irqbench`,
-    /// `irqcheck`).
+    /// `irqcheck`, and the network's `mpi`, `netcheck`, `pingpong`, `mpistats`).
     Measurement {
         kind: String,
         fields: BTreeMap<String, String>,
@@ -65,7 +65,8 @@ pub fn parse_line(line: &str) -> Option<Event> {
         "error" => Some(Event::Error { fields }),
         "fault" => Some(Event::Fault { fields }),
         "end" => num(&fields, "status").map(|status| Event::End { status }),
-        "switchprobe" | "wakeprobe" | "irqbench" | "irqcheck" => Some(Event::Measurement {
+        "switchprobe" | "wakeprobe" | "irqbench" | "irqcheck" | "mpi" | "netcheck" | "pingpong"
+        | "mpistats" => Some(Event::Measurement {
             kind: kind.to_string(),
             fields,
         }),

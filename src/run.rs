@@ -30,7 +30,7 @@ pub fn run_embedded(args: &VmArgs, epoch: Instant) -> Result<u8> {
         epoch,
         sched,
     )?;
-    report::print(&verdict, args.json)?;
+    report::print(&verdict, args.json);
     Ok(verdict.exit_code())
 }
 
@@ -157,6 +157,7 @@ impl GuestRun {
                 fault_text = report.to_string();
                 Ending::Fault(&fault_text)
             }
+            GuestExit::Stopped(cause) => Ending::Stopped(*cause),
         };
         let boot_ms = self.outcome.workload_started.map(|d| d.as_secs_f64() * 1e3);
         report::judge(specs, vcpus, &self.events, ending, boot_ms)
@@ -182,6 +183,7 @@ impl GuestRun {
             .collect();
         match &self.outcome.exit {
             GuestExit::Fault(report) => bail!("the guest crashed: {report}"),
+            GuestExit::Stopped(cause) => bail!("kumo stopped the VM: {cause}"),
             GuestExit::DebugExit(status) => bail!(
                 "the guest reported no {kind} result (exit status {status}; {})",
                 if problems.is_empty() {
@@ -222,23 +224,26 @@ pub fn run_collecting(vm: Vm, epoch: Instant) -> Result<GuestRun> {
 /// Boots an arbitrary PVH kernel: its console is kumo's stdout, its debug-exit value
 /// kumo's exit status.
 pub fn run_kernel(args: &VmArgs, kernel: &Path, epoch: Instant) -> Result<u8> {
-    let image = read_input("kernel", kernel)?;
+    let memory_mib = args.memory.unwrap_or(256);
+    // Nothing larger than guest RAM can be loaded into it: the bound on every read.
+    let limit = memory_mib.min(hv::layout::MAX_MEMORY_MIB) << 20;
+    let image = crate::input::read_bounded("kernel", kernel, limit)?;
     let modules = args
         .module
         .iter()
-        .map(|path| read_input("module", path))
+        .map(|path| crate::input::read_bounded("module", path, limit))
         .collect::<Result<Vec<_>>>()?;
     check_vcpus(args.vcpus, &args.kvm_device)?;
     let config = VmConfig {
         vcpus: args.vcpus,
-        memory_mib: args.memory.unwrap_or(256),
+        memory_mib,
         kernel: image,
         cmdline: args.cmdline.clone().unwrap_or_default(),
         modules,
         kvm_device: args.kvm_device.clone(),
     };
-    let outcome = Vm::new(config)?.run(Box::new(std::io::stdout()), epoch)?;
-    std::io::stdout().flush()?;
+    // The console never fails: a closed stdout loses output, not the verdict below.
+    let outcome = Vm::new(config)?.run(Box::new(crate::output::Stdout), epoch)?;
     if let Some(d) = outcome.workload_started {
         eprintln!(
             "kumo: workload started {:.1} ms after kumo started",
@@ -251,6 +256,10 @@ pub fn run_kernel(args: &VmArgs, kernel: &Path, epoch: Instant) -> Result<u8> {
             eprintln!("kumo: the VM crashed: {report}");
             report::EXIT_FAULT
         }
+        GuestExit::Stopped(cause) => {
+            eprintln!("kumo: {cause}");
+            report::stop_status(cause)
+        }
     })
 }
 
@@ -259,10 +268,6 @@ pub fn dump_guest(path: &Path) -> Result<u8> {
     std::fs::write(path, EMBEDDED_GUEST)
         .with_context(|| format!("cannot write the guest to {}", path.display()))?;
     Ok(report::EXIT_OK)
-}
-
-fn read_input(what: &str, path: &Path) -> Result<Vec<u8>> {
-    std::fs::read(path).with_context(|| format!("cannot read {what} {}", path.display()))
 }
 
 /// Rejects a vCPU count KVM cannot give before sizing memory for it.

@@ -19,22 +19,27 @@ pub mod acpi;
 pub mod boot;
 pub mod cpuid;
 pub mod credit;
+mod doorbells;
 pub mod elf;
 mod fault;
 pub mod irq;
 pub mod irq_device;
 mod kvm;
 pub mod layout;
+pub mod net;
 pub mod placement;
 pub mod regs;
+pub mod stop;
 pub mod testing;
 mod vcpu;
 mod vm;
+pub mod watchdog;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use fault::{CpuMode, FaultReason, FaultReport, Registers};
+pub use stop::{RunLimits, StopCause};
 pub use vm::Vm;
 
 /// What to boot and on how much.
@@ -66,8 +71,11 @@ pub struct RunOutcome {
 pub enum GuestExit {
     /// The guest wrote this value to the debug-exit port.
     DebugExit(u32),
-    /// The guest crashed (or did something kumo cannot continue from).
+    /// The guest crashed (or did something kumo cannot continue from, or made no
+    /// progress for the watchdog's bound).
     Fault(FaultReport),
+    /// kumo stopped the VM: its time limit, or a signal.
+    Stopped(StopCause),
 }
 
 /// Errors creating or running a VM. Each message is one line a person can act on.

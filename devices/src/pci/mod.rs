@@ -7,6 +7,8 @@ pub mod bus;
 pub mod config;
 pub mod msix;
 
-pub use bus::{BarAllocator, ConfigPorts, HostBridge, PciBus, PciDevice, PciError};
+pub use bus::{
+    BarAllocator, ConfigPorts, Doorbell, DoorbellWiring, HostBridge, PciBus, PciDevice, PciError,
+};
 pub use config::{Bar, BarKind, BarRegion, ConfigError, ConfigSpace};
-pub use msix::{MsiMessage, Msix, Update};
+pub use msix::{MsiMessage, Msix, MsixSink, Update};
