@@ -551,10 +551,12 @@ impl<L: Link> Mpi<L> {
             if peer.peer_received < peer.sent && now - peer.progress_tsc > peer.rto {
                 // Nothing heard for a while: probe with the first unacknowledged frame
                 // (its answer says where to resend from), and back off.
+                // The window shrinks only if the answer shows a loss (a GAP short of
+                // what was sent): on a loaded host a timeout is mostly a descheduled
+                // receiver, and halving on it would starve a lossless wire.
                 self.stats.timeouts += 1;
                 self.resend(p, true);
                 let peer = &mut self.peers[p];
-                peer.cwnd = (peer.cwnd / 2).max(MIN_CWND_FRAMES * PAYLOAD as u64);
                 peer.progress_tsc = now;
                 peer.rto = (peer.rto * 2).min(self.cfg.tsc_khz * RTO_MAX_MS);
             } else if peer.sent >= peer.peer_consumed + self.cfg.window

@@ -241,7 +241,7 @@ fn report(mpi: &Mpi<Nic>) {
     let _ = write!(
         line,
         "@kumo mpistats rank={} tx_frames={} rx_frames={} rx_bad={} tx_kicks={tx_kicks} \
-         rx_kicks={rx_kicks} interrupts={} sleeps={} hellos={} acks={} out_of_order={} \
+         rx_kicks={rx_kicks} interrupts={} sleeps={} reminders={} hellos={} acks={} out_of_order={} \
          duplicates={} resent={} timeouts={} dropped={} foreign={}",
         mpi.rank(),
         n.tx_frames,
@@ -249,6 +249,7 @@ fn report(mpi: &Mpi<Nic>) {
         n.rx_bad,
         nic.interrupts(),
         n.sleeps,
+        n.reminders,
         p.hellos_sent,
         p.acks_sent,
         p.out_of_order,
@@ -625,7 +626,7 @@ fn pingpong(
             let _ = write!(
                 line,
                 "@kumo pingpong size={size} rounds={rounds} wait={} median_us={median:.2} \
-                 p99_us={:.2} min_us={:.2} max_us={:.2} mb_per_s={:.1} total_ms={:.1}",
+                 p99_us={:.2} min_us={:.2} max_us={:.2} mbps={:.1} total_ms={:.1}",
                 plan.wait.name(),
                 at(0.99),
                 at(0.0),
@@ -702,7 +703,7 @@ fn bandwidth(
             let mut line = Line::new();
             let _ = write!(
                 line,
-                "@kumo bandwidth size={size} messages={} wait={} mb_per_s={:.1} total_ms={:.1}",
+                "@kumo bandwidth size={size} messages={} wait={} mbps={:.1} total_ms={:.1}",
                 bursts * BW_BURST,
                 plan.wait.name(),
                 if seconds > 0.0 {
