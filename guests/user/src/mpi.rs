@@ -31,7 +31,7 @@
 //! in-order received offset (`aux` of DATA, `seq` of ACK). A receiver that sees a gap
 //! or a duplicate answers at once with an ACK flagged GAP, and the sender resends from
 //! that offset; a sender whose data stays unacknowledged sends one probe frame after
-//! 10 ms (doubling up to 1 s), which the receiver answers the same way. A congestion
+//! 10 ms (doubling up to 200 ms), which the receiver answers the same way. A congestion
 //! window (halved per loss) keeps bursts within what such a wire takes.
 
 /// What the MPI needs of a NIC (kumo's guest: the virtio-net driver) and a clock.
@@ -97,7 +97,7 @@ const HELLO_PERIOD_MS: u64 = 20;
 const BLOCK_SLICE_MS: u64 = 100;
 /// Retransmission timeout: first and largest.
 const RTO_MIN_MS: u64 = 10;
-const RTO_MAX_MS: u64 = 1000;
+const RTO_MAX_MS: u64 = 200;
 /// How long the end of a job waits for its last frames to be acknowledged.
 const LINGER_MS: u64 = 2000;
 /// Scratch for reductions; larger reductions go in chunks of this.
