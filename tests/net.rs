@@ -50,8 +50,17 @@ fn four_vms_pass_the_mpi_check() {
 fn the_net_bench_reports_every_size() {
     if kvm_available() {
         let out = kumo(&[
-            "bench", "net", "--sizes", "8,64K", "--rounds", "20", "--irq-path", "fast", "--wait",
-            "spin", "--json",
+            "bench",
+            "net",
+            "--sizes",
+            "8,64K",
+            "--rounds",
+            "20",
+            "--irq-path",
+            "fast",
+            "--wait",
+            "spin",
+            "--json",
         ]);
         assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
         let lines = json_lines(&out);
@@ -67,8 +76,14 @@ fn the_net_bench_reports_every_size() {
 #[test]
 fn bad_network_input_is_refused_in_one_line() {
     for (args, needle) in [
-        (&["mpi", "--vms", "0"][..], "--vms must be between 2 and 64, not 0"),
-        (&["mpi", "--vms", "1"][..], "--vms must be between 2 and 64, not 1"),
+        (
+            &["mpi", "--vms", "0"][..],
+            "--vms must be between 2 and 64, not 0",
+        ),
+        (
+            &["mpi", "--vms", "1"][..],
+            "--vms must be between 2 and 64, not 1",
+        ),
         (&["mpi", "--vms", "65"][..], "not 65"),
         (&["bench", "net", "--sizes", "0"][..], "bad message size"),
         (&["bench", "net", "--sizes", "65M"][..], "bad message size"),
