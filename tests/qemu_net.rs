@@ -218,9 +218,17 @@ fn ranks_sleeping_until_the_nic_interrupts_verify_and_resend_lost_frames() {
     // Each guest also drops every 97th data frame it receives, as a lossy wire would.
     let outputs = pair(
         "block",
-        "wait=block net=check+pingpong:8 net_rounds=80 net_seed=12 net_drop=97",
+        "wait=block net=check+pingpong:8+bw:1024 net_rounds=80 net_seed=12 net_drop=97",
     );
     let all_stats = assert_verified(&outputs, "block", &[8], false);
+    // 80 bursts of 64 messages of 1 KiB streamed to rank 1, timed by rank 0.
+    let stdout = text(&outputs[0].stdout);
+    let bandwidth = lines(&stdout, "bandwidth");
+    assert_eq!(bandwidth.len(), 1, "{stdout}");
+    assert_eq!(field(bandwidth[0], "messages"), "5120", "{}", bandwidth[0]);
+    let mbps: f64 = field(bandwidth[0], "mbps").parse().unwrap();
+    assert!(mbps > 0.0, "{}", bandwidth[0]);
+    eprintln!("{}", bandwidth[0]);
     let mut resent = 0;
     for stats in &all_stats {
         // Interrupt-driven: the NIC's MSI-X vector fired and woke the rank.
