@@ -241,6 +241,23 @@ impl Active {
     }
 }
 
+/// Whether the driver wants an interrupt for what was just added to `queue`'s used
+/// ring. With the event index, `virtio-queue` decides; without it, the driver's
+/// `VIRTQ_AVAIL_F_NO_INTERRUPT` flag does (virtio 1.2 section 2.7.7.2), which
+/// `virtio-queue` ignores: a polling driver would otherwise take an interrupt for every
+/// batch. An unreadable flag errs on the side of the interrupt.
+fn wants_interrupt<M: GuestMemory>(queue: &mut Queue, mem: &M) -> bool {
+    const VIRTQ_AVAIL_F_NO_INTERRUPT: u16 = 1;
+    if queue.event_idx_enabled() {
+        return queue.needs_notification(mem).unwrap_or(true);
+    }
+    // Our used-ring index write before the flag read (the driver does the mirror
+    // image: flag write, then used-index read).
+    std::sync::atomic::fence(Ordering::SeqCst);
+    let flags = vm_memory::Bytes::read_obj::<u16>(mem, vm_memory::GuestAddress(queue.avail_ring()));
+    flags.map_or(true, |f| u16::from_le(f) & VIRTQ_AVAIL_F_NO_INTERRUPT == 0)
+}
+
 /// The virtio-net device model, generic over guest memory.
 pub struct VirtioNet<M> {
     config: NetConfig,
@@ -428,7 +445,7 @@ impl<M: GuestMemory + Send + Sync> VirtioNet<M> {
                 _ => break,
             }
         }
-        if used > 0 && queue.needs_notification(mem).unwrap_or(true) {
+        if used > 0 && wants_interrupt(&mut queue, mem) {
             drop(queue);
             active.interrupt.trigger(InterruptCause::Queue(index));
         }
@@ -499,7 +516,7 @@ impl<M: GuestMemory + Send + Sync> VirtioNet<M> {
                 _ => break,
             }
         }
-        if queue.needs_notification(mem).unwrap_or(true) {
+        if wants_interrupt(&mut queue, mem) {
             drop(queue);
             active.interrupt.trigger(InterruptCause::Queue(index));
         }
@@ -731,7 +748,7 @@ impl<M: GuestMemory + Send + Sync> RxBatch<'_, M> {
         for (index, guard) in self.guards.into_iter().enumerate() {
             if let Some(mut queue) = guard
                 && self.used[index]
-                && queue.needs_notification(mem).unwrap_or(true)
+                && wants_interrupt(&mut queue, mem)
             {
                 notify.push(index as u16);
             }

@@ -1559,3 +1559,30 @@ fn event_idx_suppresses_interrupts_and_asks_for_kicks() {
         Some(&InterruptCause::Queue(0))
     );
 }
+
+#[test]
+fn without_the_event_index_the_no_interrupt_flag_is_honoured() {
+    let mem = memory();
+    let (n, mut rings, rec) = active_net(1, &mem);
+    let tx = &mut rings[1];
+    let f = frame(mac(9), mac(1), 60, 1);
+    let mut bytes = vec![0u8; HEADER_LEN];
+    bytes.extend_from_slice(&f);
+    mem.write_slice(&bytes, GuestAddress(0x20000)).unwrap();
+    // A polling driver: VIRTQ_AVAIL_F_NO_INTERRUPT set.
+    mem.write_obj(1u16, GuestAddress(tx.avail)).unwrap();
+    tx.desc(&mem, 0, 0x20000, bytes.len() as u32, 0, 0);
+    tx.offer(&mem, 0);
+    assert_eq!(n.transmit(0, |_| true).frames, 1);
+    assert_eq!(
+        *rec.causes.lock().unwrap(),
+        [],
+        "interrupted a polling driver"
+    );
+    // The driver clears the flag to wait: the next frame interrupts it.
+    mem.write_obj(0u16, GuestAddress(tx.avail)).unwrap();
+    tx.desc(&mem, 1, 0x20000, bytes.len() as u32, 0, 0);
+    tx.offer(&mem, 1);
+    assert_eq!(n.transmit(0, |_| true).frames, 1);
+    assert_eq!(*rec.causes.lock().unwrap(), [InterruptCause::Queue(1)]);
+}
