@@ -113,6 +113,11 @@ pub struct NetBenchArgs {
     #[arg(long, value_name = "N")]
     pub rounds: Option<u32>,
 
+    /// Also run the same guest and sizes on two QEMU VMs (virtio-net-pci on a
+    /// `-netdev stream` wire), beside kumo's rows.
+    #[arg(long)]
+    pub qemu: bool,
+
     /// Print one JSON object per size and setting.
     #[arg(long)]
     pub json: bool,

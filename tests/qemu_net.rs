@@ -293,3 +293,44 @@ fn a_kumo_vm_and_a_qemu_vm_share_one_wire_and_both_verify() {
     assert_eq!(check.len(), 1, "QEMU's rank 1:\n{stdout}");
     assert_eq!(field(check[0], "verified"), "true", "{}", check[0]);
 }
+
+#[test]
+fn the_net_bench_sets_qemu_beside_kumo_in_one_run() {
+    if !kvm_available() || !qemu_available() {
+        return;
+    }
+    let out = kumo(&[
+        "bench",
+        "net",
+        "--sizes",
+        "8,64K",
+        "--rounds",
+        "20",
+        "--irq-path",
+        "fast",
+        "--wait",
+        "spin",
+        "--qemu",
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let rows: Vec<(String, String)> = json_lines(&out)
+        .iter()
+        .map(|r| {
+            (
+                r["irq_path"].as_str().unwrap().to_owned(),
+                r["size"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let expected: Vec<(String, String)> = [
+        ("fast", "8"),
+        ("fast", "65536"),
+        ("qemu", "8"),
+        ("qemu", "65536"),
+    ]
+    .iter()
+    .map(|(p, s)| (p.to_string(), s.to_string()))
+    .collect();
+    assert_eq!(rows, expected);
+}
