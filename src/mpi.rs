@@ -19,7 +19,7 @@ use crate::run::{self, GuestRun};
 
 /// Guest memory of each VM: the MPI runtime's per-peer rings and the check's 16 MiB
 /// exchange fit with room to spare.
-const MEMORY_MIB: u64 = 256;
+pub const MEMORY_MIB: u64 = 256;
 /// Most VMs in one job (the guest's MPI takes at most 64 ranks).
 pub const MAX_VMS: u32 = 64;
 

@@ -87,6 +87,25 @@ pub fn run(
         }
         vms.push(vm);
     }
+    // The node's switch: its thread is domain 0's work, as netback is Xen's.
+    let _network = match &node.network {
+        Some(net) => {
+            let network = hv::net::Network::new(devices::net::switch::SwitchConfig::default())?;
+            for (vm, domain) in vms.iter_mut().zip(&node.domains) {
+                if let Some((rank, _, _)) = domain.mpi {
+                    let setup = hv::net::NicSetup {
+                        mac: crate::mpi::mac(rank),
+                        irq_path: net.irq_path,
+                    };
+                    network
+                        .attach(vm, &setup, Some(&dom0))
+                        .with_context(|| format!("domain '{}': NIC", domain.name))?;
+                }
+            }
+            Some(network.start(Some(dom0.clone()))?)
+        }
+        None => None,
+    };
     let controls: Vec<Arc<VcpuControl>> = vms.iter().map(Vm::control).collect();
     let credit = node.uses_credit();
     let driver = if credit {
@@ -364,7 +383,7 @@ fn print(
             .chain(
                 r.measurements
                     .iter()
-                    .map(|(kind, fields)| probe_summary(kind, fields)),
+                    .filter_map(|(kind, fields)| probe_summary(kind, fields)),
             )
             .collect();
         crate::outln!(
@@ -399,17 +418,24 @@ fn print(
 }
 
 /// One line of a guest probe for the table: its kind and its headline numbers.
-fn probe_summary(kind: &str, fields: &std::collections::BTreeMap<String, String>) -> String {
+/// A measurement line's headline for the table (None: nothing worth a column).
+fn probe_summary(
+    kind: &str,
+    fields: &std::collections::BTreeMap<String, String>,
+) -> Option<String> {
     let keys: &[&str] = match kind {
         "irqcheck" => &["verified", "delivered", "misrouted", "lost", "masked_held"],
         "irqbench" | "wakeprobe" => &["median_us", "p99_us", "max_us"],
-        _ => &[],
+        "netcheck" => &["verified", "messages", "bytes", "stress_s"],
+        "pingpong" => &["size", "median_us", "p99_us"],
+        "switchprobe" => &[],
+        _ => return None,
     };
     let picked: Vec<String> = keys
         .iter()
         .filter_map(|k| fields.get(*k).map(|v| format!("{k}={v}")))
         .collect();
-    format!("{kind} {}", picked.join(" "))
+    Some(format!("{kind} {}", picked.join(" ")))
 }
 
 /// What the control socket sees of a node.

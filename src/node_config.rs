@@ -31,6 +31,28 @@ pub struct NodeFile {
     /// Domain 0: kumo's own backend threads, scheduled as one vCPU.
     #[serde(default)]
     pub dom0: Dom0File,
+    pub network: Option<NetworkFile>,
+}
+
+/// `[network]`: one switch on domain 0's threads; every domain with `mpi = true` gets a
+/// NIC on it and is a rank (in file order) of the node's MPI job.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkFile {
+    /// What the job runs: the guest's `net=` items (default "check").
+    pub net: Option<String>,
+    /// How ranks wait: "spin" (default) or "block".
+    pub wait: Option<String>,
+    /// The NICs' interrupt path: "generic" (default) or "fast".
+    pub irq_path: Option<String>,
+}
+
+/// The node's network, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Network {
+    pub net: String,
+    pub wait: String,
+    pub irq_path: hv::irq::IrqPath,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -76,6 +98,9 @@ pub struct DomainFile {
     /// The test device's interrupt path, `generic` (default) or `fast`; giving it
     /// attaches the device even without `irq`.
     pub irq_path: Option<String>,
+    /// A rank of the node's MPI job (needs `[network]`).
+    #[serde(default)]
+    pub mpi: bool,
 }
 
 fn one() -> u32 {
@@ -102,6 +127,8 @@ pub struct Domain {
     pub irq_path: Option<hv::irq::IrqPath>,
     /// The guest's barrier spin (short: domains share the node's CPUs).
     pub spin_us: u64,
+    /// (rank, ranks, the job's guest keys) if the domain is in the node's MPI job.
+    pub mpi: Option<(u32, u32, String)>,
 }
 
 impl Domain {
@@ -117,6 +144,9 @@ impl Domain {
         }
         if let Some(irq) = &self.irq {
             line.push_str(&format!(" irq={irq}"));
+        }
+        if let Some((rank, ranks, keys)) = &self.mpi {
+            line.push_str(&format!(" mpi={rank}:{ranks} {keys}"));
         }
         line
     }
@@ -140,6 +170,7 @@ pub struct Node {
     pub params: sched::Params,
     pub domains: Vec<Domain>,
     pub dom0_weight: u32,
+    pub network: Option<Network>,
 }
 
 impl Node {
@@ -237,8 +268,12 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
         } else {
             guest::parse_specs(&d.npb).with_context(|| format!("domain '{name}'"))?
         };
-        if specs.is_empty() && d.idle_ms.is_none() && d.probe.is_none() && d.irq.is_none() {
-            bail!("domain '{name}' has no workload: give npb, idle_ms, probe and/or irq");
+        if specs.is_empty() && d.idle_ms.is_none() && d.probe.is_none() && d.irq.is_none() && !d.mpi
+        {
+            bail!("domain '{name}' has no workload: give npb, idle_ms, probe, irq and/or mpi");
+        }
+        if d.mpi && file.network.is_none() {
+            bail!("domain '{name}': mpi = true needs a [network]");
         }
         if let Some(irq) = &d.irq
             && !valid_irq_action(irq)
@@ -275,7 +310,24 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
             irq: d.irq,
             irq_path,
             spin_us: 0,
+            mpi: d.mpi.then(|| (0, 0, String::new())),
         });
+    }
+    let network = file.network.map(validate_network).transpose()?;
+    if let Some(network) = &network {
+        let ranks = domains.iter().filter(|d| d.mpi.is_some()).count() as u32;
+        if !(2..=crate::mpi::MAX_VMS).contains(&ranks) {
+            bail!(
+                "[network]: the MPI job needs 2 to {} domains with mpi = true, not {ranks}",
+                crate::mpi::MAX_VMS
+            );
+        }
+        let keys = format!("wait={} net={}", network.wait, network.net);
+        for (rank, d) in domains.iter_mut().filter(|d| d.mpi.is_some()).enumerate() {
+            d.mpi = Some((rank as u32, ranks, keys.clone()));
+            // The MPI runtime's rings and the check's 16 MiB exchange.
+            d.memory_mib = d.memory_mib.max(crate::mpi::MEMORY_MIB);
+        }
     }
     // Domains share the node's CPUs unless every vCPU has one of its own.
     let total_vcpus: u32 = domains.iter().map(|d| d.vcpus).sum();
@@ -289,6 +341,33 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
         params,
         domains,
         dom0_weight,
+        network,
+    })
+}
+
+fn validate_network(file: NetworkFile) -> Result<Network> {
+    let net = file.net.unwrap_or_else(|| "check".into());
+    if net.is_empty()
+        || !net
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || ":,+".contains(c))
+    {
+        bail!("[network]: net '{net}' is not a list of the guest's net= items");
+    }
+    let wait = file.wait.unwrap_or_else(|| "spin".into());
+    if wait != "spin" && wait != "block" {
+        bail!("[network]: wait '{wait}' is not spin or block");
+    }
+    let irq_path = match file.irq_path {
+        Some(path) => path
+            .parse()
+            .map_err(|e| anyhow::anyhow!("[network]: irq_path: {e}"))?,
+        None => hv::irq::IrqPath::Generic,
+    };
+    Ok(Network {
+        net,
+        wait,
+        irq_path,
     })
 }
 
@@ -382,5 +461,54 @@ npb = "ep.S"
             error("irq = \"check\"\nirq_path = \"posted\"\n")
                 .contains("unknown interrupt path 'posted'")
         );
+    }
+
+    #[test]
+    fn a_network_numbers_its_mpi_domains_in_file_order() {
+        let n = node(
+            r#"
+pcpus = [0]
+[network]
+wait = "block"
+irq_path = "fast"
+[[domain]]
+name = "a"
+mpi = true
+[[domain]]
+name = "other"
+npb = "ep.S"
+[[domain]]
+name = "b"
+mpi = true
+"#,
+        )
+        .unwrap();
+        let net = n.network.as_ref().unwrap();
+        assert_eq!((net.net.as_str(), net.wait.as_str()), ("check", "block"));
+        assert_eq!(net.irq_path, hv::irq::IrqPath::Fast);
+        assert!(
+            n.domains[0]
+                .cmdline()
+                .ends_with("mpi=0:2 wait=block net=check")
+        );
+        assert!(
+            n.domains[2]
+                .cmdline()
+                .ends_with("mpi=1:2 wait=block net=check")
+        );
+        assert!(!n.domains[1].cmdline().contains("mpi="));
+        assert!(n.domains[0].memory_mib >= crate::mpi::MEMORY_MIB);
+    }
+
+    #[test]
+    fn network_mistakes_are_named() {
+        let one = "pcpus = [0]\n[network]\n[[domain]]\nname = \"a\"\nmpi = true\n";
+        assert!(error(one).contains("needs 2 to 64 domains with mpi = true, not 1"));
+        let no_net = "pcpus = [0]\n[[domain]]\nname = \"a\"\nmpi = true\n";
+        assert!(error(no_net).contains("mpi = true needs a [network]"));
+        let wait = "pcpus = [0]\n[network]\nwait = \"nap\"\n[[domain]]\nname = \"a\"\nmpi = true\n";
+        assert!(error(wait).contains("wait 'nap' is not spin or block"));
+        let net = "pcpus = [0]\n[network]\nnet = \"x y\"\n[[domain]]\nname = \"a\"\nmpi = true\n";
+        assert!(error(net).contains("not a list of the guest's net= items"));
     }
 }

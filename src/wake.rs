@@ -47,6 +47,7 @@ pub fn run_wake(args: &WakeArgs, epoch: Instant) -> Result<u8> {
                 domain("hog", format!("busy:{}", args.millis)),
             ],
             dom0_weight: node_config::DEFAULT_WEIGHT,
+            network: None,
         };
         let (reports, _, _) = node::run(&node, &args.kvm_device, None, epoch)?;
         let fields = reports[0]
@@ -92,6 +93,7 @@ fn domain(name: &str, probe: String) -> Domain {
         irq: None,
         irq_path: None,
         spin_us: crate::guest::SHARED_SPIN_US,
+        mpi: None,
     }
 }
 

@@ -201,3 +201,25 @@ fn bad_wire_input_is_refused_in_one_line() {
         assert!(stderr.contains(needle), "{args:?}: {stderr}");
     }
 }
+
+#[test]
+fn a_node_runs_an_mpi_job_under_the_credit_scheduler_with_its_switch_in_domain_0() {
+    if kvm_available() {
+        let _one = one_job();
+        let config = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/mpi.toml");
+        let out = kumo(&["node", "--config", config, "--json", "--timeout", "120"]);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{stderr}");
+        let lines = json_lines(&out);
+        let domains: Vec<&serde_json::Value> =
+            lines.iter().filter(|l| l.get("domain").is_some()).collect();
+        assert_eq!(domains.len(), 2, "{}", text(&out.stdout));
+        for d in &domains {
+            assert_eq!(d["ok"], serde_json::json!(true), "{d}");
+        }
+        // The switch's work was charged to domain 0.
+        let node = lines.iter().find(|l| l.get("dom0_cpu_s").is_some());
+        let dom0 = node.and_then(|n| n["dom0_cpu_s"].as_f64()).unwrap_or(0.0);
+        assert!(dom0 > 0.0, "{}", text(&out.stdout));
+    }
+}
