@@ -24,6 +24,7 @@ pub mod elf;
 mod fault;
 pub mod irq;
 pub mod irq_device;
+mod kick;
 mod kvm;
 pub mod layout;
 pub mod net;

@@ -333,7 +333,7 @@ fn kick(tid: libc::pid_t) -> Result<(), Error> {
             libc::SYS_tgkill,
             libc::getpid(),
             tid,
-            crate::vcpu::kick_signal(),
+            crate::kick::kick_signal(),
         )
     };
     if rc != 0 {

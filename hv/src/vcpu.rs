@@ -8,10 +8,9 @@
 //! KVM_RUN return EINTR at once instead of entering the guest; a signal that lands
 //! inside KVM_RUN (running, halted, or waiting for SIPI) makes it return EINTR.
 
-use std::cell::Cell;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
-use std::sync::{Arc, Once};
 
 use devices::pci::PciBus;
 use devices::{IoAction, PioBus};
@@ -19,6 +18,7 @@ use kvm_bindings::{KVM_EXIT_IO_IN, KVM_EXIT_IO_OUT, kvm_run};
 use kvm_ioctls::{VcpuExit, VcpuFd};
 
 use crate::fault::{CpuMode, FaultReason, FaultReport, Registers};
+use crate::kick;
 use crate::placement::VcpuControl;
 use crate::watchdog::Watch;
 use crate::{Error, GuestExit};
@@ -55,41 +55,6 @@ pub(crate) enum VcpuEnd {
     Error(Error),
     /// Stopped on request.
     Stopped,
-}
-
-pub(crate) fn kick_signal() -> libc::c_int {
-    vmm_sys_util::signal::SIGRTMIN()
-}
-
-thread_local! {
-    /// This thread's `kvm_run`, for the kick handler.
-    static KVM_RUN: Cell<*mut kvm_run> = const { Cell::new(std::ptr::null_mut()) };
-}
-
-extern "C" fn kick_handler(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
-    // Only a const-initialised, destructor-free thread-local and a volatile byte store:
-    // async-signal-safe.
-    let run = KVM_RUN.with(Cell::get);
-    if !run.is_null() {
-        // SAFETY: `run` points at this thread's kvm_run mapping, set by `thread_main`
-        // for the lifetime of the VcpuFd that owns it and cleared before the fd is
-        // dropped; `immediate_exit` is a plain byte that KVM reads on entry.
-        unsafe { std::ptr::addr_of_mut!((*run).immediate_exit).write_volatile(1) };
-    }
-}
-
-static HANDLER: Once = Once::new();
-
-pub(crate) fn install_kick_handler() -> Result<(), Error> {
-    let mut result = Ok(());
-    HANDLER.call_once(|| {
-        result = vmm_sys_util::signal::register_signal_handler(kick_signal(), kick_handler)
-            .map_err(|e| Error::Os {
-                what: "installing the vCPU kick signal handler",
-                source: std::io::Error::from_raw_os_error(e.errno()),
-            });
-    });
-    result
 }
 
 /// Reports the thread's end exactly once, even if the thread panics.
@@ -131,11 +96,11 @@ pub(crate) fn thread_main(
         tx,
         sent: false,
     };
-    let _ = vmm_sys_util::signal::unblock_signal(kick_signal());
-    KVM_RUN.with(|c| c.set(vcpu.get_kvm_run() as *mut kvm_run));
+    let _ = vmm_sys_util::signal::unblock_signal(kick::kick_signal());
+    kick::set_kvm_run(vcpu.get_kvm_run());
     shared.control.register(index as usize);
     let end = run_loop(index, &mut vcpu, &shared);
-    KVM_RUN.with(|c| c.set(std::ptr::null_mut()));
+    kick::set_kvm_run(std::ptr::null_mut());
     shared.control.record_final_cpu_time(index as usize);
     // A scheduler may have pinned and ranked this thread: leaving like that, it would
     // wait behind the vCPU that now has its host CPU (and the VM's teardown with it).

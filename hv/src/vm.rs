@@ -20,6 +20,7 @@ use vmm_sys_util::signal::Killable;
 
 use crate::doorbells::IoEventWiring;
 use crate::irq::{EventLoop, GsiRouter, Msi};
+use crate::kick;
 use crate::kvm::{self, ioctl};
 use crate::layout::*;
 use crate::placement::VcpuControl;
@@ -292,7 +293,7 @@ impl Vm {
         console: Box<dyn std::io::Write + Send>,
         epoch: Instant,
     ) -> Result<RunOutcome, Error> {
-        vcpu::install_kick_handler()?;
+        kick::install_kick_handler()?;
         let _running = stop::Running::enter();
         let com1 = Arc::new(Com1::new(console));
         let timer = Arc::new(BootTimer::new());
@@ -393,7 +394,7 @@ impl Vm {
         self.control.release_all();
         while remaining > 0 {
             for (h, _) in handles.iter().zip(&ended).filter(|(_, e)| !**e) {
-                if let Err(e) = h.kill(vcpu::kick_signal()) {
+                if let Err(e) = h.kill(kick::kick_signal()) {
                     tracing::debug!("kicking a vCPU thread failed: {e}");
                 }
             }
@@ -469,7 +470,7 @@ fn watch(
             for vcpu in vcpus {
                 shared.watch[vcpu].want_sample();
                 if let Some(h) = handles.get(vcpu)
-                    && let Err(e) = h.kill(vcpu::kick_signal())
+                    && let Err(e) = h.kill(kick::kick_signal())
                 {
                     tracing::debug!("watchdog: kicking vCPU {vcpu} failed: {e}");
                 }
