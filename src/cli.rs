@@ -165,6 +165,10 @@ pub enum CtlCommand {
         /// Minimum run time before preemption in microseconds (0 = off).
         #[arg(long, value_name = "US")]
         ratelimit_us: Option<u64>,
+        /// exact, or tick (Xen 3.4: each tick debits a whole tick from the vCPU it
+        /// finds running; no ratelimit).
+        #[arg(long, value_name = "MODE")]
+        accounting: Option<sched::Accounting>,
     },
     /// Domains of the node.
     #[command(subcommand)]

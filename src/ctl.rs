@@ -33,6 +33,40 @@ pub struct SchedParams {
     pub tslice_ms: f64,
     pub tick_ms: f64,
     pub ratelimit_us: u64,
+    /// "exact" or "tick" (Xen 3.4).
+    #[serde(default = "exact")]
+    pub accounting: Accounting,
+}
+
+fn exact() -> Accounting {
+    Accounting::Exact
+}
+
+/// `sched::Accounting` as the control API spells it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Accounting {
+    #[default]
+    Exact,
+    Tick,
+}
+
+impl From<Accounting> for sched::Accounting {
+    fn from(a: Accounting) -> sched::Accounting {
+        match a {
+            Accounting::Exact => sched::Accounting::Exact,
+            Accounting::Tick => sched::Accounting::Tick,
+        }
+    }
+}
+
+impl From<sched::Accounting> for Accounting {
+    fn from(a: sched::Accounting) -> Accounting {
+        match a {
+            sched::Accounting::Exact => Accounting::Exact,
+            sched::Accounting::Tick => Accounting::Tick,
+        }
+    }
 }
 
 /// A change to some of the parameters.
@@ -41,6 +75,7 @@ pub struct SchedUpdate {
     pub tslice_ms: Option<f64>,
     pub tick_ms: Option<f64>,
     pub ratelimit_us: Option<u64>,
+    pub accounting: Option<Accounting>,
 }
 
 /// A domain as `domain list` shows it.
@@ -75,6 +110,7 @@ enum Request {
         tslice_ms: Option<f64>,
         tick_ms: Option<f64>,
         ratelimit_us: Option<u64>,
+        accounting: Option<Accounting>,
     },
     DomainList {},
     DomainSet {
@@ -95,16 +131,19 @@ pub fn answer(target: &dyn Controlled, line: &str) -> Value {
             tslice_ms: None,
             tick_ms: None,
             ratelimit_us: None,
+            accounting: None,
         } => Ok(json!(target.sched_params())),
         Request::SchedCredit {
             tslice_ms,
             tick_ms,
             ratelimit_us,
+            accounting,
         } => target
             .set_sched_params(SchedUpdate {
                 tslice_ms,
                 tick_ms,
                 ratelimit_us,
+                accounting,
             })
             .map(|p| json!(p)),
         Request::DomainList {} => Ok(json!({"domains": target.domains()})),
@@ -260,12 +299,14 @@ pub fn run_ctl(args: &CtlArgs) -> Result<u8> {
             tslice_ms,
             tick_ms,
             ratelimit_us,
+            accounting,
         } => {
             let mut req = json!({"cmd": "sched-credit"});
             for (key, value) in [
                 ("tslice_ms", tslice_ms.map(|v| json!(v))),
                 ("tick_ms", tick_ms.map(|v| json!(v))),
                 ("ratelimit_us", ratelimit_us.map(|v| json!(v))),
+                ("accounting", accounting.map(|a| json!(Accounting::from(a)))),
             ] {
                 if let Some(value) = value {
                     req[key] = value;
@@ -295,10 +336,11 @@ pub fn run_ctl(args: &CtlArgs) -> Result<u8> {
     }
     match &args.command {
         CtlCommand::SchedCredit { .. } => crate::outln!(
-            "credit: tslice {} ms, tick {} ms, ratelimit {} us",
+            "credit: tslice {} ms, tick {} ms, ratelimit {} us, accounting {}",
             reply["tslice_ms"],
             reply["tick_ms"],
-            reply["ratelimit_us"]
+            reply["ratelimit_us"],
+            reply["accounting"].as_str().unwrap_or("?")
         ),
         CtlCommand::Domain(DomainCommand::List) => {
             crate::outln!(
@@ -405,6 +447,7 @@ mod tests {
                 tslice_ms: 30.0,
                 tick_ms: 10.0,
                 ratelimit_us: 1000,
+                accounting: Accounting::Exact,
             }),
             weight: Mutex::new(256),
         })

@@ -452,6 +452,7 @@ impl Controlled for NodeControl {
                 tslice_ms: 0.0,
                 tick_ms: 0.0,
                 ratelimit_us: 0,
+                accounting: crate::ctl::Accounting::Exact,
             },
         }
     }

@@ -70,6 +70,8 @@ pub struct SchedulerFile {
     pub tslice_ms: Option<f64>,
     pub tick_ms: Option<f64>,
     pub ratelimit_us: Option<u64>,
+    /// "exact" (default) or "tick" (Xen 3.4).
+    pub accounting: Option<crate::ctl::Accounting>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -218,6 +220,7 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
         tslice_ms: file.scheduler.tslice_ms,
         tick_ms: file.scheduler.tick_ms,
         ratelimit_us: file.scheduler.ratelimit_us,
+        accounting: file.scheduler.accounting,
     })
     .context("[scheduler]")?;
     let dom0_weight = file.dom0.weight.unwrap_or(DEFAULT_WEIGHT);

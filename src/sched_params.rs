@@ -38,6 +38,13 @@ pub fn apply(current: Params, update: SchedUpdate) -> Result<Params> {
             .checked_mul(NS_PER_US)
             .ok_or_else(|| anyhow!("ratelimit {us} us is too large"))?;
     }
+    if let Some(accounting) = update.accounting {
+        p.accounting = accounting.into();
+        // Xen 3.4 had no ratelimit: off unless given (then validation refuses it).
+        if p.accounting == sched::Accounting::Tick && update.ratelimit_us.is_none() {
+            p.ratelimit_ns = 0;
+        }
+    }
     p.validate().map_err(|e| anyhow!("{e}"))?;
     Ok(p)
 }
@@ -53,6 +60,7 @@ pub fn view(p: Params) -> SchedParams {
         tslice_ms: p.tslice_ns as f64 / NS_PER_MS as f64,
         tick_ms: p.tick_ns as f64 / NS_PER_MS as f64,
         ratelimit_us: p.ratelimit_ns / NS_PER_US,
+        accounting: p.accounting.into(),
     }
 }
 
@@ -77,6 +85,11 @@ pub fn parse_spec(spec: &str) -> Result<Params> {
         let (key, value) = item
             .split_once('=')
             .ok_or_else(|| anyhow!("--sched: '{item}' is not key=value"))?;
+        if key == "accounting" {
+            let mode: sched::Accounting = value.parse().map_err(|e| anyhow!("--sched: {e}"))?;
+            update.accounting = Some(mode.into());
+            continue;
+        }
         let ns = duration_ns(value).ok_or_else(|| {
             anyhow!("--sched: {key}={value}: give a duration with a unit, like 1ms or 500us")
         })?;
@@ -86,7 +99,7 @@ pub fn parse_spec(spec: &str) -> Result<Params> {
             "ratelimit" => update.ratelimit_us = Some(ns / NS_PER_US),
             _ => {
                 return Err(anyhow!(
-                    "--sched: unknown parameter '{key}' (known: tslice, tick, ratelimit)"
+                    "--sched: unknown parameter '{key}' (known: tslice, tick, ratelimit, accounting)"
                 ));
             }
         }
@@ -118,7 +131,8 @@ mod tests {
             SchedParams {
                 tslice_ms: 30.0,
                 tick_ms: 10.0,
-                ratelimit_us: 1000
+                ratelimit_us: 1000,
+                accounting: crate::ctl::Accounting::Exact,
             }
         );
         // S1's setting: 1 ms slice; the tick follows, the ratelimit no longer fits.
@@ -135,7 +149,8 @@ mod tests {
             SchedParams {
                 tslice_ms: 1.0,
                 tick_ms: 1.0,
-                ratelimit_us: 0
+                ratelimit_us: 0,
+                accounting: crate::ctl::Accounting::Exact,
             }
         );
         // The tick is independent when given.
@@ -145,6 +160,7 @@ mod tests {
                 tslice_ms: Some(30.0),
                 tick_ms: Some(1.0),
                 ratelimit_us: None,
+                accounting: None,
             },
         )
         .unwrap();
@@ -216,5 +232,18 @@ mod tests {
                 .to_string()
                 .contains("unknown parameter")
         );
+    }
+
+    #[test]
+    fn tick_accounting_turns_the_ratelimit_off_unless_given() {
+        let p = parse_spec("credit:tslice=30ms,tick=10ms,accounting=tick").unwrap();
+        assert_eq!(p.accounting, sched::Accounting::Tick);
+        assert_eq!(p.ratelimit_ns, 0);
+        assert_eq!(view(p).accounting, crate::ctl::Accounting::Tick);
+        let err = parse_spec("credit:accounting=tick,ratelimit=1ms")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("no ratelimit"), "{err}");
+        assert!(parse_spec("credit:accounting=xen").is_err());
     }
 }

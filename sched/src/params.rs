@@ -54,6 +54,41 @@ pub struct Params {
     /// also sets how stale accounting is (and lets caps leak, see
     /// `accounting.rs`).
     pub sync_accounting: bool,
+    /// How run time becomes debited credit.
+    pub accounting: Accounting,
+}
+
+/// How run time becomes debited credit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Accounting {
+    /// Every nanosecond run is debited (at deschedule, tick and accounting): Xen since
+    /// "Accurate accounting for credit scheduler" (4.x).
+    #[default]
+    Exact,
+    /// Xen 3.4's credit1: each tick debits a whole tick's credit from the vCPU it finds
+    /// running, and nothing else is debited (a vCPU that is never running at a tick
+    /// runs free; one that always is pays for whole ticks). No ratelimit existed.
+    Tick,
+}
+
+impl Accounting {
+    pub fn name(self) -> &'static str {
+        match self {
+            Accounting::Exact => "exact",
+            Accounting::Tick => "tick",
+        }
+    }
+}
+
+impl std::str::FromStr for Accounting {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Accounting, String> {
+        match text {
+            "exact" => Ok(Accounting::Exact),
+            "tick" => Ok(Accounting::Tick),
+            _ => Err(format!("accounting '{text}' is not exact or tick")),
+        }
+    }
 }
 
 impl Default for Params {
@@ -78,6 +113,7 @@ impl Params {
             },
             migration_delay_ns: 0,
             sync_accounting: true,
+            accounting: Accounting::Exact,
         }
     }
 
@@ -94,6 +130,12 @@ impl Params {
     /// Xen `credits_per_tslice` in whole credits (10 per ms, 300 for 30 ms).
     pub fn credits_per_tslice(&self) -> i64 {
         self.mcredits_per_tslice() / CREDIT_SCALE
+    }
+
+    /// What one tick debits under [`Accounting::Tick`], in milli-credits (Xen 3.4's
+    /// `CSCHED_CREDITS_PER_TICK`, 100 for a 10 ms tick).
+    pub fn mcredits_per_tick(&self) -> i64 {
+        (self.tick_ns / NS_PER_MCREDIT) as i64
     }
 
     /// Credits per slice in milli-credits: scales linearly with the slice.
@@ -121,6 +163,9 @@ impl Params {
                 tslice_ns: self.tslice_ns,
             });
         }
+        if self.accounting == Accounting::Tick && self.ratelimit_ns != 0 {
+            return Err(ParamError::TickAccountingRatelimit(self.ratelimit_ns));
+        }
         if self.migration_delay_ns > MAX_MIGRATION_DELAY_NS {
             return Err(ParamError::MigrationDelay(self.migration_delay_ns));
         }
@@ -140,6 +185,8 @@ pub enum ParamError {
          (100 us to 500 ms) and below tslice_ns = {tslice_ns}"
     )]
     Ratelimit { ratelimit_ns: u64, tslice_ns: u64 },
+    #[error("ratelimit_ns = {0}: tick accounting (Xen 3.4) has no ratelimit; give ratelimit 0")]
+    TickAccountingRatelimit(u64),
     #[error("migration_delay_ns = {0}: must be in 0..=100000000 (0 to 100 ms)")]
     MigrationDelay(u64),
     #[error("pcpus = {0}: must be in 1..=256")]

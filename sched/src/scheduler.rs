@@ -2,7 +2,7 @@
 
 use crate::error::DomainError;
 use crate::ids::{DomainId, MAX_PCPUS, PcpuId, Tickles, VcpuId};
-use crate::params::{NS_PER_MCREDIT, ParamError, Params};
+use crate::params::{Accounting, NS_PER_MCREDIT, ParamError, Params};
 use crate::runq::RunQueue;
 use crate::stats::{DomainStats, Priority, VcpuState, VcpuStats};
 
@@ -292,14 +292,18 @@ impl Scheduler {
     /// Burns the running vCPU's credit for the time since its last burn
     /// (Xen `burn_credits`: 10 credits per ms, the remainder carried over).
     pub(crate) fn burn(&mut self, v: VcpuId, now: u64) {
+        let exact = self.params.accounting == Accounting::Exact;
         let vc = self.vcpu_mut(v);
         if now <= vc.last_burn_ns {
             return;
         }
         let delta = now - vc.last_burn_ns;
-        let total = delta + vc.residual_ns;
-        vc.credit -= (total / NS_PER_MCREDIT) as i64;
-        vc.residual_ns = total % NS_PER_MCREDIT;
+        // Tick accounting debits at ticks only (`tick_running`); run time still counts.
+        if exact {
+            let total = delta + vc.residual_ns;
+            vc.credit -= (total / NS_PER_MCREDIT) as i64;
+            vc.residual_ns = total % NS_PER_MCREDIT;
+        }
         vc.last_burn_ns = now;
         vc.run_ns += delta;
         let dom = vc.dom;
@@ -445,6 +449,11 @@ impl Scheduler {
             vc.pri = Priority::Under;
         }
         self.burn(c, now);
+        if self.params.accounting == Accounting::Tick {
+            // Xen 3.4 `csched_vcpu_acct`: a whole tick, whatever ran since the last.
+            let debit = self.params.mcredits_per_tick();
+            self.vcpu_mut(c).credit -= debit;
+        }
         if !self.vcpu(c).active {
             self.acct_start(c);
         }

@@ -579,3 +579,59 @@ fn tick_phase_locked_vcpu_escapes_accounting() {
     assert_eq!((s.priority, s.active), (Priority::Boost, false));
     assert_eq!(sim.run_ns(busy), 30 * MS);
 }
+
+/// Xen 3.4's tick accounting against exact accounting on the same trace, before the
+/// first accounting (30 ms), so the numbers are the debits alone.
+#[test]
+fn tick_accounting_debits_whole_ticks_from_whoever_is_running() {
+    let exact = Params {
+        ratelimit_ns: 0,
+        ..Params::default()
+    };
+    let tick = Params {
+        accounting: Accounting::Tick,
+        ..exact
+    };
+    // A busy vCPU pays the same either way: at 25 ms, exact has burned up to the tick
+    // at 20 ms (-200) and tick debited the ticks at 10 and 20 ms (-200).
+    for (params, want) in [(exact, -200), (tick, -200)] {
+        let (mut sim, d) = sim(params, 1, &[(256, 0)]);
+        let a = sim.add_vcpu(d[0], Workload::Busy);
+        sim.run_until(25 * MS, |_| {});
+        assert_eq!(st(&sim, a).credit, want, "{:?}", params.accounting);
+        assert_eq!(sim.run_ns(a), 25 * MS);
+    }
+    // 2 ms runs every 9.5 ms ([0,2), [9.5,11.5), [19,21)): exact burns 6 ms (-60);
+    // tick finds it running at 10 and 20 ms and debits two whole ticks (-200).
+    for (params, want) in [(exact, -60), (tick, -200)] {
+        let (mut sim, d) = sim(params, 1, &[(256, 0)]);
+        let a = sim.add_vcpu(
+            d[0],
+            Workload::Periodic {
+                run_ns: 2 * MS,
+                sleep_ns: 7_500 * US,
+            },
+        );
+        sim.run_until(25 * MS, |_| {});
+        assert_eq!(st(&sim, a).credit, want, "{:?}", params.accounting);
+    }
+}
+
+#[test]
+fn tick_accounting_has_no_ratelimit() {
+    let p = Params {
+        accounting: Accounting::Tick,
+        ..Params::default()
+    };
+    assert_eq!(p.validate(), Err(ParamError::TickAccountingRatelimit(MS)));
+    assert_eq!(
+        Params {
+            ratelimit_ns: 0,
+            ..p
+        }
+        .validate(),
+        Ok(())
+    );
+    assert_eq!("tick".parse::<Accounting>(), Ok(Accounting::Tick));
+    assert!("xen".parse::<Accounting>().is_err());
+}

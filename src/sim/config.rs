@@ -52,6 +52,8 @@ struct SchedulerFile {
     tslice_ms: Option<f64>,
     tick_ms: Option<f64>,
     ratelimit_us: Option<u64>,
+    /// "exact" (default) or "tick" (Xen 3.4's per-tick debit, no ratelimit).
+    accounting: Option<crate::ctl::Accounting>,
 }
 
 /// What things cost, in microseconds (of CPU, or of latency for the wire). The
@@ -161,6 +163,8 @@ struct ScenarioFile {
     tslice_ms: Option<f64>,
     tick_ms: Option<f64>,
     ratelimit_us: Option<u64>,
+    /// "exact" (default) or "tick" (Xen 3.4's per-tick debit, no ratelimit).
+    accounting: Option<crate::ctl::Accounting>,
     /// Domain 0's weight on every node.
     dom0_weight: Option<u32>,
     /// Overrides every program's way of waiting.
@@ -315,6 +319,7 @@ fn validate(file: SimFile) -> Result<Sim> {
         tslice_ms: file.scheduler.tslice_ms,
         tick_ms: file.scheduler.tick_ms,
         ratelimit_us: file.scheduler.ratelimit_us,
+        accounting: file.scheduler.accounting,
     })
     .context("[scheduler]")?;
     let (nodes, ranks) = check_nodes(file.nodes)?;
@@ -577,6 +582,7 @@ fn check_scenarios(
                 tslice_ms: s.tslice_ms,
                 tick_ms: s.tick_ms,
                 ratelimit_us: s.ratelimit_us,
+                accounting: s.accounting,
             },
         )
         .with_context(|| what.clone())?;
