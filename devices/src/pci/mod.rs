@@ -7,6 +7,6 @@ pub mod bus;
 pub mod config;
 pub mod msix;
 
-pub use bus::{BarAllocator, ConfigPorts, HostBridge, PciBus, PciDevice, PciError};
-pub use config::{Bar, BarKind, BarRegion, ConfigError, ConfigSpace};
-pub use msix::{MsiMessage, Msix, Update};
+pub use bus::{BarAllocator, ConfigPorts, HostBridge, PciBus, PciBusState, PciDevice, PciError};
+pub use config::{Bar, BarKind, BarRegion, ConfigError, ConfigSpace, ConfigSpaceState};
+pub use msix::{MsiMessage, Msix, MsixState, Update};
