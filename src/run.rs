@@ -14,6 +14,9 @@ use crate::guest::{self, EMBEDDED_GUEST};
 use crate::protocol::{Event, LineParser};
 use crate::report::{self, Ending, Verdict};
 
+/// Why a run has no result here: its VM went to a snapshot or another kumo.
+pub const HANDED_OFF: &str = "the VM was handed off (snapshot or migration) and finishes elsewhere";
+
 /// Boots the embedded NPB guest, runs the requested benchmarks and reports them.
 pub fn run_embedded(args: &VmArgs, epoch: Instant) -> Result<u8> {
     let specs = match &args.npb {
@@ -157,6 +160,7 @@ impl GuestRun {
                 fault_text = report.to_string();
                 Ending::Fault(&fault_text)
             }
+            GuestExit::HandedOff => Ending::Fault(HANDED_OFF),
         };
         let boot_ms = self.outcome.workload_started.map(|d| d.as_secs_f64() * 1e3);
         report::judge(specs, vcpus, &self.events, ending, boot_ms)
@@ -182,6 +186,7 @@ impl GuestRun {
             .collect();
         match &self.outcome.exit {
             GuestExit::Fault(report) => bail!("the guest crashed: {report}"),
+            GuestExit::HandedOff => bail!("{HANDED_OFF} before it reported {kind}"),
             GuestExit::DebugExit(status) => bail!(
                 "the guest reported no {kind} result (exit status {status}; {})",
                 if problems.is_empty() {
@@ -250,6 +255,10 @@ pub fn run_kernel(args: &VmArgs, kernel: &Path, epoch: Instant) -> Result<u8> {
         GuestExit::Fault(report) => {
             eprintln!("kumo: the VM crashed: {report}");
             report::EXIT_FAULT
+        }
+        GuestExit::HandedOff => {
+            eprintln!("kumo: {HANDED_OFF}");
+            report::EXIT_OK
         }
     })
 }

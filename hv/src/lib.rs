@@ -25,6 +25,7 @@ pub mod irq;
 pub mod irq_device;
 mod kvm;
 pub mod layout;
+pub mod migration;
 pub mod placement;
 pub mod regs;
 pub mod testing;
@@ -68,6 +69,9 @@ pub enum GuestExit {
     DebugExit(u32),
     /// The guest crashed (or did something kumo cannot continue from).
     Fault(FaultReport),
+    /// The VM was paused and handed off (a snapshot with stop, or a migration whose
+    /// destination runs it now): it did not finish here.
+    HandedOff,
 }
 
 /// Errors creating or running a VM. Each message is one line a person can act on.
@@ -126,6 +130,10 @@ pub enum Error {
     Scheduler(String),
     #[error("PCI: {0}")]
     Device(String),
+    #[error("{0}")]
+    Migration(String),
+    #[error("VM stream: {0}")]
+    Stream(#[from] migration::StreamError),
 }
 
 /// The most vCPUs one VM may have on this host (KVM_CAP_MAX_VCPUS, else

@@ -1,0 +1,171 @@
+//! Pausing, snapshotting and restoring a running VM (KVM needed).
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hv::migration::{self, stream};
+use hv::testing::{PvhImage, asm, kvm_available};
+use hv::{GuestExit, Vm, VmConfig};
+use vm_memory::{Bytes, GuestAddress};
+
+/// Where the guest keeps its counter (free RAM above the kernel).
+const COUNTER: u32 = 0x20_0000;
+/// Iterations of the guest's loop (~3 emulated instructions each).
+const ITERATIONS: u32 = 100_000;
+
+/// Counts `[COUNTER]` up to ITERATIONS, prints "done", exits with the counter.
+fn counting_guest() -> Vec<u8> {
+    let mut code = vec![0xff, 0x05]; // inc dword [COUNTER]
+    code.extend_from_slice(&COUNTER.to_le_bytes());
+    code.extend_from_slice(&[0x81, 0x3d]); // cmp dword [COUNTER], ITERATIONS
+    code.extend_from_slice(&COUNTER.to_le_bytes());
+    code.extend_from_slice(&ITERATIONS.to_le_bytes());
+    code.extend_from_slice(&[0x72, (-18i8) as u8]); // jb back to the inc
+    code.extend(asm::com1_print(b"done\n"));
+    code.push(0xa1); // mov eax, [COUNTER]
+    code.extend_from_slice(&COUNTER.to_le_bytes());
+    code.extend_from_slice(&[0xe7, 0xf4]); // out 0xf4, eax
+    PvhImage::new(&code).build()
+}
+
+fn config(vcpus: u32) -> VmConfig {
+    VmConfig {
+        vcpus,
+        memory_mib: 64,
+        kernel: counting_guest(),
+        cmdline: String::new(),
+        modules: Vec::new(),
+        kvm_device: "/dev/kvm".into(),
+    }
+}
+
+#[derive(Clone, Default)]
+struct Console(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Console {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn counter(vm_memory: &vm_memory::GuestMemoryMmap) -> u32 {
+    vm_memory
+        .read_obj(GuestAddress(u64::from(COUNTER)))
+        .unwrap()
+}
+
+/// Waits until the guest has counted to `at_least` (it is running, not finished).
+fn wait_for_count(memory: &vm_memory::GuestMemoryMmap, at_least: u32) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while counter(memory) < at_least {
+        assert!(Instant::now() < deadline, "the guest never counted");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn a_paused_vm_resumes_and_finishes() {
+    if !kvm_available() {
+        return;
+    }
+    let vm = Vm::new(config(2)).unwrap();
+    let hub = vm.migration_hub();
+    let memory = vm.memory().clone();
+    let console = Console::default();
+    let out = console.clone();
+    let runner = std::thread::spawn(move || vm.run(Box::new(out), Instant::now()));
+    wait_for_count(&memory, 100);
+    let paused = hub.pause().expect("pause");
+    assert_eq!(paused.vcpus().len(), 2);
+    let frozen = counter(&memory);
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(counter(&memory), frozen, "no vCPU runs while paused");
+    assert!(frozen < ITERATIONS, "paused midway");
+    drop(paused);
+    let outcome = runner.join().unwrap().unwrap();
+    assert_eq!(outcome.exit, GuestExit::DebugExit(ITERATIONS));
+    assert_eq!(&*console.0.lock().unwrap(), b"done\n");
+}
+
+#[test]
+fn a_snapshot_taken_midway_restores_and_finishes() {
+    if !kvm_available() {
+        return;
+    }
+    let vm = Vm::new(config(2)).unwrap();
+    let hub = vm.migration_hub();
+    let memory = vm.memory().clone();
+    let runner = std::thread::spawn(move || vm.run(Box::new(std::io::sink()), Instant::now()));
+    wait_for_count(&memory, 100);
+    let mut bytes = Vec::new();
+    let (paused, written) = migration::write_snapshot(&hub, &mut bytes, "app".into()).unwrap();
+    let saved_count = counter(&memory);
+    paused.hand_off();
+    assert_eq!(runner.join().unwrap().unwrap().exit, GuestExit::HandedOff);
+    assert!(saved_count > 0 && saved_count < ITERATIONS);
+    assert!(
+        written.pages > 0 && (written.pages as usize) < 64 * 256,
+        "holes skipped"
+    );
+
+    // The stream parses, and holds the counter as it was.
+    let parsed = stream::parse(&mut &bytes[..]).unwrap();
+    assert_eq!(parsed.meta.app, "app");
+    assert_eq!(parsed.vcpus.len(), 2);
+    let page = parsed
+        .pages
+        .iter()
+        .find(|(gpa, _)| *gpa == u64::from(COUNTER))
+        .and_then(|(_, b)| b.as_ref())
+        .expect("the counter's page is saved");
+    assert_eq!(
+        u32::from_le_bytes(page[..4].try_into().unwrap()),
+        saved_count
+    );
+
+    let (restored, meta) =
+        migration::restore_from(&mut &bytes[..], std::path::Path::new("/dev/kvm")).unwrap();
+    assert_eq!(meta.vcpus, 2);
+    assert_eq!(counter(restored.memory()), saved_count);
+    let console = Console::default();
+    let outcome = restored
+        .run(Box::new(console.clone()), Instant::now())
+        .unwrap();
+    assert_eq!(outcome.exit, GuestExit::DebugExit(ITERATIONS));
+    assert_eq!(&*console.0.lock().unwrap(), b"done\n");
+}
+
+#[test]
+fn a_corrupted_snapshot_is_refused() {
+    if !kvm_available() {
+        return;
+    }
+    let vm = Vm::new(config(1)).unwrap();
+    let hub = vm.migration_hub();
+    let memory = vm.memory().clone();
+    let runner = std::thread::spawn(move || vm.run(Box::new(std::io::sink()), Instant::now()));
+    wait_for_count(&memory, 100);
+    let mut bytes = Vec::new();
+    let (paused, _) = migration::write_snapshot(&hub, &mut bytes, String::new()).unwrap();
+    drop(paused); // resumes: the source finishes on its own
+    assert_eq!(
+        runner.join().unwrap().unwrap().exit,
+        GuestExit::DebugExit(ITERATIONS)
+    );
+    let mut bad = bytes.clone();
+    let at = bad.len() / 2;
+    bad[at] ^= 0x40;
+    let err = migration::restore_from(&mut &bad[..], std::path::Path::new("/dev/kvm"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("checksum"), "{err}");
+    let err = migration::restore_from(&mut &bytes[..bytes.len() - 5], "/dev/kvm".as_ref())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("truncated"), "{err}");
+}
