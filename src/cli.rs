@@ -78,6 +78,14 @@ pub enum CtlCommand {
     /// Domains of the node.
     #[command(subcommand)]
     Domain(DomainCommand),
+    /// Save the running VM to a file (`kumo --restore PATH` runs it again).
+    Snapshot {
+        /// The snapshot file to write (mode 0600).
+        path: PathBuf,
+        /// End the VM once it is saved (otherwise it runs on).
+        #[arg(long)]
+        stop: bool,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -332,4 +340,13 @@ pub struct VmArgs {
     /// The KVM device to open.
     #[arg(long, value_name = "PATH", default_value = "/dev/kvm")]
     pub kvm_device: PathBuf,
+
+    /// Serve a control socket for this VM at PATH (mode 0600): `kumo ctl --socket
+    /// PATH snapshot|migrate`.
+    #[arg(long, value_name = "PATH", conflicts_with_all = ["kernel", "irq_check", "sched", "dump_guest"])]
+    pub ctl_socket: Option<PathBuf>,
+
+    /// Run the VM saved in PATH (by `kumo ctl ... snapshot`) from where it was saved.
+    #[arg(long, value_name = "PATH", conflicts_with_all = ["kernel", "npb", "irq_check", "sched", "dump_guest"])]
+    pub restore: Option<PathBuf>,
 }

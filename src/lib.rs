@@ -6,6 +6,7 @@ pub mod cli;
 pub mod ctl;
 pub mod guest;
 pub mod irq;
+pub mod migrate;
 pub mod native;
 pub mod node;
 pub mod node_config;

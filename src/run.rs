@@ -214,11 +214,29 @@ pub fn boot_embedded<T>(
 
 /// Runs a created VM of the embedded guest and collects its events.
 pub fn run_collecting(vm: Vm, epoch: Instant) -> Result<GuestRun> {
+    run_collecting_recorded(vm, epoch, None, &[])
+}
+
+/// As [`run_collecting`], with every console byte also appended to `record` (what a
+/// snapshot carries), after `replay` (an earlier part of the same guest's console,
+/// from a snapshot) was parsed for its events without being echoed.
+pub fn run_collecting_recorded(
+    vm: Vm,
+    epoch: Instant,
+    record: Option<Arc<Mutex<Vec<u8>>>>,
+    replay: &[u8],
+) -> Result<GuestRun> {
     let events = Arc::new(Mutex::new(Vec::new()));
-    let console = GuestConsole {
+    let mut console = GuestConsole {
         parser: LineParser::default(),
         events: Arc::clone(&events),
+        record,
     };
+    console.parser.feed(replay, |_, event| {
+        if let Some(event) = event {
+            events.lock().unwrap_or_else(|e| e.into_inner()).push(event);
+        }
+    });
     let outcome = vm.run(Box::new(console), epoch)?;
     let events = std::mem::take(&mut *events.lock().unwrap_or_else(|e| e.into_inner()));
     Ok(GuestRun { events, outcome })
@@ -291,6 +309,7 @@ fn check_vcpus(vcpus: u32, kvm_device: &Path) -> Result<()> {
 struct GuestConsole {
     parser: LineParser,
     events: Arc<Mutex<Vec<Event>>>,
+    record: Option<Arc<Mutex<Vec<u8>>>>,
 }
 
 impl GuestConsole {
@@ -305,6 +324,12 @@ impl GuestConsole {
 
 impl Write for GuestConsole {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if let Some(record) = &self.record {
+            record
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend_from_slice(buf);
+        }
         let events = &self.events;
         self.parser
             .feed(buf, |text, event| Self::take_line(events, text, event));

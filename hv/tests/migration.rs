@@ -103,7 +103,7 @@ fn a_snapshot_taken_midway_restores_and_finishes() {
     let runner = std::thread::spawn(move || vm.run(Box::new(std::io::sink()), Instant::now()));
     wait_for_count(&memory, 100);
     let mut bytes = Vec::new();
-    let (paused, written) = migration::write_snapshot(&hub, &mut bytes, "app".into()).unwrap();
+    let (paused, written) = migration::write_snapshot(&hub, &mut bytes, || "app".into()).unwrap();
     let saved_count = counter(&memory);
     paused.hand_off();
     assert_eq!(runner.join().unwrap().unwrap().exit, GuestExit::HandedOff);
@@ -151,7 +151,7 @@ fn a_corrupted_snapshot_is_refused() {
     let runner = std::thread::spawn(move || vm.run(Box::new(std::io::sink()), Instant::now()));
     wait_for_count(&memory, 100);
     let mut bytes = Vec::new();
-    let (paused, _) = migration::write_snapshot(&hub, &mut bytes, String::new()).unwrap();
+    let (paused, _) = migration::write_snapshot(&hub, &mut bytes, String::new).unwrap();
     drop(paused); // resumes: the source finishes on its own
     assert_eq!(
         runner.join().unwrap().unwrap().exit,

@@ -414,14 +414,16 @@ fn data_ranges(memfd: &File, size: u64) -> Vec<(u64, u64)> {
 /// Saves the whole VM to `w` (a snapshot): header, META, RAM, state, END. The VM
 /// stays paused while it is written; the caller decides whether it resumes (drop
 /// the returned [`Paused`]) or ends ([`Paused::hand_off`]).
+/// `app` describes the program's side (see [`Meta::app`]); it is asked for once the
+/// vCPUs are stopped, so it may include what they produced so far.
 pub fn write_snapshot<'a>(
     hub: &'a Hub,
     w: &mut impl Write,
-    app: String,
+    app: impl FnOnce() -> String,
 ) -> Result<(Paused<'a>, Written), Error> {
     let paused = hub.pause()?;
     stream::write_header(w)?;
-    stream::write_json(w, stream::TAG_META, &hub.meta(app))?;
+    stream::write_json(w, stream::TAG_META, &hub.meta(app()))?;
     let written = write_all_ram(hub.memory(), hub.memfd(), w)?;
     paused.write_state(w)?;
     w.flush().map_err(StreamError::from)?;

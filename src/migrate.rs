@@ -1,0 +1,227 @@
+//! A single VM that can be saved and moved: its control socket (`--ctl-socket`),
+//! `snapshot` to a file and `kumo --restore`. The VMM side (pausing, state, the
+//! stream) is `hv::migration`; this module adds what the program knows: which NPB
+//! benchmarks the guest runs and what its console printed so far, so a restored run
+//! is judged like one that never moved.
+
+use std::fs::OpenOptions;
+use std::io::{BufReader, BufWriter};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use hv::migration::Hub;
+use hv::{GuestExit, Vm};
+use npb::Spec;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::cli::VmArgs;
+use crate::ctl::{self, Controlled, DomainInfo, SchedParams, SchedUpdate};
+use crate::guest;
+use crate::report::{self, EXIT_OK};
+use crate::run::{self, HANDED_OFF};
+
+/// What a snapshot or migration stream carries for kumo itself (META's `app`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AppState {
+    /// Always [`GUEST_NAME`]: other guests cannot be restored by this program yet.
+    pub guest: String,
+    /// The NPB list, as `--npb` takes it.
+    pub npb: String,
+    pub vcpus: u32,
+    /// Everything the guest wrote to its console so far (results already printed).
+    pub console: Vec<u8>,
+}
+
+pub const GUEST_NAME: &str = "kumo-npb";
+
+impl AppState {
+    pub fn parse(app: &str) -> Result<AppState> {
+        let state: AppState =
+            serde_json::from_str(app).context("the stream does not describe a kumo NPB guest")?;
+        if state.guest != GUEST_NAME {
+            bail!(
+                "the stream holds a '{}' guest; kumo restores only its own NPB guest",
+                state.guest
+            );
+        }
+        Ok(state)
+    }
+
+    pub fn specs(&self) -> Result<Vec<Spec>> {
+        guest::parse_specs(&self.npb)
+    }
+}
+
+/// The control socket's view of one running VM.
+pub struct VmTarget {
+    hub: Arc<Hub>,
+    app: AppState,
+    /// The console so far, kept up to date by the running VM's console.
+    console: Arc<Mutex<Vec<u8>>>,
+}
+
+impl VmTarget {
+    /// The program's state now (call with the vCPUs paused for a consistent console).
+    fn app_json(&self) -> String {
+        let console = self
+            .console
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let app = AppState {
+            console,
+            ..self.app.clone()
+        };
+        serde_json::to_string(&app).unwrap_or_default()
+    }
+
+    fn write_snapshot(&self, path: &Path, stop: bool) -> Result<Value> {
+        let file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(path)
+            .with_context(|| format!("cannot create {}", path.display()))?;
+        let mut w = BufWriter::with_capacity(1 << 20, file);
+        let (paused, written) =
+            match hv::migration::write_snapshot(&self.hub, &mut w, || self.app_json()) {
+                Ok(done) => done,
+                Err(e) => {
+                    drop(w);
+                    let _ = std::fs::remove_file(path);
+                    return Err(e.into());
+                }
+            };
+        let synced = w
+            .into_inner()
+            .map_err(|e| e.into_error())
+            .and_then(|f| f.sync_data());
+        if let Err(e) = synced {
+            drop(paused); // the VM runs on
+            let _ = std::fs::remove_file(path);
+            return Err(e).with_context(|| format!("cannot write {}", path.display()));
+        }
+        let paused_ms = paused.paused_for().as_secs_f64() * 1e3;
+        if stop {
+            paused.hand_off();
+        } else {
+            drop(paused);
+        }
+        Ok(json!({
+            "path": path,
+            "pages": written.pages,
+            "bytes": written.bytes,
+            "paused_ms": paused_ms,
+            "stopped": stop,
+        }))
+    }
+}
+
+const NO_SCHEDULER: &str = "this VM runs without the credit scheduler";
+
+impl Controlled for VmTarget {
+    fn sched_params(&self) -> SchedParams {
+        // As a node without a scheduler shows it.
+        SchedParams {
+            tslice_ms: 0.0,
+            tick_ms: 0.0,
+            ratelimit_us: 0,
+        }
+    }
+    fn set_sched_params(&self, _update: SchedUpdate) -> Result<SchedParams, String> {
+        Err(NO_SCHEDULER.into())
+    }
+    fn domains(&self) -> Vec<DomainInfo> {
+        Vec::new()
+    }
+    fn set_domain(&self, name: &str, _: Option<u32>, _: Option<u32>) -> Result<DomainInfo, String> {
+        Err(format!("no domain '{name}': {NO_SCHEDULER}"))
+    }
+    fn snapshot(&self, path: &Path, stop: bool) -> Result<Value, String> {
+        self.write_snapshot(path, stop)
+            .map_err(|e| format!("{e:#}"))
+    }
+}
+
+/// `kumo --ctl-socket PATH [--npb ...]`: the embedded guest, saveable while it runs.
+pub fn run_controlled(args: &VmArgs, epoch: Instant) -> Result<u8> {
+    let specs = match &args.npb {
+        Some(list) => guest::parse_specs(list)?,
+        None => guest::default_specs(),
+    };
+    run::check_guest_vcpus(args.vcpus, &args.kvm_device)?;
+    let memory_mib = guest::choose_memory_mib(args.memory, &specs, args.vcpus)?;
+    let config = run::embedded_config(
+        args.vcpus,
+        memory_mib,
+        guest::npb_cmdline(&specs, args.vcpus),
+        &args.kvm_device,
+    );
+    let vm = Vm::new(config)?;
+    let app = AppState {
+        guest: GUEST_NAME.into(),
+        npb: npb_list(&specs),
+        vcpus: args.vcpus,
+        console: Vec::new(),
+    };
+    run_vm(vm, app, args.ctl_socket.as_deref(), epoch, args.json)
+}
+
+/// `kumo --restore PATH`: runs a saved VM on from where it was saved.
+pub fn run_restore(args: &VmArgs, epoch: Instant) -> Result<u8> {
+    let path = args.restore.as_deref().context("--restore needs a path")?;
+    let file = std::fs::File::open(path)
+        .with_context(|| format!("cannot open snapshot {}", path.display()))?;
+    let (vm, meta) = hv::migration::restore_from(&mut BufReader::new(file), &args.kvm_device)
+        .with_context(|| format!("cannot restore {}", path.display()))?;
+    let app = AppState::parse(&meta.app)?;
+    run_vm(vm, app, args.ctl_socket.as_deref(), epoch, args.json)
+}
+
+fn npb_list(specs: &[Spec]) -> String {
+    specs
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Runs a created or restored VM of the embedded guest, serving `socket` if given,
+/// and reports it; a VM handed off elsewhere reports that instead.
+pub fn run_vm(
+    vm: Vm,
+    app: AppState,
+    socket: Option<&Path>,
+    epoch: Instant,
+    json: bool,
+) -> Result<u8> {
+    let specs = app.specs()?;
+    let console = Arc::new(Mutex::new(app.console.clone()));
+    let replay = app.console.clone();
+    let target = Arc::new(VmTarget {
+        hub: vm.migration_hub(),
+        app: app.clone(),
+        console: console.clone(),
+    });
+    let server = socket
+        .map(|path| -> Result<ctl::Server> {
+            let server = ctl::Server::start(path, target, || ())?;
+            eprintln!("kumo: control socket {}", server.path().display());
+            Ok(server)
+        })
+        .transpose()?;
+    let run = run::run_collecting_recorded(vm, epoch, Some(console), &replay)?;
+    drop(server);
+    if run.outcome.exit == GuestExit::HandedOff {
+        eprintln!("kumo: {HANDED_OFF}");
+        return Ok(EXIT_OK);
+    }
+    let verdict = run.judge(&specs, app.vcpus);
+    report::print(&verdict, json)?;
+    Ok(verdict.exit_code())
+}
