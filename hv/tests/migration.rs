@@ -4,7 +4,7 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use hv::migration::{self, stream};
+use hv::migration::{self, live, stream};
 use hv::testing::{PvhImage, asm, kvm_available};
 use hv::{GuestExit, Vm, VmConfig};
 use vm_memory::{Bytes, GuestAddress};
@@ -168,4 +168,102 @@ fn a_corrupted_snapshot_is_refused() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("truncated"), "{err}");
+}
+
+/// Runs the destination side on a thread: restore from `b`, confirm, run.
+fn destination(
+    b: std::os::unix::net::UnixStream,
+    console: Console,
+) -> std::thread::JoinHandle<Result<(String, u32, GuestExit), String>> {
+    std::thread::spawn(move || {
+        let mut r = std::io::BufReader::new(b.try_clone().unwrap());
+        let (vm, meta) = migration::restore_from(&mut r, std::path::Path::new("/dev/kvm"))
+            .map_err(|e| e.to_string())?;
+        let restored_count = counter(vm.memory());
+        (&b).write_all(b"R").map_err(|e| e.to_string())?;
+        let outcome = vm
+            .run(Box::new(console), Instant::now())
+            .map_err(|e| e.to_string())?;
+        Ok((meta.app, restored_count, outcome.exit))
+    })
+}
+
+fn confirmed(a: &std::os::unix::net::UnixStream) -> Result<(), hv::Error> {
+    let mut byte = [0u8; 1];
+    std::io::Read::read_exact(&mut &*a, &mut byte)
+        .map_err(|e| hv::Error::Migration(format!("no confirmation: {e}")))?;
+    if byte != *b"R" {
+        return Err(hv::Error::Migration("bad confirmation".into()));
+    }
+    Ok(())
+}
+
+#[test]
+fn a_running_vm_migrates_with_dirty_rounds_and_finishes_on_the_destination() {
+    if !kvm_available() {
+        return;
+    }
+    let vm = Vm::new(config(2)).unwrap();
+    let hub = vm.migration_hub();
+    let memory = vm.memory().clone();
+    let runner = std::thread::spawn(move || vm.run(Box::new(std::io::sink()), Instant::now()));
+    wait_for_count(&memory, 100);
+    let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+    let console = Console::default();
+    let dest = destination(b, console.clone());
+    let mut w = std::io::BufWriter::new(a.try_clone().unwrap());
+    // No downtime target is met while pages are dirty: rounds until the cap.
+    let options = live::Options {
+        max_downtime: Duration::ZERO,
+        max_rounds: 2,
+    };
+    let report = live::send(
+        &hub,
+        &mut w,
+        "start".into(),
+        || "final".into(),
+        &options,
+        || confirmed(&a),
+    )
+    .unwrap();
+    assert_eq!(runner.join().unwrap().unwrap().exit, GuestExit::HandedOff);
+    // Rounds go on while pages are dirty, up to the cap (how many depends on how
+    // much the guest ran meanwhile).
+    assert!((1..=3).contains(&report.rounds.len()), "{report:?}");
+    let (app, restored_count, exit) = dest.join().unwrap().unwrap();
+    // The counter's page changes all the time: whatever round last carried it, the
+    // destination must start from the value the source stopped at.
+    assert_eq!(restored_count, counter(&memory));
+    assert_eq!(app, "final", "the final APPS section replaces META's");
+    assert_eq!(exit, GuestExit::DebugExit(ITERATIONS));
+    assert_eq!(&*console.0.lock().unwrap(), b"done\n");
+}
+
+#[test]
+fn without_confirmation_the_source_runs_on() {
+    if !kvm_available() {
+        return;
+    }
+    let vm = Vm::new(config(1)).unwrap();
+    let hub = vm.migration_hub();
+    let memory = vm.memory().clone();
+    let runner = std::thread::spawn(move || vm.run(Box::new(std::io::sink()), Instant::now()));
+    wait_for_count(&memory, 100);
+    let mut sink = Vec::new();
+    let err = live::send(
+        &hub,
+        &mut sink,
+        String::new(),
+        String::new,
+        &live::Options::default(),
+        || Err(hv::Error::Migration("the destination went away".into())),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("went away"));
+    assert!(!sink.is_empty());
+    assert_eq!(
+        runner.join().unwrap().unwrap().exit,
+        GuestExit::DebugExit(ITERATIONS),
+        "the source resumed and finished"
+    );
 }

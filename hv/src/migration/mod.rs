@@ -8,6 +8,8 @@
 //! resumes the vCPUs, and [`Paused::hand_off`] ends the VM here instead (its run
 //! returns [`crate::GuestExit::HandedOff`]).
 
+pub mod auth;
+pub mod live;
 mod restore;
 pub mod state;
 pub mod stream;
@@ -328,13 +330,17 @@ impl Paused<'_> {
         self.hub.resume(true);
     }
 
-    /// Writes the final sections: vCPUs, VM, devices, END.
-    pub fn write_state(&self, w: &mut impl Write) -> Result<(), Error> {
+    /// Writes the final sections: vCPUs, VM, devices, the program's `app` if given
+    /// (replacing META's), END.
+    pub fn write_state(&self, w: &mut impl Write, app: Option<String>) -> Result<(), Error> {
         let vm = self.vm_state()?;
         let devices = self.device_states()?;
         stream::write_json(w, stream::TAG_VCPU, &self.vcpus)?;
         stream::write_json(w, stream::TAG_VM, &vm)?;
         stream::write_json(w, stream::TAG_DEVICES, &devices)?;
+        if let Some(app) = app {
+            stream::write_json(w, stream::TAG_APP, &app)?;
+        }
         stream::write_section(w, stream::TAG_END, &[])?;
         Ok(())
     }
@@ -425,7 +431,7 @@ pub fn write_snapshot<'a>(
     stream::write_header(w)?;
     stream::write_json(w, stream::TAG_META, &hub.meta(app()))?;
     let written = write_all_ram(hub.memory(), hub.memfd(), w)?;
-    paused.write_state(w)?;
+    paused.write_state(w, None)?;
     w.flush().map_err(StreamError::from)?;
     Ok((paused, written))
 }

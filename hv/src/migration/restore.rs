@@ -13,7 +13,8 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 use super::Hub;
 use super::state::{self, DeviceStates, VcpuState, VmState};
 use super::stream::{
-    self, Meta, StreamError, TAG_DEVICES, TAG_END, TAG_META, TAG_RAM, TAG_VCPU, TAG_VM, tag_name,
+    self, Meta, StreamError, TAG_APP, TAG_DEVICES, TAG_END, TAG_META, TAG_RAM, TAG_VCPU, TAG_VM,
+    tag_name,
 };
 use crate::kvm::{self, ioctl};
 use crate::layout::{KVM_TSS_ADDR, PCI_ECAM_BASE, PCI_MMIO_END, PCI_MMIO_START};
@@ -29,12 +30,13 @@ pub fn restore_from(r: &mut impl Read, kvm_device: &Path) -> Result<(Vm, Meta), 
     if first.tag != TAG_META {
         return Err(StreamError::Order(tag_name(&first.tag)).into());
     }
-    let meta: Meta = first.json()?;
+    let mut meta: Meta = first.json()?;
     stream::check_meta(&meta)?;
     let mut vm = create(&meta, kvm_device)?;
     let mut vcpus: Option<Vec<VcpuState>> = None;
     let mut vm_state: Option<VmState> = None;
     let mut devices: Option<DeviceStates> = None;
+    let mut app: Option<String> = None;
     loop {
         let section = stream::read_section(r)?;
         match section.tag {
@@ -67,7 +69,11 @@ pub fn restore_from(r: &mut impl Read, kvm_device: &Path) -> Result<(Vm, Meta), 
             }
             TAG_VM if vm_state.is_none() && vcpus.is_some() => vm_state = Some(section.json()?),
             TAG_DEVICES if devices.is_none() && vcpus.is_some() => devices = Some(section.json()?),
+            TAG_APP if app.is_none() && vcpus.is_some() => app = Some(section.json()?),
             TAG_END => {
+                if let Some(app) = app {
+                    meta.app = app;
+                }
                 let (Some(vcpus), Some(vm_state), Some(devices)) = (vcpus, vm_state, devices)
                 else {
                     return Err(StreamError::Order("END".into()).into());

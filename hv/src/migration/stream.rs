@@ -8,7 +8,8 @@
 //! Sections, in order: `META` (JSON [`Meta`]: vCPUs, RAM size, CPUID, the program's
 //! own description), any number of `RAM ` (page records), then `VCPU` (JSON, every
 //! vCPU's state), `VMST` (JSON, irqchip and clock), `DEVS` (JSON, device state) and
-//! `END\0` (empty). A page record is `gpa: u64 LE`, `kind: u8` (0: the page is all
+//! `END\0` (empty); an `APPS` section (JSON string) may come after `VCPU` and
+//! replaces META's `app`. A page record is `gpa: u64 LE`, `kind: u8` (0: the page is all
 //! zeros, 1: 4096 bytes follow). A migration sends `RAM ` sections once per round;
 //! a later record for a page replaces the earlier one.
 //!
@@ -37,6 +38,9 @@ pub const TAG_VCPU: [u8; 4] = *b"VCPU";
 pub const TAG_VM: [u8; 4] = *b"VMST";
 pub const TAG_DEVICES: [u8; 4] = *b"DEVS";
 pub const TAG_END: [u8; 4] = *b"END\0";
+/// The program's description again, as it is once the VM stopped (a migration
+/// sends META before the copy rounds, while the guest still runs).
+pub const TAG_APP: [u8; 4] = *b"APPS";
 
 /// What a stream's reader or writer found wrong.
 #[derive(Debug, thiserror::Error)]
@@ -175,7 +179,17 @@ pub fn read_section(r: &mut impl Read) -> Result<Section, StreamError> {
     let mut head = [0u8; 12];
     read_exact(r, &mut head)?;
     let tag: [u8; 4] = [head[0], head[1], head[2], head[3]];
-    if ![TAG_META, TAG_RAM, TAG_VCPU, TAG_VM, TAG_DEVICES, TAG_END].contains(&tag) {
+    if ![
+        TAG_META,
+        TAG_RAM,
+        TAG_VCPU,
+        TAG_VM,
+        TAG_DEVICES,
+        TAG_APP,
+        TAG_END,
+    ]
+    .contains(&tag)
+    {
         return Err(StreamError::UnknownSection(tag_name(&tag)));
     }
     let len = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
@@ -326,10 +340,11 @@ pub fn parse(r: &mut impl Read) -> Result<Parsed, StreamError> {
     if first.tag != TAG_META {
         return Err(StreamError::Order(tag_name(&first.tag)));
     }
-    let meta: Meta = first.json()?;
+    let mut meta: Meta = first.json()?;
     check_meta(&meta)?;
     let mut pages = Vec::new();
     let (mut vcpus, mut vm, mut devices) = (None, None, None);
+    let mut app = None;
     loop {
         let section = read_section(r)?;
         match section.tag {
@@ -351,7 +366,11 @@ pub fn parse(r: &mut impl Read) -> Result<Parsed, StreamError> {
             }
             TAG_VM if vm.is_none() && vcpus.is_some() => vm = Some(section.json()?),
             TAG_DEVICES if devices.is_none() && vcpus.is_some() => devices = Some(section.json()?),
+            TAG_APP if app.is_none() && vcpus.is_some() => app = Some(section.json()?),
             TAG_END => {
+                if let Some(app) = app {
+                    meta.app = app;
+                }
                 return match (vcpus, vm, devices) {
                     (Some(vcpus), Some(vm), Some(devices)) => Ok(Parsed {
                         meta,
