@@ -86,6 +86,18 @@ pub enum CtlCommand {
         #[arg(long)]
         stop: bool,
     },
+    /// Move the running VM to another kumo started with `--incoming`; the source
+    /// ends only once the destination runs it.
+    Migrate {
+        /// The destination, tcp:HOST:PORT.
+        target: String,
+        /// A file holding the secret both ends share.
+        #[arg(long, value_name = "FILE")]
+        token_file: Option<PathBuf>,
+        /// Iterate copy rounds until the last one would take at most this long.
+        #[arg(long, value_name = "MS")]
+        max_downtime_ms: Option<u64>,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -347,6 +359,14 @@ pub struct VmArgs {
     pub ctl_socket: Option<PathBuf>,
 
     /// Run the VM saved in PATH (by `kumo ctl ... snapshot`) from where it was saved.
-    #[arg(long, value_name = "PATH", conflicts_with_all = ["kernel", "npb", "irq_check", "sched", "dump_guest"])]
+    #[arg(long, value_name = "PATH", conflicts_with_all = ["kernel", "npb", "irq_check", "sched", "dump_guest", "incoming"])]
     pub restore: Option<PathBuf>,
+
+    /// Wait for one VM migrated to tcp:HOST:PORT and run it.
+    #[arg(long, value_name = "ADDR", conflicts_with_all = ["kernel", "npb", "irq_check", "sched", "dump_guest"])]
+    pub incoming: Option<String>,
+
+    /// With --incoming: the file holding the secret the source must prove it knows.
+    #[arg(long, value_name = "FILE", requires = "incoming")]
+    pub token_file: Option<PathBuf>,
 }

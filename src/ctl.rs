@@ -329,6 +329,23 @@ pub fn run_ctl(args: &CtlArgs) -> Result<u8> {
                 .with_context(|| format!("bad snapshot path {}", path.display()))?;
             json!({"cmd": "snapshot", "path": path, "stop": stop})
         }
+        CtlCommand::Migrate {
+            target,
+            token_file,
+            max_downtime_ms,
+        } => {
+            let token_file = token_file
+                .as_ref()
+                .map(std::path::absolute)
+                .transpose()
+                .context("bad --token-file path")?;
+            json!({
+                "cmd": "migrate",
+                "target": target,
+                "token_file": token_file,
+                "max_downtime_ms": max_downtime_ms,
+            })
+        }
     };
     let long = matches!(args.command, CtlCommand::Snapshot { .. });
     let reply = request_waiting(&args.socket, &req, (!long).then_some(IDLE_TIMEOUT))?;
@@ -373,6 +390,7 @@ pub fn run_ctl(args: &CtlArgs) -> Result<u8> {
                 ""
             }
         ),
+        CtlCommand::Migrate { .. } => crate::migrate::print_migration(&reply),
         CtlCommand::Domain(DomainCommand::Set { .. }) => {
             let d = &reply["domain"];
             println!(

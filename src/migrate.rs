@@ -1,15 +1,16 @@
 //! A single VM that can be saved and moved: its control socket (`--ctl-socket`),
-//! `snapshot` to a file and `kumo --restore`. The VMM side (pausing, state, the
+//! `snapshot` to a file and `kumo --restore`, `migrate` to `kumo --incoming`. The VMM side (pausing, state, the
 //! stream) is `hv::migration`; this module adds what the program knows: which NPB
 //! benchmarks the guest runs and what its console printed so far, so a restored run
 //! is judged like one that never moved.
 
 use std::fs::OpenOptions;
-use std::io::{BufReader, BufWriter};
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use hv::migration::Hub;
@@ -19,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::cli::VmArgs;
-use crate::ctl::{self, Controlled, DomainInfo, SchedParams, SchedUpdate};
+use crate::ctl::{self, Controlled, DomainInfo, MigrateRequest, SchedParams, SchedUpdate};
 use crate::guest;
 use crate::report::{self, EXIT_OK};
 use crate::run::{self, HANDED_OFF};
@@ -122,6 +123,141 @@ impl VmTarget {
     }
 }
 
+/// What the destination sends once the VM's vCPUs run there.
+const RUNNING: &[u8; 8] = b"RUNNING\n";
+/// Connecting, authenticating, and waiting for the destination's confirmation.
+const PEER_TIMEOUT: Duration = Duration::from_secs(30);
+/// The destination gives up on a source that stops sending for this long.
+const STREAM_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// `tcp:HOST:PORT` -> `HOST:PORT`.
+pub fn parse_tcp(address: &str) -> Result<&str> {
+    match address.strip_prefix("tcp:") {
+        Some(rest)
+            if rest
+                .rsplit_once(':')
+                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok()) =>
+        {
+            Ok(rest)
+        }
+        _ => bail!("'{address}' is not tcp:HOST:PORT"),
+    }
+}
+
+/// The shared secret: the file's bytes less trailing whitespace; never empty.
+pub fn read_token(path: &Path) -> Result<Vec<u8>> {
+    let mut token = std::fs::read(path)
+        .with_context(|| format!("cannot read token file {}", path.display()))?;
+    while token.last().is_some_and(u8::is_ascii_whitespace) {
+        token.pop();
+    }
+    if token.is_empty() {
+        bail!("token file {} is empty", path.display());
+    }
+    Ok(token)
+}
+
+impl VmTarget {
+    fn migrate_to(&self, request: &MigrateRequest) -> Result<Value> {
+        let address = parse_tcp(&request.target)?;
+        let token = request.token_file.as_deref().map(read_token).transpose()?;
+        let peer = address
+            .to_socket_addrs()
+            .with_context(|| format!("cannot resolve {address}"))?
+            .next()
+            .with_context(|| format!("{address} resolves to nothing"))?;
+        let stream = TcpStream::connect_timeout(&peer, PEER_TIMEOUT)
+            .with_context(|| format!("cannot connect to {address}"))?;
+        stream.set_nodelay(true)?;
+        stream.set_read_timeout(Some(PEER_TIMEOUT))?;
+        stream.set_write_timeout(Some(STREAM_TIMEOUT))?;
+        hv::migration::auth::source(&mut &stream, token.as_deref())
+            .with_context(|| format!("migration to {address}"))?;
+        let options = hv::migration::live::Options {
+            max_downtime: request
+                .max_downtime_ms
+                .map(Duration::from_millis)
+                .unwrap_or(hv::migration::live::Options::default().max_downtime),
+            ..Default::default()
+        };
+        let mut w = BufWriter::with_capacity(1 << 20, &stream);
+        let report = hv::migration::live::send(
+            &self.hub,
+            &mut w,
+            self.app_json(),
+            || self.app_json(),
+            &options,
+            || {
+                let mut ack = [0u8; RUNNING.len()];
+                match (&stream).read_exact(&mut ack) {
+                    Ok(()) if &ack == RUNNING => Ok(()),
+                    Ok(()) => Err(hv::Error::Migration(
+                        "the destination sent a wrong confirmation".into(),
+                    )),
+                    Err(e) => Err(hv::Error::Migration(format!(
+                        "the destination did not confirm it runs the VM: {e}"
+                    ))),
+                }
+            },
+        )
+        .with_context(|| format!("migration to {address}"))?;
+        let mut value = json!(report);
+        value["target"] = json!(request.target);
+        Ok(value)
+    }
+}
+
+/// `kumo ctl ... migrate` without --json.
+pub fn print_migration(reply: &Value) {
+    let rounds = reply["rounds"].as_array().map_or(0, Vec::len);
+    println!(
+        "migrated to {}: total {:.1} ms, downtime {:.1} ms, {} live round{} + final {} pages, {:.1} MiB sent",
+        reply["target"].as_str().unwrap_or("?"),
+        reply["total_ms"].as_f64().unwrap_or(f64::NAN),
+        reply["downtime_ms"].as_f64().unwrap_or(f64::NAN),
+        rounds,
+        if rounds == 1 { "" } else { "s" },
+        reply["final_pages"],
+        reply["total_bytes"].as_f64().unwrap_or(f64::NAN) / (1024.0 * 1024.0),
+    );
+}
+
+/// `kumo --incoming tcp:HOST:PORT`: waits for one VM, proves the token, receives
+/// it, tells the source once its vCPUs run here, and runs it to its end.
+pub fn run_incoming(args: &VmArgs, epoch: Instant) -> Result<u8> {
+    let address = parse_tcp(args.incoming.as_deref().unwrap_or_default())?;
+    let token = args.token_file.as_deref().map(read_token).transpose()?;
+    let listener =
+        TcpListener::bind(address).with_context(|| format!("cannot listen on {address}"))?;
+    eprintln!("kumo: waiting for a VM on {}", listener.local_addr()?);
+    let (stream, peer) = listener.accept().context("accepting the source")?;
+    drop(listener);
+    stream.set_nodelay(true)?;
+    stream.set_read_timeout(Some(PEER_TIMEOUT))?;
+    stream.set_write_timeout(Some(PEER_TIMEOUT))?;
+    hv::migration::auth::destination(&mut &stream, token.as_deref())
+        .with_context(|| format!("incoming migration from {peer}"))?;
+    stream.set_read_timeout(Some(STREAM_TIMEOUT))?;
+    let (vm, meta) = hv::migration::restore_from(
+        &mut BufReader::with_capacity(1 << 20, &stream),
+        &args.kvm_device,
+    )
+    .with_context(|| format!("incoming migration from {peer}"))?;
+    let app = AppState::parse(&meta.app)?;
+    let control = vm.control();
+    // Confirmed only once every vCPU thread runs (the devices took their state).
+    std::thread::Builder::new()
+        .name("migrate-ack".into())
+        .spawn(move || {
+            if control.wait_started(PEER_TIMEOUT)
+                && let Err(e) = (&stream).write_all(RUNNING)
+            {
+                tracing::warn!("telling the source the VM runs failed: {e}");
+            }
+        })?;
+    run_vm(vm, app, args.ctl_socket.as_deref(), epoch, args.json)
+}
+
 const NO_SCHEDULER: &str = "this VM runs without the credit scheduler";
 
 impl Controlled for VmTarget {
@@ -145,6 +281,9 @@ impl Controlled for VmTarget {
     fn snapshot(&self, path: &Path, stop: bool) -> Result<Value, String> {
         self.write_snapshot(path, stop)
             .map_err(|e| format!("{e:#}"))
+    }
+    fn migrate(&self, request: &MigrateRequest) -> Result<Value, String> {
+        self.migrate_to(request).map_err(|e| format!("{e:#}"))
     }
 }
 
