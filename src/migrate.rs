@@ -243,6 +243,7 @@ pub fn run_incoming(args: &VmArgs, epoch: Instant) -> Result<u8> {
         &args.kvm_device,
     )
     .with_context(|| format!("incoming migration from {peer}"))?;
+    tracing::debug!("incoming VM restored");
     let app = AppState::parse(&meta.app)?;
     let control = vm.control();
     // Confirmed only once every vCPU thread runs (the devices took their state).
@@ -250,7 +251,9 @@ pub fn run_incoming(args: &VmArgs, epoch: Instant) -> Result<u8> {
         .name("migrate-ack".into())
         .spawn(move || {
             if control.wait_started(PEER_TIMEOUT)
-                && let Err(e) = (&stream).write_all(RUNNING)
+                && let Err(e) = (&stream)
+                    .write_all(RUNNING)
+                    .inspect(|()| tracing::debug!("incoming VM runs; source told"))
             {
                 tracing::warn!("telling the source the VM runs failed: {e}");
             }

@@ -70,6 +70,9 @@ pub struct Report {
     pub downtime_ms: f64,
     /// Of that, stopping the vCPUs.
     pub pause_ms: f64,
+    /// Of that, until the last pages and the state were sent (the rest is the
+    /// destination building and starting the VM, and its confirmation).
+    pub sent_ms: f64,
 }
 
 /// Dirty logging on the RAM slot while this lives.
@@ -211,6 +214,7 @@ pub fn send(
     let (final_pages, final_bytes) = send_pages(hub, w, &last_pages)?;
     paused.write_state(w, Some(app_final()))?;
     w.flush().map_err(io)?;
+    let sent_ms = down.elapsed().as_secs_f64() * 1e3;
     confirm()?;
     let downtime_ms = down.elapsed().as_secs_f64() * 1e3;
     paused.hand_off();
@@ -223,5 +227,6 @@ pub fn send(
         total_ms: start.elapsed().as_secs_f64() * 1e3,
         downtime_ms,
         pause_ms,
+        sent_ms,
     })
 }

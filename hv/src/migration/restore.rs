@@ -57,6 +57,7 @@ pub fn restore_from(r: &mut impl Read, kvm_device: &Path) -> Result<(Vm, Meta), 
                 }
             }
             TAG_VCPU if vcpus.is_none() => {
+                tracing::debug!("VCPU section ({} bytes)", section.payload.len());
                 let v: Vec<VcpuState> = section.json()?;
                 if v.len() != meta.vcpus as usize {
                     return Err(StreamError::Malformed {
@@ -71,6 +72,7 @@ pub fn restore_from(r: &mut impl Read, kvm_device: &Path) -> Result<(Vm, Meta), 
             TAG_DEVICES if devices.is_none() && vcpus.is_some() => devices = Some(section.json()?),
             TAG_APP if app.is_none() && vcpus.is_some() => app = Some(section.json()?),
             TAG_END => {
+                tracing::debug!("stream END; applying state");
                 if let Some(app) = app {
                     meta.app = app;
                 }
@@ -158,6 +160,7 @@ fn apply(
     devices: DeviceStates,
 ) -> Result<(), Error> {
     state::restore_vm(&vm.vm, vm_state)?;
+    tracing::debug!("irqchip and clock restored");
     let xsave_size = usize::try_from(vm._kvm.check_extension_int(Cap::Xsave2)).unwrap_or(0);
     for (index, (fd, saved)) in vm.vcpus.iter().zip(vcpus).enumerate() {
         state::restore_vcpu(fd, saved, xsave_size)
@@ -165,6 +168,7 @@ fn apply(
     }
     // The PCI bus is rebuilt by whoever plugs devices in before `run`; its state is
     // checked against it there.
+    tracing::debug!("vCPUs restored");
     vm.restored = Some(devices);
     Ok(())
 }
