@@ -169,39 +169,56 @@ fn a_bad_token_is_refused_and_the_source_runs_on() {
     assert_verified(&src.finish(), "source");
 }
 
-/// Forwards one connection from `listener` to `to`, flipping one byte of the
-/// source's stream at `flip_at`; any end closing closes all.
-fn corrupting_proxy(listener: TcpListener, to: u16, flip_at: usize) -> std::thread::JoinHandle<()> {
+/// What the proxy does to the source's stream at a byte offset.
+#[derive(Clone, Copy)]
+enum Damage {
+    Flip(usize),
+    Cut(usize),
+}
+
+/// Forwards one connection from `listener` to `to`, damaging the source's stream;
+/// any end closing closes all.
+fn proxy(listener: TcpListener, to: u16, damage: Damage) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         let (from_src, _) = listener.accept().unwrap();
         let to_dst = TcpStream::connect(("127.0.0.1", to)).unwrap();
         let seen = Arc::new(AtomicUsize::new(0));
-        let pipe = |mut r: TcpStream, mut w: TcpStream, flip: Option<(usize, Arc<AtomicUsize>)>| {
-            std::thread::spawn(move || {
-                let mut buf = [0u8; 16384];
-                loop {
-                    let n = match r.read(&mut buf) {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => n,
-                    };
-                    if let Some((at, seen)) = &flip {
-                        let start = seen.fetch_add(n, Ordering::SeqCst);
-                        if (start..start + n).contains(at) {
-                            buf[at - start] ^= 0x01;
+        let pipe =
+            |mut r: TcpStream, mut w: TcpStream, damage: Option<(Damage, Arc<AtomicUsize>)>| {
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 16384];
+                    loop {
+                        let n = match r.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        let mut n = n;
+                        let mut cut = false;
+                        if let Some((damage, seen)) = &damage {
+                            let start = seen.fetch_add(n, Ordering::SeqCst);
+                            match *damage {
+                                Damage::Flip(at) if (start..start + n).contains(&at) => {
+                                    buf[at - start] ^= 0x01;
+                                }
+                                Damage::Cut(at) if start + n >= at => {
+                                    n = at.saturating_sub(start);
+                                    cut = true;
+                                }
+                                _ => {}
+                            }
+                        }
+                        if w.write_all(&buf[..n]).is_err() || cut {
+                            break;
                         }
                     }
-                    if w.write_all(&buf[..n]).is_err() {
-                        break;
-                    }
-                }
-                let _ = r.shutdown(Shutdown::Both);
-                let _ = w.shutdown(Shutdown::Both);
-            })
-        };
+                    let _ = r.shutdown(Shutdown::Both);
+                    let _ = w.shutdown(Shutdown::Both);
+                })
+            };
         let a = pipe(
             from_src.try_clone().unwrap(),
             to_dst.try_clone().unwrap(),
-            Some((flip_at, seen)),
+            Some((damage, seen)),
         );
         let b = pipe(to_dst, from_src, None);
         let _ = a.join();
@@ -220,7 +237,7 @@ fn a_corrupted_stream_is_refused_with_one_line_and_the_source_runs_on() {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let proxy_port = listener.local_addr().unwrap().port();
     // Well past the handshake and header: inside the first RAM round.
-    let proxy = corrupting_proxy(listener, port, 300_000);
+    let proxy = proxy(listener, port, Damage::Flip(300_000));
     let socket = scratch("corrupt.sock");
     let src = source(&socket);
     let ctl = migrate(&socket, proxy_port, &secret);
@@ -228,4 +245,71 @@ fn a_corrupted_stream_is_refused_with_one_line_and_the_source_runs_on() {
     assert_one_line_error(&dst.finish(), "destination", "checksum mismatch");
     assert_verified(&src.finish(), "source");
     proxy.join().unwrap();
+}
+
+#[test]
+fn cut_connections_leave_the_source_running_until_a_clean_one_moves_it() {
+    if !kvm_available() {
+        return;
+    }
+    let secret = token("cut.token", "shared");
+    let socket = scratch("cut.sock");
+    // EP.A: long enough for several failed attempts before the clean one.
+    let src = kumo_background(&[
+        "--npb",
+        "ep.A",
+        "--vcpus",
+        "1",
+        "--json",
+        "--ctl-socket",
+        socket.to_str().unwrap(),
+    ]);
+    wait_for_path(&socket);
+    // In the handshake, right after it, inside META, inside the first RAM round.
+    for cut in [20, 80, 300, 1_000_000] {
+        let port = free_port();
+        let dst = destination(port, &secret);
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let proxy_port = listener.local_addr().unwrap().port();
+        let proxy = proxy(listener, port, Damage::Cut(cut));
+        let ctl = migrate(&socket, proxy_port, &secret);
+        assert_eq!(
+            ctl.status.code(),
+            Some(2),
+            "cut at {cut}: {}",
+            text(&ctl.stderr)
+        );
+        let dst_out = dst.finish();
+        assert_eq!(
+            dst_out.status.code(),
+            Some(2),
+            "cut at {cut}: {}",
+            text(&dst_out.stderr)
+        );
+        assert!(
+            text(&dst_out.stdout).is_empty(),
+            "cut at {cut}: nothing ran there"
+        );
+        proxy.join().unwrap();
+    }
+    let port = free_port();
+    let dst = destination(port, &secret);
+    let ctl = migrate(&socket, port, &secret);
+    assert!(
+        ctl.status.success(),
+        "clean migration: {}",
+        text(&ctl.stderr)
+    );
+    let src_out = src.finish();
+    assert!(
+        text(&src_out.stderr).contains("handed off"),
+        "{}",
+        text(&src_out.stderr)
+    );
+    let out = dst.finish();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let lines = json_lines(&out);
+    assert_eq!(lines[0]["benchmark"], "ep");
+    assert_eq!(lines[0]["class"], "A");
+    assert_eq!(lines[0]["verified"], true, "{}", lines[0]);
 }
