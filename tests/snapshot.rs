@@ -76,6 +76,13 @@ fn a_vm_stopped_into_a_snapshot_finishes_its_run_when_restored() {
     assert!(text(&source_out.stderr).contains("handed off"));
     assert!(!socket.exists(), "the socket is removed when kumo ends");
 
+    let file_mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&file).unwrap().permissions());
+    assert_eq!(
+        file_mode & 0o777,
+        0o600,
+        "the snapshot holds guest memory: private"
+    );
     let restored = kumo(&["--restore", file.to_str().unwrap(), "--json"]);
     assert_ep_w_verified(&restored);
 }

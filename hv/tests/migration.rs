@@ -97,7 +97,14 @@ fn a_snapshot_taken_midway_restores_and_finishes() {
     if !kvm_available() {
         return;
     }
-    let vm = Vm::new(config(2)).unwrap();
+    // One vCPU; two and four, whose APs wait for SIPI (their MP state moves too).
+    for vcpus in [1, 2, 4] {
+        snapshot_midway(vcpus);
+    }
+}
+
+fn snapshot_midway(vcpus: u32) {
+    let vm = Vm::new(config(vcpus)).unwrap();
     let hub = vm.migration_hub();
     let memory = vm.memory().clone();
     let runner = std::thread::spawn(move || vm.run(Box::new(std::io::sink()), Instant::now()));
@@ -116,7 +123,7 @@ fn a_snapshot_taken_midway_restores_and_finishes() {
     // The stream parses, and holds the counter as it was.
     let parsed = stream::parse(&mut &bytes[..]).unwrap();
     assert_eq!(parsed.meta.app, "app");
-    assert_eq!(parsed.vcpus.len(), 2);
+    assert_eq!(parsed.vcpus.len(), vcpus as usize);
     let page = parsed
         .pages
         .iter()
@@ -130,7 +137,7 @@ fn a_snapshot_taken_midway_restores_and_finishes() {
 
     let (restored, meta) =
         migration::restore_from(&mut &bytes[..], std::path::Path::new("/dev/kvm")).unwrap();
-    assert_eq!(meta.vcpus, 2);
+    assert_eq!(meta.vcpus, vcpus);
     assert_eq!(counter(restored.memory()), saved_count);
     let console = Console::default();
     let outcome = restored
