@@ -274,3 +274,30 @@ fn without_confirmation_the_source_runs_on() {
         "the source resumed and finished"
     );
 }
+
+#[test]
+fn a_vcpu_that_cannot_stop_fails_the_pause_and_the_vm_runs_on() {
+    if !kvm_available() {
+        return;
+    }
+    let vm = Vm::new(config(1)).unwrap();
+    let hub = vm.migration_hub();
+    let control = vm.control();
+    let memory = vm.memory().clone();
+    let runner = std::thread::spawn(move || vm.run(Box::new(std::io::sink()), Instant::now()));
+    wait_for_count(&memory, 100);
+    // Held at a scheduler's gate, the vCPU never reaches its pause point.
+    control.park(0).unwrap();
+    let err = hub
+        .pause_within(Duration::from_millis(100))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("vCPU 0 did not stop"), "{err}");
+    control.unpark(0);
+    // The next pause works, and after it the VM still finishes.
+    drop(hub.pause().expect("a second pause"));
+    assert_eq!(
+        runner.join().unwrap().unwrap().exit,
+        GuestExit::DebugExit(ITERATIONS)
+    );
+}

@@ -36,6 +36,9 @@ use stream::{PAGE_SIZE, RamWriter};
 
 /// How long a pause waits between kicks of vCPUs that have not stopped yet.
 const REKICK: Duration = Duration::from_millis(10);
+/// A vCPU that has not stopped after this long (stuck in a device, or held at a
+/// scheduler's gate) fails the pause; the others resume.
+const PAUSE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The devices a running VM has, given to the hub by `Vm::run`.
 pub(crate) struct Devices {
@@ -162,6 +165,11 @@ impl Hub {
     /// running on, if the VM is not running or ends meanwhile, or a vCPU's state cannot
     /// be read.
     pub fn pause(&self) -> Result<Paused<'_>, Error> {
+        self.pause_within(PAUSE_TIMEOUT)
+    }
+
+    /// As [`Hub::pause`], giving up after `timeout` if a vCPU does not stop.
+    pub fn pause_within(&self, timeout: Duration) -> Result<Paused<'_>, Error> {
         let started = Instant::now();
         let devices = self
             .devices
@@ -185,7 +193,7 @@ impl Hub {
         st.busy = true;
         st.saved = (0..self.vcpus).map(|_| None).collect();
         self.requested.store(true, Ordering::SeqCst);
-        while st.paused < self.vcpus && !st.ending {
+        while st.paused < self.vcpus && !st.ending && started.elapsed() < timeout {
             drop(st);
             for v in 0..self.vcpus {
                 if !self.control.has_ended(v) {
@@ -207,6 +215,16 @@ impl Hub {
         }
         let result = if st.ending {
             Err(Error::Migration("the VM ended while pausing".into()))
+        } else if st.paused < self.vcpus {
+            let stuck: Vec<String> = (0..self.vcpus)
+                .filter(|&i| st.saved[i].is_none())
+                .map(|i| i.to_string())
+                .collect();
+            Err(Error::Migration(format!(
+                "vCPU {} did not stop within {:.1} s; the VM runs on",
+                stuck.join(", "),
+                timeout.as_secs_f64()
+            )))
         } else {
             st.saved
                 .iter_mut()
