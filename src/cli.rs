@@ -146,6 +146,39 @@ pub enum BenchCommand {
     Wake(WakeArgs),
     /// Interrupt latency of the test device, generic path vs fast path.
     Irq(IrqBenchArgs),
+    /// Live migration on loopback: host downtime beside the downtime the guest saw.
+    Migrate(MigrateBenchArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct MigrateBenchArgs {
+    /// vCPUs of the guest.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub vcpus: u32,
+
+    /// Guest memory in MiB.
+    #[arg(long, value_name = "MIB", default_value_t = 256)]
+    pub memory: u64,
+
+    /// Migrate this long after the VM starts, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 500)]
+    pub after_ms: u64,
+
+    /// Downtime target of the copy rounds [default: 300, QEMU's].
+    #[arg(long, value_name = "MS")]
+    pub max_downtime_ms: Option<u64>,
+
+    /// Migrations to make (one VM each).
+    #[arg(long, value_name = "R", default_value_t = 5)]
+    pub runs: u32,
+
+    /// Print one JSON object per run and a summary.
+    #[arg(long)]
+    pub json: bool,
+
+    /// The KVM device to open.
+    #[arg(long, value_name = "PATH", default_value = "/dev/kvm")]
+    pub kvm_device: PathBuf,
 }
 
 fn irq_path(text: &str) -> Result<hv::irq::IrqPath, String> {

@@ -2,6 +2,7 @@
 //! command line, the embedded NPB guest and how its results are judged and printed.
 //! The VMM itself lives in `hv`, device models in `devices`, NPB in `guests/npb`.
 
+pub mod bench_migrate;
 pub mod cli;
 pub mod ctl;
 pub mod guest;

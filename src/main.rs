@@ -33,6 +33,9 @@ fn main() -> ExitCode {
             kumo::switch::run_switch(args, epoch)
         }
         (Some(Command::Bench(BenchCommand::Irq(args))), _, _) => kumo::irq::run_bench(args, epoch),
+        (Some(Command::Bench(BenchCommand::Migrate(args))), _, _) => {
+            kumo::bench_migrate::run_bench(args, epoch)
+        }
         (None, Some(path), _) => run::dump_guest(path),
         (None, None, None) if vm.restore.is_some() => kumo::migrate::run_restore(vm, epoch),
         (None, None, None) if vm.incoming.is_some() => kumo::migrate::run_incoming(vm, epoch),

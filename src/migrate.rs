@@ -161,50 +161,60 @@ impl VmTarget {
     fn migrate_to(&self, request: &MigrateRequest) -> Result<Value> {
         let address = parse_tcp(&request.target)?;
         let token = request.token_file.as_deref().map(read_token).transpose()?;
-        let peer = address
-            .to_socket_addrs()
-            .with_context(|| format!("cannot resolve {address}"))?
-            .next()
-            .with_context(|| format!("{address} resolves to nothing"))?;
-        let stream = TcpStream::connect_timeout(&peer, PEER_TIMEOUT)
-            .with_context(|| format!("cannot connect to {address}"))?;
-        stream.set_nodelay(true)?;
-        stream.set_read_timeout(Some(PEER_TIMEOUT))?;
-        stream.set_write_timeout(Some(STREAM_TIMEOUT))?;
-        hv::migration::auth::source(&mut &stream, token.as_deref())
-            .with_context(|| format!("migration to {address}"))?;
-        let options = hv::migration::live::Options {
-            max_downtime: request
-                .max_downtime_ms
-                .map(Duration::from_millis)
-                .unwrap_or(hv::migration::live::Options::default().max_downtime),
-            ..Default::default()
-        };
-        let mut w = BufWriter::with_capacity(1 << 20, &stream);
-        let report = hv::migration::live::send(
+        let report = send_vm(
             &self.hub,
-            &mut w,
-            self.app_json(),
             || self.app_json(),
-            &options,
-            || {
-                let mut ack = [0u8; RUNNING.len()];
-                match (&stream).read_exact(&mut ack) {
-                    Ok(()) if &ack == RUNNING => Ok(()),
-                    Ok(()) => Err(hv::Error::Migration(
-                        "the destination sent a wrong confirmation".into(),
-                    )),
-                    Err(e) => Err(hv::Error::Migration(format!(
-                        "the destination did not confirm it runs the VM: {e}"
-                    ))),
-                }
-            },
-        )
-        .with_context(|| format!("migration to {address}"))?;
+            address,
+            token.as_deref(),
+            request.max_downtime_ms.map(Duration::from_millis),
+        )?;
         let mut value = json!(report);
         value["target"] = json!(request.target);
         Ok(value)
     }
+}
+
+/// Moves the VM behind `hub` to the kumo listening at `address` (HOST:PORT):
+/// connect, authenticate, pre-copy, hand off once the destination runs it. `app`
+/// describes the program's side (asked for at the start and with the vCPUs stopped).
+pub fn send_vm(
+    hub: &Hub,
+    app: impl Fn() -> String,
+    address: &str,
+    token: Option<&[u8]>,
+    max_downtime: Option<Duration>,
+) -> Result<hv::migration::live::Report> {
+    let peer = address
+        .to_socket_addrs()
+        .with_context(|| format!("cannot resolve {address}"))?
+        .next()
+        .with_context(|| format!("{address} resolves to nothing"))?;
+    let stream = TcpStream::connect_timeout(&peer, PEER_TIMEOUT)
+        .with_context(|| format!("cannot connect to {address}"))?;
+    stream.set_nodelay(true)?;
+    stream.set_read_timeout(Some(PEER_TIMEOUT))?;
+    stream.set_write_timeout(Some(STREAM_TIMEOUT))?;
+    hv::migration::auth::source(&mut &stream, token)
+        .with_context(|| format!("migration to {address}"))?;
+    let defaults = hv::migration::live::Options::default();
+    let options = hv::migration::live::Options {
+        max_downtime: max_downtime.unwrap_or(defaults.max_downtime),
+        ..defaults
+    };
+    let mut w = BufWriter::with_capacity(1 << 20, &stream);
+    hv::migration::live::send(hub, &mut w, app(), &app, &options, || {
+        let mut ack = [0u8; RUNNING.len()];
+        match (&stream).read_exact(&mut ack) {
+            Ok(()) if &ack == RUNNING => Ok(()),
+            Ok(()) => Err(hv::Error::Migration(
+                "the destination sent a wrong confirmation".into(),
+            )),
+            Err(e) => Err(hv::Error::Migration(format!(
+                "the destination did not confirm it runs the VM: {e}"
+            ))),
+        }
+    })
+    .with_context(|| format!("migration to {address}"))
 }
 
 /// `kumo ctl ... migrate` without --json.
@@ -230,21 +240,30 @@ pub fn run_incoming(args: &VmArgs, epoch: Instant) -> Result<u8> {
     let listener =
         TcpListener::bind(address).with_context(|| format!("cannot listen on {address}"))?;
     eprintln!("kumo: waiting for a VM on {}", listener.local_addr()?);
+    let (vm, meta) = receive_vm(&listener, token.as_deref(), &args.kvm_device)?;
+    let app = AppState::parse(&meta.app)?;
+    run_vm(vm, app, args.ctl_socket.as_deref(), epoch, args.json)
+}
+
+/// Accepts one source on `listener`, checks its token, and builds the VM it sends.
+/// A thread tells the source once the returned VM's vCPU threads run (so the caller
+/// must run it).
+pub fn receive_vm(
+    listener: &TcpListener,
+    token: Option<&[u8]>,
+    kvm_device: &Path,
+) -> Result<(Vm, hv::migration::Meta)> {
     let (stream, peer) = listener.accept().context("accepting the source")?;
-    drop(listener);
     stream.set_nodelay(true)?;
     stream.set_read_timeout(Some(PEER_TIMEOUT))?;
     stream.set_write_timeout(Some(PEER_TIMEOUT))?;
-    hv::migration::auth::destination(&mut &stream, token.as_deref())
+    hv::migration::auth::destination(&mut &stream, token)
         .with_context(|| format!("incoming migration from {peer}"))?;
     stream.set_read_timeout(Some(STREAM_TIMEOUT))?;
-    let (vm, meta) = hv::migration::restore_from(
-        &mut BufReader::with_capacity(1 << 20, &stream),
-        &args.kvm_device,
-    )
-    .with_context(|| format!("incoming migration from {peer}"))?;
+    let (vm, meta) =
+        hv::migration::restore_from(&mut BufReader::with_capacity(1 << 20, &stream), kvm_device)
+            .with_context(|| format!("incoming migration from {peer}"))?;
     tracing::debug!("incoming VM restored");
-    let app = AppState::parse(&meta.app)?;
     let control = vm.control();
     // Confirmed only once every vCPU thread runs (the devices took their state).
     std::thread::Builder::new()
@@ -258,7 +277,7 @@ pub fn run_incoming(args: &VmArgs, epoch: Instant) -> Result<u8> {
                 tracing::warn!("telling the source the VM runs failed: {e}");
             }
         })?;
-    run_vm(vm, app, args.ctl_socket.as_deref(), epoch, args.json)
+    Ok((vm, meta))
 }
 
 const NO_SCHEDULER: &str = "this VM runs without the credit scheduler";

@@ -65,10 +65,12 @@ pub fn parse_line(line: &str) -> Option<Event> {
         "error" => Some(Event::Error { fields }),
         "fault" => Some(Event::Fault { fields }),
         "end" => num(&fields, "status").map(|status| Event::End { status }),
-        "switchprobe" | "wakeprobe" | "irqbench" | "irqcheck" => Some(Event::Measurement {
-            kind: kind.to_string(),
-            fields,
-        }),
+        "switchprobe" | "wakeprobe" | "gapprobe" | "irqbench" | "irqcheck" => {
+            Some(Event::Measurement {
+                kind: kind.to_string(),
+                fields,
+            })
+        }
         _ => None,
     };
     Some(event.unwrap_or_else(|| Event::Malformed(line.to_string())))

@@ -313,3 +313,32 @@ fn cut_connections_leave_the_source_running_until_a_clean_one_moves_it() {
     assert_eq!(lines[0]["class"], "A");
     assert_eq!(lines[0]["verified"], true, "{}", lines[0]);
 }
+
+#[test]
+fn bench_migrate_reports_host_and_guest_downtime() {
+    if !kvm_available() {
+        return;
+    }
+    let out = kumo(&[
+        "bench",
+        "migrate",
+        "--runs",
+        "1",
+        "--after-ms",
+        "200",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let lines = json_lines(&out);
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    let run = &lines[0];
+    assert!(run["downtime_ms"].as_f64().unwrap() > 0.0, "{run}");
+    assert!(run["guest_gap_ms"].as_f64().unwrap() > 0.0, "{run}");
+    assert!(run["total_bytes"].as_u64().unwrap() > 0, "{run}");
+    assert_eq!(lines[1]["runs"], 1);
+    assert!(
+        lines[1]["summary"]["downtime_guest"]["median_ms"].is_number(),
+        "{}",
+        lines[1]
+    );
+}
