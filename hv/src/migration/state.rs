@@ -167,6 +167,17 @@ pub(crate) fn restore_vcpu(
     }
     vcpu.set_vcpu_events(&state.events)
         .map_err(ioctl("KVM_SET_VCPU_EVENTS"))?;
+    if tracing::enabled!(tracing::Level::DEBUG)
+        && let Some(saved) = state.msrs.iter().find(|m| m.index == MSR_IA32_TSC)
+        && let Ok(now) = get_msrs(vcpu, &[MSR_IA32_TSC])
+        && let Some(now) = now.first()
+    {
+        let khz = f64::from(state.tsc_khz.max(1));
+        tracing::debug!(
+            "restored TSC runs {:.3} ms ahead of the saved value",
+            (now.data as f64 - saved.data as f64) / khz
+        );
+    }
     Ok(())
 }
 
