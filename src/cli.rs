@@ -34,6 +34,74 @@ pub enum Command {
     Ctl(CtlArgs),
     /// Simulate a cluster under the credit scheduler (the same scheduler code).
     Sim(SimArgs),
+    /// An MPI job across VMs of this host, on domain 0's switch.
+    Mpi(MpiArgs),
+}
+
+/// How a guest's MPI rank waits for the network.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wait {
+    /// Busy-poll the NIC's rings (as MPI libraries do).
+    Spin,
+    /// Poll briefly, then halt until the NIC's interrupt.
+    Block,
+}
+
+#[derive(Args, Debug)]
+pub struct MpiArgs {
+    /// VMs, one MPI rank each.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub vms: u32,
+
+    /// vCPUs of each VM.
+    #[arg(long, value_name = "K", default_value_t = 1)]
+    pub vcpus: u32,
+
+    /// How ranks wait for messages.
+    #[arg(long, value_enum, default_value_t = Wait::Spin)]
+    pub wait: Wait,
+
+    /// Interrupt path of every NIC.
+    #[arg(long, value_name = "PATH", default_value = "generic", value_parser = irq_path)]
+    pub irq_path: hv::irq::IrqPath,
+
+    /// Print one JSON object per rank, then one for the job.
+    #[arg(long)]
+    pub json: bool,
+
+    /// The KVM device to open.
+    #[arg(long, value_name = "PATH", default_value = "/dev/kvm")]
+    pub kvm_device: PathBuf,
+
+    #[command(flatten)]
+    pub limits: LimitArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct NetBenchArgs {
+    /// Message sizes, comma-separated (K and M are binary units).
+    #[arg(long, value_name = "LIST", default_value = "8,1K,64K,1M")]
+    pub sizes: String,
+
+    /// Interrupt path of both NICs [default: both, side by side].
+    #[arg(long, value_name = "PATH", value_parser = irq_path)]
+    pub irq_path: Option<hv::irq::IrqPath>,
+
+    /// How the ranks wait [default: both, side by side].
+    #[arg(long, value_enum)]
+    pub wait: Option<Wait>,
+
+    /// Round trips per size [default: the guest's, 32 MiB / max(size, 16 KiB) + 10].
+    #[arg(long, value_name = "N")]
+    pub rounds: Option<u32>,
+
+    /// Print one JSON object per size and setting.
+    #[arg(long)]
+    pub json: bool,
+
+    /// The KVM device to open.
+    #[arg(long, value_name = "PATH", default_value = "/dev/kvm")]
+    pub kvm_device: PathBuf,
 }
 
 #[derive(Args, Debug)]
@@ -134,6 +202,9 @@ pub struct NodeArgs {
     /// The KVM device to open.
     #[arg(long, value_name = "PATH", default_value = "/dev/kvm")]
     pub kvm_device: PathBuf,
+
+    #[command(flatten)]
+    pub limits: LimitArgs,
 }
 
 #[derive(Subcommand, Debug)]
@@ -148,6 +219,8 @@ pub enum BenchCommand {
     Irq(IrqBenchArgs),
     /// Live migration on loopback: host downtime beside the downtime the guest saw.
     Migrate(MigrateBenchArgs),
+    /// Ping-pong latency and bandwidth between two VMs through domain 0's switch.
+    Net(NetBenchArgs),
 }
 
 #[derive(Args, Debug)]
@@ -343,7 +416,7 @@ pub struct VmArgs {
     pub memory: Option<u64>,
 
     /// Benchmarks for the embedded guest, comma-separated kernel.class items (ep.S,ep.W).
-    #[arg(long, value_name = "LIST", conflicts_with = "kernel")]
+    #[arg(long, value_name = "LIST")]
     pub npb: Option<String>,
 
     /// Print one JSON object per line instead of a table.
@@ -356,11 +429,11 @@ pub struct VmArgs {
     pub kernel: Option<PathBuf>,
 
     /// Command line for --kernel (the embedded guest's is built from --npb).
-    #[arg(long, value_name = "STR", requires = "kernel")]
+    #[arg(long, value_name = "STR")]
     pub cmdline: Option<String>,
 
     /// A module (initrd-like blob) handed to --kernel through hvm_start_info; repeatable.
-    #[arg(long, value_name = "PATH", requires = "kernel")]
+    #[arg(long, value_name = "PATH")]
     pub module: Vec<PathBuf>,
 
     /// Schedule the vCPUs with kumo's credit scheduler on every host CPU, e.g.
@@ -370,16 +443,16 @@ pub struct VmArgs {
 
     /// Attach kumo's interrupt test device and run the guest's delivery check instead
     /// of NPB: every vector to every vCPU (re-targeted live), masking and the PBA.
-    #[arg(long, conflicts_with_all = ["kernel", "npb", "sched"])]
+    #[arg(long)]
     pub irq_check: bool,
 
     /// Interrupt path of the test device: generic (one event-loop thread,
     /// KVM_SIGNAL_MSI) or fast (an irqfd per vector, routed where the guest aims it).
-    #[arg(long, value_name = "PATH", default_value = "generic", value_parser = irq_path, requires = "irq_check")]
+    #[arg(long, value_name = "PATH", default_value = "generic", value_parser = irq_path)]
     pub irq_path: hv::irq::IrqPath,
 
     /// Write the embedded guest ELF to PATH and exit (boot it elsewhere: QEMU, Xen).
-    #[arg(long, value_name = "PATH", conflicts_with_all = ["kernel", "npb", "json"])]
+    #[arg(long, value_name = "PATH")]
     pub dump_guest: Option<PathBuf>,
 
     /// The KVM device to open.
@@ -402,4 +475,154 @@ pub struct VmArgs {
     /// With --incoming: the file holding the secret the source must prove it knows.
     #[arg(long, value_name = "FILE", requires = "incoming")]
     pub token_file: Option<PathBuf>,
+
+    #[command(flatten)]
+    pub limits: LimitArgs,
+}
+
+/// Bounds on a run of VMs.
+#[derive(Args, Debug, Clone, Copy)]
+pub struct LimitArgs {
+    /// Stop each VM after this many seconds of wall time (exit status 4).
+    #[arg(long, value_name = "SECONDS", value_parser = seconds)]
+    pub timeout: Option<f64>,
+
+    /// End a VM (exit status 3, with a report) when one of its vCPUs uses this many
+    /// seconds of CPU time with no exit and no change of its registers; 0: no watchdog.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10.0, value_parser = seconds)]
+    pub watchdog: f64,
+}
+
+impl LimitArgs {
+    pub fn limits(&self) -> hv::RunLimits {
+        let duration = |s: f64| (s > 0.0).then(|| std::time::Duration::from_secs_f64(s));
+        hv::RunLimits {
+            timeout: self.timeout.and_then(duration),
+            watchdog: duration(self.watchdog),
+        }
+    }
+}
+
+fn seconds(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(s) if (0.0..=1e6).contains(&s) => Ok(s),
+        _ => Err(format!(
+            "{text:?} is not a number of seconds from 0 to 1000000"
+        )),
+    }
+}
+
+/// The runs `kumo` makes without a subcommand, and which top-level options each reads.
+/// An option given on the command line that the chosen run does not read is refused
+/// with one line naming it: a new option must be listed for the runs that read it, or
+/// every run refuses it. (Subcommands have options of their own and need no table.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// The embedded NPB guest (no mode option given).
+    Embedded,
+    Kernel,
+    IrqCheck,
+    DumpGuest,
+    /// `--restore FILE`.
+    Restore,
+    /// `--incoming ADDR`.
+    Incoming,
+}
+
+/// Options every VM run reads.
+const VM_RUN: [&str; 4] = ["vcpus", "kvm_device", "timeout", "watchdog"];
+
+impl Mode {
+    const ALL: [Mode; 6] = [
+        Mode::Embedded,
+        Mode::Kernel,
+        Mode::IrqCheck,
+        Mode::DumpGuest,
+        Mode::Restore,
+        Mode::Incoming,
+    ];
+
+    pub fn of(vm: &VmArgs) -> Mode {
+        if vm.dump_guest.is_some() {
+            Mode::DumpGuest
+        } else if vm.irq_check {
+            Mode::IrqCheck
+        } else if vm.kernel.is_some() {
+            Mode::Kernel
+        } else if vm.restore.is_some() {
+            Mode::Restore
+        } else if vm.incoming.is_some() {
+            Mode::Incoming
+        } else {
+            Mode::Embedded
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Embedded => "runs of the embedded NPB guest",
+            Mode::Kernel => "--kernel runs",
+            Mode::IrqCheck => "--irq-check runs",
+            Mode::DumpGuest => "--dump-guest",
+            Mode::Restore => "--restore runs",
+            Mode::Incoming => "--incoming runs",
+        }
+    }
+
+    /// The options (clap ids: field names) this run reads besides [`VM_RUN`].
+    fn own_options(self) -> &'static [&'static str] {
+        match self {
+            Mode::Embedded => &["memory", "npb", "json", "sched", "ctl_socket"],
+            Mode::Kernel => &["kernel", "memory", "cmdline", "module"],
+            Mode::IrqCheck => &["irq_check", "irq_path", "json"],
+            Mode::DumpGuest => &["dump_guest"],
+            Mode::Restore => &["restore", "json", "ctl_socket"],
+            Mode::Incoming => &["incoming", "token_file", "json", "ctl_socket"],
+        }
+    }
+
+    fn reads(self, id: &str) -> bool {
+        // A restored or migrated VM keeps the vCPUs it was saved with.
+        let saved_shape = matches!(self, Mode::Restore | Mode::Incoming) && id == "vcpus";
+        self.own_options().contains(&id)
+            || (self != Mode::DumpGuest && VM_RUN.contains(&id) && !saved_shape)
+    }
+}
+
+/// Parses the command line (clap reports its own errors and exits), then refuses any
+/// top-level option the chosen run would ignore.
+pub fn parse() -> Result<Cli, String> {
+    use clap::parser::ValueSource;
+    use clap::{CommandFactory, FromArgMatches};
+    let command = Cli::command();
+    let args: Vec<(String, String)> = command
+        .get_arguments()
+        .map(|a| {
+            let flag = a
+                .get_long()
+                .map_or_else(|| a.get_id().to_string(), |l| format!("--{l}"));
+            (a.get_id().to_string(), flag)
+        })
+        .collect();
+    let matches = command.get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    if matches.subcommand().is_none() {
+        let mode = Mode::of(&cli.vm);
+        for (id, flag) in &args {
+            let given = matches.value_source(id) == Some(ValueSource::CommandLine);
+            if given && !mode.reads(id) {
+                let readers: Vec<&str> = Mode::ALL
+                    .iter()
+                    .filter(|m| m.reads(id))
+                    .map(|m| m.name())
+                    .collect();
+                return Err(format!(
+                    "{flag} does not apply to {} (only to {})",
+                    mode.name(),
+                    readers.join(", ")
+                ));
+            }
+        }
+    }
+    Ok(cli)
 }

@@ -180,6 +180,7 @@ impl Server {
         }
         let listener = UnixListener::bind(path)
             .with_context(|| format!("cannot create control socket {}", path.display()))?;
+        crate::signals::track_socket(path.to_path_buf());
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
             .with_context(|| format!("cannot restrict {} to its owner", path.display()))?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -211,6 +212,7 @@ impl Drop for Server {
             let _ = t.join();
         }
         let _ = std::fs::remove_file(&self.path);
+        crate::signals::untrack_socket(&self.path);
     }
 }
 
@@ -350,25 +352,31 @@ pub fn run_ctl(args: &CtlArgs) -> Result<u8> {
     let long = matches!(args.command, CtlCommand::Snapshot { .. });
     let reply = request_waiting(&args.socket, &req, (!long).then_some(IDLE_TIMEOUT))?;
     if args.json {
-        println!("{reply}");
+        crate::outln!("{reply}");
         return Ok(0);
     }
     match &args.command {
-        CtlCommand::SchedCredit { .. } => println!(
+        CtlCommand::SchedCredit { .. } => crate::outln!(
             "credit: tslice {} ms, tick {} ms, ratelimit {} us",
-            reply["tslice_ms"], reply["tick_ms"], reply["ratelimit_us"]
+            reply["tslice_ms"],
+            reply["tick_ms"],
+            reply["ratelimit_us"]
         ),
         CtlCommand::Domain(DomainCommand::List) => {
-            println!(
+            crate::outln!(
                 "{:<12} {:>6} {:>4} {:>5} {:>9}",
-                "domain", "weight", "cap", "vCPUs", "cpu (s)"
+                "domain",
+                "weight",
+                "cap",
+                "vCPUs",
+                "cpu (s)"
             );
             let number = |v: &Value| {
                 v.as_u64()
                     .map_or_else(|| "?".to_string(), |n| n.to_string())
             };
             for d in reply["domains"].as_array().into_iter().flatten() {
-                println!(
+                crate::outln!(
                     "{:<12} {:>6} {:>4} {:>5} {:>9.3}",
                     d["domain"].as_str().unwrap_or("?"),
                     number(&d["weight"]),
@@ -393,7 +401,7 @@ pub fn run_ctl(args: &CtlArgs) -> Result<u8> {
         CtlCommand::Migrate { .. } => crate::migrate::print_migration(&reply),
         CtlCommand::Domain(DomainCommand::Set { .. }) => {
             let d = &reply["domain"];
-            println!(
+            crate::outln!(
                 "{}: weight {}, cap {}",
                 d["domain"].as_str().unwrap_or("?"),
                 d["weight"],

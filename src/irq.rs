@@ -35,9 +35,9 @@ pub fn run_check(args: &VmArgs, epoch: Instant) -> Result<u8> {
     let mut row = fields_json(fields);
     row.insert("path".into(), json!(path_name(args.irq_path)));
     if args.json {
-        println!("{}", Value::Object(row));
+        crate::outln!("{}", Value::Object(row));
     } else {
-        println!(
+        crate::outln!(
             "interrupt check, {} path, {} vCPUs: {} vectors x {} CPUs delivered {} \
              (misrouted {}, lost {}); masked and held {}, delivered on unmask {}: {}",
             path_name(args.irq_path),
@@ -188,14 +188,14 @@ fn fields_json(fields: &BTreeMap<String, String>) -> serde_json::Map<String, Val
 fn print_bench(rows: &[serde_json::Map<String, Value>], as_json: bool) {
     if as_json {
         for row in rows {
-            println!("{}", Value::Object(row.clone()));
+            crate::outln!("{}", Value::Object(row.clone()));
         }
         return;
     }
     let num = |row: &serde_json::Map<String, Value>, key: &str| {
         row.get(key).and_then(Value::as_f64).unwrap_or(f64::NAN)
     };
-    println!(
+    crate::outln!(
         "{:<8} {:>6} {:>9} {:>9} {:>9} {:>9} {:>5} {:>7} {:>11} {:>11}",
         "path",
         "rounds",
@@ -209,7 +209,7 @@ fn print_bench(rows: &[serde_json::Map<String, Value>], as_json: bool) {
         "host_per_us"
     );
     for row in rows {
-        println!(
+        crate::outln!(
             "{:<8} {:>6} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>5} {:>7} {:>11.1} {:>11.1}",
             row.get("path").and_then(Value::as_str).unwrap_or("?"),
             num(row, "rounds"),
@@ -224,7 +224,7 @@ fn print_bench(rows: &[serde_json::Map<String, Value>], as_json: bool) {
         );
     }
     if let [generic, fast] = rows {
-        println!(
+        crate::outln!(
             "fast/generic median: {:.2}  (latency: guest doorbell write to handler entry, \
              TSC; host_dev = doorbell seen to interrupt raised, host_per = doorbell to \
              doorbell, host clock)",

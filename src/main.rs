@@ -1,8 +1,7 @@
 use std::process::ExitCode;
 use std::time::Instant;
 
-use clap::Parser;
-use kumo::cli::{BenchCommand, Cli, Command};
+use kumo::cli::{BenchCommand, Command};
 use kumo::run;
 
 /// Status for bad input and host problems (clap uses the same for usage errors).
@@ -18,8 +17,25 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .init();
-    let cli = Cli::parse();
+    // First, before any thread exists: every thread inherits the blocked signals.
+    if let Err(e) = kumo::signals::install() {
+        eprintln!("kumo: error: cannot set up signal handling: {e}");
+        return ExitCode::from(EXIT_USAGE);
+    }
+    let cli = match kumo::cli::parse() {
+        Ok(cli) => cli,
+        Err(refusal) => {
+            eprintln!("kumo: error: {refusal}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
     let vm = &cli.vm;
+    let limits = match &cli.command {
+        Some(Command::Node(args)) => args.limits.limits(),
+        Some(Command::Mpi(args)) => args.limits.limits(),
+        _ => vm.limits.limits(),
+    };
+    hv::stop::set_default_limits(limits);
     let result = match (&cli.command, &vm.dump_guest, &vm.kernel) {
         (Some(Command::Native(args)), _, _) => kumo::native::run_native(args),
         (Some(Command::Bench(BenchCommand::Overhead(args))), _, _) => {
@@ -36,6 +52,8 @@ fn main() -> ExitCode {
         (Some(Command::Bench(BenchCommand::Migrate(args))), _, _) => {
             kumo::bench_migrate::run_bench(args, epoch)
         }
+        (Some(Command::Bench(BenchCommand::Net(args))), _, _) => kumo::mpi::run_bench(args, epoch),
+        (Some(Command::Mpi(args)), _, _) => kumo::mpi::run_mpi(args, epoch),
         (None, Some(path), _) => run::dump_guest(path),
         (None, None, None) if vm.restore.is_some() => kumo::migrate::run_restore(vm, epoch),
         (None, None, None) if vm.incoming.is_some() => kumo::migrate::run_incoming(vm, epoch),
@@ -44,21 +62,15 @@ fn main() -> ExitCode {
         (None, None, Some(kernel)) => run::run_kernel(vm, kernel, epoch),
         (None, None, None) => run::run_embedded(vm, epoch),
     };
+    // A signal stopped the VMs: whatever the command made of that (a verdict, or an
+    // error from a bench that lost its measurement), the status says which signal.
+    let signalled = hv::stop::requested()
+        .map(|signal| kumo::report::stop_status(hv::StopCause::Signal(signal)));
     match result {
-        Ok(code) => ExitCode::from(code),
-        // The reader of our output went away (`kumo ... | head`): nothing to report to.
-        Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
+        Ok(code) => ExitCode::from(signalled.unwrap_or(code)),
         Err(err) => {
             eprintln!("kumo: error: {err:#}");
-            ExitCode::from(EXIT_USAGE)
+            ExitCode::from(signalled.unwrap_or(EXIT_USAGE))
         }
     }
-}
-
-fn is_broken_pipe(err: &anyhow::Error) -> bool {
-    err.chain().any(|cause| {
-        cause
-            .downcast_ref::<std::io::Error>()
-            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
-    })
 }

@@ -328,14 +328,19 @@ fn print(
 ) -> Result<()> {
     if json {
         for line in json_lines(node, reports, overhead, wall) {
-            println!("{line}");
+            crate::outln!("{line}");
         }
         return Ok(());
     }
     let total: f64 = reports.iter().map(|r| r.cpu_contended.as_secs_f64()).sum();
-    println!(
+    crate::outln!(
         "{:<12} {:>6} {:>4} {:>5} {:>9} {:>6}  results",
-        "domain", "weight", "cap", "vCPUs", "cpu (s)", "share"
+        "domain",
+        "weight",
+        "cap",
+        "vCPUs",
+        "cpu (s)",
+        "share"
     );
     for r in reports {
         let contended = r.cpu_contended.as_secs_f64();
@@ -362,7 +367,7 @@ fn print(
                     .map(|(kind, fields)| probe_summary(kind, fields)),
             )
             .collect();
-        println!(
+        crate::outln!(
             "{:<12} {:>6} {:>4} {:>5} {:>9.3} {:>5.1}%  {}",
             r.domain.name,
             r.domain.weight,
@@ -380,7 +385,7 @@ fn print(
             eprintln!("kumo: domain '{}': {problem}", r.domain.name);
         }
     }
-    println!(
+    crate::outln!(
         "share: of the CPU time the domains received while all of them ran\n\
          node: host CPUs {:?}, {:.2} s wall; CPU: domain 0 (weight {}) {:.3} s, \
          kumo's scheduler and set-up {:.3} s",

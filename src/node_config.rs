@@ -150,8 +150,7 @@ impl Node {
 }
 
 pub fn load(path: &Path) -> Result<Node> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read node file {}", path.display()))?;
+    let text = crate::input::read_config("node file", path)?;
     parse(&text).with_context(|| format!("in node file {}", path.display()))
 }
 

@@ -106,7 +106,7 @@ fn guest_time(spec: Spec, args: &OverheadArgs) -> Result<f64> {
 fn print(lines: &[(Spec, Summary)], args: &OverheadArgs) {
     if args.json {
         for (spec, s) in lines {
-            println!(
+            crate::outln!(
                 "{}",
                 json!({
                     "benchmark": spec.kernel.name(),
@@ -124,7 +124,7 @@ fn print(lines: &[(Spec, Summary)], args: &OverheadArgs) {
         }
         return;
     }
-    println!(
+    crate::outln!(
         "{:<10} {:<5} {:>5} {:>4} {:>11} {:>11} {:>8} {:>15} {:>10}",
         "benchmark",
         "class",
@@ -137,7 +137,7 @@ fn print(lines: &[(Spec, Summary)], args: &OverheadArgs) {
         "best ratio"
     );
     for (spec, s) in lines {
-        println!(
+        crate::outln!(
             "{:<10} {:<5} {:>5} {:>4} {:>11.3} {:>11.3} {:>8.3} {:>7.3}-{:<7.3} {:>10.3}",
             spec.kernel.name(),
             spec.class.letter(),
@@ -151,7 +151,7 @@ fn print(lines: &[(Spec, Summary)], args: &OverheadArgs) {
             s.best_ratio
         );
     }
-    println!(
+    crate::outln!(
         "ratio = guest time / native time of the same benchmark, median over the pairs; \
          best ratio = fastest guest / fastest native"
     );

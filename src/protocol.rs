@@ -36,7 +36,7 @@ pub enum Event {
         status: u32,
     },
     /// A measurement workload's summary (`switchprobe`, `wakeprobe`, `irqbench`,
-    /// `irqcheck`).
+    /// `irqcheck`, and the network's `mpi`, `netcheck`, `pingpong`, `mpistats`).
     Measurement {
         kind: String,
         fields: BTreeMap<String, String>,
@@ -65,12 +65,11 @@ pub fn parse_line(line: &str) -> Option<Event> {
         "error" => Some(Event::Error { fields }),
         "fault" => Some(Event::Fault { fields }),
         "end" => num(&fields, "status").map(|status| Event::End { status }),
-        "switchprobe" | "wakeprobe" | "gapprobe" | "irqbench" | "irqcheck" => {
-            Some(Event::Measurement {
-                kind: kind.to_string(),
-                fields,
-            })
-        }
+        "switchprobe" | "wakeprobe" | "gapprobe" | "irqbench" | "irqcheck" | "mpi" | "netcheck"
+        | "pingpong" | "mpistats" => Some(Event::Measurement {
+            kind: kind.to_string(),
+            fields,
+        }),
         _ => None,
     };
     Some(event.unwrap_or_else(|| Event::Malformed(line.to_string())))

@@ -11,8 +11,19 @@ use crate::protocol::{BenchResult, Event};
 pub const EXIT_OK: u8 = 0;
 /// A benchmark did not verify, or the guest reported a problem.
 pub const EXIT_UNVERIFIED: u8 = 1;
-/// The VM crashed (triple fault, KVM internal error, ...).
+/// The VM crashed (triple fault, KVM internal error, the watchdog, ...).
 pub const EXIT_FAULT: u8 = 3;
+/// kumo stopped the VM at its `--timeout`.
+pub const EXIT_TIMEOUT: u8 = 4;
+
+/// kumo's exit status for a VM it stopped: [`EXIT_TIMEOUT`], or 128 + the signal's
+/// number as a shell reports a process a signal ended (130 for SIGINT, 143 SIGTERM).
+pub fn stop_status(cause: hv::StopCause) -> u8 {
+    match cause {
+        hv::StopCause::Timeout(_) => EXIT_TIMEOUT,
+        hv::StopCause::Signal(signal) => 128u8.saturating_add(signal.clamp(0, 127) as u8),
+    }
+}
 
 /// One requested benchmark and what the guest said about it.
 #[derive(Debug)]
@@ -29,6 +40,8 @@ pub struct Verdict {
     /// Everything that makes the run not a success, one line each.
     pub problems: Vec<String>,
     pub crashed: bool,
+    /// kumo stopped the run (time limit, signal): its exit status.
+    pub stopped: Option<u8>,
     /// Host threads rather than a VM: no boot, "threads" rather than "vCPUs".
     pub native: bool,
 }
@@ -37,6 +50,7 @@ pub struct Verdict {
 pub enum Ending<'a> {
     DebugExit(u32),
     Fault(&'a str),
+    Stopped(hv::StopCause),
 }
 
 pub fn judge(
@@ -70,7 +84,12 @@ pub fn judge(
     }
     let rows = match_rows(specs, vcpus, results, &mut problems);
     let mut crashed = false;
+    let mut stopped = None;
     match ending {
+        Ending::Stopped(cause) => {
+            stopped = Some(stop_status(cause));
+            problems.push(cause.to_string());
+        }
         Ending::Fault(report) => {
             crashed = true;
             problems.push(format!("the VM crashed: {report}"));
@@ -79,7 +98,9 @@ pub fn judge(
         Ending::DebugExit(v) => problems.push(format!("the guest exited with status {v}")),
     }
     match end_status {
-        None if !crashed => problems.push("the guest did not report its end".to_string()),
+        None if !crashed && stopped.is_none() => {
+            problems.push("the guest did not report its end".to_string())
+        }
         Some(s) if s != 0 => problems.push(format!("the guest reported status {s}")),
         _ => {}
     }
@@ -89,6 +110,7 @@ pub fn judge(
         boot_ms,
         problems,
         crashed,
+        stopped,
         native: false,
     }
 }
@@ -103,6 +125,7 @@ pub fn judge_native(specs: &[Spec], threads: u32, results: Vec<BenchResult>) -> 
         boot_ms: None,
         problems,
         crashed: false,
+        stopped: None,
         native: true,
     }
 }
@@ -149,7 +172,9 @@ fn fields_text(fields: &std::collections::BTreeMap<String, String>) -> String {
 
 impl Verdict {
     pub fn exit_code(&self) -> u8 {
-        if self.crashed {
+        if let Some(status) = self.stopped {
+            status
+        } else if self.crashed {
             EXIT_FAULT
         } else if self.problems.is_empty() {
             EXIT_OK
@@ -239,22 +264,19 @@ impl Verdict {
     }
 }
 
-/// Prints the verdict on stdout (table or JSON lines) and its problems on stderr.
-pub fn print(verdict: &Verdict, json: bool) -> std::io::Result<()> {
-    use std::io::Write;
-    let mut stdout = std::io::stdout().lock();
+/// Prints the verdict on stdout (table or JSON lines) and its problems on stderr. A
+/// closed stdout loses the table, never the problems (see `crate::output`).
+pub fn print(verdict: &Verdict, json: bool) {
     if json {
         for line in verdict.json_lines() {
-            writeln!(stdout, "{line}")?;
+            crate::outln!("{line}");
         }
     } else {
-        write!(stdout, "{}", verdict.table())?;
+        crate::out!("{}", verdict.table());
     }
-    stdout.flush()?;
     for problem in &verdict.problems {
         eprintln!("kumo: {problem}");
     }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -33,7 +33,7 @@ pub fn run_embedded(args: &VmArgs, epoch: Instant) -> Result<u8> {
         epoch,
         sched,
     )?;
-    report::print(&verdict, args.json)?;
+    report::print(&verdict, args.json);
     Ok(verdict.exit_code())
 }
 
@@ -161,6 +161,7 @@ impl GuestRun {
                 Ending::Fault(&fault_text)
             }
             GuestExit::HandedOff => Ending::Fault(HANDED_OFF),
+            GuestExit::Stopped(cause) => Ending::Stopped(*cause),
         };
         let boot_ms = self.outcome.workload_started.map(|d| d.as_secs_f64() * 1e3);
         report::judge(specs, vcpus, &self.events, ending, boot_ms)
@@ -187,6 +188,7 @@ impl GuestRun {
         match &self.outcome.exit {
             GuestExit::Fault(report) => bail!("the guest crashed: {report}"),
             GuestExit::HandedOff => bail!("{HANDED_OFF} before it reported {kind}"),
+            GuestExit::Stopped(cause) => bail!("kumo stopped the VM: {cause}"),
             GuestExit::DebugExit(status) => bail!(
                 "the guest reported no {kind} result (exit status {status}; {})",
                 if problems.is_empty() {
@@ -245,23 +247,26 @@ pub fn run_collecting_recorded(
 /// Boots an arbitrary PVH kernel: its console is kumo's stdout, its debug-exit value
 /// kumo's exit status.
 pub fn run_kernel(args: &VmArgs, kernel: &Path, epoch: Instant) -> Result<u8> {
-    let image = read_input("kernel", kernel)?;
+    let memory_mib = args.memory.unwrap_or(256);
+    // Nothing larger than guest RAM can be loaded into it: the bound on every read.
+    let limit = memory_mib.min(hv::layout::MAX_MEMORY_MIB) << 20;
+    let image = crate::input::read_bounded("kernel", kernel, limit)?;
     let modules = args
         .module
         .iter()
-        .map(|path| read_input("module", path))
+        .map(|path| crate::input::read_bounded("module", path, limit))
         .collect::<Result<Vec<_>>>()?;
     check_vcpus(args.vcpus, &args.kvm_device)?;
     let config = VmConfig {
         vcpus: args.vcpus,
-        memory_mib: args.memory.unwrap_or(256),
+        memory_mib,
         kernel: image,
         cmdline: args.cmdline.clone().unwrap_or_default(),
         modules,
         kvm_device: args.kvm_device.clone(),
     };
-    let outcome = Vm::new(config)?.run(Box::new(std::io::stdout()), epoch)?;
-    std::io::stdout().flush()?;
+    // The console never fails: a closed stdout loses output, not the verdict below.
+    let outcome = Vm::new(config)?.run(Box::new(crate::output::Stdout), epoch)?;
     if let Some(d) = outcome.workload_started {
         eprintln!(
             "kumo: workload started {:.1} ms after kumo started",
@@ -278,6 +283,10 @@ pub fn run_kernel(args: &VmArgs, kernel: &Path, epoch: Instant) -> Result<u8> {
             eprintln!("kumo: {HANDED_OFF}");
             report::EXIT_OK
         }
+        GuestExit::Stopped(cause) => {
+            eprintln!("kumo: {cause}");
+            report::stop_status(cause)
+        }
     })
 }
 
@@ -286,10 +295,6 @@ pub fn dump_guest(path: &Path) -> Result<u8> {
     std::fs::write(path, EMBEDDED_GUEST)
         .with_context(|| format!("cannot write the guest to {}", path.display()))?;
     Ok(report::EXIT_OK)
-}
-
-fn read_input(what: &str, path: &Path) -> Result<Vec<u8>> {
-    std::fs::read(path).with_context(|| format!("cannot read {what} {}", path.display()))
 }
 
 /// Rejects a vCPU count KVM cannot give before sizing memory for it.

@@ -80,9 +80,9 @@ pub fn run_switch(args: &SwitchArgs, epoch: Instant) -> Result<u8> {
         "max_us": get("max_us")?,
     });
     if args.json {
-        println!("{row}");
+        crate::outln!("{row}");
     } else {
-        println!(
+        crate::outln!(
             "mechanism {}: {} switches seen ({} requested, slice {} us on host CPU {}): \
              median {} us, p90 {} us, p99 {} us, max {} us",
             args.mechanism.name(),

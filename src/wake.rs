@@ -98,17 +98,24 @@ fn domain(name: &str, probe: String) -> Domain {
 fn print(rows: &[Value], json: bool) {
     if json {
         for row in rows {
-            println!("{row}");
+            crate::outln!("{row}");
         }
         return;
     }
-    println!(
+    crate::outln!(
         "{:>9} {:>8} {:>10} {:>7} {:>10} {:>10} {:>10} {:>10}",
-        "slice ms", "tick ms", "ratelim us", "wakes", "median us", "p90 us", "p99 us", "max us"
+        "slice ms",
+        "tick ms",
+        "ratelim us",
+        "wakes",
+        "median us",
+        "p90 us",
+        "p99 us",
+        "max us"
     );
     for r in rows {
         let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
-        println!(
+        crate::outln!(
             "{:>9} {:>8} {:>10} {:>7} {:>10.1} {:>10.1} {:>10.1} {:>10.1}",
             f("tslice_ms"),
             f("tick_ms"),
@@ -120,7 +127,7 @@ fn print(rows: &[Value], json: bool) {
             f("max_us")
         );
     }
-    println!(
+    crate::outln!(
         "wake-up latency: TSC deadline -> the sleeping vCPU's next ring-3 instruction, beside a busy vCPU on one host CPU"
     );
 }

@@ -25,13 +25,9 @@ const CLASS: u32 = 0x08_80_00;
 /// Vectors (and doorbells) the device has: the table fits its 2 KiB.
 pub const MAX_VECTORS: u16 = 128;
 
-/// Where the device's interrupts go.
-pub trait MsixSink: Send + Sync {
-    /// Send `message` (vector `vector` of the device) now.
-    fn send(&self, vector: u16, message: MsiMessage);
-    /// `vector` now routes to `route` (`None`: it may not be delivered).
-    fn reroute(&self, vector: u16, route: Option<MsiMessage>);
-}
+/// Where the device's interrupts go (defined with MSI-X, shared with the virtio
+/// transport; re-exported here so existing users keep their path).
+pub use crate::pci::msix::MsixSink;
 
 /// A doorbell write that reached the model (the VMM's ioeventfd did not take it,
 /// e.g. because the guest moved the BAR).
@@ -181,6 +177,17 @@ impl PciDevice for IrqTestDevice {
 
     fn memory_regions(&self) -> Vec<BarRegion> {
         self.state().config.memory_regions().collect()
+    }
+
+    /// One per vector at BAR 0 + stride x vector; doorbell id = vector.
+    fn doorbells(&self) -> Vec<crate::pci::Doorbell> {
+        (0..self.vectors())
+            .map(|vector| crate::pci::Doorbell {
+                bar: 0,
+                offset: DOORBELL_STRIDE * u64::from(vector),
+                id: u32::from(vector),
+            })
+            .collect()
     }
 
     fn bar_read(&self, bar: u8, offset: u64, data: &mut [u8]) {

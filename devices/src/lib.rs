@@ -11,14 +11,19 @@
 //! memory BARs are routed by [`pci::PciBus::mmio_read`] / [`pci::PciBus::mmio_write`].
 //!
 //! Any other port reads as all ones and ignores writes.
+//!
+//! Network ([`virtio`], [`net`]): virtio-net behind a virtio 1.x PCI transport, and the
+//! learning Ethernet switch domain 0 runs between NICs.
 
 pub mod boot_timer;
 pub mod bus;
 pub mod debug_exit;
 pub mod irq_test;
+pub mod net;
 pub mod pci;
 pub mod serial;
 pub mod state;
+pub mod virtio;
 
 pub use boot_timer::BootTimer;
 pub use bus::{BusError, PioBus, PioRange};

@@ -238,3 +238,68 @@ proptest! {
         prop_assert_eq!(snapshot(&bus, 2, &second), before);
     }
 }
+
+/// Records what the bus asks of the doorbell wiring.
+#[derive(Default)]
+struct Wiring {
+    calls: Mutex<Vec<(&'static str, u8, u32, u64)>>,
+}
+
+impl devices::pci::DoorbellWiring for Wiring {
+    fn attach(&self, slot: u8, id: u32, address: u64) {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(("attach", slot, id, address));
+    }
+    fn detach(&self, slot: u8, id: u32, address: u64) {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(("detach", slot, id, address));
+    }
+}
+
+#[test]
+fn doorbells_are_wired_exactly_while_and_where_their_bar_decodes() {
+    let recorder = Arc::new(Recorder::default());
+    let wiring = Arc::new(Wiring::default());
+    let mut bus = PciBus::new(ECAM);
+    bus.set_doorbell_wiring(wiring.clone());
+    let device = Arc::new(IrqTestDevice::new(2, recorder.clone(), recorder));
+    device.place_bar0(0xc000_0000);
+    assert_eq!(bus.free_slot(), Some(1));
+    bus.add(device).unwrap();
+    let take = || std::mem::take(&mut *wiring.calls.lock().unwrap());
+    assert_eq!(take(), [], "nothing decodes before memory space is enabled");
+
+    let stride = irq_test::DOORBELL_STRIDE;
+    write32(&bus, ecam(1, 4), 0x2);
+    assert_eq!(
+        take(),
+        [
+            ("attach", 1, 0, 0xc000_0000),
+            ("attach", 1, 1, 0xc000_0000 + stride)
+        ]
+    );
+    write32(&bus, ecam(1, 4), 0x2); // the same state again: nothing to do
+    assert_eq!(take(), []);
+    write32(&bus, ecam(1, 0x10), 0xc010_0000); // moved while decoding
+    assert_eq!(
+        take(),
+        [
+            ("detach", 1, 0, 0xc000_0000),
+            ("detach", 1, 1, 0xc000_0000 + stride),
+            ("attach", 1, 0, 0xc010_0000),
+            ("attach", 1, 1, 0xc010_0000 + stride)
+        ]
+    );
+    write32(&bus, ecam(1, 4), 0);
+    assert_eq!(
+        take(),
+        [
+            ("detach", 1, 0, 0xc010_0000),
+            ("detach", 1, 1, 0xc010_0000 + stride)
+        ]
+    );
+}

@@ -160,6 +160,7 @@ pub fn inspect(image: &[u8]) -> Result<KernelInfo, Error> {
     if segments.is_empty() {
         return Err(malformed("no loadable (PT_LOAD) segment"));
     }
+    check_disjoint(&segments)?;
     let entry = entry.ok_or(Error::NoPvhNote)?;
     let end = segments.iter().map(Segment::end).max().unwrap_or(0);
     Ok(KernelInfo {
@@ -167,6 +168,25 @@ pub fn inspect(image: &[u8]) -> Result<KernelInfo, Error> {
         segments,
         end,
     })
+}
+
+/// Refuses segments that share guest memory: which one "wins" would depend on the
+/// loader's order, so the image means nothing definite.
+fn check_disjoint(segments: &[Segment]) -> Result<(), Error> {
+    let mut sorted: Vec<&Segment> = segments.iter().collect();
+    sorted.sort_by_key(|s| s.paddr);
+    for pair in sorted.windows(2) {
+        if pair[1].paddr < pair[0].end() {
+            return Err(malformed(format!(
+                "loadable segments [{:#x}, {:#x}) and [{:#x}, {:#x}) overlap",
+                pair[0].paddr,
+                pair[0].end(),
+                pair[1].paddr,
+                pair[1].end()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Scans the notes of one PT_NOTE segment for the Xen PHYS32 entry.
@@ -350,6 +370,19 @@ mod tests {
             matches!(e, Error::MalformedElf(ref m) if m.contains("past the end")),
             "{e}"
         );
+    }
+
+    #[test]
+    fn overlapping_segments_are_refused_and_adjacent_ones_accepted() {
+        let code = [0x90u8; 64];
+        let e = inspect(&PvhImage::new(&code).overlapping_load(32).build()).unwrap_err();
+        assert!(
+            matches!(e, Error::MalformedElf(ref m) if m.contains("overlap")),
+            "{e}"
+        );
+        let info = inspect(&PvhImage::new(&code).overlapping_load(64).build()).unwrap();
+        assert_eq!(info.segments.len(), 2);
+        assert_eq!(info.end, LOAD_ADDRESS + 128);
     }
 
     #[test]

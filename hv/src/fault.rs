@@ -16,6 +16,10 @@ pub enum FaultReason {
     RunFailed { errno: i32 },
     /// Any other exit kumo does not handle.
     UnhandledExit(String),
+    /// The watchdog saw the vCPU use this much CPU time with no exit and no change of
+    /// its registers (e.g. stuck inside KVM_RUN on an instruction the host cannot
+    /// complete).
+    NoProgress { cpu_time: std::time::Duration },
 }
 
 impl fmt::Display for FaultReason {
@@ -52,6 +56,12 @@ impl fmt::Display for FaultReason {
                 std::io::Error::from_raw_os_error(*errno)
             ),
             FaultReason::UnhandledExit(kind) => write!(f, "unhandled exit {kind}"),
+            FaultReason::NoProgress { cpu_time } => write!(
+                f,
+                "no progress for {:.1} s of CPU time: no exit and no change of registers \
+                 (watchdog; stuck in KVM_RUN? the last sampled registers follow)",
+                cpu_time.as_secs_f64()
+            ),
         }
     }
 }

@@ -23,6 +23,8 @@ use kvm_bindings::{
 use kvm_ioctls::VmFd;
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
+use devices::pci::{MsiMessage, MsixSink};
+
 use crate::Error;
 use crate::kvm::ioctl;
 use crate::placement::ThreadGroup;
@@ -385,6 +387,62 @@ impl Drop for FastVector {
             let mut routes = lock(&self.router.routes);
             routes.msi.remove(&self.gsi);
             let _ = self.router.commit(&routes);
+        }
+    }
+}
+
+/// A PCI device's MSI-X vectors on `path`: what its model's [`MsixSink`] calls do.
+/// Generic: each message queued to `event_loop` (the message travels with the
+/// interrupt, so a re-route needs nothing). Fast: an irqfd per vector on its own GSI
+/// from `router`, re-routed whenever the guest rewrites or (un)masks the entry.
+pub fn msix_sink(
+    path: IrqPath,
+    vectors: u16,
+    event_loop: &EventLoop,
+    router: &Arc<GsiRouter>,
+) -> Result<Arc<dyn MsixSink>, Error> {
+    Ok(match path {
+        IrqPath::Generic => Arc::new(GenericMsix(event_loop.sink())),
+        IrqPath::Fast => Arc::new(FastMsix(
+            (0..vectors)
+                .map(|_| router.vector())
+                .collect::<Result<Vec<_>, _>>()?,
+        )),
+    })
+}
+
+fn msi(message: MsiMessage) -> Msi {
+    Msi {
+        address: message.address,
+        data: message.data,
+    }
+}
+
+struct GenericMsix(GenericSink);
+
+impl MsixSink for GenericMsix {
+    fn send(&self, _vector: u16, message: MsiMessage) {
+        self.0.raise(msi(message));
+    }
+    fn reroute(&self, _vector: u16, _route: Option<MsiMessage>) {}
+}
+
+struct FastMsix(Vec<FastVector>);
+
+impl MsixSink for FastMsix {
+    fn send(&self, vector: u16, _message: MsiMessage) {
+        if let Some(fast) = self.0.get(usize::from(vector)) {
+            fast.trigger();
+        }
+    }
+
+    fn reroute(&self, vector: u16, route: Option<MsiMessage>) {
+        if let Some(fast) = self.0.get(usize::from(vector))
+            && let Err(e) = fast.route(route.map(msi))
+        {
+            // The guest cannot make this fail with valid messages; KVM refusing a
+            // route leaves the vector undeliverable, which the guest will see.
+            tracing::warn!("re-routing fast vector {vector}: {e}");
         }
     }
 }

@@ -19,6 +19,7 @@ pub mod acpi;
 pub mod boot;
 pub mod cpuid;
 pub mod credit;
+mod doorbells;
 pub mod elf;
 mod fault;
 pub mod irq;
@@ -26,16 +27,20 @@ pub mod irq_device;
 mod kvm;
 pub mod layout;
 pub mod migration;
+pub mod net;
 pub mod placement;
 pub mod regs;
+pub mod stop;
 pub mod testing;
 mod vcpu;
 mod vm;
+pub mod watchdog;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use fault::{CpuMode, FaultReason, FaultReport, Registers};
+pub use stop::{RunLimits, StopCause};
 pub use vm::Vm;
 
 /// What to boot and on how much.
@@ -67,11 +72,14 @@ pub struct RunOutcome {
 pub enum GuestExit {
     /// The guest wrote this value to the debug-exit port.
     DebugExit(u32),
-    /// The guest crashed (or did something kumo cannot continue from).
+    /// The guest crashed (or did something kumo cannot continue from, or made no
+    /// progress for the watchdog's bound).
     Fault(FaultReport),
     /// The VM was paused and handed off (a snapshot with stop, or a migration whose
     /// destination runs it now): it did not finish here.
     HandedOff,
+    /// kumo stopped the VM: its time limit, or a signal.
+    Stopped(StopCause),
 }
 
 /// Errors creating or running a VM. Each message is one line a person can act on.

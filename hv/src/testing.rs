@@ -12,7 +12,8 @@
 pub const LOAD_ADDRESS: u64 = 0x10_0000;
 /// File offset of the code.
 const CODE_OFFSET: u64 = 0x200;
-const NOTE_OFFSET: u64 = 64 + 2 * 56;
+/// After room for three program headers.
+const NOTE_OFFSET: u64 = 64 + 3 * 56;
 
 /// Builder of a PVH ELF64 around raw 32-bit code.
 #[derive(Debug, Clone)]
@@ -28,6 +29,7 @@ pub struct PvhImage {
     phoff: u64,
     segment_file_size: Option<u64>,
     truncate: Option<usize>,
+    overlapping_load: Option<u64>,
 }
 
 impl PvhImage {
@@ -45,6 +47,7 @@ impl PvhImage {
             phoff: 64,
             segment_file_size: None,
             truncate: None,
+            overlapping_load: None,
         }
     }
 
@@ -102,6 +105,13 @@ impl PvhImage {
         self
     }
 
+    /// Adds a second PT_LOAD of the same bytes, loaded `offset` bytes above the first
+    /// (an overlap when `offset` is below the code's size).
+    pub fn overlapping_load(mut self, offset: u64) -> Self {
+        self.overlapping_load = Some(offset);
+        self
+    }
+
     /// Cuts the file after `len` bytes.
     pub fn truncate(mut self, len: usize) -> Self {
         self.truncate = Some(len);
@@ -127,7 +137,15 @@ impl PvhImage {
         put64(&mut f, 32, self.phoff);
         put16(&mut f, 52, 64); // e_ehsize
         put16(&mut f, 54, 56); // e_phentsize
-        put16(&mut f, 56, 2); // e_phnum
+        put16(
+            &mut f,
+            56,
+            if self.overlapping_load.is_some() {
+                3
+            } else {
+                2
+            },
+        ); // e_phnum
 
         let filesz = self.segment_file_size.unwrap_or(self.code.len() as u64);
         let memsz = self
@@ -143,6 +161,13 @@ impl PvhImage {
         put64(&mut f, ph + 32, filesz);
         put64(&mut f, ph + 40, memsz);
         put64(&mut f, ph + 48, 16);
+
+        if let Some(offset) = self.overlapping_load {
+            let (first, second) = (64, 64 + 2 * 56);
+            f.copy_within(first..first + 56, second);
+            put64(&mut f, second + 16, self.load_address + offset);
+            put64(&mut f, second + 24, self.load_address + offset);
+        }
 
         // PT_NOTE with one note: either Xen's PHYS32 entry or an unrelated one.
         let desc_len = (self.note_desc_size as usize).next_multiple_of(4).max(4);

@@ -20,6 +20,7 @@ use kvm_ioctls::{VcpuExit, VcpuFd};
 
 use crate::fault::{CpuMode, FaultReason, FaultReport, Registers};
 use crate::placement::VcpuControl;
+use crate::watchdog::Watch;
 use crate::{Error, GuestExit};
 
 /// State shared by all vCPU threads of a VM.
@@ -31,6 +32,8 @@ pub(crate) struct Shared {
     pub control: Arc<VcpuControl>,
     /// Pauses for snapshots and migration.
     pub hub: Arc<crate::migration::Hub>,
+    /// Each vCPU's side of the watchdog (index = vCPU).
+    pub watch: Vec<Watch>,
 }
 
 impl Shared {
@@ -40,12 +43,14 @@ impl Shared {
         control: Arc<VcpuControl>,
         hub: Arc<crate::migration::Hub>,
     ) -> Self {
+        let watch = (0..control.vcpus()).map(|_| Watch::default()).collect();
         Self {
             stop: AtomicBool::new(false),
             bus,
             pci,
             control,
             hub,
+            watch,
         }
     }
 }
@@ -156,6 +161,7 @@ enum Step {
 
 fn run_loop(index: u32, vcpu: &mut VcpuFd, shared: &Shared) -> VcpuEnd {
     let mut eagain: u32 = 0;
+    let watch = &shared.watch[index as usize];
     loop {
         if shared.stop.load(Ordering::SeqCst) {
             return VcpuEnd::Stopped;
@@ -169,7 +175,11 @@ fn run_loop(index: u32, vcpu: &mut VcpuFd, shared: &Shared) -> VcpuEnd {
         if shared.stop.load(Ordering::SeqCst) {
             return VcpuEnd::Stopped;
         }
-        let step = match vcpu.run() {
+        let exit = vcpu.run();
+        if exit.is_ok() {
+            watch.exit();
+        }
+        let step = match exit {
             Ok(VcpuExit::IoIn(..) | VcpuExit::IoOut(..)) => Step::Io,
             Ok(VcpuExit::MmioRead(addr, data)) => {
                 if !shared.pci.mmio_read(addr, data) {
@@ -207,6 +217,9 @@ fn run_loop(index: u32, vcpu: &mut VcpuFd, shared: &Shared) -> VcpuEnd {
                 libc::EINTR => {
                     // A kick (or another signal). Re-arm before the stop check above.
                     vcpu.set_kvm_immediate_exit(0);
+                    if watch.sample_requested() {
+                        answer_sample(vcpu, watch);
+                    }
                     Step::Continue
                 }
                 libc::EAGAIN => {
@@ -277,6 +290,17 @@ fn handle_io(run: &mut kvm_run, bus: &PioBus) -> IoAction {
         _ => {}
     }
     action
+}
+
+/// The watchdog's sample: registers and whether the vCPU is halted.
+fn answer_sample(vcpu: &VcpuFd, watch: &Watch) {
+    let halted = vcpu
+        .get_mp_state()
+        .is_ok_and(|s| s.mp_state == kvm_bindings::KVM_MP_STATE_HALTED);
+    match registers(vcpu) {
+        Ok(registers) => watch.answer(halted, registers),
+        Err(e) => tracing::debug!("watchdog sample failed: {e}"),
+    }
 }
 
 fn fault(index: u32, vcpu: &VcpuFd, reason: FaultReason) -> VcpuEnd {

@@ -13,18 +13,23 @@ use devices::pci::{BarAllocator, ConfigPorts, PciBus, PciDevice};
 use devices::serial::{COM1_LEN, COM1_PORT};
 use devices::{BootTimer, Com1, DebugExit, PioBus, PioRange};
 use kvm_bindings::{CpuId, KVM_MAX_CPUID_ENTRIES, kvm_userspace_memory_region};
-use kvm_ioctls::{IoEventAddress, Kvm, NoDatamatch, VcpuFd, VmFd};
+use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::signal::Killable;
 
+use crate::doorbells::IoEventWiring;
 use crate::irq::{EventLoop, GsiRouter, Msi};
 use crate::kvm::{self, ioctl};
 use crate::layout::*;
 use crate::migration::{DeviceStates, Hub};
 use crate::placement::VcpuControl;
+use crate::stop::{self, RunLimits, StopCause};
 use crate::vcpu::{self, Shared, VcpuEnd};
-use crate::{Error, GuestExit, RunOutcome, VmConfig, acpi, boot, cpuid, elf, regs};
+use crate::watchdog::{Observation, Verdict, Watchdog};
+use crate::{
+    Error, FaultReason, FaultReport, GuestExit, RunOutcome, VmConfig, acpi, boot, cpuid, elf, regs,
+};
 
 /// A created VM, ready to run.
 pub struct Vm {
@@ -34,8 +39,11 @@ pub struct Vm {
     /// until they are dropped.
     pub(crate) vm: Arc<VmFd>,
     pub(crate) control: Arc<VcpuControl>,
+    pub(crate) limits: RunLimits,
     /// Bus 0 and the window its BARs are placed in, filled before `run`.
     pub(crate) pci: PciBus,
+    /// The eventfds behind devices' doorbells, wired where their BARs decode.
+    pub(crate) doorbells: Arc<IoEventWiring>,
     pub(crate) bar_window: BarAllocator,
     /// Pausing and saving the running VM (snapshots, migration).
     pub(crate) hub: Arc<Hub>,
@@ -188,11 +196,16 @@ impl Vm {
             &memfd,
             control.clone(),
         )?);
+        let doorbells = Arc::new(IoEventWiring::new(vm.clone()));
+        let mut pci = PciBus::new(PCI_ECAM_BASE);
+        pci.set_doorbell_wiring(doorbells.clone());
         Ok(Vm {
             vcpus,
             vm,
             control,
-            pci: PciBus::new(PCI_ECAM_BASE),
+            limits: stop::default_limits(),
+            pci,
+            doorbells,
             bar_window: BarAllocator::new(PCI_MMIO_START, PCI_MMIO_END),
             hub,
             restored: None,
@@ -262,12 +275,29 @@ impl Vm {
             .map_err(|e| Error::Device(e.to_string()))
     }
 
-    /// Has KVM signal `eventfd` on every guest write at `addr`, of any size (an
-    /// MMIO doorbell that never leaves the kernel: KVM_IOEVENTFD).
-    pub fn register_mmio_doorbell(&self, eventfd: &EventFd, addr: u64) -> Result<(), Error> {
-        self.vm
-            .register_ioevent(eventfd, &IoEventAddress::Mmio(addr), NoDatamatch)
-            .map_err(ioctl("KVM_IOEVENTFD"))
+    /// Plugs a device into PCI bus 0 (before `run`) with its doorbells served in the
+    /// kernel: a guest write to doorbell `id` signals `doorbells[id]` without an exit,
+    /// wherever the device's BAR decodes at the time and nowhere while it does not
+    /// (KVM ioeventfds kept in step with the BARs by the bus). Returns its slot.
+    pub fn add_pci_device_with_doorbells(
+        &mut self,
+        device: Arc<dyn PciDevice>,
+        doorbells: Vec<EventFd>,
+    ) -> Result<u8, Error> {
+        let slot = self
+            .pci
+            .free_slot()
+            .ok_or_else(|| Error::Device(devices::pci::PciError::Full.to_string()))?;
+        for (id, fd) in doorbells.into_iter().enumerate() {
+            self.doorbells.provide(slot, id as u32, fd);
+        }
+        self.add_pci_device(device)
+    }
+
+    /// Sets the run's time limit and watchdog bound (default: the process's
+    /// [`stop::default_limits`]).
+    pub fn set_limits(&mut self, limits: RunLimits) {
+        self.limits = limits;
     }
 
     pub fn vcpu_count(&self) -> u32 {
@@ -284,6 +314,7 @@ impl Vm {
         epoch: Instant,
     ) -> Result<RunOutcome, Error> {
         vcpu::install_kick_handler()?;
+        let _running = stop::Running::enter();
         let pci = Arc::new(self.pci);
         let ports = Arc::new(ConfigPorts::new(pci.clone()));
         let (com1, timer) = match &self.restored {
@@ -347,12 +378,21 @@ impl Vm {
         }
         drop(tx);
 
-        // The first vCPU to end the VM decides the outcome.
+        // The first vCPU to end the VM decides the outcome, unless kumo ends it first:
+        // a stop request (signal), the time limit or the watchdog.
         let mut ended = vec![false; handles.len()];
         let mut remaining = handles.len();
         let mut decision: Option<Result<GuestExit, Error>> = spawn_error.map(Err);
+        let started = Instant::now();
+        let mut watchdog = self
+            .limits
+            .watchdog
+            .map(|bound| (Watchdog::new(count, bound), started));
+        let poll = watchdog
+            .as_ref()
+            .map_or(stop::POLL, |(w, _)| w.period().min(stop::POLL));
         while decision.is_none() {
-            match rx.recv() {
+            match rx.recv_timeout(poll) {
                 Ok((index, end)) => {
                     ended[index as usize] = true;
                     remaining -= 1;
@@ -362,12 +402,28 @@ impl Vm {
                         VcpuEnd::Stopped => {}
                     }
                 }
-                Err(mpsc::RecvError) => {
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
                     decision = Some(Err(Error::VcpuThread {
                         index: 0,
                         why: "every vCPU thread ended without an outcome".into(),
                     }))
                 }
+            }
+            if decision.is_some() {
+                break;
+            }
+            if let Some(signal) = stop::requested() {
+                decision = Some(Ok(GuestExit::Stopped(StopCause::Signal(signal))));
+            } else if let Some(limit) = self.limits.timeout
+                && started.elapsed() >= limit
+            {
+                decision = Some(Ok(GuestExit::Stopped(StopCause::Timeout(limit))));
+            } else if let Some((dog, next)) = &mut watchdog
+                && Instant::now() >= *next
+            {
+                *next = Instant::now() + dog.period();
+                decision = watch(dog, &shared, &self.control, &handles).map(Ok);
             }
         }
 
@@ -418,6 +474,7 @@ impl Vm {
             GuestExit::DebugExit(v) => tracing::debug!("guest exited with {v:#x}"),
             GuestExit::Fault(r) => tracing::debug!("guest fault: {}", r.reason),
             GuestExit::HandedOff => tracing::debug!("the VM was handed off"),
+            GuestExit::Stopped(cause) => tracing::debug!("VM stopped: {cause}"),
         }
         let vcpu_cpu_time = (0..self.control.vcpus())
             .map(|v| self.control.cpu_time(v).unwrap_or_default())
@@ -427,6 +484,51 @@ impl Vm {
             workload_started,
             vcpu_cpu_time,
         })
+    }
+}
+
+/// One watchdog check: samples the vCPUs it asks for (request, then kick), and ends
+/// the VM if one is stuck.
+fn watch(
+    dog: &mut Watchdog,
+    shared: &Shared,
+    control: &VcpuControl,
+    handles: &[std::thread::JoinHandle<()>],
+) -> Option<GuestExit> {
+    let seen: Vec<Observation> = shared
+        .watch
+        .iter()
+        .enumerate()
+        .map(|(vcpu, w)| Observation {
+            cpu: control.cpu_time(vcpu),
+            exits: w.exits(),
+            sample: w.latest(),
+        })
+        .collect();
+    match dog.check(&seen) {
+        Verdict::Fine => None,
+        Verdict::Sample(vcpus) => {
+            for vcpu in vcpus {
+                shared.watch[vcpu].want_sample();
+                if let Some(h) = handles.get(vcpu)
+                    && let Err(e) = h.kill(vcpu::kick_signal())
+                {
+                    tracing::debug!("watchdog: kicking vCPU {vcpu} failed: {e}");
+                }
+            }
+            None
+        }
+        Verdict::Stuck {
+            vcpu,
+            stalled,
+            last,
+        } => Some(GuestExit::Fault(FaultReport {
+            reason: FaultReason::NoProgress { cpu_time: stalled },
+            vcpu: vcpu as u32,
+            registers: last
+                .map(|s| s.registers)
+                .ok_or_else(|| "never sampled".to_string()),
+        })),
     }
 }
 

@@ -255,8 +255,7 @@ pub struct Scenario {
 }
 
 pub fn load(path: &Path) -> Result<Sim> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read simulation file {}", path.display()))?;
+    let text = crate::input::read_config("simulation file", path)?;
     parse(&text).with_context(|| format!("in simulation file {}", path.display()))
 }
 

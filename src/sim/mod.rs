@@ -74,9 +74,9 @@ pub fn run_sim(args: &SimArgs) -> Result<u8> {
     let sim = config::load(&args.config)?;
     let report = run(&sim)?;
     if args.json {
-        println!("{}", report.json());
+        crate::outln!("{}", report.json());
     } else {
-        print!("{}", report.text());
+        crate::out!("{}", report.text());
     }
     Ok(0)
 }

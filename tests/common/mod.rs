@@ -22,17 +22,29 @@ pub fn kumo(args: &[&str]) -> Output {
 /// Runs a command to completion; a process still running after HANG_LIMIT is killed
 /// and the test fails, so a hung VM can never hang the suite.
 pub fn run_with_hang_guard(cmd: &mut Command) -> Output {
+    run_guarded(cmd.stdout(Stdio::piped()))
+}
+
+/// Runs kumo with its standard output a pipe whose reader is already gone (as
+/// `kumo ... | head -c 0` would leave it): every write to stdout fails with EPIPE.
+pub fn kumo_with_stdout_closed(args: &[&str]) -> Output {
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    drop(reader);
+    run_guarded(Command::new(kumo_bin()).args(args).stdout(writer))
+}
+
+/// As [`run_with_hang_guard`], with stdout as the caller set it (captured if piped).
+fn run_guarded(cmd: &mut Command) -> Output {
     let mut child = cmd
         .stdin(Stdio::null())
-        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn");
     let start = Instant::now();
     // Drain the pipes on threads so a chatty child cannot block on a full pipe.
-    let mut out = child.stdout.take().unwrap();
+    let out = child.stdout.take();
     let mut err = child.stderr.take().unwrap();
-    let out_t = std::thread::spawn(move || read_all(&mut out));
+    let out_t = std::thread::spawn(move || out.map(|mut o| read_all(&mut o)).unwrap_or_default());
     let err_t = std::thread::spawn(move || read_all(&mut err));
     let status = loop {
         if let Some(status) = child.try_wait().expect("wait") {
@@ -69,9 +81,12 @@ pub fn scratch(name: &str) -> PathBuf {
     dir.join(name)
 }
 
-/// Writes the embedded guest ELF to a scratch file via `kumo --dump-guest`.
+/// Writes the embedded guest ELF to a scratch file of its own via `kumo --dump-guest`
+/// (one per call: tests run in parallel, and one must not rewrite a file another boots).
 pub fn dumped_guest() -> PathBuf {
-    let path = scratch("guest.elf");
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = scratch(&format!("guest-{n}.elf"));
     let out = kumo(&["--dump-guest", path.to_str().unwrap()]);
     assert!(
         out.status.success(),

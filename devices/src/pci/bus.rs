@@ -8,7 +8,7 @@
 //! data path only reads. Devices lock their own state.
 
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use serde::{Deserialize, Serialize};
 
@@ -31,6 +31,12 @@ pub trait PciDevice: Send + Sync {
     fn memory_regions(&self) -> Vec<BarRegion>;
     fn bar_read(&self, bar: u8, offset: u64, data: &mut [u8]);
     fn bar_write(&self, bar: u8, offset: u64, data: &[u8]);
+    /// Its doorbells: places in its memory BARs where a guest write only signals, for
+    /// the VMM to serve without an exit (see [`DoorbellWiring`]). A write that reaches
+    /// [`bar_write`](Self::bar_write) there must ring the doorbell all the same.
+    fn doorbells(&self) -> Vec<Doorbell> {
+        Vec::new()
+    }
     /// Its state for a snapshot. A model without state support says so, and a VM
     /// holding it cannot be saved.
     fn save_state(&self) -> Result<PciDeviceState, DeviceStateError> {
@@ -51,6 +57,30 @@ pub trait PciDevice: Send + Sync {
 pub struct PciBusState {
     pub slots: Vec<Option<PciDeviceState>>,
 }
+
+/// A doorbell of a device: a guest write of any size at `offset` in memory BAR `bar`
+/// whose only effect is to signal doorbell `id` (a queue notify, a test device's ring).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Doorbell {
+    pub bar: u8,
+    pub offset: u64,
+    /// The device's own number for it (what the VMM signals).
+    pub id: u32,
+}
+
+/// Where the VMM serves doorbells (in kumo, KVM ioeventfds). The bus keeps it in step
+/// with the decoded BARs: a doorbell is attached exactly while its BAR decodes, at the
+/// address where it decodes, and moves with the BAR. Calls come in order (detach before
+/// attach), from whichever thread wrote the configuration.
+pub trait DoorbellWiring: Send + Sync {
+    /// Doorbell `id` of the device in `slot` now decodes at guest-physical `address`.
+    fn attach(&self, slot: u8, id: u32, address: u64);
+    /// Doorbell `id` of the device in `slot` no longer decodes at `address`.
+    fn detach(&self, slot: u8, id: u32, address: u64);
+}
+
+/// An attached doorbell: (slot, id, address).
+type Wired = (u8, u32, u64);
 
 /// Errors building a bus (VMM configuration mistakes).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -141,6 +171,9 @@ pub struct PciBus {
     slots: Vec<Option<Arc<dyn PciDevice>>>,
     ecam_base: u64,
     routes: RwLock<Vec<Route>>,
+    wiring: Option<Arc<dyn DoorbellWiring>>,
+    /// The doorbells attached now; its lock also orders route refreshes.
+    wired: Mutex<Vec<Wired>>,
 }
 
 impl PciBus {
@@ -152,7 +185,21 @@ impl PciBus {
             slots,
             ecam_base,
             routes: RwLock::new(Vec::new()),
+            wiring: None,
+            wired: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Has the bus keep devices' doorbells wired through `wiring` (set before adding
+    /// devices that have doorbells).
+    pub fn set_doorbell_wiring(&mut self, wiring: Arc<dyn DoorbellWiring>) {
+        self.wiring = Some(wiring);
+        self.refresh_routes();
+    }
+
+    /// The slot the next [`add`](Self::add) will use, if any is free.
+    pub fn free_slot(&self) -> Option<u8> {
+        self.slots.iter().position(Option::is_none).map(|s| s as u8)
     }
 
     /// Plugs `device` into the first free slot; returns the slot.
@@ -234,8 +281,12 @@ impl PciBus {
         }
     }
 
+    /// Re-derives the decoded BARs from every device's configuration (after a write
+    /// that may have moved a BAR or switched decoding), and moves the doorbells with
+    /// them.
     fn refresh_routes(&self) {
-        let routes = self
+        let mut wired = self.wired.lock().unwrap_or_else(|e| e.into_inner());
+        let routes: Vec<Route> = self
             .slots
             .iter()
             .enumerate()
@@ -246,7 +297,39 @@ impl PciBus {
                     .map(move |region| Route { region, slot })
             })
             .collect();
+        let Some(wiring) = &self.wiring else {
+            *self.routes.write().unwrap_or_else(|e| e.into_inner()) = routes;
+            return;
+        };
+        let wanted = self.doorbells_of(&routes);
         *self.routes.write().unwrap_or_else(|e| e.into_inner()) = routes;
+        for &(slot, id, address) in wired.iter().filter(|w| !wanted.contains(w)) {
+            wiring.detach(slot, id, address);
+        }
+        for &(slot, id, address) in wanted.iter().filter(|w| !wired.contains(w)) {
+            wiring.attach(slot, id, address);
+        }
+        *wired = wanted;
+    }
+
+    /// Where every device's doorbells decode under `routes`.
+    fn doorbells_of(&self, routes: &[Route]) -> Vec<Wired> {
+        let mut found = Vec::new();
+        for route in routes {
+            let Some(device) = &self.slots[route.slot] else {
+                continue;
+            };
+            for bell in device.doorbells() {
+                if bell.bar == route.region.index && bell.offset < route.region.size {
+                    found.push((
+                        route.slot as u8,
+                        bell.id,
+                        route.region.address + bell.offset,
+                    ));
+                }
+            }
+        }
+        found
     }
 
     /// Splits an ECAM offset into (bus, slot, function, register).

@@ -7,6 +7,9 @@ pub mod bus;
 pub mod config;
 pub mod msix;
 
-pub use bus::{BarAllocator, ConfigPorts, HostBridge, PciBus, PciBusState, PciDevice, PciError};
+pub use bus::{
+    BarAllocator, ConfigPorts, Doorbell, DoorbellWiring, HostBridge, PciBus, PciBusState,
+    PciDevice, PciError,
+};
 pub use config::{Bar, BarKind, BarRegion, ConfigError, ConfigSpace, ConfigSpaceState};
-pub use msix::{MsiMessage, Msix, MsixState, Update};
+pub use msix::{MsiMessage, Msix, MsixSink, MsixState, Update};

@@ -72,6 +72,16 @@ impl MsiMessage {
     }
 }
 
+/// Where a device's MSI-X messages go: the VMM implements it (the generic event path
+/// or an irqfd per vector). Shared by every MSI-X device model (the interrupt test
+/// device, the virtio transport), so one VMM type serves them all.
+pub trait MsixSink: Send + Sync {
+    /// Send `message` (vector `vector` of the device) now.
+    fn send(&self, vector: u16, message: MsiMessage);
+    /// `vector` now routes to `route` (`None`: it may not be delivered).
+    fn reroute(&self, vector: u16, route: Option<MsiMessage>);
+}
+
 /// What changed for the VMM after a guest write.
 #[derive(Debug, Default, PartialEq, Eq)]
 #[must_use]

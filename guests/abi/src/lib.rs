@@ -92,6 +92,12 @@ pub mod call {
     /// may return early). Returns 0, or 1 if this machine has no TSC-deadline timer
     /// (x2APIC and CPUID.1:ECX[24] are needed): the caller must wait another way.
     pub const SLEEP: u64 = 6;
+    /// `wait_until(addr, expected, until_tsc)`: as `WAIT` (sleep until an interrupt if
+    /// the u32 at `addr` still equals `expected`, checked with interrupts off), but
+    /// also woken at `until_tsc` by the TSC-deadline timer. Returns 0, or 1 without
+    /// sleeping if this machine has no TSC-deadline timer (the caller must poll).
+    /// Device drivers wait for their interrupt records with it and keep a timeout.
+    pub const WAIT_UNTIL: u64 = 7;
 }
 
 /// Kinds of deliberate ring-0 fault (`fault=` on the command line).

@@ -164,7 +164,7 @@ extern "C" fn ap_main(cpu: u32) -> ! {
 
 /// `int3` from ring 3: a trap call (see `kumo_abi::call`).
 #[unsafe(no_mangle)]
-extern "C" fn kumo_trap(number: u64, a: u64, b: u64, _c: u64) -> u64 {
+extern "C" fn kumo_trap(number: u64, a: u64, b: u64, c: u64) -> u64 {
     match number {
         call::WRITE => {
             // The workload is trusted; the length bound only limits the damage of a bug.
@@ -204,6 +204,22 @@ extern "C" fn kumo_trap(number: u64, a: u64, b: u64, _c: u64) -> u64 {
             // only acknowledges; `sti; hlt` leaves no window to miss it.
             unsafe { asm!("sti", "hlt", "cli", options(nomem, nostack)) };
             wrmsr(MSR_TSC_DEADLINE, 0);
+            0
+        }
+        call::WAIT_UNTIL => {
+            if !TSC_DEADLINE.load(Ordering::Relaxed) {
+                return 1;
+            }
+            // SAFETY: as for WAIT: ring 3 passes one of its u32 words, checked with
+            // interrupts off; the timer lands on the wake vector (acknowledge only).
+            unsafe {
+                if read_volatile(a as *const u32) == b as u32 {
+                    wrmsr(0x832, LVT_TSC_DEADLINE);
+                    wrmsr(MSR_TSC_DEADLINE, c);
+                    asm!("sti", "hlt", "cli", options(nomem, nostack));
+                    wrmsr(MSR_TSC_DEADLINE, 0);
+                }
+            }
             0
         }
         _ => u64::MAX,

@@ -7,69 +7,26 @@
 //! doorbell is an ioeventfd, handled inside KVM).
 
 use core::fmt::Write;
-use core::ptr::{read_volatile, write_volatile};
+use core::ptr::read_volatile;
 
-use kumo_abi::irq_device::{DEVICE_ID, DOORBELL_STRIDE, MSIX_PBA, MSIX_TABLE, VENDOR_ID};
-use kumo_abi::{BootInfo, DEVICE_VECTOR_BASE, DEVICE_VECTORS, IrqRecord};
+use kumo_abi::irq_device::{DEVICE_ID, DOORBELL_STRIDE, VENDOR_ID};
+use kumo_abi::{BootInfo, DEVICE_VECTORS};
 
+use crate::pci::{Function, Msix, apic_id, count, records, write32};
 use crate::{Line, sys};
 
 /// How long to wait for an interrupt (or a pending bit) before calling it lost.
 const TIMEOUT_MS: u64 = 2000;
 /// The noise device's interrupts use this vector (index into the records).
 const NOISE_VECTOR_INDEX: usize = DEVICE_VECTORS - 1;
-const PCI_CAP_MSIX: u32 = 0x11;
-
-/// The APIC ID of CPU `cpu`, from the supervisor's APIC ID -> CPU table (not CPUID:
-/// in ring 3 it may run natively and report the host's APIC ID).
-fn apic_id(info: &BootInfo, cpu: u32) -> Option<u32> {
-    // SAFETY: the supervisor's 256-byte table, identity-mapped and read-only to us,
-    // written before ring 3 started.
-    let table = unsafe { core::slice::from_raw_parts(info.apic_to_cpu as *const u8, 256) };
-    table
-        .iter()
-        .position(|&c| u32::from(c) == cpu)
-        .map(|id| id as u32)
-}
-
-fn read32(addr: u64) -> u32 {
-    // SAFETY: addresses come from the ECAM base and BARs the machine describes; the
-    // identity map covers them (below 4 GiB) for ring 3.
-    unsafe { read_volatile(addr as *const u32) }
-}
-
-fn write32(addr: u64, value: u32) {
-    // SAFETY: as in `read32`.
-    unsafe { write_volatile(addr as *mut u32, value) }
-}
 
 /// One test device, programmed by us.
 struct Device {
     bar0: u64,
-    vectors: usize,
+    msix: Msix,
 }
 
 impl Device {
-    /// Points MSI-X entry `entry` at `apic_id` with IDT vector `DEVICE_VECTOR_BASE +
-    /// record`, masked or not.
-    fn program(&self, entry: usize, apic_id: u32, record: usize, masked: bool) {
-        let at = self.bar0 + MSIX_TABLE + 16 * entry as u64;
-        write32(at + 12, 1); // mask while rewriting
-        write32(at, 0xFEE0_0000 | ((apic_id & 0xFF) << 12) | (((apic_id >> 8) & 0x7F) << 5));
-        write32(at + 4, 0);
-        write32(at + 8, DEVICE_VECTOR_BASE + record as u32);
-        write32(at + 12, u32::from(masked));
-    }
-
-    fn mask(&self, entry: usize, masked: bool) {
-        write32(self.bar0 + MSIX_TABLE + 16 * entry as u64 + 12, u32::from(masked));
-    }
-
-    fn pending(&self, entry: usize) -> bool {
-        let word = read32(self.bar0 + MSIX_PBA + 4 * (entry as u64 / 32));
-        word & (1 << (entry % 32)) != 0
-    }
-
     fn ring(&self, entry: usize) {
         write32(self.bar0 + DOORBELL_STRIDE * entry as u64, 1);
     }
@@ -77,63 +34,18 @@ impl Device {
 
 /// Finds up to two test devices on bus 0 (the second one, if any, is the noise
 /// source), enables memory decode, bus mastering and MSI-X on each.
-fn find_devices(ecam: u64) -> ([Option<Device>; 2], usize) {
+fn find_devices(ecam: u64) -> [Option<Device>; 2] {
     let mut found = [None, None];
-    let mut count = 0;
-    for slot in 0..32u64 {
-        let cfg = ecam + (slot << 15);
-        let id = read32(cfg);
-        if id != u32::from(VENDOR_ID) | (u32::from(DEVICE_ID) << 16) || count == 2 {
-            continue;
-        }
-        // Command: memory space + bus master (status half written 0: RW1C, no effect).
-        write32(cfg + 4, (read32(cfg + 4) & 0xFFFF) | 0x6);
-        let low = read32(cfg + 0x10);
-        let mut bar0 = u64::from(low & !0xF);
-        if low & 0x6 == 0x4 {
-            bar0 |= u64::from(read32(cfg + 0x14)) << 32;
-        }
-        let Some(msix) = find_capability(cfg, PCI_CAP_MSIX) else {
-            continue;
-        };
-        let control = read32(msix) >> 16;
-        let vectors = (control as usize & 0x7FF) + 1;
-        // Enable MSI-X, function unmasked (entries stay masked until programmed).
-        write32(msix, (read32(msix) & 0xFFFF) | (0x8000 << 16));
-        found[count] = Some(Device { bar0, vectors });
-        count += 1;
+    let devices = Function::find_all(ecam, VENDOR_ID, DEVICE_ID).filter_map(|function| {
+        function.enable();
+        let bar0 = function.bar(0)?;
+        let msix = function.msix()?;
+        Some(Device { bar0, msix })
+    });
+    for (slot, device) in found.iter_mut().zip(devices) {
+        *slot = Some(device);
     }
-    (found, count)
-}
-
-fn find_capability(cfg: u64, id: u32) -> Option<u64> {
-    if read32(cfg + 4) & (1 << 20) == 0 {
-        return None;
-    }
-    let mut at = read32(cfg + 0x34) & 0xFC;
-    // Bounded: a broken chain must not hang us.
-    for _ in 0..48 {
-        if at < 0x40 {
-            return None;
-        }
-        let header = read32(cfg + u64::from(at));
-        if header & 0xFF == id {
-            return Some(cfg + u64::from(at));
-        }
-        at = (header >> 8) & 0xFC;
-    }
-    None
-}
-
-fn records(info: &BootInfo) -> &'static [IrqRecord] {
-    // SAFETY: the supervisor's log, DEVICE_VECTORS records, identity-mapped; ring 0
-    // writes it from interrupt handlers, so fields are only read with volatile loads.
-    unsafe { core::slice::from_raw_parts(info.irq_log as *const IrqRecord, DEVICE_VECTORS) }
-}
-
-fn count(record: &IrqRecord) -> u64 {
-    // SAFETY: a field of a live record; volatile because ring 0 updates it.
-    unsafe { read_volatile(&record.count) }
+    found
 }
 
 /// Spins until `done()` or the timeout; true if `done()`.
@@ -155,7 +67,7 @@ pub fn check(info: &BootInfo) -> bool {
         return false;
     };
     let log = records(info);
-    let vectors = device.vectors.min(DEVICE_VECTORS - 1);
+    let vectors = device.msix.vectors.min(DEVICE_VECTORS - 1);
     let (mut delivered, mut misrouted, mut lost) = (0u32, 0u32, 0u32);
     for (entry, record) in log.iter().enumerate().take(vectors) {
         for cpu in 0..info.cpus {
@@ -163,7 +75,7 @@ pub fn check(info: &BootInfo) -> bool {
                 lost += 1;
                 continue;
             };
-            device.program(entry, apic_id, entry, false);
+            device.msix.program(entry, apic_id, entry, false);
             let before = count(record);
             device.ring(entry);
             if !spin_until(info.tsc_khz, || count(record) != before) {
@@ -179,16 +91,16 @@ pub fn check(info: &BootInfo) -> bool {
     }
     let (mut held, mut released) = (0u32, 0u32);
     for (entry, record) in log.iter().enumerate().take(vectors) {
-        device.mask(entry, true);
+        device.msix.mask(entry, true);
         let before = count(record);
         device.ring(entry);
         // The device raises after its delay; masked, that sets the pending bit.
-        let pended = spin_until(info.tsc_khz, || device.pending(entry));
+        let pended = spin_until(info.tsc_khz, || device.msix.pending(entry));
         if pended && count(record) == before {
             held += 1;
         }
-        device.mask(entry, false);
-        if spin_until(info.tsc_khz, || count(record) != before) && !device.pending(entry) {
+        device.msix.mask(entry, false);
+        if spin_until(info.tsc_khz, || count(record) != before) && !device.msix.pending(entry) {
             released += 1;
         }
     }
@@ -232,7 +144,7 @@ pub fn bench(info: &BootInfo, rounds: usize, target: u32) -> bool {
         bad_request("target-cpu-out-of-range");
         return false;
     };
-    device.program(0, target_apic, 0, false);
+    device.msix.program(0, target_apic, 0, false);
     // The noise is other devices' interrupts, which the OS aims elsewhere: at the
     // next CPU (the same one only on a 1-CPU guest). What it contends for is then the
     // delivery path, as in S4, not the measured CPU's time.
@@ -242,11 +154,10 @@ pub fn bench(info: &BootInfo, rounds: usize, target: u32) -> bool {
             bad_request("no-noise-cpu");
             return false;
         };
-        noise.program(0, noise_apic, NOISE_VECTOR_INDEX, false);
+        noise.msix.program(0, noise_apic, NOISE_VECTOR_INDEX, false);
     }
     // SAFETY: the heap is ours; nothing else runs during this workload.
-    let samples =
-        unsafe { core::slice::from_raw_parts_mut(info.heap_start as *mut u64, rounds) };
+    let samples = unsafe { core::slice::from_raw_parts_mut(info.heap_start as *mut u64, rounds) };
     let mut lost = 0u32;
     for sample in samples.iter_mut() {
         let before = count(&log[0]);
@@ -262,9 +173,9 @@ pub fn bench(info: &BootInfo, rounds: usize, target: u32) -> bool {
     }
     let noise_taken = count(&log[NOISE_VECTOR_INDEX]);
     if let Some(noise) = &noise {
-        noise.mask(0, true);
+        noise.msix.mask(0, true);
     }
-    device.mask(0, true);
+    device.msix.mask(0, true);
     // Lost rounds hold u64::MAX: sorted last, left out.
     samples.sort_unstable();
     let at = crate::stats::quantiles(&mut samples[..rounds - lost as usize], info.tsc_khz);
@@ -288,7 +199,7 @@ fn setup(info: &BootInfo) -> Option<(Device, Option<Device>)> {
         bad_request("no-pci");
         return None;
     }
-    let ([first, second], _) = find_devices(info.pci_ecam);
+    let [first, second] = find_devices(info.pci_ecam);
     match first {
         Some(device) => Some((device, second)),
         None => {

@@ -8,10 +8,15 @@
 
 mod irq;
 mod mem;
+mod mpi;
+mod net;
+mod network;
+mod pci;
 mod probe;
 mod stats;
 mod sync;
 mod sys;
+mod virtio;
 
 use core::arch::global_asm;
 use core::cell::UnsafeCell;
@@ -187,6 +192,9 @@ fn master(info: &BootInfo) -> ! {
             IrqMode::Bench { rounds, target } => irq::bench(info, rounds, target),
         };
     }
+    if plan.net.any() {
+        all_verified &= network::run(info, &plan.net, plan.spin_us);
+    }
     end(if all_verified {
         STATUS_VERIFIED
     } else {
@@ -289,6 +297,8 @@ struct Plan {
     probe: Option<Probe>,
     idle: Option<u64>,
     spin_us: u64,
+    /// `mpi=`, `wait=`, `net=`, `net_rounds=`, `net_seed=`, `net_drop=`.
+    net: network::Plan,
 }
 
 /// `irq=check` or `irq=bench:ROUNDS:CPU`.
@@ -347,7 +357,9 @@ fn parse_command_line(cmdline: &str) -> Result<Plan, ()> {
         probe: None,
         idle: None,
         spin_us: DEFAULT_SPIN_MICROSECONDS,
+        net: network::Plan::new(),
     };
+    let mut mpi_given = false;
     let mut npb_items = None;
     let mut ok = true;
     for word in cmdline.split_ascii_whitespace() {
@@ -379,6 +391,44 @@ fn parse_command_line(cmdline: &str) -> Result<Plan, ()> {
                 error("bad-irq-mode", mode);
                 ok = false;
             }
+        } else if let Some(job) = word.strip_prefix("mpi=") {
+            mpi_given = true;
+            if !plan.net.parse_mpi(job) {
+                error("bad-mpi", job);
+                ok = false;
+            }
+        } else if let Some(mode) = word.strip_prefix("wait=") {
+            if !plan.net.parse_wait(mode) {
+                error("bad-wait", mode);
+                ok = false;
+            }
+        } else if let Some(items) = word.strip_prefix("net=") {
+            if !plan.net.parse_net(items) {
+                error("bad-net", items);
+                ok = false;
+            }
+        } else if let Some(rounds) = word.strip_prefix("net_rounds=") {
+            plan.net.rounds = rounds.parse().ok().filter(|&r| r > 0);
+            if plan.net.rounds.is_none() {
+                error("bad-net-rounds", rounds);
+                ok = false;
+            }
+        } else if let Some(every) = word.strip_prefix("net_drop=") {
+            match every.parse() {
+                Ok(every) => plan.net.drop_every = every,
+                Err(_) => {
+                    error("bad-net-drop", every);
+                    ok = false;
+                }
+            }
+        } else if let Some(seed) = word.strip_prefix("net_seed=") {
+            match seed.parse() {
+                Ok(seed) => plan.net.seed = seed,
+                Err(_) => {
+                    error("bad-net-seed", seed);
+                    ok = false;
+                }
+            }
         } else if let Some(kind) = word.strip_prefix("fault=") {
             plan.fault = match kind {
                 "triple" => Some(fault::TRIPLE),
@@ -392,8 +442,15 @@ fn parse_command_line(cmdline: &str) -> Result<Plan, ()> {
             };
         }
     }
+    if plan.net.any() && !mpi_given {
+        error("net-needs-mpi", "net");
+        ok = false;
+    }
     match npb_items {
-        None if plan.irq.is_some() || plan.probe.is_some() || plan.idle.is_some() => {}
+        None if plan.irq.is_some()
+            || plan.probe.is_some()
+            || plan.idle.is_some()
+            || plan.net.any() => {}
         None => {
             for spec in Spec::defaults() {
                 plan.specs[plan.count] = spec;

@@ -72,7 +72,10 @@ pub fn report(info: &BootInfo, millis: u64) -> bool {
     let (scratch, room) = {
         let (base, capacity) = region(info, 0);
         // SAFETY: past CPU 0's `a.len()` logged pairs, inside its region.
-        (unsafe { base.add(1 + 2 * a.len()) }, 2 * (capacity - a.len()))
+        (
+            unsafe { base.add(1 + 2 * a.len()) },
+            2 * (capacity - a.len()),
+        )
     };
     let mut n = 0usize;
     for (mine, theirs) in [(a, b), (b, a)] {

@@ -8,6 +8,13 @@ use kumo_abi::call;
 /// # Safety
 /// The arguments must be valid for the call (pointers to memory this program owns).
 unsafe fn trap(number: u64, a: u64, b: u64) -> u64 {
+    // SAFETY: the caller's contract.
+    unsafe { trap3(number, a, b, 0) }
+}
+
+/// # Safety
+/// As [`trap`], with a third argument.
+unsafe fn trap3(number: u64, a: u64, b: u64, c: u64) -> u64 {
     let result;
     // SAFETY: the supervisor's int3 gate implements the call; it may clobber every
     // caller-saved register, which clobber_abi declares.
@@ -17,6 +24,7 @@ unsafe fn trap(number: u64, a: u64, b: u64) -> u64 {
             in("rdi") number,
             in("rsi") a,
             in("rdx") b,
+            in("rcx") c,
             lateout("rax") result,
             clobber_abi("C"),
         )
@@ -42,6 +50,21 @@ pub fn exit(status: u32) -> ! {
 pub fn wait(word: *const u32, expected: u32) {
     // SAFETY: `word` points to one of our own u32s; the supervisor only reads it.
     unsafe { trap(call::WAIT, word as u64, u64::from(expected)) };
+}
+
+/// Sleeps until an interrupt or `until_tsc` if `*word == expected` (may return
+/// spuriously); false, without sleeping, if the machine has no TSC-deadline timer.
+pub fn wait_until(word: *const u32, expected: u32, until_tsc: u64) -> bool {
+    // SAFETY: `word` points to a u32 that stays valid (ours or the supervisor's
+    // interrupt log); the supervisor only reads it.
+    unsafe {
+        trap3(
+            call::WAIT_UNTIL,
+            word as u64,
+            u64::from(expected),
+            until_tsc,
+        ) == 0
+    }
 }
 
 /// Interrupts every other CPU, ending their `wait`.

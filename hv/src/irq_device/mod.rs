@@ -14,12 +14,11 @@ pub mod responder;
 use std::sync::Arc;
 use std::time::Duration;
 
-use devices::irq_test::{self, Doorbell, IrqTestDevice, MsixSink};
-use devices::pci::MsiMessage;
+use devices::irq_test::{self, Doorbell, IrqTestDevice};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use crate::Error;
-use crate::irq::{EventLoop, FastVector, GenericSink, IrqPath, IrqStats, Msi, VectorSink};
+use crate::irq::{EventLoop, IrqPath, IrqStats, msix_sink};
 use crate::placement::ThreadGroup;
 use crate::vm::Vm;
 use responder::{Fire, Responder, Round, Trigger};
@@ -80,16 +79,7 @@ pub fn attach(
     dom0: Option<&Arc<ThreadGroup>>,
 ) -> Result<IrqDevices, Error> {
     let event_loop = vm.start_event_loop_in(dom0.cloned())?;
-    let sink: Arc<dyn MsixSink> = match setup.path {
-        IrqPath::Generic => Arc::new(GenericMsix(event_loop.sink())),
-        IrqPath::Fast => {
-            let router = vm.gsi_router();
-            let vectors = (0..VECTORS)
-                .map(|_| router.vector())
-                .collect::<Result<Vec<_>, _>>()?;
-            Arc::new(FastMsix(vectors))
-        }
-    };
+    let sink = msix_sink(setup.path, VECTORS, &event_loop, &vm.gsi_router())?;
     let doorbells = (0..VECTORS)
         .map(|_| new_eventfd())
         .collect::<Result<Vec<_>, _>>()?;
@@ -100,12 +90,12 @@ pub fn attach(
             .collect::<Result<_, _>>()?,
     ));
     let device = Arc::new(IrqTestDevice::new(VECTORS, sink, fallback));
-    let bar0 = vm.allocate_bar(irq_test::BAR0_SIZE)?;
-    device.place_bar0(bar0);
-    for (i, doorbell) in doorbells.iter().enumerate() {
-        vm.register_mmio_doorbell(doorbell, bar0 + irq_test::DOORBELL_STRIDE * i as u64)?;
-    }
-    vm.add_pci_device(device.clone())?;
+    device.place_bar0(vm.allocate_bar(irq_test::BAR0_SIZE)?);
+    let wired = doorbells
+        .iter()
+        .map(|fd| fd.try_clone().map_err(os("duplicating a doorbell eventfd")))
+        .collect::<Result<_, _>>()?;
+    vm.add_pci_device_with_doorbells(device.clone(), wired)?;
     let responder = Responder::start(
         "irq-test-device",
         Trigger::Doorbells(doorbells),
@@ -118,7 +108,7 @@ pub fn attach(
         Some(hz) if hz > 0.0 => {
             let noisy = Arc::new(IrqTestDevice::new(
                 1,
-                Arc::new(GenericMsix(event_loop.sink())),
+                msix_sink(IrqPath::Generic, 1, &event_loop, &vm.gsi_router())?,
                 Arc::new(NoDoorbells),
             ));
             noisy.place_bar0(vm.allocate_bar(irq_test::BAR0_SIZE)?);
@@ -154,46 +144,8 @@ fn new_eventfd() -> Result<EventFd, Error> {
     EventFd::new(EFD_NONBLOCK).map_err(os("creating a doorbell eventfd"))
 }
 
-fn msi(message: MsiMessage) -> Msi {
-    Msi {
-        address: message.address,
-        data: message.data,
-    }
-}
-
-/// The generic path: every message queued to the VM's one event loop.
-struct GenericMsix(GenericSink);
-
-impl MsixSink for GenericMsix {
-    fn send(&self, _vector: u16, message: MsiMessage) {
-        self.0.raise(msi(message));
-    }
-    // The message travels with each interrupt: nothing to re-route.
-    fn reroute(&self, _vector: u16, _route: Option<MsiMessage>) {}
-}
-
-/// The fast path: an irqfd per vector, its GSI routed where the guest aims it.
-struct FastMsix(Vec<FastVector>);
-
-impl MsixSink for FastMsix {
-    fn send(&self, vector: u16, _message: MsiMessage) {
-        if let Some(fast) = self.0.get(usize::from(vector)) {
-            fast.trigger();
-        }
-    }
-
-    fn reroute(&self, vector: u16, route: Option<MsiMessage>) {
-        if let Some(fast) = self.0.get(usize::from(vector))
-            && let Err(e) = fast.route(route.map(msi))
-        {
-            // The guest cannot make this fail with valid messages; KVM refusing a
-            // route leaves the vector undeliverable, which the guest will see.
-            tracing::warn!("re-routing fast vector {vector}: {e}");
-        }
-    }
-}
-
-/// Doorbell writes that reached the model (the BAR moved away from the ioeventfds):
+/// Doorbell writes that reached the model (between a BAR move and its ioeventfds
+/// following it, or where KVM refused one):
 /// signalled on the same eventfds, so the responder answers them all the same.
 struct EventfdDoorbells(Vec<EventFd>);
 

@@ -138,11 +138,16 @@ fn create(meta: &Meta, kvm_device: &Path) -> Result<Vm, Error> {
         &memfd,
         control.clone(),
     )?);
+    let doorbells = Arc::new(crate::doorbells::IoEventWiring::new(vm.clone()));
+    let mut pci = devices::pci::PciBus::new(PCI_ECAM_BASE);
+    pci.set_doorbell_wiring(doorbells.clone());
     Ok(Vm {
         vcpus,
         vm,
         control,
-        pci: devices::pci::PciBus::new(PCI_ECAM_BASE),
+        limits: crate::stop::default_limits(),
+        pci,
+        doorbells,
         bar_window: devices::pci::BarAllocator::new(PCI_MMIO_START, PCI_MMIO_END),
         hub,
         restored: None,

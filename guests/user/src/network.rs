@@ -1,0 +1,624 @@
+//! Network workloads (`mpi=RANK:SIZE net=...`): bring up the NIC and the MPI job on
+//! CPU 0, then run each item: `check` (a checksummed stress of random message sizes
+//! and patterns, then the collectives, every byte verified) and `pingpong:SIZES`
+//! (OSU-style half round-trip latency between ranks 0 and 1). Prints `@kumo mpi`,
+//! `@kumo netcheck`, `@kumo pingpong` and `@kumo mpistats` lines.
+
+use core::fmt::Write;
+
+use kumo_abi::BootInfo;
+
+use crate::mpi::{self, Mpi, Op, Request, Wait};
+use crate::net::Nic;
+use crate::virtio::Bump;
+use crate::{Line, sys};
+
+/// Most items in `net=` and sizes in one `pingpong:`.
+const MAX_ITEMS: usize = 8;
+const MAX_SIZES: usize = 16;
+/// Largest ping-pong message and largest random message of `check`.
+const MAX_PINGPONG: u64 = 64 << 20;
+const CHECK_MAX_MESSAGE: usize = 4 << 20;
+/// `check` also exchanges one message this large (streamed through the window).
+const CHECK_BIG_MESSAGE: usize = 16 << 20;
+const DEFAULT_CHECK_ROUNDS: u32 = 300;
+const WINDOW: u64 = 1 << 20;
+const TIMEOUT_MS: u64 = 20_000;
+
+#[derive(Clone, Copy)]
+pub enum Item {
+    Check,
+    PingPong {
+        sizes: [u64; MAX_SIZES],
+        count: usize,
+    },
+}
+
+/// What `mpi=`, `wait=`, `net=`, `net_rounds=` and `net_seed=` asked for.
+#[derive(Clone, Copy)]
+pub struct Plan {
+    pub rank: usize,
+    pub size: usize,
+    pub wait: Wait,
+    pub items: [Option<Item>; MAX_ITEMS],
+    pub rounds: Option<u32>,
+    pub seed: u64,
+    /// `net_drop=N`: drop every Nth data frame received (tests retransmission).
+    pub drop_every: u64,
+}
+
+impl Plan {
+    pub const fn new() -> Plan {
+        Plan {
+            rank: 0,
+            size: 1,
+            wait: Wait::Spin,
+            items: [None; MAX_ITEMS],
+            rounds: None,
+            seed: 1,
+            drop_every: 0,
+        }
+    }
+
+    pub fn any(&self) -> bool {
+        self.items[0].is_some()
+    }
+
+    /// `mpi=RANK:SIZE`.
+    pub fn parse_mpi(&mut self, text: &str) -> bool {
+        let Some((rank, size)) = text.split_once(':') else {
+            return false;
+        };
+        match (rank.parse(), size.parse()) {
+            (Ok(rank), Ok(size)) if rank < size && size <= mpi::MAX_RANKS => {
+                self.rank = rank;
+                self.size = size;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// `wait=spin|block`.
+    pub fn parse_wait(&mut self, text: &str) -> bool {
+        self.wait = match text {
+            "spin" => Wait::Spin,
+            "block" => Wait::Block,
+            _ => return false,
+        };
+        true
+    }
+
+    /// `net=ITEM+ITEM...`, items `check` and `pingpong:SIZE,SIZE,...`.
+    pub fn parse_net(&mut self, text: &str) -> bool {
+        for (i, item) in text.split('+').enumerate() {
+            if i == MAX_ITEMS {
+                return false;
+            }
+            let parsed = if item == "check" {
+                Item::Check
+            } else if let Some(list) = item.strip_prefix("pingpong:") {
+                let mut sizes = [0u64; MAX_SIZES];
+                let mut count = 0;
+                for size in list.split(',') {
+                    match size.parse::<u64>() {
+                        Ok(s) if s <= MAX_PINGPONG && count < MAX_SIZES => {
+                            sizes[count] = s;
+                            count += 1;
+                        }
+                        _ => return false,
+                    }
+                }
+                Item::PingPong { sizes, count }
+            } else {
+                return false;
+            };
+            self.items[i] = Some(parsed);
+        }
+        true
+    }
+}
+
+fn error(what: &str, item: &str) {
+    let mut line = Line::new();
+    let _ = write!(line, "@kumo error what={what} item={item}");
+    line.emit();
+}
+
+/// Runs the plan on this CPU (0); true if everything verified.
+pub fn run(info: &BootInfo, plan: &Plan, spin_us: u64) -> bool {
+    let mut memory = Bump::new(info.heap_start, info.heap_end);
+    let nic = match Nic::open(info, &mut memory, 0) {
+        Ok(nic) => nic,
+        Err(e) => {
+            error("net", e.name());
+            return false;
+        }
+    };
+    let cfg = mpi::Config {
+        rank: plan.rank,
+        size: plan.size,
+        wait: plan.wait,
+        tsc_khz: info.tsc_khz,
+        spin_ticks: spin_us * info.tsc_khz / 1000,
+        timeout_ms: TIMEOUT_MS,
+        window: WINDOW,
+        drop_every: plan.drop_every,
+    };
+    let start = sys::rdtsc();
+    let mut mpi = match Mpi::init(nic, cfg, |bytes| memory.alloc(bytes, 4096).ok()) {
+        Ok(mpi) => mpi,
+        Err(e) => {
+            report_error(e);
+            return false;
+        }
+    };
+    let mac = mpi.mac();
+    let mut line = Line::new();
+    let _ = write!(
+        line,
+        "@kumo mpi rank={} size={} mac={:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x} wait={} \
+         handshake_ms={:.1}",
+        plan.rank,
+        plan.size,
+        mac[0],
+        mac[1],
+        mac[2],
+        mac[3],
+        mac[4],
+        mac[5],
+        plan.wait.name(),
+        (sys::rdtsc() - start) as f64 / info.tsc_khz as f64,
+    );
+    line.emit();
+    let mut ok = true;
+    for item in plan.items.iter().flatten() {
+        let outcome = match *item {
+            Item::Check => check(info, &mut mpi, &mut memory, plan),
+            Item::PingPong { sizes, count } => {
+                pingpong(info, &mut mpi, &mut memory, plan, &sizes[..count])
+            }
+        };
+        match outcome {
+            Ok(verified) => ok &= verified,
+            Err(e) => {
+                report_error(e);
+                report(&mpi);
+                return false;
+            }
+        }
+    }
+    if let Err(e) = mpi.finish() {
+        report_error(e);
+        ok = false;
+    }
+    report(&mpi);
+    ok
+}
+
+/// `@kumo error what=mpi item=NAME [details]`.
+fn report_error(e: mpi::Error) {
+    let mut line = Line::new();
+    let _ = write!(line, "@kumo error what=mpi item={}", e.name());
+    match e {
+        mpi::Error::TagMismatch { expected, got } => {
+            let _ = write!(line, " expected_tag={expected} got_tag={got}");
+        }
+        mpi::Error::Truncated { len, room } => {
+            let _ = write!(line, " len={len} room={room}");
+        }
+        _ => {}
+    }
+    line.emit();
+}
+
+/// `@kumo mpistats ...`: what the NIC and the protocol did.
+fn report(mpi: &Mpi<Nic>) {
+    let nic = mpi.link();
+    let (rx_kicks, tx_kicks) = nic.kicks();
+    let (n, p) = (nic.stats, mpi.stats);
+    let mut line = Line::new();
+    let _ = write!(
+        line,
+        "@kumo mpistats rank={} tx_frames={} rx_frames={} rx_bad={} tx_kicks={tx_kicks} \
+         rx_kicks={rx_kicks} interrupts={} sleeps={} hellos={} acks={} out_of_order={} \
+         duplicates={} resent={} timeouts={} dropped={} foreign={}",
+        mpi.rank(),
+        n.tx_frames,
+        n.rx_frames,
+        n.rx_bad,
+        nic.interrupts(),
+        n.sleeps,
+        p.hellos_sent,
+        p.acks_sent,
+        p.out_of_order,
+        p.duplicates,
+        p.resent,
+        p.timeouts,
+        p.dropped,
+        p.foreign,
+    );
+    line.emit();
+}
+
+/// A slice of `len` bytes of fresh heap memory.
+fn buffer(memory: &mut Bump, len: usize) -> Result<&'static mut [u8], mpi::Error> {
+    let at = memory
+        .alloc(len as u64, 4096)
+        .map_err(|_| mpi::Error::OutOfMemory)?;
+    // SAFETY: fresh memory from the allocator, never handed out again.
+    Ok(unsafe { core::slice::from_raw_parts_mut(at as *mut u8, len) })
+}
+
+/// splitmix64: the deterministic stream both ranks derive sizes and contents from.
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(1);
+        mix(self.0.wrapping_mul(0x2545_F491_4F6C_DD1D))
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        if n == 0 { 0 } else { self.next() % n }
+    }
+}
+
+/// The contents of message `key`: byte i is from word i / 8 of its stream.
+fn fill(buf: &mut [u8], key: u64) {
+    for (i, chunk) in buf.chunks_mut(8).enumerate() {
+        let word = mix(key ^ (i as u64).wrapping_mul(0xD6E8_FEB8_6659_FD93)).to_le_bytes();
+        chunk.copy_from_slice(&word[..chunk.len()]);
+    }
+}
+
+/// Bytes of `buf` that differ from message `key`'s contents.
+fn mismatches(buf: &[u8], key: u64) -> u64 {
+    let mut bad = 0;
+    for (i, chunk) in buf.chunks(8).enumerate() {
+        let word = mix(key ^ (i as u64).wrapping_mul(0xD6E8_FEB8_6659_FD93)).to_le_bytes();
+        bad += chunk
+            .iter()
+            .zip(word.iter())
+            .filter(|(a, b)| a != b)
+            .count() as u64;
+    }
+    bad
+}
+
+/// FNV-1a of everything received, printed so ranks' runs can be compared.
+fn fnv(mut hash: u64, bytes: &[u8]) -> u64 {
+    for &b in bytes {
+        hash = (hash ^ u64::from(b)).wrapping_mul(0x100_0000_01B3);
+    }
+    hash
+}
+
+/// A random message length: mostly small, some up to CHECK_MAX_MESSAGE.
+fn random_len(rng: &mut Rng) -> usize {
+    let limit = match rng.below(16) {
+        0..=5 => 64,
+        6..=10 => 4096,
+        11..=13 => 64 << 10,
+        14 => 1 << 20,
+        _ => CHECK_MAX_MESSAGE as u64,
+    };
+    rng.below(limit + 1) as usize
+}
+
+/// `check`: random pairs, sizes and patterns (one way, exchange, bursts of
+/// nonblocking messages both ways), every message's bytes verified; then one
+/// CHECK_BIG_MESSAGE exchange and the collectives. Both ranks of a pair draw the same
+/// random numbers, so each knows what to expect.
+fn check(
+    info: &BootInfo,
+    mpi: &mut Mpi<Nic>,
+    memory: &mut Bump,
+    plan: &Plan,
+) -> Result<bool, mpi::Error> {
+    let (rank, size) = (mpi.rank(), mpi.size());
+    let out = buffer(memory, CHECK_BIG_MESSAGE)?;
+    let inn = buffer(memory, CHECK_BIG_MESSAGE)?;
+    let rounds = plan.rounds.unwrap_or(DEFAULT_CHECK_ROUNDS);
+    let mut rng = Rng(plan.seed);
+    let (mut messages, mut bytes, mut bad, mut hash) = (0u64, 0u64, 0u64, 0xCBF2_9CE4_8422_2325);
+    let start = sys::rdtsc();
+    for round in 0..u64::from(rounds) {
+        if size < 2 {
+            break;
+        }
+        let a = rng.below(size as u64) as usize;
+        let b = (a + 1 + rng.below(size as u64 - 1) as usize) % size;
+        let pattern = rng.below(3);
+        let len = random_len(&mut rng);
+        let tag = (round % 1000) as u32;
+        let key = |from: usize, to: usize, i: u64| {
+            mix(plan.seed ^ (round << 20) ^ ((from as u64) << 12) ^ ((to as u64) << 4) ^ i)
+        };
+        if rank != a && rank != b {
+            continue;
+        }
+        let other = if rank == a { b } else { a };
+        match pattern {
+            // One way, a to b.
+            0 => {
+                if rank == a {
+                    fill(&mut out[..len], key(a, b, 0));
+                    mpi.send(b, tag, &out[..len])?;
+                } else {
+                    let got = mpi.recv(a, tag, &mut inn[..len])?;
+                    bad += (got != len) as u64 + mismatches(&inn[..got], key(a, b, 0));
+                    hash = fnv(hash, &inn[..got]);
+                    messages += 1;
+                    bytes += got as u64;
+                }
+            }
+            // Both ways at once.
+            1 => {
+                fill(&mut out[..len], key(rank, other, 0));
+                let got = mpi.sendrecv(other, tag, &out[..len], other, tag, &mut inn[..len])?;
+                bad += (got != len) as u64 + mismatches(&inn[..got], key(other, rank, 0));
+                hash = fnv(hash, &inn[..got]);
+                messages += 1;
+                bytes += got as u64;
+            }
+            // A burst of four nonblocking messages each way, waited for together.
+            _ => {
+                let part = len / 4;
+                for k in 0..4 {
+                    fill(
+                        &mut out[k * part..(k + 1) * part],
+                        key(rank, other, k as u64),
+                    );
+                }
+                let o = &out[..4 * part];
+                let lengths = {
+                    let (i0, rest) = inn.split_at_mut(part);
+                    let (i1, rest) = rest.split_at_mut(part);
+                    let (i2, rest) = rest.split_at_mut(part);
+                    let i3 = &mut rest[..part];
+                    let mut requests = [
+                        mpi.irecv(other, tag, i0)?,
+                        mpi.isend(other, tag, &o[..part])?,
+                        mpi.irecv(other, tag + 1, i1)?,
+                        mpi.isend(other, tag + 1, &o[part..2 * part])?,
+                        mpi.irecv(other, tag + 2, i2)?,
+                        mpi.isend(other, tag + 2, &o[2 * part..3 * part])?,
+                        mpi.irecv(other, tag + 3, i3)?,
+                        mpi.isend(other, tag + 3, &o[3 * part..])?,
+                    ];
+                    mpi.waitall(&mut requests)?;
+                    let mut lengths = [0usize; 4];
+                    for (k, request) in requests.iter().step_by(2).enumerate() {
+                        lengths[k] = match request {
+                            Request::Done(n) => *n,
+                            _ => usize::MAX,
+                        };
+                    }
+                    lengths
+                };
+                for (k, &got_len) in lengths.iter().enumerate() {
+                    bad += u64::from(got_len != part);
+                    let got = &inn[k * part..(k + 1) * part];
+                    bad += mismatches(got, key(other, rank, k as u64));
+                    hash = fnv(hash, got);
+                    messages += 1;
+                    bytes += part as u64;
+                }
+            }
+        }
+    }
+    let stress_s = (sys::rdtsc() - start) as f64 / (info.tsc_khz as f64 * 1000.0);
+
+    // One message far larger than the window, both ways at once (ranks 0 and 1).
+    if size >= 2 && rank < 2 {
+        let other = 1 - rank;
+        fill(out, mix(plan.seed ^ 0xB16 ^ rank as u64));
+        let got = mpi.sendrecv(other, 7, out, other, 7, inn)?;
+        bad += (got != CHECK_BIG_MESSAGE) as u64
+            + mismatches(&inn[..got], mix(plan.seed ^ 0xB16 ^ other as u64));
+        hash = fnv(hash, &inn[..got]);
+        messages += 1;
+        bytes += got as u64;
+    }
+
+    let collectives_bad = collectives(mpi, memory, plan.seed)?;
+    let verified = bad == 0 && collectives_bad == 0;
+    let mut line = Line::new();
+    let _ = write!(
+        line,
+        "@kumo netcheck rank={rank} size={size} rounds={rounds} messages={messages} \
+         bytes={bytes} mismatches={bad} collectives_failed={collectives_bad} \
+         stress_s={stress_s:.3} fnv={hash:016x} verified={verified}"
+    );
+    line.emit();
+    Ok(verified)
+}
+
+/// Barriers, bcast from every root, alltoall and alltoallv, allreduce sum/max/min over
+/// f64 and i64 (small, and large enough to go in chunks). Returns how many checks
+/// failed.
+fn collectives(mpi: &mut Mpi<Nic>, memory: &mut Bump, seed: u64) -> Result<u64, mpi::Error> {
+    let (rank, size) = (mpi.rank(), mpi.size());
+    let mut failed = 0u64;
+    for _ in 0..10 {
+        mpi.barrier()?;
+    }
+    let buf = buffer(memory, 10_000)?;
+    for root in 0..size {
+        let key = mix(seed ^ 0xBCA5 ^ root as u64);
+        if rank == root {
+            fill(buf, key);
+        } else {
+            buf.fill(0);
+        }
+        mpi.bcast(root, buf)?;
+        failed += u64::from(mismatches(buf, key) != 0);
+    }
+    // alltoall: block j of rank i is message (i, j); alltoallv: rank i sends
+    // `v_count(i, j)` bytes to rank j, packed in rank order.
+    let block = 3000;
+    let out = buffer(memory, block * size)?;
+    let inn = buffer(memory, block * size)?;
+    let pair_key = |i: usize, j: usize| mix(seed ^ 0xA77A ^ ((i as u64) << 8) ^ j as u64);
+    for j in 0..size {
+        fill(&mut out[j * block..(j + 1) * block], pair_key(rank, j));
+    }
+    mpi.alltoall(out, inn)?;
+    for i in 0..size {
+        failed += u64::from(mismatches(&inn[i * block..(i + 1) * block], pair_key(i, rank)) != 0);
+    }
+    let v_count = |i: usize, j: usize| (i * 977 + j * 1409 + 5) % block;
+    let mut send_layout = ([0usize; mpi::MAX_RANKS], [0usize; mpi::MAX_RANKS]);
+    let mut recv_layout = ([0usize; mpi::MAX_RANKS], [0usize; mpi::MAX_RANKS]);
+    let (mut send_at, mut recv_at) = (0, 0);
+    for j in 0..size {
+        send_layout.0[j] = v_count(rank, j);
+        send_layout.1[j] = send_at;
+        fill(
+            &mut out[send_at..send_at + v_count(rank, j)],
+            pair_key(rank, j) ^ 1,
+        );
+        send_at += v_count(rank, j);
+        recv_layout.0[j] = v_count(j, rank);
+        recv_layout.1[j] = recv_at;
+        recv_at += v_count(j, rank);
+    }
+    inn.fill(0);
+    mpi.alltoallv(out, &send_layout, inn, &recv_layout)?;
+    for i in 0..size {
+        let got = &inn[recv_layout.1[i]..recv_layout.1[i] + recv_layout.0[i]];
+        failed += u64::from(mismatches(got, pair_key(i, rank) ^ 1) != 0);
+    }
+
+    // f64: values (r + 1) * (i + 1) / 2, sums exact in binary floating point.
+    let n = 100_000usize;
+    let at = memory
+        .alloc((n * 8) as u64, 4096)
+        .map_err(|_| mpi::Error::OutOfMemory)?;
+    // SAFETY: fresh, 8-aligned memory from the allocator, never handed out again.
+    let values = unsafe { core::slice::from_raw_parts_mut(at as *mut f64, n) };
+    let s = size as f64;
+    for (op, expect) in [
+        (Op::Sum, s * (s + 1.0) / 4.0),
+        (Op::Max, s / 2.0),
+        (Op::Min, 0.5),
+    ] {
+        for len in [3usize, n] {
+            for (i, v) in values[..len].iter_mut().enumerate() {
+                *v = (rank as f64 + 1.0) * (i as f64 + 1.0) * 0.5;
+            }
+            mpi.allreduce_f64(&mut values[..len], op)?;
+            let wrong = values[..len]
+                .iter()
+                .enumerate()
+                .filter(|&(i, &v)| v != expect * (i as f64 + 1.0))
+                .count();
+            failed += u64::from(wrong != 0);
+        }
+    }
+    // i64: (r - 3) * (i + 1) * 1_000_000_007, negative and positive.
+    // SAFETY: the same memory, now used as i64 (every bit pattern is valid).
+    let ints = unsafe { core::slice::from_raw_parts_mut(at as *mut i64, n) };
+    let ranks = size as i64;
+    let sum_r: i64 = (0..ranks).map(|r| r - 3).sum();
+    for (op, factor) in [(Op::Sum, sum_r), (Op::Max, ranks - 4), (Op::Min, -3)] {
+        for len in [5usize, n] {
+            for (i, v) in ints[..len].iter_mut().enumerate() {
+                *v = (rank as i64 - 3) * (i as i64 + 1) * 1_000_000_007;
+            }
+            mpi.allreduce_i64(&mut ints[..len], op)?;
+            let wrong = ints[..len]
+                .iter()
+                .enumerate()
+                .filter(|&(i, &v)| v != factor * (i as i64 + 1) * 1_000_000_007)
+                .count();
+            failed += u64::from(wrong != 0);
+        }
+    }
+    Ok(failed)
+}
+
+/// `pingpong:SIZES`: rank 0 sends, rank 1 answers with the same size; half the round
+/// trip is the latency. Other ranks only take part in the barriers.
+fn pingpong(
+    info: &BootInfo,
+    mpi: &mut Mpi<Nic>,
+    memory: &mut Bump,
+    plan: &Plan,
+    sizes: &[u64],
+) -> Result<bool, mpi::Error> {
+    let rank = mpi.rank();
+    if mpi.size() < 2 {
+        error("pingpong", "needs-two-ranks");
+        return Ok(false);
+    }
+    let largest = sizes.iter().copied().max().unwrap_or(0) as usize;
+    let out = buffer(memory, largest.max(1))?;
+    let inn = buffer(memory, largest.max(1))?;
+    fill(out, 0x9096);
+    let mut ok = true;
+    for &size in sizes {
+        let len = size as usize;
+        let rounds = plan
+            .rounds
+            .unwrap_or_else(|| (32 << 20) / (size as u32).max(16_384) + 10)
+            .clamp(1, 100_000) as usize;
+        let samples_at = memory
+            .alloc(8 * rounds as u64, 4096)
+            .map_err(|_| mpi::Error::OutOfMemory)?;
+        // SAFETY: fresh, aligned memory from the allocator, never handed out again.
+        let samples = unsafe { core::slice::from_raw_parts_mut(samples_at as *mut u64, rounds) };
+        mpi.barrier()?;
+        let warmup = 5;
+        let start = sys::rdtsc();
+        for i in 0..rounds + warmup {
+            let t = sys::rdtsc();
+            match rank {
+                0 => {
+                    mpi.send(1, 1, &out[..len])?;
+                    mpi.recv(1, 2, &mut inn[..len])?;
+                }
+                1 => {
+                    mpi.recv(0, 1, &mut inn[..len])?;
+                    mpi.send(0, 2, &out[..len])?;
+                }
+                _ => {}
+            }
+            if i >= warmup {
+                samples[i - warmup] = (sys::rdtsc() - t) / 2;
+            }
+        }
+        let total = sys::rdtsc() - start;
+        if rank == 0 {
+            ok &= inn[..len] == out[..len];
+            let at = crate::stats::quantiles(samples, info.tsc_khz);
+            let median = at(0.5);
+            let mut line = Line::new();
+            let _ = write!(
+                line,
+                "@kumo pingpong size={size} rounds={rounds} wait={} median_us={median:.2} \
+                 p99_us={:.2} min_us={:.2} max_us={:.2} mbps={:.1} total_ms={:.1}",
+                plan.wait.name(),
+                at(0.99),
+                at(0.0),
+                at(1.0),
+                if median > 0.0 {
+                    size as f64 / median
+                } else {
+                    0.0
+                },
+                total as f64 / info.tsc_khz as f64,
+            );
+            line.emit();
+        }
+    }
+    Ok(ok)
+}

@@ -1,0 +1,425 @@
+//! A network of VMs: a virtio-net NIC on each VM's PCI bus, and domain 0's switch
+//! thread that carries Ethernet frames between them (S1's netback, Xen's bridge).
+//!
+//! The data path of one frame from VM A to VM B:
+//! guest A writes TX descriptors and rings the TX doorbell -> (KVM: ioeventfd, no
+//! exit to kumo) -> the switch thread wakes -> `VirtioNet::transmit` copies the frame
+//! out of A's buffers into the switch (one copy) -> the switch learns, picks B's port
+//! and queues the frame -> `VirtioNet::receive_batch` copies it into B's RX buffers
+//! (second copy) -> B's RX interrupt on B's configured path (generic: the VM's event
+//! loop and `KVM_SIGNAL_MSI`; fast: an irqfd).
+//!
+//! Nothing is dropped for lack of room: a destination without RX buffers leaves its
+//! frames queued in the switch; a full switch queue holds the sender's frame and leaves
+//! the rest in the sender's TX ring until the receiver's guest posts buffers (its RX
+//! doorbell wakes this thread). Malformed frames are dropped and counted by the switch.
+//!
+//! One thread serves every NIC of the network (an epoll loop over their doorbells), and
+//! it joins domain 0 when given one, so the credit scheduler charges its work to
+//! domain 0 as Xen charges netback's.
+
+use std::collections::VecDeque;
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use devices::net::switch::{PortId, Switch, SwitchConfig, SwitchStats};
+use devices::virtio::VirtioPciDevice;
+use devices::virtio::net::{NetConfig, NetStats, QueueRole, VirtioNet};
+use devices::virtio::transport::{ActionSink, TransportAction};
+use vm_memory::GuestMemoryMmap;
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+
+use crate::Error;
+use crate::irq::{EventLoop, IrqPath, msix_sink};
+use crate::placement::ThreadGroup;
+use crate::vm::Vm;
+
+/// How a VM's NIC is built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NicSetup {
+    pub mac: [u8; 6],
+    /// The path of the NIC's interrupts.
+    pub irq_path: IrqPath,
+}
+
+/// Queue size of kumo's NICs (the guest may use fewer entries).
+const QUEUE_SIZE: u16 = 256;
+/// epoll token of the stop eventfd and of the control (activate/reset) eventfd.
+const STOP: u64 = u64::MAX;
+const CONTROL: u64 = u64::MAX - 1;
+
+/// One NIC: the device model, its transport, one eventfd per queue doorbell.
+struct Nic {
+    net: Arc<VirtioNet<GuestMemoryMmap>>,
+    notify: Vec<EventFd>,
+    /// The transport (kept for the NIC's lifetime; the PCI bus holds it too).
+    _transport: Arc<VirtioPciDevice>,
+    /// The generic path's event loop, when the NIC uses it (one per NIC: the
+    /// VM's other devices have their own).
+    _event_loop: EventLoop,
+}
+
+/// Port state changes the vCPU threads report to the switch thread.
+#[derive(Debug, Clone, Copy)]
+enum Change {
+    Up(PortId),
+    Down(PortId),
+}
+
+struct Shared {
+    switch: Mutex<Switch>,
+    nics: Mutex<Vec<Arc<Nic>>>,
+    changes: Mutex<VecDeque<Change>>,
+    control: EventFd,
+}
+
+impl Shared {
+    fn switch(&self) -> MutexGuard<'_, Switch> {
+        self.switch.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn nic(&self, port: PortId) -> Option<Arc<Nic>> {
+        self.nics
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(port)
+            .cloned()
+    }
+}
+
+/// What a port's transport tells the switch thread (from vCPU threads).
+struct PortActions {
+    shared: Arc<Shared>,
+    port: PortId,
+    /// The queue doorbells' eventfds, for notifications that came by an MMIO exit.
+    notify: Vec<EventFd>,
+}
+
+impl ActionSink for PortActions {
+    fn act(&self, action: TransportAction) {
+        let change = match action {
+            TransportAction::None => return,
+            TransportAction::QueueNotify(queue) => {
+                if let Some(fd) = self.notify.get(usize::from(queue)) {
+                    let _ = fd.write(1);
+                }
+                return;
+            }
+            TransportAction::Activated => Change::Up(self.port),
+            TransportAction::Reset => Change::Down(self.port),
+        };
+        self.shared
+            .changes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push_back(change);
+        let _ = self.shared.control.write(1);
+    }
+}
+
+/// The switch of one network and the NICs attached to it. Attach every VM's NIC, then
+/// [`Network::start`] the switch thread; dropping the returned handle stops it.
+pub struct Network {
+    shared: Arc<Shared>,
+}
+
+fn os(what: &'static str) -> impl Fn(std::io::Error) -> Error {
+    move |source| Error::Os { what, source }
+}
+
+impl Network {
+    pub fn new(config: SwitchConfig) -> Result<Network, Error> {
+        Ok(Network {
+            shared: Arc::new(Shared {
+                switch: Mutex::new(Switch::new(config)),
+                nics: Mutex::new(Vec::new()),
+                changes: Mutex::new(VecDeque::new()),
+                control: EventFd::new(EFD_NONBLOCK).map_err(os("creating an eventfd"))?,
+            }),
+        })
+    }
+
+    /// Plugs a virtio-net NIC with `setup`'s MAC into `vm` (before it runs) and
+    /// connects it to a new port of this network's switch. Returns the port.
+    pub fn attach(
+        &self,
+        vm: &mut Vm,
+        setup: &NicSetup,
+        dom0: Option<&Arc<ThreadGroup>>,
+    ) -> Result<PortId, Error> {
+        let net = Arc::new(
+            VirtioNet::new(
+                NetConfig {
+                    mac: setup.mac,
+                    queue_pairs: 1,
+                    queue_size: QUEUE_SIZE,
+                },
+                vm.memory().clone(),
+            )
+            .map_err(|e| Error::Device(e.to_string()))?,
+        );
+        let queues = 2u16;
+        let notify = (0..queues)
+            .map(|_| EventFd::new(EFD_NONBLOCK).map_err(os("creating a queue doorbell eventfd")))
+            .collect::<Result<Vec<_>, _>>()?;
+        let dup = |fds: &[EventFd]| {
+            fds.iter()
+                .map(|fd| fd.try_clone().map_err(os("duplicating a doorbell eventfd")))
+                .collect::<Result<Vec<_>, _>>()
+        };
+        let port = self.shared.switch().add_port();
+        let event_loop = vm.start_event_loop_in(dom0.cloned())?;
+        // MSI-X: the configuration vector and one per queue.
+        let sink = msix_sink(setup.irq_path, queues + 1, &event_loop, &vm.gsi_router())?;
+        let actions = Arc::new(PortActions {
+            shared: self.shared.clone(),
+            port,
+            notify: dup(&notify)?,
+        });
+        let transport = Arc::new(
+            VirtioPciDevice::new(net.clone(), sink, actions)
+                .map_err(|e| Error::Device(e.to_string()))?,
+        );
+        transport.place_bar(vm.allocate_bar(devices::virtio::transport::BAR_SIZE)?);
+        vm.add_pci_device_with_doorbells(transport.clone(), dup(&notify)?)?;
+        let mut nics = self.shared.nics.lock().unwrap_or_else(|e| e.into_inner());
+        debug_assert_eq!(nics.len(), port, "ports are numbered in attach order");
+        nics.push(Arc::new(Nic {
+            net,
+            notify,
+            _transport: transport,
+            _event_loop: event_loop,
+        }));
+        Ok(port)
+    }
+
+    /// Starts the switch thread (`net-switch`, a member of `dom0` if given).
+    pub fn start(&self, dom0: Option<Arc<ThreadGroup>>) -> Result<RunningNetwork, Error> {
+        let stop = EventFd::new(EFD_NONBLOCK).map_err(os("creating an eventfd"))?;
+        let epoll = Epoll::new().map_err(os("creating an epoll instance"))?;
+        let add = |fd: i32, token: u64| {
+            epoll
+                .ctl(
+                    ControlOperation::Add,
+                    fd,
+                    EpollEvent::new(EventSet::IN, token),
+                )
+                .map_err(os("adding an eventfd to epoll"))
+        };
+        add(stop.as_raw_fd(), STOP)?;
+        add(self.shared.control.as_raw_fd(), CONTROL)?;
+        for (port, nic) in self
+            .shared
+            .nics
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .enumerate()
+        {
+            for (queue, fd) in nic.notify.iter().enumerate() {
+                add(fd.as_raw_fd(), token(port, queue as u16))?;
+            }
+        }
+        let shared = self.shared.clone();
+        let thread_stop = stop.try_clone().map_err(os("duplicating an eventfd"))?;
+        let thread = std::thread::Builder::new()
+            .name("net-switch".into())
+            .spawn(move || {
+                let _member = dom0.as_ref().map(|g| g.join_current());
+                Worker {
+                    shared,
+                    work: VecDeque::new(),
+                    queued: Vec::new(),
+                }
+                .run(&epoll, &thread_stop)
+            })
+            .map_err(os("spawning the switch thread"))?;
+        Ok(RunningNetwork {
+            shared: self.shared.clone(),
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    pub fn switch_stats(&self) -> SwitchStats {
+        self.shared.switch().stats()
+    }
+
+    /// The counters of the NIC on `port`.
+    pub fn nic_stats(&self, port: PortId) -> Option<NetStats> {
+        self.shared.nic(port).map(|n| n.net.stats())
+    }
+}
+
+/// The switch thread; stopped and joined when dropped.
+pub struct RunningNetwork {
+    shared: Arc<Shared>,
+    stop: EventFd,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl RunningNetwork {
+    pub fn switch_stats(&self) -> SwitchStats {
+        self.shared.switch().stats()
+    }
+}
+
+impl Drop for RunningNetwork {
+    fn drop(&mut self) {
+        let _ = self.stop.write(1);
+        if let Some(thread) = self.thread.take()
+            && thread.join().is_err()
+        {
+            tracing::error!("the switch thread panicked");
+        }
+    }
+}
+
+fn token(port: PortId, queue: u16) -> u64 {
+    ((port as u64) << 16) | u64::from(queue)
+}
+
+/// Work for the switch thread: pull a port's TX ring, or push frames to its RX ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Work {
+    Transmit(PortId),
+    Deliver(PortId),
+}
+
+struct Worker {
+    shared: Arc<Shared>,
+    work: VecDeque<Work>,
+    /// Work items already queued (a port's TX and RX are each queued once).
+    queued: Vec<Work>,
+}
+
+impl Worker {
+    fn run(mut self, epoll: &Epoll, stop: &EventFd) {
+        let mut events = vec![EpollEvent::default(); 64];
+        loop {
+            let n = match epoll.wait(-1, &mut events) {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    tracing::error!("switch thread: epoll_wait: {e}; the network stops");
+                    return;
+                }
+            };
+            for event in &events[..n] {
+                match event.data() {
+                    STOP => {
+                        let _ = stop.read();
+                        return;
+                    }
+                    CONTROL => {
+                        let _ = self.shared.control.read();
+                        self.apply_changes();
+                    }
+                    data => self.doorbell((data >> 16) as PortId, data as u16),
+                }
+            }
+            self.drain();
+        }
+    }
+
+    fn push(&mut self, work: Work) {
+        if !self.queued.contains(&work) {
+            self.queued.push(work);
+            self.work.push_back(work);
+        }
+    }
+
+    fn apply_changes(&mut self) {
+        loop {
+            let change = self
+                .shared
+                .changes
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .pop_front();
+            let Some(change) = change else { break };
+            match change {
+                Change::Up(port) => {
+                    self.shared.switch().set_up(port, true);
+                    // Frames the guest queued before DRIVER_OK.
+                    self.push(Work::Transmit(port));
+                }
+                Change::Down(port) => {
+                    let unblocked = self.shared.switch().set_up(port, false);
+                    for source in unblocked {
+                        self.push(Work::Transmit(source));
+                    }
+                }
+            }
+        }
+    }
+
+    fn doorbell(&mut self, port: PortId, queue: u16) {
+        let Some(nic) = self.shared.nic(port) else {
+            return;
+        };
+        if let Some(fd) = nic.notify.get(usize::from(queue)) {
+            let _ = fd.read();
+        }
+        match nic.net.queue_role(queue) {
+            Some(QueueRole::Tx(_)) => self.push(Work::Transmit(port)),
+            Some(QueueRole::Rx(_)) => self.push(Work::Deliver(port)),
+            Some(QueueRole::Ctrl) => {
+                nic.net.process_ctrl();
+            }
+            None => {}
+        }
+    }
+
+    /// Runs work until none is left: a transmit may give receivers frames, a delivery
+    /// may unblock senders.
+    fn drain(&mut self) {
+        while let Some(work) = self.work.pop_front() {
+            self.queued.retain(|w| *w != work);
+            match work {
+                Work::Transmit(port) => self.transmit(port),
+                Work::Deliver(port) => self.deliver(port),
+            }
+        }
+    }
+
+    fn transmit(&mut self, port: PortId) {
+        let Some(nic) = self.shared.nic(port) else {
+            return;
+        };
+        let shared = self.shared.clone();
+        let mut switch = shared.switch();
+        for pair in 0..nic.net.queue_pairs() {
+            let report = nic
+                .net
+                .transmit(pair, |frame| switch.ingress(port, frame).taken());
+            if report.stopped {
+                break;
+            }
+        }
+        let receivers: Vec<PortId> = (0..self.shared.nics.lock().map_or(0, |n| n.len()))
+            .filter(|&p| switch.pending(p) > 0)
+            .collect();
+        drop(switch);
+        for receiver in receivers {
+            self.push(Work::Deliver(receiver));
+        }
+    }
+
+    fn deliver(&mut self, port: PortId) {
+        let Some(nic) = self.shared.nic(port) else {
+            return;
+        };
+        let shared = self.shared.clone();
+        let mut switch = shared.switch();
+        let egress = nic
+            .net
+            .receive_batch(|batch| switch.egress(port, |frame| batch.push(frame).consumed()));
+        drop(switch);
+        for source in egress.unblocked {
+            self.push(Work::Transmit(source));
+        }
+    }
+}

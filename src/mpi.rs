@@ -1,0 +1,316 @@
+//! MPI jobs across VMs of this host: `kumo mpi` (the guests' MPI self-check and, as
+//! they arrive, NPB-MPI kernels) and `kumo bench net` (ping-pong latency and
+//! streaming bandwidth between two VMs). Every VM boots the embedded guest with a
+//! virtio-net NIC on one switch, served by domain 0's switch thread (`hv::net`).
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use devices::net::switch::SwitchConfig;
+use hv::irq::IrqPath;
+use hv::net::{Network, NicSetup};
+use serde_json::{Value, json};
+
+use crate::cli::{MpiArgs, NetBenchArgs, Wait};
+use crate::run::{self, GuestRun};
+
+/// Guest memory of each VM: the MPI runtime's per-peer rings and the check's 16 MiB
+/// exchange fit with room to spare.
+const MEMORY_MIB: u64 = 256;
+/// Most VMs in one job (the guest's MPI takes at most 64 ranks).
+pub const MAX_VMS: u32 = 64;
+
+/// The MAC of rank `rank`'s NIC: locally administered, "ku" and the rank.
+pub fn mac(rank: u32) -> [u8; 6] {
+    [0x02, 0x6b, 0x75, 0x00, (rank >> 8) as u8, rank as u8]
+}
+
+/// One VM per rank, all on one network; each boots with `mpi=RANK:SIZE` and `extra`.
+/// Returns each rank's run, in rank order.
+pub fn run_job(
+    vms: u32,
+    vcpus: u32,
+    irq_path: IrqPath,
+    extra: &str,
+    kvm_device: &std::path::Path,
+    epoch: Instant,
+) -> Result<Vec<GuestRun>> {
+    if !(2..=MAX_VMS).contains(&vms) {
+        bail!("--vms must be between 2 and {MAX_VMS}, not {vms}");
+    }
+    run::check_guest_vcpus(vcpus, kvm_device)?;
+    let network = Network::new(SwitchConfig::default())?;
+    let mut machines = Vec::new();
+    for rank in 0..vms {
+        let config = run::embedded_config(
+            vcpus,
+            MEMORY_MIB,
+            format!("mpi={rank}:{vms} {extra}"),
+            kvm_device,
+        );
+        let mut vm = hv::Vm::new(config)?;
+        network
+            .attach(
+                &mut vm,
+                &NicSetup {
+                    mac: mac(rank),
+                    irq_path,
+                },
+                None,
+            )
+            .with_context(|| format!("attaching rank {rank}'s NIC"))?;
+        machines.push(vm);
+    }
+    let running = network.start(None)?;
+    let runs: Vec<Result<GuestRun>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = machines
+            .into_iter()
+            .map(|vm| scope.spawn(move || run::run_collecting(vm, epoch)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a VM's thread panicked")))
+            })
+            .collect()
+    });
+    let stats = running.switch_stats();
+    drop(running);
+    tracing::debug!(?stats, "switch");
+    runs.into_iter()
+        .enumerate()
+        .map(|(rank, run)| run.with_context(|| format!("rank {rank}")))
+        .collect()
+}
+
+fn wait_name(wait: Wait) -> &'static str {
+    match wait {
+        Wait::Spin => "spin",
+        Wait::Block => "block",
+    }
+}
+
+fn path_name(path: IrqPath) -> &'static str {
+    match path {
+        IrqPath::Generic => "generic",
+        IrqPath::Fast => "fast",
+    }
+}
+
+/// Why rank `rank`'s run has no `kind` line, or its fields.
+fn measurement<'a>(
+    run: &'a GuestRun,
+    kind: &str,
+    rank: usize,
+) -> Result<&'a BTreeMap<String, String>> {
+    run.measurement(kind)
+        .with_context(|| format!("rank {rank}"))
+}
+
+/// `kumo mpi`: the MPI self-check across `--vms` VMs.
+pub fn run_mpi(args: &MpiArgs, epoch: Instant) -> Result<u8> {
+    let extra = format!("wait={} net=check", wait_name(args.wait));
+    let runs = run_job(
+        args.vms,
+        args.vcpus,
+        args.irq_path,
+        &extra,
+        &args.kvm_device,
+        epoch,
+    )?;
+    let mut ok = true;
+    let mut rows = Vec::new();
+    for (rank, run) in runs.iter().enumerate() {
+        let (verified, fields) = match run.measurement("netcheck") {
+            Ok(fields) => (
+                fields.get("verified").map(String::as_str) == Some("true"),
+                Some(fields),
+            ),
+            Err(e) => {
+                eprintln!("kumo: rank {rank}: {e:#}");
+                (false, None)
+            }
+        };
+        ok &= verified;
+        let mut row = serde_json::Map::new();
+        row.insert("rank".into(), json!(rank));
+        row.insert("vms".into(), json!(args.vms));
+        row.insert("wait".into(), json!(wait_name(args.wait)));
+        row.insert("irq_path".into(), json!(path_name(args.irq_path)));
+        row.insert("verified".into(), json!(verified));
+        for (k, v) in fields.into_iter().flatten() {
+            row.entry(k.clone()).or_insert_with(|| json!(v));
+        }
+        rows.push(row);
+    }
+    if args.json {
+        for row in &rows {
+            crate::outln!("{}", Value::Object(row.clone()));
+        }
+        crate::outln!("{}", json!({ "ok": ok }));
+    } else {
+        crate::outln!("rank  messages        bytes  stress_s  verified");
+        for row in &rows {
+            crate::outln!(
+                "{:<5} {:>8} {:>12} {:>9} {:>9}",
+                row["rank"],
+                text(row, "messages"),
+                text(row, "bytes"),
+                text(row, "stress_s"),
+                if row["verified"] == json!(true) {
+                    "yes"
+                } else {
+                    "NO"
+                }
+            );
+        }
+        crate::outln!(
+            "MPI check: {} VMs x 1 rank, wait={}, irq path {}",
+            args.vms,
+            wait_name(args.wait),
+            path_name(args.irq_path)
+        );
+    }
+    Ok(if ok {
+        crate::report::EXIT_OK
+    } else {
+        crate::report::EXIT_UNVERIFIED
+    })
+}
+
+fn text<'a>(row: &'a serde_json::Map<String, Value>, key: &str) -> &'a str {
+    row.get(key).and_then(Value::as_str).unwrap_or("-")
+}
+
+/// `kumo bench net`: ping-pong between two VMs, one row per message size, for each
+/// interrupt path and wait mode asked (side by side in one run).
+pub fn run_bench(args: &NetBenchArgs, epoch: Instant) -> Result<u8> {
+    let sizes = parse_sizes(&args.sizes)?;
+    let paths = match args.irq_path {
+        Some(p) => vec![p],
+        None => vec![IrqPath::Generic, IrqPath::Fast],
+    };
+    let waits = match args.wait {
+        Some(w) => vec![w],
+        None => vec![Wait::Spin, Wait::Block],
+    };
+    let list: Vec<String> = sizes.iter().map(u64::to_string).collect();
+    let mut rows = Vec::new();
+    for &wait in &waits {
+        for &path in &paths {
+            let mut extra = format!("wait={} net=pingpong:{}", wait_name(wait), list.join(","));
+            if let Some(rounds) = args.rounds {
+                extra.push_str(&format!(" net_rounds={rounds}"));
+            }
+            let runs = run_job(2, 1, path, &extra, &args.kvm_device, epoch)?;
+            let found: Vec<_> = runs[0]
+                .events
+                .iter()
+                .filter_map(|e| match e {
+                    crate::protocol::Event::Measurement { kind, fields } if kind == "pingpong" => {
+                        Some(fields.clone())
+                    }
+                    _ => None,
+                })
+                .collect();
+            if found.len() != sizes.len() {
+                measurement(&runs[0], "pingpong", 0)?;
+                bail!(
+                    "rank 0 reported {} of {} ping-pong sizes",
+                    found.len(),
+                    sizes.len()
+                );
+            }
+            for fields in found {
+                let mut row: serde_json::Map<String, Value> =
+                    fields.into_iter().map(|(k, v)| (k, json!(v))).collect();
+                row.insert("irq_path".into(), json!(path_name(path)));
+                row.insert("wait".into(), json!(wait_name(wait)));
+                rows.push(row);
+            }
+        }
+    }
+    if args.json {
+        for row in &rows {
+            crate::outln!("{}", Value::Object(row.clone()));
+        }
+    } else {
+        crate::outln!(
+            "{:<8} {:<6} {:>9} {:>7} {:>10} {:>10} {:>10}",
+            "path",
+            "wait",
+            "size",
+            "rounds",
+            "median_us",
+            "p99_us",
+            "MB/s"
+        );
+        for row in &rows {
+            crate::outln!(
+                "{:<8} {:<6} {:>9} {:>7} {:>10} {:>10} {:>10}",
+                text(row, "irq_path"),
+                text(row, "wait"),
+                text(row, "size"),
+                text(row, "rounds"),
+                text(row, "median_us"),
+                text(row, "p99_us"),
+                text(row, "mbps")
+            );
+        }
+        crate::outln!(
+            "half round trip between two VMs through domain 0's switch (guest TSC); MB/s = size / half round trip"
+        );
+    }
+    Ok(crate::report::EXIT_OK)
+}
+
+/// Message sizes: `8,1K,64K,1M` (K and M are binary), 1 to 16 of them, each at most
+/// 64 MiB (the guest's limits).
+fn parse_sizes(list: &str) -> Result<Vec<u64>> {
+    let sizes = list
+        .split(',')
+        .map(|item| {
+            let item = item.trim();
+            let (digits, unit) = match item.char_indices().last() {
+                Some((at, 'K' | 'k')) => (&item[..at], 1u64 << 10),
+                Some((at, 'M' | 'm')) => (&item[..at], 1 << 20),
+                _ => (item, 1),
+            };
+            digits
+                .parse::<u64>()
+                .ok()
+                .and_then(|n| n.checked_mul(unit))
+                .filter(|&n| (1..=64 << 20).contains(&n))
+                .with_context(|| format!("bad message size {item:?}: 1 byte to 64M"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    if sizes.is_empty() || sizes.len() > 16 {
+        bail!("--sizes takes 1 to 16 sizes");
+    }
+    Ok(sizes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_take_binary_units_and_refuse_the_rest() {
+        assert_eq!(
+            parse_sizes("8,1K,64k,1M").unwrap(),
+            [8, 1024, 65536, 1 << 20]
+        );
+        assert!(parse_sizes("0").is_err());
+        assert!(parse_sizes("65M").is_err());
+        assert!(parse_sizes("x").is_err());
+        assert!(parse_sizes(&vec!["8"; 17].join(",")).is_err());
+    }
+
+    #[test]
+    fn macs_are_local_unicast_and_distinct() {
+        assert_eq!(mac(0)[0] & 0b11, 0b10);
+        assert_ne!(mac(1), mac(257));
+    }
+}

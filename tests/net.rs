@@ -1,0 +1,97 @@
+//! VMs that talk: the embedded guest's MPI over kumo's virtio-net NICs and domain 0's
+//! switch (`kumo mpi`, `kumo bench net`), on both interrupt paths and both wait modes.
+
+mod common;
+
+use common::*;
+
+/// `kumo mpi ... --json`: every rank's check verified, and the job line says ok.
+fn assert_job_verified(args: &[&str], ranks: usize) {
+    let mut full = vec!["mpi", "--json", "--timeout", "120"];
+    full.extend_from_slice(args);
+    let out = kumo(&full);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "kumo {full:?}: {stderr}");
+    let lines = json_lines(&out);
+    assert_eq!(lines.len(), ranks + 1, "{}", text(&out.stdout));
+    for (rank, line) in lines[..ranks].iter().enumerate() {
+        assert_eq!(line["rank"], serde_json::json!(rank), "{line}");
+        assert_eq!(line["verified"], serde_json::json!(true), "{line}");
+        assert_eq!(line["mismatches"], serde_json::json!("0"), "{line}");
+        assert_eq!(line["collectives_failed"], serde_json::json!("0"), "{line}");
+    }
+    assert_eq!(lines[ranks]["ok"], serde_json::json!(true));
+}
+
+#[test]
+fn two_vms_pass_the_mpi_check_on_both_paths_spinning() {
+    if kvm_available() {
+        assert_job_verified(&["--irq-path", "generic"], 2);
+        assert_job_verified(&["--irq-path", "fast"], 2);
+    }
+}
+
+#[test]
+fn two_vms_pass_the_mpi_check_on_both_paths_blocking() {
+    if kvm_available() {
+        assert_job_verified(&["--wait", "block", "--irq-path", "generic"], 2);
+        assert_job_verified(&["--wait", "block", "--irq-path", "fast"], 2);
+    }
+}
+
+#[test]
+fn four_vms_pass_the_mpi_check() {
+    if kvm_available() {
+        assert_job_verified(&["--vms", "4"], 4);
+    }
+}
+
+#[test]
+fn the_net_bench_reports_every_size() {
+    if kvm_available() {
+        let out = kumo(&[
+            "bench",
+            "net",
+            "--sizes",
+            "8,64K",
+            "--rounds",
+            "20",
+            "--irq-path",
+            "fast",
+            "--wait",
+            "spin",
+            "--json",
+        ]);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let lines = json_lines(&out);
+        let sizes: Vec<&str> = lines.iter().map(|l| l["size"].as_str().unwrap()).collect();
+        assert_eq!(sizes, ["8", "65536"]);
+        for line in &lines {
+            let median: f64 = line["median_us"].as_str().unwrap().parse().unwrap();
+            assert!(median > 0.0, "{line}");
+        }
+    }
+}
+
+#[test]
+fn bad_network_input_is_refused_in_one_line() {
+    for (args, needle) in [
+        (
+            &["mpi", "--vms", "0"][..],
+            "--vms must be between 2 and 64, not 0",
+        ),
+        (
+            &["mpi", "--vms", "1"][..],
+            "--vms must be between 2 and 64, not 1",
+        ),
+        (&["mpi", "--vms", "65"][..], "not 65"),
+        (&["bench", "net", "--sizes", "0"][..], "bad message size"),
+        (&["bench", "net", "--sizes", "65M"][..], "bad message size"),
+    ] {
+        let out = kumo(args);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+}
