@@ -57,6 +57,24 @@ pub struct MpiArgs {
     #[arg(long, value_name = "K", default_value_t = 1)]
     pub vcpus: u32,
 
+    /// Ranks of the whole job, when some run across --wire [default: --vms].
+    #[arg(long, value_name = "S")]
+    pub job_size: Option<u32>,
+
+    /// The rank of this process's first VM (the others follow).
+    #[arg(long, value_name = "R", default_value_t = 0)]
+    pub first_rank: u32,
+
+    /// A wire to VMs outside this process, in QEMU's `-netdev stream` framing:
+    /// `unix:PATH` connects (to QEMU's `server=on`), `listen:unix:PATH` waits for one
+    /// peer (QEMU's `server=off`, or another kumo's `unix:PATH`).
+    #[arg(long, value_name = "SPEC")]
+    pub wire: Option<crate::mpi::WireSpec>,
+
+    /// Seconds the wire waits for its peer (to listen, or to connect).
+    #[arg(long, value_name = "SECONDS", default_value_t = 30.0, value_parser = seconds)]
+    pub wire_wait: f64,
+
     /// How ranks wait for messages.
     #[arg(long, value_enum, default_value_t = Wait::Spin)]
     pub wait: Wait,
@@ -94,6 +112,11 @@ pub struct NetBenchArgs {
     /// Round trips per size [default: the guest's, 32 MiB / max(size, 16 KiB) + 10].
     #[arg(long, value_name = "N")]
     pub rounds: Option<u32>,
+
+    /// Also run the same guest and sizes on two QEMU VMs (virtio-net-pci on a
+    /// `-netdev stream` wire), beside kumo's rows.
+    #[arg(long)]
+    pub qemu: bool,
 
     /// Print one JSON object per size and setting.
     #[arg(long)]

@@ -16,6 +16,7 @@ pub mod node_config;
 pub mod output;
 pub mod overhead;
 pub mod protocol;
+pub mod qemu;
 pub mod report;
 pub mod run;
 pub mod sched_params;

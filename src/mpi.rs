@@ -4,7 +4,9 @@
 //! virtio-net NIC on one switch, served by domain 0's switch thread (`hv::net`).
 
 use std::collections::BTreeMap;
-use std::time::Instant;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use devices::net::switch::SwitchConfig;
@@ -26,27 +28,137 @@ pub fn mac(rank: u32) -> [u8; 6] {
     [0x02, 0x6b, 0x75, 0x00, (rank >> 8) as u8, rank as u8]
 }
 
-/// One VM per rank, all on one network; each boots with `mpi=RANK:SIZE` and `extra`.
-/// Returns each rank's run, in rank order.
+/// Which ranks of a job this process runs, and the wire to the others.
+#[derive(Debug, Clone, Default)]
+pub struct Job {
+    /// Ranks in the whole job (this process's VMs, and those across the wire).
+    pub size: u32,
+    /// The rank of this process's first VM.
+    pub first_rank: u32,
+    pub wire: Option<WireSpec>,
+    /// How long the wire waits for its peer.
+    pub wire_patience: Duration,
+}
+
+/// The other end of a wire: a UNIX socket in QEMU's stream framing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WireSpec {
+    /// Connect to a listener (QEMU's `-netdev stream,server=on`, another kumo's
+    /// `listen:`), retrying while it is not there yet.
+    Connect(PathBuf),
+    /// Listen and take one connection (QEMU's `server=off`, another kumo's `unix:`).
+    Listen(PathBuf),
+}
+
+impl std::str::FromStr for WireSpec {
+    type Err = String;
+    fn from_str(text: &str) -> Result<WireSpec, String> {
+        let (listen, rest) = match text.strip_prefix("listen:") {
+            Some(rest) => (true, rest),
+            None => (false, text),
+        };
+        match rest.strip_prefix("unix:") {
+            Some(path) if !path.is_empty() => Ok(if listen {
+                WireSpec::Listen(path.into())
+            } else {
+                WireSpec::Connect(path.into())
+            }),
+            _ => Err(format!("{text:?}: a wire is unix:PATH or listen:unix:PATH")),
+        }
+    }
+}
+
+impl WireSpec {
+    fn open(&self, patience: Duration) -> Result<UnixStream> {
+        let deadline = Instant::now() + patience;
+        match self {
+            WireSpec::Connect(path) => loop {
+                match UnixStream::connect(path) {
+                    Ok(stream) => return Ok(stream),
+                    Err(e) if Instant::now() < deadline => {
+                        tracing::debug!("wire {}: {e}; retrying", path.display());
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    Err(e) => bail!(
+                        "cannot reach the wire {} within {:.1} s: {e}",
+                        path.display(),
+                        patience.as_secs_f64()
+                    ),
+                }
+            },
+            WireSpec::Listen(path) => {
+                let listener = UnixListener::bind(path)
+                    .with_context(|| format!("cannot listen on {}", path.display()))?;
+                crate::signals::track_socket(path.clone());
+                listener.set_nonblocking(true)?;
+                let accepted = loop {
+                    match listener.accept() {
+                        Ok((stream, _)) => break Ok(stream),
+                        Err(e)
+                            if e.kind() == std::io::ErrorKind::WouldBlock
+                                && Instant::now() < deadline
+                                && hv::stop::requested().is_none() =>
+                        {
+                            std::thread::sleep(Duration::from_millis(20));
+                        }
+                        Err(e) => {
+                            break Err(anyhow::anyhow!(
+                                "no peer connected to {} within {:.1} s ({e})",
+                                path.display(),
+                                patience.as_secs_f64()
+                            ));
+                        }
+                    }
+                };
+                let _ = std::fs::remove_file(path);
+                crate::signals::untrack_socket(path);
+                let stream = accepted?;
+                stream.set_nonblocking(false)?;
+                Ok(stream)
+            }
+        }
+    }
+}
+
+/// One VM per rank of this process, all on one network (and the wire, if any); each
+/// boots with `mpi=RANK:SIZE` and `extra`. Returns each VM's run, in rank order.
 pub fn run_job(
     vms: u32,
     vcpus: u32,
     irq_path: IrqPath,
     extra: &str,
+    job: &Job,
     kvm_device: &std::path::Path,
     epoch: Instant,
 ) -> Result<Vec<GuestRun>> {
-    if !(2..=MAX_VMS).contains(&vms) {
-        bail!("--vms must be between 2 and {MAX_VMS}, not {vms}");
+    let size = if job.size == 0 { vms } else { job.size };
+    if !(1..=MAX_VMS).contains(&vms) {
+        bail!("--vms must be between 1 and {MAX_VMS}, not {vms}");
+    }
+    if !(2..=MAX_VMS).contains(&size) {
+        bail!("an MPI job needs 2 to {MAX_VMS} ranks, not {size}");
+    }
+    if job.first_rank.saturating_add(vms) > size {
+        bail!(
+            "ranks {}..{} do not fit a job of {size} ranks",
+            job.first_rank,
+            job.first_rank.saturating_add(vms)
+        );
+    }
+    if size > vms && job.wire.is_none() {
+        bail!(
+            "{} of the job's {size} ranks run elsewhere: give a --wire to reach them",
+            size - vms
+        );
     }
     run::check_guest_vcpus(vcpus, kvm_device)?;
     let network = Network::new(SwitchConfig::default())?;
     let mut machines = Vec::new();
-    for rank in 0..vms {
+    for rank in job.first_rank..job.first_rank + vms {
         let config = run::embedded_config(
             vcpus,
             MEMORY_MIB,
-            format!("mpi={rank}:{vms} {extra}"),
+            format!("mpi={rank}:{size} {extra}"),
             kvm_device,
         );
         let mut vm = hv::Vm::new(config)?;
@@ -61,6 +173,9 @@ pub fn run_job(
             )
             .with_context(|| format!("attaching rank {rank}'s NIC"))?;
         machines.push(vm);
+    }
+    if let Some(wire) = &job.wire {
+        network.attach_wire(wire.open(job.wire_patience)?, None)?;
     }
     let running = network.start(None)?;
     let runs: Vec<Result<GuestRun>> = std::thread::scope(|scope| {
@@ -112,11 +227,18 @@ fn measurement<'a>(
 /// `kumo mpi`: the MPI self-check across `--vms` VMs.
 pub fn run_mpi(args: &MpiArgs, epoch: Instant) -> Result<u8> {
     let extra = format!("wait={} net=check", wait_name(args.wait));
+    let job = Job {
+        size: args.job_size.unwrap_or(args.vms),
+        first_rank: args.first_rank,
+        wire: args.wire.clone(),
+        wire_patience: Duration::from_secs_f64(args.wire_wait),
+    };
     let runs = run_job(
         args.vms,
         args.vcpus,
         args.irq_path,
         &extra,
+        &job,
         &args.kvm_device,
         epoch,
     )?;
@@ -135,7 +257,7 @@ pub fn run_mpi(args: &MpiArgs, epoch: Instant) -> Result<u8> {
         };
         ok &= verified;
         let mut row = serde_json::Map::new();
-        row.insert("rank".into(), json!(rank));
+        row.insert("rank".into(), json!(job.first_rank as usize + rank));
         row.insert("vms".into(), json!(args.vms));
         row.insert("wait".into(), json!(wait_name(args.wait)));
         row.insert("irq_path".into(), json!(path_name(args.irq_path)));
@@ -167,8 +289,9 @@ pub fn run_mpi(args: &MpiArgs, epoch: Instant) -> Result<u8> {
             );
         }
         crate::outln!(
-            "MPI check: {} VMs x 1 rank, wait={}, irq path {}",
+            "MPI check: {} VMs x 1 rank here (of {} ranks), wait={}, irq path {}",
             args.vms,
+            job.size,
             wait_name(args.wait),
             path_name(args.irq_path)
         );
@@ -199,24 +322,35 @@ pub fn run_bench(args: &NetBenchArgs, epoch: Instant) -> Result<u8> {
     let list: Vec<String> = sizes.iter().map(u64::to_string).collect();
     let mut rows = Vec::new();
     for &wait in &waits {
-        for &path in &paths {
-            let mut extra = format!("wait={} net=pingpong:{}", wait_name(wait), list.join(","));
-            if let Some(rounds) = args.rounds {
-                extra.push_str(&format!(" net_rounds={rounds}"));
-            }
-            let runs = run_job(2, 1, path, &extra, &args.kvm_device, epoch)?;
-            let found: Vec<_> = runs[0]
-                .events
-                .iter()
+        let mut extra = format!("wait={} net=pingpong:{}", wait_name(wait), list.join(","));
+        if let Some(rounds) = args.rounds {
+            extra.push_str(&format!(" net_rounds={rounds}"));
+        }
+        // kumo on each path, then (if asked) QEMU with the same guest and sizes.
+        let mut settings: Vec<Option<IrqPath>> = paths.iter().copied().map(Some).collect();
+        if args.qemu {
+            settings.push(None);
+        }
+        for setting in settings {
+            let events = match setting {
+                Some(path) => {
+                    let mut runs =
+                        run_job(2, 1, path, &extra, &Job::default(), &args.kvm_device, epoch)?;
+                    measurement(&runs[0], "pingpong", 0)?;
+                    runs.swap_remove(0).events
+                }
+                None => crate::qemu::run_pair(&extra)?,
+            };
+            let found: Vec<_> = events
+                .into_iter()
                 .filter_map(|e| match e {
                     crate::protocol::Event::Measurement { kind, fields } if kind == "pingpong" => {
-                        Some(fields.clone())
+                        Some(fields)
                     }
                     _ => None,
                 })
                 .collect();
             if found.len() != sizes.len() {
-                measurement(&runs[0], "pingpong", 0)?;
                 bail!(
                     "rank 0 reported {} of {} ping-pong sizes",
                     found.len(),
@@ -226,7 +360,7 @@ pub fn run_bench(args: &NetBenchArgs, epoch: Instant) -> Result<u8> {
             for fields in found {
                 let mut row: serde_json::Map<String, Value> =
                     fields.into_iter().map(|(k, v)| (k, json!(v))).collect();
-                row.insert("irq_path".into(), json!(path_name(path)));
+                row.insert("irq_path".into(), json!(setting.map_or("qemu", path_name)));
                 row.insert("wait".into(), json!(wait_name(wait)));
                 rows.push(row);
             }
@@ -260,7 +394,8 @@ pub fn run_bench(args: &NetBenchArgs, epoch: Instant) -> Result<u8> {
             );
         }
         crate::outln!(
-            "half round trip between two VMs through domain 0's switch (guest TSC); MB/s = size / half round trip"
+            "half round trip between two VMs through domain 0's switch (guest TSC); MB/s = size / half round trip;\n\
+             path qemu: the same guest on two QEMU VMs, virtio-net-pci on one -netdev stream wire"
         );
     }
     Ok(crate::report::EXIT_OK)

@@ -36,7 +36,8 @@ pub enum Event {
         status: u32,
     },
     /// A measurement workload's summary (`switchprobe`, `wakeprobe`, `irqbench`,
-    /// `irqcheck`, and the network's `mpi`, `netcheck`, `pingpong`, `mpistats`).
+    /// `irqcheck`, and the network's `mpi`, `netcheck`, `pingpong`, `bandwidth`,
+    /// `mpistats`).
     Measurement {
         kind: String,
         fields: BTreeMap<String, String>,
@@ -66,7 +67,7 @@ pub fn parse_line(line: &str) -> Option<Event> {
         "fault" => Some(Event::Fault { fields }),
         "end" => num(&fields, "status").map(|status| Event::End { status }),
         "switchprobe" | "wakeprobe" | "gapprobe" | "irqbench" | "irqcheck" | "mpi" | "netcheck"
-        | "pingpong" | "mpistats" => Some(Event::Measurement {
+        | "pingpong" | "bandwidth" | "mpistats" => Some(Event::Measurement {
             kind: kind.to_string(),
             fields,
         }),

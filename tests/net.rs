@@ -5,8 +5,17 @@ mod common;
 
 use common::*;
 
+/// One job at a time: every rank spins on a vCPU of its own, and several jobs at once
+/// on a 2-core host only test how long the guests' patience lasts.
+static ONE_JOB: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_job() -> std::sync::MutexGuard<'static, ()> {
+    ONE_JOB.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// `kumo mpi ... --json`: every rank's check verified, and the job line says ok.
 fn assert_job_verified(args: &[&str], ranks: usize) {
+    let _one = one_job();
     let mut full = vec!["mpi", "--json", "--timeout", "120"];
     full.extend_from_slice(args);
     let out = kumo(&full);
@@ -49,6 +58,7 @@ fn four_vms_pass_the_mpi_check() {
 #[test]
 fn the_net_bench_reports_every_size() {
     if kvm_available() {
+        let _one = one_job();
         let out = kumo(&[
             "bench",
             "net",
@@ -78,15 +88,111 @@ fn bad_network_input_is_refused_in_one_line() {
     for (args, needle) in [
         (
             &["mpi", "--vms", "0"][..],
-            "--vms must be between 2 and 64, not 0",
+            "--vms must be between 1 and 64, not 0",
         ),
         (
             &["mpi", "--vms", "1"][..],
-            "--vms must be between 2 and 64, not 1",
+            "an MPI job needs 2 to 64 ranks, not 1",
         ),
         (&["mpi", "--vms", "65"][..], "not 65"),
         (&["bench", "net", "--sizes", "0"][..], "bad message size"),
         (&["bench", "net", "--sizes", "65M"][..], "bad message size"),
+    ] {
+        let out = kumo(args);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn two_kumo_processes_share_one_wire() {
+    if kvm_available() {
+        let _one = one_job();
+        let socket = scratch("kumo-kumo.sock");
+        let _ = std::fs::remove_file(&socket);
+        let listen = format!("listen:unix:{}", socket.display());
+        let connect = format!("unix:{}", socket.display());
+        let first = std::thread::spawn(move || {
+            kumo(&[
+                "mpi",
+                "--vms",
+                "1",
+                "--job-size",
+                "2",
+                "--wire",
+                &listen,
+                "--json",
+                "--timeout",
+                "120",
+            ])
+        });
+        let second = kumo(&[
+            "mpi",
+            "--vms",
+            "1",
+            "--job-size",
+            "2",
+            "--first-rank",
+            "1",
+            "--wire",
+            &connect,
+            "--json",
+            "--timeout",
+            "120",
+        ]);
+        let first = first.join().unwrap();
+        for (rank, out) in [first, second].iter().enumerate() {
+            assert_eq!(
+                out.status.code(),
+                Some(0),
+                "rank {rank}: {}",
+                text(&out.stderr)
+            );
+            let lines = json_lines(out);
+            assert_eq!(lines[0]["rank"], serde_json::json!(rank));
+            assert_eq!(lines[0]["verified"], serde_json::json!(true));
+        }
+        assert!(!socket.exists(), "the listener's socket was left behind");
+    }
+}
+
+#[test]
+fn bad_wire_input_is_refused_in_one_line() {
+    for (args, needle) in [
+        (
+            &[
+                "mpi",
+                "--vms",
+                "1",
+                "--job-size",
+                "2",
+                "--wire",
+                "unix:/nonexistent/w.sock",
+                "--wire-wait",
+                "0.1",
+            ][..],
+            "cannot reach the wire /nonexistent/w.sock",
+        ),
+        (
+            &["mpi", "--vms", "1", "--job-size", "2"][..],
+            "give a --wire",
+        ),
+        (
+            &[
+                "mpi",
+                "--vms",
+                "2",
+                "--job-size",
+                "3",
+                "--first-rank",
+                "2",
+                "--wire",
+                "unix:/x",
+            ][..],
+            "do not fit",
+        ),
     ] {
         let out = kumo(args);
         let stderr = text(&out.stderr);

@@ -218,9 +218,17 @@ fn ranks_sleeping_until_the_nic_interrupts_verify_and_resend_lost_frames() {
     // Each guest also drops every 97th data frame it receives, as a lossy wire would.
     let outputs = pair(
         "block",
-        "wait=block net=check+pingpong:8 net_rounds=80 net_seed=12 net_drop=97",
+        "wait=block net=check+pingpong:8+bw:1024 net_rounds=80 net_seed=12 net_drop=97",
     );
     let all_stats = assert_verified(&outputs, "block", &[8], false);
+    // 80 bursts of 64 messages of 1 KiB streamed to rank 1, timed by rank 0.
+    let stdout = text(&outputs[0].stdout);
+    let bandwidth = lines(&stdout, "bandwidth");
+    assert_eq!(bandwidth.len(), 1, "{stdout}");
+    assert_eq!(field(bandwidth[0], "messages"), "5120", "{}", bandwidth[0]);
+    let mbps: f64 = field(bandwidth[0], "mbps").parse().unwrap();
+    assert!(mbps > 0.0, "{}", bandwidth[0]);
+    eprintln!("{}", bandwidth[0]);
     let mut resent = 0;
     for stats in &all_stats {
         // Interrupt-driven: the NIC's MSI-X vector fired and woke the rank.
@@ -241,4 +249,88 @@ fn two_qemu_vms_on_a_udp_dgram_wire_verify_despite_its_losses() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let outputs = dgram_pair("wait=spin net=check+pingpong:8,65536 net_rounds=60 net_seed=14");
     assert_verified(&outputs, "spin", &[8, 65536], false);
+}
+
+#[test]
+fn a_kumo_vm_and_a_qemu_vm_share_one_wire_and_both_verify() {
+    if !kvm_available() || !qemu_available() {
+        return;
+    }
+    let guest = dumped_guest();
+    let socket = scratch("kumo-qemu.sock");
+    let _ = std::fs::remove_file(&socket);
+    let path = socket.to_str().unwrap().to_owned();
+    // QEMU's rank 1 listens; kumo's rank 0 connects (it waits for the socket).
+    let server = format!("stream,id=n0,server=on,addr.type=unix,addr.path={path}");
+    let mut qemu = vm(&guest, &server, 1, "net=check");
+    let peer = std::thread::spawn(move || run_with_hang_guard(&mut qemu));
+    let wire = format!("unix:{path}");
+    let ours = kumo(&[
+        "mpi",
+        "--vms",
+        "1",
+        "--job-size",
+        "2",
+        "--wire",
+        &wire,
+        "--json",
+        "--timeout",
+        "120",
+    ]);
+    let theirs = peer.join().unwrap();
+    let _ = std::fs::remove_file(&socket);
+    assert_eq!(ours.status.code(), Some(0), "{}", text(&ours.stderr));
+    let rows = json_lines(&ours);
+    assert_eq!(
+        rows[0]["rank"],
+        serde_json::json!(0),
+        "{}",
+        text(&ours.stdout)
+    );
+    assert_eq!(rows[0]["verified"], serde_json::json!(true));
+    let stdout = text(&theirs.stdout);
+    let check = lines(&stdout, "netcheck");
+    assert_eq!(check.len(), 1, "QEMU's rank 1:\n{stdout}");
+    assert_eq!(field(check[0], "verified"), "true", "{}", check[0]);
+}
+
+#[test]
+fn the_net_bench_sets_qemu_beside_kumo_in_one_run() {
+    if !kvm_available() || !qemu_available() {
+        return;
+    }
+    let out = kumo(&[
+        "bench",
+        "net",
+        "--sizes",
+        "8,64K",
+        "--rounds",
+        "20",
+        "--irq-path",
+        "fast",
+        "--wait",
+        "spin",
+        "--qemu",
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let rows: Vec<(String, String)> = json_lines(&out)
+        .iter()
+        .map(|r| {
+            (
+                r["irq_path"].as_str().unwrap().to_owned(),
+                r["size"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let expected: Vec<(String, String)> = [
+        ("fast", "8"),
+        ("fast", "65536"),
+        ("qemu", "8"),
+        ("qemu", "65536"),
+    ]
+    .iter()
+    .map(|(p, s)| (p.to_string(), s.to_string()))
+    .collect();
+    assert_eq!(rows, expected);
 }

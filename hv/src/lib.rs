@@ -35,6 +35,7 @@ pub mod testing;
 mod vcpu;
 mod vm;
 pub mod watchdog;
+mod wire;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

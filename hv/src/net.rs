@@ -35,6 +35,8 @@ use crate::Error;
 use crate::irq::{EventLoop, IrqPath, msix_sink};
 use crate::placement::ThreadGroup;
 use crate::vm::Vm;
+use crate::wire::Wire;
+pub use crate::wire::WireStats;
 
 /// How a VM's NIC is built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,9 +70,17 @@ enum Change {
     Down(PortId),
 }
 
+/// What is plugged into a switch port.
+#[derive(Clone)]
+enum Endpoint {
+    Nic(Arc<Nic>),
+    Wire(Arc<Wire>),
+}
+
 struct Shared {
     switch: Mutex<Switch>,
-    nics: Mutex<Vec<Arc<Nic>>>,
+    /// Index = switch port.
+    ports: Mutex<Vec<Endpoint>>,
     changes: Mutex<VecDeque<Change>>,
     control: EventFd,
 }
@@ -80,12 +90,19 @@ impl Shared {
         self.switch.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    fn ports(&self) -> MutexGuard<'_, Vec<Endpoint>> {
+        self.ports.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn endpoint(&self, port: PortId) -> Option<Endpoint> {
+        self.ports().get(port).cloned()
+    }
+
     fn nic(&self, port: PortId) -> Option<Arc<Nic>> {
-        self.nics
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(port)
-            .cloned()
+        match self.endpoint(port)? {
+            Endpoint::Nic(nic) => Some(nic),
+            Endpoint::Wire(_) => None,
+        }
     }
 }
 
@@ -134,7 +151,7 @@ impl Network {
         Ok(Network {
             shared: Arc::new(Shared {
                 switch: Mutex::new(Switch::new(config)),
-                nics: Mutex::new(Vec::new()),
+                ports: Mutex::new(Vec::new()),
                 changes: Mutex::new(VecDeque::new()),
                 control: EventFd::new(EFD_NONBLOCK).map_err(os("creating an eventfd"))?,
             }),
@@ -184,15 +201,40 @@ impl Network {
         );
         transport.place_bar(vm.allocate_bar(devices::virtio::transport::BAR_SIZE)?);
         vm.add_pci_device_with_doorbells(transport.clone(), dup(&notify)?)?;
-        let mut nics = self.shared.nics.lock().unwrap_or_else(|e| e.into_inner());
-        debug_assert_eq!(nics.len(), port, "ports are numbered in attach order");
-        nics.push(Arc::new(Nic {
+        let mut ports = self.shared.ports();
+        debug_assert_eq!(ports.len(), port, "ports are numbered in attach order");
+        ports.push(Endpoint::Nic(Arc::new(Nic {
             net,
             notify,
             _transport: transport,
             _event_loop: event_loop,
-        }));
+        })));
         Ok(port)
+    }
+
+    /// Connects a wire (QEMU's stream framing on `socket`) to a new port of the switch,
+    /// up at once. Its reader and writer threads join `dom0` if given.
+    pub fn attach_wire(
+        &self,
+        socket: std::os::unix::net::UnixStream,
+        dom0: Option<&Arc<ThreadGroup>>,
+    ) -> Result<PortId, Error> {
+        let wire = Wire::start(socket, dom0.cloned())?;
+        let mut switch = self.shared.switch();
+        let port = switch.add_port();
+        switch.set_up(port, true);
+        let mut ports = self.shared.ports();
+        debug_assert_eq!(ports.len(), port, "ports are numbered in attach order");
+        ports.push(Endpoint::Wire(wire));
+        Ok(port)
+    }
+
+    /// The counters of the wire on `port`.
+    pub fn wire_stats(&self, port: PortId) -> Option<WireStats> {
+        match self.shared.endpoint(port)? {
+            Endpoint::Wire(wire) => Some(wire.stats()),
+            Endpoint::Nic(_) => None,
+        }
     }
 
     /// Starts the switch thread (`net-switch`, a member of `dom0` if given).
@@ -210,16 +252,14 @@ impl Network {
         };
         add(stop.as_raw_fd(), STOP)?;
         add(self.shared.control.as_raw_fd(), CONTROL)?;
-        for (port, nic) in self
-            .shared
-            .nics
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .enumerate()
-        {
-            for (queue, fd) in nic.notify.iter().enumerate() {
-                add(fd.as_raw_fd(), token(port, queue as u16))?;
+        for (port, endpoint) in self.shared.ports().iter().enumerate() {
+            match endpoint {
+                Endpoint::Nic(nic) => {
+                    for (queue, fd) in nic.notify.iter().enumerate() {
+                        add(fd.as_raw_fd(), token(port, queue as u16))?;
+                    }
+                }
+                Endpoint::Wire(wire) => add(wire.event.as_raw_fd(), token(port, 0))?,
             }
         }
         let shared = self.shared.clone();
@@ -273,6 +313,11 @@ impl Drop for RunningNetwork {
             && thread.join().is_err()
         {
             tracing::error!("the switch thread panicked");
+        }
+        for endpoint in self.shared.ports().iter() {
+            if let Endpoint::Wire(wire) = endpoint {
+                wire.close();
+            }
         }
     }
 }
@@ -357,8 +402,16 @@ impl Worker {
     }
 
     fn doorbell(&mut self, port: PortId, queue: u16) {
-        let Some(nic) = self.shared.nic(port) else {
-            return;
+        let nic = match self.shared.endpoint(port) {
+            Some(Endpoint::Nic(nic)) => nic,
+            Some(Endpoint::Wire(wire)) => {
+                // Frames arrived or the outbox has room: both directions may move.
+                let _ = wire.event.read();
+                self.push(Work::Transmit(port));
+                self.push(Work::Deliver(port));
+                return;
+            }
+            None => return,
         };
         if let Some(fd) = nic.notify.get(usize::from(queue)) {
             let _ = fd.read();
@@ -386,20 +439,25 @@ impl Worker {
     }
 
     fn transmit(&mut self, port: PortId) {
-        let Some(nic) = self.shared.nic(port) else {
+        let Some(endpoint) = self.shared.endpoint(port) else {
             return;
         };
         let shared = self.shared.clone();
         let mut switch = shared.switch();
-        for pair in 0..nic.net.queue_pairs() {
-            let report = nic
-                .net
-                .transmit(pair, |frame| switch.ingress(port, frame).taken());
-            if report.stopped {
-                break;
+        match endpoint {
+            Endpoint::Nic(nic) => {
+                for pair in 0..nic.net.queue_pairs() {
+                    let report = nic
+                        .net
+                        .transmit(pair, |frame| switch.ingress(port, frame).taken());
+                    if report.stopped {
+                        break;
+                    }
+                }
             }
+            Endpoint::Wire(wire) => wire.take_frames(|frame| switch.ingress(port, frame).taken()),
         }
-        let receivers: Vec<PortId> = (0..self.shared.nics.lock().map_or(0, |n| n.len()))
+        let receivers: Vec<PortId> = (0..self.shared.ports().len())
             .filter(|&p| switch.pending(p) > 0)
             .collect();
         drop(switch);
@@ -409,14 +467,17 @@ impl Worker {
     }
 
     fn deliver(&mut self, port: PortId) {
-        let Some(nic) = self.shared.nic(port) else {
+        let Some(endpoint) = self.shared.endpoint(port) else {
             return;
         };
         let shared = self.shared.clone();
         let mut switch = shared.switch();
-        let egress = nic
-            .net
-            .receive_batch(|batch| switch.egress(port, |frame| batch.push(frame).consumed()));
+        let egress = match endpoint {
+            Endpoint::Nic(nic) => nic
+                .net
+                .receive_batch(|batch| switch.egress(port, |frame| batch.push(frame).consumed())),
+            Endpoint::Wire(wire) => switch.egress(port, |frame| wire.send(frame)),
+        };
         drop(switch);
         for source in egress.unblocked {
             self.push(Work::Transmit(source));

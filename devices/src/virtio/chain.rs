@@ -8,11 +8,13 @@
 //! a chain whose last descriptor still says "next" was cut short. It then checks what
 //! the iterator does not: each buffer's direction and that it lies wholly in guest
 //! memory, and the chain's total against the device's limit. Only a chain that passes
-//! is read ([`gather`]) or written ([`scatter`]), and only within its own buffers.
+//! is read ([`gather`], [`read_at`]) or written ([`scatter`]), or copied from one
+//! guest's chain into another's ([`copy_between`]), and only within its own buffers.
 
 use std::ops::Deref;
 
 use virtio_queue::DescriptorChain;
+use vm_memory::guest_memory::GuestMemorySliceIterator;
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, Permissions};
 
 /// One buffer of a chain, known to lie in guest memory.
@@ -183,4 +185,132 @@ pub fn scatter<M: GuestMemory>(
         }
     }
     Ok(wanted)
+}
+
+/// The part of `segments` from byte `skip` on, as segments.
+fn after(segments: &[Segment], skip: usize) -> impl Iterator<Item = Segment> + '_ {
+    let mut skip = skip;
+    segments.iter().filter_map(move |s| {
+        if skip >= s.len {
+            skip -= s.len;
+            return None;
+        }
+        // Within a segment `walk` checked: cannot overflow.
+        let segment = Segment {
+            addr: s.addr.unchecked_add(skip as u64),
+            len: s.len - skip,
+        };
+        skip = 0;
+        Some(segment)
+    })
+}
+
+/// Fills `out` from `segments`, starting `skip` bytes in.
+pub fn read_at<M: GuestMemory>(
+    mem: &M,
+    segments: &[Segment],
+    skip: usize,
+    out: &mut [u8],
+) -> Result<(), ChainError> {
+    let mut done = 0;
+    for segment in after(segments, skip) {
+        if done == out.len() {
+            break;
+        }
+        let n = segment.len.min(out.len() - done);
+        mem.read_slice(&mut out[done..done + n], segment.addr)
+            .map_err(|_| ChainError::OutOfMemory)?;
+        done += n;
+    }
+    if done == out.len() {
+        Ok(())
+    } else {
+        Err(ChainError::TooLong(done))
+    }
+}
+
+/// Copies the bytes of `source` (from `source_skip` on, in guest memory `from`) into
+/// `destination` (from `destination_skip` on, in guest memory `to`) with no buffer in
+/// between. Copies nothing unless all of it fits; returns the bytes copied.
+pub fn copy_between<S: GuestMemory, D: GuestMemory>(
+    from: &S,
+    source: &[Segment],
+    source_skip: usize,
+    to: &D,
+    destination: &[Segment],
+    destination_skip: usize,
+) -> Result<usize, ChainError> {
+    let wanted = capacity(source).saturating_sub(source_skip);
+    let room = capacity(destination).saturating_sub(destination_skip);
+    if wanted > room {
+        return Err(ChainError::TooLong(room));
+    }
+    let mut targets = after(destination, destination_skip);
+    let mut target: Option<Segment> = None;
+    for piece in after(source, source_skip) {
+        let (mut addr, mut left) = (piece.addr, piece.len);
+        while left > 0 {
+            let t = match target.take() {
+                Some(t) if t.len > 0 => t,
+                _ => targets.next().ok_or(ChainError::TooLong(room))?,
+            };
+            let n = left.min(t.len);
+            copy_range(from, addr, to, t.addr, n)?;
+            // Within segments `walk` checked: cannot overflow.
+            addr = addr.unchecked_add(n as u64);
+            left -= n;
+            target = Some(Segment {
+                addr: t.addr.unchecked_add(n as u64),
+                len: t.len - n,
+            });
+        }
+    }
+    Ok(wanted)
+}
+
+/// Copies `len` bytes between two guest memories, region boundaries on either side
+/// included.
+fn copy_range<S: GuestMemory, D: GuestMemory>(
+    from: &S,
+    source: GuestAddress,
+    to: &D,
+    destination: GuestAddress,
+    len: usize,
+) -> Result<(), ChainError> {
+    let oom = |_| ChainError::OutOfMemory;
+    let mut sources = from
+        .get_slices(source, len, Permissions::Read)
+        .map_err(oom)?
+        .stop_on_error()
+        .map_err(oom)?;
+    let mut destinations = to
+        .get_slices(destination, len, Permissions::Write)
+        .map_err(oom)?
+        .stop_on_error()
+        .map_err(oom)?;
+    let (mut s, mut d) = (None, None);
+    let mut copied = 0;
+    while copied < len {
+        let src = match s.take() {
+            Some(src) => src,
+            None => sources.next().ok_or(ChainError::OutOfMemory)?,
+        };
+        let dst = match d.take() {
+            Some(dst) => dst,
+            None => destinations.next().ok_or(ChainError::OutOfMemory)?,
+        };
+        let n = src.len().min(dst.len());
+        let rest = (n < dst.len())
+            .then(|| dst.offset(n))
+            .transpose()
+            .map_err(|_| ChainError::OutOfMemory)?;
+        // Copies min(src, dst) = n bytes.
+        src.copy_to_volatile_slice(dst);
+        copied += n;
+        if n < src.len() {
+            s = Some(src.offset(n).map_err(|_| ChainError::OutOfMemory)?);
+        }
+        d = rest;
+    }
+    Ok(())
 }

@@ -13,6 +13,41 @@
 //! KVM-free: guest memory is any `vm_memory::GuestMemory`, interrupts leave through
 //! [`crate::pci::MsixSink`], queue notifications arrive as calls from the VMM (which
 //! normally serves the notify doorbells with ioeventfds).
+//!
+//! # Wiring a NIC (what the VMM does)
+//!
+//! 1. `let nic = Arc::new(VirtioNet::new(NetConfig { mac, queue_pairs, queue_size },
+//!    guest_memory.clone())?)`, then `VirtioPciDevice::new(nic.clone(), sink, actions)?`
+//!    where `sink` is the VMM's [`crate::pci::MsixSink`] for the domain's `irq_path`
+//!    (the same types that serve the interrupt test device) and `actions` its
+//!    [`transport::ActionSink`]. `place_bar(addr)` (32 KiB, from the `BarAllocator`),
+//!    then `PciBus::add`.
+//! 2. Actions arrive on the vCPU thread that made the access, with no transport lock
+//!    held (the sink may call back into the transport):
+//!    - `Activated`: for each [`NotifyDoorbell`] register an ioeventfd at the BAR's
+//!      address + `offset` (4 bytes, no datamatch) and start the backend; tell the
+//!      switch the port is up.
+//!    - `QueueNotify(q)`: the fallback when a doorbell write reached the model; do what
+//!      the ioeventfd of queue `q` would have done.
+//!    - `Reset`: the device has already stopped touching the rings; unregister the
+//!      ioeventfds, stop the backend, take the switch port down (its queued frames are
+//!      discarded and counted).
+//! 3. The backend (domain 0) maps a woken queue with `nic.queue_role(q)`:
+//!    - `Tx(p)`: `nic.transmit(p, |frame| switch.ingress(port, frame).taken())`, or
+//!      with the direct path `nic.transmit_frames(p, |f| ..)`: on
+//!      `switch.route(port, f.header(), f.len())` = `Direct(dst)`,
+//!      `nics[dst].receive_batch(|rx| rx.push_frame(f))` and, if delivered,
+//!      `switch.delivered_direct()`, else `switch.ingress(port, f.bytes())` (release
+//!      the switch's lock between the calls). If the report says `stopped`, wait until
+//!      an egress names `port` in `unblocked`. (`transmit_bounded` caps a pass; if
+//!      its report says `more`, call again after serving the other queues.)
+//!    - `Rx(_)` (the guest posted buffers) and whenever the switch has frames for the
+//!      port: `nic.receive_batch(|rx| switch.egress(port, |f| rx.push(f).consumed()))`,
+//!      then resume the TX of every source in the result's `unblocked`.
+//!    - `Ctrl`: `nic.process_ctrl()`.
+//!
+//!    Interrupts are raised inside these calls, through the transport, at most once
+//!    per queue per call.
 
 use std::sync::Arc;
 
@@ -21,6 +56,9 @@ use virtio_queue::Queue;
 pub mod chain;
 pub mod net;
 pub mod transport;
+
+#[cfg(test)]
+mod tests;
 
 pub use transport::{NotifyDoorbell, TransportAction, VirtioPciDevice};
 

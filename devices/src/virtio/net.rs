@@ -1,5 +1,7 @@
 //! virtio-net (virtio 1.2 section 5.1): the NIC every kumo guest sees, behind the PCI
-//! transport. Its backend is whoever calls [`VirtioNet::transmit`] and
+//! transport. Its backend is whoever calls [`VirtioNet::transmit`] (or
+//! [`VirtioNet::transmit_frames`], which leaves a frame in guest memory so it can be
+//! copied straight into another NIC with [`RxBatch::push_frame`]) and
 //! [`VirtioNet::receive_batch`]: in kumo, domain 0's switch threads.
 //!
 //! Features offered: `VERSION_1`, `MAC`, `STATUS` (link always up),
@@ -25,12 +27,21 @@
 //! guest that gives each vCPU's rank its own MAC gets each rank's traffic on its own
 //! pair.
 //!
+//! Threads: each queue has its own lock, so one backend thread per queue pair can
+//! run TX and RX in parallel. Lock order: a TX queue, then (direct path) another NIC's
+//! RX queues, then the switch; as in `transmit(p, |f| switch.lock().ingress(..))`,
+//! `transmit_frames(p, |f| other.receive_batch(|rx| rx.push_frame(f)))` and
+//! `receive_batch(|rx| switch.lock().egress(port, |f| rx.push(f).consumed()))`. Never
+//! take a NIC's queue while holding the switch except through these closures, and
+//! never transmit from inside `receive_batch`. A driver reset quiesces the data path
+//! before the transport reports it.
+//!
 //! Malformed chains (broken, looping, wrong direction, outside guest memory, too
 //! long) are returned to the guest as used with length 0 and counted; nothing a guest
 //! writes into its rings can make this code panic or write outside the buffers the
 //! chain offered (and the used ring).
 
-use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
@@ -43,6 +54,10 @@ use super::{
 
 /// Bytes of `virtio_net_hdr_v1`.
 pub const HEADER_LEN: usize = 12;
+/// Bytes of an Ethernet header (destination, source, EtherType).
+pub const ETHERNET_HEADER_LEN: usize = 14;
+/// The `virtio_net_hdr_v1` every received frame gets: no offloads, one buffer.
+const RX_HEADER: [u8; HEADER_LEN] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0];
 /// Largest Ethernet frame (without the virtio header) the device carries: a 64 KiB
 /// IP packet plus Ethernet and VLAN headers, as Firecracker's 65562-byte buffers.
 pub const MAX_FRAME_LEN: usize = 65562 - HEADER_LEN;
@@ -143,6 +158,10 @@ pub struct TxReport {
     pub malformed: usize,
     /// The caller refused a frame (back-pressure): call again when it can take more.
     pub stopped: bool,
+    /// The pass used up its budget ([`VirtioNet::transmit_bounded`]) with more
+    /// possibly queued: call again after serving the other queues (no notification
+    /// will come for them).
+    pub more: bool,
 }
 
 /// What became of a frame offered for reception.
@@ -172,14 +191,19 @@ struct Active {
     queues: Vec<Mutex<Queue>>,
     interrupt: Arc<dyn VirtioInterrupt>,
     pairs_in_use: AtomicU16,
+    /// Set by reset: the queues belong to a driver instance that is gone.
+    dead: AtomicBool,
     /// (source MAC, pair) of recent transmissions, newest last.
     steering: Mutex<Vec<([u8; 6], u16)>>,
 }
 
 impl Active {
+    /// Queue `index`, locked; `None` once the device was reset (so a backend thread
+    /// that still holds this `Active` stops touching the old driver's rings).
     fn queue(&self, index: u16) -> Option<MutexGuard<'_, Queue>> {
         let queue = self.queues.get(usize::from(index))?;
-        Some(queue.lock().unwrap_or_else(|e| e.into_inner()))
+        let guard = queue.lock().unwrap_or_else(|e| e.into_inner());
+        (!self.dead.load(Ordering::SeqCst)).then_some(guard)
     }
 
     fn learn(&self, frame: &[u8], pair: u16) {
@@ -215,6 +239,23 @@ impl Active {
             .map_or(0, |&(_, pair)| pair)
             .min(in_use.saturating_sub(1))
     }
+}
+
+/// Whether the driver wants an interrupt for what was just added to `queue`'s used
+/// ring. With the event index, `virtio-queue` decides; without it, the driver's
+/// `VIRTQ_AVAIL_F_NO_INTERRUPT` flag does (virtio 1.2 section 2.7.7.2), which
+/// `virtio-queue` ignores: a polling driver would otherwise take an interrupt for every
+/// batch. An unreadable flag errs on the side of the interrupt.
+fn wants_interrupt<M: GuestMemory>(queue: &mut Queue, mem: &M) -> bool {
+    const VIRTQ_AVAIL_F_NO_INTERRUPT: u16 = 1;
+    if queue.event_idx_enabled() {
+        return queue.needs_notification(mem).unwrap_or(true);
+    }
+    // Our used-ring index write before the flag read (the driver does the mirror
+    // image: flag write, then used-index read).
+    std::sync::atomic::fence(Ordering::SeqCst);
+    let flags = vm_memory::Bytes::read_obj::<u16>(mem, vm_memory::GuestAddress(queue.avail_ring()));
+    flags.map_or(true, |f| u16::from_le(f) & VIRTQ_AVAIL_F_NO_INTERRUPT == 0)
 }
 
 /// The virtio-net device model, generic over guest memory.
@@ -316,6 +357,30 @@ impl<M: GuestMemory + Send + Sync> VirtioNet<M> {
     /// guest's ring, unconsumed, and this pass stops; call again when the destination
     /// can take more). Raises the TX interrupt if the guest wants one.
     pub fn transmit(&self, pair: u16, mut send: impl FnMut(&[u8]) -> bool) -> TxReport {
+        self.transmit_frames(pair, |frame| send(frame.bytes()))
+    }
+
+    /// [`VirtioNet::transmit`], handing out each frame where it lies in guest memory:
+    /// the caller reads its header, then copies it straight into another NIC
+    /// ([`RxBatch::push_frame`]) or takes its bytes ([`TxFrame::bytes`]).
+    pub fn transmit_frames(
+        &self,
+        pair: u16,
+        send: impl FnMut(&mut TxFrame<'_, M>) -> bool,
+    ) -> TxReport {
+        self.transmit_bounded(pair, usize::MAX, send)
+    }
+
+    /// [`VirtioNet::transmit_frames`] taking at most `budget` chains, so a guest that
+    /// keeps queueing cannot hold a backend thread (and the other ports it serves)
+    /// forever. When the budget runs out the report says [`TxReport::more`]: call
+    /// again after serving the others (no notification will come for those chains).
+    pub fn transmit_bounded(
+        &self,
+        pair: u16,
+        budget: usize,
+        mut send: impl FnMut(&mut TxFrame<'_, M>) -> bool,
+    ) -> TxReport {
         let mut report = TxReport::default();
         let Some(active) = self.active() else {
             return report;
@@ -331,35 +396,38 @@ impl<M: GuestMemory + Send + Sync> VirtioNet<M> {
             return report;
         }
         let mem = &self.mem;
-        let mut frame = Vec::new();
+        let mut bytes = Vec::new();
         let mut used = 0usize;
+        let mut taken = 0usize;
         'drain: loop {
             let mut popped = 0usize;
-            while let Some(chain) = queue.pop_descriptor_chain(mem) {
-                popped += 1;
-                let head = chain.head_index();
-                frame.clear();
-                let result = chain::walk(chain, Direction::DeviceReads, HEADER_LEN + MAX_FRAME_LEN)
-                    .and_then(|segments| {
-                        if chain::capacity(&segments) < HEADER_LEN {
-                            return Err(ChainError::Empty);
-                        }
-                        chain::gather(mem, &segments, HEADER_LEN, &mut frame)
-                    });
-                if result.is_ok() && !send(&frame) {
-                    // Leave the chain in the ring for the next pass.
-                    queue.go_to_previous_position();
-                    report.stopped = true;
+            loop {
+                if taken == budget {
+                    report.more = true;
                     break 'drain;
                 }
-                match result {
-                    Ok(()) => {
+                let Some(chain) = queue.pop_descriptor_chain(mem) else {
+                    break;
+                };
+                popped += 1;
+                taken += 1;
+                let head = chain.head_index();
+                let frame = chain::walk(chain, Direction::DeviceReads, HEADER_LEN + MAX_FRAME_LEN)
+                    .and_then(|segments| TxFrame::new(mem, segments, &mut bytes));
+                match frame {
+                    Ok(mut frame) => {
+                        if !send(&mut frame) {
+                            // Leave the chain in the ring for the next pass.
+                            queue.go_to_previous_position();
+                            report.stopped = true;
+                            break 'drain;
+                        }
                         report.frames += 1;
                         self.counters.tx_frames.fetch_add(1, Ordering::Relaxed);
                         self.counters
                             .tx_bytes
-                            .fetch_add(frame.len() as u64, Ordering::Relaxed);
-                        active.learn(&frame, pair);
+                            .fetch_add(frame.len as u64, Ordering::Relaxed);
+                        active.learn(&frame.header, pair);
                     }
                     Err(_) => {
                         report.malformed += 1;
@@ -377,7 +445,7 @@ impl<M: GuestMemory + Send + Sync> VirtioNet<M> {
                 _ => break,
             }
         }
-        if used > 0 && queue.needs_notification(mem).unwrap_or(true) {
+        if used > 0 && wants_interrupt(&mut queue, mem) {
             drop(queue);
             active.interrupt.trigger(InterruptCause::Queue(index));
         }
@@ -448,7 +516,7 @@ impl<M: GuestMemory + Send + Sync> VirtioNet<M> {
                 _ => break,
             }
         }
-        if queue.needs_notification(mem).unwrap_or(true) {
+        if wants_interrupt(&mut queue, mem) {
             drop(queue);
             active.interrupt.trigger(InterruptCause::Queue(index));
         }
@@ -466,10 +534,15 @@ impl<M: GuestMemory + Send + Sync> VirtioNet<M> {
                 if active.features & feature::MQ != 0 =>
             {
                 let pairs = u16::from_le_bytes([low, high]);
-                let ready = (0..pairs).all(|p| {
-                    (2 * p..2 * p + 2).all(|q| active.queue(q).is_some_and(|queue| queue.ready()))
-                });
-                if pairs >= 1 && pairs <= self.config.queue_pairs && ready {
+                // Range first: the control queue (locked by our caller) follows the
+                // last pair, so it must not be looked at as a pair's queue.
+                let in_range = pairs >= 1 && pairs <= self.config.queue_pairs;
+                let ready = in_range
+                    && (0..pairs).all(|p| {
+                        (2 * p..2 * p + 2)
+                            .all(|q| active.queue(q).is_some_and(|queue| queue.ready()))
+                    });
+                if ready {
                     active.pairs_in_use.store(pairs, Ordering::Relaxed);
                     CTRL_OK
                 } else {
@@ -480,6 +553,76 @@ impl<M: GuestMemory + Send + Sync> VirtioNet<M> {
         }
     }
 }
+
+/// A frame in a guest's TX buffers, validated (see [`chain::walk`]), its virtio
+/// header not yet stripped.
+pub struct TxFrame<'a, M> {
+    mem: &'a M,
+    segments: Vec<Segment>,
+    /// Bytes of the Ethernet frame (without the virtio header).
+    len: usize,
+    /// Its first bytes (up to an Ethernet header's), for forwarding decisions.
+    header: [u8; ETHERNET_HEADER_LEN],
+    bytes: &'a mut Vec<u8>,
+    gathered: bool,
+}
+
+impl<'a, M: GuestMemory> TxFrame<'a, M> {
+    fn new(
+        mem: &'a M,
+        segments: Vec<Segment>,
+        bytes: &'a mut Vec<u8>,
+    ) -> Result<TxFrame<'a, M>, ChainError> {
+        let total = chain::capacity(&segments);
+        if total < HEADER_LEN {
+            return Err(ChainError::Empty);
+        }
+        let len = total - HEADER_LEN;
+        let mut header = [0u8; ETHERNET_HEADER_LEN];
+        let head_len = len.min(ETHERNET_HEADER_LEN);
+        chain::read_at(mem, &segments, HEADER_LEN, &mut header[..head_len])?;
+        Ok(TxFrame {
+            mem,
+            segments,
+            len,
+            header,
+            bytes,
+            gathered: false,
+        })
+    }
+
+    /// Bytes of the Ethernet frame.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The frame's first bytes: its Ethernet header, or all of a shorter frame.
+    pub fn header(&self) -> &[u8] {
+        &self.header[..self.len.min(ETHERNET_HEADER_LEN)]
+    }
+
+    /// The whole frame, copied out of guest memory on first use. (Empty if guest
+    /// memory could not be read, which `walk`'s checks rule out for plain RAM: a
+    /// switch then counts it as a runt.)
+    pub fn bytes(&mut self) -> &[u8] {
+        if !self.gathered {
+            self.bytes.clear();
+            if chain::gather(self.mem, &self.segments, HEADER_LEN, self.bytes).is_err() {
+                self.bytes.clear();
+            }
+            self.gathered = true;
+        }
+        self.bytes
+    }
+}
+
+/// Writes a frame (virtio header included) into an RX buffer's segments; returns
+/// the bytes written.
+type FillBuffer<'a, M> = dyn FnMut(&M, &[Segment]) -> Result<usize, ChainError> + 'a;
 
 /// Frames on their way into the guest, under the RX queues' locks.
 pub struct RxBatch<'a, M> {
@@ -493,16 +636,44 @@ impl<M: GuestMemory + Send + Sync> RxBatch<'_, M> {
     /// Writes `frame` (an Ethernet frame, no virtio header) into the next RX buffer
     /// of the queue pair steering picks.
     pub fn push(&mut self, frame: &[u8]) -> RxOutcome {
+        self.push_with(frame, frame.len(), &mut |mem, segments| {
+            chain::scatter(mem, segments, &[&RX_HEADER, frame])
+        })
+    }
+
+    /// Copies another NIC's TX frame straight from its TX buffers into the next RX
+    /// buffer (no intermediate copy). Same outcomes as [`RxBatch::push`].
+    pub fn push_frame<S: GuestMemory>(&mut self, frame: &mut TxFrame<'_, S>) -> RxOutcome {
+        let (source, source_segments) = (frame.mem, &frame.segments[..]);
+        let header = frame.header;
+        self.push_with(&header, frame.len, &mut |mem, segments| {
+            chain::scatter(mem, segments, &[&RX_HEADER])?;
+            let copied = chain::copy_between(
+                source,
+                source_segments,
+                HEADER_LEN,
+                mem,
+                segments,
+                HEADER_LEN,
+            )?;
+            Ok(HEADER_LEN + copied)
+        })
+    }
+
+    /// Finds a buffer for a frame of `len` bytes starting with `header` (at least its
+    /// destination MAC, for steering) and lets `write` fill it (virtio header
+    /// included); returns the outcome.
+    fn push_with(&mut self, header: &[u8], len: usize, write: &mut FillBuffer<'_, M>) -> RxOutcome {
         let counters = &self.net.counters;
         let Some(active) = self.active else {
             counters.rx_inactive.fetch_add(1, Ordering::Relaxed);
             return RxOutcome::Inactive;
         };
-        if frame.len() > MAX_FRAME_LEN {
+        if len > MAX_FRAME_LEN {
             counters.rx_too_big.fetch_add(1, Ordering::Relaxed);
             return RxOutcome::TooBig;
         }
-        let index = usize::from(2 * active.steer(frame));
+        let index = usize::from(2 * active.steer(header));
         let guard = &mut self.guards[index];
         if guard.is_none() {
             *guard = active.queue(index as u16);
@@ -516,8 +687,6 @@ impl<M: GuestMemory + Send + Sync> RxBatch<'_, M> {
             return RxOutcome::Inactive;
         }
         let mem = &self.net.mem;
-        let mut header = [0u8; HEADER_LEN];
-        header[10] = 1; // num_buffers
         let mut empty_rounds = 0;
         loop {
             let Some(chain) = queue.pop_descriptor_chain(mem) else {
@@ -545,13 +714,13 @@ impl<M: GuestMemory + Send + Sync> RxBatch<'_, M> {
                     continue;
                 }
             };
-            if chain::capacity(&segments) < HEADER_LEN + frame.len() {
+            if chain::capacity(&segments) < HEADER_LEN + len {
                 // The buffer stays for a frame that fits.
                 queue.go_to_previous_position();
                 counters.rx_too_big.fetch_add(1, Ordering::Relaxed);
                 return RxOutcome::TooBig;
             }
-            let written = match chain::scatter(mem, &segments, &[&header, frame]) {
+            let written = match write(mem, &segments) {
                 Ok(n) => n,
                 Err(_) => {
                     counters.rx_malformed.fetch_add(1, Ordering::Relaxed);
@@ -565,9 +734,7 @@ impl<M: GuestMemory + Send + Sync> RxBatch<'_, M> {
                 self.used[index] = true;
             }
             counters.rx_frames.fetch_add(1, Ordering::Relaxed);
-            counters
-                .rx_bytes
-                .fetch_add(frame.len() as u64, Ordering::Relaxed);
+            counters.rx_bytes.fetch_add(len as u64, Ordering::Relaxed);
             return RxOutcome::Delivered;
         }
     }
@@ -581,7 +748,7 @@ impl<M: GuestMemory + Send + Sync> RxBatch<'_, M> {
         for (index, guard) in self.guards.into_iter().enumerate() {
             if let Some(mut queue) = guard
                 && self.used[index]
-                && queue.needs_notification(mem).unwrap_or(true)
+                && wants_interrupt(&mut queue, mem)
             {
                 notify.push(index as u16);
             }
@@ -675,13 +842,26 @@ impl<M: GuestMemory + Send + Sync> VirtioDevice for VirtioNet<M> {
             queues: queues.into_iter().map(Mutex::new).collect(),
             interrupt,
             pairs_in_use: AtomicU16::new(1),
+            dead: AtomicBool::new(false),
             steering: Mutex::new(Vec::new()),
         };
         *self.active.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(active));
         Ok(())
     }
 
+    /// Quiesces: once this returns, no backend thread touches the old rings (one in
+    /// the middle of a pass finishes it first; any later one finds the queues dead).
     fn reset(&self) {
-        *self.active.write().unwrap_or_else(|e| e.into_inner()) = None;
+        let old = self
+            .active
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(active) = old {
+            active.dead.store(true, Ordering::SeqCst);
+            for queue in &active.queues {
+                drop(queue.lock().unwrap_or_else(|e| e.into_inner()));
+            }
+        }
     }
 }

@@ -648,8 +648,8 @@ impl VirtioPciDevice {
             return TransportAction::Reset;
         }
         let old = state.status;
-        // The driver cannot clear bits (only a reset does).
-        let mut new = old | value;
+        // The driver cannot clear bits (only a reset does), nor set the device's own.
+        let mut new = old | (value & !status::DEVICE_NEEDS_RESET);
         if new & status::FEATURES_OK != 0 && old & status::FEATURES_OK == 0 {
             let wanted = state.driver_features;
             let acceptable = wanted & !self.device.features() == 0

@@ -17,7 +17,7 @@
 //! and copies every accepted frame into it at once, so the device's receive ring never
 //! backs up; a sender may run at most `window` bytes ahead of what the receiver has
 //! consumed (`ack`, carried by every frame to that peer and by ACK frames). A rank
-//! about to wait first tells every peer what it has consumed, so two ranks can never
+//! that finds nothing to do tells every peer what it has consumed, so two ranks can never
 //! both wait for credit the other holds. A message larger than the window streams
 //! through it as the receiver consumes it: sizes are limited only by memory.
 //!
@@ -31,7 +31,7 @@
 //! in-order received offset (`aux` of DATA, `seq` of ACK). A receiver that sees a gap
 //! or a duplicate answers at once with an ACK flagged GAP, and the sender resends from
 //! that offset; a sender whose data stays unacknowledged sends one probe frame after
-//! 10 ms (doubling up to 1 s), which the receiver answers the same way. A congestion
+//! 10 ms (doubling up to 200 ms), which the receiver answers the same way. A congestion
 //! window (halved per loss) keeps bursts within what such a wire takes.
 
 /// What the MPI needs of a NIC (kumo's guest: the virtio-net driver) and a clock.
@@ -74,7 +74,8 @@ const KIND_ACK: u8 = 3;
 const FLAG_GAP: u8 = 1;
 /// DATA flag: a timeout's probe; answer at once (GAP: what is not there is lost).
 const FLAG_PROBE: u8 = 2;
-/// DATA flag: the sender is held by its congestion window: acknowledge soon.
+/// DATA flag: the sender is held by its congestion window: acknowledge soon. ACK
+/// flag: a window probe (the sender is out of credit): acknowledge.
 const FLAG_ACK_REQUEST: u8 = 4;
 /// The congestion window never shrinks below this many frames.
 const MIN_CWND_FRAMES: u64 = 8;
@@ -96,7 +97,7 @@ const HELLO_PERIOD_MS: u64 = 20;
 const BLOCK_SLICE_MS: u64 = 100;
 /// Retransmission timeout: first and largest.
 const RTO_MIN_MS: u64 = 10;
-const RTO_MAX_MS: u64 = 1000;
+const RTO_MAX_MS: u64 = 200;
 /// How long the end of a job waits for its last frames to be acknowledged.
 const LINGER_MS: u64 = 2000;
 /// Scratch for reductions; larger reductions go in chunks of this.
@@ -220,6 +221,8 @@ struct Peer {
     acked_received: u64,
     gap_due: bool,
     dup_due: bool,
+    /// When we last told it anything (every frame to it does).
+    acked_tsc: u64,
     /// Operations are served in the order they were started, per peer and direction.
     sends_started: u64,
     sends_done: u64,
@@ -249,6 +252,7 @@ const PEER: Peer = Peer {
     acked_received: 0,
     gap_due: false,
     dup_due: false,
+    acked_tsc: 0,
     sends_started: 0,
     sends_done: 0,
     recvs_started: 0,
@@ -295,6 +299,11 @@ impl SendOp<'_> {
             let n = (MESSAGE_HEADER - offset).min(out.len());
             out[..n].copy_from_slice(&self.header[offset..offset + n]);
             at = n;
+            if at == out.len() {
+                // A piece within the header (little credit left): no data bytes, and
+                // `offset + at` may still be short of the header's end.
+                return;
+            }
         }
         let from = offset + at - MESSAGE_HEADER;
         let rest = out.len() - at;
@@ -430,13 +439,15 @@ impl<L: Link> Mpi<L> {
     }
 
     /// Tells `p` how much of its stream we have received in order and consumed
-    /// (flagged GAP if something arrived out of order since the last ACK).
-    fn send_ack(&mut self, p: usize) -> bool {
+    /// (flagged GAP if something arrived out of order since the last ACK), and with
+    /// `request`, asks for an ACK back (a window probe).
+    fn send_ack(&mut self, p: usize, request: bool) -> bool {
         let peer = self.peers[p];
         let (mac, rank) = (self.nic.mac(), self.cfg.rank as u16);
         let sent = self.nic.send(|frame| {
             write_header(frame, peer.mac, mac, KIND_ACK, rank, p as u16, 0);
-            frame[15] = if peer.gap_due { FLAG_GAP } else { 0 };
+            frame[15] = if peer.gap_due { FLAG_GAP } else { 0 }
+                | if request { FLAG_ACK_REQUEST } else { 0 };
             put64(frame, 22, peer.received);
             put64(frame, 30, peer.consumed);
             put64(frame, 38, 0);
@@ -446,6 +457,7 @@ impl<L: Link> Mpi<L> {
             let peer = &mut self.peers[p];
             peer.acked = peer.consumed;
             peer.acked_received = peer.received;
+            peer.acked_tsc = self.nic.now();
             peer.gap_due = false;
             peer.dup_due = false;
             self.stats.acks_sent += 1;
@@ -489,9 +501,11 @@ impl<L: Link> Mpi<L> {
                 return;
             }
             self.stats.resent += 1;
+            let now = self.nic.now();
             let peer = &mut self.peers[p];
             peer.acked = peer.consumed;
             peer.acked_received = peer.received;
+            peer.acked_tsc = now;
             if probe {
                 return;
             }
@@ -521,12 +535,17 @@ impl<L: Link> Mpi<L> {
             if peer.hello_due && peer.heard && self.send_hello(Some(p)) {
                 self.peers[p].hello_due = false;
             }
+            // Received data is acknowledged within half a retransmission timeout,
+            // so a busy receiver causes no needless probes.
+            let stale = peer.received != peer.acked_received
+                && now - peer.acked_tsc > self.cfg.tsc_khz * RTO_MIN_MS / 2;
             if peer.gap_due
                 || peer.dup_due
+                || stale
                 || peer.consumed - peer.acked >= quarter
                 || peer.received - peer.acked_received >= quarter
             {
-                self.send_ack(p);
+                self.send_ack(p, false);
             }
             if peer.resend < peer.sent {
                 self.resend(p, false);
@@ -534,10 +553,22 @@ impl<L: Link> Mpi<L> {
             if peer.peer_received < peer.sent && now - peer.progress_tsc > peer.rto {
                 // Nothing heard for a while: probe with the first unacknowledged frame
                 // (its answer says where to resend from), and back off.
+                // The window shrinks only if the answer shows a loss (a GAP short of
+                // what was sent): on a loaded host a timeout is mostly a descheduled
+                // receiver, and halving on it would starve a lossless wire.
                 self.stats.timeouts += 1;
                 self.resend(p, true);
                 let peer = &mut self.peers[p];
-                peer.cwnd = (peer.cwnd / 2).max(MIN_CWND_FRAMES * PAYLOAD as u64);
+                peer.progress_tsc = now;
+                peer.rto = (peer.rto * 2).min(self.cfg.tsc_khz * RTO_MAX_MS);
+            } else if peer.sent >= peer.peer_consumed + self.cfg.window
+                && now - peer.progress_tsc > peer.rto
+            {
+                // Out of credit with everything received: the ACK that returns it
+                // may have been lost. Ask for another (a window probe), and back off.
+                self.stats.timeouts += 1;
+                self.send_ack(p, true);
+                let peer = &mut self.peers[p];
                 peer.progress_tsc = now;
                 peer.rto = (peer.rto * 2).min(self.cfg.tsc_khz * RTO_MAX_MS);
             }
@@ -554,7 +585,7 @@ impl<L: Link> Mpi<L> {
             if p != self.cfg.rank
                 && (peer.consumed != peer.acked || peer.received != peer.acked_received)
             {
-                self.send_ack(p);
+                self.send_ack(p, false);
             }
         }
         self.nic.flush();
@@ -567,7 +598,6 @@ impl<L: Link> Mpi<L> {
         &mut self,
         mut step: impl FnMut(&mut Mpi<L>) -> Result<bool, Error>,
     ) -> Result<(), Error> {
-        self.flush_acks();
         // Progress: stream bytes sent (new), received in order, consumed, and known
         // received by peers (resent frames are not progress).
         let activity = |m: &Mpi<L>| {
@@ -595,9 +625,10 @@ impl<L: Link> Mpi<L> {
             if idle > self.ms(self.cfg.timeout_ms) {
                 return Err(Error::Timeout);
             }
+            // Nothing moved: before waiting on, every peer learns what we have
+            // consumed (sends only what changed, so at most once per idle spell).
+            self.flush_acks();
             if self.cfg.wait == Wait::Block && idle > self.cfg.spin_ticks {
-                // Credit we got back during the step is told before sleeping, too.
-                self.flush_acks();
                 let unacked = self.peers[..self.cfg.size]
                     .iter()
                     .any(|p| p.peer_received < p.sent);
@@ -804,14 +835,16 @@ impl<L: Link> Mpi<L> {
             if !sent {
                 break;
             }
+            let now = self.nic.now();
             let peer = &mut self.peers[op.dst];
             if peer.peer_received == peer.sent {
-                peer.progress_tsc = self.nic.now();
+                peer.progress_tsc = now;
             }
             peer.sent += n as u64;
             peer.resend = peer.sent;
             peer.acked = peer.consumed;
             peer.acked_received = peer.received;
+            peer.acked_tsc = now;
             op.offset += n;
         }
         if op.offset == total {
@@ -1146,6 +1179,12 @@ fn handle_frame(
     let me = 1u64 << cfg.rank;
     let window = cfg.window;
     let peer = &mut peers[src];
+    // A rank is the MAC that first said HELLO as it: another one claiming the same
+    // rank (a second job, a misconfigured VM) is not listened to.
+    if peer.heard && frame[6..12] != peer.mac {
+        stats.foreign += 1;
+        return;
+    }
     match kind {
         KIND_HELLO if aux == cfg.size as u64 => {
             peer.mac.copy_from_slice(&frame[6..12]);
@@ -1181,6 +1220,9 @@ fn handle_frame(
                 peer.resend = peer.peer_received;
             }
             if kind == KIND_ACK {
+                if flags & FLAG_ACK_REQUEST != 0 {
+                    peer.dup_due = true; // a window probe: answer with our credit
+                }
                 // A gap at its end: go back to what it has. The frames that were in
                 // flight behind the lost one raise more GAPs for the same offset:
                 // those are ignored for a timeout's length.

@@ -1,7 +1,7 @@
 //! A virtio-net driver in ring 3 (virtio 1.x, modern PCI: vendor 0x1AF4, device
 //! 0x1041): one receive and one transmit queue, VERSION_1 + MAC, 12-byte
 //! `virtio_net_hdr` before every frame, no offloads. Frames are standard Ethernet
-//! (at most 1514 bytes without the FCS).
+//! (at most 1514 bytes without the FCS). RING_EVENT_IDX is taken when offered.
 //!
 //! Receive is polled ([`Nic::poll`]) or interrupt-driven ([`Nic::wait`]): MSI-X entry 0
 //! is the configuration vector, entries 1 and 2 the receive and transmit queues'. Both
@@ -12,7 +12,7 @@
 use kumo_abi::{BootInfo, IrqRecord};
 
 use crate::pci::{self, Function, read8};
-use crate::virtio::{self, Bump, Error, F_VERSION_1, Queue};
+use crate::virtio::{self, Bump, Error, F_EVENT_IDX, F_VERSION_1, Queue};
 
 pub const DEVICE_ID: u16 = 0x1041;
 pub const F_MAC: u64 = 1 << 5;
@@ -32,6 +32,9 @@ pub const CONFIG_RECORD: usize = 9;
 const BAR_WINDOW_START: u64 = 0xC000_0000;
 const BAR_WINDOW_END: u64 = 0xE000_0000;
 
+/// A transmit ring full for this long gets an extra notification.
+const TX_REMIND_US: u64 = 500;
+
 const CONFIG_ENTRY: u16 = 0;
 const RX_ENTRY: u16 = 1;
 const TX_ENTRY: u16 = 2;
@@ -45,6 +48,8 @@ pub struct Stats {
     pub rx_bad: u64,
     /// Times [`Nic::wait`] slept in the supervisor.
     pub sleeps: u64,
+    /// Notifications sent because the transmit ring stayed full.
+    pub reminders: u64,
 }
 
 pub struct Nic {
@@ -59,6 +64,10 @@ pub struct Nic {
     tx_unpublished: usize,
     pub mac: [u8; 6],
     record: &'static IrqRecord,
+    /// When the transmit ring was first seen full (0: not full), and how long it may
+    /// stay so before the device is notified again.
+    tx_stuck_since: u64,
+    tx_remind_ticks: u64,
     pub stats: Stats,
 }
 
@@ -106,7 +115,8 @@ impl Nic {
             return Err(OpenError::NoBarSpace);
         }
         let device = virtio::Device::open(&function)?;
-        device.negotiate(F_VERSION_1 | F_MAC, 0)?;
+        let features = device.negotiate(F_VERSION_1 | F_MAC, F_EVENT_IDX)?;
+        let event_idx = features & F_EVENT_IDX != 0;
         if device.msix.vectors <= usize::from(TX_ENTRY) {
             return Err(OpenError::Virtio(Error::NoMsix));
         }
@@ -123,8 +133,8 @@ impl Nic {
         if device.num_queues() < 2 {
             return Err(OpenError::Virtio(Error::BadQueue));
         }
-        let mut rx = device.queue(0, QUEUE_SIZE, RX_ENTRY, memory)?;
-        let mut tx = device.queue(1, QUEUE_SIZE, TX_ENTRY, memory)?;
+        let mut rx = device.queue(0, QUEUE_SIZE, RX_ENTRY, event_idx, memory)?;
+        let mut tx = device.queue(1, QUEUE_SIZE, TX_ENTRY, event_idx, memory)?;
         let rx_buffers = memory.alloc(u64::from(rx.size) * BUFFER, 4096)?;
         let tx_buffers = memory.alloc(u64::from(tx.size) * BUFFER, 4096)?;
         let mut mac = [0u8; 6];
@@ -153,6 +163,8 @@ impl Nic {
             tx_unpublished: 0,
             mac,
             record: &pci::records(info)[QUEUE_RECORD],
+            tx_stuck_since: 0,
+            tx_remind_ticks: info.tsc_khz * TX_REMIND_US / 1000,
             stats: Stats::default(),
         })
     }
@@ -171,6 +183,20 @@ impl Nic {
     pub fn can_send(&mut self) -> bool {
         if self.tx_free_len == 0 {
             self.reclaim();
+            // Full and nothing came back for a while: remind the device (a device
+            // that paused the queue for back-pressure may wait for a notification
+            // its event index does not ask for).
+            let now = crate::sys::rdtsc();
+            if self.tx_free_len == 0 && now > self.tx_stuck_since + self.tx_remind_ticks {
+                if self.tx_stuck_since != 0 {
+                    self.tx.kick();
+                    self.stats.reminders += 1;
+                }
+                self.tx_stuck_since = now;
+            }
+        }
+        if self.tx_free_len > 0 {
+            self.tx_stuck_since = 0;
         }
         self.tx_free_len > 0
     }

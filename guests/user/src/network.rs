@@ -32,6 +32,10 @@ pub enum Item {
         sizes: [u64; MAX_SIZES],
         count: usize,
     },
+    Bandwidth {
+        sizes: [u64; MAX_SIZES],
+        count: usize,
+    },
 }
 
 /// What `mpi=`, `wait=`, `net=`, `net_rounds=` and `net_seed=` asked for.
@@ -98,18 +102,15 @@ impl Plan {
             let parsed = if item == "check" {
                 Item::Check
             } else if let Some(list) = item.strip_prefix("pingpong:") {
-                let mut sizes = [0u64; MAX_SIZES];
-                let mut count = 0;
-                for size in list.split(',') {
-                    match size.parse::<u64>() {
-                        Ok(s) if s <= MAX_PINGPONG && count < MAX_SIZES => {
-                            sizes[count] = s;
-                            count += 1;
-                        }
-                        _ => return false,
-                    }
-                }
+                let Some((sizes, count)) = parse_sizes(list) else {
+                    return false;
+                };
                 Item::PingPong { sizes, count }
+            } else if let Some(list) = item.strip_prefix("bw:") {
+                let Some((sizes, count)) = parse_sizes(list) else {
+                    return false;
+                };
+                Item::Bandwidth { sizes, count }
             } else {
                 return false;
             };
@@ -117,6 +118,22 @@ impl Plan {
         }
         true
     }
+}
+
+/// `SIZE,SIZE,...`: at most MAX_SIZES sizes of at most MAX_PINGPONG bytes.
+fn parse_sizes(list: &str) -> Option<([u64; MAX_SIZES], usize)> {
+    let mut sizes = [0u64; MAX_SIZES];
+    let mut count = 0;
+    for size in list.split(',') {
+        match size.parse::<u64>() {
+            Ok(s) if s <= MAX_PINGPONG && count < MAX_SIZES => {
+                sizes[count] = s;
+                count += 1;
+            }
+            _ => return None,
+        }
+    }
+    Some((sizes, count))
 }
 
 fn error(what: &str, item: &str) {
@@ -178,6 +195,9 @@ pub fn run(info: &BootInfo, plan: &Plan, spin_us: u64) -> bool {
             Item::PingPong { sizes, count } => {
                 pingpong(info, &mut mpi, &mut memory, plan, &sizes[..count])
             }
+            Item::Bandwidth { sizes, count } => {
+                bandwidth(info, &mut mpi, &mut memory, plan, &sizes[..count])
+            }
         };
         match outcome {
             Ok(verified) => ok &= verified,
@@ -221,7 +241,7 @@ fn report(mpi: &Mpi<Nic>) {
     let _ = write!(
         line,
         "@kumo mpistats rank={} tx_frames={} rx_frames={} rx_bad={} tx_kicks={tx_kicks} \
-         rx_kicks={rx_kicks} interrupts={} sleeps={} hellos={} acks={} out_of_order={} \
+         rx_kicks={rx_kicks} interrupts={} sleeps={} reminders={} hellos={} acks={} out_of_order={} \
          duplicates={} resent={} timeouts={} dropped={} foreign={}",
         mpi.rank(),
         n.tx_frames,
@@ -229,6 +249,7 @@ fn report(mpi: &Mpi<Nic>) {
         n.rx_bad,
         nic.interrupts(),
         n.sleeps,
+        n.reminders,
         p.hellos_sent,
         p.acks_sent,
         p.out_of_order,
@@ -616,6 +637,81 @@ fn pingpong(
                     0.0
                 },
                 total as f64 / info.tsc_khz as f64,
+            );
+            line.emit();
+        }
+    }
+    Ok(ok)
+}
+
+/// Messages per burst of `bw:` (as OSU's bandwidth test: a window of sends, then one
+/// small reply).
+const BW_BURST: usize = 64;
+
+/// `bw:SIZES`: rank 0 streams bursts of BW_BURST messages to rank 1, which answers
+/// each burst with 4 bytes; bandwidth is bytes over the time of all bursts.
+fn bandwidth(
+    info: &BootInfo,
+    mpi: &mut Mpi<Nic>,
+    memory: &mut Bump,
+    plan: &Plan,
+    sizes: &[u64],
+) -> Result<bool, mpi::Error> {
+    let rank = mpi.rank();
+    if mpi.size() < 2 {
+        error("bw", "needs-two-ranks");
+        return Ok(false);
+    }
+    let largest = sizes.iter().copied().max().unwrap_or(0) as usize;
+    let out = buffer(memory, largest.max(4))?;
+    let inn = buffer(memory, largest.max(4))?;
+    fill(out, 0xB0B);
+    let mut ok = true;
+    for &size in sizes {
+        let len = size as usize;
+        // About 64 MiB per size by default (at least 2 bursts).
+        let bursts = plan
+            .rounds
+            .unwrap_or_else(|| ((64 << 20) / (size.max(1024) * BW_BURST as u64)).max(2) as u32)
+            as usize;
+        mpi.barrier()?;
+        let start = sys::rdtsc();
+        for _ in 0..bursts {
+            match rank {
+                0 => {
+                    for _ in 0..BW_BURST {
+                        mpi.send(1, 3, &out[..len])?;
+                    }
+                    mpi.recv(1, 4, &mut inn[..4])?;
+                }
+                1 => {
+                    for _ in 0..BW_BURST {
+                        mpi.recv(0, 3, &mut inn[..len])?;
+                    }
+                    mpi.send(0, 4, &out[..4])?;
+                }
+                _ => {}
+            }
+        }
+        let ticks = sys::rdtsc() - start;
+        if rank == 1 {
+            ok &= inn[..len] == out[..len];
+        }
+        if rank == 0 {
+            let seconds = ticks as f64 / (info.tsc_khz as f64 * 1000.0);
+            let bytes = (bursts * BW_BURST) as f64 * size as f64;
+            let mut line = Line::new();
+            let _ = write!(
+                line,
+                "@kumo bandwidth size={size} messages={} wait={} mbps={:.1} total_ms={:.1}",
+                bursts * BW_BURST,
+                plan.wait.name(),
+                if seconds > 0.0 {
+                    bytes / seconds / 1e6
+                } else {
+                    0.0
+                },
+                seconds * 1000.0,
             );
             line.emit();
         }

@@ -4,7 +4,8 @@
 //! physical address the device is given.
 //!
 //! Only what a polled or interrupt-driven driver of kumo's guest needs: no indirect
-//! descriptors, no event index (notifications are suppressed with the ring flags).
+//! descriptors; notifications and interrupts are suppressed with the event index when
+//! the device offers it, else with the ring flags.
 
 use core::sync::atomic::{Ordering, fence};
 
@@ -16,6 +17,10 @@ pub const VENDOR_ID: u16 = 0x1AF4;
 
 /// Feature bits of the device-independent part.
 pub const F_VERSION_1: u64 = 1 << 32;
+/// `used_event` / `avail_event` suppress interrupts and notifications (taken when
+/// offered: a device without it that ignores `VIRTQ_AVAIL_F_NO_INTERRUPT`, as the
+/// rust-vmm virtio-queue crate does, would otherwise interrupt on every batch).
+pub const F_EVENT_IDX: u64 = 1 << 29;
 
 /// Device status bits.
 const ACKNOWLEDGE: u8 = 1;
@@ -210,12 +215,14 @@ impl Device {
     }
 
     /// Sets up queue `index` with at most `max_size` entries (the device's size if
-    /// smaller), interrupts through MSI-X entry `entry`, rings from `memory`.
+    /// smaller), interrupts through MSI-X entry `entry`, rings from `memory`;
+    /// `event_idx` if F_EVENT_IDX was negotiated.
     pub fn queue(
         &self,
         index: u16,
         max_size: u16,
         entry: u16,
+        event_idx: bool,
         memory: &mut Bump,
     ) -> Result<Queue, Error> {
         write16(self.common + common::QUEUE_SELECT, index);
@@ -252,7 +259,9 @@ impl Device {
             used,
             notify: self.notify_base + notify_off * u64::from(self.notify_multiplier),
             next_avail: 0,
+            published: 0,
             last_used: 0,
+            event_idx,
             kicks: 0,
         })
     }
@@ -279,10 +288,13 @@ pub struct Queue {
     avail: u64,
     used: u64,
     notify: u64,
-    /// Our copy of `avail.idx`.
+    /// Our copy of `avail.idx`, and its value at the last `publish`.
     next_avail: u16,
+    published: u16,
     /// Used entries consumed so far.
     last_used: u16,
+    /// F_EVENT_IDX: `used_event` follows the avail ring, `avail_event` the used ring.
+    event_idx: bool,
     /// Notifications sent (each one an exit).
     pub kicks: u64,
 }
@@ -317,16 +329,34 @@ impl Queue {
         fence(Ordering::Release);
         // SAFETY: avail.idx of this queue's ring.
         unsafe { core::ptr::write_volatile((self.avail + 2) as *mut u16, self.next_avail) };
-        // The index store before the flags load (store-load: a full fence).
+        // The index store before the flags / event load (store-load: a full fence).
         fence(Ordering::SeqCst);
-        // SAFETY: used.flags of this queue's ring.
-        let flags = unsafe { core::ptr::read_volatile(self.used as *const u16) };
-        if flags & USED_F_NO_NOTIFY != 0 {
+        let (old, new) = (self.published, self.next_avail);
+        self.published = new;
+        let wanted = if self.event_idx {
+            // SAFETY: avail_event, right after the used ring's entries.
+            let event = unsafe {
+                core::ptr::read_volatile((self.used + 4 + 8 * u64::from(self.size)) as *const u16)
+            };
+            need_event(event, new, old)
+        } else {
+            // SAFETY: used.flags of this queue's ring.
+            let flags = unsafe { core::ptr::read_volatile(self.used as *const u16) };
+            flags & USED_F_NO_NOTIFY == 0
+        };
+        if !wanted {
             return false;
         }
         write16(self.notify, self.index);
         self.kicks += 1;
         true
+    }
+
+    /// Notifies the device whatever it asked for (extra notifications are allowed):
+    /// for a ring that has stopped moving.
+    pub fn kick(&mut self) {
+        write16(self.notify, self.index);
+        self.kicks += 1;
     }
 
     /// The next used entry `(descriptor id, bytes written)`, if any.
@@ -357,12 +387,35 @@ impl Queue {
         unsafe { core::ptr::read_volatile((self.used + 2) as *const u16) != self.last_used }
     }
 
-    /// Asks for interrupts (or not) on used entries.
+    /// Asks for interrupts (or not) on used entries. On: at the next entry after the
+    /// ones consumed (entries already there raise nothing: look before sleeping).
     pub fn set_interrupts(&mut self, on: bool) {
         let flags = if on { 0 } else { AVAIL_F_NO_INTERRUPT };
         // SAFETY: avail.flags of this queue's ring.
         unsafe { core::ptr::write_volatile(self.avail as *mut u16, flags) };
+        if self.event_idx {
+            // Off: an event index just behind what the device has used is not passed
+            // again for 2^16 entries.
+            let event = if on {
+                self.last_used
+            } else {
+                self.last_used.wrapping_sub(1)
+            };
+            // SAFETY: used_event, right after the avail ring's entries.
+            unsafe {
+                core::ptr::write_volatile(
+                    (self.avail + 4 + 2 * u64::from(self.size)) as *mut u16,
+                    event,
+                )
+            };
+        }
         // The flag before any later check of the used ring.
         fence(Ordering::SeqCst);
     }
+}
+
+/// Whether moving an index from `old` to `new` passed `event` (virtio's
+/// `vring_need_event`: `event` in `[old, new)`, modulo 2^16).
+fn need_event(event: u16, new: u16, old: u16) -> bool {
+    new.wrapping_sub(event).wrapping_sub(1) < new.wrapping_sub(old)
 }

@@ -1,0 +1,222 @@
+//! A wire out of the process: a switch port whose other end is a stream socket speaking
+//! QEMU's `-netdev stream` (and `-netdev socket`) framing — each Ethernet frame as a
+//! 4-byte big-endian length and the frame — so kumo VMs share one Ethernet with QEMU
+//! VMs or with the VMs of another kumo process.
+//!
+//! Two threads per wire (domain 0's, like the switch): a reader that takes frames off
+//! the socket into a bounded inbox, and a writer that sends the switch's frames from a
+//! bounded outbox. Neither queue drops: a full inbox stops reading (the stream's own
+//! flow control then holds the peer), a full outbox refuses the switch's frame, which
+//! stays queued in the switch. Each signals the switch thread's eventfd when it has
+//! frames or room. A malformed length ends the wire (counted, logged): the stream has
+//! lost its framing and nothing after it can be trusted.
+
+use std::collections::VecDeque;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use devices::virtio::net::MAX_FRAME_LEN;
+use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+
+use crate::Error;
+use crate::placement::ThreadGroup;
+
+/// Frames each direction holds.
+const QUEUE_FRAMES: usize = 256;
+
+#[derive(Default)]
+struct Queue {
+    frames: VecDeque<Vec<u8>>,
+}
+
+/// Counters of one wire (monotonic).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct WireStats {
+    pub frames_in: u64,
+    pub frames_out: u64,
+    /// Frames whose length field was 0 or above the largest frame: the wire closed.
+    pub malformed: u64,
+}
+
+pub(crate) struct Wire {
+    inbox: Mutex<Queue>,
+    inbox_room: Condvar,
+    outbox: Mutex<Queue>,
+    outbox_ready: Condvar,
+    /// Frames arrived, or outbox room appeared: the switch thread has work.
+    pub(crate) event: EventFd,
+    closed: AtomicBool,
+    frames_in: AtomicU64,
+    frames_out: AtomicU64,
+    malformed: AtomicU64,
+    socket: UnixStream,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+fn lock(queue: &Mutex<Queue>) -> MutexGuard<'_, Queue> {
+    queue.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Wire {
+    /// Starts the wire's reader and writer on `socket`.
+    pub(crate) fn start(
+        socket: UnixStream,
+        dom0: Option<Arc<ThreadGroup>>,
+    ) -> Result<Arc<Wire>, Error> {
+        let os = |what| move |source| Error::Os { what, source };
+        let wire = Arc::new(Wire {
+            inbox: Mutex::default(),
+            inbox_room: Condvar::new(),
+            outbox: Mutex::default(),
+            outbox_ready: Condvar::new(),
+            event: EventFd::new(EFD_NONBLOCK).map_err(os("creating an eventfd"))?,
+            closed: AtomicBool::new(false),
+            frames_in: AtomicU64::new(0),
+            frames_out: AtomicU64::new(0),
+            malformed: AtomicU64::new(0),
+            socket: socket
+                .try_clone()
+                .map_err(os("duplicating the wire's socket"))?,
+            threads: Mutex::new(Vec::new()),
+        });
+        let mut threads = Vec::new();
+        for (name, reader) in [("net-wire-rx", true), ("net-wire-tx", false)] {
+            let wire2 = wire.clone();
+            let dom0 = dom0.clone();
+            let stream = socket
+                .try_clone()
+                .map_err(os("duplicating the wire's socket"))?;
+            threads.push(
+                std::thread::Builder::new()
+                    .name(name.into())
+                    .spawn(move || {
+                        let _member = dom0.as_ref().map(|g| g.join_current());
+                        if reader {
+                            wire2.read_frames(stream);
+                        } else {
+                            wire2.write_frames(stream);
+                        }
+                    })
+                    .map_err(os("spawning a wire thread"))?,
+            );
+        }
+        *wire.threads.lock().unwrap_or_else(|e| e.into_inner()) = threads;
+        Ok(wire)
+    }
+
+    pub(crate) fn stats(&self) -> WireStats {
+        WireStats {
+            frames_in: self.frames_in.load(Ordering::Relaxed),
+            frames_out: self.frames_out.load(Ordering::Relaxed),
+            malformed: self.malformed.load(Ordering::Relaxed),
+        }
+    }
+
+    fn read_frames(&self, mut stream: UnixStream) {
+        let mut length = [0u8; 4];
+        while !self.closed.load(Ordering::SeqCst) {
+            if stream.read_exact(&mut length).is_err() {
+                break; // the peer closed the wire (or we did)
+            }
+            let len = u32::from_be_bytes(length) as usize;
+            if len == 0 || len > MAX_FRAME_LEN {
+                self.malformed.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    "wire: a frame of {len} bytes: the stream lost its framing; closing"
+                );
+                break;
+            }
+            let mut frame = vec![0u8; len];
+            if stream.read_exact(&mut frame).is_err() {
+                break;
+            }
+            let mut inbox = lock(&self.inbox);
+            while inbox.frames.len() >= QUEUE_FRAMES && !self.closed.load(Ordering::SeqCst) {
+                inbox = self
+                    .inbox_room
+                    .wait(inbox)
+                    .unwrap_or_else(|e| e.into_inner());
+            }
+            inbox.frames.push_back(frame);
+            drop(inbox);
+            self.frames_in.fetch_add(1, Ordering::Relaxed);
+            let _ = self.event.write(1);
+        }
+    }
+
+    fn write_frames(&self, mut stream: UnixStream) {
+        loop {
+            let mut outbox = lock(&self.outbox);
+            while outbox.frames.is_empty() && !self.closed.load(Ordering::SeqCst) {
+                outbox = self
+                    .outbox_ready
+                    .wait(outbox)
+                    .unwrap_or_else(|e| e.into_inner());
+            }
+            let Some(frame) = outbox.frames.pop_front() else {
+                return; // closed and empty
+            };
+            let was_full = outbox.frames.len() + 1 >= QUEUE_FRAMES;
+            drop(outbox);
+            let header = (frame.len() as u32).to_be_bytes();
+            if stream
+                .write_all(&header)
+                .and_then(|()| stream.write_all(&frame))
+                .is_err()
+            {
+                tracing::debug!("wire: the peer closed the stream");
+                return;
+            }
+            self.frames_out.fetch_add(1, Ordering::Relaxed);
+            if was_full {
+                let _ = self.event.write(1);
+            }
+        }
+    }
+
+    /// Offers frames that arrived to `ingress` in order until it refuses one (kept for
+    /// the next call).
+    pub(crate) fn take_frames(&self, mut ingress: impl FnMut(&[u8]) -> bool) {
+        let mut inbox = lock(&self.inbox);
+        let mut taken = false;
+        while let Some(frame) = inbox.frames.front() {
+            if !ingress(frame) {
+                break;
+            }
+            inbox.frames.pop_front();
+            taken = true;
+        }
+        if taken {
+            self.inbox_room.notify_one();
+        }
+    }
+
+    /// Queues `frame` for the peer; false if the outbox is full (offer it again when
+    /// the wire's event fires).
+    pub(crate) fn send(&self, frame: &[u8]) -> bool {
+        let mut outbox = lock(&self.outbox);
+        if outbox.frames.len() >= QUEUE_FRAMES {
+            return false;
+        }
+        outbox.frames.push_back(frame.to_vec());
+        self.outbox_ready.notify_one();
+        true
+    }
+
+    /// Stops both threads and waits for them.
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        let _ = self.socket.shutdown(std::net::Shutdown::Both);
+        self.inbox_room.notify_all();
+        self.outbox_ready.notify_all();
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
+        for thread in threads {
+            if thread.join().is_err() {
+                tracing::error!("a wire thread panicked");
+            }
+        }
+    }
+}
