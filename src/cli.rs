@@ -173,6 +173,26 @@ pub enum CtlCommand {
     /// Domains of the node.
     #[command(subcommand)]
     Domain(DomainCommand),
+    /// Save the running VM to a file (`kumo --restore PATH` runs it again).
+    Snapshot {
+        /// The snapshot file to write (mode 0600).
+        path: PathBuf,
+        /// End the VM once it is saved (otherwise it runs on).
+        #[arg(long)]
+        stop: bool,
+    },
+    /// Move the running VM to another kumo started with `--incoming`; the source
+    /// ends only once the destination runs it.
+    Migrate {
+        /// The destination, tcp:HOST:PORT.
+        target: String,
+        /// A file holding the secret both ends share.
+        #[arg(long, value_name = "FILE")]
+        token_file: Option<PathBuf>,
+        /// Iterate copy rounds until the last one would take at most this long.
+        #[arg(long, value_name = "MS")]
+        max_downtime_ms: Option<u64>,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -224,8 +244,41 @@ pub enum BenchCommand {
     Wake(WakeArgs),
     /// Interrupt latency of the test device, generic path vs fast path.
     Irq(IrqBenchArgs),
+    /// Live migration on loopback: host downtime beside the downtime the guest saw.
+    Migrate(MigrateBenchArgs),
     /// Ping-pong latency and bandwidth between two VMs through domain 0's switch.
     Net(NetBenchArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct MigrateBenchArgs {
+    /// vCPUs of the guest.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub vcpus: u32,
+
+    /// Guest memory in MiB.
+    #[arg(long, value_name = "MIB", default_value_t = 256)]
+    pub memory: u64,
+
+    /// Migrate this long after the VM starts, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 500)]
+    pub after_ms: u64,
+
+    /// Downtime target of the copy rounds [default: 300, QEMU's].
+    #[arg(long, value_name = "MS")]
+    pub max_downtime_ms: Option<u64>,
+
+    /// Migrations to make (one VM each).
+    #[arg(long, value_name = "R", default_value_t = 5)]
+    pub runs: u32,
+
+    /// Print one JSON object per run and a summary.
+    #[arg(long)]
+    pub json: bool,
+
+    /// The KVM device to open.
+    #[arg(long, value_name = "PATH", default_value = "/dev/kvm")]
+    pub kvm_device: PathBuf,
 }
 
 fn irq_path(text: &str) -> Result<hv::irq::IrqPath, String> {
@@ -433,6 +486,23 @@ pub struct VmArgs {
     #[arg(long, value_name = "PATH", default_value = "/dev/kvm")]
     pub kvm_device: PathBuf,
 
+    /// Serve a control socket for this VM at PATH (mode 0600): `kumo ctl --socket
+    /// PATH snapshot|migrate`.
+    #[arg(long, value_name = "PATH", conflicts_with_all = ["kernel", "irq_check", "sched", "dump_guest"])]
+    pub ctl_socket: Option<PathBuf>,
+
+    /// Run the VM saved in PATH (by `kumo ctl ... snapshot`) from where it was saved.
+    #[arg(long, value_name = "PATH", conflicts_with_all = ["kernel", "npb", "irq_check", "sched", "dump_guest", "incoming"])]
+    pub restore: Option<PathBuf>,
+
+    /// Wait for one VM migrated to tcp:HOST:PORT and run it.
+    #[arg(long, value_name = "ADDR", conflicts_with_all = ["kernel", "npb", "irq_check", "sched", "dump_guest"])]
+    pub incoming: Option<String>,
+
+    /// With --incoming: the file holding the secret the source must prove it knows.
+    #[arg(long, value_name = "FILE", requires = "incoming")]
+    pub token_file: Option<PathBuf>,
+
     #[command(flatten)]
     pub limits: LimitArgs,
 }
@@ -480,17 +550,23 @@ pub enum Mode {
     Kernel,
     IrqCheck,
     DumpGuest,
+    /// `--restore FILE`.
+    Restore,
+    /// `--incoming ADDR`.
+    Incoming,
 }
 
 /// Options every VM run reads.
 const VM_RUN: [&str; 4] = ["vcpus", "kvm_device", "timeout", "watchdog"];
 
 impl Mode {
-    const ALL: [Mode; 4] = [
+    const ALL: [Mode; 6] = [
         Mode::Embedded,
         Mode::Kernel,
         Mode::IrqCheck,
         Mode::DumpGuest,
+        Mode::Restore,
+        Mode::Incoming,
     ];
 
     pub fn of(vm: &VmArgs) -> Mode {
@@ -500,6 +576,10 @@ impl Mode {
             Mode::IrqCheck
         } else if vm.kernel.is_some() {
             Mode::Kernel
+        } else if vm.restore.is_some() {
+            Mode::Restore
+        } else if vm.incoming.is_some() {
+            Mode::Incoming
         } else {
             Mode::Embedded
         }
@@ -511,21 +591,28 @@ impl Mode {
             Mode::Kernel => "--kernel runs",
             Mode::IrqCheck => "--irq-check runs",
             Mode::DumpGuest => "--dump-guest",
+            Mode::Restore => "--restore runs",
+            Mode::Incoming => "--incoming runs",
         }
     }
 
     /// The options (clap ids: field names) this run reads besides [`VM_RUN`].
     fn own_options(self) -> &'static [&'static str] {
         match self {
-            Mode::Embedded => &["memory", "npb", "json", "sched"],
+            Mode::Embedded => &["memory", "npb", "json", "sched", "ctl_socket"],
             Mode::Kernel => &["kernel", "memory", "cmdline", "module"],
             Mode::IrqCheck => &["irq_check", "irq_path", "json"],
             Mode::DumpGuest => &["dump_guest"],
+            Mode::Restore => &["restore", "json", "ctl_socket"],
+            Mode::Incoming => &["incoming", "token_file", "json", "ctl_socket"],
         }
     }
 
     fn reads(self, id: &str) -> bool {
-        self.own_options().contains(&id) || (self != Mode::DumpGuest && VM_RUN.contains(&id))
+        // A restored or migrated VM keeps the vCPUs it was saved with.
+        let saved_shape = matches!(self, Mode::Restore | Mode::Incoming) && id == "vcpus";
+        self.own_options().contains(&id)
+            || (self != Mode::DumpGuest && VM_RUN.contains(&id) && !saved_shape)
     }
 }
 

@@ -101,6 +101,30 @@ pub trait Controlled: Send + Sync {
         weight: Option<u32>,
         cap: Option<u32>,
     ) -> Result<DomainInfo, String>;
+    /// Saves the VM to `path`; with `stop` the VM then ends here. Only a kumo running
+    /// one VM has this.
+    fn snapshot(&self, _path: &Path, _stop: bool) -> Result<Value, String> {
+        Err(NO_SINGLE_VM.into())
+    }
+    /// Moves the VM to another kumo (`kumo --incoming`); see `crate::migrate`.
+    fn migrate(&self, _request: &MigrateRequest) -> Result<Value, String> {
+        Err(NO_SINGLE_VM.into())
+    }
+}
+
+const NO_SINGLE_VM: &str =
+    "snapshot and migrate need a kumo running one VM (started with --ctl-socket)";
+
+/// `migrate`'s parameters as the control socket receives them.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct MigrateRequest {
+    /// `tcp:HOST:PORT` of the destination (`kumo --incoming`).
+    pub target: String,
+    /// The shared secret's file, read by the source.
+    pub token_file: Option<PathBuf>,
+    /// Stop iterating once the last round would take at most this long.
+    pub max_downtime_ms: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -118,6 +142,12 @@ enum Request {
         weight: Option<u32>,
         cap: Option<u32>,
     },
+    Snapshot {
+        path: PathBuf,
+        #[serde(default)]
+        stop: bool,
+    },
+    Migrate(MigrateRequest),
 }
 
 /// Answers one request line.
@@ -150,6 +180,8 @@ pub fn answer(target: &dyn Controlled, line: &str) -> Value {
         Request::DomainSet { name, weight, cap } => target
             .set_domain(&name, weight, cap)
             .map(|d| json!({"domain": d})),
+        Request::Snapshot { path, stop } => target.snapshot(&path, stop),
+        Request::Migrate(request) => target.migrate(&request),
     };
     match result {
         Ok(Value::Object(mut fields)) => {
@@ -268,13 +300,19 @@ fn serve_client(stream: UnixStream, target: &dyn Controlled) -> std::io::Result<
 
 /// Sends one request and returns the reply (the `kumo ctl` side).
 pub fn request(socket: &Path, request: &Value) -> Result<Value> {
+    request_waiting(socket, request, Some(IDLE_TIMEOUT))
+}
+
+/// As [`request`], waiting up to `timeout` for the reply (`None`: as long as it
+/// takes, for snapshots and migrations).
+pub fn request_waiting(socket: &Path, request: &Value, timeout: Option<Duration>) -> Result<Value> {
     let stream = UnixStream::connect(socket).with_context(|| {
         format!(
             "cannot connect to {} (is a kumo node running there?)",
             socket.display()
         )
     })?;
-    stream.set_read_timeout(Some(IDLE_TIMEOUT))?;
+    stream.set_read_timeout(timeout)?;
     let mut writer = stream.try_clone()?;
     writeln!(writer, "{request}")?;
     let mut reply = String::new();
@@ -328,8 +366,32 @@ pub fn run_ctl(args: &CtlArgs) -> Result<u8> {
             }
             req
         }
+        CtlCommand::Snapshot { path, stop } => {
+            // The server resolves the path in its own working directory: make it ours.
+            let path = std::path::absolute(path)
+                .with_context(|| format!("bad snapshot path {}", path.display()))?;
+            json!({"cmd": "snapshot", "path": path, "stop": stop})
+        }
+        CtlCommand::Migrate {
+            target,
+            token_file,
+            max_downtime_ms,
+        } => {
+            let token_file = token_file
+                .as_ref()
+                .map(std::path::absolute)
+                .transpose()
+                .context("bad --token-file path")?;
+            json!({
+                "cmd": "migrate",
+                "target": target,
+                "token_file": token_file,
+                "max_downtime_ms": max_downtime_ms,
+            })
+        }
     };
-    let reply = request(&args.socket, &req)?;
+    let long = matches!(args.command, CtlCommand::Snapshot { .. });
+    let reply = request_waiting(&args.socket, &req, (!long).then_some(IDLE_TIMEOUT))?;
     if args.json {
         crate::outln!("{reply}");
         return Ok(0);
@@ -366,6 +428,19 @@ pub fn run_ctl(args: &CtlArgs) -> Result<u8> {
                 );
             }
         }
+        CtlCommand::Snapshot { .. } => println!(
+            "snapshot {}: {} pages, {} bytes, VM paused {:.1} ms{}",
+            reply["path"].as_str().unwrap_or("?"),
+            reply["pages"],
+            reply["bytes"],
+            reply["paused_ms"].as_f64().unwrap_or(f64::NAN),
+            if reply["stopped"] == json!(true) {
+                "; the VM stopped"
+            } else {
+                ""
+            }
+        ),
+        CtlCommand::Migrate { .. } => crate::migrate::print_migration(&reply),
         CtlCommand::Domain(DomainCommand::Set { .. }) => {
             let d = &reply["domain"];
             crate::outln!(
@@ -481,6 +556,12 @@ mod tests {
             r#"{"cmd":"domain-set","name":"a","weight":512}"#,
         );
         assert_eq!(set["domain"]["weight"], 512);
+        // A node has no single VM to save or move.
+        let snap = answer(f.as_ref(), r#"{"cmd":"snapshot","path":"/tmp/x"}"#);
+        assert_eq!(snap["ok"], false);
+        assert!(snap["error"].as_str().unwrap().contains("--ctl-socket"));
+        let bad = answer(f.as_ref(), r#"{"cmd":"migrate","target":"tcp:h:1","x":1}"#);
+        assert!(bad["error"].as_str().unwrap().starts_with("bad request"));
         let missing = answer(f.as_ref(), r#"{"cmd":"domain-set","name":"zz"}"#);
         assert_eq!(missing["error"], "no domain 'zz'");
         for bad in [

@@ -36,6 +36,13 @@ pub fn check_vcpus(vcpus: u32) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The embedded guest's command line for `specs` on `vcpus` vCPUs on this host.
+pub fn npb_cmdline(specs: &[Spec], vcpus: u32) -> String {
+    let names: Vec<String> = specs.iter().map(ToString::to_string).collect();
+    let spin = barrier_spin_us(vcpus, host_cpus());
+    format!("npb={} spin_us={spin}", names.join(","))
+}
+
 /// Parses `--npb LIST`; the error names the offending item.
 pub fn parse_specs(list: &str) -> anyhow::Result<Vec<Spec>> {
     let specs = list

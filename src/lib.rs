@@ -2,11 +2,13 @@
 //! command line, the embedded NPB guest and how its results are judged and printed.
 //! The VMM itself lives in `hv`, device models in `devices`, NPB in `guests/npb`.
 
+pub mod bench_migrate;
 pub mod cli;
 pub mod ctl;
 pub mod guest;
 pub mod input;
 pub mod irq;
+pub mod migrate;
 pub mod mpi;
 pub mod native;
 pub mod node;

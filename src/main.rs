@@ -49,9 +49,15 @@ fn main() -> ExitCode {
             kumo::switch::run_switch(args, epoch)
         }
         (Some(Command::Bench(BenchCommand::Irq(args))), _, _) => kumo::irq::run_bench(args, epoch),
+        (Some(Command::Bench(BenchCommand::Migrate(args))), _, _) => {
+            kumo::bench_migrate::run_bench(args, epoch)
+        }
         (Some(Command::Bench(BenchCommand::Net(args))), _, _) => kumo::mpi::run_bench(args, epoch),
         (Some(Command::Mpi(args)), _, _) => kumo::mpi::run_mpi(args, epoch),
         (None, Some(path), _) => run::dump_guest(path),
+        (None, None, None) if vm.restore.is_some() => kumo::migrate::run_restore(vm, epoch),
+        (None, None, None) if vm.incoming.is_some() => kumo::migrate::run_incoming(vm, epoch),
+        (None, None, None) if vm.ctl_socket.is_some() => kumo::migrate::run_controlled(vm, epoch),
         (None, None, None) if vm.irq_check => kumo::irq::run_check(vm, epoch),
         (None, None, Some(kernel)) => run::run_kernel(vm, kernel, epoch),
         (None, None, None) => run::run_embedded(vm, epoch),

@@ -66,8 +66,8 @@ pub fn parse_line(line: &str) -> Option<Event> {
         "error" => Some(Event::Error { fields }),
         "fault" => Some(Event::Fault { fields }),
         "end" => num(&fields, "status").map(|status| Event::End { status }),
-        "switchprobe" | "wakeprobe" | "irqbench" | "irqcheck" | "mpi" | "netcheck" | "pingpong"
-        | "bandwidth" | "mpistats" => Some(Event::Measurement {
+        "switchprobe" | "wakeprobe" | "gapprobe" | "irqbench" | "irqcheck" | "mpi" | "netcheck"
+        | "pingpong" | "bandwidth" | "mpistats" => Some(Event::Measurement {
             kind: kind.to_string(),
             fields,
         }),

@@ -14,6 +14,9 @@ use crate::guest::{self, EMBEDDED_GUEST};
 use crate::protocol::{Event, LineParser};
 use crate::report::{self, Ending, Verdict};
 
+/// Why a run has no result here: its VM went to a snapshot or another kumo.
+pub const HANDED_OFF: &str = "the VM was handed off (snapshot or migration) and finishes elsewhere";
+
 /// Boots the embedded NPB guest, runs the requested benchmarks and reports them.
 pub fn run_embedded(args: &VmArgs, epoch: Instant) -> Result<u8> {
     let specs = match &args.npb {
@@ -157,6 +160,7 @@ impl GuestRun {
                 fault_text = report.to_string();
                 Ending::Fault(&fault_text)
             }
+            GuestExit::HandedOff => Ending::Fault(HANDED_OFF),
             GuestExit::Stopped(cause) => Ending::Stopped(*cause),
         };
         let boot_ms = self.outcome.workload_started.map(|d| d.as_secs_f64() * 1e3);
@@ -183,6 +187,7 @@ impl GuestRun {
             .collect();
         match &self.outcome.exit {
             GuestExit::Fault(report) => bail!("the guest crashed: {report}"),
+            GuestExit::HandedOff => bail!("{HANDED_OFF} before it reported {kind}"),
             GuestExit::Stopped(cause) => bail!("kumo stopped the VM: {cause}"),
             GuestExit::DebugExit(status) => bail!(
                 "the guest reported no {kind} result (exit status {status}; {})",
@@ -211,11 +216,29 @@ pub fn boot_embedded<T>(
 
 /// Runs a created VM of the embedded guest and collects its events.
 pub fn run_collecting(vm: Vm, epoch: Instant) -> Result<GuestRun> {
+    run_collecting_recorded(vm, epoch, None, &[])
+}
+
+/// As [`run_collecting`], with every console byte also appended to `record` (what a
+/// snapshot carries), after `replay` (an earlier part of the same guest's console,
+/// from a snapshot) was parsed for its events without being echoed.
+pub fn run_collecting_recorded(
+    vm: Vm,
+    epoch: Instant,
+    record: Option<Arc<Mutex<Vec<u8>>>>,
+    replay: &[u8],
+) -> Result<GuestRun> {
     let events = Arc::new(Mutex::new(Vec::new()));
-    let console = GuestConsole {
+    let mut console = GuestConsole {
         parser: LineParser::default(),
         events: Arc::clone(&events),
+        record,
     };
+    console.parser.feed(replay, |_, event| {
+        if let Some(event) = event {
+            events.lock().unwrap_or_else(|e| e.into_inner()).push(event);
+        }
+    });
     let outcome = vm.run(Box::new(console), epoch)?;
     let events = std::mem::take(&mut *events.lock().unwrap_or_else(|e| e.into_inner()));
     Ok(GuestRun { events, outcome })
@@ -256,6 +279,10 @@ pub fn run_kernel(args: &VmArgs, kernel: &Path, epoch: Instant) -> Result<u8> {
             eprintln!("kumo: the VM crashed: {report}");
             report::EXIT_FAULT
         }
+        GuestExit::HandedOff => {
+            eprintln!("kumo: {HANDED_OFF}");
+            report::EXIT_OK
+        }
         GuestExit::Stopped(cause) => {
             eprintln!("kumo: {cause}");
             report::stop_status(cause)
@@ -287,6 +314,7 @@ fn check_vcpus(vcpus: u32, kvm_device: &Path) -> Result<()> {
 struct GuestConsole {
     parser: LineParser,
     events: Arc<Mutex<Vec<Event>>>,
+    record: Option<Arc<Mutex<Vec<u8>>>>,
 }
 
 impl GuestConsole {
@@ -301,6 +329,12 @@ impl GuestConsole {
 
 impl Write for GuestConsole {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if let Some(record) = &self.record {
+            record
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend_from_slice(buf);
+        }
         let events = &self.events;
         self.parser
             .feed(buf, |text, event| Self::take_line(events, text, event));

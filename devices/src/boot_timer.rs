@@ -2,7 +2,10 @@
 //! the caller reads the time of that mark with [`BootTimer::first_mark`].
 
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
 
 use crate::{IoAction, PioDevice};
 
@@ -13,11 +16,35 @@ pub const WORKLOAD_STARTED: u8 = 0x01;
 #[derive(Debug, Default)]
 pub struct BootTimer {
     first: OnceLock<Instant>,
+    /// Restored from a VM that had already marked: later writes mark nothing.
+    marked_before: AtomicBool,
+}
+
+/// What survives a snapshot: whether the mark happened (its instant belongs to the
+/// process that saw it, so it is not carried).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BootTimerState {
+    pub marked: bool,
 }
 
 impl BootTimer {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    pub fn state(&self) -> BootTimerState {
+        BootTimerState {
+            marked: self.first.get().is_some() || self.marked_before.load(Ordering::Acquire),
+        }
+    }
+
+    /// A timer that remembers an earlier mark: [`BootTimer::first_mark`] stays `None`
+    /// (the mark was not seen here) and later writes do not mark.
+    pub fn from_state(state: &BootTimerState) -> Self {
+        BootTimer {
+            first: OnceLock::new(),
+            marked_before: AtomicBool::new(state.marked),
+        }
     }
 
     /// When the guest first wrote 0x01, if it did.
@@ -33,7 +60,10 @@ impl PioDevice for BootTimer {
 
     fn write(&self, _offset: u16, data: &[u8]) -> IoAction {
         // POST codes are bytes; a wider `out` still carries the code in its low byte.
-        if data.first() == Some(&WORKLOAD_STARTED) && self.first.get().is_none() {
+        if data.first() == Some(&WORKLOAD_STARTED)
+            && self.first.get().is_none()
+            && !self.marked_before.load(Ordering::Acquire)
+        {
             let now = Instant::now();
             if self.first.set(now).is_ok() {
                 tracing::debug!("boot-timer: workload started");
@@ -60,5 +90,21 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(2));
         assert_eq!(t.write(0, &[0x01]), IoAction::Continue);
         assert_eq!(t.first_mark(), Some(first), "later marks do not move it");
+    }
+
+    #[test]
+    fn a_restored_mark_is_not_made_again() {
+        let t = BootTimer::new();
+        assert_eq!(t.state(), BootTimerState { marked: false });
+        let _ = t.write(0, &[0x01]);
+        let state = t.state();
+        assert!(state.marked);
+        let r = BootTimer::from_state(&state);
+        assert_eq!(r.write(0, &[0x01]), IoAction::Continue);
+        assert_eq!(r.first_mark(), None);
+        assert_eq!(r.state(), state);
+        let fresh = BootTimer::from_state(&BootTimerState { marked: false });
+        let _ = fresh.write(0, &[0x01]);
+        assert!(fresh.first_mark().is_some());
     }
 }

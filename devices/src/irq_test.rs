@@ -12,6 +12,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use crate::pci::PciDevice;
 use crate::pci::config::{self, Bar, BarKind, BarRegion, ConfigSpace};
 use crate::pci::msix::{self, MsiMessage, Msix, Update};
+use crate::state::{DeviceStateError, PciDeviceState};
+
+const KIND: &str = "irq-test";
 
 pub use kumo_abi::irq_device::{
     BAR0_SIZE, DEVICE_ID, DOORBELL_STRIDE, MSIX_PBA, MSIX_TABLE, VENDOR_ID,
@@ -125,6 +128,37 @@ impl IrqTestDevice {
 }
 
 impl PciDevice for IrqTestDevice {
+    fn save_state(&self) -> Result<PciDeviceState, DeviceStateError> {
+        let state = self.state();
+        Ok(PciDeviceState {
+            kind: KIND.into(),
+            config: state.config.state(),
+            msix: Some(state.msix.state()),
+        })
+    }
+
+    /// Registers, table and PBA back; then every vector's route is told to the sink
+    /// (a restored VM's irqfd routes are rebuilt from the table, not saved).
+    fn restore_state(&self, saved: &PciDeviceState) -> Result<(), DeviceStateError> {
+        let Some(msix_state) = saved.msix.as_ref().filter(|_| saved.kind == KIND) else {
+            return Err(DeviceStateError::mismatch(
+                "interrupt test device",
+                format!("the state is a '{}'s", saved.kind),
+            ));
+        };
+        let mut state = self.state();
+        let mut config = state.config.clone();
+        config.restore_state(&saved.config)?;
+        let mut msix = state.msix.clone();
+        msix.restore_state(msix_state)?;
+        state.config = config;
+        state.msix = msix;
+        for vector in 0..state.msix.vectors() {
+            self.sink.reroute(vector, state.msix.route(vector));
+        }
+        Ok(())
+    }
+
     fn config_read(&self, offset: usize, data: &mut [u8]) {
         self.state().config.read(offset, data);
     }
@@ -296,6 +330,43 @@ mod tests {
         d.config_write(cap + 2, &0xc000u16.to_le_bytes());
         assert_eq!(rec.routes.lock().unwrap().last(), Some(&(1, None)));
         assert_eq!(d.route(1), None);
+    }
+
+    #[test]
+    fn saved_state_restores_routes_pending_bits_and_registers() {
+        let (d, _) = device(8);
+        enable(&d);
+        program(&d, 3, 1, 0x40, false);
+        program(&d, 5, 0, 0x41, true);
+        d.fire(5); // masked: pending
+        let saved = d.save_state().unwrap();
+
+        let (fresh, rec) = device(8);
+        fresh.place_bar0(0xd000_0000); // the saved placement must win
+        fresh.restore_state(&saved).unwrap();
+        assert_eq!(fresh.save_state().unwrap(), saved);
+        assert_eq!(cfg32(&fresh, BAR0_REGISTER), 0xc000_0000);
+        assert!(fresh.is_pending(5));
+        let route3 = Some(MsiMessage {
+            address: 0xfee0_1000,
+            data: 0x40,
+        });
+        assert_eq!(fresh.route(3), route3);
+        let routes = rec.routes.lock().unwrap();
+        assert_eq!(routes.len(), 8, "every vector re-routed once");
+        assert!(routes.contains(&(3, route3)) && routes.contains(&(5, None)));
+        assert!(
+            rec.sent.lock().unwrap().is_empty(),
+            "restoring delivers nothing"
+        );
+
+        // Another vector count, another device kind: refused, device unchanged.
+        let (other, _) = device(16);
+        assert!(other.restore_state(&saved).is_err());
+        let bridge = crate::pci::HostBridge::new().save_state().unwrap();
+        assert!(fresh.restore_state(&bridge).is_err());
+        assert!(crate::pci::HostBridge::new().restore_state(&saved).is_err());
+        assert_eq!(fresh.save_state().unwrap(), saved);
     }
 
     #[test]

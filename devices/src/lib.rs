@@ -22,12 +22,14 @@ pub mod irq_test;
 pub mod net;
 pub mod pci;
 pub mod serial;
+pub mod state;
 pub mod virtio;
 
 pub use boot_timer::BootTimer;
 pub use bus::{BusError, PioBus, PioRange};
 pub use debug_exit::DebugExit;
 pub use serial::Com1;
+pub use state::{DeviceStateError, PciDeviceState};
 
 /// What the caller (the vCPU loop) must do after a device handled an access.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

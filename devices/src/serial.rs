@@ -4,7 +4,11 @@
 use std::io::Write;
 use std::sync::Mutex;
 
+use serde::{Deserialize, Serialize};
+use vm_superio::serial::SerialState;
 use vm_superio::{Serial, Trigger};
+
+use crate::state::DeviceStateError;
 
 use crate::{IoAction, PioDevice};
 
@@ -28,11 +32,69 @@ pub struct Com1 {
     serial: Mutex<Serial<NoIrq, vm_superio::serial::NoEvents, Out>>,
 }
 
+/// COM1's registers and receive FIFO (vm-superio's `SerialState`, made serde).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Com1State {
+    pub baud_divisor_low: u8,
+    pub baud_divisor_high: u8,
+    pub interrupt_enable: u8,
+    pub interrupt_identification: u8,
+    pub line_control: u8,
+    pub line_status: u8,
+    pub modem_control: u8,
+    pub modem_status: u8,
+    pub scratch: u8,
+    pub in_buffer: Vec<u8>,
+}
+
 impl Com1 {
     pub fn new(out: Out) -> Self {
         Self {
             serial: Mutex::new(Serial::new(NoIrq, out)),
         }
+    }
+
+    /// The registers now.
+    pub fn state(&self) -> Com1State {
+        let s = self
+            .serial
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .state();
+        Com1State {
+            baud_divisor_low: s.baud_divisor_low,
+            baud_divisor_high: s.baud_divisor_high,
+            interrupt_enable: s.interrupt_enable,
+            interrupt_identification: s.interrupt_identification,
+            line_control: s.line_control,
+            line_status: s.line_status,
+            modem_control: s.modem_control,
+            modem_status: s.modem_status,
+            scratch: s.scratch,
+            in_buffer: s.in_buffer,
+        }
+    }
+
+    /// A COM1 with saved registers whose output goes to `out`. A receive FIFO longer
+    /// than the 16550A's is refused.
+    pub fn from_state(out: Out, state: &Com1State) -> Result<Self, DeviceStateError> {
+        let s = SerialState {
+            baud_divisor_low: state.baud_divisor_low,
+            baud_divisor_high: state.baud_divisor_high,
+            interrupt_enable: state.interrupt_enable,
+            interrupt_identification: state.interrupt_identification,
+            line_control: state.line_control,
+            line_status: state.line_status,
+            modem_control: state.modem_control,
+            modem_status: state.modem_status,
+            scratch: state.scratch,
+            in_buffer: state.in_buffer.clone(),
+        };
+        let serial = Serial::from_state(&s, NoIrq, vm_superio::serial::NoEvents, out)
+            .map_err(|e| DeviceStateError::mismatch("COM1", format!("{e:?}")))?;
+        Ok(Self {
+            serial: Mutex::new(serial),
+        })
     }
 
     /// Flushes the output (the device already flushes after each byte; this is for the
@@ -147,6 +209,28 @@ mod tests {
         com1.read(7, &mut scr);
         assert_eq!(scr, [0x55]);
         assert!(out.0.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn state_round_trips_and_an_oversized_fifo_is_refused() {
+        let com1 = Com1::new(Box::new(std::io::sink()));
+        let _ = com1.write(3, &[0x80]); // DLAB on
+        let _ = com1.write(0, &[0x0c]); // divisor low
+        let _ = com1.write(3, &[0x03]);
+        let _ = com1.write(7, &[0x5a]);
+        let state = com1.state();
+        assert_eq!((state.baud_divisor_low, state.scratch), (0x0c, 0x5a));
+        let out = Shared::default();
+        let restored = Com1::from_state(Box::new(out.clone()), &state).unwrap();
+        assert_eq!(restored.state(), state);
+        let mut scr = [0u8];
+        restored.read(7, &mut scr);
+        assert_eq!(scr, [0x5a]);
+        let _ = restored.write(0, b"z");
+        assert_eq!(&*out.0.lock().unwrap(), b"z");
+        let mut big = state.clone();
+        big.in_buffer = vec![0; 4096];
+        assert!(Com1::from_state(Box::new(std::io::sink()), &big).is_err());
     }
 
     #[test]

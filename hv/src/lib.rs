@@ -27,6 +27,7 @@ pub mod irq_device;
 mod kick;
 mod kvm;
 pub mod layout;
+pub mod migration;
 pub mod net;
 pub mod placement;
 pub mod regs;
@@ -76,6 +77,9 @@ pub enum GuestExit {
     /// The guest crashed (or did something kumo cannot continue from, or made no
     /// progress for the watchdog's bound).
     Fault(FaultReport),
+    /// The VM was paused and handed off (a snapshot with stop, or a migration whose
+    /// destination runs it now): it did not finish here.
+    HandedOff,
     /// kumo stopped the VM: its time limit, or a signal.
     Stopped(StopCause),
 }
@@ -136,6 +140,10 @@ pub enum Error {
     Scheduler(String),
     #[error("PCI: {0}")]
     Device(String),
+    #[error("{0}")]
+    Migration(String),
+    #[error("VM stream: {0}")]
+    Stream(#[from] migration::StreamError),
 }
 
 /// The most vCPUs one VM may have on this host (KVM_CAP_MAX_VCPUS, else

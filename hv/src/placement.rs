@@ -128,6 +128,11 @@ impl VcpuControl {
         kick(tid)
     }
 
+    /// Kicks vCPU `vcpu`'s thread out of KVM_RUN (its gate stays as it is).
+    pub(crate) fn kick_vcpu(&self, vcpu: usize) -> Result<(), Error> {
+        kick(self.tid(vcpu)?)
+    }
+
     /// Lets vCPU `vcpu` enter the guest again.
     pub fn unpark(&self, vcpu: usize) {
         if let Some(slot) = self.slots.get(vcpu) {

@@ -30,18 +30,26 @@ pub(crate) struct Shared {
     /// ECAM and the devices' memory BARs: every MMIO exit is theirs or unclaimed.
     pub pci: Arc<PciBus>,
     pub control: Arc<VcpuControl>,
+    /// Pauses for snapshots and migration.
+    pub hub: Arc<crate::migration::Hub>,
     /// Each vCPU's side of the watchdog (index = vCPU).
     pub watch: Vec<Watch>,
 }
 
 impl Shared {
-    pub fn new(bus: PioBus, pci: Arc<PciBus>, control: Arc<VcpuControl>) -> Self {
+    pub fn new(
+        bus: PioBus,
+        pci: Arc<PciBus>,
+        control: Arc<VcpuControl>,
+        hub: Arc<crate::migration::Hub>,
+    ) -> Self {
         let watch = (0..control.vcpus()).map(|_| Watch::default()).collect();
         Self {
             stop: AtomicBool::new(false),
             bus,
             pci,
             control,
+            hub,
             watch,
         }
     }
@@ -125,6 +133,10 @@ fn run_loop(index: u32, vcpu: &mut VcpuFd, shared: &Shared) -> VcpuEnd {
         }
         // Parked by a scheduler: wait outside the guest (not once the VM stops).
         shared.control.pass(index as usize);
+        // Paused for a snapshot or migration: saves its state here, on its own thread.
+        if shared.hub.pause_requested() && shared.hub.pause_point(index, vcpu) {
+            return VcpuEnd::Exit(GuestExit::HandedOff);
+        }
         if shared.stop.load(Ordering::SeqCst) {
             return VcpuEnd::Stopped;
         }

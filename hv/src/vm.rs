@@ -23,6 +23,7 @@ use crate::irq::{EventLoop, GsiRouter, Msi};
 use crate::kick;
 use crate::kvm::{self, ioctl};
 use crate::layout::*;
+use crate::migration::{DeviceStates, Hub};
 use crate::placement::VcpuControl;
 use crate::stop::{self, RunLimits, StopCause};
 use crate::vcpu::{self, Shared, VcpuEnd};
@@ -34,20 +35,24 @@ use crate::{
 /// A created VM, ready to run.
 pub struct Vm {
     // Field order is drop order: vCPUs before the VM before KVM; memory last.
-    vcpus: Vec<VcpuFd>,
+    pub(crate) vcpus: Vec<VcpuFd>,
     /// Shared with the interrupt paths (event loop, GSI router), which may hold it
     /// until they are dropped.
-    vm: Arc<VmFd>,
-    control: Arc<VcpuControl>,
-    limits: RunLimits,
+    pub(crate) vm: Arc<VmFd>,
+    pub(crate) control: Arc<VcpuControl>,
+    pub(crate) limits: RunLimits,
     /// Bus 0 and the window its BARs are placed in, filled before `run`.
-    pci: PciBus,
+    pub(crate) pci: PciBus,
     /// The eventfds behind devices' doorbells, wired where their BARs decode.
-    doorbells: Arc<IoEventWiring>,
-    bar_window: BarAllocator,
-    _kvm: Kvm,
-    memory: GuestMemoryMmap,
-    memfd: File,
+    pub(crate) doorbells: Arc<IoEventWiring>,
+    pub(crate) bar_window: BarAllocator,
+    /// Pausing and saving the running VM (snapshots, migration).
+    pub(crate) hub: Arc<Hub>,
+    /// Device state a restored VM's devices start from (see `crate::migration`).
+    pub(crate) restored: Option<DeviceStates>,
+    pub(crate) _kvm: Kvm,
+    pub(crate) memory: GuestMemoryMmap,
+    pub(crate) memfd: File,
 }
 
 impl std::fmt::Debug for Vm {
@@ -183,17 +188,28 @@ impl Vm {
             "VM created"
         );
         let vm = Arc::new(vm);
+        let control = Arc::new(VcpuControl::new(config.vcpus as usize));
+        let hub = Arc::new(Hub::new(
+            &kvm,
+            &vcpus,
+            vm.clone(),
+            memory.clone(),
+            &memfd,
+            control.clone(),
+        )?);
         let doorbells = Arc::new(IoEventWiring::new(vm.clone()));
         let mut pci = PciBus::new(PCI_ECAM_BASE);
         pci.set_doorbell_wiring(doorbells.clone());
         Ok(Vm {
             vcpus,
             vm,
-            control: Arc::new(VcpuControl::new(config.vcpus as usize)),
+            control,
             limits: stop::default_limits(),
             pci,
             doorbells,
             bar_window: BarAllocator::new(PCI_MMIO_START, PCI_MMIO_END),
+            hub,
+            restored: None,
             _kvm: kvm,
             memory,
             memfd,
@@ -214,6 +230,11 @@ impl Vm {
     /// started them; see [`VcpuControl::wait_started`]).
     pub fn control(&self) -> Arc<VcpuControl> {
         self.control.clone()
+    }
+
+    /// Pauses and saves this VM while it runs (snapshots, migration).
+    pub fn migration_hub(&self) -> Arc<Hub> {
+        self.hub.clone()
     }
 
     /// Starts the generic interrupt path's event-loop thread for this VM.
@@ -295,10 +316,28 @@ impl Vm {
     ) -> Result<RunOutcome, Error> {
         kick::install_kick_handler()?;
         let _running = stop::Running::enter();
-        let com1 = Arc::new(Com1::new(console));
-        let timer = Arc::new(BootTimer::new());
-        let mut bus = PioBus::new();
         let pci = Arc::new(self.pci);
+        let ports = Arc::new(ConfigPorts::new(pci.clone()));
+        let (com1, timer) = match &self.restored {
+            None => (Com1::new(console), BootTimer::new()),
+            Some(saved) => {
+                let bad = |e: devices::DeviceStateError| Error::Migration(e.to_string());
+                pci.restore_state(&saved.pci).map_err(bad)?;
+                ports.set_address(saved.pci_address);
+                (
+                    Com1::from_state(console, &saved.com1).map_err(bad)?,
+                    BootTimer::from_state(&saved.boot_timer),
+                )
+            }
+        };
+        let (com1, timer) = (Arc::new(com1), Arc::new(timer));
+        self.hub.attach(crate::migration::Devices {
+            com1: com1.clone(),
+            timer: timer.clone(),
+            ports: ports.clone(),
+            pci: pci.clone(),
+        });
+        let mut bus = PioBus::new();
         let devices: [(u16, u16, Arc<dyn devices::PioDevice>); 4] = [
             (COM1_PORT, COM1_LEN, com1.clone()),
             (DEBUG_EXIT_PORT, DEBUG_EXIT_LEN, Arc::new(DebugExit)),
@@ -306,14 +345,15 @@ impl Vm {
             (
                 devices::pci::bus::CONFIG_PORTS_BASE,
                 devices::pci::bus::CONFIG_PORTS_LEN,
-                Arc::new(ConfigPorts::new(pci.clone())),
+                ports,
             ),
         ];
         for (base, len, device) in devices {
             bus.insert(PioRange::new(base, len), device)
                 .expect("the fixed port map does not overlap");
         }
-        let shared = Arc::new(Shared::new(bus, pci, self.control.clone()));
+        let hub = self.hub.clone();
+        let shared = Arc::new(Shared::new(bus, pci, self.control.clone(), hub.clone()));
         let (tx, rx) = mpsc::channel();
 
         let count = self.vcpus.len();
@@ -392,6 +432,7 @@ impl Vm {
         // each has acknowledged.
         shared.stop.store(true, Ordering::SeqCst);
         self.control.release_all();
+        hub.vm_ending();
         while remaining > 0 {
             for (h, _) in handles.iter().zip(&ended).filter(|(_, e)| !**e) {
                 if let Err(e) = h.kill(kick::kick_signal()) {
@@ -433,6 +474,7 @@ impl Vm {
         match &exit {
             GuestExit::DebugExit(v) => tracing::debug!("guest exited with {v:#x}"),
             GuestExit::Fault(r) => tracing::debug!("guest fault: {}", r.reason),
+            GuestExit::HandedOff => tracing::debug!("the VM was handed off"),
             GuestExit::Stopped(cause) => tracing::debug!("VM stopped: {cause}"),
         }
         let vcpu_cpu_time = (0..self.control.vcpus())
@@ -491,7 +533,7 @@ fn watch(
     }
 }
 
-fn create_vm(kvm: &Kvm) -> Result<VmFd, Error> {
+pub(crate) fn create_vm(kvm: &Kvm) -> Result<VmFd, Error> {
     // KVM_CREATE_VM can fail with EINTR when a signal arrives; retry then.
     let mut tries = 0;
     loop {
@@ -504,7 +546,7 @@ fn create_vm(kvm: &Kvm) -> Result<VmFd, Error> {
 }
 
 /// Guest RAM `[0, size)` on a memfd (zero-filled, untouched: pages appear when used).
-fn create_memory(size: u64) -> Result<(GuestMemoryMmap, File), Error> {
+pub(crate) fn create_memory(size: u64) -> Result<(GuestMemoryMmap, File), Error> {
     // SAFETY: the name is a valid NUL-terminated string; the return value is checked.
     let fd = unsafe { libc::memfd_create(c"kumo-guest-ram".as_ptr(), libc::MFD_CLOEXEC) };
     if fd < 0 {

@@ -103,3 +103,77 @@ pub fn json_lines(out: &Output) -> Vec<serde_json::Value> {
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l:?}: {e}")))
         .collect()
 }
+
+/// A kumo running in the background (pipes drained on threads), finished with
+/// [`Background::finish`] under the same hang guard as [`kumo`].
+pub struct Background {
+    child: std::process::Child,
+    out: Option<std::thread::JoinHandle<Vec<u8>>>,
+    err: Option<std::thread::JoinHandle<Vec<u8>>>,
+}
+
+pub fn kumo_background(args: &[&str]) -> Background {
+    let mut child = Command::new(kumo_bin())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    Background {
+        child,
+        out: Some(std::thread::spawn(move || read_all(&mut out))),
+        err: Some(std::thread::spawn(move || read_all(&mut err))),
+    }
+}
+
+impl Background {
+    /// Whether it is still running.
+    pub fn running(&mut self) -> bool {
+        self.child.try_wait().expect("wait").is_none()
+    }
+
+    pub fn finish(mut self) -> Output {
+        let start = Instant::now();
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                break status;
+            }
+            if start.elapsed() > HANG_LIMIT {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!("background kumo still running after {HANG_LIMIT:?}: hung");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        Output {
+            status,
+            stdout: self.out.take().unwrap().join().unwrap(),
+            stderr: self.err.take().unwrap().join().unwrap(),
+        }
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        if self.out.is_some() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Waits (hang guard) until `path` exists: a background kumo's socket is up.
+pub fn wait_for_path(path: &std::path::Path) {
+    let start = Instant::now();
+    while !path.exists() {
+        assert!(
+            start.elapsed() < HANG_LIMIT,
+            "{} never appeared",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}

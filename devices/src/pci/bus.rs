@@ -10,7 +10,10 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
+use serde::{Deserialize, Serialize};
+
 use super::config::{BarRegion, ConfigSpace, ECAM_FUNCTION_SIZE};
+use crate::state::{DeviceStateError, PciDeviceState};
 use crate::{IoAction, PioDevice};
 
 /// Devices (slots) on a bus.
@@ -34,6 +37,25 @@ pub trait PciDevice: Send + Sync {
     fn doorbells(&self) -> Vec<Doorbell> {
         Vec::new()
     }
+    /// Its state for a snapshot. A model without state support says so, and a VM
+    /// holding it cannot be saved.
+    fn save_state(&self) -> Result<PciDeviceState, DeviceStateError> {
+        Err(DeviceStateError::Unsupported {
+            device: "a PCI device",
+        })
+    }
+    /// Puts saved state back (before the guest runs again).
+    fn restore_state(&self, _state: &PciDeviceState) -> Result<(), DeviceStateError> {
+        Err(DeviceStateError::Unsupported {
+            device: "a PCI device",
+        })
+    }
+}
+
+/// Bus 0 as a snapshot holds it: the state of the device in each slot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PciBusState {
+    pub slots: Vec<Option<PciDeviceState>>,
 }
 
 /// A doorbell of a device: a guest write of any size at `offset` in memory BAR `bar`
@@ -101,7 +123,34 @@ impl PciDevice for HostBridge {
         data.fill(0xff);
     }
     fn bar_write(&self, _bar: u8, _offset: u64, _data: &[u8]) {}
+    fn save_state(&self) -> Result<PciDeviceState, DeviceStateError> {
+        Ok(PciDeviceState {
+            kind: HOST_BRIDGE_KIND.into(),
+            config: self.config.state(),
+            msix: None,
+        })
+    }
+    fn restore_state(&self, state: &PciDeviceState) -> Result<(), DeviceStateError> {
+        if state.kind != HOST_BRIDGE_KIND || state.msix.is_some() {
+            return Err(DeviceStateError::mismatch(
+                "host bridge",
+                format!("the state is a '{}'s", state.kind),
+            ));
+        }
+        // Nothing in the bridge changes at run time: the saved registers must be its own.
+        let mut check = self.config.clone();
+        check.restore_state(&state.config)?;
+        if check.state() != self.config.state() {
+            return Err(DeviceStateError::mismatch(
+                "host bridge",
+                "registers differ from the bridge's fixed ones",
+            ));
+        }
+        Ok(())
+    }
 }
+
+const HOST_BRIDGE_KIND: &str = "host-bridge";
 
 /// A decoded BAR: where, and whose.
 #[derive(Debug, Clone, Copy)]
@@ -163,6 +212,45 @@ impl PciBus {
         self.slots[slot] = Some(device);
         self.refresh_routes();
         Ok(slot as u8)
+    }
+
+    /// Every slot's device state (a VM with a device that cannot be saved cannot be).
+    pub fn save_state(&self) -> Result<PciBusState, DeviceStateError> {
+        let slots = self
+            .slots
+            .iter()
+            .map(|d| d.as_ref().map(|d| d.save_state()).transpose())
+            .collect::<Result<_, _>>()?;
+        Ok(PciBusState { slots })
+    }
+
+    /// Puts every slot's state back into the devices this bus was built with (the same
+    /// slots must be filled) and re-derives the BAR routes.
+    pub fn restore_state(&self, state: &PciBusState) -> Result<(), DeviceStateError> {
+        if state.slots.len() != self.slots.len() {
+            return Err(DeviceStateError::mismatch(
+                "PCI bus",
+                format!(
+                    "{} slots saved, bus 0 has {}",
+                    state.slots.len(),
+                    self.slots.len()
+                ),
+            ));
+        }
+        for (slot, (device, saved)) in self.slots.iter().zip(&state.slots).enumerate() {
+            match (device, saved) {
+                (Some(device), Some(saved)) => device.restore_state(saved)?,
+                (None, None) => {}
+                (Some(_), None) | (None, Some(_)) => {
+                    return Err(DeviceStateError::mismatch(
+                        "PCI bus",
+                        format!("slot {slot} is filled on one side only"),
+                    ));
+                }
+            }
+        }
+        self.refresh_routes();
+        Ok(())
     }
 
     fn device(&self, bus: u32, slot: u32, function: u32) -> Option<&Arc<dyn PciDevice>> {
@@ -319,6 +407,16 @@ impl ConfigPorts {
             bus,
             address: AtomicU32::new(0),
         }
+    }
+
+    /// The address register (the only state of the ports).
+    pub fn address(&self) -> u32 {
+        self.address.load(Ordering::SeqCst)
+    }
+
+    /// Restores the address register (masked as a guest write is).
+    pub fn set_address(&self, value: u32) {
+        self.address.store(value & 0x80ff_fffc, Ordering::SeqCst);
     }
 
     /// (bus, slot, function, register) the address register selects, if enabled.

@@ -37,6 +37,17 @@ const STATUS_W1C: u16 = 0xf900;
 /// Where capabilities start (after the standard header).
 const FIRST_CAPABILITY: usize = 0x40;
 
+use serde::{Deserialize, Serialize};
+
+use crate::state::DeviceStateError;
+
+/// The registers of a configuration space as a snapshot holds them (the layout, masks
+/// and BAR sizes belong to the device model and are rebuilt by it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConfigSpaceState {
+    pub bytes: Vec<u8>,
+}
+
 /// What a BAR decodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BarKind {
@@ -235,6 +246,40 @@ impl ConfigSpace {
         self.last_capability = Some(at);
         self.next_free = (at + len).next_multiple_of(4);
         Ok(at)
+    }
+
+    /// The registers now.
+    pub fn state(&self) -> ConfigSpaceState {
+        ConfigSpaceState {
+            bytes: self.bytes.to_vec(),
+        }
+    }
+
+    /// Puts saved registers back. The state must be of the same layout: same size,
+    /// and every bit the guest cannot change (identity, BAR types, capabilities) equal
+    /// to this space's, so a state is never restored into another kind of device.
+    pub fn restore_state(&mut self, state: &ConfigSpaceState) -> Result<(), DeviceStateError> {
+        let bytes: &[u8; CONFIG_SIZE] = state.bytes.as_slice().try_into().map_err(|_| {
+            DeviceStateError::mismatch(
+                "PCI configuration space",
+                format!("{} bytes, not {CONFIG_SIZE}", state.bytes.len()),
+            )
+        })?;
+        for (at, (&saved, &now)) in bytes.iter().zip(&self.bytes).enumerate() {
+            let fixed = !(self.writable[at] | self.clear_on_write[at]);
+            // BAR address bits are placed by the VMM (device side), not masked as
+            // writable until the BAR exists: they are compared through the masks too.
+            if (saved ^ now) & fixed != 0 {
+                return Err(DeviceStateError::mismatch(
+                    "PCI configuration space",
+                    format!(
+                        "read-only byte {at:#x} differs (saved {saved:#04x}, device {now:#04x})"
+                    ),
+                ));
+            }
+        }
+        self.bytes = *bytes;
+        Ok(())
     }
 
     /// A guest read of `data.len()` bytes at `offset` (any alignment).

@@ -8,7 +8,8 @@ pub mod config;
 pub mod msix;
 
 pub use bus::{
-    BarAllocator, ConfigPorts, Doorbell, DoorbellWiring, HostBridge, PciBus, PciDevice, PciError,
+    BarAllocator, ConfigPorts, Doorbell, DoorbellWiring, HostBridge, PciBus, PciBusState,
+    PciDevice, PciError,
 };
-pub use config::{Bar, BarKind, BarRegion, ConfigError, ConfigSpace};
-pub use msix::{MsiMessage, Msix, MsixSink, Update};
+pub use config::{Bar, BarKind, BarRegion, ConfigError, ConfigSpace, ConfigSpaceState};
+pub use msix::{MsiMessage, Msix, MsixSink, MsixState, Update};

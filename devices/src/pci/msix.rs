@@ -21,6 +21,20 @@ pub const CONTROL_FUNCTION_MASK: u16 = 1 << 14;
 /// Vector control: this vector masked.
 const ENTRY_MASKED: u32 = 1;
 
+use serde::{Deserialize, Serialize};
+
+use crate::state::DeviceStateError;
+
+/// A function's MSI-X table, PBA and control bits as a snapshot holds them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MsixState {
+    /// Per vector: address low, address high, data, vector control.
+    pub entries: Vec<[u32; 4]>,
+    pub pending: Vec<u64>,
+    pub enabled: bool,
+    pub function_masked: bool,
+}
+
 /// A message-signalled interrupt as the table holds it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct MsiMessage {
@@ -147,6 +161,58 @@ impl Msix {
 
     pub fn vectors(&self) -> u16 {
         self.entries.len() as u16
+    }
+
+    /// Table, PBA and control now.
+    pub fn state(&self) -> MsixState {
+        MsixState {
+            entries: self
+                .entries
+                .iter()
+                .map(|e| [e.address_low, e.address_high, e.data, e.control])
+                .collect(),
+            pending: self.pending.clone(),
+            enabled: self.enabled,
+            function_masked: self.function_masked,
+        }
+    }
+
+    /// Puts a saved table back; the vector count must be this function's. The caller
+    /// re-routes every vector afterwards ([`Msix::route`]): nothing is delivered here.
+    pub fn restore_state(&mut self, state: &MsixState) -> Result<(), DeviceStateError> {
+        if state.entries.len() != self.entries.len() || state.pending.len() != self.pending.len() {
+            return Err(DeviceStateError::mismatch(
+                "MSI-X",
+                format!(
+                    "{} vectors and {} PBA words saved, the function has {} and {}",
+                    state.entries.len(),
+                    state.pending.len(),
+                    self.entries.len(),
+                    self.pending.len()
+                ),
+            ));
+        }
+        let unused_pending = self.entries.len() % 64;
+        if unused_pending != 0
+            && state
+                .pending
+                .last()
+                .is_some_and(|w| w >> unused_pending != 0)
+        {
+            return Err(DeviceStateError::mismatch(
+                "MSI-X",
+                "pending bits set for vectors the function does not have",
+            ));
+        }
+        for (entry, words) in self.entries.iter_mut().zip(&state.entries) {
+            for (i, w) in words.iter().enumerate() {
+                entry.set_word(i, *w);
+            }
+        }
+        self.pending.clone_from(&state.pending);
+        self.enabled = state.enabled;
+        self.function_masked = state.function_masked;
+        Ok(())
     }
 
     /// Table bytes (what the BAR must hold at the table offset).

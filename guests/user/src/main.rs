@@ -85,6 +85,7 @@ enum Probe {
     Switch { millis: u64 },
     Wake { millis: u64, period_us: u64 },
     Busy { millis: u64 },
+    Gap { millis: u64 },
 }
 
 fn parse_probe(text: &str) -> Option<Probe> {
@@ -95,6 +96,7 @@ fn parse_probe(text: &str) -> Option<Probe> {
     let probe = match kind {
         "switch" => Probe::Switch { millis },
         "busy" => Probe::Busy { millis },
+        "gap" => Probe::Gap { millis },
         "wake" => Probe::Wake {
             millis,
             period_us: number().filter(|&us| (10..=1_000_000).contains(&us))?,
@@ -173,6 +175,9 @@ fn master(info: &BootInfo) -> ! {
         }
         Some(Probe::Wake { millis, period_us }) => {
             all_verified &= probe::wake(info, millis, period_us);
+        }
+        Some(Probe::Gap { millis }) => {
+            all_verified &= probe::gap(info, millis);
         }
         None => {}
     }

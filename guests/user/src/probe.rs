@@ -164,3 +164,31 @@ pub fn busy(info: &BootInfo, millis: u64) {
         core::hint::spin_loop();
     }
 }
+
+/// `probe=gap:MS`: CPU 0 spins MS milliseconds in ring 3 reading the TSC and reports
+/// the longest time it saw pass between two reads, and how many such gaps exceeded
+/// 1 ms: the downtime of a migration or snapshot as the guest feels it (KVM keeps the
+/// TSC running with wall time across a restore), beside ordinary descheduling.
+pub fn gap(info: &BootInfo, millis: u64) -> bool {
+    let ms = info.tsc_khz.max(1);
+    let mut last = sys::rdtsc();
+    let end = last + millis * info.tsc_khz;
+    let (mut longest, mut over_ms) = (0u64, 0u64);
+    while last < end {
+        let now = sys::rdtsc();
+        let gap = now.saturating_sub(last);
+        if gap > ms {
+            over_ms += 1;
+        }
+        longest = longest.max(gap);
+        last = now;
+    }
+    let mut line = Line::new();
+    let _ = write!(
+        line,
+        "@kumo gapprobe millis={millis} max_gap_us={:.1} gaps_over_1ms={over_ms}",
+        longest as f64 * 1000.0 / ms as f64,
+    );
+    line.emit();
+    true
+}

@@ -1,0 +1,458 @@
+//! Saving a running VM and building one from saved state: snapshots to a file and
+//! live migration share the stream format of [`stream`].
+//!
+//! Pausing: a controller thread calls [`Hub::pause`]. Every vCPU thread sees the
+//! request before its next KVM_RUN (a kick makes it leave the guest), completes any
+//! I/O KVM still holds for it, saves its own state on its own thread and waits. The
+//! returned [`Paused`] gives the VM's, the devices' and RAM's state; dropping it
+//! resumes the vCPUs, and [`Paused::hand_off`] ends the VM here instead (its run
+//! returns [`crate::GuestExit::HandedOff`]).
+
+pub mod auth;
+pub mod live;
+mod restore;
+pub mod state;
+pub mod stream;
+
+use std::fs::File;
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use devices::pci::{ConfigPorts, PciBus};
+use devices::{BootTimer, Com1};
+use kvm_bindings::{KVM_MAX_CPUID_ENTRIES, kvm_cpuid_entry2};
+use kvm_ioctls::{VcpuFd, VmFd};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+pub use restore::restore_from;
+pub use state::{DeviceStates, VcpuState, VmState};
+pub use stream::{Meta, StreamError};
+
+use crate::Error;
+use crate::placement::VcpuControl;
+use stream::{PAGE_SIZE, RamWriter};
+
+/// How long a pause waits between kicks of vCPUs that have not stopped yet.
+const REKICK: Duration = Duration::from_millis(10);
+/// A vCPU that has not stopped after this long (stuck in a device, or held at a
+/// scheduler's gate) fails the pause; the others resume.
+const PAUSE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The devices a running VM has, given to the hub by `Vm::run`.
+pub(crate) struct Devices {
+    pub com1: Arc<Com1>,
+    pub timer: Arc<BootTimer>,
+    pub ports: Arc<ConfigPorts>,
+    pub pci: Arc<PciBus>,
+}
+
+#[derive(Default)]
+struct HubState {
+    /// vCPU threads waiting at the pause point.
+    paused: usize,
+    /// What each paused vCPU saved.
+    saved: Vec<Option<Result<VcpuState, String>>>,
+    /// A pause is under way (one at a time).
+    busy: bool,
+    /// The VM is ending: nobody waits for anything any more.
+    ending: bool,
+    /// The VM was handed off: paused vCPUs end instead of resuming.
+    handed_off: bool,
+}
+
+/// The meeting point of a VM's vCPU threads and whoever saves the VM.
+pub struct Hub {
+    vcpus: usize,
+    msr_indices: Vec<u32>,
+    cpuid: Vec<Vec<kvm_cpuid_entry2>>,
+    requested: AtomicBool,
+    state: Mutex<HubState>,
+    changed: Condvar,
+    vm: Arc<VmFd>,
+    memory: GuestMemoryMmap,
+    memfd: File,
+    control: Arc<VcpuControl>,
+    devices: Mutex<Option<Arc<Devices>>>,
+}
+
+impl Hub {
+    pub(crate) fn new(
+        kvm: &kvm_ioctls::Kvm,
+        vcpus: &[VcpuFd],
+        vm: Arc<VmFd>,
+        memory: GuestMemoryMmap,
+        memfd: &File,
+        control: Arc<VcpuControl>,
+    ) -> Result<Hub, Error> {
+        let cpuid = vcpus
+            .iter()
+            .map(|v| {
+                v.get_cpuid2(KVM_MAX_CPUID_ENTRIES)
+                    .map(|c| c.as_slice().to_vec())
+                    .map_err(crate::kvm::ioctl("KVM_GET_CPUID2"))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Hub {
+            vcpus: vcpus.len(),
+            msr_indices: state::msr_indices(kvm),
+            cpuid,
+            requested: AtomicBool::new(false),
+            state: Mutex::new(HubState::default()),
+            changed: Condvar::new(),
+            vm,
+            memory,
+            memfd: memfd.try_clone().map_err(|source| Error::Os {
+                what: "duplicating the guest RAM memfd",
+                source,
+            })?,
+            control,
+            devices: Mutex::new(None),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HubState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn attach(&self, devices: Devices) {
+        *self.devices.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(devices));
+    }
+
+    /// `Vm::run` is ending the VM: wakes every waiter for good.
+    pub(crate) fn vm_ending(&self) {
+        self.lock().ending = true;
+        self.changed.notify_all();
+    }
+
+    /// Checked by each vCPU thread before KVM_RUN (one atomic load).
+    #[inline]
+    pub(crate) fn pause_requested(&self) -> bool {
+        self.requested.load(Ordering::Acquire)
+    }
+
+    /// The vCPU thread's side of a pause. Returns true if the VM was handed off (the
+    /// thread ends), false to go on running.
+    pub(crate) fn pause_point(&self, index: u32, vcpu: &mut VcpuFd) -> bool {
+        // KVM completes an I/O read (the value into the register) on the next
+        // KVM_RUN; with immediate_exit it does that and returns EINTR at once.
+        vcpu.set_kvm_immediate_exit(1);
+        let completed = match vcpu.run() {
+            Err(e) if e.errno() == libc::EINTR => Ok(()),
+            Err(e) => Err(format!("completing pending I/O: {e}")),
+            Ok(exit) => Err(format!("completing pending I/O: unexpected exit {exit:?}")),
+        };
+        vcpu.set_kvm_immediate_exit(0);
+        let saved = completed
+            .and_then(|()| state::save_vcpu(vcpu, &self.msr_indices).map_err(|e| e.to_string()));
+        let mut st = self.lock();
+        if let Some(slot) = st.saved.get_mut(index as usize) {
+            *slot = Some(saved);
+        }
+        st.paused += 1;
+        self.changed.notify_all();
+        while self.requested.load(Ordering::Acquire) && !st.ending {
+            st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        st.paused -= 1;
+        let handed_off = st.handed_off;
+        self.changed.notify_all();
+        handed_off
+    }
+
+    /// Stops every vCPU (on its own thread) and takes its state. Fails, with the VM
+    /// running on, if the VM is not running or ends meanwhile, or a vCPU's state cannot
+    /// be read.
+    pub fn pause(&self) -> Result<Paused<'_>, Error> {
+        self.pause_within(PAUSE_TIMEOUT)
+    }
+
+    /// As [`Hub::pause`], giving up after `timeout` if a vCPU does not stop.
+    pub fn pause_within(&self, timeout: Duration) -> Result<Paused<'_>, Error> {
+        let started = Instant::now();
+        let devices = self
+            .devices
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .ok_or_else(|| Error::Migration("the VM is not running yet".into()))?;
+        let mut st = self.lock();
+        if st.busy {
+            return Err(Error::Migration(
+                "another snapshot or migration is under way".into(),
+            ));
+        }
+        // Threads still leaving an earlier pause must be gone first.
+        while st.paused > 0 && !st.ending {
+            st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        if st.ending || st.handed_off {
+            return Err(Error::Migration("the VM has ended".into()));
+        }
+        st.busy = true;
+        st.saved = (0..self.vcpus).map(|_| None).collect();
+        self.requested.store(true, Ordering::SeqCst);
+        while st.paused < self.vcpus && !st.ending && started.elapsed() < timeout {
+            drop(st);
+            for v in 0..self.vcpus {
+                if !self.control.has_ended(v) {
+                    let _ = self.control.kick_vcpu(v);
+                }
+            }
+            st = self.lock();
+            let deadline = Instant::now() + REKICK;
+            while st.paused < self.vcpus && !st.ending {
+                let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                    break;
+                };
+                st = self
+                    .changed
+                    .wait_timeout(st, left)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+        }
+        let result = if st.ending {
+            Err(Error::Migration("the VM ended while pausing".into()))
+        } else if st.paused < self.vcpus {
+            let stuck: Vec<String> = (0..self.vcpus)
+                .filter(|&i| st.saved[i].is_none())
+                .map(|i| i.to_string())
+                .collect();
+            Err(Error::Migration(format!(
+                "vCPU {} did not stop within {:.1} s; the VM runs on",
+                stuck.join(", "),
+                timeout.as_secs_f64()
+            )))
+        } else {
+            st.saved
+                .iter_mut()
+                .enumerate()
+                .map(|(i, s)| match s.take() {
+                    Some(Ok(state)) => Ok(state),
+                    Some(Err(why)) => Err(Error::Migration(format!("vCPU {i}: {why}"))),
+                    None => Err(Error::Migration(format!("vCPU {i} did not save"))),
+                })
+                .collect::<Result<Vec<_>, _>>()
+        };
+        drop(st);
+        let vcpus = match result {
+            Ok(v) => v,
+            Err(e) => {
+                self.resume(false);
+                return Err(e);
+            }
+        };
+        Ok(Paused {
+            hub: self,
+            vcpus,
+            devices,
+            handed_off: false,
+            paused_at: Instant::now(),
+            pause_took: started.elapsed(),
+        })
+    }
+
+    fn resume(&self, hand_off: bool) {
+        let mut st = self.lock();
+        st.handed_off |= hand_off;
+        st.busy = false;
+        self.requested.store(false, Ordering::SeqCst);
+        drop(st);
+        self.changed.notify_all();
+    }
+
+    pub(crate) fn vm(&self) -> &VmFd {
+        &self.vm
+    }
+
+    pub(crate) fn memory(&self) -> &GuestMemoryMmap {
+        &self.memory
+    }
+
+    pub(crate) fn memfd(&self) -> &File {
+        &self.memfd
+    }
+
+    /// The META section's contents for this VM.
+    pub fn meta(&self, app: String) -> Meta {
+        Meta {
+            vcpus: self.vcpus as u32,
+            memory_bytes: memory_bytes(&self.memory),
+            cpuid: self.cpuid.clone(),
+            app,
+        }
+    }
+}
+
+fn memory_bytes(memory: &GuestMemoryMmap) -> u64 {
+    use vm_memory::GuestMemoryBackend;
+    memory.last_addr().0 + 1
+}
+
+/// A VM whose vCPUs are all stopped and saved. Dropping it resumes them.
+pub struct Paused<'a> {
+    hub: &'a Hub,
+    vcpus: Vec<VcpuState>,
+    devices: Arc<Devices>,
+    handed_off: bool,
+    paused_at: Instant,
+    pause_took: Duration,
+}
+
+impl std::fmt::Debug for Paused<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Paused")
+            .field("vcpus", &self.vcpus.len())
+            .finish()
+    }
+}
+
+impl Paused<'_> {
+    pub fn vcpus(&self) -> &[VcpuState] {
+        &self.vcpus
+    }
+
+    /// How long stopping every vCPU took.
+    pub fn pause_took(&self) -> Duration {
+        self.pause_took
+    }
+
+    /// Since every vCPU stopped.
+    pub fn paused_for(&self) -> Duration {
+        self.paused_at.elapsed()
+    }
+
+    pub fn vm_state(&self) -> Result<VmState, Error> {
+        state::save_vm(self.hub.vm())
+    }
+
+    pub fn device_states(&self) -> Result<DeviceStates, Error> {
+        let d = &self.devices;
+        Ok(DeviceStates {
+            com1: d.com1.state(),
+            boot_timer: d.timer.state(),
+            pci_address: d.ports.address(),
+            pci: d
+                .pci
+                .save_state()
+                .map_err(|e| Error::Migration(e.to_string()))?,
+        })
+    }
+
+    /// The VM ends here: its vCPU threads end and its run returns
+    /// [`crate::GuestExit::HandedOff`].
+    pub fn hand_off(mut self) {
+        self.handed_off = true;
+        self.hub.resume(true);
+    }
+
+    /// Writes the final sections: vCPUs, VM, devices, the program's `app` if given
+    /// (replacing META's), END.
+    pub fn write_state(&self, w: &mut impl Write, app: Option<String>) -> Result<(), Error> {
+        let vm = self.vm_state()?;
+        let devices = self.device_states()?;
+        stream::write_json(w, stream::TAG_VCPU, &self.vcpus)?;
+        stream::write_json(w, stream::TAG_VM, &vm)?;
+        stream::write_json(w, stream::TAG_DEVICES, &devices)?;
+        if let Some(app) = app {
+            stream::write_json(w, stream::TAG_APP, &app)?;
+        }
+        stream::write_section(w, stream::TAG_END, &[])?;
+        Ok(())
+    }
+}
+
+impl Drop for Paused<'_> {
+    fn drop(&mut self) {
+        if !self.handed_off {
+            self.hub.resume(false);
+        }
+    }
+}
+
+/// What writing a stream sent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Written {
+    pub pages: u64,
+    pub bytes: u64,
+}
+
+/// Writes every page of RAM that holds data (the memfd's holes read as zeros on
+/// the other side too, so they are skipped without being read).
+pub(crate) fn write_all_ram(
+    memory: &GuestMemoryMmap,
+    memfd: &File,
+    w: &mut impl Write,
+) -> Result<Written, Error> {
+    let size = memory_bytes(memory);
+    let mut ram = RamWriter::new();
+    let mut page = vec![0u8; PAGE_SIZE];
+    for (start, end) in data_ranges(memfd, size) {
+        let mut gpa = start;
+        while gpa < end {
+            memory
+                .read_slice(&mut page, GuestAddress(gpa))
+                .map_err(|e| Error::GuestMemory(e.to_string()))?;
+            ram.page(w, gpa, &page)?;
+            gpa += PAGE_SIZE as u64;
+        }
+    }
+    ram.flush(w)?;
+    Ok(Written {
+        pages: ram.total_pages,
+        bytes: ram.total_bytes,
+    })
+}
+
+/// The page-aligned ranges of the memfd that hold data (SEEK_DATA / SEEK_HOLE); the
+/// whole file if the kernel cannot tell.
+fn data_ranges(memfd: &File, size: u64) -> Vec<(u64, u64)> {
+    use std::os::fd::AsRawFd;
+    let fd = memfd.as_raw_fd();
+    let mut ranges = Vec::new();
+    let mut at: i64 = 0;
+    let size_i = size as i64;
+    while at < size_i {
+        // SAFETY: lseek on a descriptor we own; it only moves this descriptor's offset
+        // (this duplicate is used by nothing else).
+        let data = unsafe { libc::lseek(fd, at, libc::SEEK_DATA) };
+        if data < 0 {
+            if std::io::Error::last_os_error().raw_os_error() == Some(libc::ENXIO) {
+                break; // no data after `at`
+            }
+            return vec![(0, size)];
+        }
+        // SAFETY: as above.
+        let hole = unsafe { libc::lseek(fd, data, libc::SEEK_HOLE) };
+        let hole = if hole < 0 { size_i } else { hole.min(size_i) };
+        let start = (data as u64) & !(PAGE_SIZE as u64 - 1);
+        let end = (hole as u64).next_multiple_of(PAGE_SIZE as u64).min(size);
+        ranges.push((start, end));
+        at = end as i64;
+    }
+    ranges
+}
+
+/// Saves the whole VM to `w` (a snapshot): header, META, RAM, state, END. The VM
+/// stays paused while it is written; the caller decides whether it resumes (drop
+/// the returned [`Paused`]) or ends ([`Paused::hand_off`]).
+/// `app` describes the program's side (see [`Meta::app`]); it is asked for once the
+/// vCPUs are stopped, so it may include what they produced so far.
+pub fn write_snapshot<'a>(
+    hub: &'a Hub,
+    w: &mut impl Write,
+    app: impl FnOnce() -> String,
+) -> Result<(Paused<'a>, Written), Error> {
+    let paused = hub.pause()?;
+    stream::write_header(w)?;
+    stream::write_json(w, stream::TAG_META, &hub.meta(app()))?;
+    let written = write_all_ram(hub.memory(), hub.memfd(), w)?;
+    paused.write_state(w, None)?;
+    w.flush().map_err(StreamError::from)?;
+    Ok((paused, written))
+}
+
+#[cfg(test)]
+mod tests;

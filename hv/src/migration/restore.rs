@@ -1,0 +1,179 @@
+//! Building a VM from a stream: META creates it (RAM, irqchip, vCPUs with the saved
+//! CPUID), RAM sections fill memory, and at END the irqchip, clock, vCPU and device
+//! state go in. Nothing runs until the caller runs the returned VM.
+
+use std::io::Read;
+use std::path::Path;
+use std::sync::Arc;
+
+use kvm_bindings::{CpuId, kvm_userspace_memory_region};
+use kvm_ioctls::Cap;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
+
+use super::Hub;
+use super::state::{self, DeviceStates, VcpuState, VmState};
+use super::stream::{
+    self, Meta, StreamError, TAG_APP, TAG_DEVICES, TAG_END, TAG_META, TAG_RAM, TAG_VCPU, TAG_VM,
+    tag_name,
+};
+use crate::kvm::{self, ioctl};
+use crate::layout::{KVM_TSS_ADDR, PCI_ECAM_BASE, PCI_MMIO_END, PCI_MMIO_START};
+use crate::placement::VcpuControl;
+use crate::vm::{create_memory, create_vm};
+use crate::{Error, Vm};
+
+/// Reads a whole stream (header first) from `r` and builds the VM it describes.
+/// Returns the VM, ready to run, and the stream's META (with the program's `app`).
+pub fn restore_from(r: &mut impl Read, kvm_device: &Path) -> Result<(Vm, Meta), Error> {
+    stream::read_header(r)?;
+    let first = stream::read_section(r)?;
+    if first.tag != TAG_META {
+        return Err(StreamError::Order(tag_name(&first.tag)).into());
+    }
+    let mut meta: Meta = first.json()?;
+    stream::check_meta(&meta)?;
+    let mut vm = create(&meta, kvm_device)?;
+    let mut vcpus: Option<Vec<VcpuState>> = None;
+    let mut vm_state: Option<VmState> = None;
+    let mut devices: Option<DeviceStates> = None;
+    let mut app: Option<String> = None;
+    loop {
+        let section = stream::read_section(r)?;
+        match section.tag {
+            TAG_RAM if vcpus.is_none() => {
+                for page in section.pages(meta.memory_bytes) {
+                    let (gpa, bytes) = page?;
+                    let zeros;
+                    let bytes = match bytes {
+                        Some(b) => b,
+                        None => {
+                            zeros = [0u8; stream::PAGE_SIZE];
+                            &zeros[..]
+                        }
+                    };
+                    vm.memory
+                        .write_slice(bytes, GuestAddress(gpa))
+                        .map_err(|e| Error::GuestMemory(e.to_string()))?;
+                }
+            }
+            TAG_VCPU if vcpus.is_none() => {
+                tracing::debug!("VCPU section ({} bytes)", section.payload.len());
+                let v: Vec<VcpuState> = section.json()?;
+                if v.len() != meta.vcpus as usize {
+                    return Err(StreamError::Malformed {
+                        tag: "VCPU".into(),
+                        why: format!("{} vCPU states for {} vCPUs", v.len(), meta.vcpus),
+                    }
+                    .into());
+                }
+                vcpus = Some(v);
+            }
+            TAG_VM if vm_state.is_none() && vcpus.is_some() => vm_state = Some(section.json()?),
+            TAG_DEVICES if devices.is_none() && vcpus.is_some() => devices = Some(section.json()?),
+            TAG_APP if app.is_none() && vcpus.is_some() => app = Some(section.json()?),
+            TAG_END => {
+                tracing::debug!("stream END; applying state");
+                if let Some(app) = app {
+                    meta.app = app;
+                }
+                let (Some(vcpus), Some(vm_state), Some(devices)) = (vcpus, vm_state, devices)
+                else {
+                    return Err(StreamError::Order("END".into()).into());
+                };
+                apply(&mut vm, &vcpus, &vm_state, devices)?;
+                return Ok((vm, meta));
+            }
+            tag => return Err(StreamError::Order(tag_name(&tag)).into()),
+        }
+    }
+}
+
+/// A VM of META's shape with nothing loaded: RAM, irqchip, vCPUs with their CPUID.
+fn create(meta: &Meta, kvm_device: &Path) -> Result<Vm, Error> {
+    let kvm = kvm::open(kvm_device)?;
+    let max = kvm::max_vcpus(&kvm);
+    if meta.vcpus > max {
+        return Err(Error::TooManyVcpus {
+            requested: meta.vcpus,
+            max,
+        });
+    }
+    let vm = create_vm(&kvm)?;
+    let (memory, memfd) = create_memory(meta.memory_bytes)?;
+    let host = memory
+        .get_host_address(GuestAddress(0))
+        .map_err(|e| Error::GuestMemory(e.to_string()))?;
+    let region = kvm_userspace_memory_region {
+        slot: 0,
+        flags: 0,
+        guest_phys_addr: 0,
+        memory_size: meta.memory_bytes,
+        userspace_addr: host as u64,
+    };
+    // SAFETY: the region maps `memory`, a live mapping of exactly `memory_bytes` bytes
+    // that the Vm owns and drops only after the VM fd (field order).
+    unsafe { vm.set_user_memory_region(region) }.map_err(ioctl("KVM_SET_USER_MEMORY_REGION"))?;
+    vm.set_tss_address(KVM_TSS_ADDR)
+        .map_err(ioctl("KVM_SET_TSS_ADDR"))?;
+    vm.create_irq_chip().map_err(ioctl("KVM_CREATE_IRQCHIP"))?;
+    let mut vcpus = Vec::with_capacity(meta.vcpus as usize);
+    for (index, entries) in meta.cpuid.iter().enumerate() {
+        let vcpu = vm
+            .create_vcpu(index as u64)
+            .map_err(ioctl("KVM_CREATE_VCPU"))?;
+        let cpuid = CpuId::from_entries(entries).map_err(|_| Error::Kvm {
+            ioctl: "KVM_SET_CPUID2",
+            source: kvm_ioctls::Error::new(libc::E2BIG),
+        })?;
+        vcpu.set_cpuid2(&cpuid).map_err(ioctl("KVM_SET_CPUID2"))?;
+        vcpus.push(vcpu);
+    }
+    let vm = Arc::new(vm);
+    let control = Arc::new(VcpuControl::new(vcpus.len()));
+    let hub = Arc::new(Hub::new(
+        &kvm,
+        &vcpus,
+        vm.clone(),
+        memory.clone(),
+        &memfd,
+        control.clone(),
+    )?);
+    let doorbells = Arc::new(crate::doorbells::IoEventWiring::new(vm.clone()));
+    let mut pci = devices::pci::PciBus::new(PCI_ECAM_BASE);
+    pci.set_doorbell_wiring(doorbells.clone());
+    Ok(Vm {
+        vcpus,
+        vm,
+        control,
+        limits: crate::stop::default_limits(),
+        pci,
+        doorbells,
+        bar_window: devices::pci::BarAllocator::new(PCI_MMIO_START, PCI_MMIO_END),
+        hub,
+        restored: None,
+        _kvm: kvm,
+        memory,
+        memfd,
+    })
+}
+
+/// Puts the saved irqchip, clock, vCPU and device state into a created VM.
+fn apply(
+    vm: &mut Vm,
+    vcpus: &[VcpuState],
+    vm_state: &VmState,
+    devices: DeviceStates,
+) -> Result<(), Error> {
+    state::restore_vm(&vm.vm, vm_state)?;
+    tracing::debug!("irqchip and clock restored");
+    let xsave_size = usize::try_from(vm._kvm.check_extension_int(Cap::Xsave2)).unwrap_or(0);
+    for (index, (fd, saved)) in vm.vcpus.iter().zip(vcpus).enumerate() {
+        state::restore_vcpu(fd, saved, xsave_size)
+            .map_err(|e| Error::Migration(format!("restoring vCPU {index}: {e}")))?;
+    }
+    // The PCI bus is rebuilt by whoever plugs devices in before `run`; its state is
+    // checked against it there.
+    tracing::debug!("vCPUs restored");
+    vm.restored = Some(devices);
+    Ok(())
+}

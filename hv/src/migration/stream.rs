@@ -1,0 +1,420 @@
+//! The VM stream: one format for snapshot files and migration connections.
+//!
+//! ```text
+//! header   "KUMOVM\r\n" (8 bytes), version: u32 LE, reserved: u32 LE (0)
+//! section  tag: 4 bytes, length: u32 LE, crc32 of the payload: u32 LE, payload
+//! ```
+//!
+//! Sections, in order: `META` (JSON [`Meta`]: vCPUs, RAM size, CPUID, the program's
+//! own description), any number of `RAM ` (page records), then `VCPU` (JSON, every
+//! vCPU's state), `VMST` (JSON, irqchip and clock), `DEVS` (JSON, device state) and
+//! `END\0` (empty); an `APPS` section (JSON string) may come after `VCPU` and
+//! replaces META's `app`. A page record is `gpa: u64 LE`, `kind: u8` (0: the page is all
+//! zeros, 1: 4096 bytes follow). A migration sends `RAM ` sections once per round;
+//! a later record for a page replaces the earlier one.
+//!
+//! Everything read is checked before use: an unknown tag, a section over
+//! [`MAX_SECTION`], a checksum that does not match, a record outside RAM or a
+//! malformed JSON body is an error. The reader never panics on any input.
+
+use std::io::{Read, Write};
+
+use serde::{Deserialize, Serialize};
+
+use super::state::{DeviceStates, VcpuState, VmState};
+
+pub const MAGIC: [u8; 8] = *b"KUMOVM\r\n";
+/// Bumped on any incompatible change of the sections or their JSON.
+pub const VERSION: u32 = 1;
+/// Largest section accepted (a RAM section holds at most [`PAGES_PER_SECTION`] pages).
+pub const MAX_SECTION: u32 = 8 << 20;
+pub const PAGE_SIZE: usize = 4096;
+/// Pages per RAM section when writing.
+pub const PAGES_PER_SECTION: usize = 1024;
+
+pub const TAG_META: [u8; 4] = *b"META";
+pub const TAG_RAM: [u8; 4] = *b"RAM ";
+pub const TAG_VCPU: [u8; 4] = *b"VCPU";
+pub const TAG_VM: [u8; 4] = *b"VMST";
+pub const TAG_DEVICES: [u8; 4] = *b"DEVS";
+pub const TAG_END: [u8; 4] = *b"END\0";
+/// The program's description again, as it is once the VM stopped (a migration
+/// sends META before the copy rounds, while the guest still runs).
+pub const TAG_APP: [u8; 4] = *b"APPS";
+
+/// What a stream's reader or writer found wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError {
+    #[error("not a kumo VM stream (bad magic)")]
+    BadMagic,
+    #[error("stream version {found}; this kumo reads version {VERSION}")]
+    Version { found: u32 },
+    #[error("the stream ended early (truncated)")]
+    Truncated,
+    #[error("unknown section {0:?}")]
+    UnknownSection(String),
+    #[error("section {tag} is {len} bytes, above the {MAX_SECTION}-byte limit")]
+    TooLong { tag: String, len: u32 },
+    #[error("section {tag}: checksum mismatch (corrupted)")]
+    Checksum { tag: String },
+    #[error("section {tag}: {why}")]
+    Malformed { tag: String, why: String },
+    #[error("section {0} out of order")]
+    Order(String),
+    #[error("I/O: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+pub fn tag_name(tag: &[u8; 4]) -> String {
+    tag.iter()
+        .map(|&b| {
+            if b.is_ascii_graphic() || b == b' ' {
+                char::from(b)
+            } else {
+                '?'
+            }
+        })
+        .collect::<String>()
+        .trim_end()
+        .to_string()
+}
+
+/// The VM's shape and the program's description of it, sent first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Meta {
+    pub vcpus: u32,
+    pub memory_bytes: u64,
+    /// Each vCPU's CPUID as KVM_GET_CPUID2 returned it (set on the new vCPUs).
+    pub cpuid: Vec<Vec<kvm_bindings::kvm_cpuid_entry2>>,
+    /// What the program runs in the VM (kumo: the guest and its workload), opaque here.
+    pub app: String,
+}
+
+pub fn write_header(w: &mut impl Write) -> Result<(), StreamError> {
+    w.write_all(&MAGIC)?;
+    w.write_all(&VERSION.to_le_bytes())?;
+    w.write_all(&0u32.to_le_bytes())?;
+    Ok(())
+}
+
+fn read_exact(r: &mut impl Read, buf: &mut [u8]) -> Result<(), StreamError> {
+    r.read_exact(buf).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            StreamError::Truncated
+        } else {
+            StreamError::Io(e)
+        }
+    })
+}
+
+pub fn read_header(r: &mut impl Read) -> Result<(), StreamError> {
+    let mut header = [0u8; 16];
+    read_exact(r, &mut header)?;
+    if header[..8] != MAGIC {
+        return Err(StreamError::BadMagic);
+    }
+    let version = u32::from_le_bytes([header[8], header[9], header[10], header[11]]);
+    if version != VERSION {
+        return Err(StreamError::Version { found: version });
+    }
+    Ok(())
+}
+
+pub fn write_section(w: &mut impl Write, tag: [u8; 4], payload: &[u8]) -> Result<(), StreamError> {
+    let len = u32::try_from(payload.len())
+        .ok()
+        .filter(|&l| l <= MAX_SECTION)
+        .ok_or_else(|| StreamError::TooLong {
+            tag: tag_name(&tag),
+            len: u32::try_from(payload.len()).unwrap_or(u32::MAX),
+        })?;
+    let mut head = [0u8; 12];
+    head[..4].copy_from_slice(&tag);
+    head[4..8].copy_from_slice(&len.to_le_bytes());
+    head[8..].copy_from_slice(&crc32fast::hash(payload).to_le_bytes());
+    w.write_all(&head)?;
+    w.write_all(payload)?;
+    Ok(())
+}
+
+pub fn write_json<T: Serialize>(
+    w: &mut impl Write,
+    tag: [u8; 4],
+    value: &T,
+) -> Result<(), StreamError> {
+    let payload = serde_json::to_vec(value).map_err(|e| StreamError::Malformed {
+        tag: tag_name(&tag),
+        why: e.to_string(),
+    })?;
+    write_section(w, tag, &payload)
+}
+
+/// One checked section.
+#[derive(Debug)]
+pub struct Section {
+    pub tag: [u8; 4],
+    pub payload: Vec<u8>,
+}
+
+impl Section {
+    pub fn json<T: for<'de> Deserialize<'de>>(&self) -> Result<T, StreamError> {
+        serde_json::from_slice(&self.payload).map_err(|e| StreamError::Malformed {
+            tag: tag_name(&self.tag),
+            why: e.to_string(),
+        })
+    }
+
+    /// The page records of a `RAM ` section, each checked against a RAM of
+    /// `memory_bytes`.
+    pub fn pages(&self, memory_bytes: u64) -> PageRecords<'_> {
+        PageRecords {
+            rest: &self.payload,
+            memory_bytes,
+        }
+    }
+}
+
+/// Reads the next section (tag, length, checksum verified).
+pub fn read_section(r: &mut impl Read) -> Result<Section, StreamError> {
+    let mut head = [0u8; 12];
+    read_exact(r, &mut head)?;
+    let tag: [u8; 4] = [head[0], head[1], head[2], head[3]];
+    if ![
+        TAG_META,
+        TAG_RAM,
+        TAG_VCPU,
+        TAG_VM,
+        TAG_DEVICES,
+        TAG_APP,
+        TAG_END,
+    ]
+    .contains(&tag)
+    {
+        return Err(StreamError::UnknownSection(tag_name(&tag)));
+    }
+    let len = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
+    let crc = u32::from_le_bytes([head[8], head[9], head[10], head[11]]);
+    if len > MAX_SECTION {
+        return Err(StreamError::TooLong {
+            tag: tag_name(&tag),
+            len,
+        });
+    }
+    let mut payload = vec![0u8; len as usize];
+    read_exact(r, &mut payload)?;
+    if crc32fast::hash(&payload) != crc {
+        return Err(StreamError::Checksum {
+            tag: tag_name(&tag),
+        });
+    }
+    Ok(Section { tag, payload })
+}
+
+/// A page of a RAM section: its guest-physical address and its bytes (`None`: zeros).
+pub type Page<'a> = (u64, Option<&'a [u8]>);
+
+/// Iterates a RAM section's records; a bad record ends it with an error.
+pub struct PageRecords<'a> {
+    rest: &'a [u8],
+    memory_bytes: u64,
+}
+
+impl<'a> Iterator for PageRecords<'a> {
+    type Item = Result<Page<'a>, StreamError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.rest.is_empty() {
+            return None;
+        }
+        let bad = |why: String| {
+            Some(Err(StreamError::Malformed {
+                tag: "RAM".into(),
+                why,
+            }))
+        };
+        let Some((head, rest)) = self.rest.split_first_chunk::<9>() else {
+            self.rest = &[];
+            return bad("a page record is cut short".into());
+        };
+        let gpa = u64::from_le_bytes([
+            head[0], head[1], head[2], head[3], head[4], head[5], head[6], head[7],
+        ]);
+        if !gpa.is_multiple_of(PAGE_SIZE as u64)
+            || gpa
+                .checked_add(PAGE_SIZE as u64)
+                .is_none_or(|end| end > self.memory_bytes)
+        {
+            self.rest = &[];
+            return bad(format!("page {gpa:#x} is not a page of the VM's RAM"));
+        }
+        match head[8] {
+            0 => {
+                self.rest = rest;
+                Some(Ok((gpa, None)))
+            }
+            1 if rest.len() >= PAGE_SIZE => {
+                let (page, rest) = rest.split_at(PAGE_SIZE);
+                self.rest = rest;
+                Some(Ok((gpa, Some(page))))
+            }
+            1 => {
+                self.rest = &[];
+                bad(format!("page {gpa:#x} is cut short"))
+            }
+            kind => {
+                self.rest = &[];
+                bad(format!("page {gpa:#x} has unknown kind {kind}"))
+            }
+        }
+    }
+}
+
+/// Builds RAM sections: pages are added one at a time and a section is written
+/// whenever [`PAGES_PER_SECTION`] are buffered.
+pub struct RamWriter {
+    buf: Vec<u8>,
+    pages: usize,
+    /// Pages and bytes written so far.
+    pub total_pages: u64,
+    pub total_bytes: u64,
+}
+
+impl Default for RamWriter {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl RamWriter {
+    pub fn new() -> Self {
+        RamWriter {
+            buf: Vec::with_capacity(PAGES_PER_SECTION * (PAGE_SIZE + 9)),
+            pages: 0,
+            total_pages: 0,
+            total_bytes: 0,
+        }
+    }
+
+    pub fn page(&mut self, w: &mut impl Write, gpa: u64, bytes: &[u8]) -> Result<(), StreamError> {
+        self.buf.extend_from_slice(&gpa.to_le_bytes());
+        if bytes.iter().all(|&b| b == 0) {
+            self.buf.push(0);
+        } else {
+            self.buf.push(1);
+            self.buf.extend_from_slice(bytes);
+        }
+        self.pages += 1;
+        if self.pages == PAGES_PER_SECTION {
+            self.flush(w)?;
+        }
+        Ok(())
+    }
+
+    pub fn flush(&mut self, w: &mut impl Write) -> Result<(), StreamError> {
+        if self.pages > 0 {
+            write_section(w, TAG_RAM, &self.buf)?;
+            self.total_pages += self.pages as u64;
+            self.total_bytes += self.buf.len() as u64 + 12;
+            self.buf.clear();
+            self.pages = 0;
+        }
+        Ok(())
+    }
+}
+
+/// A whole stream held in memory, checked (for tests and for the fuzz-style
+/// property below; restores read section by section instead).
+#[derive(Debug)]
+pub struct Parsed {
+    pub meta: Meta,
+    pub pages: Vec<(u64, Option<Vec<u8>>)>,
+    pub vcpus: Vec<VcpuState>,
+    pub vm: VmState,
+    pub devices: DeviceStates,
+}
+
+/// Reads a whole stream from `r`, checking order and contents.
+pub fn parse(r: &mut impl Read) -> Result<Parsed, StreamError> {
+    read_header(r)?;
+    let first = read_section(r)?;
+    if first.tag != TAG_META {
+        return Err(StreamError::Order(tag_name(&first.tag)));
+    }
+    let mut meta: Meta = first.json()?;
+    check_meta(&meta)?;
+    let mut pages = Vec::new();
+    let (mut vcpus, mut vm, mut devices) = (None, None, None);
+    let mut app = None;
+    loop {
+        let section = read_section(r)?;
+        match section.tag {
+            TAG_RAM if vcpus.is_none() => {
+                for page in section.pages(meta.memory_bytes) {
+                    let (gpa, bytes) = page?;
+                    pages.push((gpa, bytes.map(<[u8]>::to_vec)));
+                }
+            }
+            TAG_VCPU if vcpus.is_none() => {
+                let v: Vec<VcpuState> = section.json()?;
+                if v.len() != meta.vcpus as usize {
+                    return Err(StreamError::Malformed {
+                        tag: "VCPU".into(),
+                        why: format!("{} vCPU states for {} vCPUs", v.len(), meta.vcpus),
+                    });
+                }
+                vcpus = Some(v);
+            }
+            TAG_VM if vm.is_none() && vcpus.is_some() => vm = Some(section.json()?),
+            TAG_DEVICES if devices.is_none() && vcpus.is_some() => devices = Some(section.json()?),
+            TAG_APP if app.is_none() && vcpus.is_some() => app = Some(section.json()?),
+            TAG_END => {
+                if let Some(app) = app {
+                    meta.app = app;
+                }
+                return match (vcpus, vm, devices) {
+                    (Some(vcpus), Some(vm), Some(devices)) => Ok(Parsed {
+                        meta,
+                        pages,
+                        vcpus,
+                        vm,
+                        devices,
+                    }),
+                    _ => Err(StreamError::Order("END".into())),
+                };
+            }
+            tag => return Err(StreamError::Order(tag_name(&tag))),
+        }
+    }
+}
+
+/// Limits on what a META section may ask a restore to build.
+pub fn check_meta(meta: &Meta) -> Result<(), StreamError> {
+    let bad = |why: String| StreamError::Malformed {
+        tag: "META".into(),
+        why,
+    };
+    if meta.vcpus == 0 || meta.vcpus > 1024 {
+        return Err(bad(format!("{} vCPUs", meta.vcpus)));
+    }
+    if meta.memory_bytes == 0
+        || !meta.memory_bytes.is_multiple_of(PAGE_SIZE as u64)
+        || meta.memory_bytes > crate::layout::MAX_MEMORY_MIB * crate::layout::MIB
+    {
+        return Err(bad(format!("RAM of {} bytes", meta.memory_bytes)));
+    }
+    if meta.cpuid.len() != meta.vcpus as usize {
+        return Err(bad(format!(
+            "{} CPUID tables for {} vCPUs",
+            meta.cpuid.len(),
+            meta.vcpus
+        )));
+    }
+    if meta
+        .cpuid
+        .iter()
+        .any(|c| c.len() > kvm_bindings::KVM_MAX_CPUID_ENTRIES)
+    {
+        return Err(bad("a CPUID table is too long".into()));
+    }
+    Ok(())
+}

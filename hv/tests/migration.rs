@@ -1,0 +1,303 @@
+//! Pausing, snapshotting and restoring a running VM (KVM needed).
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hv::migration::{self, live, stream};
+use hv::testing::{PvhImage, asm, kvm_available};
+use hv::{GuestExit, Vm, VmConfig};
+use vm_memory::{Bytes, GuestAddress};
+
+/// Where the guest keeps its counter (free RAM above the kernel).
+const COUNTER: u32 = 0x20_0000;
+/// Iterations of the guest's loop (~3 emulated instructions each).
+const ITERATIONS: u32 = 100_000;
+
+/// Counts `[COUNTER]` up to ITERATIONS, prints "done", exits with the counter.
+fn counting_guest() -> Vec<u8> {
+    let mut code = vec![0xff, 0x05]; // inc dword [COUNTER]
+    code.extend_from_slice(&COUNTER.to_le_bytes());
+    code.extend_from_slice(&[0x81, 0x3d]); // cmp dword [COUNTER], ITERATIONS
+    code.extend_from_slice(&COUNTER.to_le_bytes());
+    code.extend_from_slice(&ITERATIONS.to_le_bytes());
+    code.extend_from_slice(&[0x72, (-18i8) as u8]); // jb back to the inc
+    code.extend(asm::com1_print(b"done\n"));
+    code.push(0xa1); // mov eax, [COUNTER]
+    code.extend_from_slice(&COUNTER.to_le_bytes());
+    code.extend_from_slice(&[0xe7, 0xf4]); // out 0xf4, eax
+    PvhImage::new(&code).build()
+}
+
+fn config(vcpus: u32) -> VmConfig {
+    VmConfig {
+        vcpus,
+        memory_mib: 64,
+        kernel: counting_guest(),
+        cmdline: String::new(),
+        modules: Vec::new(),
+        kvm_device: "/dev/kvm".into(),
+    }
+}
+
+#[derive(Clone, Default)]
+struct Console(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Console {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn counter(vm_memory: &vm_memory::GuestMemoryMmap) -> u32 {
+    vm_memory
+        .read_obj(GuestAddress(u64::from(COUNTER)))
+        .unwrap()
+}
+
+/// Waits until the guest has counted to `at_least` (it is running, not finished).
+fn wait_for_count(memory: &vm_memory::GuestMemoryMmap, at_least: u32) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while counter(memory) < at_least {
+        assert!(Instant::now() < deadline, "the guest never counted");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn a_paused_vm_resumes_and_finishes() {
+    if !kvm_available() {
+        return;
+    }
+    let vm = Vm::new(config(2)).unwrap();
+    let hub = vm.migration_hub();
+    let memory = vm.memory().clone();
+    let console = Console::default();
+    let out = console.clone();
+    let runner = std::thread::spawn(move || vm.run(Box::new(out), Instant::now()));
+    wait_for_count(&memory, 100);
+    let paused = hub.pause().expect("pause");
+    assert_eq!(paused.vcpus().len(), 2);
+    let frozen = counter(&memory);
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(counter(&memory), frozen, "no vCPU runs while paused");
+    assert!(frozen < ITERATIONS, "paused midway");
+    drop(paused);
+    let outcome = runner.join().unwrap().unwrap();
+    assert_eq!(outcome.exit, GuestExit::DebugExit(ITERATIONS));
+    assert_eq!(&*console.0.lock().unwrap(), b"done\n");
+}
+
+#[test]
+fn a_snapshot_taken_midway_restores_and_finishes() {
+    if !kvm_available() {
+        return;
+    }
+    // One vCPU; two and four, whose APs wait for SIPI (their MP state moves too).
+    for vcpus in [1, 2, 4] {
+        snapshot_midway(vcpus);
+    }
+}
+
+fn snapshot_midway(vcpus: u32) {
+    let vm = Vm::new(config(vcpus)).unwrap();
+    let hub = vm.migration_hub();
+    let memory = vm.memory().clone();
+    let runner = std::thread::spawn(move || vm.run(Box::new(std::io::sink()), Instant::now()));
+    wait_for_count(&memory, 100);
+    let mut bytes = Vec::new();
+    let (paused, written) = migration::write_snapshot(&hub, &mut bytes, || "app".into()).unwrap();
+    let saved_count = counter(&memory);
+    paused.hand_off();
+    assert_eq!(runner.join().unwrap().unwrap().exit, GuestExit::HandedOff);
+    assert!(saved_count > 0 && saved_count < ITERATIONS);
+    assert!(
+        written.pages > 0 && (written.pages as usize) < 64 * 256,
+        "holes skipped"
+    );
+
+    // The stream parses, and holds the counter as it was.
+    let parsed = stream::parse(&mut &bytes[..]).unwrap();
+    assert_eq!(parsed.meta.app, "app");
+    assert_eq!(parsed.vcpus.len(), vcpus as usize);
+    let page = parsed
+        .pages
+        .iter()
+        .find(|(gpa, _)| *gpa == u64::from(COUNTER))
+        .and_then(|(_, b)| b.as_ref())
+        .expect("the counter's page is saved");
+    assert_eq!(
+        u32::from_le_bytes(page[..4].try_into().unwrap()),
+        saved_count
+    );
+
+    let (restored, meta) =
+        migration::restore_from(&mut &bytes[..], std::path::Path::new("/dev/kvm")).unwrap();
+    assert_eq!(meta.vcpus, vcpus);
+    assert_eq!(counter(restored.memory()), saved_count);
+    let console = Console::default();
+    let outcome = restored
+        .run(Box::new(console.clone()), Instant::now())
+        .unwrap();
+    assert_eq!(outcome.exit, GuestExit::DebugExit(ITERATIONS));
+    assert_eq!(&*console.0.lock().unwrap(), b"done\n");
+}
+
+#[test]
+fn a_corrupted_snapshot_is_refused() {
+    if !kvm_available() {
+        return;
+    }
+    let vm = Vm::new(config(1)).unwrap();
+    let hub = vm.migration_hub();
+    let memory = vm.memory().clone();
+    let runner = std::thread::spawn(move || vm.run(Box::new(std::io::sink()), Instant::now()));
+    wait_for_count(&memory, 100);
+    let mut bytes = Vec::new();
+    let (paused, _) = migration::write_snapshot(&hub, &mut bytes, String::new).unwrap();
+    drop(paused); // resumes: the source finishes on its own
+    assert_eq!(
+        runner.join().unwrap().unwrap().exit,
+        GuestExit::DebugExit(ITERATIONS)
+    );
+    let mut bad = bytes.clone();
+    let at = bad.len() / 2;
+    bad[at] ^= 0x40;
+    let err = migration::restore_from(&mut &bad[..], std::path::Path::new("/dev/kvm"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("checksum"), "{err}");
+    let err = migration::restore_from(&mut &bytes[..bytes.len() - 5], "/dev/kvm".as_ref())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("truncated"), "{err}");
+}
+
+/// Runs the destination side on a thread: restore from `b`, confirm, run.
+fn destination(
+    b: std::os::unix::net::UnixStream,
+    console: Console,
+) -> std::thread::JoinHandle<Result<(String, u32, GuestExit), String>> {
+    std::thread::spawn(move || {
+        let mut r = std::io::BufReader::new(b.try_clone().unwrap());
+        let (vm, meta) = migration::restore_from(&mut r, std::path::Path::new("/dev/kvm"))
+            .map_err(|e| e.to_string())?;
+        let restored_count = counter(vm.memory());
+        (&b).write_all(b"R").map_err(|e| e.to_string())?;
+        let outcome = vm
+            .run(Box::new(console), Instant::now())
+            .map_err(|e| e.to_string())?;
+        Ok((meta.app, restored_count, outcome.exit))
+    })
+}
+
+fn confirmed(a: &std::os::unix::net::UnixStream) -> Result<(), hv::Error> {
+    let mut byte = [0u8; 1];
+    std::io::Read::read_exact(&mut &*a, &mut byte)
+        .map_err(|e| hv::Error::Migration(format!("no confirmation: {e}")))?;
+    if byte != *b"R" {
+        return Err(hv::Error::Migration("bad confirmation".into()));
+    }
+    Ok(())
+}
+
+#[test]
+fn a_running_vm_migrates_with_dirty_rounds_and_finishes_on_the_destination() {
+    if !kvm_available() {
+        return;
+    }
+    let vm = Vm::new(config(2)).unwrap();
+    let hub = vm.migration_hub();
+    let memory = vm.memory().clone();
+    let runner = std::thread::spawn(move || vm.run(Box::new(std::io::sink()), Instant::now()));
+    wait_for_count(&memory, 100);
+    let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+    let console = Console::default();
+    let dest = destination(b, console.clone());
+    let mut w = std::io::BufWriter::new(a.try_clone().unwrap());
+    // No downtime target is met while pages are dirty: rounds until the cap.
+    let options = live::Options {
+        max_downtime: Duration::ZERO,
+        max_rounds: 2,
+    };
+    let report = live::send(
+        &hub,
+        &mut w,
+        "start".into(),
+        || "final".into(),
+        &options,
+        || confirmed(&a),
+    )
+    .unwrap();
+    assert_eq!(runner.join().unwrap().unwrap().exit, GuestExit::HandedOff);
+    // Rounds go on while pages are dirty, up to the cap (how many depends on how
+    // much the guest ran meanwhile).
+    assert!((1..=3).contains(&report.rounds.len()), "{report:?}");
+    let (app, restored_count, exit) = dest.join().unwrap().unwrap();
+    // The counter's page changes all the time: whatever round last carried it, the
+    // destination must start from the value the source stopped at.
+    assert_eq!(restored_count, counter(&memory));
+    assert_eq!(app, "final", "the final APPS section replaces META's");
+    assert_eq!(exit, GuestExit::DebugExit(ITERATIONS));
+    assert_eq!(&*console.0.lock().unwrap(), b"done\n");
+}
+
+#[test]
+fn without_confirmation_the_source_runs_on() {
+    if !kvm_available() {
+        return;
+    }
+    let vm = Vm::new(config(1)).unwrap();
+    let hub = vm.migration_hub();
+    let memory = vm.memory().clone();
+    let runner = std::thread::spawn(move || vm.run(Box::new(std::io::sink()), Instant::now()));
+    wait_for_count(&memory, 100);
+    let mut sink = Vec::new();
+    let err = live::send(
+        &hub,
+        &mut sink,
+        String::new(),
+        String::new,
+        &live::Options::default(),
+        || Err(hv::Error::Migration("the destination went away".into())),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("went away"));
+    assert!(!sink.is_empty());
+    assert_eq!(
+        runner.join().unwrap().unwrap().exit,
+        GuestExit::DebugExit(ITERATIONS),
+        "the source resumed and finished"
+    );
+}
+
+#[test]
+fn a_vcpu_that_cannot_stop_fails_the_pause_and_the_vm_runs_on() {
+    if !kvm_available() {
+        return;
+    }
+    let vm = Vm::new(config(1)).unwrap();
+    let hub = vm.migration_hub();
+    let control = vm.control();
+    let memory = vm.memory().clone();
+    let runner = std::thread::spawn(move || vm.run(Box::new(std::io::sink()), Instant::now()));
+    wait_for_count(&memory, 100);
+    // Held at a scheduler's gate, the vCPU never reaches its pause point.
+    control.park(0).unwrap();
+    let err = hub
+        .pause_within(Duration::from_millis(100))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("vCPU 0 did not stop"), "{err}");
+    control.unpark(0);
+    // The next pause works, and after it the VM still finishes.
+    drop(hub.pause().expect("a second pause"));
+    assert_eq!(
+        runner.join().unwrap().unwrap().exit,
+        GuestExit::DebugExit(ITERATIONS)
+    );
+}

@@ -1,0 +1,388 @@
+//! A single VM that can be saved and moved: its control socket (`--ctl-socket`),
+//! `snapshot` to a file and `kumo --restore`, `migrate` to `kumo --incoming`. The VMM side (pausing, state, the
+//! stream) is `hv::migration`; this module adds what the program knows: which NPB
+//! benchmarks the guest runs and what its console printed so far, so a restored run
+//! is judged like one that never moved.
+
+use std::fs::OpenOptions;
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use hv::migration::Hub;
+use hv::{GuestExit, Vm};
+use npb::Spec;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::cli::VmArgs;
+use crate::ctl::{self, Controlled, DomainInfo, MigrateRequest, SchedParams, SchedUpdate};
+use crate::guest;
+use crate::report::{self, EXIT_OK};
+use crate::run::{self, HANDED_OFF};
+
+/// What a snapshot or migration stream carries for kumo itself (META's `app`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AppState {
+    /// Always [`GUEST_NAME`]: other guests cannot be restored by this program yet.
+    pub guest: String,
+    /// The NPB list, as `--npb` takes it.
+    pub npb: String,
+    pub vcpus: u32,
+    /// Everything the guest wrote to its console so far (results already printed).
+    pub console: Vec<u8>,
+}
+
+pub const GUEST_NAME: &str = "kumo-npb";
+
+impl AppState {
+    pub fn parse(app: &str) -> Result<AppState> {
+        let state: AppState =
+            serde_json::from_str(app).context("the stream does not describe a kumo NPB guest")?;
+        if state.guest != GUEST_NAME {
+            bail!(
+                "the stream holds a '{}' guest; kumo restores only its own NPB guest",
+                state.guest
+            );
+        }
+        Ok(state)
+    }
+
+    pub fn specs(&self) -> Result<Vec<Spec>> {
+        guest::parse_specs(&self.npb)
+    }
+}
+
+/// The control socket's view of one running VM.
+pub struct VmTarget {
+    hub: Arc<Hub>,
+    app: AppState,
+    /// The console so far, kept up to date by the running VM's console.
+    console: Arc<Mutex<Vec<u8>>>,
+}
+
+impl VmTarget {
+    /// The program's state now (call with the vCPUs paused for a consistent console).
+    fn app_json(&self) -> String {
+        let console = self
+            .console
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let app = AppState {
+            console,
+            ..self.app.clone()
+        };
+        serde_json::to_string(&app).unwrap_or_default()
+    }
+
+    fn write_snapshot(&self, path: &Path, stop: bool) -> Result<Value> {
+        let file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(path)
+            .with_context(|| format!("cannot create {}", path.display()))?;
+        let mut w = BufWriter::with_capacity(1 << 20, file);
+        let (paused, written) =
+            match hv::migration::write_snapshot(&self.hub, &mut w, || self.app_json()) {
+                Ok(done) => done,
+                Err(e) => {
+                    drop(w);
+                    let _ = std::fs::remove_file(path);
+                    return Err(e.into());
+                }
+            };
+        let synced = w
+            .into_inner()
+            .map_err(|e| e.into_error())
+            .and_then(|f| f.sync_data());
+        if let Err(e) = synced {
+            drop(paused); // the VM runs on
+            let _ = std::fs::remove_file(path);
+            return Err(e).with_context(|| format!("cannot write {}", path.display()));
+        }
+        let paused_ms = paused.paused_for().as_secs_f64() * 1e3;
+        if stop {
+            paused.hand_off();
+        } else {
+            drop(paused);
+        }
+        Ok(json!({
+            "path": path,
+            "pages": written.pages,
+            "bytes": written.bytes,
+            "paused_ms": paused_ms,
+            "stopped": stop,
+        }))
+    }
+}
+
+/// What the destination sends once the VM's vCPUs run there.
+const RUNNING: &[u8; 8] = b"RUNNING\n";
+/// Connecting, authenticating, and waiting for the destination's confirmation.
+const PEER_TIMEOUT: Duration = Duration::from_secs(30);
+/// The destination gives up on a source that stops sending for this long.
+const STREAM_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// `tcp:HOST:PORT` -> `HOST:PORT`.
+pub fn parse_tcp(address: &str) -> Result<&str> {
+    match address.strip_prefix("tcp:") {
+        Some(rest)
+            if rest
+                .rsplit_once(':')
+                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok()) =>
+        {
+            Ok(rest)
+        }
+        _ => bail!("'{address}' is not tcp:HOST:PORT"),
+    }
+}
+
+/// The shared secret: the file's bytes less trailing whitespace; never empty.
+pub fn read_token(path: &Path) -> Result<Vec<u8>> {
+    let mut token = std::fs::read(path)
+        .with_context(|| format!("cannot read token file {}", path.display()))?;
+    while token.last().is_some_and(u8::is_ascii_whitespace) {
+        token.pop();
+    }
+    if token.is_empty() {
+        bail!("token file {} is empty", path.display());
+    }
+    Ok(token)
+}
+
+impl VmTarget {
+    fn migrate_to(&self, request: &MigrateRequest) -> Result<Value> {
+        let address = parse_tcp(&request.target)?;
+        let token = request.token_file.as_deref().map(read_token).transpose()?;
+        let report = send_vm(
+            &self.hub,
+            || self.app_json(),
+            address,
+            token.as_deref(),
+            request.max_downtime_ms.map(Duration::from_millis),
+        )?;
+        let mut value = json!(report);
+        value["target"] = json!(request.target);
+        Ok(value)
+    }
+}
+
+/// Moves the VM behind `hub` to the kumo listening at `address` (HOST:PORT):
+/// connect, authenticate, pre-copy, hand off once the destination runs it. `app`
+/// describes the program's side (asked for at the start and with the vCPUs stopped).
+pub fn send_vm(
+    hub: &Hub,
+    app: impl Fn() -> String,
+    address: &str,
+    token: Option<&[u8]>,
+    max_downtime: Option<Duration>,
+) -> Result<hv::migration::live::Report> {
+    let peer = address
+        .to_socket_addrs()
+        .with_context(|| format!("cannot resolve {address}"))?
+        .next()
+        .with_context(|| format!("{address} resolves to nothing"))?;
+    let stream = TcpStream::connect_timeout(&peer, PEER_TIMEOUT)
+        .with_context(|| format!("cannot connect to {address}"))?;
+    stream.set_nodelay(true)?;
+    stream.set_read_timeout(Some(PEER_TIMEOUT))?;
+    stream.set_write_timeout(Some(STREAM_TIMEOUT))?;
+    hv::migration::auth::source(&mut &stream, token)
+        .with_context(|| format!("migration to {address}"))?;
+    let defaults = hv::migration::live::Options::default();
+    let options = hv::migration::live::Options {
+        max_downtime: max_downtime.unwrap_or(defaults.max_downtime),
+        ..defaults
+    };
+    let mut w = BufWriter::with_capacity(1 << 20, &stream);
+    hv::migration::live::send(hub, &mut w, app(), &app, &options, || {
+        let mut ack = [0u8; RUNNING.len()];
+        match (&stream).read_exact(&mut ack) {
+            Ok(()) if &ack == RUNNING => Ok(()),
+            Ok(()) => Err(hv::Error::Migration(
+                "the destination sent a wrong confirmation".into(),
+            )),
+            Err(e) => Err(hv::Error::Migration(format!(
+                "the destination did not confirm it runs the VM: {e}"
+            ))),
+        }
+    })
+    .with_context(|| format!("migration to {address}"))
+}
+
+/// `kumo ctl ... migrate` without --json.
+pub fn print_migration(reply: &Value) {
+    let rounds = reply["rounds"].as_array().map_or(0, Vec::len);
+    println!(
+        "migrated to {}: total {:.1} ms, downtime {:.1} ms, {} live round{} + final {} pages, {:.1} MiB sent",
+        reply["target"].as_str().unwrap_or("?"),
+        reply["total_ms"].as_f64().unwrap_or(f64::NAN),
+        reply["downtime_ms"].as_f64().unwrap_or(f64::NAN),
+        rounds,
+        if rounds == 1 { "" } else { "s" },
+        reply["final_pages"],
+        reply["total_bytes"].as_f64().unwrap_or(f64::NAN) / (1024.0 * 1024.0),
+    );
+}
+
+/// `kumo --incoming tcp:HOST:PORT`: waits for one VM, proves the token, receives
+/// it, tells the source once its vCPUs run here, and runs it to its end.
+pub fn run_incoming(args: &VmArgs, epoch: Instant) -> Result<u8> {
+    let address = parse_tcp(args.incoming.as_deref().unwrap_or_default())?;
+    let token = args.token_file.as_deref().map(read_token).transpose()?;
+    let listener =
+        TcpListener::bind(address).with_context(|| format!("cannot listen on {address}"))?;
+    eprintln!("kumo: waiting for a VM on {}", listener.local_addr()?);
+    let (vm, meta) = receive_vm(&listener, token.as_deref(), &args.kvm_device)?;
+    let app = AppState::parse(&meta.app)?;
+    run_vm(vm, app, args.ctl_socket.as_deref(), epoch, args.json)
+}
+
+/// Accepts one source on `listener`, checks its token, and builds the VM it sends.
+/// A thread tells the source once the returned VM's vCPU threads run (so the caller
+/// must run it).
+pub fn receive_vm(
+    listener: &TcpListener,
+    token: Option<&[u8]>,
+    kvm_device: &Path,
+) -> Result<(Vm, hv::migration::Meta)> {
+    let (stream, peer) = listener.accept().context("accepting the source")?;
+    stream.set_nodelay(true)?;
+    stream.set_read_timeout(Some(PEER_TIMEOUT))?;
+    stream.set_write_timeout(Some(PEER_TIMEOUT))?;
+    hv::migration::auth::destination(&mut &stream, token)
+        .with_context(|| format!("incoming migration from {peer}"))?;
+    stream.set_read_timeout(Some(STREAM_TIMEOUT))?;
+    let (vm, meta) =
+        hv::migration::restore_from(&mut BufReader::with_capacity(1 << 20, &stream), kvm_device)
+            .with_context(|| format!("incoming migration from {peer}"))?;
+    tracing::debug!("incoming VM restored");
+    let control = vm.control();
+    // Confirmed only once every vCPU thread runs (the devices took their state).
+    std::thread::Builder::new()
+        .name("migrate-ack".into())
+        .spawn(move || {
+            if control.wait_started(PEER_TIMEOUT)
+                && let Err(e) = (&stream)
+                    .write_all(RUNNING)
+                    .inspect(|()| tracing::debug!("incoming VM runs; source told"))
+            {
+                tracing::warn!("telling the source the VM runs failed: {e}");
+            }
+        })?;
+    Ok((vm, meta))
+}
+
+const NO_SCHEDULER: &str = "this VM runs without the credit scheduler";
+
+impl Controlled for VmTarget {
+    fn sched_params(&self) -> SchedParams {
+        // As a node without a scheduler shows it.
+        SchedParams {
+            tslice_ms: 0.0,
+            tick_ms: 0.0,
+            ratelimit_us: 0,
+        }
+    }
+    fn set_sched_params(&self, _update: SchedUpdate) -> Result<SchedParams, String> {
+        Err(NO_SCHEDULER.into())
+    }
+    fn domains(&self) -> Vec<DomainInfo> {
+        Vec::new()
+    }
+    fn set_domain(&self, name: &str, _: Option<u32>, _: Option<u32>) -> Result<DomainInfo, String> {
+        Err(format!("no domain '{name}': {NO_SCHEDULER}"))
+    }
+    fn snapshot(&self, path: &Path, stop: bool) -> Result<Value, String> {
+        self.write_snapshot(path, stop)
+            .map_err(|e| format!("{e:#}"))
+    }
+    fn migrate(&self, request: &MigrateRequest) -> Result<Value, String> {
+        self.migrate_to(request).map_err(|e| format!("{e:#}"))
+    }
+}
+
+/// `kumo --ctl-socket PATH [--npb ...]`: the embedded guest, saveable while it runs.
+pub fn run_controlled(args: &VmArgs, epoch: Instant) -> Result<u8> {
+    let specs = match &args.npb {
+        Some(list) => guest::parse_specs(list)?,
+        None => guest::default_specs(),
+    };
+    run::check_guest_vcpus(args.vcpus, &args.kvm_device)?;
+    let memory_mib = guest::choose_memory_mib(args.memory, &specs, args.vcpus)?;
+    let config = run::embedded_config(
+        args.vcpus,
+        memory_mib,
+        guest::npb_cmdline(&specs, args.vcpus),
+        &args.kvm_device,
+    );
+    let vm = Vm::new(config)?;
+    let app = AppState {
+        guest: GUEST_NAME.into(),
+        npb: npb_list(&specs),
+        vcpus: args.vcpus,
+        console: Vec::new(),
+    };
+    run_vm(vm, app, args.ctl_socket.as_deref(), epoch, args.json)
+}
+
+/// `kumo --restore PATH`: runs a saved VM on from where it was saved.
+pub fn run_restore(args: &VmArgs, epoch: Instant) -> Result<u8> {
+    let path = args.restore.as_deref().context("--restore needs a path")?;
+    let file = std::fs::File::open(path)
+        .with_context(|| format!("cannot open snapshot {}", path.display()))?;
+    let (vm, meta) = hv::migration::restore_from(&mut BufReader::new(file), &args.kvm_device)
+        .with_context(|| format!("cannot restore {}", path.display()))?;
+    let app = AppState::parse(&meta.app)?;
+    run_vm(vm, app, args.ctl_socket.as_deref(), epoch, args.json)
+}
+
+fn npb_list(specs: &[Spec]) -> String {
+    specs
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Runs a created or restored VM of the embedded guest, serving `socket` if given,
+/// and reports it; a VM handed off elsewhere reports that instead.
+pub fn run_vm(
+    vm: Vm,
+    app: AppState,
+    socket: Option<&Path>,
+    epoch: Instant,
+    json: bool,
+) -> Result<u8> {
+    let specs = app.specs()?;
+    let console = Arc::new(Mutex::new(app.console.clone()));
+    let replay = app.console.clone();
+    let target = Arc::new(VmTarget {
+        hub: vm.migration_hub(),
+        app: app.clone(),
+        console: console.clone(),
+    });
+    let server = socket
+        .map(|path| -> Result<ctl::Server> {
+            let server = ctl::Server::start(path, target, || ())?;
+            eprintln!("kumo: control socket {}", server.path().display());
+            Ok(server)
+        })
+        .transpose()?;
+    let run = run::run_collecting_recorded(vm, epoch, Some(console), &replay)?;
+    drop(server);
+    if run.outcome.exit == GuestExit::HandedOff {
+        eprintln!("kumo: {HANDED_OFF}");
+        return Ok(EXIT_OK);
+    }
+    let verdict = run.judge(&specs, app.vcpus);
+    report::print(&verdict, json);
+    Ok(verdict.exit_code())
+}

@@ -1,0 +1,344 @@
+//! Live migration of the embedded NPB guest between two kumo processes on loopback.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use common::*;
+
+/// A loopback port nobody listens on now.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Waits (hang guard of the test's process) until something listens on `port`.
+fn wait_listening(port: u16) {
+    let wanted = format!("0100007F:{port:04X}");
+    let start = std::time::Instant::now();
+    loop {
+        let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+        let listening = table.lines().skip(1).any(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.len() > 3 && f[1] == wanted && f[3] == "0A"
+        });
+        if listening {
+            return;
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(120),
+            "nothing listens on {port}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+fn token(name: &str, secret: &str) -> std::path::PathBuf {
+    let path = scratch(name);
+    std::fs::write(&path, secret).unwrap();
+    path
+}
+
+/// The source: EP.W on one vCPU (long enough to be moved midway), with a socket.
+fn source(socket: &Path) -> Background {
+    let s = kumo_background(&[
+        "--npb",
+        "ep.W",
+        "--vcpus",
+        "1",
+        "--json",
+        "--ctl-socket",
+        socket.to_str().unwrap(),
+    ]);
+    wait_for_path(socket);
+    s
+}
+
+fn destination(port: u16, token: &Path) -> Background {
+    let d = kumo_background(&[
+        "--incoming",
+        &format!("tcp:127.0.0.1:{port}"),
+        "--token-file",
+        token.to_str().unwrap(),
+        "--json",
+    ]);
+    wait_listening(port);
+    d
+}
+
+/// `kumo ctl --json migrate`, retried while the source VM has not started yet.
+fn migrate(socket: &Path, port: u16, token: &Path) -> std::process::Output {
+    let target = format!("tcp:127.0.0.1:{port}");
+    let args = [
+        "ctl",
+        "--socket",
+        socket.to_str().unwrap(),
+        "--json",
+        "migrate",
+        &target,
+        "--token-file",
+        token.to_str().unwrap(),
+        "--max-downtime-ms",
+        "5",
+    ];
+    loop {
+        let out = kumo(&args);
+        if out.status.success() || !text(&out.stderr).contains("not running yet") {
+            return out;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+fn assert_verified(out: &std::process::Output, who: &str) {
+    assert!(
+        out.status.success(),
+        "{who}: {:?}: {}",
+        out.status,
+        text(&out.stderr)
+    );
+    let lines = json_lines(out);
+    assert_eq!(lines.len(), 2, "{who}: {lines:?}");
+    assert_eq!(lines[0]["benchmark"], "ep", "{who}");
+    assert_eq!(lines[0]["verified"], true, "{who}: {}", lines[0]);
+    assert_eq!(lines[1]["ok"], true, "{who}: {}", lines[1]);
+}
+
+/// One line on stderr, kumo's error format, exit status 2.
+fn assert_one_line_error(out: &std::process::Output, who: &str, needle: &str) {
+    assert_eq!(out.status.code(), Some(2), "{who}: {}", text(&out.stderr));
+    let err = text(&out.stderr);
+    let errors: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("kumo: error:"))
+        .collect();
+    assert_eq!(errors.len(), 1, "{who}: {err}");
+    assert!(errors[0].contains(needle), "{who}: {err} (wanted {needle})");
+}
+
+#[test]
+fn a_running_ep_guest_migrates_and_verifies_on_the_destination() {
+    if !kvm_available() {
+        return;
+    }
+    let port = free_port();
+    let secret = token("good.token", "correct horse battery staple\n");
+    let dst = destination(port, &secret);
+    let socket = scratch("mig.sock");
+    let src = source(&socket);
+    let ctl = migrate(&socket, port, &secret);
+    assert!(ctl.status.success(), "migrate: {}", text(&ctl.stderr));
+    let report = &json_lines(&ctl)[0];
+    assert!(report["downtime_ms"].as_f64().unwrap() > 0.0, "{report}");
+    assert!(report["total_ms"].as_f64().unwrap() >= report["downtime_ms"].as_f64().unwrap());
+    assert!(!report["rounds"].as_array().unwrap().is_empty(), "{report}");
+    assert!(
+        report["rounds"][0]["pages"].as_u64().unwrap() > 0,
+        "{report}"
+    );
+
+    let src_out = src.finish();
+    assert!(src_out.status.success(), "{}", text(&src_out.stderr));
+    assert!(
+        text(&src_out.stdout).is_empty(),
+        "the source stopped midway"
+    );
+    assert!(text(&src_out.stderr).contains("handed off"));
+    assert_verified(&dst.finish(), "destination");
+}
+
+#[test]
+fn a_bad_token_is_refused_and_the_source_runs_on() {
+    if !kvm_available() {
+        return;
+    }
+    let port = free_port();
+    let dst = destination(port, &token("dst.token", "the real one"));
+    let socket = scratch("badtoken.sock");
+    let src = source(&socket);
+    let ctl = migrate(&socket, port, &token("src.token", "a guess"));
+    assert_one_line_error(&ctl, "kumo ctl", "authentication failed");
+    assert_one_line_error(&dst.finish(), "destination", "authentication failed");
+    assert_verified(&src.finish(), "source");
+}
+
+/// What the proxy does to the source's stream at a byte offset.
+#[derive(Clone, Copy)]
+enum Damage {
+    Flip(usize),
+    Cut(usize),
+}
+
+/// Forwards one connection from `listener` to `to`, damaging the source's stream;
+/// any end closing closes all.
+fn proxy(listener: TcpListener, to: u16, damage: Damage) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let (from_src, _) = listener.accept().unwrap();
+        let to_dst = TcpStream::connect(("127.0.0.1", to)).unwrap();
+        let seen = Arc::new(AtomicUsize::new(0));
+        let pipe =
+            |mut r: TcpStream, mut w: TcpStream, damage: Option<(Damage, Arc<AtomicUsize>)>| {
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 16384];
+                    loop {
+                        let n = match r.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        let mut n = n;
+                        let mut cut = false;
+                        if let Some((damage, seen)) = &damage {
+                            let start = seen.fetch_add(n, Ordering::SeqCst);
+                            match *damage {
+                                Damage::Flip(at) if (start..start + n).contains(&at) => {
+                                    buf[at - start] ^= 0x01;
+                                }
+                                Damage::Cut(at) if start + n >= at => {
+                                    n = at.saturating_sub(start);
+                                    cut = true;
+                                }
+                                _ => {}
+                            }
+                        }
+                        if w.write_all(&buf[..n]).is_err() || cut {
+                            break;
+                        }
+                    }
+                    let _ = r.shutdown(Shutdown::Both);
+                    let _ = w.shutdown(Shutdown::Both);
+                })
+            };
+        let a = pipe(
+            from_src.try_clone().unwrap(),
+            to_dst.try_clone().unwrap(),
+            Some((damage, seen)),
+        );
+        let b = pipe(to_dst, from_src, None);
+        let _ = a.join();
+        let _ = b.join();
+    })
+}
+
+#[test]
+fn a_corrupted_stream_is_refused_with_one_line_and_the_source_runs_on() {
+    if !kvm_available() {
+        return;
+    }
+    let port = free_port();
+    let secret = token("corrupt.token", "shared");
+    let dst = destination(port, &secret);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let proxy_port = listener.local_addr().unwrap().port();
+    // Well past the handshake and header: inside the first RAM round.
+    let proxy = proxy(listener, port, Damage::Flip(300_000));
+    let socket = scratch("corrupt.sock");
+    let src = source(&socket);
+    let ctl = migrate(&socket, proxy_port, &secret);
+    assert_eq!(ctl.status.code(), Some(2), "{}", text(&ctl.stderr));
+    assert_one_line_error(&dst.finish(), "destination", "checksum mismatch");
+    assert_verified(&src.finish(), "source");
+    proxy.join().unwrap();
+}
+
+#[test]
+fn cut_connections_leave_the_source_running_until_a_clean_one_moves_it() {
+    if !kvm_available() {
+        return;
+    }
+    let secret = token("cut.token", "shared");
+    let socket = scratch("cut.sock");
+    // EP.A: long enough for several failed attempts before the clean one.
+    let src = kumo_background(&[
+        "--npb",
+        "ep.A",
+        "--vcpus",
+        "1",
+        "--json",
+        "--ctl-socket",
+        socket.to_str().unwrap(),
+    ]);
+    wait_for_path(&socket);
+    // In the handshake, right after it, inside META, inside the first RAM round.
+    for cut in [20, 80, 300, 1_000_000] {
+        let port = free_port();
+        let dst = destination(port, &secret);
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let proxy_port = listener.local_addr().unwrap().port();
+        let proxy = proxy(listener, port, Damage::Cut(cut));
+        let ctl = migrate(&socket, proxy_port, &secret);
+        assert_eq!(
+            ctl.status.code(),
+            Some(2),
+            "cut at {cut}: {}",
+            text(&ctl.stderr)
+        );
+        let dst_out = dst.finish();
+        assert_eq!(
+            dst_out.status.code(),
+            Some(2),
+            "cut at {cut}: {}",
+            text(&dst_out.stderr)
+        );
+        assert!(
+            text(&dst_out.stdout).is_empty(),
+            "cut at {cut}: nothing ran there"
+        );
+        proxy.join().unwrap();
+    }
+    let port = free_port();
+    let dst = destination(port, &secret);
+    let ctl = migrate(&socket, port, &secret);
+    assert!(
+        ctl.status.success(),
+        "clean migration: {}",
+        text(&ctl.stderr)
+    );
+    let src_out = src.finish();
+    assert!(
+        text(&src_out.stderr).contains("handed off"),
+        "{}",
+        text(&src_out.stderr)
+    );
+    let out = dst.finish();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let lines = json_lines(&out);
+    assert_eq!(lines[0]["benchmark"], "ep");
+    assert_eq!(lines[0]["class"], "A");
+    assert_eq!(lines[0]["verified"], true, "{}", lines[0]);
+}
+
+#[test]
+fn bench_migrate_reports_host_and_guest_downtime() {
+    if !kvm_available() {
+        return;
+    }
+    let out = kumo(&[
+        "bench",
+        "migrate",
+        "--runs",
+        "1",
+        "--after-ms",
+        "200",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let lines = json_lines(&out);
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    let run = &lines[0];
+    assert!(run["downtime_ms"].as_f64().unwrap() > 0.0, "{run}");
+    assert!(run["guest_gap_ms"].as_f64().unwrap() > 0.0, "{run}");
+    assert!(run["total_bytes"].as_u64().unwrap() > 0, "{run}");
+    assert_eq!(lines[1]["runs"], 1);
+    assert!(
+        lines[1]["summary"]["downtime_guest"]["median_ms"].is_number(),
+        "{}",
+        lines[1]
+    );
+}
