@@ -289,6 +289,7 @@ impl Controlled for VmTarget {
             tslice_ms: 0.0,
             tick_ms: 0.0,
             ratelimit_us: 0,
+            accounting: crate::ctl::Accounting::Exact,
         }
     }
     fn set_sched_params(&self, _update: SchedUpdate) -> Result<SchedParams, String> {
