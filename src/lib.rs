@@ -19,6 +19,7 @@ pub mod protocol;
 pub mod qemu;
 pub mod report;
 pub mod run;
+pub mod sched_control;
 pub mod sched_params;
 pub mod signals;
 pub mod sim;

@@ -14,7 +14,7 @@ use hv::credit::{CreditDriver, Dom0Spec, DomainSpec};
 use hv::placement::ThreadGroup;
 
 use crate::cli::NodeArgs;
-use crate::ctl::{self, Controlled, DomainInfo, SchedParams, SchedUpdate};
+use crate::ctl;
 use crate::node_config::{self, Domain, Node};
 use crate::report::{self, Verdict};
 use crate::run::{self, GuestRun};
@@ -133,7 +133,7 @@ pub fn run(
         None
     };
     let _server = match socket {
-        Some(path) => Some(serve_control(
+        Some(path) => Some(crate::sched_control::serve(
             driver.clone(),
             node.domains.iter().cloned().zip(controls.clone()).collect(),
             path,
@@ -259,21 +259,6 @@ pub struct Overhead {
     pub dom0: Duration,
     /// The rest of kumo: the credit scheduler's driver, set-up and teardown.
     pub vmm: Duration,
-}
-
-/// Serves the control socket at `path` for a scheduler (or, without one, for domains
-/// the host schedules), and says where it is.
-pub fn serve_control(
-    driver: Option<Arc<CreditDriver>>,
-    domains: Vec<(Domain, Arc<VcpuControl>)>,
-    path: &std::path::Path,
-    dom0: Arc<ThreadGroup>,
-) -> Result<ctl::Server> {
-    let control = Arc::new(NodeControl { driver, domains });
-    // The socket's thread is part of domain 0 (scheduled with it).
-    let server = ctl::Server::start(path, control, move || dom0.join_current())?;
-    eprintln!("kumo: control socket {}", server.path().display());
-    Ok(server)
 }
 
 /// User plus system CPU time of the whole process.
@@ -436,99 +421,4 @@ fn probe_summary(
         .filter_map(|k| fields.get(*k).map(|v| format!("{k}={v}")))
         .collect();
     Some(format!("{kind} {}", picked.join(" ")))
-}
-
-/// What the control socket sees of a node.
-struct NodeControl {
-    driver: Option<Arc<CreditDriver>>,
-    domains: Vec<(Domain, Arc<VcpuControl>)>,
-}
-
-impl Controlled for NodeControl {
-    fn sched_params(&self) -> SchedParams {
-        match &self.driver {
-            Some(d) => sched_params::view(d.params()),
-            None => SchedParams {
-                tslice_ms: 0.0,
-                tick_ms: 0.0,
-                ratelimit_us: 0,
-                accounting: crate::ctl::Accounting::Exact,
-            },
-        }
-    }
-
-    fn set_sched_params(&self, update: SchedUpdate) -> Result<SchedParams, String> {
-        let driver = self
-            .driver
-            .as_ref()
-            .ok_or("this node has no credit scheduler (scheduler kind = host)")?;
-        let params = sched_params::apply(driver.params(), update).map_err(|e| e.to_string())?;
-        driver.set_params(params).map_err(|e| e.to_string())?;
-        Ok(sched_params::view(params))
-    }
-
-    fn domains(&self) -> Vec<DomainInfo> {
-        match &self.driver {
-            Some(d) => d
-                .domains()
-                .into_iter()
-                .map(|v| DomainInfo {
-                    domain: v.name,
-                    weight: u32::from(v.weight),
-                    cap: v.cap,
-                    vcpus: v.vcpus,
-                    cpu_s: v.cpu.as_secs_f64(),
-                })
-                .collect(),
-            None => self
-                .domains
-                .iter()
-                .map(|(d, control)| DomainInfo {
-                    domain: d.name.clone(),
-                    weight: d.weight,
-                    cap: d.cap,
-                    vcpus: d.vcpus,
-                    cpu_s: (0..control.vcpus())
-                        .filter_map(|v| control.cpu_time(v))
-                        .sum::<Duration>()
-                        .as_secs_f64(),
-                })
-                .collect(),
-        }
-    }
-
-    fn set_domain(
-        &self,
-        name: &str,
-        weight: Option<u32>,
-        cap: Option<u32>,
-    ) -> Result<DomainInfo, String> {
-        let driver = self
-            .driver
-            .as_ref()
-            .ok_or("this node has no credit scheduler (scheduler kind = host)")?;
-        let weight = match weight {
-            Some(w)
-                if !(node_config::WEIGHT_RANGE.0..=node_config::WEIGHT_RANGE.1).contains(&w) =>
-            {
-                return Err(format!(
-                    "weight {w} is outside {}..={}",
-                    node_config::WEIGHT_RANGE.0,
-                    node_config::WEIGHT_RANGE.1
-                ));
-            }
-            Some(w) => Some(w as u16),
-            None => None,
-        };
-        let v = driver
-            .set_domain(name, weight, cap)
-            .map_err(|e| e.to_string())?;
-        Ok(DomainInfo {
-            domain: v.name,
-            weight: u32::from(v.weight),
-            cap: v.cap,
-            vcpus: v.vcpus,
-            cpu_s: v.cpu.as_secs_f64(),
-        })
-    }
 }

@@ -92,7 +92,7 @@ fn start_credit(
     )?;
     let driver = Arc::new(driver);
     let socket = crate::ctl::default_socket_path();
-    let server = crate::node::serve_control(Some(driver.clone()), Vec::new(), &socket, dom0)?;
+    let server = crate::sched_control::serve(Some(driver.clone()), Vec::new(), &socket, dom0)?;
     // Dropped in this order: the server (it holds the scheduler too), the scheduler
     // (it returns every thread to normal scheduling), the membership.
     Ok((member, server, driver))

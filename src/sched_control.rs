@@ -1,0 +1,124 @@
+//! What a running kumo's control socket serves: the credit scheduler's parameters and
+//! its domains' weights and caps (nodes, and single VMs under `--sched`). Apart from
+//! `node` and `run` so that both use it and neither depends on the other for it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Result;
+use hv::credit::CreditDriver;
+use hv::placement::{ThreadGroup, VcpuControl};
+
+use crate::ctl::{self, Controlled, DomainInfo, SchedParams, SchedUpdate};
+use crate::node_config::{self, Domain};
+use crate::sched_params;
+
+/// Serves the control socket at `path` for a scheduler (or, without one, for domains
+/// the host schedules), and says where it is.
+pub fn serve(
+    driver: Option<Arc<CreditDriver>>,
+    domains: Vec<(Domain, Arc<VcpuControl>)>,
+    path: &std::path::Path,
+    dom0: Arc<ThreadGroup>,
+) -> Result<ctl::Server> {
+    let control = Arc::new(SchedControl { driver, domains });
+    // The socket's thread is part of domain 0 (scheduled with it).
+    let server = ctl::Server::start(path, control, move || dom0.join_current())?;
+    eprintln!("kumo: control socket {}", server.path().display());
+    Ok(server)
+}
+
+/// What the control socket sees: the credit driver (if any) and the domains.
+struct SchedControl {
+    driver: Option<Arc<CreditDriver>>,
+    domains: Vec<(Domain, Arc<VcpuControl>)>,
+}
+
+impl Controlled for SchedControl {
+    fn sched_params(&self) -> SchedParams {
+        match &self.driver {
+            Some(d) => sched_params::view(d.params()),
+            None => SchedParams {
+                tslice_ms: 0.0,
+                tick_ms: 0.0,
+                ratelimit_us: 0,
+                accounting: crate::ctl::Accounting::Exact,
+            },
+        }
+    }
+
+    fn set_sched_params(&self, update: SchedUpdate) -> Result<SchedParams, String> {
+        let driver = self
+            .driver
+            .as_ref()
+            .ok_or("this node has no credit scheduler (scheduler kind = host)")?;
+        let params = sched_params::apply(driver.params(), update).map_err(|e| e.to_string())?;
+        driver.set_params(params).map_err(|e| e.to_string())?;
+        Ok(sched_params::view(params))
+    }
+
+    fn domains(&self) -> Vec<DomainInfo> {
+        match &self.driver {
+            Some(d) => d
+                .domains()
+                .into_iter()
+                .map(|v| DomainInfo {
+                    domain: v.name,
+                    weight: u32::from(v.weight),
+                    cap: v.cap,
+                    vcpus: v.vcpus,
+                    cpu_s: v.cpu.as_secs_f64(),
+                })
+                .collect(),
+            None => self
+                .domains
+                .iter()
+                .map(|(d, control)| DomainInfo {
+                    domain: d.name.clone(),
+                    weight: d.weight,
+                    cap: d.cap,
+                    vcpus: d.vcpus,
+                    cpu_s: (0..control.vcpus())
+                        .filter_map(|v| control.cpu_time(v))
+                        .sum::<Duration>()
+                        .as_secs_f64(),
+                })
+                .collect(),
+        }
+    }
+
+    fn set_domain(
+        &self,
+        name: &str,
+        weight: Option<u32>,
+        cap: Option<u32>,
+    ) -> Result<DomainInfo, String> {
+        let driver = self
+            .driver
+            .as_ref()
+            .ok_or("this node has no credit scheduler (scheduler kind = host)")?;
+        let weight = match weight {
+            Some(w)
+                if !(node_config::WEIGHT_RANGE.0..=node_config::WEIGHT_RANGE.1).contains(&w) =>
+            {
+                return Err(format!(
+                    "weight {w} is outside {}..={}",
+                    node_config::WEIGHT_RANGE.0,
+                    node_config::WEIGHT_RANGE.1
+                ));
+            }
+            Some(w) => Some(w as u16),
+            None => None,
+        };
+        let v = driver
+            .set_domain(name, weight, cap)
+            .map_err(|e| e.to_string())?;
+        Ok(DomainInfo {
+            domain: v.name,
+            weight: u32::from(v.weight),
+            cap: v.cap,
+            vcpus: v.vcpus,
+            cpu_s: v.cpu.as_secs_f64(),
+        })
+    }
+}
