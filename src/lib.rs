@@ -2,7 +2,7 @@
 //! command line, the embedded NPB guest and how its results are judged and printed.
 //! The VMM itself lives in `hv`, device models in `devices`, NPB in `guests/npb`.
 
-pub mod bench_migrate;
+pub mod bench;
 pub mod cli;
 pub mod ctl;
 pub mod guest;
@@ -12,16 +12,11 @@ pub mod migrate;
 pub mod mpi;
 pub mod native;
 pub mod node;
-pub mod node_config;
 pub mod output;
-pub mod overhead;
 pub mod protocol;
 pub mod qemu;
 pub mod report;
 pub mod run;
-pub mod sched_control;
 pub mod sched_params;
 pub mod signals;
 pub mod sim;
-pub mod switch;
-pub mod wake;

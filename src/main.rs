@@ -39,18 +39,20 @@ fn main() -> ExitCode {
     let result = match (&cli.command, &vm.dump_guest, &vm.kernel) {
         (Some(Command::Native(args)), _, _) => kumo::native::run_native(args),
         (Some(Command::Bench(BenchCommand::Overhead(args))), _, _) => {
-            kumo::overhead::run_overhead(args)
+            kumo::bench::overhead::run_overhead(args)
         }
         (Some(Command::Node(args)), _, _) => kumo::node::run_node(args, epoch),
         (Some(Command::Ctl(args)), _, _) => kumo::ctl::run_ctl(args),
         (Some(Command::Sim(args)), _, _) => kumo::sim::run_sim(args),
-        (Some(Command::Bench(BenchCommand::Wake(args))), _, _) => kumo::wake::run_wake(args, epoch),
+        (Some(Command::Bench(BenchCommand::Wake(args))), _, _) => {
+            kumo::bench::wake::run_wake(args, epoch)
+        }
         (Some(Command::Bench(BenchCommand::Switch(args))), _, _) => {
-            kumo::switch::run_switch(args, epoch)
+            kumo::bench::switch::run_switch(args, epoch)
         }
         (Some(Command::Bench(BenchCommand::Irq(args))), _, _) => kumo::irq::run_bench(args, epoch),
         (Some(Command::Bench(BenchCommand::Migrate(args))), _, _) => {
-            kumo::bench_migrate::run_bench(args, epoch)
+            kumo::bench::migrate::run_bench(args, epoch)
         }
         (Some(Command::Bench(BenchCommand::Net(args))), _, _) => kumo::mpi::run_bench(args, epoch),
         (Some(Command::Mpi(args)), _, _) => kumo::mpi::run_mpi(args, epoch),

@@ -75,7 +75,7 @@ fn start_credit(
     // Domain 0: this thread (it runs the VM and stops it) and the control socket's.
     let dom0 = hv::placement::ThreadGroup::new();
     let member = dom0.join_current();
-    let weight = crate::node_config::DEFAULT_WEIGHT as u16;
+    let weight = crate::node::config::DEFAULT_WEIGHT as u16;
     let driver = hv::credit::CreditDriver::start(
         params,
         (0..guest::host_cpus()).collect(),
@@ -92,7 +92,7 @@ fn start_credit(
     )?;
     let driver = Arc::new(driver);
     let socket = crate::ctl::default_socket_path();
-    let server = crate::sched_control::serve(Some(driver.clone()), Vec::new(), &socket, dom0)?;
+    let server = crate::node::control::serve(Some(driver.clone()), Vec::new(), &socket, dom0)?;
     // Dropped in this order: the server (it holds the scheduler too), the scheduler
     // (it returns every thread to normal scheduling), the membership.
     Ok((member, server, driver))

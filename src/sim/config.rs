@@ -16,7 +16,7 @@ use serde::Deserialize;
 
 use super::program::{self, Pattern, Phase, Step};
 use crate::ctl::SchedUpdate;
-use crate::node_config::{DEFAULT_WEIGHT, WEIGHT_RANGE};
+use crate::node::config::{DEFAULT_WEIGHT, WEIGHT_RANGE};
 use crate::sched_params;
 
 /// Domain 0's name in reports and scenario overrides (as in `kumo node`).

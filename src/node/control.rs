@@ -10,7 +10,7 @@ use hv::credit::CreditDriver;
 use hv::placement::{ThreadGroup, VcpuControl};
 
 use crate::ctl::{self, Controlled, DomainInfo, SchedParams, SchedUpdate};
-use crate::node_config::{self, Domain};
+use crate::node::config::{self, Domain};
 use crate::sched_params;
 
 /// Serves the control socket at `path` for a scheduler (or, without one, for domains
@@ -98,13 +98,11 @@ impl Controlled for SchedControl {
             .as_ref()
             .ok_or("this node has no credit scheduler (scheduler kind = host)")?;
         let weight = match weight {
-            Some(w)
-                if !(node_config::WEIGHT_RANGE.0..=node_config::WEIGHT_RANGE.1).contains(&w) =>
-            {
+            Some(w) if !(config::WEIGHT_RANGE.0..=config::WEIGHT_RANGE.1).contains(&w) => {
                 return Err(format!(
                     "weight {w} is outside {}..={}",
-                    node_config::WEIGHT_RANGE.0,
-                    node_config::WEIGHT_RANGE.1
+                    config::WEIGHT_RANGE.0,
+                    config::WEIGHT_RANGE.1
                 ));
             }
             Some(w) => Some(w as u16),

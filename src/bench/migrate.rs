@@ -16,10 +16,10 @@ use anyhow::{Context, Result, bail};
 use hv::Vm;
 use serde_json::json;
 
+use crate::bench::overhead::median;
 use crate::cli::MigrateBenchArgs;
 use crate::guest;
 use crate::migrate::{self, AppState, GUEST_NAME};
-use crate::overhead::median;
 use crate::run;
 
 /// One run's figures.

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use crate::cli::WakeArgs;
 use crate::ctl::SchedUpdate;
 use crate::node;
-use crate::node_config::{self, Domain, Node, SchedulerFile};
+use crate::node::config::{self, Domain, Node, SchedulerFile};
 use crate::sched_params;
 
 pub fn run_wake(args: &WakeArgs, epoch: Instant) -> Result<u8> {
@@ -46,7 +46,7 @@ pub fn run_wake(args: &WakeArgs, epoch: Instant) -> Result<u8> {
                 ),
                 domain("hog", format!("busy:{}", args.millis)),
             ],
-            dom0_weight: node_config::DEFAULT_WEIGHT,
+            dom0_weight: config::DEFAULT_WEIGHT,
             network: None,
         };
         let (reports, _, _) = node::run(&node, &args.kvm_device, None, epoch)?;
@@ -85,7 +85,7 @@ fn domain(name: &str, probe: String) -> Domain {
         name: name.into(),
         vcpus: 1,
         memory_mib: 64,
-        weight: node_config::DEFAULT_WEIGHT,
+        weight: config::DEFAULT_WEIGHT,
         cap: 0,
         specs: Vec::new(),
         idle_ms: None,

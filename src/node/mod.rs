@@ -2,6 +2,9 @@
 //! the node's host CPUs, each running its NPB list; reports each domain's results and
 //! the CPU time each domain and domain 0 (kumo's own threads) received.
 
+pub mod config;
+pub mod control;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,10 +18,10 @@ use hv::placement::ThreadGroup;
 
 use crate::cli::NodeArgs;
 use crate::ctl;
-use crate::node_config::{self, Domain, Node};
 use crate::report::{self, Verdict};
 use crate::run::{self, GuestRun};
 use crate::sched_params;
+use config::{Domain, Node};
 
 /// How long to wait for a domain's vCPU threads to start before placing them.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
@@ -37,7 +40,7 @@ pub struct DomainReport {
 }
 
 pub fn run_node(args: &NodeArgs, epoch: Instant) -> Result<u8> {
-    let node = node_config::load(&args.config)?;
+    let node = config::load(&args.config)?;
     let socket = args
         .ctl_socket
         .clone()
@@ -133,7 +136,7 @@ pub fn run(
         None
     };
     let _server = match socket {
-        Some(path) => Some(crate::sched_control::serve(
+        Some(path) => Some(crate::node::control::serve(
             driver.clone(),
             node.domains.iter().cloned().zip(controls.clone()).collect(),
             path,
