@@ -98,11 +98,7 @@ fn bad_network_input_is_refused_in_one_line() {
         (&["bench", "net", "--sizes", "0"][..], "bad message size"),
         (&["bench", "net", "--sizes", "65M"][..], "bad message size"),
     ] {
-        let out = kumo(args);
-        let stderr = text(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
-        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
-        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+        assert_refused(args, needle);
     }
 }
 
@@ -194,11 +190,7 @@ fn bad_wire_input_is_refused_in_one_line() {
             "do not fit",
         ),
     ] {
-        let out = kumo(args);
-        let stderr = text(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
-        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
-        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+        assert_refused(args, needle);
     }
 }
 

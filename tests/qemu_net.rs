@@ -18,20 +18,6 @@ use common::*;
 /// Two VMs per test on a 2-core host: the tests take turns.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-fn qemu_available() -> bool {
-    let found = Command::new("qemu-system-x86_64")
-        .arg("--version")
-        .output()
-        .is_ok();
-    if !found && std::env::var("CI").as_deref() == Ok("true") {
-        panic!("qemu-system-x86_64 is missing but CI=true: .ci/run must install it");
-    }
-    if !found {
-        eprintln!("SKIPPED: qemu-system-x86_64 is not installed");
-    }
-    found
-}
-
 /// One VM: q35 (its MCFG gives the guest ECAM) with qboot as firmware (it boots in
 /// ~0.1 s where SeaBIOS takes seconds of emulated real mode on kvm_pvm hosts; it leaves
 /// BARs to the guest, whose driver assigns them), one vCPU, a modern-only virtio-net

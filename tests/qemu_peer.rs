@@ -7,20 +7,6 @@ use std::process::Command;
 
 use common::*;
 
-fn qemu_available() -> bool {
-    let found = Command::new("qemu-system-x86_64")
-        .arg("--version")
-        .output()
-        .is_ok();
-    if !found && std::env::var("CI").as_deref() == Ok("true") {
-        panic!("qemu-system-x86_64 is missing but CI=true: .ci/run must install it");
-    }
-    if !found {
-        eprintln!("SKIPPED: qemu-system-x86_64 is not installed");
-    }
-    found
-}
-
 #[test]
 fn the_guest_boots_and_verifies_under_qemu_with_two_vcpus() {
     if !kvm_available() || !qemu_available() {

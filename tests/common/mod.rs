@@ -177,3 +177,32 @@ pub fn wait_for_path(path: &std::path::Path) {
         std::thread::sleep(Duration::from_millis(5));
     }
 }
+
+/// Runs kumo and expects it refused: exit status 2 and one stderr line containing
+/// `needle` (bad input is named in one line, never a usage screen or a panic).
+pub fn assert_refused(args: &[&str], needle: &str) {
+    let out = kumo(args);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "kumo {args:?}: {stderr}");
+    assert_eq!(stderr.lines().count(), 1, "kumo {args:?}: {stderr}");
+    assert!(
+        stderr.contains(needle),
+        "kumo {args:?}: {stderr:?} lacks {needle:?}"
+    );
+}
+
+/// True if QEMU (the independent peer) is installed. Without it the peer tests are
+/// skipped loudly, except in CI (`CI=true`), where .ci/run must have installed it.
+pub fn qemu_available() -> bool {
+    let found = Command::new("qemu-system-x86_64")
+        .arg("--version")
+        .output()
+        .is_ok();
+    if !found && std::env::var("CI").as_deref() == Ok("true") {
+        panic!("qemu-system-x86_64 is missing but CI=true: .ci/run must install it");
+    }
+    if !found {
+        eprintln!("SKIPPED: qemu-system-x86_64 is not installed");
+    }
+    found
+}
