@@ -111,35 +111,7 @@ impl Vm {
             )));
         }
 
-        let kvm = kvm::open(&config.kvm_device)?;
-        let max = kvm::max_vcpus(&kvm);
-        if config.vcpus > max {
-            return Err(Error::TooManyVcpus {
-                requested: config.vcpus,
-                max,
-            });
-        }
-        let vm = create_vm(&kvm)?;
-        let (memory, memfd) = create_memory(mem_size)?;
-        let host = memory
-            .get_host_address(GuestAddress(0))
-            .map_err(|e| Error::GuestMemory(e.to_string()))?;
-        let region = kvm_userspace_memory_region {
-            slot: 0,
-            flags: 0,
-            guest_phys_addr: 0,
-            memory_size: mem_size,
-            userspace_addr: host as u64,
-        };
-        // SAFETY: the region maps `memory`, a live mapping of exactly `mem_size` bytes that
-        // the Vm owns and drops only after the VM fd (field order), so KVM never sees a
-        // dangling host range.
-        unsafe { vm.set_user_memory_region(region) }
-            .map_err(ioctl("KVM_SET_USER_MEMORY_REGION"))?;
-        vm.set_tss_address(KVM_TSS_ADDR)
-            .map_err(ioctl("KVM_SET_TSS_ADDR"))?;
-        // Before any vCPU: KVM refuses it afterwards.
-        vm.create_irq_chip().map_err(ioctl("KVM_CREATE_IRQCHIP"))?;
+        let (kvm, vm, memory, memfd) = machine(&config.kvm_device, config.vcpus, mem_size)?;
 
         let supported = kvm
             .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
@@ -157,11 +129,7 @@ impl Vm {
                 });
             }
             let entries = cpuid::vcpu_cpuid(supported.as_slice(), index, config.vcpus, tsc_khz);
-            let cpuid = CpuId::from_entries(&entries).map_err(|_| Error::Kvm {
-                ioctl: "KVM_SET_CPUID2",
-                source: kvm_ioctls::Error::new(libc::E2BIG),
-            })?;
-            vcpu.set_cpuid2(&cpuid).map_err(ioctl("KVM_SET_CPUID2"))?;
+            set_cpuid(&vcpu, &entries)?;
             vcpus.push(vcpu);
         }
 
@@ -533,7 +501,57 @@ fn watch(
     }
 }
 
-pub(crate) fn create_vm(kvm: &Kvm) -> Result<VmFd, Error> {
+/// What every VM starts from, new or restored: KVM opened (and its vCPU limit checked),
+/// a VM with `mem_size` bytes of memfd RAM in slot 0, the TSS and the in-kernel
+/// irqchip (which must exist before any vCPU).
+pub(crate) fn machine(
+    kvm_device: &std::path::Path,
+    vcpus: u32,
+    mem_size: u64,
+) -> Result<(Kvm, VmFd, GuestMemoryMmap, File), Error> {
+    let kvm = kvm::open(kvm_device)?;
+    let max = kvm::max_vcpus(&kvm);
+    if vcpus > max {
+        return Err(Error::TooManyVcpus {
+            requested: vcpus,
+            max,
+        });
+    }
+    let vm = create_vm(&kvm)?;
+    let (memory, memfd) = create_memory(mem_size)?;
+    let host = memory
+        .get_host_address(GuestAddress(0))
+        .map_err(|e| Error::GuestMemory(e.to_string()))?;
+    let region = kvm_userspace_memory_region {
+        slot: 0,
+        flags: 0,
+        guest_phys_addr: 0,
+        memory_size: mem_size,
+        userspace_addr: host as u64,
+    };
+    // SAFETY: the region maps `memory`, a live mapping of exactly `mem_size` bytes that
+    // the Vm owns and drops only after the VM fd (field order), so KVM never sees a
+    // dangling host range.
+    unsafe { vm.set_user_memory_region(region) }.map_err(ioctl("KVM_SET_USER_MEMORY_REGION"))?;
+    vm.set_tss_address(KVM_TSS_ADDR)
+        .map_err(ioctl("KVM_SET_TSS_ADDR"))?;
+    vm.create_irq_chip().map_err(ioctl("KVM_CREATE_IRQCHIP"))?;
+    Ok((kvm, vm, memory, memfd))
+}
+
+/// Gives `vcpu` the CPUID `entries`.
+pub(crate) fn set_cpuid(
+    vcpu: &VcpuFd,
+    entries: &[kvm_bindings::kvm_cpuid_entry2],
+) -> Result<(), Error> {
+    let cpuid = CpuId::from_entries(entries).map_err(|_| Error::Kvm {
+        ioctl: "KVM_SET_CPUID2",
+        source: kvm_ioctls::Error::new(libc::E2BIG),
+    })?;
+    vcpu.set_cpuid2(&cpuid).map_err(ioctl("KVM_SET_CPUID2"))
+}
+
+fn create_vm(kvm: &Kvm) -> Result<VmFd, Error> {
     // KVM_CREATE_VM can fail with EINTR when a signal arrives; retry then.
     let mut tries = 0;
     loop {
@@ -546,7 +564,7 @@ pub(crate) fn create_vm(kvm: &Kvm) -> Result<VmFd, Error> {
 }
 
 /// Guest RAM `[0, size)` on a memfd (zero-filled, untouched: pages appear when used).
-pub(crate) fn create_memory(size: u64) -> Result<(GuestMemoryMmap, File), Error> {
+fn create_memory(size: u64) -> Result<(GuestMemoryMmap, File), Error> {
     // SAFETY: the name is a valid NUL-terminated string; the return value is checked.
     let fd = unsafe { libc::memfd_create(c"kumo-guest-ram".as_ptr(), libc::MFD_CLOEXEC) };
     if fd < 0 {

@@ -6,9 +6,8 @@ use std::io::Read;
 use std::path::Path;
 use std::sync::Arc;
 
-use kvm_bindings::{CpuId, kvm_userspace_memory_region};
 use kvm_ioctls::Cap;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
+use vm_memory::{Bytes, GuestAddress};
 
 use super::Hub;
 use super::state::{self, DeviceStates, VcpuState, VmState};
@@ -16,10 +15,10 @@ use super::stream::{
     self, Meta, StreamError, TAG_APP, TAG_DEVICES, TAG_END, TAG_META, TAG_RAM, TAG_VCPU, TAG_VM,
     tag_name,
 };
-use crate::kvm::{self, ioctl};
-use crate::layout::{KVM_TSS_ADDR, PCI_ECAM_BASE, PCI_MMIO_END, PCI_MMIO_START};
+use crate::kvm::ioctl;
+use crate::layout::{PCI_ECAM_BASE, PCI_MMIO_END, PCI_MMIO_START};
 use crate::placement::VcpuControl;
-use crate::vm::{create_memory, create_vm};
+use crate::vm::{machine, set_cpuid};
 use crate::{Error, Vm};
 
 /// Reads a whole stream (header first) from `r` and builds the VM it describes.
@@ -90,42 +89,13 @@ pub fn restore_from(r: &mut impl Read, kvm_device: &Path) -> Result<(Vm, Meta), 
 
 /// A VM of META's shape with nothing loaded: RAM, irqchip, vCPUs with their CPUID.
 fn create(meta: &Meta, kvm_device: &Path) -> Result<Vm, Error> {
-    let kvm = kvm::open(kvm_device)?;
-    let max = kvm::max_vcpus(&kvm);
-    if meta.vcpus > max {
-        return Err(Error::TooManyVcpus {
-            requested: meta.vcpus,
-            max,
-        });
-    }
-    let vm = create_vm(&kvm)?;
-    let (memory, memfd) = create_memory(meta.memory_bytes)?;
-    let host = memory
-        .get_host_address(GuestAddress(0))
-        .map_err(|e| Error::GuestMemory(e.to_string()))?;
-    let region = kvm_userspace_memory_region {
-        slot: 0,
-        flags: 0,
-        guest_phys_addr: 0,
-        memory_size: meta.memory_bytes,
-        userspace_addr: host as u64,
-    };
-    // SAFETY: the region maps `memory`, a live mapping of exactly `memory_bytes` bytes
-    // that the Vm owns and drops only after the VM fd (field order).
-    unsafe { vm.set_user_memory_region(region) }.map_err(ioctl("KVM_SET_USER_MEMORY_REGION"))?;
-    vm.set_tss_address(KVM_TSS_ADDR)
-        .map_err(ioctl("KVM_SET_TSS_ADDR"))?;
-    vm.create_irq_chip().map_err(ioctl("KVM_CREATE_IRQCHIP"))?;
+    let (kvm, vm, memory, memfd) = machine(kvm_device, meta.vcpus, meta.memory_bytes)?;
     let mut vcpus = Vec::with_capacity(meta.vcpus as usize);
     for (index, entries) in meta.cpuid.iter().enumerate() {
         let vcpu = vm
             .create_vcpu(index as u64)
             .map_err(ioctl("KVM_CREATE_VCPU"))?;
-        let cpuid = CpuId::from_entries(entries).map_err(|_| Error::Kvm {
-            ioctl: "KVM_SET_CPUID2",
-            source: kvm_ioctls::Error::new(libc::E2BIG),
-        })?;
-        vcpu.set_cpuid2(&cpuid).map_err(ioctl("KVM_SET_CPUID2"))?;
+        set_cpuid(&vcpu, entries)?;
         vcpus.push(vcpu);
     }
     let vm = Arc::new(vm);
