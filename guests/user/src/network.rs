@@ -8,6 +8,10 @@ use core::fmt::Write;
 
 use kumo_abi::BootInfo;
 
+use npb::Spec;
+use npb::team::Arena;
+
+use crate::comm::MpiComm;
 use crate::mpi::{self, Mpi, Op, Request, Wait};
 use crate::net::Nic;
 use crate::virtio::Bump;
@@ -142,8 +146,9 @@ fn error(what: &str, item: &str) {
     line.emit();
 }
 
-/// Runs the plan on this CPU (0); true if everything verified.
-pub fn run(info: &BootInfo, plan: &Plan, spin_us: u64) -> bool {
+/// Runs the plan on this CPU (0): the NPB-MPI kernels `specs` (`npb=` with `mpi=`),
+/// then the `net=` items; true if everything verified.
+pub fn run(info: &BootInfo, plan: &Plan, spin_us: u64, specs: &[Spec]) -> bool {
     let mut memory = Bump::new(info.heap_start, info.heap_end);
     let nic = match Nic::open(info, &mut memory, 0) {
         Ok(nic) => nic,
@@ -189,6 +194,18 @@ pub fn run(info: &BootInfo, plan: &Plan, spin_us: u64) -> bool {
     );
     line.emit();
     let mut ok = true;
+    for &spec in specs {
+        match run_npb(info, &mut mpi, &mut memory, spec) {
+            Ok(verified) => ok &= verified,
+            Err(e) => {
+                let mut line = Line::new();
+                let _ = write!(line, "@kumo error what=mpi item={e} benchmark={spec}");
+                line.emit();
+                report(&mpi);
+                return false;
+            }
+        }
+    }
     for item in plan.items.iter().flatten() {
         let outcome = match *item {
             Item::Check => check(info, &mut mpi, &mut memory, plan),
@@ -214,6 +231,76 @@ pub fn run(info: &BootInfo, plan: &Plan, spin_us: u64) -> bool {
     }
     report(&mpi);
     ok
+}
+
+/// Heap for the NPB-MPI kernels: one region, carved once for the largest of them
+/// (the bump allocator does not free).
+static NPB_HEAP: crate::Shared<Option<(u64, usize)>> =
+    crate::Shared(core::cell::UnsafeCell::new(None));
+
+/// One NPB-MPI kernel on this rank; rank 0 prints its `@kumo result` line. Ok(verified),
+/// or the communication error that ended it. Every rank refuses a rank count the
+/// kernel cannot use, without communicating, so the job stays in step.
+fn run_npb(
+    info: &BootInfo,
+    mpi: &mut Mpi<Nic>,
+    memory: &mut Bump,
+    spec: Spec,
+) -> Result<bool, npb::mpi::Error> {
+    let ranks = mpi.size();
+    if let Err(why) = npb::mpi::supports(spec.kernel, ranks) {
+        if mpi.rank() == 0 {
+            let mut line = Line::new();
+            let _ = write!(
+                line,
+                "@kumo error what=unsupported-ranks item={spec} ranks={ranks} why=\"{why}\""
+            );
+            line.emit();
+        }
+        return Ok(false);
+    }
+    let bytes = npb::mpi::heap_bytes(spec, ranks);
+    // SAFETY: only CPU 0 runs MPI work; nothing else touches NPB_HEAP.
+    let heap = unsafe { &mut *NPB_HEAP.0.get() };
+    let (base, len) = match *heap {
+        Some((base, len)) if len >= bytes => (base, len),
+        _ => {
+            let Ok(base) = memory.alloc(bytes as u64, 4096) else {
+                let mut line = Line::new();
+                let _ = write!(line, "@kumo error what=out-of-memory item={spec}");
+                line.emit();
+                return Ok(false);
+            };
+            *heap = Some((base, bytes));
+            (base, bytes)
+        }
+    };
+    // SAFETY: memory from the allocator, identity-mapped, used by this CPU alone and
+    // only by this arena while the kernel runs.
+    let mut arena = unsafe { Arena::new(base as *mut u8, len) };
+    let mut comm = MpiComm {
+        mpi,
+        tsc_khz: info.tsc_khz,
+    };
+    let outcome = npb::mpi::run(spec, &mut comm, &mut arena)?;
+    if comm.mpi.rank() == 0 {
+        let mut line = Line::new();
+        let _ = write!(
+            line,
+            "@kumo result benchmark={} class={} threads=1 ranks={ranks} time_s={:.6} \
+             mops={:.2} verified={}",
+            spec.kernel.name(),
+            spec.class.letter(),
+            outcome.seconds,
+            outcome.mops,
+            outcome.verified,
+        );
+        for (key, value) in outcome.values.iter() {
+            let _ = write!(line, " {key}={value}");
+        }
+        line.emit();
+    }
+    Ok(outcome.verified)
 }
 
 /// `@kumo error what=mpi item=NAME [details]`.
