@@ -1,0 +1,96 @@
+//! NPB-MPI kernels across VMs: `kumo mpi --npb LIST` boots one VM per rank, each runs
+//! its rank of every kernel over the guest's Ethernet MPI, rank 0 reports, and every
+//! result must verify against NPB's official values.
+
+mod common;
+
+use common::*;
+
+/// One job at a time (as `tests/net.rs`): every rank spins on a vCPU, and the host has
+/// two cores.
+static ONE_JOB: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_job() -> std::sync::MutexGuard<'static, ()> {
+    ONE_JOB.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[test]
+fn ep_is_cg_class_s_verify_on_two_vms() {
+    if !kvm_available() {
+        return;
+    }
+    let _one = one_job();
+    let out = kumo(&[
+        "mpi",
+        "--npb",
+        "ep.S,is.S,cg.S",
+        "--vms",
+        "2",
+        "--json",
+        "--timeout",
+        "300",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let lines = json_lines(&out);
+    let names: Vec<&str> = lines[..3]
+        .iter()
+        .map(|l| l["benchmark"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["ep", "is", "cg"]);
+    for line in &lines[..3] {
+        assert_eq!(line["class"], serde_json::json!("S"), "{line}");
+        assert_eq!(line["ranks"], serde_json::json!(2), "{line}");
+        assert_eq!(line["vms"], serde_json::json!(2), "{line}");
+        assert_eq!(line["verified"], serde_json::json!(true), "{line}");
+        assert!(line["time_s"].as_f64().unwrap() > 0.0, "{line}");
+        assert!(line["mops"].as_f64().unwrap() > 0.0, "{line}");
+    }
+    // The official values themselves, as the guest printed them.
+    assert_eq!(lines[0]["pairs"], serde_json::json!(13_176_389.0));
+    assert_eq!(lines[1]["passed"], serde_json::json!(51.0));
+    assert!((lines[2]["zeta"].as_f64().unwrap() - 8.597_177_507_864_8).abs() < 1e-10);
+    assert_eq!(lines[3]["ok"], serde_json::json!(true));
+}
+
+#[test]
+fn ep_verifies_on_three_vms_where_is_and_cg_are_refused() {
+    if !kvm_available() {
+        return;
+    }
+    let _one = one_job();
+    let out = kumo(&[
+        "mpi",
+        "--npb",
+        "ep.S",
+        "--vms",
+        "3",
+        "--json",
+        "--timeout",
+        "300",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let lines = json_lines(&out);
+    assert_eq!(lines[0]["ranks"], serde_json::json!(3));
+    assert_eq!(
+        lines[0]["verified"],
+        serde_json::json!(true),
+        "{}",
+        lines[0]
+    );
+}
+
+#[test]
+fn rank_counts_a_kernel_cannot_use_are_refused_in_one_line() {
+    // Refused before any VM is made: no KVM needed.
+    for (list, vms) in [("is.S", "3"), ("ep.S,cg.S", "3"), ("mg.S", "2")] {
+        let out = kumo(&["mpi", "--npb", list, "--vms", vms]);
+        assert_eq!(out.status.code(), Some(2), "{list} on {vms}");
+        let stderr = text(&out.stderr);
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(stderr.contains("cannot run on"), "{stderr}");
+        assert!(out.stdout.is_empty());
+    }
+    let out = kumo(&["mpi", "--npb", "ep.Q"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("unknown class"));
+}
