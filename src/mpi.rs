@@ -132,6 +132,23 @@ pub fn run_job(
     kvm_device: &std::path::Path,
     epoch: Instant,
 ) -> Result<Vec<GuestRun>> {
+    run_job_in(
+        vms, vcpus, irq_path, extra, job, kvm_device, epoch, MEMORY_MIB,
+    )
+}
+
+/// As [`run_job`], with `memory_mib` of guest memory per VM.
+#[allow(clippy::too_many_arguments)]
+fn run_job_in(
+    vms: u32,
+    vcpus: u32,
+    irq_path: IrqPath,
+    extra: &str,
+    job: &Job,
+    kvm_device: &std::path::Path,
+    epoch: Instant,
+    memory_mib: u64,
+) -> Result<Vec<GuestRun>> {
     let size = if job.size == 0 { vms } else { job.size };
     if !(1..=MAX_VMS).contains(&vms) {
         bail!("--vms must be between 1 and {MAX_VMS}, not {vms}");
@@ -158,7 +175,7 @@ pub fn run_job(
     for rank in job.first_rank..job.first_rank + vms {
         let config = run::embedded_config(
             vcpus,
-            MEMORY_MIB,
+            memory_mib,
             format!("mpi={rank}:{size} {extra}"),
             kvm_device,
         );
@@ -319,11 +336,22 @@ pub fn parse_npb(list: &str, ranks: u32) -> Result<Vec<Spec>> {
         })
         .collect::<Result<Vec<Spec>>>()?;
     for spec in &specs {
-        if let Err(why) = npb::mpi::supports(spec.kernel, ranks as usize) {
+        if let Err(why) = npb::mpi::supports(*spec, ranks as usize) {
             bail!("{spec} cannot run on {ranks} MPI ranks: {why}");
         }
     }
     Ok(specs)
+}
+
+/// Guest memory per rank for `specs`: the largest kernel's heap, the MPI's rings (a
+/// send and a receive ring of 1 MiB per peer) and the runtime, at least [`MEMORY_MIB`].
+fn npb_memory_mib(specs: &[Spec], ranks: u32) -> u64 {
+    let heap = specs
+        .iter()
+        .map(|&spec| npb::mpi::heap_bytes(spec, ranks as usize))
+        .max()
+        .unwrap_or(0) as u64;
+    ((heap >> 20) + 2 * u64::from(ranks) + 96).max(MEMORY_MIB)
 }
 
 /// `kumo mpi --npb LIST`: one job running every benchmark in turn; rank 0's results
@@ -342,7 +370,7 @@ fn run_npb(args: &MpiArgs, list: &str, epoch: Instant) -> Result<u8> {
         wire: args.wire.clone(),
         wire_patience: Duration::from_secs_f64(args.wire_wait),
     };
-    let runs = run_job(
+    let runs = run_job_in(
         args.vms,
         args.vcpus,
         args.irq_path,
@@ -350,6 +378,7 @@ fn run_npb(args: &MpiArgs, list: &str, epoch: Instant) -> Result<u8> {
         &job,
         &args.kvm_device,
         epoch,
+        npb_memory_mib(&specs, ranks),
     )?;
     // Rank 0 prints the results (if it runs here); every rank must end cleanly.
     let mut code = crate::report::EXIT_OK;
@@ -599,6 +628,13 @@ mod tests {
             "is.S cannot run on 3 MPI ranks: needs a power-of-two number of ranks"
         );
         assert!(parse_npb("mg.S", 2).is_err());
+        assert!(parse_npb("ft.W", 32).is_ok() && parse_npb("ft.W", 64).is_err());
+        // FT class A's slabs need more than the default guest memory on 2 ranks.
+        assert!(npb_memory_mib(&parse_npb("ft.A", 2).unwrap(), 2) > MEMORY_MIB);
+        assert_eq!(
+            npb_memory_mib(&parse_npb("ep.S", 2).unwrap(), 2),
+            MEMORY_MIB
+        );
         assert!(parse_npb("xx.S", 2).is_err());
     }
 

@@ -248,7 +248,7 @@ fn run_npb(
     spec: Spec,
 ) -> Result<bool, npb::mpi::Error> {
     let ranks = mpi.size();
-    if let Err(why) = npb::mpi::supports(spec.kernel, ranks) {
+    if let Err(why) = npb::mpi::supports(spec, ranks) {
         if mpi.rank() == 0 {
             let mut line = Line::new();
             let _ = write!(

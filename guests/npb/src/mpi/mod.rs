@@ -8,10 +8,11 @@
 //! redistributes the keys by bucket with alltoall/alltoallv (as `is.c`); CG splits the
 //! matrix rows in blocks and allgathers the direction vector before each product (a
 //! 1-D row decomposition with the same arithmetic, not `cg.f`'s 2-D process grid).
-//! MG and FT have no MPI form yet.
+//! FT uses `ft.f`'s 1-D slab layout with alltoall transposes. MG has no MPI form yet.
 
 pub mod cg;
 pub mod ep;
+pub mod ft;
 #[cfg(any(test, feature = "host"))]
 pub mod host;
 pub mod is;
@@ -90,17 +91,19 @@ pub fn bytes_mut<T: Plain>(values: &mut [T]) -> &mut [u8] {
     }
 }
 
-/// Whether `kernel` has an MPI form that runs on `ranks` ranks; if not, why.
-pub fn supports(kernel: Kernel, ranks: usize) -> Result<(), &'static str> {
+/// Whether `spec` has an MPI form that runs on `ranks` ranks; if not, why.
+pub fn supports(spec: Spec, ranks: usize) -> Result<(), &'static str> {
     if ranks == 0 || ranks > MAX_RANKS {
         return Err("an MPI job has 1 to 64 ranks");
     }
-    match kernel {
+    match spec.kernel {
         Kernel::Ep => Ok(()),
         // As NPB-MPI's is.c and cg.f.
         Kernel::Is | Kernel::Cg if ranks.is_power_of_two() => Ok(()),
         Kernel::Is | Kernel::Cg => Err("needs a power-of-two number of ranks"),
-        Kernel::Mg | Kernel::Ft => Err("has no MPI form yet"),
+        Kernel::Ft if ft::fits(spec.class, ranks) => Ok(()),
+        Kernel::Ft => Err("needs a power-of-two number of ranks dividing the grid's planes"),
+        Kernel::Mg => Err("has no MPI form yet"),
     }
 }
 
@@ -111,7 +114,8 @@ pub fn heap_bytes(spec: Spec, ranks: usize) -> usize {
         Kernel::Ep => ep::heap_bytes(),
         Kernel::Is => is::heap_bytes(spec.class, ranks),
         Kernel::Cg => cg::heap_bytes(spec.class, ranks),
-        Kernel::Mg | Kernel::Ft => 0,
+        Kernel::Ft => ft::heap_bytes(spec.class, ranks),
+        Kernel::Mg => 0,
     }
 }
 
@@ -123,14 +127,15 @@ pub fn run<C: Comm + ?Sized>(
     comm: &mut C,
     arena: &mut Arena,
 ) -> Result<Outcome, Error> {
-    if supports(spec.kernel, comm.size()).is_err() {
+    if supports(spec, comm.size()).is_err() {
         return Err(Error("unsupported-ranks"));
     }
     match spec.kernel {
         Kernel::Ep => ep::run(spec.class, comm, arena),
         Kernel::Is => is::run(spec.class, comm, arena),
         Kernel::Cg => cg::run(spec.class, comm, arena),
-        Kernel::Mg | Kernel::Ft => Err(Error("no-mpi-form")),
+        Kernel::Ft => ft::run(spec.class, comm, arena),
+        Kernel::Mg => Err(Error("no-mpi-form")),
     }
 }
 
@@ -162,12 +167,16 @@ mod tests {
 
     #[test]
     fn rank_counts_kernels_cannot_use_are_refused() {
-        assert_eq!(supports(Kernel::Ep, 3), Ok(()));
-        assert!(supports(Kernel::Is, 3).is_err());
-        assert!(supports(Kernel::Cg, 6).is_err());
-        assert_eq!(supports(Kernel::Cg, 4), Ok(()));
-        assert!(supports(Kernel::Mg, 2).is_err());
-        assert!(supports(Kernel::Ep, 0).is_err() && supports(Kernel::Ep, 65).is_err());
+        let s = |kernel, class| Spec { kernel, class };
+        assert_eq!(supports(s(Kernel::Ep, Class::S), 3), Ok(()));
+        assert!(supports(s(Kernel::Is, Class::S), 3).is_err());
+        assert!(supports(s(Kernel::Cg, Class::S), 6).is_err());
+        assert_eq!(supports(s(Kernel::Cg, Class::S), 4), Ok(()));
+        assert!(supports(s(Kernel::Mg, Class::S), 2).is_err());
+        assert_eq!(supports(s(Kernel::Ft, Class::S), 64), Ok(()));
+        assert!(supports(s(Kernel::Ft, Class::W), 64).is_err());
+        assert!(supports(s(Kernel::Ep, Class::S), 0).is_err());
+        assert!(supports(s(Kernel::Ep, Class::S), 65).is_err());
         // run() refuses them too, on every rank, without communicating.
         let spec = Spec {
             kernel: Kernel::Is,
@@ -184,7 +193,7 @@ mod tests {
     #[test]
     fn heaps_fit_each_kernel_exactly_enough() {
         // The arena panics if a kernel takes more than heap_bytes.
-        for kernel in [Kernel::Ep, Kernel::Is, Kernel::Cg] {
+        for kernel in [Kernel::Ep, Kernel::Is, Kernel::Cg, Kernel::Ft] {
             for ranks in [1, 2, 4] {
                 let spec = Spec {
                     kernel,
