@@ -53,6 +53,35 @@ fn ep_is_cg_class_s_verify_on_two_vms() {
 }
 
 #[test]
+fn ft_class_s_verifies_on_four_vms() {
+    if !kvm_available() {
+        return;
+    }
+    let _one = one_job();
+    let out = kumo(&[
+        "mpi",
+        "--npb",
+        "ft.S",
+        "--vms",
+        "4",
+        "--json",
+        "--timeout",
+        "300",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let lines = json_lines(&out);
+    assert_eq!(lines[0]["benchmark"], serde_json::json!("ft"));
+    assert_eq!(lines[0]["ranks"], serde_json::json!(4));
+    assert_eq!(
+        lines[0]["verified"],
+        serde_json::json!(true),
+        "{}",
+        lines[0]
+    );
+    assert!(lines[0]["error"].as_f64().unwrap() <= 1e-12, "{}", lines[0]);
+}
+
+#[test]
 fn ep_verifies_on_three_vms_where_is_and_cg_are_refused() {
     if !kvm_available() {
         return;
@@ -82,7 +111,12 @@ fn ep_verifies_on_three_vms_where_is_and_cg_are_refused() {
 #[test]
 fn rank_counts_a_kernel_cannot_use_are_refused_in_one_line() {
     // Refused before any VM is made: no KVM needed.
-    for (list, vms) in [("is.S", "3"), ("ep.S,cg.S", "3"), ("mg.S", "2")] {
+    for (list, vms) in [
+        ("is.S", "3"),
+        ("ep.S,cg.S", "3"),
+        ("ft.S", "6"),
+        ("mg.S", "2"),
+    ] {
         let out = kumo(&["mpi", "--npb", list, "--vms", vms]);
         assert_eq!(out.status.code(), Some(2), "{list} on {vms}");
         let stderr = text(&out.stderr);

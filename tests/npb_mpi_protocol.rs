@@ -1,7 +1,7 @@
 //! The NPB-MPI kernels over the guest's own MPI (`guests/user/src/mpi.rs`) and its
 //! `Comm` adapter (`guests/user/src/comm.rs`), the same source files, on the host:
 //! ranks are threads, the wire is in memory (as `tests/mpi_protocol.rs`) and may drop
-//! frames. Every kernel must verify at class S on 1, 2 and 4 ranks, and on a lossy
+//! frames. Every MPI kernel (EP, IS, CG, FT) must verify at class S on 1, 2 and 4 ranks, and on a lossy
 //! wire, with every rank agreeing.
 
 #[allow(dead_code)] // the guest uses more of it than these tests
@@ -226,6 +226,13 @@ fn is_class_s_verifies_on_1_2_4_ranks() {
 fn cg_class_s_verifies_on_1_2_4_ranks() {
     for ranks in [1, 2, 4] {
         assert_eq!(assert_verified(spec(Kernel::Cg), ranks, 0), 0);
+    }
+}
+
+#[test]
+fn ft_class_s_verifies_on_1_2_4_ranks() {
+    for ranks in [1, 2, 4] {
+        assert_eq!(assert_verified(spec(Kernel::Ft), ranks, 0), 0);
     }
 }
 
