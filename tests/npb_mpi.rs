@@ -128,3 +128,28 @@ fn rank_counts_a_kernel_cannot_use_are_refused_in_one_line() {
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("unknown class"));
 }
+
+#[test]
+fn an_npb_mpi_rank_without_a_nic_fails_cleanly_and_runs_no_shared_memory_form() {
+    if !kvm_available() {
+        return;
+    }
+    let guest = dumped_guest();
+    let out = kumo(&[
+        "--kernel",
+        guest.to_str().unwrap(),
+        "--cmdline",
+        "mpi=0:2 npb=ep.S",
+        "--vcpus",
+        "1",
+    ]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.contains("@kumo error what=net item=no-virtio-net"),
+        "{stdout}"
+    );
+    // With mpi=, npb= names the MPI form only: no shared-memory result either.
+    assert!(!stdout.contains("@kumo result"), "{stdout}");
+    assert!(stdout.contains("@kumo end status=1"), "{stdout}");
+}
