@@ -153,3 +153,30 @@ fn an_npb_mpi_rank_without_a_nic_fails_cleanly_and_runs_no_shared_memory_form() 
     assert!(!stdout.contains("@kumo result"), "{stdout}");
     assert!(stdout.contains("@kumo end status=1"), "{stdout}");
 }
+
+#[test]
+fn class_a_kernels_in_one_job_share_one_heap() {
+    // IS A and then FT A on 2 ranks: each rank's memory is sized for the larger one
+    // alone, so the kernels must reuse one heap (they once took one each and FT ran
+    // out of memory).
+    if !kvm_available() {
+        return;
+    }
+    let _one = one_job();
+    let out = kumo(&[
+        "mpi",
+        "--npb",
+        "is.A,ft.A",
+        "--vms",
+        "2",
+        "--json",
+        "--timeout",
+        "600",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let lines = json_lines(&out);
+    for line in &lines[..2] {
+        assert_eq!(line["class"], serde_json::json!("A"), "{line}");
+        assert_eq!(line["verified"], serde_json::json!(true), "{line}");
+    }
+}

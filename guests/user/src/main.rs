@@ -63,7 +63,7 @@ const CMDLINE_MAX: usize = 4095;
 
 /// State the master writes before a barrier and the workers read after it (or the
 /// reverse); the barriers order every access.
-pub(crate) struct Shared<T>(pub(crate) UnsafeCell<T>);
+struct Shared<T>(UnsafeCell<T>);
 // SAFETY: accesses are separated by `Barrier::wait`, which orders them (see above).
 unsafe impl<T> Sync for Shared<T> {}
 

@@ -194,8 +194,18 @@ pub fn run(info: &BootInfo, plan: &Plan, spin_us: u64, specs: &[Spec]) -> bool {
     );
     line.emit();
     let mut ok = true;
+    // One heap for every kernel, sized for the largest (the allocator does not free).
+    let heap_len = specs
+        .iter()
+        .map(|&spec| npb::mpi::heap_bytes(spec, plan.size))
+        .max()
+        .unwrap_or(0);
+    let heap = memory
+        .alloc(heap_len as u64, 4096)
+        .ok()
+        .map(|base| (base, heap_len));
     for &spec in specs {
-        match run_npb(info, &mut mpi, &mut memory, spec) {
+        match run_npb(info, &mut mpi, heap, spec) {
             Ok(verified) => ok &= verified,
             Err(e) => {
                 let mut line = Line::new();
@@ -233,18 +243,13 @@ pub fn run(info: &BootInfo, plan: &Plan, spin_us: u64, specs: &[Spec]) -> bool {
     ok
 }
 
-/// Heap for the NPB-MPI kernels: one region, carved once for the largest of them
-/// (the bump allocator does not free).
-static NPB_HEAP: crate::Shared<Option<(u64, usize)>> =
-    crate::Shared(core::cell::UnsafeCell::new(None));
-
 /// One NPB-MPI kernel on this rank; rank 0 prints its `@kumo result` line. Ok(verified),
 /// or the communication error that ended it. Every rank refuses a rank count the
 /// kernel cannot use, without communicating, so the job stays in step.
 fn run_npb(
     info: &BootInfo,
     mpi: &mut Mpi<Nic>,
-    memory: &mut Bump,
+    heap: Option<(u64, usize)>,
     spec: Spec,
 ) -> Result<bool, npb::mpi::Error> {
     let ranks = mpi.size();
@@ -260,20 +265,11 @@ fn run_npb(
         return Ok(false);
     }
     let bytes = npb::mpi::heap_bytes(spec, ranks);
-    // SAFETY: only CPU 0 runs MPI work; nothing else touches NPB_HEAP.
-    let heap = unsafe { &mut *NPB_HEAP.0.get() };
-    let (base, len) = match *heap {
-        Some((base, len)) if len >= bytes => (base, len),
-        _ => {
-            let Ok(base) = memory.alloc(bytes as u64, 4096) else {
-                let mut line = Line::new();
-                let _ = write!(line, "@kumo error what=out-of-memory item={spec}");
-                line.emit();
-                return Ok(false);
-            };
-            *heap = Some((base, bytes));
-            (base, bytes)
-        }
+    let Some((base, len)) = heap.filter(|&(_, len)| len >= bytes) else {
+        let mut line = Line::new();
+        let _ = write!(line, "@kumo error what=out-of-memory item={spec}");
+        line.emit();
+        return Ok(false);
     };
     // SAFETY: memory from the allocator, identity-mapped, used by this CPU alone and
     // only by this arena while the kernel runs.
