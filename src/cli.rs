@@ -79,6 +79,11 @@ pub struct MpiArgs {
     #[arg(long, value_enum, default_value_t = Wait::Spin)]
     pub wait: Wait,
 
+    /// NPB-MPI kernels to run across the ranks, comma-separated (`ep.S,is.S,cg.S`;
+    /// kernels with an MPI form: ep, is, cg, ft). Without it: the MPI self-check.
+    #[arg(long, value_name = "LIST")]
+    pub npb: Option<String>,
+
     /// Interrupt path of every NIC.
     #[arg(long, value_name = "PATH", default_value = "generic", value_parser = irq_path)]
     pub irq_path: hv::irq::IrqPath,

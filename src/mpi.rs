@@ -12,6 +12,7 @@ use anyhow::{Context, Result, bail};
 use devices::net::switch::SwitchConfig;
 use hv::irq::IrqPath;
 use hv::net::{Network, NicSetup};
+use npb::Spec;
 use serde_json::{Value, json};
 
 use crate::cli::{MpiArgs, NetBenchArgs, Wait};
@@ -131,6 +132,23 @@ pub fn run_job(
     kvm_device: &std::path::Path,
     epoch: Instant,
 ) -> Result<Vec<GuestRun>> {
+    run_job_in(
+        vms, vcpus, irq_path, extra, job, kvm_device, epoch, MEMORY_MIB,
+    )
+}
+
+/// As [`run_job`], with `memory_mib` of guest memory per VM.
+#[allow(clippy::too_many_arguments)]
+fn run_job_in(
+    vms: u32,
+    vcpus: u32,
+    irq_path: IrqPath,
+    extra: &str,
+    job: &Job,
+    kvm_device: &std::path::Path,
+    epoch: Instant,
+    memory_mib: u64,
+) -> Result<Vec<GuestRun>> {
     let size = if job.size == 0 { vms } else { job.size };
     if !(1..=MAX_VMS).contains(&vms) {
         bail!("--vms must be between 1 and {MAX_VMS}, not {vms}");
@@ -157,7 +175,7 @@ pub fn run_job(
     for rank in job.first_rank..job.first_rank + vms {
         let config = run::embedded_config(
             vcpus,
-            MEMORY_MIB,
+            memory_mib,
             format!("mpi={rank}:{size} {extra}"),
             kvm_device,
         );
@@ -224,8 +242,12 @@ fn measurement<'a>(
         .with_context(|| format!("rank {rank}"))
 }
 
-/// `kumo mpi`: the MPI self-check across `--vms` VMs.
+/// `kumo mpi`: the MPI self-check across `--vms` VMs, or with `--npb` the NPB-MPI
+/// kernels.
 pub fn run_mpi(args: &MpiArgs, epoch: Instant) -> Result<u8> {
+    if let Some(list) = &args.npb {
+        return run_npb(args, list, epoch);
+    }
     let extra = format!("wait={} net=check", wait_name(args.wait));
     let job = Job {
         size: args.job_size.unwrap_or(args.vms),
@@ -301,6 +323,157 @@ pub fn run_mpi(args: &MpiArgs, epoch: Instant) -> Result<u8> {
     } else {
         crate::report::EXIT_UNVERIFIED
     })
+}
+
+/// `--npb LIST`: the benchmarks, each checked against the job's rank count.
+pub fn parse_npb(list: &str, ranks: u32) -> Result<Vec<Spec>> {
+    let specs = list
+        .split(',')
+        .map(|item| {
+            item.trim()
+                .parse::<Spec>()
+                .map_err(|e| anyhow::anyhow!("--npb: {e}"))
+        })
+        .collect::<Result<Vec<Spec>>>()?;
+    for spec in &specs {
+        if let Err(why) = npb::mpi::supports(*spec, ranks as usize) {
+            bail!("{spec} cannot run on {ranks} MPI ranks: {why}");
+        }
+    }
+    Ok(specs)
+}
+
+/// Guest memory per rank for `specs`: the largest kernel's heap, the MPI's rings (a
+/// send and a receive ring of 1 MiB per peer) and the runtime, at least [`MEMORY_MIB`].
+fn npb_memory_mib(specs: &[Spec], ranks: u32) -> u64 {
+    let heap = specs
+        .iter()
+        .map(|&spec| npb::mpi::heap_bytes(spec, ranks as usize))
+        .max()
+        .unwrap_or(0) as u64;
+    ((heap >> 20) + 2 * u64::from(ranks) + 96).max(MEMORY_MIB)
+}
+
+/// `kumo mpi --npb LIST`: one job running every benchmark in turn; rank 0's results
+/// judged as `kumo`'s, the other ranks' runs must end cleanly.
+fn run_npb(args: &MpiArgs, list: &str, epoch: Instant) -> Result<u8> {
+    let ranks = args.job_size.unwrap_or(args.vms);
+    if args.vcpus != 1 {
+        bail!("--npb runs one rank per VM on one vCPU: use --vcpus 1");
+    }
+    let specs = parse_npb(list, ranks)?;
+    let items: Vec<String> = specs.iter().map(Spec::to_string).collect();
+    let extra = format!("wait={} npb={}", wait_name(args.wait), items.join(","));
+    let job = Job {
+        size: ranks,
+        first_rank: args.first_rank,
+        wire: args.wire.clone(),
+        wire_patience: Duration::from_secs_f64(args.wire_wait),
+    };
+    let runs = run_job_in(
+        args.vms,
+        args.vcpus,
+        args.irq_path,
+        &extra,
+        &job,
+        &args.kvm_device,
+        epoch,
+        npb_memory_mib(&specs, ranks),
+    )?;
+    // Rank 0 prints the results (if it runs here); every rank must end cleanly.
+    let mut code = crate::report::EXIT_OK;
+    let mut rows = Vec::new();
+    for (i, run) in runs.iter().enumerate() {
+        let rank = job.first_rank as usize + i;
+        let verdict = if rank == 0 {
+            run.judge(&specs, 1)
+        } else {
+            run.judge(&[], 1)
+        };
+        for problem in &verdict.problems {
+            eprintln!("kumo: rank {rank}: {problem}");
+        }
+        if code == crate::report::EXIT_OK {
+            code = verdict.exit_code();
+        }
+        if rank == 0 {
+            rows = verdict.rows;
+        }
+    }
+    let ok = code == crate::report::EXIT_OK;
+    let objects: Vec<serde_json::Map<String, Value>> = rows
+        .iter()
+        .map(|row| {
+            let mut obj = serde_json::Map::new();
+            obj.insert("benchmark".into(), json!(row.spec.kernel.name()));
+            obj.insert("class".into(), json!(row.spec.class.letter().to_string()));
+            obj.insert("ranks".into(), json!(ranks));
+            obj.insert("vms".into(), json!(args.vms));
+            match &row.result {
+                Some(r) => {
+                    obj.insert("time_s".into(), json!(r.time_s));
+                    obj.insert("mops".into(), json!(r.mops));
+                    obj.insert("verified".into(), json!(r.verified));
+                    for (k, v) in &r.extra {
+                        let value = v.parse::<f64>().map_or_else(|_| json!(v), |f| json!(f));
+                        obj.entry(k.clone()).or_insert(value);
+                    }
+                }
+                None => {
+                    obj.insert("time_s".into(), Value::Null);
+                    obj.insert("mops".into(), Value::Null);
+                    obj.insert("verified".into(), json!(false));
+                    obj.insert("error".into(), json!("no result"));
+                }
+            }
+            obj
+        })
+        .collect();
+    if args.json {
+        for obj in &objects {
+            crate::outln!("{}", Value::Object(obj.clone()));
+        }
+        crate::outln!("{}", json!({ "ok": ok }));
+    } else {
+        crate::outln!(
+            "{:<10} {:<5} {:>5} {:>4} {:>12} {:>12}  verified",
+            "benchmark",
+            "class",
+            "ranks",
+            "vms",
+            "time (s)",
+            "Mop/s"
+        );
+        for obj in &objects {
+            let number = |key: &str| {
+                obj[key]
+                    .as_f64()
+                    .map_or("-".to_string(), |v| format!("{v:.3}"))
+            };
+            crate::outln!(
+                "{:<10} {:<5} {:>5} {:>4} {:>12} {:>12}  {}",
+                obj["benchmark"].as_str().unwrap_or("-"),
+                obj["class"].as_str().unwrap_or("-"),
+                ranks,
+                args.vms,
+                number("time_s"),
+                number("mops"),
+                if obj["verified"] == json!(true) {
+                    "yes"
+                } else {
+                    "NO"
+                }
+            );
+        }
+        crate::outln!(
+            "NPB-MPI: {} ranks, one per VM ({} here), wait={}, irq path {}",
+            ranks,
+            args.vms,
+            wait_name(args.wait),
+            path_name(args.irq_path)
+        );
+    }
+    Ok(code)
 }
 
 fn text<'a>(row: &'a serde_json::Map<String, Value>, key: &str) -> &'a str {
@@ -441,6 +614,28 @@ mod tests {
         assert!(parse_sizes("65M").is_err());
         assert!(parse_sizes("x").is_err());
         assert!(parse_sizes(&vec!["8"; 17].join(",")).is_err());
+    }
+
+    #[test]
+    fn npb_lists_parse_and_rank_counts_are_checked() {
+        let specs = parse_npb("ep.S,is.S,cg.W", 2).unwrap();
+        assert_eq!(specs.len(), 3);
+        assert_eq!(specs[2].to_string(), "cg.W");
+        assert!(parse_npb("ep.S", 3).is_ok());
+        let e = parse_npb("ep.S,is.S", 3).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "is.S cannot run on 3 MPI ranks: needs a power-of-two number of ranks"
+        );
+        assert!(parse_npb("mg.S", 2).is_err());
+        assert!(parse_npb("ft.W", 32).is_ok() && parse_npb("ft.W", 64).is_err());
+        // FT class A's slabs need more than the default guest memory on 2 ranks.
+        assert!(npb_memory_mib(&parse_npb("ft.A", 2).unwrap(), 2) > MEMORY_MIB);
+        assert_eq!(
+            npb_memory_mib(&parse_npb("ep.S", 2).unwrap(), 2),
+            MEMORY_MIB
+        );
+        assert!(parse_npb("xx.S", 2).is_err());
     }
 
     #[test]

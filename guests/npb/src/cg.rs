@@ -167,27 +167,34 @@ fn vecset(v: &mut [f64], iv: &mut [u32], nzv: usize, i: usize, value: f64) -> us
 }
 
 /// Scratch of [`makea`]: the generating vectors, `nonzer + 1` slots each.
-struct Generators<'a> {
+pub(crate) struct Generators<'a> {
     /// Entries of vector `i`.
-    arow: &'a mut [u32],
+    pub(crate) arow: &'a mut [u32],
     /// Positions, vector `i` at `i * (nonzer + 1)..`.
-    acol: &'a mut [u32],
+    pub(crate) acol: &'a mut [u32],
     /// Values, laid out as `acol`.
-    aelt: &'a mut [f64],
+    pub(crate) aelt: &'a mut [f64],
 }
 
 /// The CSR matrix being built: `rowstr` has `n + 1` entries, `colidx` and `a` room for
 /// [`max_nonzeros`].
-struct Csr<'a> {
-    rowstr: &'a mut [u32],
-    colidx: &'a mut [u32],
-    a: &'a mut [f64],
+pub(crate) struct Csr<'a> {
+    pub(crate) rowstr: &'a mut [u32],
+    pub(crate) colidx: &'a mut [u32],
+    pub(crate) a: &'a mut [f64],
 }
 
 /// The reference's `makea`: `A = sum_i size_i v_i v_i^T + (rcond - shift) I`, where
 /// `v_i` is a random sparse vector with element `i` set to 0.5 and `size_i = rcond^(i/n)`.
 /// `x` is the stream's state (advanced past the numbers used). Returns the nonzeros.
-fn makea(n: usize, nonzer: usize, shift: f64, x: &mut u64, g: Generators, m: Csr) -> usize {
+pub(crate) fn makea(
+    n: usize,
+    nonzer: usize,
+    shift: f64,
+    x: &mut u64,
+    g: Generators,
+    m: Csr,
+) -> usize {
     let stride = nonzer + 1;
     let nn1 = power_of_two_above(n);
     for i in 0..n {
@@ -302,7 +309,14 @@ const LANES: usize = 4;
 /// `out[j - rows.start] = (row j of A) . v` for `j` in `rows`: the hot loop, one
 /// gather per nonzero.
 #[inline(always)]
-fn spmv(rowstr: &[u32], colidx: &[u32], a: &[f64], rows: Range<usize>, v: &[f64], out: &mut [f64]) {
+pub(crate) fn spmv(
+    rowstr: &[u32],
+    colidx: &[u32],
+    a: &[f64],
+    rows: Range<usize>,
+    v: &[f64],
+    out: &mut [f64],
+) {
     let starts = &rowstr[rows.start..rows.end + 1];
     for (o, bounds) in out.iter_mut().zip(starts.windows(2)) {
         let (lo, hi) = (bounds[0] as usize, bounds[1] as usize);

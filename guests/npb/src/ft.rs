@@ -156,14 +156,14 @@ pub fn mops(class: Class, seconds: f64) -> f64 {
 
 /// The shape of the grid and where each point lives.
 #[derive(Clone, Copy, Debug)]
-struct Grid {
-    nx: usize,
-    ny: usize,
-    nz: usize,
+pub(crate) struct Grid {
+    pub(crate) nx: usize,
+    pub(crate) ny: usize,
+    pub(crate) nz: usize,
 }
 
 impl Grid {
-    fn new([nx, ny, nz]: [usize; 3]) -> Grid {
+    pub(crate) fn new([nx, ny, nz]: [usize; 3]) -> Grid {
         assert!(
             [nx, ny, nz].iter().all(|n| n.is_power_of_two()),
             "FT needs power-of-two sides"
@@ -172,25 +172,25 @@ impl Grid {
     }
 
     /// Distance between rows: one complex of padding.
-    fn row(&self) -> usize {
+    pub(crate) fn row(&self) -> usize {
         self.nx + 1
     }
 
-    fn plane(&self) -> usize {
+    pub(crate) fn plane(&self) -> usize {
         self.row() * self.ny
     }
 
     /// Complex values in one array, padding included.
-    fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.plane() * self.nz
     }
 
-    fn index(&self, i: usize, j: usize, k: usize) -> usize {
+    pub(crate) fn index(&self, i: usize, j: usize, k: usize) -> usize {
         i + self.row() * (j + self.ny * k)
     }
 
     /// Points of the grid (`ntotal`).
-    fn total(&self) -> usize {
+    pub(crate) fn total(&self) -> usize {
         self.nx * self.ny * self.nz
     }
 
@@ -208,7 +208,7 @@ impl Grid {
     }
 
     /// `f64`s of one thread's [`Work`], a whole number of cache lines.
-    fn work_len(&self) -> usize {
+    pub(crate) fn work_len(&self) -> usize {
         let m = self.max_dim();
         (2 * m * POINT + 2 * m + self.nx + self.ny + self.nz).next_multiple_of(8)
     }
@@ -225,20 +225,20 @@ pub fn heap_bytes(class: Class, threads: usize) -> usize {
 
 /// One thread's private arrays: two FFT block buffers, the roots of unity, the decay
 /// factor tables.
-struct Work<'a> {
+pub(crate) struct Work<'a> {
     a: &'a mut [f64],
     b: &'a mut [f64],
     /// `fft_init`'s `u`: entry `ln + i` (re, im at `2(ln + i)`, `2(ln + i) + 1`) is
     /// `exp(i pi i / ln)` for `ln = 1, 2, 4, ..., n / 2`, `i < ln`.
-    roots: &'a mut [f64],
+    pub(crate) roots: &'a mut [f64],
     /// Decay factor per x index for one time step: `exp(-4 alpha pi^2 ii^2)`.
-    tx: &'a mut [f64],
-    ty: &'a mut [f64],
-    tz: &'a mut [f64],
+    pub(crate) tx: &'a mut [f64],
+    pub(crate) ty: &'a mut [f64],
+    pub(crate) tz: &'a mut [f64],
 }
 
 impl<'a> Work<'a> {
-    fn carve(g: &Grid, all: &'a mut [f64]) -> Work<'a> {
+    pub(crate) fn carve(g: &Grid, all: &'a mut [f64]) -> Work<'a> {
         let line = g.max_dim() * POINT;
         let (a, rest) = all.split_at_mut(line);
         let (b, rest) = rest.split_at_mut(line);
@@ -258,7 +258,7 @@ impl<'a> Work<'a> {
 }
 
 /// The roots-of-unity table for transforms of up to `n` points (`fft_init`).
-fn fft_init(roots: &mut [f64], n: usize) {
+pub(crate) fn fft_init(roots: &mut [f64], n: usize) {
     let mut ln = 1;
     while ln < n {
         let t = PI / ln as f64;
@@ -273,7 +273,7 @@ fn fft_init(roots: &mut [f64], n: usize) {
 
 /// One time step's decay factor along an axis of `n` points: index `i` stands for the
 /// wave number `ii = (i + n/2) mod n - n/2` (0, 1, ..., n/2 - 1, -n/2, ..., -1).
-fn decay_factors(out: &mut [f64]) {
+pub(crate) fn decay_factors(out: &mut [f64]) {
     let n = out.len() as isize;
     let ap = -4.0 * ALPHA * PI * PI;
     for (i, t) in out.iter_mut().enumerate() {
@@ -490,7 +490,7 @@ fn y_lines(g: &Grid, k: usize, i0: usize) -> Lines {
 /// inverse y then x. A plane's y lines need only its own x lines, so the two passes
 /// run plane by plane without a barrier between them, and each plane is still in
 /// cache for the second. No barrier.
-fn fft_xy(
+pub(crate) fn fft_xy(
     team: &Team,
     g: &Grid,
     forward: bool,
@@ -519,7 +519,7 @@ fn fft_xy(
 
 /// The z pass (`cffts3`) from `src` to `dst`: blocks `(j, x block)` split among the
 /// threads. No barrier.
-fn fft_z(
+pub(crate) fn fft_z(
     team: &Team,
     g: &Grid,
     forward: bool,

@@ -16,6 +16,7 @@ pub mod ft;
 pub mod host;
 pub mod is;
 pub mod mg;
+pub mod mpi;
 pub mod random;
 pub mod team;
 #[cfg(test)]

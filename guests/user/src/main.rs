@@ -6,6 +6,7 @@
 #![no_std]
 #![no_main]
 
+mod comm;
 mod irq;
 mod mem;
 mod mpi;
@@ -151,9 +152,16 @@ fn master(info: &BootInfo) -> ! {
         sys::fault(kind);
     }
     let mut all_verified = true;
-    for &spec in &plan.specs[..plan.count] {
-        all_verified &= run_benchmark(info, spec);
-    }
+    // With `mpi=`, `npb=` names NPB-MPI kernels (this VM one rank, on CPU 0), run with
+    // the network items.
+    let mpi_specs: &[Spec] = if plan.mpi {
+        &plan.specs[..plan.count]
+    } else {
+        for &spec in &plan.specs[..plan.count] {
+            all_verified &= run_benchmark(info, spec);
+        }
+        &[]
+    };
     if let Some(millis) = plan.idle {
         idle(info, millis);
     }
@@ -192,8 +200,8 @@ fn master(info: &BootInfo) -> ! {
             IrqMode::Bench { rounds, target } => irq::bench(info, rounds, target),
         };
     }
-    if plan.net.any() {
-        all_verified &= network::run(info, &plan.net, plan.spin_us);
+    if plan.net.any() || !mpi_specs.is_empty() {
+        all_verified &= network::run(info, &plan.net, plan.spin_us, mpi_specs);
     }
     end(if all_verified {
         STATUS_VERIFIED
@@ -297,6 +305,8 @@ struct Plan {
     probe: Option<Probe>,
     idle: Option<u64>,
     spin_us: u64,
+    /// `mpi=` was given: `npb=` items are NPB-MPI kernels.
+    mpi: bool,
     /// `mpi=`, `wait=`, `net=`, `net_rounds=`, `net_seed=`, `net_drop=`.
     net: network::Plan,
 }
@@ -357,6 +367,7 @@ fn parse_command_line(cmdline: &str) -> Result<Plan, ()> {
         probe: None,
         idle: None,
         spin_us: DEFAULT_SPIN_MICROSECONDS,
+        mpi: false,
         net: network::Plan::new(),
     };
     let mut mpi_given = false;
@@ -450,7 +461,8 @@ fn parse_command_line(cmdline: &str) -> Result<Plan, ()> {
         None if plan.irq.is_some()
             || plan.probe.is_some()
             || plan.idle.is_some()
-            || plan.net.any() => {}
+            || plan.net.any()
+            || mpi_given => {}
         None => {
             for spec in Spec::defaults() {
                 plan.specs[plan.count] = spec;
@@ -478,6 +490,7 @@ fn parse_command_line(cmdline: &str) -> Result<Plan, ()> {
             }
         }
     }
+    plan.mpi = mpi_given;
     if ok { Ok(plan) } else { Err(()) }
 }
 

@@ -8,6 +8,10 @@ use core::fmt::Write;
 
 use kumo_abi::BootInfo;
 
+use npb::Spec;
+use npb::team::Arena;
+
+use crate::comm::MpiComm;
 use crate::mpi::{self, Mpi, Op, Request, Wait};
 use crate::net::Nic;
 use crate::virtio::Bump;
@@ -142,8 +146,9 @@ fn error(what: &str, item: &str) {
     line.emit();
 }
 
-/// Runs the plan on this CPU (0); true if everything verified.
-pub fn run(info: &BootInfo, plan: &Plan, spin_us: u64) -> bool {
+/// Runs the plan on this CPU (0): the NPB-MPI kernels `specs` (`npb=` with `mpi=`),
+/// then the `net=` items; true if everything verified.
+pub fn run(info: &BootInfo, plan: &Plan, spin_us: u64, specs: &[Spec]) -> bool {
     let mut memory = Bump::new(info.heap_start, info.heap_end);
     let nic = match Nic::open(info, &mut memory, 0) {
         Ok(nic) => nic,
@@ -189,6 +194,28 @@ pub fn run(info: &BootInfo, plan: &Plan, spin_us: u64) -> bool {
     );
     line.emit();
     let mut ok = true;
+    // One heap for every kernel, sized for the largest (the allocator does not free).
+    let heap_len = specs
+        .iter()
+        .map(|&spec| npb::mpi::heap_bytes(spec, plan.size))
+        .max()
+        .unwrap_or(0);
+    let heap = memory
+        .alloc(heap_len as u64, 4096)
+        .ok()
+        .map(|base| (base, heap_len));
+    for &spec in specs {
+        match run_npb(info, &mut mpi, heap, spec) {
+            Ok(verified) => ok &= verified,
+            Err(e) => {
+                let mut line = Line::new();
+                let _ = write!(line, "@kumo error what=mpi item={e} benchmark={spec}");
+                line.emit();
+                report(&mpi);
+                return false;
+            }
+        }
+    }
     for item in plan.items.iter().flatten() {
         let outcome = match *item {
             Item::Check => check(info, &mut mpi, &mut memory, plan),
@@ -214,6 +241,62 @@ pub fn run(info: &BootInfo, plan: &Plan, spin_us: u64) -> bool {
     }
     report(&mpi);
     ok
+}
+
+/// One NPB-MPI kernel on this rank; rank 0 prints its `@kumo result` line. Ok(verified),
+/// or the communication error that ended it. Every rank refuses a rank count the
+/// kernel cannot use, without communicating, so the job stays in step.
+fn run_npb(
+    info: &BootInfo,
+    mpi: &mut Mpi<Nic>,
+    heap: Option<(u64, usize)>,
+    spec: Spec,
+) -> Result<bool, npb::mpi::Error> {
+    let ranks = mpi.size();
+    if npb::mpi::supports(spec, ranks).is_err() {
+        if mpi.rank() == 0 {
+            let mut line = Line::new();
+            let _ = write!(
+                line,
+                "@kumo error what=unsupported-ranks item={spec} ranks={ranks}"
+            );
+            line.emit();
+        }
+        return Ok(false);
+    }
+    let bytes = npb::mpi::heap_bytes(spec, ranks);
+    let Some((base, len)) = heap.filter(|&(_, len)| len >= bytes) else {
+        let mut line = Line::new();
+        let _ = write!(line, "@kumo error what=out-of-memory item={spec}");
+        line.emit();
+        return Ok(false);
+    };
+    // SAFETY: memory from the allocator, identity-mapped, used by this CPU alone and
+    // only by this arena while the kernel runs.
+    let mut arena = unsafe { Arena::new(base as *mut u8, len) };
+    let mut comm = MpiComm {
+        mpi,
+        tsc_khz: info.tsc_khz,
+    };
+    let outcome = npb::mpi::run(spec, &mut comm, &mut arena)?;
+    if comm.mpi.rank() == 0 {
+        let mut line = Line::new();
+        let _ = write!(
+            line,
+            "@kumo result benchmark={} class={} threads=1 ranks={ranks} time_s={:.6} \
+             mops={:.2} verified={}",
+            spec.kernel.name(),
+            spec.class.letter(),
+            outcome.seconds,
+            outcome.mops,
+            outcome.verified,
+        );
+        for (key, value) in outcome.values.iter() {
+            let _ = write!(line, " {key}={value}");
+        }
+        line.emit();
+    }
+    Ok(outcome.verified)
 }
 
 /// `@kumo error what=mpi item=NAME [details]`.

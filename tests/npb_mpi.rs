@@ -1,0 +1,182 @@
+//! NPB-MPI kernels across VMs: `kumo mpi --npb LIST` boots one VM per rank, each runs
+//! its rank of every kernel over the guest's Ethernet MPI, rank 0 reports, and every
+//! result must verify against NPB's official values.
+
+mod common;
+
+use common::*;
+
+/// One job at a time (as `tests/net.rs`): every rank spins on a vCPU, and the host has
+/// two cores.
+static ONE_JOB: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_job() -> std::sync::MutexGuard<'static, ()> {
+    ONE_JOB.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[test]
+fn ep_is_cg_class_s_verify_on_two_vms() {
+    if !kvm_available() {
+        return;
+    }
+    let _one = one_job();
+    let out = kumo(&[
+        "mpi",
+        "--npb",
+        "ep.S,is.S,cg.S",
+        "--vms",
+        "2",
+        "--json",
+        "--timeout",
+        "300",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let lines = json_lines(&out);
+    let names: Vec<&str> = lines[..3]
+        .iter()
+        .map(|l| l["benchmark"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["ep", "is", "cg"]);
+    for line in &lines[..3] {
+        assert_eq!(line["class"], serde_json::json!("S"), "{line}");
+        assert_eq!(line["ranks"], serde_json::json!(2), "{line}");
+        assert_eq!(line["vms"], serde_json::json!(2), "{line}");
+        assert_eq!(line["verified"], serde_json::json!(true), "{line}");
+        assert!(line["time_s"].as_f64().unwrap() > 0.0, "{line}");
+        assert!(line["mops"].as_f64().unwrap() > 0.0, "{line}");
+    }
+    // The official values themselves, as the guest printed them.
+    assert_eq!(lines[0]["pairs"], serde_json::json!(13_176_389.0));
+    assert_eq!(lines[1]["passed"], serde_json::json!(51.0));
+    assert!((lines[2]["zeta"].as_f64().unwrap() - 8.597_177_507_864_8).abs() < 1e-10);
+    assert_eq!(lines[3]["ok"], serde_json::json!(true));
+}
+
+#[test]
+fn ft_class_s_verifies_on_four_vms() {
+    if !kvm_available() {
+        return;
+    }
+    let _one = one_job();
+    let out = kumo(&[
+        "mpi",
+        "--npb",
+        "ft.S",
+        "--vms",
+        "4",
+        "--json",
+        "--timeout",
+        "300",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let lines = json_lines(&out);
+    assert_eq!(lines[0]["benchmark"], serde_json::json!("ft"));
+    assert_eq!(lines[0]["ranks"], serde_json::json!(4));
+    assert_eq!(
+        lines[0]["verified"],
+        serde_json::json!(true),
+        "{}",
+        lines[0]
+    );
+    assert!(lines[0]["error"].as_f64().unwrap() <= 1e-12, "{}", lines[0]);
+}
+
+#[test]
+fn ep_verifies_on_three_vms_where_is_and_cg_are_refused() {
+    if !kvm_available() {
+        return;
+    }
+    let _one = one_job();
+    let out = kumo(&[
+        "mpi",
+        "--npb",
+        "ep.S",
+        "--vms",
+        "3",
+        "--json",
+        "--timeout",
+        "300",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let lines = json_lines(&out);
+    assert_eq!(lines[0]["ranks"], serde_json::json!(3));
+    assert_eq!(
+        lines[0]["verified"],
+        serde_json::json!(true),
+        "{}",
+        lines[0]
+    );
+}
+
+#[test]
+fn rank_counts_a_kernel_cannot_use_are_refused_in_one_line() {
+    // Refused before any VM is made: no KVM needed.
+    for (list, vms) in [
+        ("is.S", "3"),
+        ("ep.S,cg.S", "3"),
+        ("ft.S", "6"),
+        ("mg.S", "2"),
+    ] {
+        let out = kumo(&["mpi", "--npb", list, "--vms", vms]);
+        assert_eq!(out.status.code(), Some(2), "{list} on {vms}");
+        let stderr = text(&out.stderr);
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(stderr.contains("cannot run on"), "{stderr}");
+        assert!(out.stdout.is_empty());
+    }
+    let out = kumo(&["mpi", "--npb", "ep.Q"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("unknown class"));
+}
+
+#[test]
+fn an_npb_mpi_rank_without_a_nic_fails_cleanly_and_runs_no_shared_memory_form() {
+    if !kvm_available() {
+        return;
+    }
+    let guest = dumped_guest();
+    let out = kumo(&[
+        "--kernel",
+        guest.to_str().unwrap(),
+        "--cmdline",
+        "mpi=0:2 npb=ep.S",
+        "--vcpus",
+        "1",
+    ]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.contains("@kumo error what=net item=no-virtio-net"),
+        "{stdout}"
+    );
+    // With mpi=, npb= names the MPI form only: no shared-memory result either.
+    assert!(!stdout.contains("@kumo result"), "{stdout}");
+    assert!(stdout.contains("@kumo end status=1"), "{stdout}");
+}
+
+#[test]
+fn class_a_kernels_in_one_job_share_one_heap() {
+    // IS A and then FT A on 2 ranks: each rank's memory is sized for the larger one
+    // alone, so the kernels must reuse one heap (they once took one each and FT ran
+    // out of memory).
+    if !kvm_available() {
+        return;
+    }
+    let _one = one_job();
+    let out = kumo(&[
+        "mpi",
+        "--npb",
+        "is.A,ft.A",
+        "--vms",
+        "2",
+        "--json",
+        "--timeout",
+        "600",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let lines = json_lines(&out);
+    for line in &lines[..2] {
+        assert_eq!(line["class"], serde_json::json!("A"), "{line}");
+        assert_eq!(line["verified"], serde_json::json!(true), "{line}");
+    }
+}

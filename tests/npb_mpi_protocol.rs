@@ -1,0 +1,244 @@
+//! The NPB-MPI kernels over the guest's own MPI (`guests/user/src/mpi.rs`) and its
+//! `Comm` adapter (`guests/user/src/comm.rs`), the same source files, on the host:
+//! ranks are threads, the wire is in memory (as `tests/mpi_protocol.rs`) and may drop
+//! frames. Every MPI kernel (EP, IS, CG, FT) must verify at class S on 1, 2 and 4 ranks, and on a lossy
+//! wire, with every rank agreeing.
+
+#[allow(dead_code)] // the guest uses more of it than these tests
+#[path = "../guests/user/src/mpi.rs"]
+mod mpi;
+
+#[path = "../guests/user/src/comm.rs"]
+mod comm;
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use mpi::{Config, Link, MAX_FRAME, Mpi, Wait};
+use npb::mpi::Comm;
+use npb::team::Arena;
+use npb::{Class, Kernel, Outcome, Spec};
+
+/// One receive queue per rank; frames go to the rank their destination MAC names
+/// (`02:00:00:00:00:RANK`), broadcasts to every other rank.
+struct Wire {
+    queues: Vec<Mutex<VecDeque<Vec<u8>>>>,
+    /// Drop a sent frame with probability `1 / drop_one_in` (0: never).
+    drop_one_in: u64,
+}
+
+struct TestLink<'w> {
+    rank: usize,
+    wire: &'w Wire,
+    queued: Vec<Vec<u8>>,
+    start: Instant,
+    random: u64,
+    dropped: u64,
+}
+
+impl<'w> TestLink<'w> {
+    fn new(rank: usize, wire: &'w Wire) -> TestLink<'w> {
+        TestLink {
+            rank,
+            wire,
+            queued: Vec::new(),
+            start: Instant::now(),
+            random: 0x1234_5678 ^ rank as u64,
+            dropped: 0,
+        }
+    }
+
+    fn lose(&mut self) -> bool {
+        if self.wire.drop_one_in == 0 {
+            return false;
+        }
+        self.random = self
+            .random
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.random >> 33).is_multiple_of(self.wire.drop_one_in)
+    }
+}
+
+impl Link for TestLink<'_> {
+    fn mac(&self) -> [u8; 6] {
+        [2, 0, 0, 0, 0, self.rank as u8]
+    }
+
+    fn send(&mut self, build: impl FnOnce(&mut [u8]) -> usize) -> bool {
+        if self.queued.len() >= 256 {
+            return false; // a full transmit ring
+        }
+        let mut frame = vec![0u8; MAX_FRAME];
+        let len = build(&mut frame);
+        assert!((60..=MAX_FRAME).contains(&len), "frame of {len} bytes");
+        frame.truncate(len);
+        self.queued.push(frame);
+        true
+    }
+
+    fn flush(&mut self) {
+        for frame in std::mem::take(&mut self.queued) {
+            if self.lose() {
+                self.dropped += 1;
+                continue;
+            }
+            let ranks = self.wire.queues.len();
+            if frame[0..6] == [0xFF; 6] {
+                for (rank, queue) in self.wire.queues.iter().enumerate() {
+                    if rank != self.rank {
+                        queue.lock().unwrap().push_back(frame.clone());
+                    }
+                }
+            } else if usize::from(frame[5]) < ranks {
+                self.wire.queues[usize::from(frame[5])]
+                    .lock()
+                    .unwrap()
+                    .push_back(frame);
+            }
+        }
+    }
+
+    fn poll(&mut self, limit: usize, mut handle: impl FnMut(&[u8])) -> usize {
+        let mut n = 0;
+        while n < limit {
+            let Some(frame) = self.wire.queues[self.rank].lock().unwrap().pop_front() else {
+                break;
+            };
+            handle(&frame);
+            n += 1;
+        }
+        n
+    }
+
+    fn wait(&mut self, _until: u64) -> bool {
+        std::thread::yield_now();
+        true
+    }
+
+    fn drain(&mut self, _until: u64) -> bool {
+        self.flush();
+        true
+    }
+
+    fn now(&self) -> u64 {
+        self.start.elapsed().as_nanos() as u64
+    }
+}
+
+/// Runs `spec` on `ranks` threads, each an `Mpi` over one wire behind the guest's
+/// adapter with its own arena; returns each rank's outcome and the frames its link
+/// dropped.
+fn run(spec: Spec, ranks: usize, drop_one_in: u64) -> Vec<(Outcome, u64)> {
+    let wire = Wire {
+        queues: (0..ranks).map(|_| Mutex::new(VecDeque::new())).collect(),
+        drop_one_in,
+    };
+    let heap = npb::mpi::heap_bytes(spec, ranks);
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..ranks)
+            .map(|rank| {
+                let wire = &wire;
+                scope.spawn(move || {
+                    let mut memory: Vec<Vec<u8>> = Vec::new();
+                    let cfg = Config {
+                        rank,
+                        size: ranks,
+                        wait: Wait::Block,
+                        tsc_khz: 1_000_000, // the clock counts nanoseconds
+                        spin_ticks: 20_000,
+                        timeout_ms: 20_000,
+                        window: 256 << 10,
+                        drop_every: 0,
+                    };
+                    let mut mpi = Mpi::init(TestLink::new(rank, wire), cfg, |bytes| {
+                        let mut block = vec![0u8; bytes as usize];
+                        let at = block.as_mut_ptr() as u64;
+                        memory.push(block); // its heap buffer never moves
+                        Some(at)
+                    })
+                    .unwrap_or_else(|e| panic!("rank {rank}: init: {e:?}"));
+                    let mut heap_memory = vec![0u64; heap / 8 + 8];
+                    // SAFETY: the vector outlives the arena and is this thread's alone.
+                    let mut arena = unsafe {
+                        Arena::new(heap_memory.as_mut_ptr().cast(), heap_memory.len() * 8)
+                    };
+                    let mut comm = comm::MpiComm {
+                        mpi: &mut mpi,
+                        tsc_khz: 1_000_000,
+                    };
+                    assert_eq!((comm.rank(), comm.size()), (rank, ranks));
+                    let outcome = npb::mpi::run(spec, &mut comm, &mut arena)
+                        .unwrap_or_else(|e| panic!("rank {rank}: {spec}: {e}"));
+                    mpi.finish()
+                        .unwrap_or_else(|e| panic!("rank {rank}: finish: {e:?}"));
+                    let dropped = mpi.link().dropped;
+                    drop(mpi);
+                    drop(memory);
+                    (outcome, dropped)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// Every rank verified and agrees; returns the frames the wire dropped.
+fn assert_verified(spec: Spec, ranks: usize, drop_one_in: u64) -> u64 {
+    let results = run(spec, ranks, drop_one_in);
+    let dropped = results.iter().map(|(_, d)| d).sum();
+    let outcomes: Vec<Outcome> = results.into_iter().map(|(o, _)| o).collect();
+    assert_eq!(outcomes.len(), ranks);
+    for (rank, o) in outcomes.iter().enumerate() {
+        assert!(o.verified, "{spec} rank {rank} of {ranks}: {o:?}");
+        // Reductions give every rank the same bits.
+        assert_eq!(
+            o.values, outcomes[0].values,
+            "{spec} rank {rank} of {ranks}"
+        );
+    }
+    dropped
+}
+
+fn spec(kernel: Kernel) -> Spec {
+    Spec {
+        kernel,
+        class: Class::S,
+    }
+}
+
+#[test]
+fn ep_class_s_verifies_on_1_2_4_ranks() {
+    for ranks in [1, 2, 4] {
+        assert_eq!(assert_verified(spec(Kernel::Ep), ranks, 0), 0);
+    }
+}
+
+#[test]
+fn is_class_s_verifies_on_1_2_4_ranks() {
+    for ranks in [1, 2, 4] {
+        assert_eq!(assert_verified(spec(Kernel::Is), ranks, 0), 0);
+    }
+}
+
+#[test]
+fn cg_class_s_verifies_on_1_2_4_ranks() {
+    for ranks in [1, 2, 4] {
+        assert_eq!(assert_verified(spec(Kernel::Cg), ranks, 0), 0);
+    }
+}
+
+#[test]
+fn ft_class_s_verifies_on_1_2_4_ranks() {
+    for ranks in [1, 2, 4] {
+        assert_eq!(assert_verified(spec(Kernel::Ft), ranks, 0), 0);
+    }
+}
+
+#[test]
+fn is_and_cg_verify_on_a_lossy_wire() {
+    // One frame in 40 lost: go-back-N resends underneath the kernels' collectives.
+    assert!(assert_verified(spec(Kernel::Is), 2, 40) > 0);
+    assert!(assert_verified(spec(Kernel::Cg), 2, 40) > 0);
+}
