@@ -431,6 +431,11 @@ pub struct NativeArgs {
     #[arg(long, value_name = "N", default_value_t = 2)]
     pub threads: u32,
 
+    /// Run the NPB-MPI forms (`kumo mpi --npb`) on N ranks, one host thread each,
+    /// messages over in-process channels: the native twin of an MPI job.
+    #[arg(long, value_name = "N", conflicts_with = "threads")]
+    pub mpi_ranks: Option<u32>,
+
     /// Print one JSON object per line instead of a table.
     #[arg(long)]
     pub json: bool,

@@ -14,6 +14,9 @@ pub fn run_native(args: &NativeArgs) -> Result<u8> {
         Some(list) => guest::parse_specs(list)?,
         None => guest::default_specs(),
     };
+    if let Some(ranks) = args.mpi_ranks {
+        return run_mpi_native(args, ranks);
+    }
     if args.threads == 0 {
         bail!("--threads must be at least 1");
     }
@@ -48,4 +51,49 @@ pub fn run_one(spec: Spec, threads: u32) -> BenchResult {
             .map(|(key, value)| (key.to_string(), value.to_string()))
             .collect(),
     }
+}
+
+/// The MPI forms on `ranks` host threads (one rank each, channels between them): the
+/// same kernel code as `kumo mpi --npb`, so guest/native ratios of MPI jobs measure the
+/// VMs, their NICs, domain 0's switch and the guests' MPI, and nothing else.
+fn run_mpi_native(args: &NativeArgs, ranks: u32) -> Result<u8> {
+    let list = args.npb.as_deref().unwrap_or("ep.S,is.S,cg.S,ft.S");
+    let specs = crate::mpi::parse_npb(list, ranks)?;
+    let results = specs
+        .iter()
+        .map(|&spec| run_one_mpi(spec, ranks))
+        .collect::<Result<Vec<_>>>()?;
+    let verdict = report::judge_native(&specs, ranks, results);
+    report::print(&verdict, args.json);
+    if !args.json {
+        crate::outln!("MPI forms: {ranks} ranks, one host thread each, channels between them");
+    }
+    Ok(verdict.exit_code())
+}
+
+/// One MPI benchmark on `ranks` host threads (reported as that many threads); rank 0's
+/// outcome (every rank returns the same).
+pub fn run_one_mpi(spec: Spec, ranks: u32) -> Result<BenchResult> {
+    let bytes = npb::mpi::heap_bytes(spec, ranks as usize);
+    let outcomes = npb::mpi::host::run_ranks(ranks as usize, bytes, |comm, arena| {
+        npb::mpi::run(spec, comm, arena)
+    });
+    let outcome = match outcomes.into_iter().next() {
+        Some(Ok(outcome)) => outcome,
+        Some(Err(e)) => bail!("{spec} on {ranks} host ranks failed: {e}"),
+        None => bail!("{spec}: no rank ran"),
+    };
+    Ok(BenchResult {
+        benchmark: spec.kernel.name().to_string(),
+        class: spec.class.letter().to_string(),
+        threads: ranks,
+        time_s: outcome.seconds,
+        mops: outcome.mops,
+        verified: outcome.verified,
+        extra: outcome
+            .values
+            .iter()
+            .map(|(key, value)| (key.to_string(), value.to_string()))
+            .collect(),
+    })
 }

@@ -36,6 +36,31 @@ fn the_native_twin_verifies_every_kernel() {
 }
 
 #[test]
+fn the_native_twin_runs_the_mpi_forms_on_host_ranks() {
+    for ranks in ["1", "2", "4"] {
+        let out = kumo(&[
+            "native",
+            "--mpi-ranks",
+            ranks,
+            "--npb",
+            "ep.S,is.S,cg.S,ft.S",
+            "--json",
+        ]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let lines = json_lines(&out);
+        assert_eq!(lines.len(), 5, "{lines:?}");
+        for line in &lines[..4] {
+            assert_eq!(line["verified"], true, "{line}");
+            assert_eq!(line["vcpus"].to_string(), ranks, "{line}");
+        }
+    }
+    assert_refused(
+        &["native", "--mpi-ranks", "3", "--npb", "cg.S"],
+        "cg.S cannot run on 3 MPI ranks",
+    );
+}
+
+#[test]
 fn zero_native_threads_are_refused() {
     let out = kumo(&["native", "--threads", "0"]);
     assert_eq!(out.status.code(), Some(2));
