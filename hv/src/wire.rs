@@ -220,3 +220,110 @@ impl Wire {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    /// Waits (bounded) until `done` holds.
+    fn eventually(what: &str, done: impl Fn() -> bool) {
+        let start = Instant::now();
+        while !done() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "{what} never happened"
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    fn frame(len: usize, seed: u8) -> Vec<u8> {
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+            .collect()
+    }
+
+    #[test]
+    fn frames_cross_in_qemu_stream_framing_both_ways_in_order() {
+        let (ours, mut peer) = UnixStream::pair().unwrap();
+        let wire = Wire::start(ours, None).unwrap();
+        // Peer to us: length (big-endian) and frame, three times.
+        for seed in 0..3u8 {
+            let f = frame(60 + usize::from(seed), seed);
+            peer.write_all(&(f.len() as u32).to_be_bytes()).unwrap();
+            peer.write_all(&f).unwrap();
+        }
+        eventually("three frames in", || wire.stats().frames_in == 3);
+        let mut got = Vec::new();
+        wire.take_frames(|f| {
+            got.push(f.to_vec());
+            true
+        });
+        assert_eq!(
+            got,
+            (0..3u8)
+                .map(|s| frame(60 + usize::from(s), s))
+                .collect::<Vec<_>>()
+        );
+        // Us to the peer.
+        assert!(wire.send(&frame(1514, 9)));
+        let mut length = [0u8; 4];
+        peer.read_exact(&mut length).unwrap();
+        assert_eq!(u32::from_be_bytes(length), 1514);
+        let mut body = vec![0u8; 1514];
+        peer.read_exact(&mut body).unwrap();
+        assert_eq!(body, frame(1514, 9));
+        wire.close();
+    }
+
+    #[test]
+    fn a_refused_frame_stays_first_and_a_full_outbox_refuses() {
+        let (ours, mut peer) = UnixStream::pair().unwrap();
+        let wire = Wire::start(ours, None).unwrap();
+        for seed in 0..2u8 {
+            let f = frame(64, seed);
+            peer.write_all(&(f.len() as u32).to_be_bytes()).unwrap();
+            peer.write_all(&f).unwrap();
+        }
+        eventually("two frames in", || wire.stats().frames_in == 2);
+        wire.take_frames(|_| false);
+        let mut first = None;
+        wire.take_frames(|f| {
+            first.get_or_insert_with(|| f.to_vec());
+            false
+        });
+        assert_eq!(
+            first.unwrap(),
+            frame(64, 0),
+            "the refused frame is still first"
+        );
+        // The peer reads nothing: the writer blocks once the socket buffer is full,
+        // then the outbox fills and refuses instead of dropping or growing.
+        let mut refused = false;
+        for _ in 0..100_000 {
+            if !wire.send(&frame(1500, 1)) {
+                refused = true;
+                break;
+            }
+        }
+        assert!(refused, "the outbox never refused");
+        wire.close();
+    }
+
+    #[test]
+    fn a_length_past_the_largest_frame_closes_the_wire_counted() {
+        let (ours, mut peer) = UnixStream::pair().unwrap();
+        let wire = Wire::start(ours, None).unwrap();
+        peer.write_all(&(MAX_FRAME_LEN as u32 + 1).to_be_bytes())
+            .unwrap();
+        eventually("the bad length counted", || wire.stats().malformed == 1);
+        // Nothing after it is read: the stream lost its framing.
+        let f = frame(64, 0);
+        let _ = peer.write_all(&(f.len() as u32).to_be_bytes());
+        let _ = peer.write_all(&f);
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(wire.stats().frames_in, 0);
+        wire.close();
+    }
+}
