@@ -55,13 +55,16 @@ pub trait Link {
     fn now(&self) -> u64;
 }
 
-/// Largest Ethernet frame (no FCS): 14-byte header and a 1500-byte payload.
-pub const MAX_FRAME: usize = 1514;
+/// Largest Ethernet frame (no FCS): 14-byte header and a 9000-byte ("jumbo") payload.
+/// Six times fewer frames, doorbells and switch passes per byte than 1500 bytes: IS.A
+/// and FT.A on 2 VMs ran 30-35 % faster (`kumo mpi --npb`, interleaved pairs). QEMU's
+/// virtio-net and its stream and dgram wires carry such frames as well.
+pub const MAX_FRAME: usize = 9014;
 
 pub const ETHERTYPE: u16 = 0x88B5;
 const ETH_HEADER: usize = 14;
 const HEADER: usize = 32;
-/// Payload bytes per frame (a standard 1500-byte Ethernet payload).
+/// Payload bytes per frame (what a 9000-byte Ethernet payload leaves after our header).
 pub const PAYLOAD: usize = MAX_FRAME - ETH_HEADER - HEADER;
 /// Ethernet's minimum frame (without FCS): shorter ones are padded.
 const MIN_FRAME: usize = 60;

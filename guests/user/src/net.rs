@@ -1,7 +1,8 @@
 //! A virtio-net driver in ring 3 (virtio 1.x, modern PCI: vendor 0x1AF4, device
 //! 0x1041): one receive and one transmit queue, VERSION_1 + MAC, 12-byte
-//! `virtio_net_hdr` before every frame, no offloads. Frames are standard Ethernet
-//! (at most 1514 bytes without the FCS). RING_EVENT_IDX is taken when offered.
+//! `virtio_net_hdr` before every frame, no offloads. Frames are Ethernet frames of at
+//! most [`MAX_FRAME`] bytes (jumbo: 9014 without the FCS), each in one 9 KiB buffer
+//! (no MRG_RXBUF needed). RING_EVENT_IDX is taken when offered.
 //!
 //! Receive is polled ([`Nic::poll`]) or interrupt-driven ([`Nic::wait`]): MSI-X entry 0
 //! is the configuration vector, entries 1 and 2 the receive and transmit queues'. Both
@@ -20,7 +21,7 @@ pub const F_MAC: u64 = 1 << 5;
 const NET_HDR: u64 = 12;
 pub use crate::mpi::MAX_FRAME;
 /// Each descriptor's buffer: header and frame, rounded up.
-const BUFFER: u64 = 2048;
+const BUFFER: u64 = 9216;
 /// Ring size we ask for (the device's if smaller).
 const QUEUE_SIZE: u16 = 256;
 /// Supervisor interrupt records (device vector indices) the NIC uses: the irq test
