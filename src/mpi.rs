@@ -345,7 +345,7 @@ pub fn parse_npb(list: &str, ranks: u32) -> Result<Vec<Spec>> {
 
 /// Guest memory per rank for `specs`: the largest kernel's heap, the MPI's rings (a
 /// send and a receive ring of 1 MiB per peer) and the runtime, at least [`MEMORY_MIB`].
-fn npb_memory_mib(specs: &[Spec], ranks: u32) -> u64 {
+pub fn npb_memory_mib(specs: &[Spec], ranks: u32) -> u64 {
     let heap = specs
         .iter()
         .map(|&spec| npb::mpi::heap_bytes(spec, ranks as usize))

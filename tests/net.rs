@@ -215,3 +215,24 @@ fn a_node_runs_an_mpi_job_under_the_credit_scheduler_with_its_switch_in_domain_0
         assert!(dom0 > 0.0, "{}", text(&out.stdout));
     }
 }
+
+#[test]
+fn a_node_runs_npb_mpi_across_domains_consolidated_on_one_pcpu() {
+    if kvm_available() {
+        let _one = one_job();
+        let config = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/s1-mpi.toml");
+        let out = kumo(&["node", "--config", config, "--json", "--timeout", "300"]);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{stderr}");
+        let lines = json_lines(&out);
+        let rank0 = lines
+            .iter()
+            .find(|l| l["domain"] == "rank0")
+            .expect("rank0's line");
+        assert_eq!(rank0["ok"], serde_json::json!(true), "{rank0}");
+        let results = rank0["results"].as_array().expect("results");
+        assert_eq!(results.len(), 1, "{rank0}");
+        assert_eq!(results[0]["benchmark"], "cg", "{rank0}");
+        assert_eq!(results[0]["verified"], serde_json::json!(true), "{rank0}");
+    }
+}

@@ -41,6 +41,8 @@ pub struct NodeFile {
 pub struct NetworkFile {
     /// What the job runs: the guest's `net=` items (default "check").
     pub net: Option<String>,
+    /// Or NPB-MPI benchmarks (`kumo mpi --npb`), judged on rank 0's domain.
+    pub npb: Option<String>,
     /// How ranks wait: "spin" (default) or "block".
     pub wait: Option<String>,
     /// The NICs' interrupt path: "generic" (default) or "fast".
@@ -51,6 +53,7 @@ pub struct NetworkFile {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Network {
     pub net: String,
+    pub npb: Option<String>,
     pub wait: String,
     pub irq_path: hv::irq::IrqPath,
 }
@@ -137,7 +140,11 @@ impl Domain {
     /// The embedded guest's command line for this domain.
     pub fn cmdline(&self) -> String {
         let names: Vec<String> = self.specs.iter().map(ToString::to_string).collect();
-        let mut line = format!("npb={} spin_us={}", names.join(","), self.spin_us);
+        // In an NPB-MPI job the job's keys name the benchmarks for every rank.
+        let mut line = match &self.mpi {
+            Some((_, _, keys)) if keys.contains("npb=") => format!("spin_us={}", self.spin_us),
+            _ => format!("npb={} spin_us={}", names.join(","), self.spin_us),
+        };
         if let Some(ms) = self.idle_ms {
             line.push_str(&format!(" idle={ms}"));
         }
@@ -325,8 +332,31 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
                 crate::mpi::MAX_VMS
             );
         }
-        let keys = format!("wait={} net={}", network.wait, network.net);
+        let (keys, npb) = match &network.npb {
+            Some(list) => {
+                let specs = crate::mpi::parse_npb(list, ranks).context("[network]")?;
+                let names: Vec<String> = specs.iter().map(ToString::to_string).collect();
+                (
+                    format!("wait={} npb={}", network.wait, names.join(",")),
+                    Some(specs),
+                )
+            }
+            None => (format!("wait={} net={}", network.wait, network.net), None),
+        };
         for (rank, d) in domains.iter_mut().filter(|d| d.mpi.is_some()).enumerate() {
+            if let Some(specs) = &npb {
+                if !d.specs.is_empty() || d.vcpus != 1 {
+                    bail!(
+                        "domain '{}': a rank of the node's NPB-MPI job has 1 vCPU and no npb of its own",
+                        d.name
+                    );
+                }
+                // Rank 0 prints the job's results: its domain is judged on them.
+                if rank == 0 {
+                    d.specs = specs.clone();
+                }
+                d.memory_mib = d.memory_mib.max(crate::mpi::npb_memory_mib(specs, ranks));
+            }
             d.mpi = Some((rank as u32, ranks, keys.clone()));
             // The MPI runtime's rings and the check's 16 MiB exchange.
             d.memory_mib = d.memory_mib.max(crate::mpi::MEMORY_MIB);
@@ -349,6 +379,9 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
 }
 
 fn validate_network(file: NetworkFile) -> Result<Network> {
+    if file.npb.is_some() && file.net.is_some() {
+        bail!("[network]: give net (the guests' network workloads) or npb (NPB-MPI), not both");
+    }
     let net = file.net.unwrap_or_else(|| "check".into());
     if net.is_empty()
         || !net
@@ -369,6 +402,7 @@ fn validate_network(file: NetworkFile) -> Result<Network> {
     };
     Ok(Network {
         net,
+        npb: file.npb,
         wait,
         irq_path,
     })
@@ -513,5 +547,37 @@ mpi = true
         assert!(error(wait).contains("wait 'nap' is not spin or block"));
         let net = "pcpus = [0]\n[network]\nnet = \"x y\"\n[[domain]]\nname = \"a\"\nmpi = true\n";
         assert!(error(net).contains("not a list of the guest's net= items"));
+    }
+
+    #[test]
+    fn an_npb_mpi_job_is_judged_on_rank_0_and_named_for_every_rank() {
+        let n = node(
+            r#"
+pcpus = [0]
+[network]
+npb = "cg.S"
+[[domain]]
+name = "a"
+mpi = true
+[[domain]]
+name = "b"
+mpi = true
+"#,
+        )
+        .unwrap();
+        assert_eq!(n.domains[0].specs.len(), 1);
+        assert!(n.domains[1].specs.is_empty());
+        for d in &n.domains {
+            assert!(d.cmdline().starts_with("spin_us="), "{}", d.cmdline());
+            assert!(
+                d.cmdline().contains("wait=spin npb=cg.S"),
+                "{}",
+                d.cmdline()
+            );
+        }
+        let three = "pcpus = [0]\n[network]\nnpb = \"is.S\"\n[[domain]]\nname = \"a\"\nmpi = true\n[[domain]]\nname = \"b\"\nmpi = true\n[[domain]]\nname = \"c\"\nmpi = true\n";
+        assert!(error(three).contains("is.S cannot run on 3 MPI ranks"));
+        let both = "pcpus = [0]\n[network]\nnpb = \"ep.S\"\nnet = \"check\"\n[[domain]]\nname = \"a\"\nmpi = true\n[[domain]]\nname = \"b\"\nmpi = true\n";
+        assert!(error(both).contains("not both"));
     }
 }
