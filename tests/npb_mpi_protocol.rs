@@ -13,119 +13,17 @@ mod comm;
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
-use std::time::Instant;
 
-use mpi::{Config, Link, MAX_FRAME, Mpi, Wait};
+use mpi::{Config, Mpi, Wait};
 use npb::mpi::Comm;
 use npb::team::Arena;
 use npb::{Class, Kernel, Outcome, Spec};
 
 /// One receive queue per rank; frames go to the rank their destination MAC names
 /// (`02:00:00:00:00:RANK`), broadcasts to every other rank.
-struct Wire {
-    queues: Vec<Mutex<VecDeque<Vec<u8>>>>,
-    /// Drop a sent frame with probability `1 / drop_one_in` (0: never).
-    drop_one_in: u64,
-}
-
-struct TestLink<'w> {
-    rank: usize,
-    wire: &'w Wire,
-    queued: Vec<Vec<u8>>,
-    start: Instant,
-    random: u64,
-    dropped: u64,
-}
-
-impl<'w> TestLink<'w> {
-    fn new(rank: usize, wire: &'w Wire) -> TestLink<'w> {
-        TestLink {
-            rank,
-            wire,
-            queued: Vec::new(),
-            start: Instant::now(),
-            random: 0x1234_5678 ^ rank as u64,
-            dropped: 0,
-        }
-    }
-
-    fn lose(&mut self) -> bool {
-        if self.wire.drop_one_in == 0 {
-            return false;
-        }
-        self.random = self
-            .random
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.random >> 33).is_multiple_of(self.wire.drop_one_in)
-    }
-}
-
-impl Link for TestLink<'_> {
-    fn mac(&self) -> [u8; 6] {
-        [2, 0, 0, 0, 0, self.rank as u8]
-    }
-
-    fn send(&mut self, build: impl FnOnce(&mut [u8]) -> usize) -> bool {
-        if self.queued.len() >= 256 {
-            return false; // a full transmit ring
-        }
-        let mut frame = vec![0u8; MAX_FRAME];
-        let len = build(&mut frame);
-        assert!((60..=MAX_FRAME).contains(&len), "frame of {len} bytes");
-        frame.truncate(len);
-        self.queued.push(frame);
-        true
-    }
-
-    fn flush(&mut self) {
-        for frame in std::mem::take(&mut self.queued) {
-            if self.lose() {
-                self.dropped += 1;
-                continue;
-            }
-            let ranks = self.wire.queues.len();
-            if frame[0..6] == [0xFF; 6] {
-                for (rank, queue) in self.wire.queues.iter().enumerate() {
-                    if rank != self.rank {
-                        queue.lock().unwrap().push_back(frame.clone());
-                    }
-                }
-            } else if usize::from(frame[5]) < ranks {
-                self.wire.queues[usize::from(frame[5])]
-                    .lock()
-                    .unwrap()
-                    .push_back(frame);
-            }
-        }
-    }
-
-    fn poll(&mut self, limit: usize, mut handle: impl FnMut(&[u8])) -> usize {
-        let mut n = 0;
-        while n < limit {
-            let Some(frame) = self.wire.queues[self.rank].lock().unwrap().pop_front() else {
-                break;
-            };
-            handle(&frame);
-            n += 1;
-        }
-        n
-    }
-
-    fn wait(&mut self, _until: u64) -> bool {
-        std::thread::yield_now();
-        true
-    }
-
-    fn drain(&mut self, _until: u64) -> bool {
-        self.flush();
-        true
-    }
-
-    fn now(&self) -> u64 {
-        self.start.elapsed().as_nanos() as u64
-    }
-}
+#[path = "common/mpi_wire.rs"]
+mod wire;
+use wire::{TestLink, Wire};
 
 /// Runs `spec` on `ranks` threads, each an `Mpi` over one wire behind the guest's
 /// adapter with its own arena; returns each rank's outcome and the frames its link
