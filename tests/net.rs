@@ -236,3 +236,39 @@ fn a_node_runs_npb_mpi_across_domains_consolidated_on_one_pcpu() {
         assert_eq!(results[0]["verified"], serde_json::json!(true), "{rank0}");
     }
 }
+
+#[test]
+fn blocking_ranks_really_halt_between_messages() {
+    if kvm_available() {
+        let _one = one_job();
+        // Two ranks on one pCPU, waiting by halting: each must sleep (the guest counts
+        // its sleeps), or the rank it waits for cannot run until the slice ends.
+        let config = scratch("block.toml");
+        std::fs::write(
+            &config,
+            "pcpus = [0]\n[scheduler]\nkind = \"credit\"\ntslice_ms = 30\ntick_ms = 10\n\
+             [network]\nnpb = \"cg.S\"\nwait = \"block\"\n\
+             [[domain]]\nname = \"rank0\"\nmpi = true\n[[domain]]\nname = \"rank1\"\nmpi = true\n",
+        )
+        .unwrap();
+        let out = kumo(&[
+            "node",
+            "--config",
+            config.to_str().unwrap(),
+            "--json",
+            "--timeout",
+            "300",
+        ]);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let lines = json_lines(&out);
+        for rank in ["rank0", "rank1"] {
+            let domain = lines.iter().find(|l| l["domain"] == rank).expect(rank);
+            let stats = domain["probes"]
+                .as_array()
+                .and_then(|p| p.iter().find(|p| p["probe"] == "mpistats"))
+                .unwrap_or_else(|| panic!("{rank}: no mpistats: {domain}"));
+            let sleeps = stats["sleeps"].as_f64().unwrap_or(0.0);
+            assert!(sleeps > 0.0, "{rank} never halted: {stats}");
+        }
+    }
+}

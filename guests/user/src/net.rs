@@ -276,6 +276,9 @@ impl Nic {
     /// (no TSC-deadline timer): the caller must keep polling.
     pub fn wait(&mut self, until_tsc: u64) -> bool {
         let seen = pci::count(self.record);
+        // Take back what the device finished sending: a used transmit entry left in
+        // the ring reads as work below, and the rank would never sleep.
+        self.reclaim();
         let in_flight = self.tx_free_len < usize::from(self.tx.size);
         self.rx.set_interrupts(true);
         if in_flight {
