@@ -177,8 +177,8 @@ pub fn run<C: Comm + ?Sized>(
     let (nz, naz) = (cg::max_nonzeros(&params), n * (nonzer + 1));
     let rows = block(n, comm.rank(), comm.size());
     let len = rows.len();
-    // SAFETY (each): one thread per rank and arena; the arrays are distinct and nothing
-    // else refers to them.
+    // SAFETY: for each take: one thread per rank and arena; the arrays are
+    // distinct and nothing else refers to them.
     let (rowstr, colidx, a, arow, acol, aelt) = unsafe {
         (
             take::<u32>(arena, n + 1),

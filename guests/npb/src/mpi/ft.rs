@@ -72,8 +72,8 @@ fn transpose<C: Comm + ?Sized>(
     let size = comm.size();
     let (nx, nzl, nyl) = (ga.nx, ga.nz, gb.ny);
     let block = nzl * nyl * nx;
-    // SAFETY (all): one thread per rank; the arrays are distinct, and none of these
-    // slices outlives this function.
+    // SAFETY: for each slice: one thread per rank; the arrays are distinct, and
+    // none of these slices outlives this function.
     let (send, recv, a, b) = unsafe {
         (
             arr.send.all_mut(),

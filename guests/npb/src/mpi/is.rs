@@ -80,8 +80,8 @@ pub fn run<C: Comm + ?Sized>(
     let share = n / size;
     let cap = receive_capacity(class, size);
     let nb = is::buckets(class);
-    // SAFETY (each): one thread per rank and arena; these arrays are distinct and
-    // nothing else refers to them.
+    // SAFETY: for each take: one thread per rank and arena; these arrays are
+    // distinct and nothing else refers to them.
     let mut a = unsafe {
         Arrays {
             keys: take::<i32>(arena, share),
