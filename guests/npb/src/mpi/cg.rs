@@ -249,30 +249,3 @@ pub fn run<C: Comm + ?Sized>(
         values,
     })
 }
-
-#[cfg(test)]
-mod tests {
-    use super::super::host;
-    use super::*;
-
-    #[test]
-    fn class_s_verifies_on_1_2_4_ranks() {
-        for ranks in [1, 2, 4] {
-            let outcomes = host::run_ranks(ranks, heap_bytes(Class::S, ranks), |comm, arena| {
-                run(Class::S, comm, arena).unwrap()
-            });
-            for o in &outcomes {
-                assert!(o.verified && o.seconds > 0.0, "{ranks} ranks: {o:?}");
-                assert_eq!(o.values, outcomes[0].values, "ranks disagree");
-            }
-        }
-    }
-
-    #[test]
-    fn class_w_verifies_on_2_ranks() {
-        let outcomes = host::run_ranks(2, heap_bytes(Class::W, 2), |comm, arena| {
-            run(Class::W, comm, arena).unwrap()
-        });
-        assert!(outcomes[0].verified, "{:?}", outcomes[0]);
-    }
-}

@@ -190,25 +190,45 @@ mod tests {
         );
     }
 
+    /// The kernels that have an MPI form.
+    const MPI_KERNELS: [Kernel; 4] = [Kernel::Ep, Kernel::Is, Kernel::Cg, Kernel::Ft];
+
     #[test]
-    fn heaps_fit_each_kernel_exactly_enough() {
+    fn every_mpi_kernel_verifies_at_s_on_1_2_4_ranks_alike_within_its_heap() {
         // The arena panics if a kernel takes more than heap_bytes.
-        for kernel in [Kernel::Ep, Kernel::Is, Kernel::Cg, Kernel::Ft] {
+        for kernel in MPI_KERNELS {
             for ranks in [1, 2, 4] {
                 let spec = Spec {
                     kernel,
                     class: Class::S,
                 };
                 let bytes = heap_bytes(spec, ranks);
-                let used = host::run_ranks(ranks, bytes, |comm, arena| {
-                    assert!(run(spec, comm, arena).unwrap().verified);
-                    arena.used()
+                let runs = host::run_ranks(ranks, bytes, |comm, arena| {
+                    (run(spec, comm, arena).unwrap(), arena.used())
                 });
-                assert!(
-                    used.iter().all(|&u| u <= bytes),
-                    "{spec} on {ranks}: {used:?} of {bytes}"
-                );
+                for (outcome, used) in &runs {
+                    assert!(
+                        outcome.verified && outcome.seconds > 0.0,
+                        "{spec} on {ranks}: {outcome:?}"
+                    );
+                    assert_eq!(outcome.values, runs[0].0.values, "{spec}: ranks disagree");
+                    assert!(*used <= bytes, "{spec} on {ranks}: {used} of {bytes}");
+                }
             }
+        }
+    }
+
+    #[test]
+    fn every_mpi_kernel_but_ep_verifies_at_w_on_2_ranks() {
+        for kernel in [Kernel::Is, Kernel::Cg, Kernel::Ft] {
+            let spec = Spec {
+                kernel,
+                class: Class::W,
+            };
+            let outcomes = host::run_ranks(2, heap_bytes(spec, 2), |comm, arena| {
+                run(spec, comm, arena).unwrap()
+            });
+            assert!(outcomes[0].verified, "{spec}: {:?}", outcomes[0]);
         }
     }
 }
