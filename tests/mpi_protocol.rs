@@ -8,67 +8,25 @@
 #[path = "../guests/user/src/mpi.rs"]
 mod mpi;
 
-use std::collections::VecDeque;
-use std::sync::Mutex;
+use mpi::{Error, Mpi, Op, Request};
 
-use mpi::{Config, Error, Mpi, Op, Request, Wait};
-
-/// One receive queue per rank; frames go to the rank their destination MAC names
-/// (`02:00:00:00:00:RANK`), broadcasts to every other rank.
 #[path = "common/mpi_wire.rs"]
 mod wire;
-use wire::{TestLink, Wire};
+use wire::TestLink;
 
-/// Runs `job(mpi)` on `ranks` threads over one wire; returns each rank's result.
+/// Runs `job(mpi)` on `ranks` threads over one wire (64 KiB windows, so messages wrap
+/// the rings many times); returns each rank's result.
 fn run<T: Send>(
     ranks: usize,
     drop_one_in: u64,
     job: impl Fn(&mut Mpi<TestLink>) -> Result<T, Error> + Sync,
 ) -> Vec<T> {
-    let wire = Wire {
-        queues: (0..ranks).map(|_| Mutex::new(VecDeque::new())).collect(),
-        drop_one_in,
-    };
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..ranks)
-            .map(|rank| {
-                let (wire, job) = (&wire, &job);
-                scope.spawn(move || {
-                    let mut memory: Vec<Vec<u8>> = Vec::new();
-                    let cfg = Config {
-                        rank,
-                        size: ranks,
-                        wait: Wait::Block,
-                        tsc_khz: 1_000_000, // the clock counts nanoseconds
-                        spin_ticks: 20_000,
-                        timeout_ms: 20_000,
-                        // Small, so messages wrap the rings many times.
-                        window: 64 << 10,
-                        drop_every: 0,
-                    };
-                    let mut mpi = Mpi::init(TestLink::new(rank, wire), cfg, |bytes| {
-                        let mut block = vec![0u8; bytes as usize];
-                        let at = block.as_mut_ptr() as u64;
-                        memory.push(block); // its heap buffer never moves
-                        Some(at)
-                    })
-                    .unwrap_or_else(|e| panic!("rank {rank}: init: {e:?}"));
-                    let result = job(&mut mpi).unwrap_or_else(|e| panic!("rank {rank}: {e:?}"));
-                    mpi.finish()
-                        .unwrap_or_else(|e| panic!("rank {rank}: finish: {e:?}"));
-                    let stats = mpi.stats;
-                    drop(mpi);
-                    drop(memory);
-                    (result, stats)
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap())
-            .map(|(result, _)| result)
-            .collect()
+    wire::run_ranks(ranks, drop_one_in, 64 << 10, |rank, mpi| {
+        job(mpi).unwrap_or_else(|e| panic!("rank {rank}: {e:?}"))
     })
+    .into_iter()
+    .map(|(result, _)| result)
+    .collect()
 }
 
 fn pattern(key: u64, len: usize) -> Vec<u8> {

@@ -11,74 +11,30 @@ mod mpi;
 #[path = "../guests/user/src/comm.rs"]
 mod comm;
 
-use std::collections::VecDeque;
-use std::sync::Mutex;
-
-use mpi::{Config, Mpi, Wait};
 use npb::mpi::Comm;
 use npb::team::Arena;
 use npb::{Class, Kernel, Outcome, Spec};
 
-/// One receive queue per rank; frames go to the rank their destination MAC names
-/// (`02:00:00:00:00:RANK`), broadcasts to every other rank.
 #[path = "common/mpi_wire.rs"]
 mod wire;
-use wire::{TestLink, Wire};
 
 /// Runs `spec` on `ranks` threads, each an `Mpi` over one wire behind the guest's
 /// adapter with its own arena; returns each rank's outcome and the frames its link
 /// dropped.
 fn run(spec: Spec, ranks: usize, drop_one_in: u64) -> Vec<(Outcome, u64)> {
-    let wire = Wire {
-        queues: (0..ranks).map(|_| Mutex::new(VecDeque::new())).collect(),
-        drop_one_in,
-    };
     let heap = npb::mpi::heap_bytes(spec, ranks);
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..ranks)
-            .map(|rank| {
-                let wire = &wire;
-                scope.spawn(move || {
-                    let mut memory: Vec<Vec<u8>> = Vec::new();
-                    let cfg = Config {
-                        rank,
-                        size: ranks,
-                        wait: Wait::Block,
-                        tsc_khz: 1_000_000, // the clock counts nanoseconds
-                        spin_ticks: 20_000,
-                        timeout_ms: 20_000,
-                        window: 256 << 10,
-                        drop_every: 0,
-                    };
-                    let mut mpi = Mpi::init(TestLink::new(rank, wire), cfg, |bytes| {
-                        let mut block = vec![0u8; bytes as usize];
-                        let at = block.as_mut_ptr() as u64;
-                        memory.push(block); // its heap buffer never moves
-                        Some(at)
-                    })
-                    .unwrap_or_else(|e| panic!("rank {rank}: init: {e:?}"));
-                    let mut heap_memory = vec![0u64; heap / 8 + 8];
-                    // SAFETY: the vector outlives the arena and is this thread's alone.
-                    let mut arena = unsafe {
-                        Arena::new(heap_memory.as_mut_ptr().cast(), heap_memory.len() * 8)
-                    };
-                    let mut comm = comm::MpiComm {
-                        mpi: &mut mpi,
-                        tsc_khz: 1_000_000,
-                    };
-                    assert_eq!((comm.rank(), comm.size()), (rank, ranks));
-                    let outcome = npb::mpi::run(spec, &mut comm, &mut arena)
-                        .unwrap_or_else(|e| panic!("rank {rank}: {spec}: {e}"));
-                    mpi.finish()
-                        .unwrap_or_else(|e| panic!("rank {rank}: finish: {e:?}"));
-                    let dropped = mpi.link().dropped;
-                    drop(mpi);
-                    drop(memory);
-                    (outcome, dropped)
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    wire::run_ranks(ranks, drop_one_in, 256 << 10, |rank, mpi| {
+        let mut heap_memory = vec![0u64; heap / 8 + 8];
+        // SAFETY: the vector outlives the arena and is this thread's alone.
+        let mut arena =
+            unsafe { Arena::new(heap_memory.as_mut_ptr().cast(), heap_memory.len() * 8) };
+        let mut comm = comm::MpiComm {
+            mpi,
+            tsc_khz: 1_000_000,
+        };
+        assert_eq!((comm.rank(), comm.size()), (rank, ranks));
+        npb::mpi::run(spec, &mut comm, &mut arena)
+            .unwrap_or_else(|e| panic!("rank {rank}: {spec}: {e}"))
     })
 }
 

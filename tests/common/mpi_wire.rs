@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::time::Instant;
 
-use crate::mpi::{Link, MAX_FRAME};
+use crate::mpi::{Config, Link, MAX_FRAME, Mpi, Wait};
 
 pub struct Wire {
     pub queues: Vec<Mutex<VecDeque<Vec<u8>>>>,
@@ -112,4 +112,54 @@ impl Link for TestLink<'_> {
     fn now(&self) -> u64 {
         self.start.elapsed().as_nanos() as u64
     }
+}
+
+/// Runs `job(rank, mpi)` on `ranks` threads, each an `Mpi` over one wire that drops one
+/// frame in `drop_one_in` (0: none), with a credit `window` of bytes; finishes every
+/// rank's MPI and returns each rank's result and the frames its link dropped.
+pub fn run_ranks<T: Send>(
+    ranks: usize,
+    drop_one_in: u64,
+    window: u64,
+    job: impl Fn(usize, &mut Mpi<TestLink>) -> T + Sync,
+) -> Vec<(T, u64)> {
+    let wire = Wire {
+        queues: (0..ranks).map(|_| Mutex::new(VecDeque::new())).collect(),
+        drop_one_in,
+    };
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..ranks)
+            .map(|rank| {
+                let (wire, job) = (&wire, &job);
+                scope.spawn(move || {
+                    let mut memory: Vec<Vec<u8>> = Vec::new();
+                    let cfg = Config {
+                        rank,
+                        size: ranks,
+                        wait: Wait::Block,
+                        tsc_khz: 1_000_000, // the clock counts nanoseconds
+                        spin_ticks: 20_000,
+                        timeout_ms: 20_000,
+                        window,
+                        drop_every: 0,
+                    };
+                    let mut mpi = Mpi::init(TestLink::new(rank, wire), cfg, |bytes| {
+                        let mut block = vec![0u8; bytes as usize];
+                        let at = block.as_mut_ptr() as u64;
+                        memory.push(block); // its heap buffer never moves
+                        Some(at)
+                    })
+                    .unwrap_or_else(|e| panic!("rank {rank}: init: {e:?}"));
+                    let result = job(rank, &mut mpi);
+                    mpi.finish()
+                        .unwrap_or_else(|e| panic!("rank {rank}: finish: {e:?}"));
+                    let dropped = mpi.link().dropped;
+                    drop(mpi);
+                    drop(memory);
+                    (result, dropped)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
 }
