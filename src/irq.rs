@@ -33,14 +33,14 @@ pub fn run_check(args: &VmArgs, epoch: Instant) -> Result<u8> {
     let fields = guest.measurement("irqcheck")?;
     let verified = fields.get("verified").is_some_and(|v| v == "true");
     let mut row = fields_json(fields);
-    row.insert("path".into(), json!(path_name(args.irq_path)));
+    row.insert("path".into(), json!(args.irq_path.name()));
     if args.json {
         crate::outln!("{}", Value::Object(row));
     } else {
         crate::outln!(
             "interrupt check, {} path, {} vCPUs: {} vectors x {} CPUs delivered {} \
              (misrouted {}, lost {}); masked and held {}, delivered on unmask {}: {}",
-            path_name(args.irq_path),
+            args.irq_path.name(),
             args.vcpus,
             text(fields, "vectors"),
             text(fields, "cpus"),
@@ -89,7 +89,7 @@ pub fn run_bench(args: &IrqBenchArgs, epoch: Instant) -> Result<u8> {
         let (guest, devices) = boot(&cmdline, args.vcpus, &setup, &args.kvm_device, epoch)?;
         let fields = guest.measurement("irqbench")?;
         let mut row = fields_json(fields);
-        row.insert("path".into(), json!(path_name(path)));
+        row.insert("path".into(), json!(path.name()));
         row.insert("vcpus".into(), json!(args.vcpus));
         row.insert("noise_rate".into(), json!(args.noise_rate));
         row.insert("delay_us".into(), json!(args.delay_us));
@@ -156,13 +156,6 @@ fn median(mut values: Vec<f64>) -> f64 {
     }
     values.sort_by(f64::total_cmp);
     values[values.len() / 2]
-}
-
-fn path_name(path: IrqPath) -> &'static str {
-    match path {
-        IrqPath::Generic => "generic",
-        IrqPath::Fast => "fast",
-    }
 }
 
 fn text<'a>(fields: &'a BTreeMap<String, String>, key: &str) -> &'a str {

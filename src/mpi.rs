@@ -225,13 +225,6 @@ fn wait_name(wait: Wait) -> &'static str {
     }
 }
 
-fn path_name(path: IrqPath) -> &'static str {
-    match path {
-        IrqPath::Generic => "generic",
-        IrqPath::Fast => "fast",
-    }
-}
-
 /// Why rank `rank`'s run has no `kind` line, or its fields.
 fn measurement<'a>(
     run: &'a GuestRun,
@@ -282,7 +275,7 @@ pub fn run_mpi(args: &MpiArgs, epoch: Instant) -> Result<u8> {
         row.insert("rank".into(), json!(job.first_rank as usize + rank));
         row.insert("vms".into(), json!(args.vms));
         row.insert("wait".into(), json!(wait_name(args.wait)));
-        row.insert("irq_path".into(), json!(path_name(args.irq_path)));
+        row.insert("irq_path".into(), json!(args.irq_path.name()));
         row.insert("verified".into(), json!(verified));
         for (k, v) in fields.into_iter().flatten() {
             row.entry(k.clone()).or_insert_with(|| json!(v));
@@ -315,7 +308,7 @@ pub fn run_mpi(args: &MpiArgs, epoch: Instant) -> Result<u8> {
             args.vms,
             job.size,
             wait_name(args.wait),
-            path_name(args.irq_path)
+            args.irq_path.name()
         );
     }
     Ok(if ok {
@@ -470,7 +463,7 @@ fn run_npb(args: &MpiArgs, list: &str, epoch: Instant) -> Result<u8> {
             ranks,
             args.vms,
             wait_name(args.wait),
-            path_name(args.irq_path)
+            args.irq_path.name()
         );
     }
     Ok(code)
@@ -533,7 +526,10 @@ pub fn run_bench(args: &NetBenchArgs, epoch: Instant) -> Result<u8> {
             for fields in found {
                 let mut row: serde_json::Map<String, Value> =
                     fields.into_iter().map(|(k, v)| (k, json!(v))).collect();
-                row.insert("irq_path".into(), json!(setting.map_or("qemu", path_name)));
+                row.insert(
+                    "irq_path".into(),
+                    json!(setting.map_or("qemu", IrqPath::name)),
+                );
                 row.insert("wait".into(), json!(wait_name(wait)));
                 rows.push(row);
             }

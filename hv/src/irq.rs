@@ -74,6 +74,16 @@ pub enum IrqPath {
     Fast,
 }
 
+impl IrqPath {
+    /// As the command line and reports spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            IrqPath::Generic => "generic",
+            IrqPath::Fast => "fast",
+        }
+    }
+}
+
 impl std::str::FromStr for IrqPath {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
