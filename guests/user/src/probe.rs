@@ -71,7 +71,8 @@ pub fn report(info: &BootInfo, millis: u64) -> bool {
     // Scratch for the costs: the third region, or CPU 0's unused tail.
     let (scratch, room) = {
         let (base, capacity) = region(info, 0);
-        // SAFETY: past CPU 0's `a.len()` logged pairs, inside its region.
+        // SAFETY: past CPU 0's `a.len()` logged pairs (a count word, then pairs),
+        // inside its region of `1 + 2 * capacity` words.
         (
             unsafe { base.add(1 + 2 * a.len()) },
             2 * (capacity - a.len()),
