@@ -193,6 +193,34 @@ pub fn answer(target: &dyn Controlled, line: &str) -> Value {
     }
 }
 
+/// Binds a socket that only its owner can reach from the moment it appears at
+/// `path`: it is bound under a temporary name beside `path`, restricted to
+/// mode 0600 and then renamed into place, so no one can connect (and no one
+/// watching for `path` can see it) while it is still open to all.
+fn bind_private(path: &Path) -> Result<UnixListener> {
+    let name = path
+        .file_name()
+        .with_context(|| format!("{} is not a socket path", path.display()))?;
+    let mut hidden = std::ffi::OsString::from(".");
+    hidden.push(name);
+    hidden.push(format!(".{}.tmp", std::process::id()));
+    let staging = path.with_file_name(hidden);
+    let _ = std::fs::remove_file(&staging);
+    let listener = UnixListener::bind(&staging)
+        .with_context(|| format!("cannot create control socket {}", path.display()))?;
+    let placed = std::fs::set_permissions(&staging, std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("cannot restrict {} to its owner", path.display()))
+        .and_then(|()| {
+            std::fs::rename(&staging, path)
+                .with_context(|| format!("cannot create control socket {}", path.display()))
+        });
+    if let Err(e) = placed {
+        let _ = std::fs::remove_file(&staging);
+        return Err(e);
+    }
+    Ok(listener)
+}
+
 /// The listening socket; removed when dropped.
 pub struct Server {
     path: PathBuf,
@@ -217,11 +245,8 @@ impl Server {
             std::fs::remove_file(path)
                 .with_context(|| format!("cannot remove stale socket {}", path.display()))?;
         }
-        let listener = UnixListener::bind(path)
-            .with_context(|| format!("cannot create control socket {}", path.display()))?;
+        let listener = bind_private(path)?;
         crate::signals::track_socket(path.to_path_buf());
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-            .with_context(|| format!("cannot restrict {} to its owner", path.display()))?;
         let stop = Arc::new(AtomicBool::new(false));
         let thread_stop = stop.clone();
         let thread = std::thread::Builder::new()
