@@ -140,7 +140,7 @@ fn forward(c: &mut Criterion) {
                                 assert_eq!(port, pb);
                                 let delivered = b.receive_batch(|rx| rx.push_frame(f));
                                 assert_eq!(delivered, RxOutcome::Delivered);
-                                switch.delivered_direct();
+                                switch.delivered_direct(f.len());
                                 true
                             }
                             Route::Switched => switch.ingress(pa, f.bytes()).taken(),

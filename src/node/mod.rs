@@ -13,6 +13,7 @@ use hv::Vm;
 use hv::placement::VcpuControl;
 use serde_json::{Value, json};
 
+use devices::net::switch::SwitchStats;
 use hv::credit::{CreditDriver, Dom0Spec, DomainSpec};
 use hv::placement::ThreadGroup;
 
@@ -45,14 +46,24 @@ pub fn run_node(args: &NodeArgs, epoch: Instant) -> Result<u8> {
         .ctl_socket
         .clone()
         .unwrap_or_else(ctl::default_socket_path);
-    let (reports, overhead, wall) = run(&node, &args.kvm_device, Some(&socket), epoch)?;
-    print(&node, &reports, overhead, wall, args.json)?;
+    let outcome = run(&node, &args.kvm_device, Some(&socket), epoch)?;
+    let (reports, overhead, wall) = (&outcome.reports, outcome.overhead, outcome.wall);
+    print(&node, reports, overhead, wall, outcome.switch, args.json)?;
     let code = reports
         .iter()
         .map(|r| r.verdict.exit_code())
         .max()
         .unwrap_or(report::EXIT_OK);
     Ok(code)
+}
+
+/// What a node run produced.
+pub struct NodeOutcome {
+    pub reports: Vec<DomainReport>,
+    pub overhead: Overhead,
+    pub wall: Duration,
+    /// The switch's counters at the end, if the node had a network.
+    pub switch: Option<SwitchStats>,
 }
 
 /// Creates every domain's VM, runs them together on the node's CPUs under the node's
@@ -62,7 +73,7 @@ pub fn run(
     kvm_device: &std::path::Path,
     socket: Option<&std::path::Path>,
     epoch: Instant,
-) -> Result<(Vec<DomainReport>, Overhead, Duration)> {
+) -> Result<NodeOutcome> {
     let process_cpu_before = process_cpu_time();
     let mut vms = Vec::new();
     // Domain 0: the threads that run each VM (and stop it), the control socket's, and
@@ -91,7 +102,7 @@ pub fn run(
         vms.push(vm);
     }
     // The node's switch: its thread is domain 0's work, as netback is Xen's.
-    let _network = match &node.network {
+    let network = match &node.network {
         Some(net) => {
             let network = hv::net::Network::new(devices::net::switch::SwitchConfig::default())?;
             for (vm, domain) in vms.iter_mut().zip(&node.domains) {
@@ -203,6 +214,7 @@ pub fn run(
             .collect()
     });
     let wall = start.elapsed();
+    let switch = network.as_ref().map(|n| n.switch_stats());
     // Weights and caps may have changed at run time: report the final ones.
     let final_views = driver.as_ref().map(|d| d.domains()).unwrap_or_default();
     drop(_server);
@@ -245,14 +257,15 @@ pub fn run(
         .saturating_sub(process_cpu_before)
         .saturating_sub(vcpu_cpu_total)
         .saturating_sub(dom0_cpu);
-    Ok((
+    Ok(NodeOutcome {
         reports,
-        Overhead {
+        overhead: Overhead {
             dom0: dom0_cpu,
             vmm,
         },
         wall,
-    ))
+        switch,
+    })
 }
 
 /// CPU time that went to neither domain's vCPUs.
@@ -281,6 +294,7 @@ pub fn json_lines(
     reports: &[DomainReport],
     overhead: Overhead,
     wall: Duration,
+    switch: Option<SwitchStats>,
 ) -> Vec<Value> {
     let mut lines: Vec<Value> = reports
         .iter()
@@ -322,6 +336,11 @@ pub fn json_lines(
         "dom0_cpu_s": overhead.dom0.as_secs_f64(),
         "vmm_cpu_s": overhead.vmm.as_secs_f64(),
         "wall_s": wall.as_secs_f64(),
+        "switch": switch.map(|s| json!({
+            "frames": s.received,
+            "bytes": s.received_bytes,
+            "held": s.held,
+        })),
     }));
     lines
 }
@@ -331,10 +350,11 @@ fn print(
     reports: &[DomainReport],
     overhead: Overhead,
     wall: Duration,
+    switch: Option<SwitchStats>,
     json: bool,
 ) -> Result<()> {
     if json {
-        for line in json_lines(node, reports, overhead, wall) {
+        for line in json_lines(node, reports, overhead, wall, switch) {
             crate::outln!("{line}");
         }
         return Ok(());

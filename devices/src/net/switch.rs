@@ -130,6 +130,9 @@ pub struct Egress {
 pub struct SwitchStats {
     /// Frames taken from sources.
     pub received: u64,
+    /// Their bytes (Ethernet header and payload): with `received`, what domain 0's
+    /// CPU time per frame and per KiB is computed from.
+    pub received_bytes: u64,
     /// Frame copies queued for destinations (a flood counts once per destination).
     pub queued: u64,
     /// Frame copies the destinations took.
@@ -378,6 +381,7 @@ impl Switch {
             return self.drop_frame(DropReason::Giant);
         }
         self.stats.received += 1;
+        self.stats.received_bytes += frame.len() as u64;
         self.learn(source, frame);
         let destinations = match self.destinations(source, frame) {
             Ok(d) => d,
@@ -448,8 +452,9 @@ impl Switch {
 
     /// A frame [`Switch::route`] sent straight from `source` to its destination was
     /// delivered: count it.
-    pub fn delivered_direct(&mut self) {
+    pub fn delivered_direct(&mut self, len: usize) {
         self.stats.received += 1;
+        self.stats.received_bytes += len as u64;
         self.stats.delivered += 1;
         self.stats.direct += 1;
     }
@@ -806,8 +811,24 @@ mod tests {
         assert_eq!(drain(&mut s, 1), [(3, 0), (3, 1)]);
         assert_eq!(s.route(0, &f(mac(2), mac(1), 0), 16), Route::Direct(1));
         assert_eq!(s.route(2, &f(mac(2), mac(3), 0), 16), Route::Direct(1));
-        s.delivered_direct();
+        let before = s.stats();
+        s.delivered_direct(16);
         assert_eq!(s.stats().direct, 1);
+        assert_eq!(s.stats().received, before.received + 1);
+        assert_eq!(s.stats().received_bytes, before.received_bytes + 16);
+    }
+
+    #[test]
+    fn received_bytes_count_what_sources_sent() {
+        let mut s = switch(2, 4);
+        let mut big = frame(mac(2), mac(1), 0);
+        big.resize(1000, 0);
+        let _ = s.ingress(0, &frame([0xff; 6], mac(1), 0));
+        let _ = s.ingress(0, &big);
+        // Dropped frames are not counted.
+        let _ = s.ingress(0, &[0u8; 4]);
+        assert_eq!(s.stats().received, 2);
+        assert_eq!(s.stats().received_bytes, 16 + 1000);
     }
 
     #[test]

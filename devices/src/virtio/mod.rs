@@ -37,7 +37,7 @@
 //!      with the direct path `nic.transmit_frames(p, |f| ..)`: on
 //!      `switch.route(port, f.header(), f.len())` = `Direct(dst)`,
 //!      `nics[dst].receive_batch(|rx| rx.push_frame(f))` and, if delivered,
-//!      `switch.delivered_direct()`, else `switch.ingress(port, f.bytes())` (release
+//!      `switch.delivered_direct(len)`, else `switch.ingress(port, f.bytes())` (release
 //!      the switch's lock between the calls). If the report says `stopped`, wait until
 //!      an egress names `port` in `unblocked`. (`transmit_bounded` caps a pass; if
 //!      its report says `more`, call again after serving the other queues.)

@@ -1463,7 +1463,7 @@ fn unicast_frames_go_straight_from_tx_buffers_into_rx_buffers_in_order() {
             assert_eq!(port, pb);
             match b.receive_batch(|rx| rx.push_frame(f)) {
                 RxOutcome::Delivered => {
-                    switch.delivered_direct();
+                    switch.delivered_direct(f.len());
                     true
                 }
                 _ => switch.ingress(pa, f.bytes()).taken(),
