@@ -279,6 +279,9 @@ pub struct Stats {
     pub dropped: u64,
     /// Frames of other protocols, or for other ranks.
     pub foreign: u64,
+    /// TSC ticks spent inside blocking MPI calls waiting for them to complete (spinning
+    /// or asleep, and descheduled: the guest cannot tell): S1's MPI_Wait time.
+    pub wait_ticks: u64,
 }
 
 /// A send in progress: the message header and the data, as one stream of bytes.
@@ -391,6 +394,12 @@ impl<L: Link> Mpi<L> {
 
     fn ms(&self, millis: u64) -> u64 {
         millis * self.cfg.tsc_khz
+    }
+
+    /// Microseconds spent waiting in blocking calls so far (see [`Stats::wait_ticks`]).
+    pub fn wait_us(&self) -> u64 {
+        let us = u128::from(self.stats.wait_ticks) * 1000 / u128::from(self.cfg.tsc_khz.max(1));
+        u64::try_from(us).unwrap_or(u64::MAX)
     }
 
     fn handshake(&mut self) -> Result<(), Error> {
@@ -610,11 +619,13 @@ impl<L: Link> Mpi<L> {
                 .sum::<u64>()
         };
         let mut last = activity(self);
-        let mut last_at = self.nic.now();
+        let entered = self.nic.now();
+        let mut last_at = entered;
         loop {
             let done = step(self)?;
             self.nic.flush();
             if done {
+                self.stats.wait_ticks += self.nic.now().saturating_sub(entered);
                 return Ok(());
             }
             self.progress();

@@ -325,7 +325,7 @@ fn report(mpi: &Mpi<Nic>) {
         line,
         "@kumo mpistats rank={} tx_frames={} rx_frames={} rx_bad={} tx_kicks={tx_kicks} \
          rx_kicks={rx_kicks} interrupts={} sleeps={} reminders={} hellos={} acks={} out_of_order={} \
-         duplicates={} resent={} timeouts={} dropped={} foreign={}",
+         duplicates={} resent={} timeouts={} dropped={} foreign={} wait_us={}",
         mpi.rank(),
         n.tx_frames,
         n.rx_frames,
@@ -341,6 +341,7 @@ fn report(mpi: &Mpi<Nic>) {
         p.timeouts,
         p.dropped,
         p.foreign,
+        mpi.wait_us(),
     );
     line.emit();
 }
