@@ -70,3 +70,48 @@ macro_rules! outln {
     () => { $crate::output::out(format_args!("\n")) };
     ($($arg:tt)*) => { $crate::output::out(format_args!("{}\n", format_args!($($arg)*))) };
 }
+
+/// Aligns `rows` in columns: the first `left` left-aligned, the others right.
+pub fn table(rows: &[Vec<String>], left: usize) -> String {
+    let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..columns)
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(|s| s.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for row in rows {
+        let cells: Vec<String> = row
+            .iter()
+            .enumerate()
+            .map(|(c, s)| {
+                if c < left {
+                    format!("{s:<w$}", w = widths[c])
+                } else {
+                    format!("{s:>w$}", w = widths[c])
+                }
+            })
+            .collect();
+        out.push_str(cells.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_align_left_then_right() {
+        let rows = vec![
+            vec!["a".to_string(), "bb".to_string(), "1".to_string()],
+            vec!["ccc".to_string(), "d".to_string(), "22".to_string()],
+        ];
+        assert_eq!(table(&rows, 1), "a    bb   1\nccc   d  22\n");
+    }
+}

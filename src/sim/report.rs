@@ -201,7 +201,7 @@ impl Report {
                 run.switches.to_string(),
             ]);
         }
-        let mut out = table(&main, 2);
+        let mut out = crate::output::table(&main, 2);
         out.push_str(
             "time: simulated completion (max over ranks; '>' = cut at duration_s); speed-up \
              over the program's first scenario; busy-wait: domain CPU spent spinning\n\n",
@@ -229,52 +229,7 @@ impl Report {
             cpu.push(row);
         }
         out.push_str("CPU time per domain in s (busy-waiting in brackets)\n");
-        out.push_str(&table(&cpu, 2));
+        out.push_str(&crate::output::table(&cpu, 2));
         out
-    }
-}
-
-/// Aligns `rows` in columns: the first `left` left-aligned, the others right.
-fn table(rows: &[Vec<String>], left: usize) -> String {
-    let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
-    let widths: Vec<usize> = (0..columns)
-        .map(|c| {
-            rows.iter()
-                .filter_map(|r| r.get(c))
-                .map(|s| s.chars().count())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    let mut out = String::new();
-    for row in rows {
-        let cells: Vec<String> = row
-            .iter()
-            .enumerate()
-            .map(|(c, s)| {
-                if c < left {
-                    format!("{s:<w$}", w = widths[c])
-                } else {
-                    format!("{s:>w$}", w = widths[c])
-                }
-            })
-            .collect();
-        out.push_str(cells.join("  ").trim_end());
-        out.push('\n');
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn tables_align_left_then_right() {
-        let rows = vec![
-            vec!["a".to_string(), "bb".to_string(), "1".to_string()],
-            vec!["ccc".to_string(), "d".to_string(), "22".to_string()],
-        ];
-        assert_eq!(table(&rows, 1), "a    bb   1\nccc   d  22\n");
     }
 }
