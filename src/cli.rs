@@ -36,6 +36,37 @@ pub enum Command {
     Sim(SimArgs),
     /// An MPI job across VMs of this host, on domain 0's switch.
     Mpi(MpiArgs),
+    /// Rerun a seed experiment on real VMs and the simulator, beside the paper's numbers.
+    Experiment(ExperimentArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ExperimentArgs {
+    /// The experiment: s1 (credit-scheduler slice, tick and domain-0 weight for MPI
+    /// ranks that busy-wait).
+    #[arg(value_name = "NAME")]
+    pub name: String,
+
+    /// Class W instead of A, and only Xen 3.4.2's baseline and the settings the paper
+    /// gives numbers for.
+    #[arg(long)]
+    pub quick: bool,
+
+    /// Runs of each scenario (interleaved: every scenario once per round).
+    #[arg(long, value_name = "R", default_value_t = 3)]
+    pub runs: u32,
+
+    /// Print the whole report as one JSON object instead of the table.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Write the JSON report, the simulation file and the SVG figure here.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+
+    /// The KVM device to open.
+    #[arg(long, value_name = "PATH", default_value = "/dev/kvm")]
+    pub kvm_device: PathBuf,
 }
 
 /// How a guest's MPI rank waits for the network.

@@ -5,6 +5,7 @@
 pub mod bench;
 pub mod cli;
 pub mod ctl;
+pub mod experiment;
 pub mod guest;
 pub mod input;
 pub mod irq;

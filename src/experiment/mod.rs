@@ -1,0 +1,164 @@
+//! `kumo experiment NAME`: one command per seed experiment
+//! (`../shared/research/SEEDS.md`). Each experiment is one module with its scenarios,
+//! its runner (real VMs through the node machinery, and the simulator), the paper's
+//! published numbers, its table and its plot; this module holds what they share:
+//! the output directory, repeated runs interleaved so host drift hits every scenario
+//! alike, summaries (median and range) and the progress bar.
+
+pub mod plot;
+pub mod s1;
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use serde::Serialize;
+
+use crate::cli::ExperimentArgs;
+
+/// The experiments `kumo experiment` knows, with a line each for `--help` and errors.
+pub const EXPERIMENTS: &[(&str, &str)] = &[(
+    "s1",
+    "credit-scheduler slice, tick and domain-0 weight for an MPI job of busy-waiting ranks",
+)];
+
+pub fn run_experiment(args: &ExperimentArgs, epoch: Instant) -> Result<u8> {
+    if args.runs == 0 {
+        bail!("--runs must be at least 1");
+    }
+    // Checked before minutes of runs, not after.
+    if let Some(dir) = &args.out {
+        prepare_out(dir)?;
+    }
+    match args.name.as_str() {
+        "s1" => s1::run(args, epoch),
+        other => {
+            let known: Vec<&str> = EXPERIMENTS.iter().map(|(name, _)| *name).collect();
+            bail!("unknown experiment '{other}' (known: {})", known.join(", "))
+        }
+    }
+}
+
+/// Creates `dir` if needed and proves it writable.
+fn prepare_out(dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("--out {}: cannot create the directory", dir.display()))?;
+    let probe = dir.join(format!(".kumo-write-test-{}", std::process::id()));
+    std::fs::write(&probe, b"")
+        .with_context(|| format!("--out {}: cannot write there", dir.display()))?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
+}
+
+/// Writes `contents` to `dir/name`, naming the file on failure.
+pub fn write_out(dir: &Path, name: &str, contents: &[u8]) -> Result<PathBuf> {
+    let path = dir.join(name);
+    std::fs::write(&path, contents).with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(path)
+}
+
+/// Median and range of repeated measurements.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct Summary {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+    pub n: usize,
+}
+
+impl Summary {
+    /// None for no values.
+    pub fn of(values: &[f64]) -> Option<Summary> {
+        let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
+        if v.is_empty() {
+            return None;
+        }
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        let median = if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        };
+        Some(Summary {
+            median,
+            min: v[0],
+            max: v[n - 1],
+            n,
+        })
+    }
+}
+
+/// The order in which `runs` repetitions of `items` run: every item once per round,
+/// rounds one after another, so slow drift of the host touches every item alike.
+pub fn interleaved(items: usize, runs: u32) -> Vec<(u32, usize)> {
+    (0..runs)
+        .flat_map(|round| (0..items).map(move |item| (round, item)))
+        .collect()
+}
+
+/// A progress bar on stderr for the minutes an experiment runs (drawn only when
+/// stderr is a terminal).
+pub struct Progress {
+    bar: indicatif::ProgressBar,
+}
+
+impl Progress {
+    pub fn new(steps: usize) -> Progress {
+        let bar = indicatif::ProgressBar::with_draw_target(
+            Some(steps as u64),
+            indicatif::ProgressDrawTarget::stderr(),
+        );
+        if let Ok(style) = indicatif::ProgressStyle::with_template(
+            "{elapsed_precise} [{bar:30}] {pos}/{len} {msg}",
+        ) {
+            bar.set_style(style.progress_chars("=> "));
+        }
+        Progress { bar }
+    }
+
+    /// Names the step about to run.
+    pub fn step(&self, what: &str) {
+        self.bar.set_message(what.to_string());
+    }
+
+    pub fn done_one(&self) {
+        self.bar.inc(1);
+    }
+
+    pub fn finish(&self) {
+        self.bar.finish_and_clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_summary_has_the_median_and_the_range() {
+        let s = Summary::of(&[3.0, 1.0, 2.0]).unwrap();
+        assert_eq!((s.median, s.min, s.max, s.n), (2.0, 1.0, 3.0, 3));
+        assert_eq!(Summary::of(&[4.0, 1.0, 2.0, 3.0]).unwrap().median, 2.5);
+        assert!(Summary::of(&[]).is_none());
+        assert!(Summary::of(&[f64::NAN]).is_none());
+    }
+
+    #[test]
+    fn runs_are_interleaved_round_by_round() {
+        assert_eq!(
+            interleaved(2, 2),
+            [(0, 0), (0, 1), (1, 0), (1, 1)],
+            "every item once before any item twice"
+        );
+    }
+
+    #[test]
+    fn an_unwritable_out_directory_is_refused_before_running() {
+        let file = std::env::temp_dir().join(format!("kumo-out-file-{}", std::process::id()));
+        std::fs::write(&file, b"").unwrap();
+        let err = prepare_out(&file.join("sub")).unwrap_err();
+        assert!(format!("{err:#}").contains("cannot create"), "{err:#}");
+        let _ = std::fs::remove_file(&file);
+    }
+}

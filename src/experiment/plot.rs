@@ -1,0 +1,179 @@
+//! SVG figures of an experiment's results (the `plotters` crate, no fonts needed).
+
+use anyhow::{Result, anyhow};
+use plotters::prelude::*;
+
+use super::s1::Row;
+
+/// The series of the speed-up figure: what, its colour, and how to read it from a row.
+type Series = (&'static str, RGBColor, fn(&Row) -> Option<f64>);
+
+const SERIES: &[Series] = &[
+    ("kumo, real VMs", RGBColor(31, 119, 180), |r| r.speedup_pct),
+    ("kumo sim", RGBColor(255, 127, 14), |r| r.sim_speedup_pct),
+    ("S1 paper (Xen 3.4.2)", RGBColor(44, 160, 44), |r| {
+        r.paper_pct
+    }),
+];
+
+/// Speed-up factor (baseline time / time) from a percentage.
+fn factor(pct: f64) -> f64 {
+    1.0 + pct / 100.0
+}
+
+/// A grouped bar chart: one group per (benchmark, scenario) that is not a baseline,
+/// one bar per series, heights as speed-up factors on a log scale (1 = as fast as the
+/// baseline; bars go down for slow-downs).
+pub fn speedups(title: &str, rows: &[Row]) -> Result<String> {
+    let groups: Vec<&Row> = rows
+        .iter()
+        .filter(|r| r.scenario.name != r.scenario.baseline)
+        .collect();
+    let values: Vec<f64> = groups
+        .iter()
+        .flat_map(|r| SERIES.iter().filter_map(move |(_, _, get)| get(r)))
+        .map(factor)
+        .filter(|f| f.is_finite() && *f > 0.0)
+        .collect();
+    let lo = values.iter().copied().fold(1.0, f64::min) / 1.25;
+    let hi = values.iter().copied().fold(1.0, f64::max) * 1.25;
+    let width = (120 + 150 * groups.len().max(1)) as u32;
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (width.max(640), 480)).into_drawing_area();
+        root.fill(&WHITE).map_err(plot_error)?;
+        let labels: Vec<String> = groups
+            .iter()
+            .map(|r| {
+                format!(
+                    "{} {}",
+                    r.benchmark,
+                    r.scenario.name.trim_start_matches("xen")
+                )
+            })
+            .collect();
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 16))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0f64..groups.len().max(1) as f64, (lo..hi).log_scale())
+            .map_err(plot_error)?;
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .light_line_style(WHITE)
+            .y_desc("speed-up (baseline time / time)")
+            .y_label_formatter(&|v| format!("{v:.2}x"))
+            .x_labels(groups.len().max(1) * 2 + 1)
+            .x_label_formatter(&|x| {
+                // Labels at group centres only.
+                let centre = x - x.floor();
+                if (centre - 0.5).abs() < 1e-6 {
+                    labels.get(x.floor() as usize).cloned().unwrap_or_default()
+                } else {
+                    String::new()
+                }
+            })
+            .x_label_style(("sans-serif", 11))
+            .draw()
+            .map_err(plot_error)?;
+        let bar = 0.8 / SERIES.len() as f64;
+        for (s, &(name, colour, get)) in SERIES.iter().enumerate() {
+            let bars = groups.iter().enumerate().filter_map(|(g, row)| {
+                let value = get(row).map(factor).filter(|f| f.is_finite() && *f > 0.0)?;
+                let x0 = g as f64 + 0.1 + s as f64 * bar;
+                Some(Rectangle::new(
+                    [(x0, 1.0), (x0 + bar * 0.9, value)],
+                    colour.filled(),
+                ))
+            });
+            chart
+                .draw_series(bars)
+                .map_err(plot_error)?
+                .label(name)
+                .legend(move |(x, y)| {
+                    Rectangle::new([(x, y - 5), (x + 10, y + 5)], colour.filled())
+                });
+        }
+        chart
+            .draw_series(LineSeries::new(
+                [(0.0, 1.0), (groups.len().max(1) as f64, 1.0)],
+                BLACK.stroke_width(1),
+            ))
+            .map_err(plot_error)?;
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .position(SeriesLabelPosition::UpperRight)
+            .draw()
+            .map_err(plot_error)?;
+        root.present().map_err(plot_error)?;
+    }
+    Ok(svg)
+}
+
+fn plot_error<E: std::fmt::Display>(e: E) -> anyhow::Error {
+    anyhow!("cannot draw the figure: {e}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::experiment::s1::{self, Row};
+
+    fn row(name: &str, speedup: Option<f64>, paper: Option<f64>) -> Row {
+        let scenario = *s1::SCENARIOS.iter().find(|s| s.name == name).unwrap();
+        Row {
+            scenario,
+            benchmark: "cg.W".into(),
+            time_s: None,
+            speedup_pct: speedup,
+            paper_pct: paper,
+            sim_time_s: None,
+            sim_speedup_pct: Some(12.0),
+            wait_s: None,
+            rank_cpu_s: None,
+            dom0_cpu_s: None,
+            verified: true,
+        }
+    }
+
+    #[test]
+    fn the_figure_is_well_formed_svg_with_a_bar_per_known_value() {
+        let rows = vec![
+            row("xen3.4-30/10", Some(0.0), Some(0.0)),
+            row("xen3.4-1/1", Some(900.0), Some(45.3)),
+            row("xen3.4-1/1-dom0-1024", Some(-20.0), None),
+        ];
+        let svg = speedups("test", &rows).unwrap();
+        let doc = roxmltree::Document::parse(&svg).expect("well-formed SVG");
+        assert_eq!(doc.root_element().tag_name().name(), "svg");
+        let text: String = doc
+            .descendants()
+            .filter(|n| n.is_text())
+            .filter_map(|n| n.text())
+            .collect();
+        assert!(text.contains("cg.W 3.4-1/1"), "group labels: {text}");
+        assert!(text.contains("S1 paper"), "legend: {text}");
+        assert!(
+            !text.contains("cg.W 3.4-30/10"),
+            "the baseline is not a group"
+        );
+        // Bars: 2 groups x (kumo, sim) + 1 paper value, plus the legend's 3 swatches.
+        let filled = |colour: RGBColor| {
+            let hex = format!("#{:02X}{:02X}{:02X}", colour.0, colour.1, colour.2);
+            doc.descendants()
+                .filter(|n| n.tag_name().name() == "rect")
+                .filter(|n| {
+                    n.attribute("fill")
+                        .is_some_and(|f| f.eq_ignore_ascii_case(&hex))
+                })
+                .count()
+        };
+        assert_eq!(filled(SERIES[0].1), 2 + 1);
+        assert_eq!(filled(SERIES[1].1), 2 + 1);
+        assert_eq!(filled(SERIES[2].1), 1 + 1);
+    }
+}

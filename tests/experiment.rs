@@ -1,0 +1,74 @@
+//! `kumo experiment`: S1 on real VMs end to end (quick form), and its bad input.
+
+mod common;
+
+use common::{assert_refused, kumo, kvm_available, scratch, text};
+
+#[test]
+fn s1_quick_runs_real_vms_and_writes_its_report_and_figure() {
+    if !kvm_available() {
+        return;
+    }
+    let out_dir = scratch("s1-out");
+    let _ = std::fs::remove_dir_all(&out_dir);
+    let out = kumo(&[
+        "experiment",
+        "s1",
+        "--quick",
+        "--runs",
+        "1",
+        "--json",
+        "--out",
+        out_dir.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(report["experiment"], "s1");
+    assert_eq!(report["ok"], true, "{report}");
+    let rows = report["rows"].as_array().unwrap();
+    assert!(!rows.is_empty());
+    for row in rows {
+        assert_eq!(row["verified"], true, "{row}");
+        assert!(row["time_s"]["median"].as_f64().unwrap() > 0.0, "{row}");
+        assert!(row["sim_time_s"].as_f64().is_some(), "simulated too: {row}");
+    }
+    for benchmark in ["cg.W", "ep.W"] {
+        let speedup = rows
+            .iter()
+            .find(|r| r["benchmark"] == benchmark && r["scenario"]["name"] == "xen3.4-1/1")
+            .and_then(|r| r["speedup_pct"].as_f64());
+        assert!(speedup.is_some(), "{benchmark} at 1/1 has a speed-up");
+    }
+    let calibration = &report["calibration"];
+    assert!(
+        calibration["per_frame_us"].as_f64().unwrap() > 0.0,
+        "{calibration}"
+    );
+    // The files: the same report, the simulation file, a well-formed SVG.
+    let saved: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out_dir.join("s1.json")).unwrap()).unwrap();
+    assert_eq!(saved, report);
+    let svg = std::fs::read_to_string(out_dir.join("s1-speedup.svg")).unwrap();
+    let doc = roxmltree::Document::parse(&svg).expect("well-formed SVG");
+    assert_eq!(doc.root_element().tag_name().name(), "svg");
+    let sim = std::fs::read_to_string(out_dir.join("s1-sim.toml")).unwrap();
+    assert!(sim.contains("[[scenario]]"), "{sim}");
+    let _ = std::fs::remove_dir_all(&out_dir);
+}
+
+#[test]
+fn bad_experiment_input_is_refused_in_one_line() {
+    assert_refused(&["experiment", "s9"], "unknown experiment 's9' (known: s1)");
+    assert_refused(
+        &["experiment", "s1", "--runs", "0"],
+        "--runs must be at least 1",
+    );
+    let file = scratch("not-a-dir");
+    std::fs::write(&file, b"").unwrap();
+    let under_file = file.join("out");
+    assert_refused(
+        &["experiment", "s1", "--out", under_file.to_str().unwrap()],
+        "cannot create the directory",
+    );
+    let _ = std::fs::remove_file(&file);
+}
