@@ -320,3 +320,68 @@ fn the_net_bench_sets_qemu_beside_kumo_in_one_run() {
     .collect();
     assert_eq!(rows, expected);
 }
+
+/// Rank 0's `@kumo result` lines: (benchmark, verified).
+fn results(stdout: &str) -> Vec<(String, String)> {
+    lines(stdout, "result")
+        .iter()
+        .map(|l| (field(l, "benchmark").to_owned(), field(l, "verified").to_owned()))
+        .collect()
+}
+
+#[test]
+fn two_qemu_vms_run_npb_mpi_cg_and_is_and_verify() {
+    if !kvm_available() || !qemu_available() {
+        return;
+    }
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let outputs = pair("npb", "wait=spin npb=cg.S,is.S");
+    for (rank, out) in outputs.iter().enumerate() {
+        let stdout = text(&out.stdout);
+        assert_eq!(out.status.code(), Some(1), "rank {rank}:\n{stdout}");
+        assert!(stdout.contains("@kumo end status=0"), "rank {rank}:\n{stdout}");
+    }
+    let expected: Vec<(String, String)> = [("cg", "true"), ("is", "true")]
+        .iter()
+        .map(|(b, v)| (b.to_string(), v.to_string()))
+        .collect();
+    assert_eq!(results(&text(&outputs[0].stdout)), expected);
+}
+
+#[test]
+fn a_kumo_vm_and_a_qemu_vm_run_npb_mpi_cg_together() {
+    if !kvm_available() || !qemu_available() {
+        return;
+    }
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let guest = dumped_guest();
+    let socket = scratch("kumo-qemu-cg.sock");
+    let _ = std::fs::remove_file(&socket);
+    let path = socket.to_str().unwrap().to_owned();
+    let server = format!("stream,id=n0,server=on,addr.type=unix,addr.path={path}");
+    let mut qemu = vm(&guest, &server, 1, "wait=spin npb=cg.S");
+    let peer = std::thread::spawn(move || run_with_hang_guard(&mut qemu));
+    let wire = format!("unix:{path}");
+    let ours = kumo(&[
+        "mpi",
+        "--vms",
+        "1",
+        "--job-size",
+        "2",
+        "--wire",
+        &wire,
+        "--npb",
+        "cg.S",
+        "--json",
+        "--timeout",
+        "120",
+    ]);
+    let theirs = peer.join().unwrap();
+    let _ = std::fs::remove_file(&socket);
+    assert_eq!(ours.status.code(), Some(0), "{}", text(&ours.stderr));
+    let rows = json_lines(&ours);
+    assert_eq!(rows[0]["benchmark"], "cg", "{}", text(&ours.stdout));
+    assert_eq!(rows[0]["verified"], true, "{}", rows[0]);
+    let stdout = text(&theirs.stdout);
+    assert!(stdout.contains("@kumo end status=0"), "QEMU's rank 1:\n{stdout}");
+}
