@@ -47,8 +47,8 @@ pub struct ExperimentArgs {
     #[arg(value_name = "NAME")]
     pub name: String,
 
-    /// Class W instead of A, and only Xen 3.4.2's baseline and the settings the paper
-    /// gives numbers for.
+    /// CG at class W instead of A, and only Xen 3.4.2's baseline and the settings the
+    /// paper gives numbers for.
     #[arg(long)]
     pub quick: bool,
 

@@ -32,7 +32,7 @@ fn s1_quick_runs_real_vms_and_writes_its_report_and_figure() {
         assert!(row["time_s"]["median"].as_f64().unwrap() > 0.0, "{row}");
         assert!(row["sim_time_s"].as_f64().is_some(), "simulated too: {row}");
     }
-    for benchmark in ["cg.W", "ep.W"] {
+    for benchmark in ["cg.W", "ep.A"] {
         let speedup = rows
             .iter()
             .find(|r| r["benchmark"] == benchmark && r["scenario"]["name"] == "xen3.4-1/1")
