@@ -529,7 +529,7 @@ pub struct VmArgs {
 
     /// Serve a control socket for this VM at PATH (mode 0600): `kumo ctl --socket
     /// PATH snapshot|migrate`.
-    #[arg(long, value_name = "PATH", conflicts_with_all = ["kernel", "irq_check", "sched", "dump_guest"])]
+    #[arg(long, value_name = "PATH", conflicts_with_all = ["kernel", "irq_check", "dump_guest"])]
     pub ctl_socket: Option<PathBuf>,
 
     /// Run the VM saved in PATH (by `kumo ctl ... snapshot`) from where it was saved.

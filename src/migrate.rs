@@ -22,11 +22,12 @@ use serde_json::{Value, json};
 use crate::cli::VmArgs;
 use crate::ctl::{self, Controlled, DomainInfo, MigrateRequest, SchedParams, SchedUpdate};
 use crate::guest;
+use crate::node::control::SchedControl;
 use crate::report::{self, EXIT_OK};
 use crate::run::{self, HANDED_OFF};
 
 /// What a snapshot or migration stream carries for kumo itself (META's `app`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AppState {
     /// Always [`GUEST_NAME`]: other guests cannot be restored by this program yet.
     pub guest: String,
@@ -35,6 +36,10 @@ pub struct AppState {
     pub vcpus: u32,
     /// Everything the guest wrote to its console so far (results already printed).
     pub console: Vec<u8>,
+    /// The credit scheduler's parameters in force, if the VM runs under it: the
+    /// destination (or the restored VM) runs under the same ones.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sched: Option<SchedParams>,
 }
 
 pub const GUEST_NAME: &str = "kumo-npb";
@@ -55,6 +60,21 @@ impl AppState {
     pub fn specs(&self) -> Result<Vec<Spec>> {
         guest::parse_specs(&self.npb)
     }
+
+    /// The scheduler parameters the VM runs under (None: the host schedules it).
+    pub fn sched_params(&self) -> Result<Option<sched::Params>> {
+        self.sched
+            .map(|p| {
+                crate::sched_params::from_update(SchedUpdate {
+                    tslice_ms: Some(p.tslice_ms),
+                    tick_ms: Some(p.tick_ms),
+                    ratelimit_us: Some(p.ratelimit_us),
+                    accounting: Some(p.accounting),
+                })
+                .context("the stream's scheduler parameters")
+            })
+            .transpose()
+    }
 }
 
 /// The control socket's view of one running VM.
@@ -63,6 +83,9 @@ pub struct VmTarget {
     app: AppState,
     /// The console so far, kept up to date by the running VM's console.
     console: Arc<Mutex<Vec<u8>>>,
+    /// The credit scheduler, if the VM runs under it, and its control.
+    driver: Option<Arc<hv::credit::CreditDriver>>,
+    sched: SchedControl,
 }
 
 impl VmTarget {
@@ -75,6 +98,11 @@ impl VmTarget {
             .clone();
         let app = AppState {
             console,
+            // What is in force now: `kumo ctl sched-credit` may have changed it.
+            sched: self
+                .driver
+                .as_ref()
+                .map(|d| crate::sched_params::view(d.params())),
             ..self.app.clone()
         };
         serde_json::to_string(&app).unwrap_or_default()
@@ -280,26 +308,23 @@ pub fn receive_vm(
     Ok((vm, meta))
 }
 
-const NO_SCHEDULER: &str = "this VM runs without the credit scheduler";
-
 impl Controlled for VmTarget {
     fn sched_params(&self) -> SchedParams {
-        // As a node without a scheduler shows it.
-        SchedParams {
-            tslice_ms: 0.0,
-            tick_ms: 0.0,
-            ratelimit_us: 0,
-            accounting: crate::ctl::Accounting::Exact,
-        }
+        self.sched.sched_params()
     }
-    fn set_sched_params(&self, _update: SchedUpdate) -> Result<SchedParams, String> {
-        Err(NO_SCHEDULER.into())
+    fn set_sched_params(&self, update: SchedUpdate) -> Result<SchedParams, String> {
+        self.sched.set_sched_params(update)
     }
     fn domains(&self) -> Vec<DomainInfo> {
-        Vec::new()
+        self.sched.domains()
     }
-    fn set_domain(&self, name: &str, _: Option<u32>, _: Option<u32>) -> Result<DomainInfo, String> {
-        Err(format!("no domain '{name}': {NO_SCHEDULER}"))
+    fn set_domain(
+        &self,
+        name: &str,
+        weight: Option<u32>,
+        cap: Option<u32>,
+    ) -> Result<DomainInfo, String> {
+        self.sched.set_domain(name, weight, cap)
     }
     fn snapshot(&self, path: &Path, stop: bool) -> Result<Value, String> {
         self.write_snapshot(path, stop)
@@ -330,6 +355,12 @@ pub fn run_controlled(args: &VmArgs, epoch: Instant) -> Result<u8> {
         npb: npb_list(&specs),
         vcpus: args.vcpus,
         console: Vec::new(),
+        sched: args
+            .sched
+            .as_deref()
+            .map(crate::sched_params::parse_spec)
+            .transpose()?
+            .map(crate::sched_params::view),
     };
     run_vm(vm, app, args.ctl_socket.as_deref(), epoch, args.json)
 }
@@ -365,20 +396,35 @@ pub fn run_vm(
     let specs = app.specs()?;
     let console = Arc::new(Mutex::new(app.console.clone()));
     let replay = app.console.clone();
+    let credit = app
+        .sched_params()?
+        .map(|params| run::start_credit_driver(&vm, params))
+        .transpose()?;
+    let driver = credit.as_ref().map(|c| c.driver.clone());
     let target = Arc::new(VmTarget {
         hub: vm.migration_hub(),
         app: app.clone(),
         console: console.clone(),
+        driver: driver.clone(),
+        sched: SchedControl::new(driver, Vec::new()),
     });
+    let dom0 = credit.as_ref().map(|c| c.dom0.clone());
     let server = socket
         .map(|path| -> Result<ctl::Server> {
-            let server = ctl::Server::start(path, target, || ())?;
+            // The socket's thread is domain 0's work when a scheduler runs.
+            let server = ctl::Server::start(path, target, move || {
+                dom0.as_ref().map(|group| group.join_current())
+            })?;
             eprintln!("kumo: control socket {}", server.path().display());
             Ok(server)
         })
         .transpose()?;
-    let run = run::run_collecting_recorded(vm, epoch, Some(console), &replay)?;
+    let run = run::run_collecting_recorded(vm, epoch, Some(console), &replay);
+    // The server (it holds the scheduler too), then the scheduler (it returns every
+    // thread to normal scheduling), then domain 0's membership.
     drop(server);
+    drop(credit);
+    let run = run?;
     if run.outcome.exit == GuestExit::HandedOff {
         eprintln!("kumo: {HANDED_OFF}");
         return Ok(EXIT_OK);

@@ -62,17 +62,18 @@ fn parse_sched(args: &VmArgs) -> Result<Option<sched::Params>> {
         .transpose()
 }
 
-/// Starts the credit scheduler for one VM on every host CPU (the single-VM form of a
-/// node), with its control socket.
-fn start_credit(
-    vm: &Vm,
-    params: sched::Params,
-) -> Result<(
-    hv::placement::Membership,
-    crate::ctl::Server,
-    Arc<hv::credit::CreditDriver>,
-)> {
-    // Domain 0: this thread (it runs the VM and stops it) and the control socket's.
+/// The credit scheduler driving one VM on every host CPU, with domain 0 (the
+/// thread that started it, which runs the VM and stops it, and whoever joins `dom0`).
+/// Fields drop in order: the scheduler first (it returns every thread to normal
+/// scheduling), then domain 0's membership.
+pub struct Credit {
+    pub driver: Arc<hv::credit::CreditDriver>,
+    pub dom0: Arc<hv::placement::ThreadGroup>,
+    pub member: hv::placement::Membership,
+}
+
+/// Starts the credit scheduler for `vm` alone (the single-VM form of a node).
+pub fn start_credit_driver(vm: &Vm, params: sched::Params) -> Result<Credit> {
     let dom0 = hv::placement::ThreadGroup::new();
     let member = dom0.join_current();
     let weight = crate::node::config::DEFAULT_WEIGHT as u16;
@@ -90,12 +91,33 @@ fn start_credit(
             threads: dom0.clone(),
         }),
     )?;
-    let driver = Arc::new(driver);
+    Ok(Credit {
+        driver: Arc::new(driver),
+        dom0,
+        member,
+    })
+}
+
+/// [`start_credit_driver`], with its control socket at the default path.
+fn start_credit(
+    vm: &Vm,
+    params: sched::Params,
+) -> Result<(
+    hv::placement::Membership,
+    crate::ctl::Server,
+    Arc<hv::credit::CreditDriver>,
+)> {
+    let credit = start_credit_driver(vm, params)?;
     let socket = crate::ctl::default_socket_path();
-    let server = crate::node::control::serve(Some(driver.clone()), Vec::new(), &socket, dom0)?;
+    let server = crate::node::control::serve(
+        Some(credit.driver.clone()),
+        Vec::new(),
+        &socket,
+        credit.dom0,
+    )?;
     // Dropped in this order: the server (it holds the scheduler too), the scheduler
     // (it returns every thread to normal scheduling), the membership.
-    Ok((member, server, driver))
+    Ok((credit.member, server, credit.driver))
 }
 
 /// As [`run_guest`], under the credit scheduler when `sched` is given.

@@ -48,7 +48,12 @@ fn token(name: &str, secret: &str) -> std::path::PathBuf {
 
 /// The source: EP.W on one vCPU (long enough to be moved midway), with a socket.
 fn source(socket: &Path) -> Background {
-    let s = kumo_background(&[
+    source_with(socket, &[])
+}
+
+/// [`source`] with more options.
+fn source_with(socket: &Path, extra: &[&str]) -> Background {
+    let mut args = vec![
         "--npb",
         "ep.W",
         "--vcpus",
@@ -56,7 +61,9 @@ fn source(socket: &Path) -> Background {
         "--json",
         "--ctl-socket",
         socket.to_str().unwrap(),
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    let s = kumo_background(&args);
     wait_for_path(socket);
     s
 }
@@ -150,6 +157,24 @@ fn a_running_ep_guest_migrates_and_verifies_on_the_destination() {
         text(&src_out.stdout).is_empty(),
         "the source stopped midway"
     );
+    assert!(text(&src_out.stderr).contains("handed off"));
+    assert_verified(&dst.finish(), "destination");
+}
+
+#[test]
+fn a_guest_under_the_credit_scheduler_migrates_and_verifies() {
+    if !kvm_available() {
+        return;
+    }
+    let port = free_port();
+    let secret = token("sched.token", "shared secret");
+    let dst = destination(port, &secret);
+    let socket = scratch("mig-sched.sock");
+    let src = source_with(&socket, &["--sched", "credit:tslice=1ms,tick=1ms"]);
+    let ctl = migrate(&socket, port, &secret);
+    assert!(ctl.status.success(), "migrate: {}", text(&ctl.stderr));
+    let src_out = src.finish();
+    assert!(src_out.status.success(), "{}", text(&src_out.stderr));
     assert!(text(&src_out.stderr).contains("handed off"));
     assert_verified(&dst.finish(), "destination");
 }

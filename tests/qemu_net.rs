@@ -325,7 +325,12 @@ fn the_net_bench_sets_qemu_beside_kumo_in_one_run() {
 fn results(stdout: &str) -> Vec<(String, String)> {
     lines(stdout, "result")
         .iter()
-        .map(|l| (field(l, "benchmark").to_owned(), field(l, "verified").to_owned()))
+        .map(|l| {
+            (
+                field(l, "benchmark").to_owned(),
+                field(l, "verified").to_owned(),
+            )
+        })
         .collect()
 }
 
@@ -339,7 +344,10 @@ fn two_qemu_vms_run_npb_mpi_cg_and_is_and_verify() {
     for (rank, out) in outputs.iter().enumerate() {
         let stdout = text(&out.stdout);
         assert_eq!(out.status.code(), Some(1), "rank {rank}:\n{stdout}");
-        assert!(stdout.contains("@kumo end status=0"), "rank {rank}:\n{stdout}");
+        assert!(
+            stdout.contains("@kumo end status=0"),
+            "rank {rank}:\n{stdout}"
+        );
     }
     let expected: Vec<(String, String)> = [("cg", "true"), ("is", "true")]
         .iter()
@@ -383,5 +391,8 @@ fn a_kumo_vm_and_a_qemu_vm_run_npb_mpi_cg_together() {
     assert_eq!(rows[0]["benchmark"], "cg", "{}", text(&ours.stdout));
     assert_eq!(rows[0]["verified"], true, "{}", rows[0]);
     let stdout = text(&theirs.stdout);
-    assert!(stdout.contains("@kumo end status=0"), "QEMU's rank 1:\n{stdout}");
+    assert!(
+        stdout.contains("@kumo end status=0"),
+        "QEMU's rank 1:\n{stdout}"
+    );
 }

@@ -141,3 +141,79 @@ fn restore_refuses_what_is_not_a_snapshot() {
         "--restore and --kernel conflict"
     );
 }
+
+/// `kumo ctl --socket S --json sched-credit [ARGS]`: the reply as JSON.
+fn sched_credit(socket: &std::path::Path, args: &[&str]) -> serde_json::Value {
+    let mut all = vec![
+        "ctl",
+        "--socket",
+        socket.to_str().unwrap(),
+        "--json",
+        "sched-credit",
+    ];
+    all.extend_from_slice(args);
+    let out = kumo(&all);
+    assert!(out.status.success(), "{all:?}: {}", text(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out.stdout)))
+}
+
+#[test]
+fn a_vm_under_the_credit_scheduler_is_restored_under_the_parameters_in_force() {
+    if !kvm_available() {
+        return;
+    }
+    let socket = scratch("sched.sock");
+    let file = scratch("sched.snap");
+    let source = kumo_background(&[
+        "--npb",
+        "ep.A",
+        "--json",
+        "--sched",
+        "credit:tslice=2ms,tick=1ms",
+        "--ctl-socket",
+        socket.to_str().unwrap(),
+    ]);
+    wait_for_path(&socket);
+    assert_eq!(sched_credit(&socket, &[])["tslice_ms"], 2.0);
+    // Changed at run time: the snapshot carries what is in force, not the flag.
+    let changed = sched_credit(&socket, &["--tslice-ms", "5", "--tick-ms", "5"]);
+    assert_eq!(changed["tslice_ms"], 5.0, "{changed}");
+    let ctl = snapshot(&socket, &file, true);
+    assert!(ctl.status.success(), "snapshot: {}", text(&ctl.stderr));
+    let source_out = source.finish();
+    assert!(source_out.status.success(), "{}", text(&source_out.stderr));
+
+    let restored_socket = scratch("sched-restored.sock");
+    let restored = kumo_background(&[
+        "--restore",
+        file.to_str().unwrap(),
+        "--json",
+        "--ctl-socket",
+        restored_socket.to_str().unwrap(),
+    ]);
+    wait_for_path(&restored_socket);
+    let params = sched_credit(&restored_socket, &[]);
+    assert_eq!(
+        (params["tslice_ms"].as_f64(), params["tick_ms"].as_f64()),
+        (Some(5.0), Some(5.0)),
+        "{params}"
+    );
+    let domains = kumo(&[
+        "ctl",
+        "--socket",
+        restored_socket.to_str().unwrap(),
+        "domain",
+        "list",
+    ]);
+    assert!(
+        text(&domains.stdout).contains("guest"),
+        "{}",
+        text(&domains.stdout)
+    );
+    let out = restored.finish();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let lines = json_lines(&out);
+    assert_eq!(lines[0]["benchmark"], "ep", "{lines:?}");
+    assert_eq!(lines[0]["verified"], true, "{}", lines[0]);
+    let _ = std::fs::remove_file(&file);
+}

@@ -48,6 +48,7 @@ fn one_run(args: &MigrateBenchArgs, epoch: Instant) -> Result<Sample> {
         npb: String::new(),
         vcpus: args.vcpus,
         console: Vec::new(),
+        sched: None,
     };
     let app_json = || {
         let console = console.lock().unwrap_or_else(|e| e.into_inner()).clone();

@@ -21,7 +21,7 @@ pub fn serve(
     path: &std::path::Path,
     dom0: Arc<ThreadGroup>,
 ) -> Result<ctl::Server> {
-    let control = Arc::new(SchedControl { driver, domains });
+    let control = Arc::new(SchedControl::new(driver, domains));
     // The socket's thread is part of domain 0 (scheduled with it).
     let server = ctl::Server::start(path, control, move || dom0.join_current())?;
     eprintln!("kumo: control socket {}", server.path().display());
@@ -29,9 +29,18 @@ pub fn serve(
 }
 
 /// What the control socket sees: the credit driver (if any) and the domains.
-struct SchedControl {
+pub struct SchedControl {
     driver: Option<Arc<CreditDriver>>,
     domains: Vec<(Domain, Arc<VcpuControl>)>,
+}
+
+impl SchedControl {
+    pub fn new(
+        driver: Option<Arc<CreditDriver>>,
+        domains: Vec<(Domain, Arc<VcpuControl>)>,
+    ) -> SchedControl {
+        SchedControl { driver, domains }
+    }
 }
 
 impl Controlled for SchedControl {
