@@ -1,0 +1,73 @@
+//! Third-party-style PVH kernels, assembled from tests/kernels/pvh-tiny.S with binutils
+//! as ELF32 and as ELF64, boot under `kumo --kernel` and end as they say.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{kumo, kvm_available, scratch, text};
+
+const SOURCE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/kernels/pvh-tiny.S");
+const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/kernels/pvh-tiny.ld");
+const BANNER: &str = "tiny PVH kernel: hello\nlast words before the end\n";
+
+#[derive(Clone, Copy, Debug)]
+enum Class {
+    Elf32,
+    Elf64,
+}
+
+/// Assembles and links the tiny kernel; `halt` makes it `cli; hlt` forever instead of
+/// exiting with `status`.
+fn build(class: Class, status: u8, halt: bool) -> PathBuf {
+    let (bits, emulation) = match class {
+        Class::Elf32 => ("--32", "elf_i386"),
+        Class::Elf64 => ("--64", "elf_x86_64"),
+    };
+    let name = format!("pvh-{class:?}-{status}-{halt}");
+    let object = scratch(&format!("{name}.o"));
+    let elf = scratch(&format!("{name}.elf"));
+    run(Command::new("as")
+        .arg(bits)
+        .args(["--defsym", &format!("EXIT_STATUS={status}")])
+        .args(["--defsym", &format!("HALT={}", u8::from(halt))])
+        .arg("-o")
+        .arg(&object)
+        .arg(SOURCE));
+    run(Command::new("ld")
+        .args(["-m", emulation, "-T", SCRIPT, "-o"])
+        .arg(&elf)
+        .arg(&object));
+    elf
+}
+
+fn run(cmd: &mut Command) {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd:?}: {e} (binutils is needed)"));
+    assert!(out.status.success(), "{cmd:?}: {}", text(&out.stderr));
+}
+
+fn elf_class(path: &Path) -> u8 {
+    std::fs::read(path).unwrap()[4]
+}
+
+#[test]
+fn elf32_and_elf64_pvh_kernels_boot_and_exit_with_their_status() {
+    if !kvm_available() {
+        return;
+    }
+    for (class, status, ident) in [(Class::Elf32, 32, 1), (Class::Elf64, 64, 2)] {
+        let elf = build(class, status, false);
+        assert_eq!(elf_class(&elf), ident, "{class:?}");
+        let out = kumo(&["--kernel", elf.to_str().unwrap()]);
+        assert_eq!(
+            out.status.code(),
+            Some(i32::from(status)),
+            "{class:?}: {}",
+            text(&out.stderr)
+        );
+        assert_eq!(text(&out.stdout), BANNER, "{class:?}");
+    }
+}
