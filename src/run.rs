@@ -276,7 +276,11 @@ pub fn run_kernel(args: &VmArgs, kernel: &Path, epoch: Instant) -> Result<u8> {
     Ok(match outcome.exit {
         GuestExit::DebugExit(v) => (v & 0xff) as u8,
         GuestExit::Fault(report) => {
-            eprintln!("kumo: the VM crashed: {report}");
+            let what = match report.reason {
+                hv::FaultReason::HaltedForever { .. } => "ended",
+                _ => "crashed",
+            };
+            eprintln!("kumo: the VM {what}: {report}");
             report::EXIT_FAULT
         }
         GuestExit::HandedOff => {

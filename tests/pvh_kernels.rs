@@ -71,3 +71,35 @@ fn elf32_and_elf64_pvh_kernels_boot_and_exit_with_their_status() {
         assert_eq!(text(&out.stdout), BANNER, "{class:?}");
     }
 }
+
+#[test]
+fn a_kernel_that_halts_with_interrupts_off_is_reported_at_once() {
+    if !kvm_available() {
+        return;
+    }
+    let elf = build(Class::Elf32, 0, true);
+    for vcpus in ["1", "2"] {
+        // No --timeout: without the halt check this run would never end (the hang
+        // guard would fail the test).
+        let out = kumo(&["--kernel", elf.to_str().unwrap(), "--vcpus", vcpus]);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{stderr}");
+        assert_eq!(text(&out.stdout), BANNER);
+        assert!(stderr.contains("stopped for good"), "{stderr}");
+        assert!(stderr.contains("on vCPU 0"), "{stderr}");
+        assert!(
+            stderr.contains("vCPU 0 halted at rip 0x1000")
+                && stderr.contains("interrupts disabled"),
+            "{stderr}"
+        );
+        assert!(
+            stderr.contains(r#"last console line: "last words before the end""#),
+            "{stderr}"
+        );
+        assert_eq!(
+            stderr.contains("vCPU 1 never started"),
+            vcpus == "2",
+            "{stderr}"
+        );
+    }
+}

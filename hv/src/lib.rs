@@ -22,6 +22,7 @@ pub mod credit;
 mod doorbells;
 pub mod elf;
 mod fault;
+pub mod halt;
 pub mod irq;
 pub mod irq_device;
 mod kick;

@@ -254,9 +254,16 @@ pub mod asm {
         c
     }
 
-    /// `cli; hlt; jmp back to hlt`: halts forever.
+    /// `cli; hlt; jmp back to hlt`: halts forever with interrupts disabled (kumo ends
+    /// such a VM as stopped for good once every vCPU is there).
     pub fn halt_forever() -> Vec<u8> {
         vec![0xfa, 0xf4, 0xeb, 0xfd]
+    }
+
+    /// `sti; hlt; jmp back to hlt`: waits for interrupts forever (none come unless a
+    /// device raises one).
+    pub fn wait_forever() -> Vec<u8> {
+        vec![0xfb, 0xf4, 0xeb, 0xfd]
     }
 
     /// `jmp $`: spins forever.
