@@ -473,6 +473,11 @@ pub struct VmArgs {
     #[arg(long, value_name = "PATH")]
     pub module: Vec<PathBuf>,
 
+    /// A virtio-blk disk for --kernel on a raw image file; repeatable. `readonly`
+    /// refuses the guest's writes; `io=` says which thread serves its requests.
+    #[arg(long, value_name = "PATH[,readonly][,io=vcpu|thread]")]
+    pub disk: Vec<hv::block::DiskSetup>,
+
     /// Schedule the vCPUs with kumo's credit scheduler on every host CPU, e.g.
     /// `credit` (Xen's defaults) or `credit:tslice=1ms,tick=1ms,ratelimit=100us`.
     #[arg(long, value_name = "SPEC")]
@@ -610,7 +615,7 @@ impl Mode {
     fn own_options(self) -> &'static [&'static str] {
         match self {
             Mode::Embedded => &["memory", "npb", "json", "sched", "ctl_socket"],
-            Mode::Kernel => &["kernel", "memory", "cmdline", "module"],
+            Mode::Kernel => &["kernel", "memory", "cmdline", "module", "disk"],
             Mode::IrqCheck => &["irq_check", "irq_path", "json"],
             Mode::DumpGuest => &["dump_guest"],
             Mode::Restore => &["restore", "json", "ctl_socket"],

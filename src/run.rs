@@ -256,6 +256,7 @@ pub fn run_kernel(args: &VmArgs, kernel: &Path, epoch: Instant) -> Result<u8> {
         .iter()
         .map(|path| crate::input::read_bounded("module", path, limit))
         .collect::<Result<Vec<_>>>()?;
+    let disks = hv::block::open(&args.disk)?;
     check_vcpus(args.vcpus, &args.kvm_device)?;
     let config = VmConfig {
         vcpus: args.vcpus,
@@ -265,8 +266,11 @@ pub fn run_kernel(args: &VmArgs, kernel: &Path, epoch: Instant) -> Result<u8> {
         modules,
         kvm_device: args.kvm_device.clone(),
     };
+    let mut vm = Vm::new(config)?;
+    // Kept until the run ends (their backend threads stop when dropped).
+    let _disks = hv::block::attach(&mut vm, disks)?;
     // The console never fails: a closed stdout loses output, not the verdict below.
-    let outcome = Vm::new(config)?.run(Box::new(crate::output::Stdout), epoch)?;
+    let outcome = vm.run(Box::new(crate::output::Stdout), epoch)?;
     if let Some(d) = outcome.workload_started {
         eprintln!(
             "kumo: workload started {:.1} ms after kumo started",

@@ -213,12 +213,8 @@ impl ConsoleTail {
         let mut t = self.0.lock().unwrap_or_else(|e| e.into_inner());
         for &b in bytes {
             match b {
-                b'\n' => {
-                    if !t.current.is_empty() {
-                        t.last = std::mem::take(&mut t.current);
-                    }
-                }
-                b'\r' => {}
+                b'\n' if !t.current.is_empty() => t.last = std::mem::take(&mut t.current),
+                b'\n' | b'\r' => {}
                 _ if t.current.len() < TAIL_MAX => t.current.push(b),
                 _ => {}
             }

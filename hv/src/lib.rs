@@ -16,6 +16,7 @@
 //! ```
 
 pub mod acpi;
+pub mod block;
 pub mod boot;
 pub mod cpuid;
 pub mod credit;
@@ -141,6 +142,8 @@ pub enum Error {
     Scheduler(String),
     #[error("PCI: {0}")]
     Device(String),
+    #[error("disk image {}: {why}", path.display())]
+    Disk { path: PathBuf, why: String },
     #[error("{0}")]
     Migration(String),
     #[error("VM stream: {0}")]

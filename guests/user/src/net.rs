@@ -30,8 +30,8 @@ pub const QUEUE_RECORD: usize = 8;
 pub const CONFIG_RECORD: usize = 9;
 /// Where the driver places BARs that firmware left unassigned (qboot does not assign
 /// them): kumo's BAR window, free on QEMU's q35 too (its ECAM is at 0xB0000000).
-const BAR_WINDOW_START: u64 = 0xC000_0000;
-const BAR_WINDOW_END: u64 = 0xE000_0000;
+pub(crate) const BAR_WINDOW_START: u64 = 0xC000_0000;
+pub(crate) const BAR_WINDOW_END: u64 = 0xE000_0000;
 
 /// A transmit ring full for this long gets an extra notification.
 const TX_REMIND_US: u64 = 500;

@@ -273,6 +273,7 @@ impl Device {
 }
 
 /// Descriptor flags.
+pub const DESC_F_NEXT: u16 = 1;
 pub const DESC_F_WRITE: u16 = 2;
 /// `avail.flags`: the driver does not want interrupts.
 const AVAIL_F_NO_INTERRUPT: u16 = 1;
@@ -310,6 +311,17 @@ impl Queue {
             core::ptr::write_volatile((at + 8) as *mut u32, len);
             core::ptr::write_volatile((at + 12) as *mut u16, flags);
             core::ptr::write_volatile((at + 14) as *mut u16, 0);
+        }
+    }
+
+    /// Links descriptor `id` (already written with `set_desc`) to descriptor `next`.
+    pub fn chain(&mut self, id: u16, next: u16) {
+        let at = self.desc + 16 * u64::from(id);
+        // SAFETY: `id < size`, inside the descriptor table this queue owns.
+        unsafe {
+            let flags = core::ptr::read_volatile((at + 12) as *const u16);
+            core::ptr::write_volatile((at + 12) as *mut u16, flags | DESC_F_NEXT);
+            core::ptr::write_volatile((at + 14) as *mut u16, next);
         }
     }
 
