@@ -253,6 +253,36 @@ pub enum BenchCommand {
     Migrate(MigrateBenchArgs),
     /// Ping-pong latency and bandwidth between two VMs through domain 0's switch.
     Net(NetBenchArgs),
+    /// Whole-process cost of booting a trivial kernel, start to exit, beside QEMU's
+    /// microvm on the same ELF when QEMU is installed.
+    Process(ProcessBenchArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ProcessBenchArgs {
+    /// The PVH ELF to boot [default: a trivial kernel that prints a line and exits].
+    #[arg(long, value_name = "ELF")]
+    pub kernel: Option<PathBuf>,
+
+    /// The exit status --kernel's kernel ends with (its debug-exit value).
+    #[arg(long, value_name = "N", default_value_t = 0, requires = "kernel")]
+    pub status: u8,
+
+    /// Guest memory of both VMMs, in MiB.
+    #[arg(long, value_name = "MIB", default_value_t = 256)]
+    pub memory: u64,
+
+    /// Runs of each VMM (interleaved).
+    #[arg(long, value_name = "R", default_value_t = 20)]
+    pub runs: u32,
+
+    /// Leave QEMU out even if it is installed.
+    #[arg(long)]
+    pub no_qemu: bool,
+
+    /// Print one JSON object per VMM and one for the comparison.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args, Debug)]

@@ -247,6 +247,8 @@ pub fn run_collecting_recorded(
 /// Boots an arbitrary PVH kernel: its console is kumo's stdout, its debug-exit value
 /// kumo's exit status.
 pub fn run_kernel(args: &VmArgs, kernel: &Path, epoch: Instant) -> Result<u8> {
+    // One VM, then kumo exits: its destruction need not hold up the exit.
+    hv::teardown::defer_vm_destruction();
     let memory_mib = args.memory.unwrap_or(256);
     // Nothing larger than guest RAM can be loaded into it: the bound on every read.
     let limit = memory_mib.min(hv::layout::MAX_MEMORY_MIB) << 20;

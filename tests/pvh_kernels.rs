@@ -103,3 +103,56 @@ fn a_kernel_that_halts_with_interrupts_off_is_reported_at_once() {
         );
     }
 }
+
+#[test]
+fn the_process_bench_times_kumo_and_qemu_side_by_side() {
+    if !kvm_available() {
+        return;
+    }
+    let qemu = common::qemu_available();
+    let mut args = vec!["bench", "process", "--runs", "2", "--json"];
+    if !qemu {
+        args.push("--no-qemu");
+    }
+    let out = kumo(&args);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let lines = common::json_lines(&out);
+    assert_eq!(lines.len(), if qemu { 3 } else { 2 }, "{lines:?}");
+    assert_eq!(lines[0]["vmm"], "kumo");
+    assert_eq!(lines[0]["runs"], 2);
+    assert!(lines[0]["median_ms"].as_f64().unwrap() > 0.0);
+    assert!(lines[0]["peak_rss_kib"].as_u64().unwrap() > 0);
+    let summary = lines.last().unwrap();
+    assert_eq!(summary["qemu"], qemu);
+    assert_eq!(summary["qemu_over_kumo_median"].is_f64(), qemu, "{summary}");
+    // An ELF32 kernel of our own, with the status it exits with.
+    let elf = build(Class::Elf32, 5, false);
+    let out = kumo(&[
+        "bench",
+        "process",
+        "--runs",
+        "1",
+        "--no-qemu",
+        "--kernel",
+        elf.to_str().unwrap(),
+        "--status",
+        "5",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // A kernel that does not end as told is an error, not a measurement.
+    let out = kumo(&[
+        "bench",
+        "process",
+        "--runs",
+        "1",
+        "--no-qemu",
+        "--kernel",
+        elf.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("expected exit status 0"),
+        "{}",
+        text(&out.stderr)
+    );
+}

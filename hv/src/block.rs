@@ -58,7 +58,7 @@ pub struct DiskSetup {
 
 /// Where requests are served unless `io=` says otherwise (see README "Disks" for the
 /// measurement behind the choice).
-pub const DEFAULT_IO: DiskIo = DiskIo::Vcpu;
+pub const DEFAULT_IO: DiskIo = DiskIo::Thread;
 
 impl std::str::FromStr for DiskSetup {
     type Err = String;

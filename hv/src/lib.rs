@@ -34,6 +34,7 @@ pub mod net;
 pub mod placement;
 pub mod regs;
 pub mod stop;
+pub mod teardown;
 pub mod testing;
 mod vcpu;
 mod vm;

@@ -1,7 +1,7 @@
 //! VM creation and the run coordinator.
 
 use std::fs::File;
-use std::os::fd::FromRawFd;
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
@@ -564,6 +564,7 @@ pub(crate) fn machine(
         });
     }
     let vm = create_vm(&kvm)?;
+    crate::teardown::keep(vm.as_raw_fd());
     let (memory, memfd) = create_memory(mem_size)?;
     let host = memory
         .get_host_address(GuestAddress(0))
