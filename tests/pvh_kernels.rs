@@ -125,34 +125,23 @@ fn the_process_bench_times_kumo_and_qemu_side_by_side() {
     let summary = lines.last().unwrap();
     assert_eq!(summary["qemu"], qemu);
     assert_eq!(summary["qemu_over_kumo_median"].is_f64(), qemu, "{summary}");
-    // An ELF32 kernel of our own, with the status it exits with.
+    // An ELF32 kernel of our own, with the status it exits with; a kernel that does
+    // not end as told is an error, not a measurement.
     let elf = build(Class::Elf32, 5, false);
-    let out = kumo(&[
+    let elf = elf.to_str().unwrap();
+    let once = [
         "bench",
         "process",
         "--runs",
         "1",
         "--no-qemu",
         "--kernel",
-        elf.to_str().unwrap(),
-        "--status",
-        "5",
-    ]);
+        elf,
+    ];
+    let out = kumo(&[&once[..], &["--status", "5"]].concat());
     assert!(out.status.success(), "{}", text(&out.stderr));
-    // A kernel that does not end as told is an error, not a measurement.
-    let out = kumo(&[
-        "bench",
-        "process",
-        "--runs",
-        "1",
-        "--no-qemu",
-        "--kernel",
-        elf.to_str().unwrap(),
-    ]);
+    let out = kumo(&once);
     assert_eq!(out.status.code(), Some(2));
-    assert!(
-        text(&out.stderr).contains("expected exit status 0"),
-        "{}",
-        text(&out.stderr)
-    );
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("expected exit status 0"), "{stderr}");
 }

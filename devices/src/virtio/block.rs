@@ -36,7 +36,7 @@ use vm_memory::{Address, Bytes, GuestAddress, GuestMemory};
 use super::chain::{self, Segment};
 use super::{
     ActivateError, Activation, InterruptCause, TYPE_BLOCK, VirtioDevice, VirtioInterrupt, features,
-    serve_chains, wants_interrupt,
+    read_config_window, serve_chains, wants_interrupt,
 };
 
 pub const SECTOR_SIZE: u64 = 512;
@@ -408,14 +408,7 @@ impl<M: GuestMemory + Send + Sync> VirtioDevice for VirtioBlock<M> {
         let seg_max = u32::from(self.config.queue_size.saturating_sub(2).max(1));
         image[12..16].copy_from_slice(&seg_max.to_le_bytes());
         image[20..24].copy_from_slice(&(SECTOR_SIZE as u32).to_le_bytes());
-        for (i, byte) in data.iter_mut().enumerate() {
-            *byte = usize::try_from(offset)
-                .ok()
-                .and_then(|o| o.checked_add(i))
-                .and_then(|at| image.get(at))
-                .copied()
-                .unwrap_or(0);
-        }
+        read_config_window(&image, offset, data);
     }
 
     /// Every field kumo fills is read-only.

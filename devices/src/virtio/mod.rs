@@ -204,3 +204,16 @@ pub(crate) fn serve_chains<'m, M: GuestMemory>(
     }
     served
 }
+
+/// Reads `data.len()` bytes at `offset` of a device's configuration `image` (bytes past
+/// its end read 0): what [`VirtioDevice::read_config`] does for a fixed layout.
+pub(crate) fn read_config_window(image: &[u8], offset: u64, data: &mut [u8]) {
+    for (i, byte) in data.iter_mut().enumerate() {
+        *byte = usize::try_from(offset)
+            .ok()
+            .and_then(|o| o.checked_add(i))
+            .and_then(|at| image.get(at))
+            .copied()
+            .unwrap_or(0);
+    }
+}

@@ -50,7 +50,7 @@ use vm_memory::GuestMemory;
 use super::chain::{self, ChainError, Direction, Segment};
 use super::{
     ActivateError, Activation, InterruptCause, TYPE_NET, VirtioDevice, VirtioInterrupt, features,
-    serve_chains, wants_interrupt,
+    read_config_window, serve_chains, wants_interrupt,
 };
 
 /// Bytes of `virtio_net_hdr_v1`.
@@ -770,14 +770,7 @@ impl<M: GuestMemory + Send + Sync> VirtioDevice for VirtioNet<M> {
         config[..6].copy_from_slice(&self.config.mac);
         config[6..8].copy_from_slice(&LINK_UP.to_le_bytes());
         config[8..10].copy_from_slice(&self.config.queue_pairs.to_le_bytes());
-        for (i, byte) in data.iter_mut().enumerate() {
-            *byte = usize::try_from(offset)
-                .ok()
-                .and_then(|o| o.checked_add(i))
-                .and_then(|at| config.get(at))
-                .copied()
-                .unwrap_or(0);
-        }
+        read_config_window(&config, offset, data);
     }
 
     /// Every field is read-only without `CTRL_MAC_ADDR` (legacy MAC writes are not

@@ -11,8 +11,8 @@ use core::fmt::Write;
 
 use kumo_abi::BootInfo;
 
-use crate::pci::{Function, read32};
-use crate::virtio::{self, Bump, Error, F_VERSION_1, Queue};
+use crate::pci::read32;
+use crate::virtio::{self, Bump, F_VERSION_1, OpenError, Queue};
 use crate::{Line, sys};
 
 pub const DEVICE_ID: u16 = 0x1042;
@@ -42,31 +42,6 @@ pub struct Disk {
     pub flush: bool,
 }
 
-#[derive(Clone, Copy, Debug)]
-pub enum OpenError {
-    NoPci,
-    NoDevice,
-    NoBarSpace,
-    Virtio(Error),
-}
-
-impl OpenError {
-    pub fn name(self) -> &'static str {
-        match self {
-            OpenError::NoPci => "no-pci",
-            OpenError::NoDevice => "no-virtio-blk",
-            OpenError::NoBarSpace => "no-bar-space",
-            OpenError::Virtio(e) => e.name(),
-        }
-    }
-}
-
-impl From<Error> for OpenError {
-    fn from(e: Error) -> OpenError {
-        OpenError::Virtio(e)
-    }
-}
-
 /// A request the device did not complete, or completed with a status other than OK.
 #[derive(Clone, Copy, Debug)]
 pub enum IoError {
@@ -80,17 +55,7 @@ impl Disk {
     /// Finds the first virtio-blk device on bus 0 and brings it up, its ring and
     /// buffers from `memory`.
     pub fn open(info: &BootInfo, memory: &mut Bump) -> Result<Disk, OpenError> {
-        if info.pci_ecam == 0 {
-            return Err(OpenError::NoPci);
-        }
-        let function = Function::find_all(info.pci_ecam, virtio::VENDOR_ID, DEVICE_ID)
-            .next()
-            .ok_or(OpenError::NoDevice)?;
-        let mut next = crate::net::BAR_WINDOW_START;
-        if !function.assign_bars(&mut next, crate::net::BAR_WINDOW_END) {
-            return Err(OpenError::NoBarSpace);
-        }
-        let device = virtio::Device::open(&function)?;
+        let device = virtio::open_first(info, DEVICE_ID, "no-virtio-blk")?;
         let features = device.negotiate(F_VERSION_1, F_RO | F_FLUSH)?;
         device.set_config_vector(NO_VECTOR)?;
         let mut queue = device.queue(0, 4, NO_VECTOR, false, memory)?;

@@ -9,6 +9,8 @@
 
 use core::sync::atomic::{Ordering, fence};
 
+use kumo_abi::BootInfo;
+
 use crate::pci::{
     CAP_VENDOR, Function, Msix, read8, read16, read32, write8, write16, write32, write64,
 };
@@ -74,6 +76,60 @@ impl Error {
             Error::OutOfMemory => "out-of-memory",
         }
     }
+}
+
+/// Where drivers place BARs that firmware left unassigned (qboot does not assign
+/// them): kumo's BAR window, free on QEMU's q35 too (its ECAM is at 0xB0000000).
+const BAR_WINDOW_START: u64 = 0xC000_0000;
+const BAR_WINDOW_END: u64 = 0xE000_0000;
+
+/// Why a virtio device is not there.
+#[derive(Clone, Copy, Debug)]
+pub enum OpenError {
+    NoPci,
+    /// No device of the kind; the name to report (`no-virtio-net`, ...).
+    NoDevice(&'static str),
+    NoCpu,
+    NoBarSpace,
+    Virtio(Error),
+}
+
+impl OpenError {
+    pub fn name(self) -> &'static str {
+        match self {
+            OpenError::NoPci => "no-pci",
+            OpenError::NoDevice(name) => name,
+            OpenError::NoCpu => "no-apic-id",
+            OpenError::NoBarSpace => "no-bar-space",
+            OpenError::Virtio(e) => e.name(),
+        }
+    }
+}
+
+impl From<Error> for OpenError {
+    fn from(e: Error) -> OpenError {
+        OpenError::Virtio(e)
+    }
+}
+
+/// Finds the first virtio device `device_id` on bus 0, places its BARs if firmware
+/// did not, and opens it ([`Device::open`]); `missing` names its absence.
+pub fn open_first(
+    info: &BootInfo,
+    device_id: u16,
+    missing: &'static str,
+) -> Result<Device, OpenError> {
+    if info.pci_ecam == 0 {
+        return Err(OpenError::NoPci);
+    }
+    let function = Function::find_all(info.pci_ecam, VENDOR_ID, device_id)
+        .next()
+        .ok_or(OpenError::NoDevice(missing))?;
+    let mut next = BAR_WINDOW_START;
+    if !function.assign_bars(&mut next, BAR_WINDOW_END) {
+        return Err(OpenError::NoBarSpace);
+    }
+    Ok(Device::open(&function)?)
 }
 
 /// Memory for rings and buffers, carved from the heap in order (never freed: a device
