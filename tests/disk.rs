@@ -128,3 +128,65 @@ fn bad_disks_are_refused_in_one_line() {
         "--disk does not apply to runs of the embedded NPB guest",
     );
 }
+
+/// The line without what legitimately differs between VMMs: the serial, the time and
+/// the notifications (a device may suppress some while it works).
+fn comparable(line: &str) -> String {
+    line.split(' ')
+        .filter(|f| {
+            !["id=", "read4k_ns=", "kicks="]
+                .iter()
+                .any(|k| f.starts_with(k))
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[test]
+fn qemu_and_kumo_disks_look_the_same_to_the_guest() {
+    if !kvm_available() || !common::qemu_available() {
+        return;
+    }
+    let guest = dumped_guest();
+    for readonly in [false, true] {
+        let (kumo_image, _) = image(&format!("peer-kumo-{readonly}.img"));
+        let (qemu_image, _) = image(&format!("peer-qemu-{readonly}.img"));
+        let suffix = if readonly { ",readonly" } else { "" };
+        let kumo_line = check(&format!("{}{suffix}", kumo_image.display()));
+        let drive = format!(
+            "file={},format=raw,if=none,id=d0{}",
+            qemu_image.display(),
+            if readonly { ",readonly=on" } else { "" }
+        );
+        let out = common::run_with_hang_guard(
+            std::process::Command::new("qemu-system-x86_64")
+                .args(["-M", "q35", "-bios", "qboot.rom", "-accel", "kvm"])
+                .args(["-cpu", "host,-cx16,-arch-capabilities,+invtsc", "-smp", "1"])
+                .args(["-m", "256", "-nographic", "-no-reboot", "-nodefaults"])
+                .args(["-serial", "stdio"])
+                .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=4"])
+                .args(["-drive", &drive])
+                .args([
+                    "-device",
+                    "virtio-blk-pci,drive=d0,disable-legacy=on,serial=qemu-disk-0,romfile=",
+                ])
+                .arg("-kernel")
+                .arg(&guest)
+                .args(["-append", "blk=check"]),
+        );
+        // QEMU's isa-debug-exit: (status << 1) | 1.
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+        let stdout = text(&out.stdout);
+        let qemu_line = stdout
+            .lines()
+            .find(|l| l.starts_with("@kumo blk "))
+            .unwrap_or_else(|| panic!("QEMU: no @kumo blk line: {stdout}"));
+        assert!(qemu_line.contains("id=qemu-disk-0"), "{qemu_line}");
+        assert_eq!(comparable(&kumo_line), comparable(qemu_line));
+        assert_eq!(
+            std::fs::read(&kumo_image).unwrap(),
+            std::fs::read(&qemu_image).unwrap(),
+            "readonly={readonly}: the two images differ afterwards"
+        );
+    }
+}

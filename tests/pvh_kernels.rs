@@ -73,6 +73,44 @@ fn elf32_and_elf64_pvh_kernels_boot_and_exit_with_their_status() {
 }
 
 #[test]
+fn qemu_boots_the_same_elf32_and_elf64_kernels_alike() {
+    if !kvm_available() || !common::qemu_available() {
+        return;
+    }
+    for (class, status) in [(Class::Elf32, 33), (Class::Elf64, 65)] {
+        let elf = build(class, status, false);
+        let out = common::run_with_hang_guard(
+            Command::new("qemu-system-x86_64")
+                .args([
+                    "-M",
+                    "microvm",
+                    "-accel",
+                    "kvm",
+                    "-cpu",
+                    "host,-arch-capabilities",
+                ])
+                .args(["-m", "64", "-nographic", "-nodefaults", "-no-reboot"])
+                .args([
+                    "-serial",
+                    "stdio",
+                    "-device",
+                    "isa-debug-exit,iobase=0xf4,iosize=4",
+                ])
+                .arg("-kernel")
+                .arg(&elf),
+        );
+        // QEMU's isa-debug-exit: (status << 1) | 1.
+        assert_eq!(
+            out.status.code(),
+            Some(i32::from(status) << 1 | 1),
+            "{class:?}: {}",
+            text(&out.stderr)
+        );
+        assert_eq!(text(&out.stdout), BANNER, "{class:?}");
+    }
+}
+
+#[test]
 fn a_kernel_that_halts_with_interrupts_off_is_reported_at_once() {
     if !kvm_available() {
         return;
