@@ -284,6 +284,36 @@ pub enum BenchCommand {
     Migrate(MigrateBenchArgs),
     /// Ping-pong latency and bandwidth between two VMs through domain 0's switch.
     Net(NetBenchArgs),
+    /// Whole-process cost of booting a trivial kernel, start to exit, beside QEMU's
+    /// microvm on the same ELF when QEMU is installed.
+    Process(ProcessBenchArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ProcessBenchArgs {
+    /// The PVH ELF to boot [default: a trivial kernel that prints a line and exits].
+    #[arg(long, value_name = "ELF")]
+    pub kernel: Option<PathBuf>,
+
+    /// The exit status --kernel's kernel ends with (its debug-exit value).
+    #[arg(long, value_name = "N", default_value_t = 0, requires = "kernel")]
+    pub status: u8,
+
+    /// Guest memory of both VMMs, in MiB.
+    #[arg(long, value_name = "MIB", default_value_t = 256)]
+    pub memory: u64,
+
+    /// Runs of each VMM (interleaved).
+    #[arg(long, value_name = "R", default_value_t = 20)]
+    pub runs: u32,
+
+    /// Leave QEMU out even if it is installed.
+    #[arg(long)]
+    pub no_qemu: bool,
+
+    /// Print one JSON object per VMM and one for the comparison.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -504,6 +534,11 @@ pub struct VmArgs {
     #[arg(long, value_name = "PATH")]
     pub module: Vec<PathBuf>,
 
+    /// A virtio-blk disk for --kernel on a raw image file; repeatable. `readonly`
+    /// refuses the guest's writes; `io=` says which thread serves its requests.
+    #[arg(long, value_name = "PATH[,readonly][,io=vcpu|thread]")]
+    pub disk: Vec<hv::block::DiskSetup>,
+
     /// Schedule the vCPUs with kumo's credit scheduler on every host CPU, e.g.
     /// `credit` (Xen's defaults) or `credit:tslice=1ms,tick=1ms,ratelimit=100us`.
     #[arg(long, value_name = "SPEC")]
@@ -641,7 +676,7 @@ impl Mode {
     fn own_options(self) -> &'static [&'static str] {
         match self {
             Mode::Embedded => &["memory", "npb", "json", "sched", "ctl_socket"],
-            Mode::Kernel => &["kernel", "memory", "cmdline", "module"],
+            Mode::Kernel => &["kernel", "memory", "cmdline", "module", "disk"],
             Mode::IrqCheck => &["irq_check", "irq_path", "json"],
             Mode::DumpGuest => &["dump_guest"],
             Mode::Restore => &["restore", "json", "ctl_socket"],

@@ -55,6 +55,9 @@ fn main() -> ExitCode {
             kumo::bench::migrate::run_bench(args, epoch)
         }
         (Some(Command::Bench(BenchCommand::Net(args))), _, _) => kumo::mpi::run_bench(args, epoch),
+        (Some(Command::Bench(BenchCommand::Process(args))), _, _) => {
+            kumo::bench::process::run_process(args)
+        }
         (Some(Command::Mpi(args)), _, _) => kumo::mpi::run_mpi(args, epoch),
         (Some(Command::Experiment(args)), _, _) => kumo::experiment::run_experiment(args, epoch),
         (None, Some(path), _) => run::dump_guest(path),
@@ -67,6 +70,8 @@ fn main() -> ExitCode {
     };
     // A signal stopped the VMs: whatever the command made of that (a verdict, or an
     // error from a bench that lost its measurement), the status says which signal.
+    // VMs whose destruction was deferred go to a reaper process now (see hv::teardown).
+    hv::teardown::hand_off();
     let signalled = hv::stop::requested()
         .map(|signal| kumo::report::stop_status(hv::StopCause::Signal(signal)));
     match result {

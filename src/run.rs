@@ -269,6 +269,8 @@ pub fn run_collecting_recorded(
 /// Boots an arbitrary PVH kernel: its console is kumo's stdout, its debug-exit value
 /// kumo's exit status.
 pub fn run_kernel(args: &VmArgs, kernel: &Path, epoch: Instant) -> Result<u8> {
+    // One VM, then kumo exits: its destruction need not hold up the exit.
+    hv::teardown::defer_vm_destruction();
     let memory_mib = args.memory.unwrap_or(256);
     // Nothing larger than guest RAM can be loaded into it: the bound on every read.
     let limit = memory_mib.min(hv::layout::MAX_MEMORY_MIB) << 20;
@@ -278,6 +280,7 @@ pub fn run_kernel(args: &VmArgs, kernel: &Path, epoch: Instant) -> Result<u8> {
         .iter()
         .map(|path| crate::input::read_bounded("module", path, limit))
         .collect::<Result<Vec<_>>>()?;
+    let disks = hv::block::open(&args.disk)?;
     check_vcpus(args.vcpus, &args.kvm_device)?;
     let config = VmConfig {
         vcpus: args.vcpus,
@@ -287,8 +290,11 @@ pub fn run_kernel(args: &VmArgs, kernel: &Path, epoch: Instant) -> Result<u8> {
         modules,
         kvm_device: args.kvm_device.clone(),
     };
+    let mut vm = Vm::new(config)?;
+    // Kept until the run ends (their backend threads stop when dropped).
+    let _disks = hv::block::attach(&mut vm, disks)?;
     // The console never fails: a closed stdout loses output, not the verdict below.
-    let outcome = Vm::new(config)?.run(Box::new(crate::output::Stdout), epoch)?;
+    let outcome = vm.run(Box::new(crate::output::Stdout), epoch)?;
     if let Some(d) = outcome.workload_started {
         eprintln!(
             "kumo: workload started {:.1} ms after kumo started",
@@ -298,7 +304,11 @@ pub fn run_kernel(args: &VmArgs, kernel: &Path, epoch: Instant) -> Result<u8> {
     Ok(match outcome.exit {
         GuestExit::DebugExit(v) => (v & 0xff) as u8,
         GuestExit::Fault(report) => {
-            eprintln!("kumo: the VM crashed: {report}");
+            let what = match report.reason {
+                hv::FaultReason::HaltedForever { .. } => "ended",
+                _ => "crashed",
+            };
+            eprintln!("kumo: the VM {what}: {report}");
             report::EXIT_FAULT
         }
         GuestExit::HandedOff => {

@@ -120,11 +120,12 @@ fn a_vcpu_stuck_on_vmcall_ends_within_the_watchdog_bound_with_a_report() {
 #[test]
 fn a_guest_that_computes_or_halts_is_not_stuck() {
     if kvm_available() {
-        // Registers change without exits (a count-down loop), then halts for good with
-        // the other vCPU: --timeout ends it, not the watchdog.
+        // Registers change without exits (a count-down loop), then waits for interrupts
+        // that never come: --timeout ends it, not the watchdog (nor the halt check:
+        // interrupts are enabled).
         let k = kernel(
             "busy-then-halt.elf",
-            &[asm::repeat(200_000_000, &[0x90]), asm::halt_forever()],
+            &[asm::repeat(200_000_000, &[0x90]), asm::wait_forever()],
         );
         let out = kumo(&[
             "--kernel",

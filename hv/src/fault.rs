@@ -20,6 +20,10 @@ pub enum FaultReason {
     /// its registers (e.g. stuck inside KVM_RUN on an instruction the host cannot
     /// complete).
     NoProgress { cpu_time: std::time::Duration },
+    /// Every vCPU is halted with interrupts disabled or was never started (see
+    /// `halt`): nothing can make the guest run again. Where each one stopped, and the
+    /// last line the guest wrote to its console.
+    HaltedForever { vcpus: String, last_line: String },
 }
 
 impl fmt::Display for FaultReason {
@@ -61,6 +65,11 @@ impl fmt::Display for FaultReason {
                 "no progress for {:.1} s of CPU time: no exit and no change of registers \
                  (watchdog; stuck in KVM_RUN? the last sampled registers follow)",
                 cpu_time.as_secs_f64()
+            ),
+            FaultReason::HaltedForever { vcpus, last_line } => write!(
+                f,
+                "the guest stopped for good: every vCPU is halted with interrupts disabled \
+                 or was never started ({vcpus}); its last console line: {last_line:?}"
             ),
         }
     }

@@ -413,12 +413,17 @@ pub fn msix_sink(
 ) -> Result<Arc<dyn MsixSink>, Error> {
     Ok(match path {
         IrqPath::Generic => Arc::new(GenericMsix(event_loop.sink())),
-        IrqPath::Fast => Arc::new(FastMsix(
-            (0..vectors)
-                .map(|_| router.vector())
-                .collect::<Result<Vec<_>, _>>()?,
-        )),
+        IrqPath::Fast => fast_msix_sink(vectors, router)?,
     })
+}
+
+/// The fast path's sink alone (no event loop needed): an irqfd per vector.
+pub fn fast_msix_sink(vectors: u16, router: &Arc<GsiRouter>) -> Result<Arc<dyn MsixSink>, Error> {
+    Ok(Arc::new(FastMsix(
+        (0..vectors)
+            .map(|_| router.vector())
+            .collect::<Result<Vec<_>, _>>()?,
+    )))
 }
 
 fn msi(message: MsiMessage) -> Msi {

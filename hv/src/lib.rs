@@ -16,12 +16,14 @@
 //! ```
 
 pub mod acpi;
+pub mod block;
 pub mod boot;
 pub mod cpuid;
 pub mod credit;
 mod doorbells;
 pub mod elf;
 mod fault;
+pub mod halt;
 pub mod irq;
 pub mod irq_device;
 mod kick;
@@ -32,6 +34,7 @@ pub mod net;
 pub mod placement;
 pub mod regs;
 pub mod stop;
+pub mod teardown;
 pub mod testing;
 mod vcpu;
 mod vm;
@@ -140,6 +143,8 @@ pub enum Error {
     Scheduler(String),
     #[error("PCI: {0}")]
     Device(String),
+    #[error("disk image {}: {why}", path.display())]
+    Disk { path: PathBuf, why: String },
     #[error("{0}")]
     Migration(String),
     #[error("VM stream: {0}")]

@@ -1,6 +1,6 @@
 //! Tiny PVH guests for tests and benchmarks: wraps raw 32-bit machine code in a minimal
-//! ELF64 (header, one PT_LOAD, one PT_NOTE with the Xen PHYS32 entry note), with knobs to
-//! produce malformed variants.
+//! ELF64 or ELF32 (header, one PT_LOAD, one PT_NOTE with the Xen PHYS32 entry note), with
+//! knobs to produce malformed variants.
 //!
 //! ```
 //! // `out 0xf4, al` with al = 0x2a, as a bootable PVH kernel loaded at 1 MiB.
@@ -12,10 +12,8 @@
 pub const LOAD_ADDRESS: u64 = 0x10_0000;
 /// File offset of the code.
 const CODE_OFFSET: u64 = 0x200;
-/// After room for three program headers.
-const NOTE_OFFSET: u64 = 64 + 3 * 56;
 
-/// Builder of a PVH ELF64 around raw 32-bit code.
+/// Builder of a PVH ELF64 (or ELF32) around raw 32-bit code.
 #[derive(Debug, Clone)]
 pub struct PvhImage {
     code: Vec<u8>,
@@ -26,7 +24,7 @@ pub struct PvhImage {
     note_desc_size: u32,
     bad_magic: bool,
     elf32: bool,
-    phoff: u64,
+    phoff: Option<u64>,
     segment_file_size: Option<u64>,
     truncate: Option<usize>,
     overlapping_load: Option<u64>,
@@ -44,7 +42,7 @@ impl PvhImage {
             note_desc_size: 4,
             bad_magic: false,
             elf32: false,
-            phoff: 64,
+            phoff: None,
             segment_file_size: None,
             truncate: None,
             overlapping_load: None,
@@ -87,7 +85,8 @@ impl PvhImage {
         self
     }
 
-    /// Marks the file ELFCLASS32 (the rest stays ELF64).
+    /// Builds an ELF32 (`EM_386`) image instead of an ELF64 one; every other knob
+    /// applies to it alike.
     pub fn elf32(mut self) -> Self {
         self.elf32 = true;
         self
@@ -95,7 +94,7 @@ impl PvhImage {
 
     /// Points `e_phoff` somewhere else.
     pub fn phoff(mut self, offset: u64) -> Self {
-        self.phoff = offset;
+        self.phoff = Some(offset);
         self
     }
 
@@ -120,6 +119,25 @@ impl PvhImage {
 
     /// The ELF file.
     pub fn build(&self) -> Vec<u8> {
+        // Field widths and places of the two classes (see hv::elf's `Format`).
+        let (ehdr, phdr, word) = if self.elf32 { (52, 32, 4) } else { (64, 56, 8) };
+        let put_word = |f: &mut [u8], at: usize, v: u64| {
+            if word == 8 {
+                put64(f, at, v)
+            } else {
+                put32(f, at, v as u32)
+            }
+        };
+        // Program header field offsets: p_offset, p_vaddr, p_paddr, p_filesz, p_memsz,
+        // p_align; p_flags sits at 4 in ELF64 and at 24 in ELF32.
+        let (p_offset, p_vaddr, p_paddr, p_filesz, p_memsz, p_flags, p_align) = if self.elf32 {
+            (4, 8, 12, 16, 20, 24, 28)
+        } else {
+            (8, 16, 24, 32, 40, 4, 48)
+        };
+        // After room for three program headers.
+        let note_offset = ehdr + 3 * phdr;
+
         let mut f = vec![0u8; CODE_OFFSET as usize];
         // ELF header
         f[..4].copy_from_slice(if self.bad_magic {
@@ -131,15 +149,16 @@ impl PvhImage {
         f[5] = 1; // little-endian
         f[6] = 1; // EV_CURRENT
         put16(&mut f, 16, 2); // ET_EXEC
-        put16(&mut f, 18, 62); // EM_X86_64
+        put16(&mut f, 18, if self.elf32 { 3 } else { 62 }); // EM_386 / EM_X86_64
         put32(&mut f, 20, 1);
-        put64(&mut f, 24, self.load_address); // e_entry
-        put64(&mut f, 32, self.phoff);
-        put16(&mut f, 52, 64); // e_ehsize
-        put16(&mut f, 54, 56); // e_phentsize
+        put_word(&mut f, 24, self.load_address); // e_entry
+        let (e_phoff, e_ehsize) = if self.elf32 { (28, 40) } else { (32, 52) };
+        put_word(&mut f, e_phoff, self.phoff.unwrap_or(ehdr as u64));
+        put16(&mut f, e_ehsize, ehdr as u16);
+        put16(&mut f, e_ehsize + 2, phdr as u16); // e_phentsize
         put16(
             &mut f,
-            56,
+            e_ehsize + 4,
             if self.overlapping_load.is_some() {
                 3
             } else {
@@ -152,34 +171,34 @@ impl PvhImage {
             .segment_file_size
             .unwrap_or(self.code.len() as u64 + self.bss);
         // PT_LOAD
-        let ph = 64;
+        let ph = ehdr;
         put32(&mut f, ph, 1);
-        put32(&mut f, ph + 4, 5); // R X
-        put64(&mut f, ph + 8, CODE_OFFSET);
-        put64(&mut f, ph + 16, self.load_address);
-        put64(&mut f, ph + 24, self.load_address);
-        put64(&mut f, ph + 32, filesz);
-        put64(&mut f, ph + 40, memsz);
-        put64(&mut f, ph + 48, 16);
+        put32(&mut f, ph + p_flags, 5); // R X
+        put_word(&mut f, ph + p_offset, CODE_OFFSET);
+        put_word(&mut f, ph + p_vaddr, self.load_address);
+        put_word(&mut f, ph + p_paddr, self.load_address);
+        put_word(&mut f, ph + p_filesz, filesz);
+        put_word(&mut f, ph + p_memsz, memsz);
+        put_word(&mut f, ph + p_align, 16);
 
         if let Some(offset) = self.overlapping_load {
-            let (first, second) = (64, 64 + 2 * 56);
-            f.copy_within(first..first + 56, second);
-            put64(&mut f, second + 16, self.load_address + offset);
-            put64(&mut f, second + 24, self.load_address + offset);
+            let (first, second) = (ehdr, ehdr + 2 * phdr);
+            f.copy_within(first..first + phdr, second);
+            put_word(&mut f, second + p_vaddr, self.load_address + offset);
+            put_word(&mut f, second + p_paddr, self.load_address + offset);
         }
 
         // PT_NOTE with one note: either Xen's PHYS32 entry or an unrelated one.
         let desc_len = (self.note_desc_size as usize).next_multiple_of(4).max(4);
         let note_len = 12 + 4 + desc_len;
-        let ph = 64 + 56;
+        let ph = ehdr + phdr;
         put32(&mut f, ph, 4);
-        put32(&mut f, ph + 4, 4);
-        put64(&mut f, ph + 8, NOTE_OFFSET);
-        put64(&mut f, ph + 32, note_len as u64);
-        put64(&mut f, ph + 40, note_len as u64);
-        put64(&mut f, ph + 48, 4);
-        let n = NOTE_OFFSET as usize;
+        put32(&mut f, ph + p_flags, 4);
+        put_word(&mut f, ph + p_offset, note_offset as u64);
+        put_word(&mut f, ph + p_filesz, note_len as u64);
+        put_word(&mut f, ph + p_memsz, note_len as u64);
+        put_word(&mut f, ph + p_align, 4);
+        let n = note_offset;
         put32(&mut f, n, 4);
         put32(&mut f, n + 4, self.note_desc_size);
         if self.pvh_note {
@@ -235,9 +254,16 @@ pub mod asm {
         c
     }
 
-    /// `cli; hlt; jmp back to hlt`: halts forever.
+    /// `cli; hlt; jmp back to hlt`: halts forever with interrupts disabled (kumo ends
+    /// such a VM as stopped for good once every vCPU is there).
     pub fn halt_forever() -> Vec<u8> {
         vec![0xfa, 0xf4, 0xeb, 0xfd]
+    }
+
+    /// `sti; hlt; jmp back to hlt`: waits for interrupts forever (none come unless a
+    /// device raises one).
+    pub fn wait_forever() -> Vec<u8> {
+        vec![0xfb, 0xf4, 0xeb, 0xfd]
     }
 
     /// `jmp $`: spins forever.

@@ -257,13 +257,17 @@ fn handle_io(run: &mut kvm_run, bus: &PioBus) -> IoAction {
     action
 }
 
-/// The watchdog's sample: registers and whether the vCPU is halted.
+/// The watchdog's (and the halt detector's) sample: registers and whether the vCPU is
+/// halted or has never been started.
 fn answer_sample(vcpu: &VcpuFd, watch: &Watch) {
-    let halted = vcpu
-        .get_mp_state()
-        .is_ok_and(|s| s.mp_state == kvm_bindings::KVM_MP_STATE_HALTED);
+    let mp_state = vcpu.get_mp_state().map(|s| s.mp_state).ok();
+    let halted = mp_state == Some(kvm_bindings::KVM_MP_STATE_HALTED);
+    let waiting_for_sipi = matches!(
+        mp_state,
+        Some(kvm_bindings::KVM_MP_STATE_UNINITIALIZED | kvm_bindings::KVM_MP_STATE_INIT_RECEIVED)
+    );
     match registers(vcpu) {
-        Ok(registers) => watch.answer(halted, registers),
+        Ok(registers) => watch.answer(halted, waiting_for_sipi, registers),
         Err(e) => tracing::debug!("watchdog sample failed: {e}"),
     }
 }

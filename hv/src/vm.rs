@@ -1,7 +1,7 @@
 //! VM creation and the run coordinator.
 
 use std::fs::File;
-use std::os::fd::FromRawFd;
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
@@ -19,6 +19,7 @@ use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::signal::Killable;
 
 use crate::doorbells::IoEventWiring;
+use crate::halt::{self, ConsoleTail, HaltDetector, HaltVerdict};
 use crate::irq::{EventLoop, GsiRouter, Msi};
 use crate::kick;
 use crate::kvm::{self, ioctl};
@@ -286,6 +287,9 @@ impl Vm {
         let _running = stop::Running::enter();
         let pci = Arc::new(self.pci);
         let ports = Arc::new(ConfigPorts::new(pci.clone()));
+        // The console's last line, for the report on a guest that halted for good.
+        let tail = ConsoleTail::default();
+        let console = tail.wrap(console);
         let (com1, timer) = match &self.restored {
             None => (Com1::new(console), BootTimer::new()),
             Some(saved) => {
@@ -360,6 +364,7 @@ impl Vm {
         let poll = watchdog
             .as_ref()
             .map_or(stop::POLL, |(w, _)| w.period().min(stop::POLL));
+        let mut halts = HaltDetector::default();
         while decision.is_none() {
             match rx.recv_timeout(poll) {
                 Ok((index, end)) => {
@@ -388,11 +393,17 @@ impl Vm {
                 && started.elapsed() >= limit
             {
                 decision = Some(Ok(GuestExit::Stopped(StopCause::Timeout(limit))));
-            } else if let Some((dog, next)) = &mut watchdog
-                && Instant::now() >= *next
-            {
-                *next = Instant::now() + dog.period();
-                decision = watch(dog, &shared, &self.control, &handles).map(Ok);
+            } else {
+                let seen = observe(&shared, &self.control);
+                if let Some((dog, next)) = &mut watchdog
+                    && Instant::now() >= *next
+                {
+                    *next = Instant::now() + dog.period();
+                    decision = watch(dog, &seen, &shared, &handles).map(Ok);
+                }
+                if decision.is_none() {
+                    decision = halted_for_good(&mut halts, &seen, &shared, &handles, &tail).map(Ok);
+                }
             }
         }
 
@@ -456,15 +467,9 @@ impl Vm {
     }
 }
 
-/// One watchdog check: samples the vCPUs it asks for (request, then kick), and ends
-/// the VM if one is stuck.
-fn watch(
-    dog: &mut Watchdog,
-    shared: &Shared,
-    control: &VcpuControl,
-    handles: &[std::thread::JoinHandle<()>],
-) -> Option<GuestExit> {
-    let seen: Vec<Observation> = shared
+/// What the coordinator knows of every vCPU now: CPU time, exits, latest sample.
+fn observe(shared: &Shared, control: &VcpuControl) -> Vec<Observation> {
+    shared
         .watch
         .iter()
         .enumerate()
@@ -473,18 +478,59 @@ fn watch(
             exits: w.exits(),
             sample: w.latest(),
         })
-        .collect();
-    match dog.check(&seen) {
+        .collect()
+}
+
+/// Asks `vcpus` for a sample of their state: request, then kick out of KVM_RUN.
+fn request_samples(shared: &Shared, handles: &[std::thread::JoinHandle<()>], vcpus: &[usize]) {
+    for &vcpu in vcpus {
+        shared.watch[vcpu].want_sample();
+        if let Some(h) = handles.get(vcpu)
+            && let Err(e) = h.kill(kick::kick_signal())
+        {
+            tracing::debug!("kicking vCPU {vcpu} for a sample failed: {e}");
+        }
+    }
+}
+
+/// One halt check: samples the vCPUs when all are idle, and ends the VM when every
+/// one of them is stopped for good.
+fn halted_for_good(
+    halts: &mut HaltDetector,
+    seen: &[Observation],
+    shared: &Shared,
+    handles: &[std::thread::JoinHandle<()>],
+    tail: &ConsoleTail,
+) -> Option<GuestExit> {
+    match halts.check(seen) {
+        HaltVerdict::Fine => None,
+        HaltVerdict::Sample(vcpus) => {
+            request_samples(shared, handles, &vcpus);
+            None
+        }
+        HaltVerdict::Dead { vcpu, samples } => Some(GuestExit::Fault(FaultReport {
+            reason: FaultReason::HaltedForever {
+                vcpus: halt::describe(&samples),
+                last_line: tail.last_line(),
+            },
+            vcpu: vcpu as u32,
+            registers: Ok(samples[vcpu].registers.clone()),
+        })),
+    }
+}
+
+/// One watchdog check: samples the vCPUs it asks for (request, then kick), and ends
+/// the VM if one is stuck.
+fn watch(
+    dog: &mut Watchdog,
+    seen: &[Observation],
+    shared: &Shared,
+    handles: &[std::thread::JoinHandle<()>],
+) -> Option<GuestExit> {
+    match dog.check(seen) {
         Verdict::Fine => None,
         Verdict::Sample(vcpus) => {
-            for vcpu in vcpus {
-                shared.watch[vcpu].want_sample();
-                if let Some(h) = handles.get(vcpu)
-                    && let Err(e) = h.kill(kick::kick_signal())
-                {
-                    tracing::debug!("watchdog: kicking vCPU {vcpu} failed: {e}");
-                }
-            }
+            request_samples(shared, handles, &vcpus);
             None
         }
         Verdict::Stuck {
@@ -518,6 +564,7 @@ pub(crate) fn machine(
         });
     }
     let vm = create_vm(&kvm)?;
+    crate::teardown::keep(vm.as_raw_fd());
     let (memory, memfd) = create_memory(mem_size)?;
     let host = memory
         .get_host_address(GuestAddress(0))

@@ -34,6 +34,9 @@ pub struct Sample {
     pub seq: u64,
     /// The vCPU was halted (KVM_MP_STATE_HALTED).
     pub halted: bool,
+    /// An AP not started yet (KVM_MP_STATE_UNINITIALIZED or INIT_RECEIVED): only a
+    /// start-up IPI from another vCPU can make it run.
+    pub waiting_for_sipi: bool,
     pub registers: Registers,
 }
 
@@ -70,12 +73,13 @@ impl Watch {
     }
 
     /// Stores the vCPU's state as the answer to a request.
-    pub fn answer(&self, halted: bool, registers: Registers) {
+    pub fn answer(&self, halted: bool, waiting_for_sipi: bool, registers: Registers) {
         let mut sample = self.sample.lock().unwrap_or_else(|e| e.into_inner());
         let seq = sample.as_ref().map_or(1, |s| s.seq + 1);
         *sample = Some(Sample {
             seq,
             halted,
+            waiting_for_sipi,
             registers,
         });
     }
@@ -203,6 +207,7 @@ mod tests {
         Some(Sample {
             seq,
             halted,
+            waiting_for_sipi: false,
             registers: regs(rip),
         })
     }

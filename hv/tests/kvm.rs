@@ -115,6 +115,9 @@ fn the_entry_state_follows_the_pvh_abi() {
     ]);
     let (outcome, _) = boot(config(1, PvhImage::new(&guest).build()));
     assert_eq!(outcome.exit, GuestExit::DebugExit(1));
+    // An ELF32 image of the same code is entered the same way.
+    let (outcome, _) = boot(config(1, PvhImage::new(&guest).elf32().build()));
+    assert_eq!(outcome.exit, GuestExit::DebugExit(1));
 }
 
 #[test]

@@ -50,13 +50,18 @@
 //!    per queue per call.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
-use virtio_queue::Queue;
+use virtio_queue::{DescriptorChain, Queue, QueueT};
+use vm_memory::GuestMemory;
 
+pub mod block;
 pub mod chain;
 pub mod net;
 pub mod transport;
 
+#[cfg(test)]
+mod block_tests;
 #[cfg(test)]
 mod tests;
 
@@ -152,4 +157,63 @@ pub trait VirtioDevice: Send + Sync {
     /// The driver reset the device: drop the queues and anything in flight that
     /// belongs to the old driver instance.
     fn reset(&self);
+}
+
+/// Whether the driver wants an interrupt for what was just added to `queue`'s used
+/// ring. With the event index, `virtio-queue` decides; without it, the driver's
+/// `VIRTQ_AVAIL_F_NO_INTERRUPT` flag does (virtio 1.2 section 2.7.7.2), which
+/// `virtio-queue` ignores: a polling driver would otherwise take an interrupt for every
+/// batch. An unreadable flag errs on the side of the interrupt.
+pub(crate) fn wants_interrupt<M: GuestMemory>(queue: &mut Queue, mem: &M) -> bool {
+    const VIRTQ_AVAIL_F_NO_INTERRUPT: u16 = 1;
+    if queue.event_idx_enabled() {
+        return queue.needs_notification(mem).unwrap_or(true);
+    }
+    // Our used-ring index write before the flag read (the driver does the mirror
+    // image: flag write, then used-index read).
+    std::sync::atomic::fence(Ordering::SeqCst);
+    let flags = vm_memory::Bytes::read_obj::<u16>(mem, vm_memory::GuestAddress(queue.avail_ring()));
+    flags.map_or(true, |f| u16::from_le(f) & VIRTQ_AVAIL_F_NO_INTERRUPT == 0)
+}
+
+/// Serves every request chain the driver queued on `queue`: `handle` gets each chain
+/// and returns how many bytes it wrote into it (the used length). Re-arms
+/// notifications and serves what came meanwhile. Returns the chains served (the
+/// caller then raises the queue's interrupt if [`wants_interrupt`] says so). A ring
+/// whose index the guest corrupted yields nothing: it stops rather than spins.
+pub(crate) fn serve_chains<'m, M: GuestMemory>(
+    queue: &mut Queue,
+    mem: &'m M,
+    mut handle: impl FnMut(DescriptorChain<&'m M>) -> u32,
+) -> usize {
+    let mut served = 0;
+    loop {
+        let mut popped = 0usize;
+        while let Some(chain) = queue.pop_descriptor_chain(mem) {
+            popped += 1;
+            let head = chain.head_index();
+            let written = handle(chain);
+            if queue.add_used(mem, head, written).is_ok() {
+                served += 1;
+            }
+        }
+        match queue.enable_notification(mem) {
+            Ok(true) if popped > 0 => continue,
+            _ => break,
+        }
+    }
+    served
+}
+
+/// Reads `data.len()` bytes at `offset` of a device's configuration `image` (bytes past
+/// its end read 0): what [`VirtioDevice::read_config`] does for a fixed layout.
+pub(crate) fn read_config_window(image: &[u8], offset: u64, data: &mut [u8]) {
+    for (i, byte) in data.iter_mut().enumerate() {
+        *byte = usize::try_from(offset)
+            .ok()
+            .and_then(|o| o.checked_add(i))
+            .and_then(|at| image.get(at))
+            .copied()
+            .unwrap_or(0);
+    }
 }

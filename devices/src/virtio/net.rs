@@ -50,6 +50,7 @@ use vm_memory::GuestMemory;
 use super::chain::{self, ChainError, Direction, Segment};
 use super::{
     ActivateError, Activation, InterruptCause, TYPE_NET, VirtioDevice, VirtioInterrupt, features,
+    read_config_window, serve_chains, wants_interrupt,
 };
 
 /// Bytes of `virtio_net_hdr_v1`.
@@ -239,23 +240,6 @@ impl Active {
             .map_or(0, |&(_, pair)| pair)
             .min(in_use.saturating_sub(1))
     }
-}
-
-/// Whether the driver wants an interrupt for what was just added to `queue`'s used
-/// ring. With the event index, `virtio-queue` decides; without it, the driver's
-/// `VIRTQ_AVAIL_F_NO_INTERRUPT` flag does (virtio 1.2 section 2.7.7.2), which
-/// `virtio-queue` ignores: a polling driver would otherwise take an interrupt for every
-/// batch. An unreadable flag errs on the side of the interrupt.
-fn wants_interrupt<M: GuestMemory>(queue: &mut Queue, mem: &M) -> bool {
-    const VIRTQ_AVAIL_F_NO_INTERRUPT: u16 = 1;
-    if queue.event_idx_enabled() {
-        return queue.needs_notification(mem).unwrap_or(true);
-    }
-    // Our used-ring index write before the flag read (the driver does the mirror
-    // image: flag write, then used-index read).
-    std::sync::atomic::fence(Ordering::SeqCst);
-    let flags = vm_memory::Bytes::read_obj::<u16>(mem, vm_memory::GuestAddress(queue.avail_ring()));
-    flags.map_or(true, |f| u16::from_le(f) & VIRTQ_AVAIL_F_NO_INTERRUPT == 0)
 }
 
 /// The virtio-net device model, generic over guest memory.
@@ -491,32 +475,23 @@ impl<M: GuestMemory + Send + Sync> VirtioNet<M> {
         }
         let mem = &self.mem;
         let mut handled = 0;
-        loop {
-            let mut popped = 0usize;
-            while let Some(chain) = queue.pop_descriptor_chain(mem) {
-                popped += 1;
-                let head = chain.head_index();
-                let written = match chain::walk_split(chain, 4096) {
-                    Ok((readable, writable)) => {
-                        let ack = self.ctrl_command(&active, &readable);
-                        chain::scatter(mem, &writable, &[&[ack]]).unwrap_or(0)
-                    }
-                    Err(_) => 0,
-                };
-                if written == 0 {
-                    self.counters.ctrl_malformed.fetch_add(1, Ordering::Relaxed);
-                } else {
-                    handled += 1;
-                    self.counters.ctrl_commands.fetch_add(1, Ordering::Relaxed);
+        let served = serve_chains(&mut queue, mem, |chain| {
+            let written = match chain::walk_split(chain, 4096) {
+                Ok((readable, writable)) => {
+                    let ack = self.ctrl_command(&active, &readable);
+                    chain::scatter(mem, &writable, &[&[ack]]).unwrap_or(0)
                 }
-                let _ = queue.add_used(mem, head, written as u32);
+                Err(_) => 0,
+            };
+            if written == 0 {
+                self.counters.ctrl_malformed.fetch_add(1, Ordering::Relaxed);
+            } else {
+                handled += 1;
+                self.counters.ctrl_commands.fetch_add(1, Ordering::Relaxed);
             }
-            match queue.enable_notification(mem) {
-                Ok(true) if popped > 0 => continue,
-                _ => break,
-            }
-        }
-        if wants_interrupt(&mut queue, mem) {
+            written as u32
+        });
+        if served > 0 && wants_interrupt(&mut queue, mem) {
             drop(queue);
             active.interrupt.trigger(InterruptCause::Queue(index));
         }
@@ -795,14 +770,7 @@ impl<M: GuestMemory + Send + Sync> VirtioDevice for VirtioNet<M> {
         config[..6].copy_from_slice(&self.config.mac);
         config[6..8].copy_from_slice(&LINK_UP.to_le_bytes());
         config[8..10].copy_from_slice(&self.config.queue_pairs.to_le_bytes());
-        for (i, byte) in data.iter_mut().enumerate() {
-            *byte = usize::try_from(offset)
-                .ok()
-                .and_then(|o| o.checked_add(i))
-                .and_then(|at| config.get(at))
-                .copied()
-                .unwrap_or(0);
-        }
+        read_config_window(&config, offset, data);
     }
 
     /// Every field is read-only without `CTRL_MAC_ADDR` (legacy MAC writes are not

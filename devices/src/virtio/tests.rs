@@ -16,24 +16,24 @@ use crate::net::switch::{Switch, SwitchConfig};
 use crate::pci::config;
 use crate::pci::msix::{self, MsiMessage, MsixSink};
 
-type Mem = GuestMemoryMmap<()>;
+pub(super) type Mem = GuestMemoryMmap<()>;
 
-const MEM_SIZE: usize = 0x40000;
-const NEXT: u16 = 1;
-const WRITE: u16 = 2;
-const INDIRECT: u16 = 4;
-const QSIZE: u16 = 16;
+pub(super) const MEM_SIZE: usize = 0x40000;
+pub(super) const NEXT: u16 = 1;
+pub(super) const WRITE: u16 = 2;
+pub(super) const INDIRECT: u16 = 4;
+pub(super) const QSIZE: u16 = 16;
 
-fn memory() -> Mem {
+pub(super) fn memory() -> Mem {
     GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE)]).unwrap()
 }
 
 #[derive(Default)]
-struct Recorder {
-    sent: Mutex<Vec<(u16, MsiMessage)>>,
+pub(super) struct Recorder {
+    pub(super) sent: Mutex<Vec<(u16, MsiMessage)>>,
     routes: Mutex<Vec<(u16, Option<MsiMessage>)>>,
     actions: Mutex<Vec<TransportAction>>,
-    causes: Mutex<Vec<InterruptCause>>,
+    pub(super) causes: Mutex<Vec<InterruptCause>>,
 }
 
 impl MsixSink for Recorder {
@@ -59,7 +59,7 @@ impl VirtioInterrupt for Recorder {
 
 /// A split virtqueue the test writes as a driver would.
 #[derive(Debug, Clone, Copy)]
-struct Ring {
+pub(super) struct Ring {
     desc: u64,
     avail: u64,
     used: u64,
@@ -69,7 +69,7 @@ struct Ring {
 
 impl Ring {
     /// Rings for up to 64 entries at `base` (desc, avail and used 1 KiB apart).
-    fn at(base: u64, size: u16) -> Ring {
+    pub(super) fn at(base: u64, size: u16) -> Ring {
         Ring {
             desc: base,
             avail: base + 0x400,
@@ -79,7 +79,7 @@ impl Ring {
         }
     }
 
-    fn desc(&self, mem: &Mem, index: u16, addr: u64, len: u32, flags: u16, next: u16) {
+    pub(super) fn desc(&self, mem: &Mem, index: u16, addr: u64, len: u32, flags: u16, next: u16) {
         write_desc(
             mem,
             self.desc + 16 * u64::from(index),
@@ -90,7 +90,7 @@ impl Ring {
         );
     }
 
-    fn offer(&mut self, mem: &Mem, head: u16) {
+    pub(super) fn offer(&mut self, mem: &Mem, head: u16) {
         let slot = self.avail + 4 + 2 * u64::from(self.next_avail % self.size);
         mem.write_obj(head, GuestAddress(slot)).unwrap();
         self.next_avail = self.next_avail.wrapping_add(1);
@@ -98,12 +98,12 @@ impl Ring {
             .unwrap();
     }
 
-    fn used_idx(&self, mem: &Mem) -> u16 {
+    pub(super) fn used_idx(&self, mem: &Mem) -> u16 {
         mem.read_obj(GuestAddress(self.used + 2)).unwrap()
     }
 
     /// (descriptor id, length) of used entry `i`.
-    fn used(&self, mem: &Mem, i: u16) -> (u32, u32) {
+    pub(super) fn used(&self, mem: &Mem, i: u16) -> (u32, u32) {
         let at = self.used + 4 + 8 * u64::from(i % self.size);
         (
             mem.read_obj(GuestAddress(at)).unwrap(),
@@ -112,7 +112,7 @@ impl Ring {
     }
 
     /// The `virtio_queue::Queue` a transport would build for this ring.
-    fn queue(&self, event_idx: bool) -> Queue {
+    pub(super) fn queue(&self, event_idx: bool) -> Queue {
         let mut q = Queue::new(self.size).unwrap();
         q.try_set_desc_table_address(GuestAddress(self.desc))
             .unwrap();
@@ -133,7 +133,7 @@ impl TransportAction {
     }
 }
 
-fn write_desc(mem: &Mem, at: u64, addr: u64, len: u32, flags: u16, next: u16) {
+pub(super) fn write_desc(mem: &Mem, at: u64, addr: u64, len: u32, flags: u16, next: u16) {
     let mut raw = [0u8; 16];
     raw[..8].copy_from_slice(&addr.to_le_bytes());
     raw[8..12].copy_from_slice(&len.to_le_bytes());
@@ -929,11 +929,11 @@ fn held_frames_on_a_full_rx_ring_are_released_when_buffers_appear() {
 /// Indirect tables may point at the descriptor tables, at zeros, at the indirect
 /// tables, into the buffers at any alignment, or outside memory; not at the rings,
 /// which change as the device runs.
-const P_MEM: usize = 0x10000;
-const P_BUFFERS: u64 = 0x8000;
+pub(super) const P_MEM: usize = 0x10000;
+pub(super) const P_BUFFERS: u64 = 0x8000;
 
 #[derive(Debug, Clone)]
-struct PDesc {
+pub(super) struct PDesc {
     addr: u64,
     len: u32,
     flags: u16,
@@ -941,11 +941,11 @@ struct PDesc {
 }
 
 #[derive(Debug, Clone)]
-struct PQueue {
-    size: u16,
+pub(super) struct PQueue {
+    pub(super) size: u16,
     desc: u64,
     avail: u64,
-    used: u64,
+    pub(super) used: u64,
     table: Vec<PDesc>,
     avail_idx: u16,
     heads: Vec<u16>,
@@ -1002,7 +1002,7 @@ fn p_desc(size: u16) -> impl Strategy<Value = PDesc> {
     )
 }
 
-fn p_queue(shift: u64, used: u64) -> impl Strategy<Value = PQueue> {
+pub(super) fn p_queue(shift: u64, used: u64) -> impl Strategy<Value = PQueue> {
     prop_oneof![Just(1u16), Just(2), Just(4), Just(8), Just(16)].prop_flat_map(move |size| {
         let desc = prop_oneof![
             16 => Just(0x1000 + shift),
@@ -1047,7 +1047,7 @@ fn p_queue(shift: u64, used: u64) -> impl Strategy<Value = PQueue> {
 
 impl PQueue {
     /// Writes the driver's side into memory (tables that fit).
-    fn install(&self, mem: &Mem) {
+    pub(super) fn install(&self, mem: &Mem) {
         if self.desc < P_BUFFERS {
             for (i, d) in self.table.iter().enumerate() {
                 write_desc(
@@ -1071,7 +1071,7 @@ impl PQueue {
     }
 
     /// The queue as a transport would build it (not ready if misaligned).
-    fn queue(&self) -> Queue {
+    pub(super) fn queue(&self) -> Queue {
         let mut q = Queue::new(self.size).unwrap();
         let ok = q
             .try_set_desc_table_address(GuestAddress(self.desc))
@@ -1084,7 +1084,7 @@ impl PQueue {
     }
 
     /// Descriptors of this queue that are in memory.
-    fn installed(&self) -> &[PDesc] {
+    pub(super) fn installed(&self) -> &[PDesc] {
         if self.desc < P_BUFFERS {
             &self.table
         } else {
@@ -1095,7 +1095,10 @@ impl PQueue {
 
 /// Bytes a correct device may write: the used rings (with avail_event), and every
 /// buffer a descriptor in the tables marks device-writable.
-fn writable_bytes<'a>(used: &[(u64, u16)], descs: impl Iterator<Item = &'a PDesc>) -> Vec<bool> {
+pub(super) fn writable_bytes<'a>(
+    used: &[(u64, u16)],
+    descs: impl Iterator<Item = &'a PDesc>,
+) -> Vec<bool> {
     let mut allowed = vec![false; P_MEM];
     let mut mark = |start: u64, len: u64| {
         let end = start.saturating_add(len).min(P_MEM as u64);

@@ -6,6 +6,7 @@
 #![no_std]
 #![no_main]
 
+mod blk;
 mod comm;
 mod irq;
 mod mem;
@@ -200,6 +201,9 @@ fn master(info: &BootInfo) -> ! {
             IrqMode::Bench { rounds, target } => irq::bench(info, rounds, target),
         };
     }
+    if plan.blk {
+        all_verified &= blk::check(info);
+    }
     if plan.net.any() || !mpi_specs.is_empty() {
         all_verified &= network::run(info, &plan.net, plan.spin_us, mpi_specs);
     }
@@ -309,6 +313,8 @@ struct Plan {
     mpi: bool,
     /// `mpi=`, `wait=`, `net=`, `net_rounds=`, `net_seed=`, `net_drop=`.
     net: network::Plan,
+    /// `blk=check`: the virtio-blk driver's check of the first disk.
+    blk: bool,
 }
 
 /// `irq=check` or `irq=bench:ROUNDS:CPU`.
@@ -369,6 +375,7 @@ fn parse_command_line(cmdline: &str) -> Result<Plan, ()> {
         spin_us: DEFAULT_SPIN_MICROSECONDS,
         mpi: false,
         net: network::Plan::new(),
+        blk: false,
     };
     let mut mpi_given = false;
     let mut npb_items = None;
@@ -440,6 +447,12 @@ fn parse_command_line(cmdline: &str) -> Result<Plan, ()> {
                     ok = false;
                 }
             }
+        } else if let Some(mode) = word.strip_prefix("blk=") {
+            plan.blk = mode == "check";
+            if !plan.blk {
+                error("bad-blk", mode);
+                ok = false;
+            }
         } else if let Some(kind) = word.strip_prefix("fault=") {
             plan.fault = match kind {
                 "triple" => Some(fault::TRIPLE),
@@ -462,6 +475,7 @@ fn parse_command_line(cmdline: &str) -> Result<Plan, ()> {
             || plan.probe.is_some()
             || plan.idle.is_some()
             || plan.net.any()
+            || plan.blk
             || mpi_given => {}
         None => {
             for spec in Spec::defaults() {

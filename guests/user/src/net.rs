@@ -12,7 +12,8 @@
 
 use kumo_abi::{BootInfo, IrqRecord};
 
-use crate::pci::{self, Function, read8};
+use crate::pci::{self, read8};
+pub use crate::virtio::OpenError;
 use crate::virtio::{self, Bump, Error, F_EVENT_IDX, F_VERSION_1, Queue};
 
 pub const DEVICE_ID: u16 = 0x1041;
@@ -28,10 +29,6 @@ const QUEUE_SIZE: u16 = 256;
 /// device takes the first ones and the last; these are free.
 pub const QUEUE_RECORD: usize = 8;
 pub const CONFIG_RECORD: usize = 9;
-/// Where the driver places BARs that firmware left unassigned (qboot does not assign
-/// them): kumo's BAR window, free on QEMU's q35 too (its ECAM is at 0xB0000000).
-const BAR_WINDOW_START: u64 = 0xC000_0000;
-const BAR_WINDOW_END: u64 = 0xE000_0000;
 
 /// A transmit ring full for this long gets an extra notification.
 const TX_REMIND_US: u64 = 500;
@@ -72,50 +69,12 @@ pub struct Nic {
     pub stats: Stats,
 }
 
-/// Why the NIC is not there.
-#[derive(Clone, Copy, Debug)]
-pub enum OpenError {
-    NoPci,
-    NoDevice,
-    NoCpu,
-    NoBarSpace,
-    Virtio(Error),
-}
-
-impl OpenError {
-    pub fn name(self) -> &'static str {
-        match self {
-            OpenError::NoPci => "no-pci",
-            OpenError::NoDevice => "no-virtio-net",
-            OpenError::NoCpu => "no-apic-id",
-            OpenError::NoBarSpace => "no-bar-space",
-            OpenError::Virtio(e) => e.name(),
-        }
-    }
-}
-
-impl From<Error> for OpenError {
-    fn from(e: Error) -> OpenError {
-        OpenError::Virtio(e)
-    }
-}
-
 impl Nic {
     /// Finds the first virtio-net device on bus 0 and brings it up with its rings and
     /// buffers in `memory`; its interrupts go to CPU `cpu`.
     pub fn open(info: &BootInfo, memory: &mut Bump, cpu: u32) -> Result<Nic, OpenError> {
-        if info.pci_ecam == 0 {
-            return Err(OpenError::NoPci);
-        }
-        let function = Function::find_all(info.pci_ecam, virtio::VENDOR_ID, DEVICE_ID)
-            .next()
-            .ok_or(OpenError::NoDevice)?;
         let apic_id = pci::apic_id(info, cpu).ok_or(OpenError::NoCpu)?;
-        let mut next = BAR_WINDOW_START;
-        if !function.assign_bars(&mut next, BAR_WINDOW_END) {
-            return Err(OpenError::NoBarSpace);
-        }
-        let device = virtio::Device::open(&function)?;
+        let device = virtio::open_first(info, DEVICE_ID, "no-virtio-net")?;
         let features = device.negotiate(F_VERSION_1 | F_MAC, F_EVENT_IDX)?;
         let event_idx = features & F_EVENT_IDX != 0;
         if device.msix.vectors <= usize::from(TX_ENTRY) {

@@ -9,6 +9,8 @@
 
 use core::sync::atomic::{Ordering, fence};
 
+use kumo_abi::BootInfo;
+
 use crate::pci::{
     CAP_VENDOR, Function, Msix, read8, read16, read32, write8, write16, write32, write64,
 };
@@ -74,6 +76,60 @@ impl Error {
             Error::OutOfMemory => "out-of-memory",
         }
     }
+}
+
+/// Where drivers place BARs that firmware left unassigned (qboot does not assign
+/// them): kumo's BAR window, free on QEMU's q35 too (its ECAM is at 0xB0000000).
+const BAR_WINDOW_START: u64 = 0xC000_0000;
+const BAR_WINDOW_END: u64 = 0xE000_0000;
+
+/// Why a virtio device is not there.
+#[derive(Clone, Copy, Debug)]
+pub enum OpenError {
+    NoPci,
+    /// No device of the kind; the name to report (`no-virtio-net`, ...).
+    NoDevice(&'static str),
+    NoCpu,
+    NoBarSpace,
+    Virtio(Error),
+}
+
+impl OpenError {
+    pub fn name(self) -> &'static str {
+        match self {
+            OpenError::NoPci => "no-pci",
+            OpenError::NoDevice(name) => name,
+            OpenError::NoCpu => "no-apic-id",
+            OpenError::NoBarSpace => "no-bar-space",
+            OpenError::Virtio(e) => e.name(),
+        }
+    }
+}
+
+impl From<Error> for OpenError {
+    fn from(e: Error) -> OpenError {
+        OpenError::Virtio(e)
+    }
+}
+
+/// Finds the first virtio device `device_id` on bus 0, places its BARs if firmware
+/// did not, and opens it ([`Device::open`]); `missing` names its absence.
+pub fn open_first(
+    info: &BootInfo,
+    device_id: u16,
+    missing: &'static str,
+) -> Result<Device, OpenError> {
+    if info.pci_ecam == 0 {
+        return Err(OpenError::NoPci);
+    }
+    let function = Function::find_all(info.pci_ecam, VENDOR_ID, device_id)
+        .next()
+        .ok_or(OpenError::NoDevice(missing))?;
+    let mut next = BAR_WINDOW_START;
+    if !function.assign_bars(&mut next, BAR_WINDOW_END) {
+        return Err(OpenError::NoBarSpace);
+    }
+    Ok(Device::open(&function)?)
 }
 
 /// Memory for rings and buffers, carved from the heap in order (never freed: a device
@@ -273,6 +329,7 @@ impl Device {
 }
 
 /// Descriptor flags.
+pub const DESC_F_NEXT: u16 = 1;
 pub const DESC_F_WRITE: u16 = 2;
 /// `avail.flags`: the driver does not want interrupts.
 const AVAIL_F_NO_INTERRUPT: u16 = 1;
@@ -310,6 +367,17 @@ impl Queue {
             core::ptr::write_volatile((at + 8) as *mut u32, len);
             core::ptr::write_volatile((at + 12) as *mut u16, flags);
             core::ptr::write_volatile((at + 14) as *mut u16, 0);
+        }
+    }
+
+    /// Links descriptor `id` (already written with `set_desc`) to descriptor `next`.
+    pub fn chain(&mut self, id: u16, next: u16) {
+        let at = self.desc + 16 * u64::from(id);
+        // SAFETY: `id < size`, inside the descriptor table this queue owns.
+        unsafe {
+            let flags = core::ptr::read_volatile((at + 12) as *const u16);
+            core::ptr::write_volatile((at + 12) as *mut u16, flags | DESC_F_NEXT);
+            core::ptr::write_volatile((at + 14) as *mut u16, next);
         }
     }
 

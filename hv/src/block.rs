@@ -1,0 +1,322 @@
+//! Disks: a virtio-blk device (`devices::virtio::block`) per raw image file on the VM's
+//! PCI bus, wired like the NIC (`net.rs`): the shared virtio PCI transport, MSI-X
+//! through an irqfd per vector (`irq::fast_msix_sink`), and the queue doorbell either
+//! served on the vCPU thread or by a backend thread.
+//!
+//! Where requests are served ([`DiskIo`]):
+//! - `vcpu`: the doorbell write exits to the vCPU thread that made it (an MMIO exit),
+//!   which serves every queued request before re-entering the guest. The request is
+//!   complete when the guest's write instruction retires: no thread wake-up, and a
+//!   polling driver needs no interrupt.
+//! - `thread`: the doorbell is a KVM ioeventfd (no exit to kumo); a backend thread per
+//!   disk wakes on it and serves the queue while the vCPU runs on. The vCPU spends no
+//!   time in I/O, at the cost of a thread wake-up per doorbell.
+//!
+//! `kumo bench disk` (README) measures both from the guest.
+
+use std::fs::File;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+
+use devices::virtio::VirtioPciDevice;
+use devices::virtio::block::{
+    BlockConfig, BlockStats, DEFAULT_QUEUE_SIZE, VirtioBlock, default_id,
+};
+use devices::virtio::transport::{ActionSink, BAR_SIZE, TransportAction};
+use vm_memory::GuestMemoryMmap;
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::Error;
+use crate::irq::fast_msix_sink;
+use crate::vm::Vm;
+
+/// Which thread serves a disk's requests (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DiskIo {
+    Vcpu,
+    Thread,
+}
+
+impl DiskIo {
+    pub fn name(self) -> &'static str {
+        match self {
+            DiskIo::Vcpu => "vcpu",
+            DiskIo::Thread => "thread",
+        }
+    }
+}
+
+/// One `--disk PATH[,readonly][,io=vcpu|thread]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskSetup {
+    pub path: PathBuf,
+    pub readonly: bool,
+    pub io: DiskIo,
+}
+
+/// Where requests are served unless `io=` says otherwise (see README "Disks" for the
+/// measurement behind the choice).
+pub const DEFAULT_IO: DiskIo = DiskIo::Thread;
+
+impl std::str::FromStr for DiskSetup {
+    type Err = String;
+
+    /// `PATH[,readonly][,io=vcpu|thread]` (a path cannot contain a comma).
+    fn from_str(text: &str) -> Result<Self, String> {
+        let mut parts = text.split(',');
+        let path = parts.next().unwrap_or_default();
+        if path.is_empty() {
+            return Err("a disk needs an image path: PATH[,readonly][,io=vcpu|thread]".into());
+        }
+        let mut setup = DiskSetup {
+            path: PathBuf::from(path),
+            readonly: false,
+            io: DEFAULT_IO,
+        };
+        for option in parts {
+            match option {
+                "readonly" => setup.readonly = true,
+                "io=vcpu" => setup.io = DiskIo::Vcpu,
+                "io=thread" => setup.io = DiskIo::Thread,
+                other => {
+                    return Err(format!(
+                        "unknown disk option '{other}' (known: readonly, io=vcpu, io=thread)"
+                    ));
+                }
+            }
+        }
+        Ok(setup)
+    }
+}
+
+/// Opens a disk's image: a regular file, writable unless the disk is read-only.
+fn open_image(setup: &DiskSetup) -> Result<File, Error> {
+    let bad = |why: String| Error::Disk {
+        path: setup.path.clone(),
+        why,
+    };
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(!setup.readonly)
+        .open(&setup.path)
+        .map_err(|e| bad(e.to_string()))?;
+    let meta = file.metadata().map_err(|e| bad(e.to_string()))?;
+    if !meta.is_file() {
+        return Err(bad("not a regular file (kumo takes raw image files)".into()));
+    }
+    if meta.len() < devices::virtio::block::SECTOR_SIZE {
+        return Err(bad(format!(
+            "{} bytes: smaller than one 512-byte sector",
+            meta.len()
+        )));
+    }
+    Ok(file)
+}
+
+/// What the transport asks of a disk's VMM side.
+struct DiskActions {
+    blk: Arc<VirtioBlock<GuestMemoryMmap>>,
+    /// Thread mode: the doorbell the backend waits on (a notification that came by an
+    /// MMIO exit is passed on to it).
+    doorbell: Option<EventFd>,
+}
+
+impl ActionSink for DiskActions {
+    fn act(&self, action: TransportAction) {
+        if let TransportAction::QueueNotify(_) = action {
+            match &self.doorbell {
+                Some(fd) => {
+                    let _ = fd.write(1);
+                }
+                // vCPU mode: serve the queue here, on the vCPU thread that rang.
+                None => {
+                    self.blk.process();
+                }
+            }
+        }
+        // Activation and reset need nothing here: `process` serves only a live queue,
+        // and the model's reset waits for a request in progress.
+    }
+}
+
+/// The backend thread of a `thread` disk; stopped and joined when dropped.
+struct Backend {
+    stop: Arc<AtomicBool>,
+    doorbell: EventFd,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = self.doorbell.write(1);
+        if let Some(thread) = self.thread.take()
+            && thread.join().is_err()
+        {
+            tracing::error!("a disk backend thread panicked");
+        }
+    }
+}
+
+/// A disk on a VM: its model (for counters) and, in thread mode, its backend.
+pub struct Disk {
+    blk: Arc<VirtioBlock<GuestMemoryMmap>>,
+    _transport: Arc<VirtioPciDevice>,
+    _backend: Option<Backend>,
+}
+
+impl Disk {
+    pub fn stats(&self) -> BlockStats {
+        self.blk.stats()
+    }
+}
+
+fn os(what: &'static str) -> impl Fn(std::io::Error) -> Error {
+    move |source| Error::Os { what, source }
+}
+
+/// A disk whose image is open and checked, not yet on a VM.
+pub struct OpenDisk {
+    setup: DiskSetup,
+    image: File,
+}
+
+/// Opens and checks every disk's image (before a VM exists, so a bad path fails fast).
+pub fn open(setups: &[DiskSetup]) -> Result<Vec<OpenDisk>, Error> {
+    setups
+        .iter()
+        .map(|setup| {
+            Ok(OpenDisk {
+                setup: setup.clone(),
+                image: open_image(setup)?,
+            })
+        })
+        .collect()
+}
+
+/// Plugs a virtio-blk disk per opened image into `vm` (before it runs), in order (the
+/// first is `kumo-disk-0`). Keep the returned disks until the run ends.
+pub fn attach(vm: &mut Vm, disks: Vec<OpenDisk>) -> Result<Vec<Disk>, Error> {
+    disks
+        .into_iter()
+        .enumerate()
+        .map(|(index, disk)| attach_one(vm, index, disk))
+        .collect()
+}
+
+fn attach_one(vm: &mut Vm, index: usize, disk: OpenDisk) -> Result<Disk, Error> {
+    let OpenDisk { setup, image } = disk;
+    let blk = Arc::new(
+        VirtioBlock::new(
+            BlockConfig {
+                readonly: setup.readonly,
+                id: default_id(index),
+                queue_size: DEFAULT_QUEUE_SIZE,
+            },
+            image,
+            vm.memory().clone(),
+        )
+        .map_err(|e| Error::Device(e.to_string()))?,
+    );
+    // MSI-X: the configuration vector and the queue's.
+    let sink = fast_msix_sink(2, &vm.gsi_router())?;
+    let doorbell = match setup.io {
+        DiskIo::Vcpu => None,
+        DiskIo::Thread => Some(EventFd::new(0).map_err(os("creating a disk doorbell eventfd"))?),
+    };
+    let dup = |fd: &EventFd| {
+        fd.try_clone()
+            .map_err(os("duplicating a disk doorbell eventfd"))
+    };
+    let actions = Arc::new(DiskActions {
+        blk: blk.clone(),
+        doorbell: doorbell.as_ref().map(dup).transpose()?,
+    });
+    let transport = Arc::new(
+        VirtioPciDevice::new(blk.clone(), sink, actions)
+            .map_err(|e| Error::Device(e.to_string()))?,
+    );
+    transport.place_bar(vm.allocate_bar(BAR_SIZE)?);
+    let backend = match doorbell {
+        None => {
+            vm.add_pci_device(transport.clone())?;
+            None
+        }
+        Some(doorbell) => {
+            vm.add_pci_device_with_doorbells(transport.clone(), vec![dup(&doorbell)?])?;
+            Some(start_backend(index, blk.clone(), doorbell)?)
+        }
+    };
+    Ok(Disk {
+        blk,
+        _transport: transport,
+        _backend: backend,
+    })
+}
+
+/// The backend thread `disk<index>`: waits on the doorbell (a blocking eventfd read)
+/// and serves the queue, until stopped.
+fn start_backend(
+    index: usize,
+    blk: Arc<VirtioBlock<GuestMemoryMmap>>,
+    doorbell: EventFd,
+) -> Result<Backend, Error> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let thread_stop = stop.clone();
+    let thread_doorbell = doorbell
+        .try_clone()
+        .map_err(os("duplicating a disk doorbell eventfd"))?;
+    let thread = std::thread::Builder::new()
+        .name(format!("disk{index}"))
+        .spawn(move || {
+            while !thread_stop.load(Ordering::SeqCst) {
+                match thread_doorbell.read() {
+                    Ok(_) => {
+                        blk.process();
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        tracing::error!("disk {index}: doorbell read failed: {e}; the disk stops");
+                        return;
+                    }
+                }
+            }
+        })
+        .map_err(os("spawning a disk backend thread"))?;
+    Ok(Backend {
+        stop,
+        doorbell,
+        thread: Some(thread),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn disk_specs_parse_and_bad_ones_say_why() {
+        let d: DiskSetup = "/tmp/a.img".parse().unwrap();
+        assert_eq!(
+            d,
+            DiskSetup {
+                path: "/tmp/a.img".into(),
+                readonly: false,
+                io: DEFAULT_IO
+            }
+        );
+        let d: DiskSetup = "b.img,readonly,io=thread".parse().unwrap();
+        assert!(d.readonly);
+        assert_eq!(d.io, DiskIo::Thread);
+        assert!(
+            "x.img,rw"
+                .parse::<DiskSetup>()
+                .unwrap_err()
+                .contains("unknown disk option 'rw'")
+        );
+        assert!("".parse::<DiskSetup>().unwrap_err().contains("image path"));
+        assert!(",readonly".parse::<DiskSetup>().is_err());
+    }
+}

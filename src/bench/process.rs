@@ -1,0 +1,203 @@
+//! `kumo bench process`: the whole-process cost of booting a trivial kernel, from
+//! spawning the hypervisor to its exit (wall time, and peak RSS from `wait4`), for
+//! `kumo --kernel` and, when `qemu-system-x86_64` is installed, QEMU's microvm on the
+//! same ELF. Runs alternate (kumo, QEMU, kumo, ...) so a drifting host hits both alike;
+//! the ratio is QEMU's time over kumo's per pair, its median reported.
+//!
+//! The default kernel is built here (`hv::testing`): it prints one line on COM1 and
+//! writes 0 to the debug-exit port, the "trivial PVH kernel".
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde_json::json;
+
+use crate::bench::overhead::{median, summarize};
+use crate::cli::ProcessBenchArgs;
+
+/// One finished run: wall time and peak resident set.
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    wall: Duration,
+    max_rss_kib: u64,
+}
+
+/// Spawns `command` and waits for it with `wait4`; fails unless it exits with `status`.
+fn measure(command: &mut Command, status: i32) -> Result<Sample> {
+    let start = Instant::now();
+    let child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .with_context(|| format!("cannot start {:?}", command.get_program()))?;
+    let mut raw_status = 0;
+    // SAFETY: an all-zero rusage is a valid value for wait4 to overwrite.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: waits for our own child with valid pointers to locals.
+    let pid = unsafe { libc::wait4(child.id() as i32, &mut raw_status, 0, &mut usage) };
+    let wall = start.elapsed();
+    if pid < 0 {
+        bail!("wait4: {}", std::io::Error::last_os_error());
+    }
+    let code = libc::WIFEXITED(raw_status).then(|| libc::WEXITSTATUS(raw_status));
+    if code != Some(status) {
+        bail!(
+            "{:?} ended with {code:?}, expected exit status {status}",
+            command.get_program()
+        );
+    }
+    Ok(Sample {
+        wall,
+        max_rss_kib: usage.ru_maxrss as u64,
+    })
+}
+
+/// QEMU's microvm booting `kernel` as a PVH ELF, its console to stdout, the
+/// debug-exit port at 0xF4 (QEMU exits with `value << 1 | 1`).
+fn qemu_microvm(kernel: &Path, memory_mib: u64) -> Command {
+    let mut command = Command::new("qemu-system-x86_64");
+    command
+        .args(["-M", "microvm", "-accel", "kvm"])
+        .args(["-cpu", "host,-arch-capabilities", "-smp", "1"])
+        .args(["-m", &memory_mib.to_string()])
+        .args(["-nographic", "-nodefaults", "-no-user-config", "-no-reboot"])
+        .args(["-serial", "stdio"])
+        .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=4"])
+        .arg("-kernel")
+        .arg(kernel);
+    command
+}
+
+fn kumo_kernel(kernel: &Path, memory_mib: u64) -> Result<Command> {
+    let mut command = Command::new(std::env::current_exe().context("where is kumo?")?);
+    command
+        .arg("--kernel")
+        .arg(kernel)
+        .args(["--vcpus", "1", "--memory", &memory_mib.to_string()]);
+    Ok(command)
+}
+
+/// The trivial kernel: a line on COM1, then debug-exit 0.
+fn trivial_kernel() -> Vec<u8> {
+    use hv::testing::{PvhImage, asm};
+    PvhImage::new(
+        &[
+            asm::com1_print(b"trivial PVH kernel\n"),
+            asm::debug_exit(0),
+            asm::halt_forever(),
+        ]
+        .concat(),
+    )
+    .build()
+}
+
+fn qemu_installed() -> bool {
+    Command::new("qemu-system-x86_64")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+pub fn run_process(args: &ProcessBenchArgs) -> Result<u8> {
+    if args.runs == 0 {
+        bail!("--runs must be at least 1");
+    }
+    let scratch: PathBuf;
+    let (kernel, status) = match &args.kernel {
+        Some(path) => (path.clone(), args.status),
+        None => {
+            scratch = std::env::temp_dir().join(format!("kumo-trivial-{}.elf", std::process::id()));
+            std::fs::write(&scratch, trivial_kernel())
+                .with_context(|| format!("cannot write {}", scratch.display()))?;
+            (scratch.clone(), 0)
+        }
+    };
+    let result = run_pairs(args, &kernel, status);
+    if args.kernel.is_none() {
+        let _ = std::fs::remove_file(&kernel);
+    }
+    result
+}
+
+fn run_pairs(args: &ProcessBenchArgs, kernel: &Path, status: u8) -> Result<u8> {
+    let qemu = !args.no_qemu && qemu_installed();
+    let mut kumo_runs = Vec::new();
+    let mut qemu_runs = Vec::new();
+    for _ in 0..args.runs {
+        kumo_runs.push(measure(
+            &mut kumo_kernel(kernel, args.memory)?,
+            i32::from(status),
+        )?);
+        if qemu {
+            qemu_runs.push(measure(
+                &mut qemu_microvm(kernel, args.memory),
+                i32::from(status) << 1 | 1,
+            )?);
+        }
+    }
+    let ms =
+        |runs: &[Sample]| -> Vec<f64> { runs.iter().map(|s| s.wall.as_secs_f64() * 1e3).collect() };
+    let rss = |runs: &[Sample]| runs.iter().map(|s| s.max_rss_kib).max().unwrap_or(0);
+    let (kumo_ms, qemu_ms) = (ms(&kumo_runs), ms(&qemu_runs));
+    let pairs = summarize(&kumo_ms, &qemu_ms);
+    let range = |v: &[f64]| {
+        (
+            v.iter().copied().fold(f64::INFINITY, f64::min),
+            v.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+        )
+    };
+    let rows: Vec<(&str, &[f64], u64)> = if qemu {
+        vec![
+            ("kumo", &kumo_ms, rss(&kumo_runs)),
+            ("qemu-microvm", &qemu_ms, rss(&qemu_runs)),
+        ]
+    } else {
+        vec![("kumo", &kumo_ms, rss(&kumo_runs))]
+    };
+    if args.json {
+        for (name, times, peak) in &rows {
+            let (lo, hi) = range(times);
+            println!(
+                "{}",
+                json!({"vmm": name, "runs": times.len(), "median_ms": median(times),
+                       "min_ms": lo, "max_ms": hi, "peak_rss_kib": peak})
+            );
+        }
+        println!(
+            "{}",
+            json!({"kernel": kernel.display().to_string(), "memory_mib": args.memory,
+                   "qemu": qemu,
+                   "qemu_over_kumo_median": pairs.as_ref().map(|p| p.ratio_median),
+                   "qemu_over_kumo_min": pairs.as_ref().map(|p| p.ratio_min),
+                   "qemu_over_kumo_max": pairs.as_ref().map(|p| p.ratio_max)})
+        );
+    } else {
+        println!(
+            "{:<14} {:>5} {:>11} {:>9} {:>9} {:>13}",
+            "vmm", "runs", "median ms", "min ms", "max ms", "peak RSS KiB"
+        );
+        for (name, times, peak) in &rows {
+            let (lo, hi) = range(times);
+            println!(
+                "{name:<14} {:>5} {:>11.2} {:>9.2} {:>9.2} {peak:>13}",
+                times.len(),
+                median(times),
+                lo,
+                hi
+            );
+        }
+        match &pairs {
+            Some(p) => println!(
+                "QEMU / kumo, per interleaved pair: median {:.2}x (range {:.2}-{:.2}x)",
+                p.ratio_median, p.ratio_min, p.ratio_max
+            ),
+            None => println!("QEMU not run (not installed, or --no-qemu)"),
+        }
+    }
+    Ok(crate::report::EXIT_OK)
+}

@@ -1,0 +1,192 @@
+//! virtio-blk end to end: kumo's guest drives a disk from ring 3 (`blk=check`) on an
+//! image file, with requests served on the vCPU thread and on a backend thread.
+
+mod common;
+
+use common::{assert_refused, dumped_guest, kumo, kvm_available, scratch, text};
+
+const SECTORS: usize = 256;
+const PATTERN: &[u8] = b"written by kumo's guest through virtio-blk\n";
+
+/// An image whose every byte is known: byte `i` = `i * 7 + i / 512`.
+fn image(name: &str) -> (std::path::PathBuf, Vec<u8>) {
+    let bytes: Vec<u8> = (0..SECTORS * 512)
+        .map(|i| (i * 7 + i / 512) as u8)
+        .collect();
+    let path = scratch(name);
+    std::fs::write(&path, &bytes).unwrap();
+    (path, bytes)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Runs the guest's disk check on `disk` (a --disk value); returns its `@kumo blk` line.
+fn check(disk: &str) -> String {
+    let guest = dumped_guest();
+    let out = kumo(&[
+        "--kernel",
+        guest.to_str().unwrap(),
+        "--cmdline",
+        "blk=check",
+        "--vcpus",
+        "1",
+        "--disk",
+        disk,
+    ]);
+    let stdout = text(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        text(&out.stderr)
+    );
+    stdout
+        .lines()
+        .find(|l| l.starts_with("@kumo blk "))
+        .unwrap_or_else(|| panic!("no @kumo blk line: {stdout}"))
+        .to_string()
+}
+
+#[test]
+fn the_guest_reads_the_image_and_its_writes_reach_the_file() {
+    if !kvm_available() {
+        return;
+    }
+    for io in ["vcpu", "thread"] {
+        let (path, bytes) = image(&format!("rw-{io}.img"));
+        let line = check(&format!("{},io={io}", path.display()));
+        assert!(
+            line.contains(&format!("sectors={SECTORS} readonly=0")),
+            "{line}"
+        );
+        assert!(line.contains("id=kumo-disk-0"), "{line}");
+        assert!(
+            line.contains(&format!("sector0={}", hex(&bytes[..16]))),
+            "{line}"
+        );
+        assert!(
+            line.contains("write1=ok flush=ok read1=ok readback=pattern"),
+            "{line}"
+        );
+        assert!(line.contains("beyond=refused"), "{line}");
+        assert!(line.ends_with("ok=1"), "{line}");
+        let after = std::fs::read(&path).unwrap();
+        assert_eq!(after.len(), bytes.len());
+        assert_eq!(&after[512..512 + PATTERN.len()], PATTERN, "{io}");
+        assert!(
+            after[512 + PATTERN.len()..1024].iter().all(|&b| b == 0),
+            "{io}"
+        );
+        assert_eq!(after[..512], bytes[..512], "{io}: sector 0 untouched");
+        assert_eq!(after[1024..], bytes[1024..], "{io}: the rest untouched");
+    }
+}
+
+#[test]
+fn a_read_only_disk_refuses_the_guests_writes() {
+    if !kvm_available() {
+        return;
+    }
+    let (path, bytes) = image("ro.img");
+    let line = check(&format!("{},readonly", path.display()));
+    assert!(line.contains("readonly=1"), "{line}");
+    assert!(line.contains("write1=status1"), "{line}");
+    assert!(line.contains("readback=other"), "{line}");
+    assert!(line.ends_with("ok=1"), "{line}");
+    assert_eq!(std::fs::read(&path).unwrap(), bytes);
+}
+
+#[test]
+fn bad_disks_are_refused_in_one_line() {
+    let k = scratch("disk-kernel.elf");
+    std::fs::write(&k, hv::testing::PvhImage::new(&[0xf4]).build()).unwrap();
+    let k = k.to_str().unwrap();
+    let tiny = scratch("tiny.img");
+    std::fs::write(&tiny, [0u8; 100]).unwrap();
+    let dir = std::env::temp_dir();
+    assert_refused(
+        &["--kernel", k, "--disk", "/nonexistent/disk.img"],
+        "disk image /nonexistent/disk.img: No such file",
+    );
+    assert_refused(
+        &["--kernel", k, "--disk", tiny.to_str().unwrap()],
+        "smaller than one 512-byte sector",
+    );
+    assert_refused(
+        &[
+            "--kernel",
+            k,
+            "--disk",
+            &format!("{},readonly", dir.display()),
+        ],
+        "not a regular file",
+    );
+    assert_refused(
+        &["--disk", tiny.to_str().unwrap()],
+        "--disk does not apply to runs of the embedded NPB guest",
+    );
+}
+
+/// The line without what legitimately differs between VMMs: the serial, the time and
+/// the notifications (a device may suppress some while it works).
+fn comparable(line: &str) -> String {
+    line.split(' ')
+        .filter(|f| {
+            !["id=", "read4k_ns=", "kicks="]
+                .iter()
+                .any(|k| f.starts_with(k))
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[test]
+fn qemu_and_kumo_disks_look_the_same_to_the_guest() {
+    if !kvm_available() || !common::qemu_available() {
+        return;
+    }
+    let guest = dumped_guest();
+    for readonly in [false, true] {
+        let (kumo_image, _) = image(&format!("peer-kumo-{readonly}.img"));
+        let (qemu_image, _) = image(&format!("peer-qemu-{readonly}.img"));
+        let suffix = if readonly { ",readonly" } else { "" };
+        let kumo_line = check(&format!("{}{suffix}", kumo_image.display()));
+        let drive = format!(
+            "file={},format=raw,if=none,id=d0{}",
+            qemu_image.display(),
+            if readonly { ",readonly=on" } else { "" }
+        );
+        let out = common::run_with_hang_guard(
+            std::process::Command::new("qemu-system-x86_64")
+                .args(["-M", "q35", "-bios", "qboot.rom", "-accel", "kvm"])
+                .args(["-cpu", "host,-cx16,-arch-capabilities,+invtsc", "-smp", "1"])
+                .args(["-m", "256", "-nographic", "-no-reboot", "-nodefaults"])
+                .args(["-serial", "stdio"])
+                .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=4"])
+                .args(["-drive", &drive])
+                .args([
+                    "-device",
+                    "virtio-blk-pci,drive=d0,disable-legacy=on,serial=qemu-disk-0,romfile=",
+                ])
+                .arg("-kernel")
+                .arg(&guest)
+                .args(["-append", "blk=check"]),
+        );
+        // QEMU's isa-debug-exit: (status << 1) | 1.
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+        let stdout = text(&out.stdout);
+        let qemu_line = stdout
+            .lines()
+            .find(|l| l.starts_with("@kumo blk "))
+            .unwrap_or_else(|| panic!("QEMU: no @kumo blk line: {stdout}"));
+        assert!(qemu_line.contains("id=qemu-disk-0"), "{qemu_line}");
+        assert_eq!(comparable(&kumo_line), comparable(qemu_line));
+        assert_eq!(
+            std::fs::read(&kumo_image).unwrap(),
+            std::fs::read(&qemu_image).unwrap(),
+            "readonly={readonly}: the two images differ afterwards"
+        );
+    }
+}
