@@ -15,6 +15,10 @@
 //!
 //! Every expression keeps the reference's operation order: verification is at 1e-8.
 
+// Statements are written as the reference's (`a = a - b * c`, indexed loops over the
+// five components) so that each one's operation order can be checked against it.
+#![allow(clippy::assign_op_pattern, clippy::needless_range_loop)]
+
 use core::ops::Range;
 
 use crate::team::{Arena, Shared};
@@ -636,15 +640,12 @@ pub unsafe fn rhs_plane(g: &Grid, c: &Constants, f: &Fields, k: usize) {
     let (rhs, _) = rhs.as_chunks_mut::<5>();
     let base = g.at(0, 0, k);
     let n = g.n;
+    let u_row = |at: usize| &inputs.u[at..at + n];
     for j in g.interior() {
         let row = &mut rhs[j * g.ip..j * g.ip + n];
-        flux_x(c, &inputs, row, base + j * g.ip, n);
-        for i in g.interior() {
-            let at = base + j * g.ip + i;
-            for m in 0..5 {
-                row[i][m] -= c.dssp * dissipation(i, n, |p| inputs.u[at - i + p][m]);
-            }
-        }
+        let at = base + j * g.ip;
+        flux_x(c, &inputs, row, at, n);
+        dissipate_along(row, u_row(at), c.dssp, n);
     }
     for j in g.interior() {
         let row = &mut rhs[j * g.ip..j * g.ip + n];
@@ -652,28 +653,90 @@ pub unsafe fn rhs_plane(g: &Grid, c: &Constants, f: &Fields, k: usize) {
     }
     for j in g.interior() {
         let row = &mut rhs[j * g.ip..j * g.ip + n];
-        for i in g.interior() {
-            let at = base + j * g.ip + i;
-            for m in 0..5 {
-                row[i][m] -= c.dssp * dissipation(j, n, |p| inputs.u[at + p * g.ip - j * g.ip][m]);
-            }
-        }
+        let at = base + j * g.ip;
+        dissipate_across(row, c.dssp, j, n, |d| {
+            u_row(at.wrapping_add_signed(d * g.ip as isize))
+        });
     }
     for j in g.interior() {
         let row = &mut rhs[j * g.ip..j * g.ip + n];
-        flux_yz(c, &inputs, row, base + j * g.ip, g.plane(), n, Axis::Z);
-        for i in g.interior() {
-            let at = base + j * g.ip + i;
-            for m in 0..5 {
-                row[i][m] -=
-                    c.dssp * dissipation(k, n, |p| inputs.u[at + p * g.plane() - k * g.plane()][m]);
-            }
-        }
+        let at = base + j * g.ip;
+        flux_yz(c, &inputs, row, at, g.plane(), n, Axis::Z);
+        dissipate_across(row, c.dssp, k, n, |d| {
+            u_row(at.wrapping_add_signed(d * g.plane() as isize))
+        });
         for v in &mut row[1..n - 1] {
             for x in v.iter_mut() {
                 *x *= c.dt;
             }
         }
+    }
+}
+
+/// Subtracts the fourth-order dissipation along a row of `n` points (`u` is that row
+/// of `u`) from the row's interior.
+fn dissipate_along(row: &mut [[f64; 5]], u: &[[f64; 5]], dssp: f64, n: usize) {
+    let (row, u) = (&mut row[..n], &u[..n]);
+    for m in 0..5 {
+        row[1][m] -= dssp * (5.0 * u[1][m] - 4.0 * u[2][m] + u[3][m]);
+        row[2][m] -= dssp * (-4.0 * u[1][m] + 6.0 * u[2][m] - 4.0 * u[3][m] + u[4][m]);
+    }
+    for (r, w) in row[3..n - 3].iter_mut().zip(u[1..n - 1].windows(5)) {
+        for m in 0..5 {
+            r[m] -= dssp * (w[0][m] - 4.0 * w[1][m] + 6.0 * w[2][m] - 4.0 * w[3][m] + w[4][m]);
+        }
+    }
+    let (i, j) = (n - 3, n - 2);
+    for m in 0..5 {
+        row[i][m] -= dssp * (u[i - 2][m] - 4.0 * u[i - 1][m] + 6.0 * u[i][m] - 4.0 * u[i + 1][m]);
+        row[j][m] -= dssp * (u[j - 2][m] - 4.0 * u[j - 1][m] + 5.0 * u[j][m]);
+    }
+}
+
+/// `row[i][m] -= dssp * f(i, m)` for every point of `row`.
+#[inline(always)]
+fn subtract_scaled(row: &mut [[f64; 5]], dssp: f64, f: impl Fn(usize, usize) -> f64) {
+    for (i, x) in row.iter_mut().enumerate() {
+        for (m, x) in x.iter_mut().enumerate() {
+            *x -= dssp * f(i, m);
+        }
+    }
+}
+
+/// Subtracts the fourth-order dissipation across rows from a row's interior: the row
+/// is at position `p` of `n` along the axis, and `near(d)` is the row of `u` `d`
+/// positions away (asked only for rows that exist).
+fn dissipate_across<'a>(
+    row: &mut [[f64; 5]],
+    dssp: f64,
+    p: usize,
+    n: usize,
+    near: impl Fn(isize) -> &'a [[f64; 5]],
+) {
+    let row = &mut row[1..n - 1];
+    let len = row.len();
+    let r = |d: isize| &near(d)[1..1 + len];
+    if p == 1 {
+        let (c0, c1, c2) = (r(0), r(1), r(2));
+        subtract_scaled(row, dssp, |i, m| 5.0 * c0[i][m] - 4.0 * c1[i][m] + c2[i][m]);
+    } else if p == 2 {
+        let (b1, c0, c1, c2) = (r(-1), r(0), r(1), r(2));
+        subtract_scaled(row, dssp, |i, m| {
+            -4.0 * b1[i][m] + 6.0 * c0[i][m] - 4.0 * c1[i][m] + c2[i][m]
+        });
+    } else if p == n - 3 {
+        let (b2, b1, c0, c1) = (r(-2), r(-1), r(0), r(1));
+        subtract_scaled(row, dssp, |i, m| {
+            b2[i][m] - 4.0 * b1[i][m] + 6.0 * c0[i][m] - 4.0 * c1[i][m]
+        });
+    } else if p == n - 2 {
+        let (b2, b1, c0) = (r(-2), r(-1), r(0));
+        subtract_scaled(row, dssp, |i, m| b2[i][m] - 4.0 * b1[i][m] + 5.0 * c0[i][m]);
+    } else {
+        let (b2, b1, c0, c1, c2) = (r(-2), r(-1), r(0), r(1), r(2));
+        subtract_scaled(row, dssp, |i, m| {
+            b2[i][m] - 4.0 * b1[i][m] + 6.0 * c0[i][m] - 4.0 * c1[i][m] + c2[i][m]
+        });
     }
 }
 

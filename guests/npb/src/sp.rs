@@ -14,6 +14,10 @@
 //! its row `j` of every plane). Each line is solved exactly as the reference, so the
 //! result does not depend on the split except through the norms' rank-ordered sums.
 
+// Statements are written as the reference's (`a = a - b * c`, indexed loops over the
+// five components) so that each one's operation order can be checked against it.
+#![allow(clippy::assign_op_pattern, clippy::needless_range_loop)]
+
 use core::ops::Range;
 
 use crate::cfd::{self, ALIGN_SLACK, Constants, Fields, Grid};
@@ -389,14 +393,69 @@ unsafe fn solve(
         }
     }
 
-    // The right-hand side at position `p` of every line. SAFETY: positions are
-    // points of lines this thread owns (the caller's contract), and the views held at
-    // once are of distinct positions.
-    let rhs_at = |p: usize| unsafe { rows5(&f.rhs, lines.at5(p)) };
+    let factors = Factors { lhs, lhsp, lhsm };
+    if lines.stride == nb {
+        // Consecutive positions (x lines): the lines' right-hand side is one slice.
+        let first = lines.first;
+        // SAFETY: points of lines this thread owns (the caller's contract).
+        let all = unsafe { rows5(&f.rhs, 5 * first..5 * (first + n * nb)) };
+        eliminate(n, nb, factors, &mut Consecutive { all, nb });
+    } else {
+        eliminate(n, nb, factors, &mut Strided { rhs: f.rhs, lines });
+    }
+}
 
-    // Forward elimination, all three factors in one sweep.
+/// The three factors' matrices of a set of lines, position by position.
+struct Factors<'a> {
+    lhs: &'a mut [[f64; 5]],
+    lhsp: &'a mut [[f64; 5]],
+    lhsm: &'a mut [[f64; 5]],
+}
+
+/// The right-hand side of a set of lines, position by position (`nb` points each).
+trait Positions {
+    /// Positions `p`, `p + 1` and `p + 2`.
+    fn three(&mut self, p: usize) -> [&mut [[f64; 5]]; 3];
+}
+
+/// Positions that follow each other in memory.
+struct Consecutive<'a> {
+    all: &'a mut [[f64; 5]],
+    nb: usize,
+}
+
+impl Positions for Consecutive<'_> {
+    #[inline(always)]
+    fn three(&mut self, p: usize) -> [&mut [[f64; 5]]; 3] {
+        let (a, b, c) = three_rows(self.all, p, self.nb);
+        [a, b, c]
+    }
+}
+
+/// Positions a stride apart, carved from the shared array one by one.
+struct Strided {
+    rhs: Shared<f64>,
+    lines: Lines,
+}
+
+impl Positions for Strided {
+    #[inline(always)]
+    fn three(&mut self, p: usize) -> [&mut [[f64; 5]]; 3] {
+        let nb = self.lines.count;
+        // SAFETY: `solve`'s contract gives this thread the lines' points; the three
+        // positions are distinct points (stride > count).
+        core::array::from_fn(|d| &mut unsafe { rows5(&self.rhs, self.lines.at5(p + d)) }[..nb])
+    }
+}
+
+/// The Thomas algorithm on the three factors at once: forward elimination, then
+/// back-substitution, in place in the right-hand side (`n` positions, `nb` lines).
+#[inline(always)]
+fn eliminate(n: usize, nb: usize, x: Factors, rhs: &mut impl Positions) {
+    let Factors { lhs, lhsp, lhsm } = x;
     for p in 0..n - 2 {
-        let (r0, r1, r2) = (rhs_at(p), rhs_at(p + 1), rhs_at(p + 2));
+        let [r0, r1, r2] = rhs.three(p);
+        let (r0, r1, r2) = (&mut r0[..nb], &mut r1[..nb], &mut r2[..nb]);
         let (a0, a1, a2) = three_rows(lhs, p, nb);
         let (p0, p1, p2) = three_rows(lhsp, p, nb);
         let (m0, m1, m2) = three_rows(lhsm, p, nb);
@@ -412,9 +471,11 @@ unsafe fn solve(
             );
         }
     }
+    // The last two rows (`three` at n - 3 reaches them).
     {
         let p = n - 2;
-        let (r0, r1) = (rhs_at(p), rhs_at(p + 1));
+        let [_, r0, r1] = rhs.three(p - 1);
+        let (r0, r1) = (&mut r0[..nb], &mut r1[..nb]);
         let (a0, a1) = lhs[p * nb..].split_at_mut(nb);
         let (p0, p1) = lhsp[p * nb..].split_at_mut(nb);
         let (m0, m1) = lhsm[p * nb..].split_at_mut(nb);
@@ -429,12 +490,6 @@ unsafe fn solve(
             r1[b][3] /= p1[b][2];
             r1[b][4] /= m1[b][2];
         }
-    }
-
-    // Back-substitution.
-    {
-        let p = n - 2;
-        let (r0, r1) = (rhs_at(p), rhs_at(p + 1));
         let range = p * nb..(p + 1) * nb;
         let (a, ap, am) = (&lhs[range.clone()], &lhsp[range.clone()], &lhsm[range]);
         for b in 0..nb {
@@ -446,7 +501,8 @@ unsafe fn solve(
         }
     }
     for p in (0..n - 2).rev() {
-        let (r0, r1, r2) = (rhs_at(p), rhs_at(p + 1), rhs_at(p + 2));
+        let [r0, r1, r2] = rhs.three(p);
+        let (r0, r1, r2) = (&mut r0[..nb], &r1[..nb], &r2[..nb]);
         let range = p * nb..(p + 1) * nb;
         let (a, ap, am) = (&lhs[range.clone()], &lhsp[range.clone()], &lhsm[range]);
         for b in 0..nb {
