@@ -21,7 +21,8 @@
 
 use core::ops::Range;
 
-use crate::team::{Arena, Shared};
+use crate::Values;
+use crate::team::{Arena, Reduction, Shared, Team};
 
 /// The largest grid (points a side) the per-line buffers hold: class C (162).
 pub const MAX_N: usize = 162;
@@ -902,4 +903,143 @@ pub fn rms(g: &Grid, mut sums: [f64; 5]) -> [f64; 5] {
         *s = libm::sqrt(*s);
     }
     sums
+}
+
+/// The whole explicit right-hand side (two phases): the scalars of this thread's
+/// planes, a barrier, then its planes' right-hand side, followed by `more(k)` for
+/// each of them.
+pub fn compute_rhs(team: &Team, g: &Grid, c: &Constants, f: &Fields, mut more: impl FnMut(usize)) {
+    let planes = team.share(g.n);
+    for k in planes.clone() {
+        // SAFETY: plane k is this thread's; nobody writes u in this phase.
+        unsafe { derived_plane(g, c, f, k) };
+    }
+    team.barrier();
+    for k in planes {
+        // SAFETY: plane k of rhs is this thread's; u, the scalars and the forcing are
+        // only read in this phase.
+        unsafe { rhs_plane(g, c, f, k) };
+        more(k);
+    }
+}
+
+/// `initialize`, in parallel by plane. Ends with a barrier.
+pub fn initialize(team: &Team, g: &Grid, c: &Constants, f: &Fields) {
+    for k in team.share(g.n) {
+        // SAFETY: plane k of u is this thread's.
+        initialize_plane(g, c, unsafe { f.u.slice_mut(g.plane_range(k, 5)) }, k);
+    }
+    team.barrier();
+}
+
+/// The forcing term (`exact_rhs`), in parallel. Ends with a barrier.
+pub fn exact_rhs(team: &Team, g: &Grid, c: &Constants, f: &Fields) {
+    for k in team.share(g.n) {
+        // SAFETY: plane k of the forcing is this thread's in this phase.
+        exact_rhs_plane(g, c, unsafe { f.forcing.slice_mut(g.plane_range(k, 5)) }, k);
+    }
+    team.barrier();
+    let rows = team.share(g.n - 2);
+    for j in rows.start + 1..rows.end + 1 {
+        // SAFETY: row j of every plane of the forcing is this thread's in this phase.
+        unsafe { exact_rhs_rows(g, c, f.forcing, j) };
+    }
+    team.barrier();
+}
+
+/// The error norms (`xce`) and residual norms (`xcr`) after the run, as `verify`.
+pub fn norms(
+    team: &Team,
+    g: &Grid,
+    c: &Constants,
+    f: &Fields,
+    sums: &Reduction,
+) -> ([f64; 5], [f64; 5]) {
+    let mut error = [0.0; 5];
+    for k in team.share(g.n) {
+        // SAFETY: nobody writes u now.
+        let part = error_sums_plane(g, c, unsafe { f.u.slice(g.plane_range(k, 5)) }, k);
+        for (e, p) in error.iter_mut().zip(part) {
+            *e += p;
+        }
+    }
+    let xce = rms(g, sums.sums(team, error));
+    compute_rhs(team, g, c, f, |_| {});
+    let mut residual = [0.0; 5];
+    for k in team.share(g.n) {
+        if g.interior().contains(&k) {
+            // SAFETY: plane k of rhs is this thread's and finished.
+            let part = rhs_sums_plane(g, unsafe { f.rhs.slice(g.plane_range(k, 5)) });
+            for (r, p) in residual.iter_mut().zip(part) {
+                *r += p;
+            }
+        }
+    }
+    let xcr = rms(g, sums.sums(team, residual)).map(|r| r / c.dt);
+    (xcr, xce)
+}
+
+/// Names of the norms in [`crate::Outcome::values`].
+const XCR: [&str; 5] = ["xcr1", "xcr2", "xcr3", "xcr4", "xcr5"];
+const XCE: [&str; 5] = ["xce1", "xce2", "xce3", "xce4", "xce5"];
+
+/// The norms as printed result values.
+pub fn values(xcr: &[f64; 5], xce: &[f64; 5]) -> Values {
+    let mut values = Values::new();
+    for (key, &v) in XCR.iter().zip(xcr).chain(XCE.iter().zip(xce)) {
+        values.push(key, v);
+    }
+    values
+}
+
+/// One pseudo-application's problem: grid, steps, time step, whether it needs the
+/// speed of sound, and its per-thread solver work (`f64`s).
+pub struct App {
+    pub n: usize,
+    pub niter: usize,
+    pub dt: f64,
+    pub with_speed: bool,
+    pub work_len: usize,
+}
+
+/// Arena bytes [`drive`] needs for `threads`.
+pub fn heap_bytes(n: usize, with_speed: bool, work_len: usize, threads: usize) -> usize {
+    Fields::bytes(&Grid::new(n), with_speed)
+        + threads * work_len * core::mem::size_of::<f64>()
+        + ALIGN_SLACK
+        + Reduction::bytes(threads)
+}
+
+/// Runs a pseudo-application as the reference's main program: the forcing, the
+/// initial field, one untimed step (`adi`, which ends with a barrier), the initial
+/// field again, then `niter` timed steps. Returns the timed seconds and the residual
+/// and error norms.
+pub fn drive(
+    team: &Team,
+    arena: &mut Arena,
+    app: &App,
+    mut adi: impl FnMut(&Team, &Grid, &Constants, &Fields, &mut [f64]),
+) -> (f64, [f64; 5], [f64; 5]) {
+    let g = Grid::new(app.n);
+    let c = Constants::new(app.n, app.dt);
+    let f = Fields::carve(arena, &g, app.with_speed);
+    let work = arena.alloc::<f64>(team.size() * app.work_len);
+    let sums = Reduction::new(arena, team.size());
+    let mine = team.rank() * app.work_len..(team.rank() + 1) * app.work_len;
+    // SAFETY: this thread's part of the work arrays, used by no other thread.
+    let w = unsafe { work.slice_mut(mine) };
+
+    exact_rhs(team, &g, &c, &f);
+    initialize(team, &g, &c, &f);
+    adi(team, &g, &c, &f, w);
+    initialize(team, &g, &c, &f);
+
+    let start = team.seconds();
+    for _ in 0..app.niter {
+        adi(team, &g, &c, &f, w);
+    }
+    let seconds = team.seconds() - start;
+
+    let (xcr, xce) = norms(team, &g, &c, &f, &sums);
+    (seconds, xcr, xce)
 }

@@ -20,9 +20,9 @@
 
 use core::ops::Range;
 
-use crate::cfd::{self, ALIGN_SLACK, Constants, Fields, Grid};
-use crate::team::{Arena, Reduction, Shared, Team};
-use crate::{Class, Outcome, Values};
+use crate::cfd::{self, App, Constants, Fields, Grid};
+use crate::team::{Arena, Shared, Team};
+use crate::{Class, Outcome};
 
 /// Relative error allowed on each norm, as the reference's `verify`.
 pub const EPSILON: f64 = 1.0e-8;
@@ -118,11 +118,8 @@ fn work_len(n: usize) -> usize {
 
 /// Arena bytes [`run`] needs.
 pub fn heap_bytes(class: Class, threads: usize) -> usize {
-    let g = Grid::new(params(class).0);
-    Fields::bytes(&g, true)
-        + threads * work_len(g.n) * core::mem::size_of::<f64>()
-        + ALIGN_SLACK
-        + Reduction::bytes(threads)
+    let n = params(class).0;
+    cfd::heap_bytes(n, true, work_len(n), threads)
 }
 
 /// One thread's solver work arrays (the reference's `lhs`, `lhsp`, `lhsm`, `cv` and
@@ -679,28 +676,10 @@ impl<'a> Scalars<'a> {
     }
 }
 
-/// The whole explicit right-hand side (two phases): the scalars of this thread's
-/// planes, a barrier, then its planes' right-hand side, followed by `more(k)` for
-/// each of them.
-fn compute_rhs(team: &Team, g: &Grid, c: &Constants, f: &Fields, mut more: impl FnMut(usize)) {
-    let planes = team.share(g.n);
-    for k in planes.clone() {
-        // SAFETY: plane k is this thread's; nobody writes u in this phase.
-        unsafe { cfd::derived_plane(g, c, f, k) };
-    }
-    team.barrier();
-    for k in planes {
-        // SAFETY: plane k of rhs is this thread's; u, the scalars and the forcing are
-        // only read in this phase.
-        unsafe { cfd::rhs_plane(g, c, f, k) };
-        more(k);
-    }
-}
-
 /// One time step (`adi`). Ends with a barrier.
 fn adi(team: &Team, g: &Grid, c: &Constants, f: &Fields, w: &mut Work) {
     let (x, y, z) = (Direction::x(c), Direction::y(c), Direction::z(c));
-    compute_rhs(team, g, c, f, |k| {
+    cfd::compute_rhs(team, g, c, f, |k| {
         if !g.interior().contains(&k) {
             return;
         }
@@ -746,100 +725,24 @@ fn adi(team: &Team, g: &Grid, c: &Constants, f: &Fields, w: &mut Work) {
     team.barrier();
 }
 
-/// `initialize`, in parallel by plane. Ends with a barrier.
-fn initialize(team: &Team, g: &Grid, c: &Constants, f: &Fields) {
-    for k in team.share(g.n) {
-        // SAFETY: plane k of u is this thread's.
-        cfd::initialize_plane(g, c, unsafe { f.u.slice_mut(g.plane_range(k, 5)) }, k);
-    }
-    team.barrier();
-}
-
-/// The forcing term (`exact_rhs`), in parallel. Ends with a barrier.
-fn exact_rhs(team: &Team, g: &Grid, c: &Constants, f: &Fields) {
-    for k in team.share(g.n) {
-        // SAFETY: plane k of the forcing is this thread's in this phase.
-        cfd::exact_rhs_plane(g, c, unsafe { f.forcing.slice_mut(g.plane_range(k, 5)) }, k);
-    }
-    team.barrier();
-    let rows = team.share(g.n - 2);
-    for j in rows.start + 1..rows.end + 1 {
-        // SAFETY: row j of every plane of the forcing is this thread's in this phase.
-        unsafe { cfd::exact_rhs_rows(g, c, f.forcing, j) };
-    }
-    team.barrier();
-}
-
-/// The error norms (`xce`) and residual norms (`xcr`) after the run, as `verify`.
-fn norms(
-    team: &Team,
-    g: &Grid,
-    c: &Constants,
-    f: &Fields,
-    sums: &Reduction,
-) -> ([f64; 5], [f64; 5]) {
-    let mut error = [0.0; 5];
-    for k in team.share(g.n) {
-        // SAFETY: nobody writes u now.
-        let part = cfd::error_sums_plane(g, c, unsafe { f.u.slice(g.plane_range(k, 5)) }, k);
-        for (e, p) in error.iter_mut().zip(part) {
-            *e += p;
-        }
-    }
-    let xce = cfd::rms(g, sums.sums(team, error));
-    compute_rhs(team, g, c, f, |_| {});
-    let mut residual = [0.0; 5];
-    for k in team.share(g.n) {
-        if g.interior().contains(&k) {
-            // SAFETY: plane k of rhs is this thread's and finished.
-            let part = cfd::rhs_sums_plane(g, unsafe { f.rhs.slice(g.plane_range(k, 5)) });
-            for (r, p) in residual.iter_mut().zip(part) {
-                *r += p;
-            }
-        }
-    }
-    let xcr = cfd::rms(g, sums.sums(team, residual)).map(|r| r / c.dt);
-    (xcr, xce)
-}
-
-/// Names of the norms in [`Outcome::values`].
-const XCR: [&str; 5] = ["xcr1", "xcr2", "xcr3", "xcr4", "xcr5"];
-const XCE: [&str; 5] = ["xce1", "xce2", "xce3", "xce4", "xce5"];
-
 /// Runs this thread's part of SP at `class`.
 pub fn run(class: Class, team: &Team, arena: &mut Arena) -> Outcome {
     let (n, niter, dt) = params(class);
-    let g = Grid::new(n);
-    let c = Constants::new(n, dt);
-    let f = Fields::carve(arena, &g, true);
-    let work = arena.alloc::<f64>(team.size() * work_len(n));
-    let sums = Reduction::new(arena, team.size());
-    let mine = team.rank() * work_len(n)..(team.rank() + 1) * work_len(n);
-    // SAFETY: this thread's part of the work arrays, used by no other thread.
-    let mut w = Work::carve(n, unsafe { work.slice_mut(mine) });
-
-    exact_rhs(team, &g, &c, &f);
-    initialize(team, &g, &c, &f);
-    // One untimed step touches all code and data, then start again.
-    adi(team, &g, &c, &f, &mut w);
-    initialize(team, &g, &c, &f);
-
-    let start = team.seconds();
-    for _ in 0..niter {
-        adi(team, &g, &c, &f, &mut w);
-    }
-    let seconds = team.seconds() - start;
-
-    let (xcr, xce) = norms(team, &g, &c, &f, &sums);
-    let mut values = Values::new();
-    for (key, v) in XCR.iter().zip(xcr).chain(XCE.iter().zip(xce)) {
-        values.push(key, v);
-    }
+    let app = App {
+        n,
+        niter,
+        dt,
+        with_speed: true,
+        work_len: work_len(n),
+    };
+    let (seconds, xcr, xce) = cfd::drive(team, arena, &app, |team, g, c, f, work| {
+        adi(team, g, c, f, &mut Work::carve(g.n, work))
+    });
     Outcome {
         seconds,
         mops: mops(class, seconds),
         verified: verify(class, &xcr, &xce),
-        values,
+        values: cfd::values(&xcr, &xce),
     }
 }
 
