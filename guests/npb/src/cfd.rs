@@ -85,6 +85,8 @@ pub struct Constants {
     pub dt: f64,
     pub c1: f64,
     pub c2: f64,
+    pub c3: f64,
+    pub c4: f64,
     pub c1c2: f64,
     pub c1c5: f64,
     pub c3c4: f64,
@@ -190,6 +192,8 @@ impl Constants {
             dt,
             c1,
             c2,
+            c3,
+            c4,
             c1c2,
             c1c5,
             c3c4,
@@ -977,6 +981,14 @@ pub fn norms(
     }
     let xcr = rms(g, sums.sums(team, residual)).map(|r| r / c.dt);
     (xcr, xce)
+}
+
+/// Whether each norm is within `epsilon` of the official value, relatively, as the
+/// reference's `verify` (NaN fails).
+pub fn close(got: &[f64; 5], want: &[f64; 5], epsilon: f64) -> bool {
+    got.iter()
+        .zip(want)
+        .all(|(g, w)| libm::fabs((g - w) / w) <= epsilon)
 }
 
 /// Names of the norms in [`crate::Outcome::values`].

@@ -9,6 +9,7 @@
 use core::fmt;
 use core::str::FromStr;
 
+pub mod bt;
 pub mod cfd;
 pub mod cg;
 pub mod ep;
@@ -36,6 +37,7 @@ pub enum Kernel {
     Cg,
     Ft,
     Sp,
+    Bt,
 }
 
 impl Kernel {
@@ -46,6 +48,7 @@ impl Kernel {
         Kernel::Cg,
         Kernel::Ft,
         Kernel::Sp,
+        Kernel::Bt,
     ];
 
     /// Lower-case name as written on command lines and in results: `ep`.
@@ -57,6 +60,7 @@ impl Kernel {
             Kernel::Cg => "cg",
             Kernel::Ft => "ft",
             Kernel::Sp => "sp",
+            Kernel::Bt => "bt",
         }
     }
 
@@ -263,6 +267,7 @@ pub fn workload_heap_bytes(spec: Spec, threads: u32) -> u64 {
         Kernel::Cg => cg::heap_bytes(spec.class, threads),
         Kernel::Ft => ft::heap_bytes(spec.class, threads),
         Kernel::Sp => sp::heap_bytes(spec.class, threads),
+        Kernel::Bt => bt::heap_bytes(spec.class, threads),
     }) as u64
 }
 
@@ -277,6 +282,7 @@ pub fn run(spec: Spec, team: &Team, arena: &mut Arena) -> Outcome {
         Kernel::Cg => cg::run(spec.class, team, arena),
         Kernel::Ft => ft::run(spec.class, team, arena),
         Kernel::Sp => sp::run(spec.class, team, arena),
+        Kernel::Bt => bt::run(spec.class, team, arena),
     }
 }
 
@@ -373,7 +379,7 @@ mod tests {
         let err = "xx.S".parse::<Spec>().unwrap_err();
         assert_eq!(
             err.to_string(),
-            "unknown benchmark 'xx' in 'xx.S' (known: ep, mg, is, cg, ft, sp)"
+            "unknown benchmark 'xx' in 'xx.S' (known: ep, mg, is, cg, ft, sp, bt)"
         );
         assert_eq!((err.kind(), err.item()), ("unknown-benchmark", "xx.S"));
 

@@ -94,12 +94,7 @@ pub fn reference(class: Class) -> ([f64; 5], [f64; 5]) {
 /// Whether every norm matches the official value within [`EPSILON`] (NaN fails).
 pub fn verify(class: Class, xcr: &[f64; 5], xce: &[f64; 5]) -> bool {
     let (xcrref, xceref) = reference(class);
-    let close = |got: &[f64; 5], want: &[f64; 5]| {
-        got.iter()
-            .zip(want)
-            .all(|(g, w)| libm::fabs((g - w) / w) <= EPSILON)
-    };
-    close(xcr, &xcrref) && close(xce, &xceref)
+    cfd::close(xcr, &xcrref, EPSILON) && cfd::close(xce, &xceref, EPSILON)
 }
 
 /// Mop/s by the reference's operation count.
