@@ -323,27 +323,30 @@ fn matmul_sub(a: &Block, b: &Block, c: &mut Block) {
     }
 }
 
-/// Gauss-Jordan elimination of `lhs` without pivoting, applied to `c` (when given)
-/// and `r`: `binvcrhs` (`c = lhs^-1 c`, `r = lhs^-1 r`) and `binvrhs`.
+/// Gauss-Jordan elimination of `lhs` without pivoting, applied to `c` (if `WITH_C`)
+/// and `r`: `binvcrhs` (`c = lhs^-1 c`, `r = lhs^-1 r`) and, without `c`, `binvrhs`.
 #[inline(always)]
-fn binvcrhs(lhs: &mut Block, mut c: Option<&mut Block>, r: &mut [f64; 5]) {
+fn gauss_jordan<const WITH_C: bool>(lhs: &mut Block, c: &mut Block, r: &mut [f64; 5]) {
     for p in 0..5 {
         let pivot = 1.0 / lhs[p][p];
         for q in p + 1..5 {
             lhs[p][q] = lhs[p][q] * pivot;
         }
-        if let Some(c) = c.as_deref_mut() {
+        if WITH_C {
             for q in 0..5 {
                 c[p][q] = c[p][q] * pivot;
             }
         }
         r[p] = r[p] * pivot;
-        for i in (0..5).filter(|&i| i != p) {
+        for i in 0..5 {
+            if i == p {
+                continue;
+            }
             let coeff = lhs[i][p];
             for q in p + 1..5 {
                 lhs[i][q] = lhs[i][q] - coeff * lhs[p][q];
             }
-            if let Some(c) = c.as_deref_mut() {
+            if WITH_C {
                 for q in 0..5 {
                     c[i][q] = c[i][q] - coeff * c[p][q];
                 }
@@ -351,6 +354,16 @@ fn binvcrhs(lhs: &mut Block, mut c: Option<&mut Block>, r: &mut [f64; 5]) {
             r[i] = r[i] - coeff * r[p];
         }
     }
+}
+
+/// `binvcrhs`.
+fn binvcrhs(lhs: &mut Block, c: &mut Block, r: &mut [f64; 5]) {
+    gauss_jordan::<true>(lhs, c, r);
+}
+
+/// `binvrhs`.
+fn binvrhs(lhs: &mut Block, r: &mut [f64; 5]) {
+    gauss_jordan::<false>(lhs, &mut [[0.0; 5]; 5], r);
 }
 
 /// Solves one line (the reference's loop body of `x_solve`, `y_solve`, `z_solve`):
@@ -395,19 +408,19 @@ fn solve_line(c: &Constants, axis: Axis, n: usize, point: impl Fn(usize) -> Poin
     }
 
     let r = &mut *w.rhs;
-    binvcrhs(&mut w.bb[0], Some(&mut w.cc[0]), &mut r[0]);
+    binvcrhs(&mut w.bb[0], &mut w.cc[0], &mut r[0]);
     for p in 1..isize {
         let (before, at) = r.split_at_mut(p);
         matvec_sub(&w.aa[p], &before[p - 1], &mut at[0]);
         let (cc_before, cc_at) = w.cc.split_at_mut(p);
         matmul_sub(&w.aa[p], &cc_before[p - 1], &mut w.bb[p]);
-        binvcrhs(&mut w.bb[p], Some(&mut cc_at[0]), &mut at[0]);
+        binvcrhs(&mut w.bb[p], &mut cc_at[0], &mut at[0]);
     }
     {
         let (before, at) = r.split_at_mut(isize);
         matvec_sub(&w.aa[isize], &before[isize - 1], &mut at[0]);
         matmul_sub(&w.aa[isize], &w.cc[isize - 1], &mut w.bb[isize]);
-        binvcrhs(&mut w.bb[isize], None, &mut at[0]);
+        binvrhs(&mut w.bb[isize], &mut at[0]);
     }
     for p in (0..isize).rev() {
         let (at, after) = r.split_at_mut(p + 1);
@@ -552,7 +565,7 @@ mod tests {
             }
         }
         let mut lhs = a;
-        binvcrhs(&mut lhs, None, &mut b);
+        binvrhs(&mut lhs, &mut b);
         for m in 0..5 {
             assert!((b[m] - x[m]).abs() < 1e-12, "{b:?}");
         }
