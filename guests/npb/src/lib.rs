@@ -9,6 +9,8 @@
 use core::fmt;
 use core::str::FromStr;
 
+pub mod bt;
+pub mod cfd;
 pub mod cg;
 pub mod ep;
 pub mod ft;
@@ -18,6 +20,7 @@ pub mod is;
 pub mod mg;
 pub mod mpi;
 pub mod random;
+pub mod sp;
 pub mod team;
 #[cfg(test)]
 mod testing;
@@ -33,11 +36,20 @@ pub enum Kernel {
     Is,
     Cg,
     Ft,
+    Sp,
+    Bt,
 }
 
 impl Kernel {
-    pub const ALL: &'static [Kernel] =
-        &[Kernel::Ep, Kernel::Mg, Kernel::Is, Kernel::Cg, Kernel::Ft];
+    pub const ALL: &'static [Kernel] = &[
+        Kernel::Ep,
+        Kernel::Mg,
+        Kernel::Is,
+        Kernel::Cg,
+        Kernel::Ft,
+        Kernel::Sp,
+        Kernel::Bt,
+    ];
 
     /// Lower-case name as written on command lines and in results: `ep`.
     pub fn name(self) -> &'static str {
@@ -47,6 +59,8 @@ impl Kernel {
             Kernel::Is => "is",
             Kernel::Cg => "cg",
             Kernel::Ft => "ft",
+            Kernel::Sp => "sp",
+            Kernel::Bt => "bt",
         }
     }
 
@@ -252,6 +266,8 @@ pub fn workload_heap_bytes(spec: Spec, threads: u32) -> u64 {
         Kernel::Is => is::heap_bytes(spec.class, threads),
         Kernel::Cg => cg::heap_bytes(spec.class, threads),
         Kernel::Ft => ft::heap_bytes(spec.class, threads),
+        Kernel::Sp => sp::heap_bytes(spec.class, threads),
+        Kernel::Bt => bt::heap_bytes(spec.class, threads),
     }) as u64
 }
 
@@ -265,6 +281,8 @@ pub fn run(spec: Spec, team: &Team, arena: &mut Arena) -> Outcome {
         Kernel::Is => is::run(spec.class, team, arena),
         Kernel::Cg => cg::run(spec.class, team, arena),
         Kernel::Ft => ft::run(spec.class, team, arena),
+        Kernel::Sp => sp::run(spec.class, team, arena),
+        Kernel::Bt => bt::run(spec.class, team, arena),
     }
 }
 
@@ -361,7 +379,7 @@ mod tests {
         let err = "xx.S".parse::<Spec>().unwrap_err();
         assert_eq!(
             err.to_string(),
-            "unknown benchmark 'xx' in 'xx.S' (known: ep, mg, is, cg, ft)"
+            "unknown benchmark 'xx' in 'xx.S' (known: ep, mg, is, cg, ft, sp, bt)"
         );
         assert_eq!((err.kind(), err.item()), ("unknown-benchmark", "xx.S"));
 

@@ -277,17 +277,25 @@ impl Reduction {
 
     /// Two sums for the price of one: `(Σ a, Σ b)`.
     pub fn sum2(&self, team: &Team, a: f64, b: f64) -> (f64, f64) {
+        let [a, b] = self.sums(team, [a, b]);
+        (a, b)
+    }
+
+    /// Up to 16 sums at once, element by element, each in rank order.
+    pub fn sums<const N: usize>(&self, team: &Team, values: [f64; N]) -> [f64; N] {
+        const { assert!(N <= SLOT_STRIDE * 2, "a thread has 16 reduction slots") };
         let slot = team.rank() * SLOT_STRIDE * 2;
-        // SAFETY: slots `slot..slot+2` belong to this thread until the barrier.
-        unsafe { self.slots.slice_mut(slot..slot + 2) }.copy_from_slice(&[a, b]);
+        // SAFETY: slots `slot..slot+N` belong to this thread until the barrier.
+        unsafe { self.slots.slice_mut(slot..slot + N) }.copy_from_slice(&values);
         team.barrier();
-        let mut total = (0.0, 0.0);
+        let mut total = [0.0; N];
         for rank in 0..team.size() {
             let at = rank * SLOT_STRIDE * 2;
             // SAFETY: nobody writes slots between the two barriers.
-            let pair = unsafe { self.slots.slice(at..at + 2) };
-            total.0 += pair[0];
-            total.1 += pair[1];
+            let part = unsafe { self.slots.slice(at..at + N) };
+            for (t, p) in total.iter_mut().zip(part) {
+                *t += p;
+            }
         }
         // Nobody may overwrite a slot for the next reduction before all have read.
         team.barrier();

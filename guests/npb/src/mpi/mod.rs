@@ -103,7 +103,7 @@ pub fn supports(spec: Spec, ranks: usize) -> Result<(), &'static str> {
         Kernel::Is | Kernel::Cg => Err("needs a power-of-two number of ranks"),
         Kernel::Ft if ft::fits(spec.class, ranks) => Ok(()),
         Kernel::Ft => Err("needs a power-of-two number of ranks dividing the grid's planes"),
-        Kernel::Mg => Err("has no MPI form yet"),
+        Kernel::Mg | Kernel::Sp | Kernel::Bt => Err("has no MPI form yet"),
     }
 }
 
@@ -115,7 +115,7 @@ pub fn heap_bytes(spec: Spec, ranks: usize) -> usize {
         Kernel::Is => is::heap_bytes(spec.class, ranks),
         Kernel::Cg => cg::heap_bytes(spec.class, ranks),
         Kernel::Ft => ft::heap_bytes(spec.class, ranks),
-        Kernel::Mg => 0,
+        Kernel::Mg | Kernel::Sp | Kernel::Bt => 0,
     }
 }
 
@@ -135,7 +135,7 @@ pub fn run<C: Comm + ?Sized>(
         Kernel::Is => is::run(spec.class, comm, arena),
         Kernel::Cg => cg::run(spec.class, comm, arena),
         Kernel::Ft => ft::run(spec.class, comm, arena),
-        Kernel::Mg => Err(Error("no-mpi-form")),
+        Kernel::Mg | Kernel::Sp | Kernel::Bt => Err(Error("no-mpi-form")),
     }
 }
 

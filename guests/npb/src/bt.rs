@@ -1,0 +1,573 @@
+//! BT, the block-tridiagonal pseudo-application (NPB 3.3 `BT`): time steps of the
+//! Beam-Warming approximate factorisation of the 3-D compressible Navier-Stokes
+//! equations, each direction's implicit factor a block-tridiagonal system of 5x5 blocks
+//! per grid line, solved by block Gaussian elimination.
+//!
+//! One step (`adi`): the explicit right-hand side ([`crate::cfd`]), the x, y and z
+//! solves, then `add`. The parallel split is SP's (see [`crate::sp`]): the scalars by
+//! `k` plane; the right-hand side and the x and y solves by `k` plane; the z solves and
+//! `add` by `j` row; three barriers a step. A thread gathers each line (its `u`, the
+//! scalars and its right-hand side) into its work arrays, solves it there as the
+//! reference does, and writes the right-hand side back.
+
+// Statements are written as the reference's (`a = a - b * c`, indexed loops over the
+// block entries) so that each one's operation order can be checked against it.
+#![allow(clippy::assign_op_pattern, clippy::needless_range_loop)]
+
+use crate::cfd::{self, App, Constants, Fields, Grid};
+use crate::team::{Arena, Team};
+use crate::{Class, Outcome};
+
+/// Relative error allowed on each norm, as the reference's `verify`.
+pub const EPSILON: f64 = 1.0e-8;
+
+/// Grid points a side, time steps and time step length of `class`.
+pub fn params(class: Class) -> (usize, usize, f64) {
+    match class {
+        Class::S => (12, 60, 0.010),
+        Class::W => (24, 200, 0.0008),
+        Class::A => (64, 200, 0.0008),
+    }
+}
+
+/// The official residual norms (`xcrref`) and error norms (`xceref`) of `class`.
+#[allow(clippy::excessive_precision)] // digits as published by NASA
+pub fn reference(class: Class) -> ([f64; 5], [f64; 5]) {
+    match class {
+        Class::S => (
+            [
+                1.7034283709541311e-01,
+                1.2975252070034097e-02,
+                3.2527926989486055e-02,
+                2.6436421275166801e-02,
+                1.9211784131744430e-01,
+            ],
+            [
+                4.9976913345811579e-04,
+                4.5195666782961927e-05,
+                7.3973765172921357e-05,
+                7.3821238632439731e-05,
+                8.9269630987491446e-04,
+            ],
+        ),
+        Class::W => (
+            [
+                0.1125590409344e+03,
+                0.1180007595731e+02,
+                0.2710329767846e+02,
+                0.2469174937669e+02,
+                0.2638427874317e+03,
+            ],
+            [
+                0.4419655736008e+01,
+                0.4638531260002e+00,
+                0.1011551749967e+01,
+                0.9235878729944e+00,
+                0.1018045837718e+02,
+            ],
+        ),
+        Class::A => (
+            [
+                1.0806346714637264e+02,
+                1.1319730901220813e+01,
+                2.5974354511582465e+01,
+                2.3665622544678910e+01,
+                2.5278963211748344e+02,
+            ],
+            [
+                4.2348416040525025e+00,
+                4.4390282496995698e-01,
+                9.6692480136345650e-01,
+                8.8302063039765474e-01,
+                9.7379901770829278e+00,
+            ],
+        ),
+    }
+}
+
+/// Whether every norm matches the official value within [`EPSILON`] (NaN fails).
+pub fn verify(class: Class, xcr: &[f64; 5], xce: &[f64; 5]) -> bool {
+    let (xcrref, xceref) = reference(class);
+    cfd::close(xcr, &xcrref, EPSILON) && cfd::close(xce, &xceref, EPSILON)
+}
+
+/// Mop/s by the reference's operation count.
+pub fn mops(class: Class, seconds: f64) -> f64 {
+    let (n, niter, _) = params(class);
+    let n3 = (n * n * n) as f64;
+    let navg = (3 * n) as f64 / 3.0;
+    1.0e-6 * niter as f64 * (3478.8 * n3 - 17655.7 * navg * navg + 28023.7 * navg) / seconds
+}
+
+/// A 5x5 block, `[row][column]` (the reference's `(row, column)`).
+type Block = [[f64; 5]; 5];
+
+/// `f64`s of one thread's work arrays: per point of a line, `fjac`, `njac` and the
+/// three blocks `aa`, `bb`, `cc`, and the gathered right-hand side.
+fn work_len(n: usize) -> usize {
+    n * (5 * 25 + 5)
+}
+
+/// Arena bytes [`run`] needs.
+pub fn heap_bytes(class: Class, threads: usize) -> usize {
+    let n = params(class).0;
+    cfd::heap_bytes(n, false, work_len(n), threads)
+}
+
+/// One thread's work arrays for one line (the reference's `fjac`, `njac` and `lhs`).
+struct Work<'a> {
+    fjac: &'a mut [Block],
+    njac: &'a mut [Block],
+    aa: &'a mut [Block],
+    bb: &'a mut [Block],
+    cc: &'a mut [Block],
+    rhs: &'a mut [[f64; 5]],
+}
+
+impl<'a> Work<'a> {
+    fn carve(n: usize, all: &'a mut [f64]) -> Work<'a> {
+        let (blocks, rhs) = all.split_at_mut(5 * 25 * n);
+        let (blocks, _) = blocks.as_chunks_mut::<5>();
+        let (blocks, _) = blocks.as_chunks_mut::<5>();
+        let (fjac, rest) = blocks.split_at_mut(n);
+        let (njac, rest) = rest.split_at_mut(n);
+        let (aa, rest) = rest.split_at_mut(n);
+        let (bb, cc) = rest.split_at_mut(n);
+        Work {
+            fjac,
+            njac,
+            aa,
+            bb,
+            cc: &mut cc[..n],
+            rhs: &mut rhs.as_chunks_mut().0[..n],
+        }
+    }
+}
+
+/// The direction of a line, which picks its flux Jacobian and constants.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Axis {
+    X,
+    Y,
+    Z,
+}
+
+/// What the Jacobians read at one point.
+struct Point {
+    u: [f64; 5],
+    qs: f64,
+    square: f64,
+    rho_i: f64,
+}
+
+/// The flux Jacobian `fjac` and viscous Jacobian `njac` at a point, transcribed per
+/// direction from the reference's `x_solve`, `y_solve` and `z_solve` (their
+/// expressions differ in association, which the rounding follows).
+fn jacobians(c: &Constants, axis: Axis, p: &Point) -> (Block, Block) {
+    let u = &p.u;
+    let (c1, c2, c3c4, c1345, con43) = (c.c1, c.c2, c.c3c4, c.c1345, c.con43);
+    let tmp1 = match axis {
+        Axis::Z => 1.0 / u[0],
+        Axis::X | Axis::Y => p.rho_i,
+    };
+    let tmp2 = tmp1 * tmp1;
+    let tmp3 = tmp1 * tmp2;
+    let (qs, square) = (p.qs, p.square);
+    let z = 0.0;
+    match axis {
+        Axis::X => (
+            [
+                [z, 1.0, z, z, z],
+                [
+                    -(u[1] * tmp2 * u[1]) + c2 * qs,
+                    (2.0 - c2) * (u[1] / u[0]),
+                    -c2 * (u[2] * tmp1),
+                    -c2 * (u[3] * tmp1),
+                    c2,
+                ],
+                [-(u[1] * u[2]) * tmp2, u[2] * tmp1, u[1] * tmp1, z, z],
+                [-(u[1] * u[3]) * tmp2, u[3] * tmp1, z, u[1] * tmp1, z],
+                [
+                    (c2 * 2.0 * square - c1 * u[4]) * (u[1] * tmp2),
+                    c1 * u[4] * tmp1 - c2 * (u[1] * u[1] * tmp2 + qs),
+                    -c2 * (u[2] * u[1]) * tmp2,
+                    -c2 * (u[3] * u[1]) * tmp2,
+                    c1 * (u[1] * tmp1),
+                ],
+            ],
+            [
+                [z; 5],
+                [-con43 * c3c4 * tmp2 * u[1], con43 * c3c4 * tmp1, z, z, z],
+                [-c3c4 * tmp2 * u[2], z, c3c4 * tmp1, z, z],
+                [-c3c4 * tmp2 * u[3], z, z, c3c4 * tmp1, z],
+                [
+                    -(con43 * c3c4 - c1345) * tmp3 * (u[1] * u[1])
+                        - (c3c4 - c1345) * tmp3 * (u[2] * u[2])
+                        - (c3c4 - c1345) * tmp3 * (u[3] * u[3])
+                        - c1345 * tmp2 * u[4],
+                    (con43 * c3c4 - c1345) * tmp2 * u[1],
+                    (c3c4 - c1345) * tmp2 * u[2],
+                    (c3c4 - c1345) * tmp2 * u[3],
+                    c1345 * tmp1,
+                ],
+            ],
+        ),
+        Axis::Y => (
+            [
+                [z, z, 1.0, z, z],
+                [-(u[1] * u[2]) * tmp2, u[2] * tmp1, u[1] * tmp1, z, z],
+                [
+                    -(u[2] * u[2] * tmp2) + c2 * qs,
+                    -c2 * u[1] * tmp1,
+                    (2.0 - c2) * u[2] * tmp1,
+                    -c2 * u[3] * tmp1,
+                    c2,
+                ],
+                [-(u[2] * u[3]) * tmp2, z, u[3] * tmp1, u[2] * tmp1, z],
+                [
+                    (c2 * 2.0 * square - c1 * u[4]) * u[2] * tmp2,
+                    -c2 * u[1] * u[2] * tmp2,
+                    c1 * u[4] * tmp1 - c2 * (qs + u[2] * u[2] * tmp2),
+                    -c2 * (u[2] * u[3]) * tmp2,
+                    c1 * u[2] * tmp1,
+                ],
+            ],
+            [
+                [z; 5],
+                [-c3c4 * tmp2 * u[1], c3c4 * tmp1, z, z, z],
+                [-con43 * c3c4 * tmp2 * u[2], z, con43 * c3c4 * tmp1, z, z],
+                [-c3c4 * tmp2 * u[3], z, z, c3c4 * tmp1, z],
+                [
+                    -(c3c4 - c1345) * tmp3 * (u[1] * u[1])
+                        - (con43 * c3c4 - c1345) * tmp3 * (u[2] * u[2])
+                        - (c3c4 - c1345) * tmp3 * (u[3] * u[3])
+                        - c1345 * tmp2 * u[4],
+                    (c3c4 - c1345) * tmp2 * u[1],
+                    (con43 * c3c4 - c1345) * tmp2 * u[2],
+                    (c3c4 - c1345) * tmp2 * u[3],
+                    c1345 * tmp1,
+                ],
+            ],
+        ),
+        Axis::Z => (
+            [
+                [z, z, z, 1.0, z],
+                [-(u[1] * u[3]) * tmp2, u[3] * tmp1, z, u[1] * tmp1, z],
+                [-(u[2] * u[3]) * tmp2, z, u[3] * tmp1, u[2] * tmp1, z],
+                [
+                    -(u[3] * u[3] * tmp2) + c2 * qs,
+                    -c2 * u[1] * tmp1,
+                    -c2 * u[2] * tmp1,
+                    (2.0 - c2) * u[3] * tmp1,
+                    c2,
+                ],
+                [
+                    (c2 * 2.0 * square - c1 * u[4]) * u[3] * tmp2,
+                    -c2 * (u[1] * u[3]) * tmp2,
+                    -c2 * (u[2] * u[3]) * tmp2,
+                    c1 * (u[4] * tmp1) - c2 * (qs + u[3] * u[3] * tmp2),
+                    c1 * u[3] * tmp1,
+                ],
+            ],
+            [
+                [z; 5],
+                [-c3c4 * tmp2 * u[1], c3c4 * tmp1, z, z, z],
+                [-c3c4 * tmp2 * u[2], z, c3c4 * tmp1, z, z],
+                [
+                    -con43 * c3c4 * tmp2 * u[3],
+                    z,
+                    z,
+                    con43 * c.c3 * c.c4 * tmp1,
+                    z,
+                ],
+                [
+                    -(c3c4 - c1345) * tmp3 * (u[1] * u[1])
+                        - (c3c4 - c1345) * tmp3 * (u[2] * u[2])
+                        - (con43 * c3c4 - c1345) * tmp3 * (u[3] * u[3])
+                        - c1345 * tmp2 * u[4],
+                    (c3c4 - c1345) * tmp2 * u[1],
+                    (c3c4 - c1345) * tmp2 * u[2],
+                    (con43 * c3c4 - c1345) * tmp2 * u[3],
+                    c1345 * tmp1,
+                ],
+            ],
+        ),
+    }
+}
+
+/// `bvec = bvec - ablock * avec` (`matvec_sub`).
+#[inline(always)]
+fn matvec_sub(a: &Block, v: &[f64; 5], b: &mut [f64; 5]) {
+    for m in 0..5 {
+        b[m] = b[m]
+            - a[m][0] * v[0]
+            - a[m][1] * v[1]
+            - a[m][2] * v[2]
+            - a[m][3] * v[3]
+            - a[m][4] * v[4];
+    }
+}
+
+/// `cblock = cblock - ablock * bblock` (`matmul_sub`).
+#[inline(always)]
+fn matmul_sub(a: &Block, b: &Block, c: &mut Block) {
+    for j in 0..5 {
+        for i in 0..5 {
+            c[i][j] = c[i][j]
+                - a[i][0] * b[0][j]
+                - a[i][1] * b[1][j]
+                - a[i][2] * b[2][j]
+                - a[i][3] * b[3][j]
+                - a[i][4] * b[4][j];
+        }
+    }
+}
+
+/// Gauss-Jordan elimination of `lhs` without pivoting, applied to `c` (if `WITH_C`)
+/// and `r`: `binvcrhs` (`c = lhs^-1 c`, `r = lhs^-1 r`) and, without `c`, `binvrhs`.
+#[inline(always)]
+fn gauss_jordan<const WITH_C: bool>(lhs: &mut Block, c: &mut Block, r: &mut [f64; 5]) {
+    for p in 0..5 {
+        let pivot = 1.0 / lhs[p][p];
+        for q in p + 1..5 {
+            lhs[p][q] = lhs[p][q] * pivot;
+        }
+        if WITH_C {
+            for q in 0..5 {
+                c[p][q] = c[p][q] * pivot;
+            }
+        }
+        r[p] = r[p] * pivot;
+        for i in 0..5 {
+            if i == p {
+                continue;
+            }
+            let coeff = lhs[i][p];
+            for q in p + 1..5 {
+                lhs[i][q] = lhs[i][q] - coeff * lhs[p][q];
+            }
+            if WITH_C {
+                for q in 0..5 {
+                    c[i][q] = c[i][q] - coeff * c[p][q];
+                }
+            }
+            r[i] = r[i] - coeff * r[p];
+        }
+    }
+}
+
+/// `binvcrhs`.
+fn binvcrhs(lhs: &mut Block, c: &mut Block, r: &mut [f64; 5]) {
+    gauss_jordan::<true>(lhs, c, r);
+}
+
+/// `binvrhs`.
+fn binvrhs(lhs: &mut Block, r: &mut [f64; 5]) {
+    gauss_jordan::<false>(lhs, &mut [[0.0; 5]; 5], r);
+}
+
+/// Solves one line (the reference's loop body of `x_solve`, `y_solve`, `z_solve`):
+/// `points[p]` is what the Jacobians read at position `p`, the right-hand side is in
+/// `w.rhs`.
+fn solve_line(c: &Constants, axis: Axis, n: usize, point: impl Fn(usize) -> Point, w: &mut Work) {
+    let (t1, t2, d) = match axis {
+        Axis::X => (c.tx1, c.tx2, &c.dx),
+        Axis::Y => (c.ty1, c.ty2, &c.dy),
+        Axis::Z => (c.tz1, c.tz2, &c.dz),
+    };
+    for p in 0..n {
+        (w.fjac[p], w.njac[p]) = jacobians(c, axis, &point(p));
+    }
+    // `lhsinit`: the end rows are zero blocks with the identity on the diagonal.
+    let isize = n - 1;
+    for p in [0, isize] {
+        w.aa[p] = [[0.0; 5]; 5];
+        w.bb[p] = [[0.0; 5]; 5];
+        w.cc[p] = [[0.0; 5]; 5];
+        for m in 0..5 {
+            w.bb[p][m][m] = 1.0;
+        }
+    }
+    let tmp1 = c.dt * t1;
+    let tmp2 = c.dt * t2;
+    for p in 1..isize {
+        let (fm, nm) = (&w.fjac[p - 1], &w.njac[p - 1]);
+        let n0 = &w.njac[p];
+        let (fp, np) = (&w.fjac[p + 1], &w.njac[p + 1]);
+        let (aa, bb, cc) = (&mut w.aa[p], &mut w.bb[p], &mut w.cc[p]);
+        for m in 0..5 {
+            for q in 0..5 {
+                aa[m][q] = -tmp2 * fm[m][q] - tmp1 * nm[m][q];
+                bb[m][q] = tmp1 * 2.0 * n0[m][q];
+                cc[m][q] = tmp2 * fp[m][q] - tmp1 * np[m][q];
+            }
+            aa[m][m] = -tmp2 * fm[m][m] - tmp1 * nm[m][m] - tmp1 * d[m];
+            bb[m][m] = 1.0 + tmp1 * 2.0 * n0[m][m] + tmp1 * 2.0 * d[m];
+            cc[m][m] = tmp2 * fp[m][m] - tmp1 * np[m][m] - tmp1 * d[m];
+        }
+    }
+
+    let r = &mut *w.rhs;
+    binvcrhs(&mut w.bb[0], &mut w.cc[0], &mut r[0]);
+    for p in 1..isize {
+        let (before, at) = r.split_at_mut(p);
+        matvec_sub(&w.aa[p], &before[p - 1], &mut at[0]);
+        let (cc_before, cc_at) = w.cc.split_at_mut(p);
+        matmul_sub(&w.aa[p], &cc_before[p - 1], &mut w.bb[p]);
+        binvcrhs(&mut w.bb[p], &mut cc_at[0], &mut at[0]);
+    }
+    {
+        let (before, at) = r.split_at_mut(isize);
+        matvec_sub(&w.aa[isize], &before[isize - 1], &mut at[0]);
+        matmul_sub(&w.aa[isize], &w.cc[isize - 1], &mut w.bb[isize]);
+        binvrhs(&mut w.bb[isize], &mut at[0]);
+    }
+    for p in (0..isize).rev() {
+        let (at, after) = r.split_at_mut(p + 1);
+        let (x, next) = (&mut at[p], &after[0]);
+        let cc = &w.cc[p];
+        for m in 0..5 {
+            for q in 0..5 {
+                x[m] = x[m] - cc[m][q] * next[q];
+            }
+        }
+    }
+}
+
+/// Solves the line of `n` points starting at point `first`, `stride` points apart.
+///
+/// # Safety
+/// This thread owns the right-hand side at the line's points; nobody writes `u` or
+/// the scalars there meanwhile.
+unsafe fn solve(
+    g: &Grid,
+    c: &Constants,
+    f: &Fields,
+    axis: Axis,
+    first: usize,
+    stride: usize,
+    w: &mut Work,
+) {
+    let at = |p: usize| first + p * stride;
+    for p in 0..g.n {
+        let a = at(p);
+        // SAFETY: this thread's point (the caller's contract).
+        w.rhs[p].copy_from_slice(unsafe { f.rhs.slice(5 * a..5 * a + 5) });
+    }
+    let point = |p: usize| {
+        let a = at(p);
+        // SAFETY: nobody writes u or the scalars here (the caller's contract).
+        unsafe {
+            let mut u = [0.0; 5];
+            u.copy_from_slice(f.u.slice(5 * a..5 * a + 5));
+            Point {
+                u,
+                qs: f.qs.get(a),
+                square: f.square.get(a),
+                rho_i: f.rho_i.get(a),
+            }
+        }
+    };
+    solve_line(c, axis, g.n, point, w);
+    for p in 0..g.n {
+        let a = at(p);
+        // SAFETY: this thread's point (the caller's contract).
+        unsafe { f.rhs.slice_mut(5 * a..5 * a + 5) }.copy_from_slice(&w.rhs[p]);
+    }
+}
+
+/// One time step (`adi`). Ends with a barrier.
+fn adi(team: &Team, g: &Grid, c: &Constants, f: &Fields, w: &mut Work) {
+    cfd::compute_rhs(team, g, c, f, |k| {
+        if !g.interior().contains(&k) {
+            return;
+        }
+        for j in g.interior() {
+            // SAFETY: plane k of rhs is this thread's in this phase; nobody writes u
+            // or the scalars.
+            unsafe { solve(g, c, f, Axis::X, g.at(0, j, k), 1, w) };
+        }
+        for i in g.interior() {
+            // SAFETY: as above.
+            unsafe { solve(g, c, f, Axis::Y, g.at(i, 0, k), g.ip, w) };
+        }
+    });
+    team.barrier();
+    let rows = team.share(g.n - 2);
+    for j in rows.start + 1..rows.end + 1 {
+        for i in g.interior() {
+            // SAFETY: row j of every plane of rhs and u is this thread's in this
+            // phase; nobody writes the scalars, and u only after this row's solves.
+            unsafe { solve(g, c, f, Axis::Z, g.at(i, j, 0), g.plane(), w) };
+        }
+        for k in g.interior() {
+            let first = g.at(1, j, k);
+            let range = 5 * first..5 * (first + g.n - 2);
+            // SAFETY: row j of plane k is this thread's (as above).
+            let (u, rhs) = unsafe { (f.u.slice_mut(range.clone()), f.rhs.slice(range)) };
+            for (u, r) in u.iter_mut().zip(rhs) {
+                *u += r;
+            }
+        }
+    }
+    team.barrier();
+}
+
+/// Runs this thread's part of BT at `class`.
+pub fn run(class: Class, team: &Team, arena: &mut Arena) -> Outcome {
+    let (n, niter, dt) = params(class);
+    let app = App {
+        n,
+        niter,
+        dt,
+        with_speed: false,
+        work_len: work_len(n),
+    };
+    let (seconds, xcr, xce) = cfd::drive(team, arena, &app, |team, g, c, f, work| {
+        adi(team, g, c, f, &mut Work::carve(g.n, work))
+    });
+    Outcome {
+        seconds,
+        mops: mops(class, seconds),
+        verified: verify(class, &xcr, &xce),
+        values: cfd::values(&xcr, &xce),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::on_team;
+
+    #[test]
+    fn class_s_verifies_on_one_to_four_threads() {
+        for threads in 1..=4 {
+            let bytes = heap_bytes(Class::S, threads);
+            let outcome = on_team(threads, bytes, |team, arena| run(Class::S, team, arena));
+            assert!(outcome.verified, "{threads} threads: {outcome:?}");
+        }
+    }
+
+    #[test]
+    fn gauss_jordan_inverts_a_block() {
+        let a: Block = [
+            [4.0, 1.0, 0.5, 0.0, 0.2],
+            [1.0, 5.0, 0.3, 0.1, 0.0],
+            [0.2, 0.1, 3.0, 0.4, 0.3],
+            [0.0, 0.6, 0.2, 6.0, 0.1],
+            [0.3, 0.0, 0.1, 0.2, 2.0],
+        ];
+        let x = [1.0, -2.0, 0.5, 3.0, -1.0];
+        let mut b = [0.0; 5];
+        for m in 0..5 {
+            for q in 0..5 {
+                b[m] += a[m][q] * x[q];
+            }
+        }
+        let mut lhs = a;
+        binvrhs(&mut lhs, &mut b);
+        for m in 0..5 {
+            assert!((b[m] - x[m]).abs() < 1e-12, "{b:?}");
+        }
+    }
+}
