@@ -36,6 +36,42 @@ pub enum Command {
     Sim(SimArgs),
     /// An MPI job across VMs of this host, on domain 0's switch.
     Mpi(MpiArgs),
+    /// Serve NIC ports (virtio-net PCI functions on one Ethernet) over vfio-user, one
+    /// UNIX socket per port: the hardware for `--passthrough vfio-user:PATH`.
+    NicServer(NicServerArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct NicServerArgs {
+    /// Directory for the ports' sockets (`DIR/port-K.sock`).
+    #[arg(long, value_name = "DIR")]
+    pub dir: PathBuf,
+
+    /// Ports (NICs) to serve.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub ports: u32,
+
+    /// The MPI rank of port 0's MAC (port K has rank R+K's MAC, as `kumo mpi` gives).
+    #[arg(long, value_name = "R", default_value_t = 0)]
+    pub first_rank: u32,
+}
+
+/// Which NIC the VMs of an MPI job get.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NicKind {
+    /// kumo's virtio-net, its frames carried by domain 0's switch thread.
+    Emulated,
+    /// A port of a NIC server (vfio-user) attached by PCI passthrough.
+    Passthrough,
+}
+
+impl NicKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            NicKind::Emulated => "emulated",
+            NicKind::Passthrough => "passthrough",
+        }
+    }
 }
 
 /// How a guest's MPI rank waits for the network.
@@ -88,6 +124,16 @@ pub struct MpiArgs {
     #[arg(long, value_name = "PATH", default_value = "generic", value_parser = irq_path)]
     pub irq_path: hv::irq::IrqPath,
 
+    /// The VMs' NIC: emulated (domain 0's switch) or passthrough (a port each of a
+    /// `kumo nic-server` this run starts, or of the one at --nic-server).
+    #[arg(long, value_enum, default_value_t = NicKind::Emulated)]
+    pub nic: NicKind,
+
+    /// With --nic passthrough: use the running `kumo nic-server --dir DIR` instead of
+    /// starting one (rank R on port R - first rank).
+    #[arg(long, value_name = "DIR")]
+    pub nic_server: Option<PathBuf>,
+
     /// Print one JSON object per rank, then one for the job.
     #[arg(long)]
     pub json: bool,
@@ -117,6 +163,10 @@ pub struct NetBenchArgs {
     /// Round trips per size [default: the guest's, 32 MiB / max(size, 16 KiB) + 10].
     #[arg(long, value_name = "N")]
     pub rounds: Option<u32>,
+
+    /// NIC of both VMs [default: emulated and passthrough, side by side].
+    #[arg(long, value_enum)]
+    pub nic: Option<NicKind>,
 
     /// Also run the same guest and sizes on two QEMU VMs (virtio-net-pci on a
     /// `-netdev stream` wire), beside kumo's rows.
