@@ -57,9 +57,10 @@ pub struct NicServerArgs {
 }
 
 /// Which NIC the VMs of an MPI job get.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum NicKind {
     /// kumo's virtio-net, its frames carried by domain 0's switch thread.
+    #[default]
     Emulated,
     /// A port of a NIC server (vfio-user) attached by PCI passthrough.
     Passthrough,

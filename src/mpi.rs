@@ -12,10 +12,12 @@ use anyhow::{Context, Result, bail};
 use devices::net::switch::SwitchConfig;
 use hv::irq::IrqPath;
 use hv::net::{Network, NicSetup};
+use hv::passthrough::PassthroughSpec;
 use npb::Spec;
 use serde_json::{Value, json};
 
-use crate::cli::{MpiArgs, NetBenchArgs, Wait};
+use crate::cli::{MpiArgs, NetBenchArgs, NicKind, Wait};
+use crate::nic_server::ServerProcess;
 use crate::run::{self, GuestRun};
 
 /// Guest memory of each VM: the MPI runtime's per-peer rings and the check's 16 MiB
@@ -39,6 +41,10 @@ pub struct Job {
     pub wire: Option<WireSpec>,
     /// How long the wire waits for its peer.
     pub wire_patience: Duration,
+    /// The VMs' NIC.
+    pub nic: NicKind,
+    /// With a passthrough NIC: a running server's directory (else the job starts one).
+    pub nic_server: Option<PathBuf>,
 }
 
 /// The other end of a wire: a UNIX socket in QEMU's stream framing.
@@ -171,6 +177,15 @@ fn run_job_in(
     }
     run::check_guest_vcpus(vcpus, kvm_device)?;
     let network = Network::new(SwitchConfig::default())?;
+    let server = match (job.nic, &job.nic_server) {
+        (NicKind::Emulated, _) => None,
+        (NicKind::Passthrough, _) if job.wire.is_some() => {
+            bail!("--wire joins domain 0's switch: it does not apply to --nic passthrough")
+        }
+        (NicKind::Passthrough, Some(dir)) => Some(ServerProcess::running_at(dir)),
+        (NicKind::Passthrough, None) => Some(ServerProcess::start(vms, job.first_rank)?),
+    };
+    let mut attached = Vec::new();
     let mut machines = Vec::new();
     for rank in job.first_rank..job.first_rank + vms {
         let config = run::embedded_config(
@@ -180,16 +195,27 @@ fn run_job_in(
             kvm_device,
         );
         let mut vm = hv::Vm::new(config)?;
-        network
-            .attach(
-                &mut vm,
-                &NicSetup {
-                    mac: mac(rank),
-                    irq_path,
-                },
-                None,
-            )
-            .with_context(|| format!("attaching rank {rank}'s NIC"))?;
+        match &server {
+            None => {
+                network
+                    .attach(
+                        &mut vm,
+                        &NicSetup {
+                            mac: mac(rank),
+                            irq_path,
+                        },
+                        None,
+                    )
+                    .with_context(|| format!("attaching rank {rank}'s NIC"))?;
+            }
+            Some(server) => {
+                let spec = PassthroughSpec::VfioUser(server.socket(rank - job.first_rank));
+                attached.push(
+                    hv::passthrough::attach(&mut vm, &spec, irq_path)
+                        .with_context(|| format!("attaching rank {rank}'s NIC"))?,
+                );
+            }
+        }
         machines.push(vm);
     }
     if let Some(wire) = &job.wire {
@@ -211,6 +237,8 @@ fn run_job_in(
     });
     let stats = running.switch_stats();
     drop(running);
+    drop(attached);
+    drop(server);
     tracing::debug!(?stats, "switch");
     runs.into_iter()
         .enumerate()
@@ -247,6 +275,8 @@ pub fn run_mpi(args: &MpiArgs, epoch: Instant) -> Result<u8> {
         first_rank: args.first_rank,
         wire: args.wire.clone(),
         wire_patience: Duration::from_secs_f64(args.wire_wait),
+        nic: args.nic,
+        nic_server: args.nic_server.clone(),
     };
     let runs = run_job(
         args.vms,
@@ -362,6 +392,8 @@ fn run_npb(args: &MpiArgs, list: &str, epoch: Instant) -> Result<u8> {
         first_rank: args.first_rank,
         wire: args.wire.clone(),
         wire_patience: Duration::from_secs_f64(args.wire_wait),
+        nic: args.nic,
+        nic_server: args.nic_server.clone(),
     };
     let runs = run_job_in(
         args.vms,

@@ -26,9 +26,7 @@ use std::sync::{Arc, Mutex};
 use anyhow::{Context, Result, bail};
 use devices::net::switch::SwitchConfig;
 use devices::pci::msix::{CONTROL_ENABLE, MsiMessage, MsixSink};
-use devices::vfio_user::proto::{
-    self, DeviceInfo, IoFd, IrqInfo, RegionInfo, Request, vfio,
-};
+use devices::vfio_user::proto::{self, DeviceInfo, IoFd, IrqInfo, RegionInfo, Request, vfio};
 use devices::vfio_user::socket::{self, Message, SocketError};
 use devices::virtio::VirtioPciDevice;
 use devices::virtio::net::{NetConfig, VirtioNet};
@@ -122,7 +120,10 @@ fn serve_port(
         };
         match session.serve(&stream) {
             Ok(()) | Err(SocketError::Closed) => {}
-            Err(e) => eprintln!("kumo nic-server: {}: {e}; dropping the client", path.display()),
+            Err(e) => eprintln!(
+                "kumo nic-server: {}: {e}; dropping the client",
+                path.display()
+            ),
         }
         session.detach();
     }
@@ -184,7 +185,10 @@ impl Session<'_> {
             let (bytes, out_fds) = match Request::parse(header.command, &body) {
                 Ok(request) => match self.handle(request, fds) {
                     Ok((body, out)) => (proto::encode_reply(header.id, header.command, &body), out),
-                    Err(errno) => (proto::encode_error(header.id, header.command, errno), vec![]),
+                    Err(errno) => (
+                        proto::encode_error(header.id, header.command, errno),
+                        vec![],
+                    ),
                 },
                 Err(e) => {
                     tracing::debug!("nic-server: refusing a message: {e}");
@@ -202,7 +206,11 @@ impl Session<'_> {
 
     /// Answers one request: the reply's body and the descriptors to send with it (the
     /// port's own, which outlive the reply).
-    fn handle(&mut self, request: Request, fds: Vec<File>) -> Result<(Vec<u8>, Vec<RawFd>), Refusal> {
+    fn handle(
+        &mut self,
+        request: Request,
+        fds: Vec<File>,
+    ) -> Result<(Vec<u8>, Vec<RawFd>), Refusal> {
         let inval = libc::EINVAL as u32;
         let body = match request {
             Request::Version { major, .. } => {
@@ -269,7 +277,12 @@ impl Session<'_> {
                         kind: vfio::IO_FD_TYPE_EVENTFD,
                     })
                     .collect();
-                let fds = self.served.doorbells.iter().map(|fd| fd.as_raw_fd()).collect();
+                let fds = self
+                    .served
+                    .doorbells
+                    .iter()
+                    .map(|fd| fd.as_raw_fd())
+                    .collect();
                 return Ok((proto::encode_io_fds(index, &entries), fds));
             }
             Request::GetIrqInfo { index } => {
@@ -482,7 +495,96 @@ impl Session<'_> {
             self.served.actions.act(TransportAction::Reset);
             self.network.plug(self.served.port, None);
         }
-        self.irqs.0.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.irqs
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
         self.dma.clear();
+    }
+}
+
+/// The NIC server a run uses: one it started (killed and cleaned up when dropped) or
+/// one already running at a directory.
+pub struct ServerProcess {
+    child: Option<std::process::Child>,
+    dir: PathBuf,
+}
+
+/// How long a started server may take to open its sockets.
+const START_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl ServerProcess {
+    /// Starts `kumo nic-server` (this executable) with `ports` ports, port 0 with rank
+    /// `first_rank`'s MAC, in a fresh directory; returns once every socket is there.
+    pub fn start(ports: u32, first_rank: u32) -> Result<ServerProcess> {
+        static STARTED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "kumo-nic-{}-{}",
+            std::process::id(),
+            STARTED.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+        ));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let exe = std::env::current_exe().context("finding kumo's own executable")?;
+        let child = std::process::Command::new(exe)
+            .arg("nic-server")
+            .arg("--dir")
+            .arg(&dir)
+            .arg("--ports")
+            .arg(ports.to_string())
+            .arg("--first-rank")
+            .arg(first_rank.to_string())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .context("starting kumo nic-server")?;
+        let mut server = ServerProcess {
+            child: Some(child),
+            dir,
+        };
+        let deadline = std::time::Instant::now() + START_PATIENCE;
+        while !(0..ports).all(|k| port_socket(&server.dir, k).exists()) {
+            if let Some(child) = &mut server.child
+                && let Some(status) = child.try_wait()?
+            {
+                bail!("kumo nic-server exited before it served ({status})");
+            }
+            if std::time::Instant::now() > deadline {
+                bail!(
+                    "kumo nic-server did not open its sockets within {} s",
+                    START_PATIENCE.as_secs()
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        Ok(server)
+    }
+
+    /// A server someone else runs at `dir`.
+    pub fn running_at(dir: &Path) -> ServerProcess {
+        ServerProcess {
+            child: None,
+            dir: dir.to_owned(),
+        }
+    }
+
+    /// The socket of port `port`.
+    pub fn socket(&self, port: u32) -> PathBuf {
+        port_socket(&self.dir, port)
+    }
+
+    /// The server's process id, if this run started it.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(std::process::Child::id)
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }

@@ -153,8 +153,14 @@ impl PassthroughDevice {
             c[config::REVISION],
         );
         space.put(0x2c, &c[0x2c..0x30]);
-        space.put(config::CAPABILITIES_POINTER, &[c[config::CAPABILITIES_POINTER]]);
-        space.put(STATUS, &(word(c, STATUS) & config::STATUS_CAPABILITIES).to_le_bytes());
+        space.put(
+            config::CAPABILITIES_POINTER,
+            &[c[config::CAPABILITIES_POINTER]],
+        );
+        space.put(
+            STATUS,
+            &(word(c, STATUS) & config::STATUS_CAPABILITIES).to_le_bytes(),
+        );
         let mut index = 0;
         while index < 6 {
             let size = layout.bar_sizes[index];
@@ -294,7 +300,8 @@ impl PassthroughDevice {
     /// Message control as the guest reads it: the device's table size, kumo's enable
     /// and function-mask bits.
     fn control(&self, msix: &Msix) -> u16 {
-        let mut control = u16::from_le_bytes([self.msix_cap_bytes[2], self.msix_cap_bytes[3]]) & 0x7ff;
+        let mut control =
+            u16::from_le_bytes([self.msix_cap_bytes[2], self.msix_cap_bytes[3]]) & 0x7ff;
         if msix.enabled() {
             control |= msix::CONTROL_ENABLE;
         }
@@ -310,7 +317,10 @@ impl PassthroughDevice {
 
     fn table_range(&self, state: &State) -> (u8, std::ops::Range<u64>) {
         let start = self.layout.table_offset;
-        (self.layout.table_bar, start..start + state.msix.table_size())
+        (
+            self.layout.table_bar,
+            start..start + state.msix.table_size(),
+        )
     }
 
     fn pba_range(&self, state: &State) -> (u8, std::ops::Range<u64>) {

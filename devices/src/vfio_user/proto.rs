@@ -281,9 +281,7 @@ impl Request {
             } => w.u32(32).u32(*flags).u64(*offset).u64(*address).u64(*size),
             Request::DmaUnmap { address, size } => w.u32(24).u32(0).u64(*address).u64(*size),
             Request::DeviceGetInfo => w.u32(16).u32(0).u32(0).u32(0),
-            Request::GetRegionInfo { index } => {
-                w.u32(32).u32(0).u32(*index).u32(0).u64(0).u64(0)
-            }
+            Request::GetRegionInfo { index } => w.u32(32).u32(0).u32(*index).u32(0).u64(0).u64(0),
             Request::GetRegionIoFds { index } => w.u32(16).u32(0).u32(*index).u32(0),
             Request::GetIrqInfo { index } => w.u32(16).u32(0).u32(*index).u32(0),
             Request::SetIrqs {
@@ -767,11 +765,7 @@ mod tests {
 
     #[test]
     fn oversized_writes_are_refused() {
-        let body = Writer::default()
-            .u64(0)
-            .u32(0)
-            .u32(MAX_DATA as u32 + 1)
-            .0;
+        let body = Writer::default().u64(0).u32(0).u32(MAX_DATA as u32 + 1).0;
         assert!(Request::parse(command::REGION_WRITE, &body).is_err());
     }
 
