@@ -517,6 +517,10 @@ pub fn run_bench(args: &NetBenchArgs, epoch: Instant) -> Result<u8> {
         Some(w) => vec![w],
         None => vec![Wait::Spin, Wait::Block],
     };
+    let nics = match args.nic {
+        Some(n) => vec![n],
+        None => vec![NicKind::Emulated, NicKind::Passthrough],
+    };
     let list: Vec<String> = sizes.iter().map(u64::to_string).collect();
     let mut rows = Vec::new();
     for &wait in &waits {
@@ -524,16 +528,23 @@ pub fn run_bench(args: &NetBenchArgs, epoch: Instant) -> Result<u8> {
         if let Some(rounds) = args.rounds {
             extra.push_str(&format!(" net_rounds={rounds}"));
         }
-        // kumo on each path, then (if asked) QEMU with the same guest and sizes.
-        let mut settings: Vec<Option<IrqPath>> = paths.iter().copied().map(Some).collect();
+        // kumo with each NIC on each path, then (if asked) QEMU with the same guest
+        // and sizes.
+        let mut settings: Vec<Option<(NicKind, IrqPath)>> = nics
+            .iter()
+            .flat_map(|&nic| paths.iter().map(move |&path| Some((nic, path))))
+            .collect();
         if args.qemu {
             settings.push(None);
         }
         for setting in settings {
             let events = match setting {
-                Some(path) => {
-                    let mut runs =
-                        run_job(2, 1, path, &extra, &Job::default(), &args.kvm_device, epoch)?;
+                Some((nic, path)) => {
+                    let job = Job {
+                        nic,
+                        ..Job::default()
+                    };
+                    let mut runs = run_job(2, 1, path, &extra, &job, &args.kvm_device, epoch)?;
                     measurement(&runs[0], "pingpong", 0)?;
                     runs.swap_remove(0).events
                 }
@@ -560,7 +571,11 @@ pub fn run_bench(args: &NetBenchArgs, epoch: Instant) -> Result<u8> {
                     fields.into_iter().map(|(k, v)| (k, json!(v))).collect();
                 row.insert(
                     "irq_path".into(),
-                    json!(setting.map_or("qemu", IrqPath::name)),
+                    json!(setting.map_or("qemu", |(_, path)| path.name())),
+                );
+                row.insert(
+                    "nic".into(),
+                    json!(setting.map_or("qemu", |(nic, _)| nic.name())),
                 );
                 row.insert("wait".into(), json!(wait_name(wait)));
                 rows.push(row);
@@ -573,7 +588,8 @@ pub fn run_bench(args: &NetBenchArgs, epoch: Instant) -> Result<u8> {
         }
     } else {
         crate::outln!(
-            "{:<8} {:<6} {:>9} {:>7} {:>10} {:>10} {:>10}",
+            "{:<12} {:<8} {:<6} {:>9} {:>7} {:>10} {:>10} {:>10}",
+            "nic",
             "path",
             "wait",
             "size",
@@ -584,7 +600,8 @@ pub fn run_bench(args: &NetBenchArgs, epoch: Instant) -> Result<u8> {
         );
         for row in &rows {
             crate::outln!(
-                "{:<8} {:<6} {:>9} {:>7} {:>10} {:>10} {:>10}",
+                "{:<12} {:<8} {:<6} {:>9} {:>7} {:>10} {:>10} {:>10}",
+                text(row, "nic"),
                 text(row, "irq_path"),
                 text(row, "wait"),
                 text(row, "size"),
@@ -595,7 +612,8 @@ pub fn run_bench(args: &NetBenchArgs, epoch: Instant) -> Result<u8> {
             );
         }
         crate::outln!(
-            "half round trip between two VMs through domain 0's switch (guest TSC); MB/s = size / half round trip;\n\
+            "half round trip between two VMs (guest TSC); MB/s = size / half round trip;\n\
+             nic emulated: domain 0's switch thread; nic passthrough: a port each of a kumo nic-server (vfio-user);\n\
              path qemu: the same guest on two QEMU VMs, virtio-net-pci on one -netdev stream wire"
         );
     }

@@ -441,3 +441,260 @@ impl PciDevice for PassthroughDevice {
         self.doorbells.clone()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pci::MsiMessage;
+    use crate::virtio::VirtioPciDevice;
+    use crate::virtio::net::{NetConfig, VirtioNet};
+    use crate::virtio::transport::{self, ActionSink, TransportAction};
+    use vm_memory::{GuestAddress, GuestMemoryMmap};
+
+    /// What reached a sink: (vector, route) per reroute, vectors sent.
+    #[derive(Default)]
+    struct Recorder {
+        reroutes: Mutex<Vec<(u16, Option<MsiMessage>)>>,
+        sent: Mutex<Vec<u16>>,
+    }
+
+    impl MsixSink for Recorder {
+        fn send(&self, vector: u16, _message: MsiMessage) {
+            self.sent.lock().unwrap().push(vector);
+        }
+        fn reroute(&self, vector: u16, route: Option<MsiMessage>) {
+            self.reroutes.lock().unwrap().push((vector, route));
+        }
+    }
+
+    impl ActionSink for Recorder {
+        fn act(&self, _action: TransportAction) {}
+    }
+
+    /// The "real device": kumo's own virtio-net transport, reached as regions.
+    struct Real(VirtioPciDevice, std::sync::atomic::AtomicBool);
+
+    impl RegionAccess for Real {
+        fn region_read(&self, region: u32, offset: u64, data: &mut [u8]) -> Result<(), String> {
+            if self.1.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err("gone".into());
+            }
+            match region {
+                0 => self.0.read_bar(0, offset, data),
+                CONFIG_REGION => self.0.read_config(offset as usize, data),
+                _ => return Err("no such region".into()),
+            }
+            Ok(())
+        }
+        fn region_write(&self, region: u32, offset: u64, data: &[u8]) -> Result<(), String> {
+            match region {
+                0 => drop(self.0.write_bar(0, offset, data)),
+                CONFIG_REGION => drop(self.0.write_config(offset as usize, data)),
+                _ => return Err("no such region".into()),
+            }
+            Ok(())
+        }
+    }
+
+    fn real() -> Arc<Real> {
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        let net = Arc::new(
+            VirtioNet::new(
+                NetConfig {
+                    mac: [2, 0, 0, 0, 0, 1],
+                    queue_pairs: 1,
+                    queue_size: 16,
+                },
+                mem,
+            )
+            .unwrap(),
+        );
+        let recorder = Arc::new(Recorder::default());
+        Arc::new(Real(
+            VirtioPciDevice::new(net, recorder.clone(), recorder).unwrap(),
+            Default::default(),
+        ))
+    }
+
+    fn layout_of(real: &Real) -> DeviceLayout {
+        let mut config = [0u8; CONFIG_SIZE];
+        real.0.read_config(0, &mut config);
+        DeviceLayout {
+            config,
+            bar_sizes: [transport::BAR_SIZE, 0, 0, 0, 0, 0],
+            msix_irqs: 3,
+            doorbells: vec![(0, transport::NOTIFY_OFFSET)],
+        }
+    }
+
+    fn mediated() -> (Arc<Real>, PassthroughDevice, Arc<Recorder>) {
+        let real = real();
+        let sink = Arc::new(Recorder::default());
+        let device = PassthroughDevice::new(real.clone(), &layout_of(&real), sink.clone()).unwrap();
+        (real, device, sink)
+    }
+
+    fn read32(device: &PassthroughDevice, offset: usize) -> u32 {
+        let mut b = [0u8; 4];
+        device.config_read(offset, &mut b);
+        u32::from_le_bytes(b)
+    }
+
+    #[test]
+    fn identity_passes_and_bars_are_kumos() {
+        let (real, device, _) = mediated();
+        assert_eq!(
+            read32(&device, 0),
+            read32_real(&real, 0),
+            "vendor and device"
+        );
+        assert_eq!(device.bars(), vec![(0, transport::BAR_SIZE)]);
+        // The sizing protocol: all ones reads back the size mask.
+        device.config_write(config::BAR0, &u32::MAX.to_le_bytes());
+        assert_eq!(
+            read32(&device, config::BAR0),
+            !(transport::BAR_SIZE as u32 - 1)
+        );
+        // Relocated by kumo; the device's own BAR never moves.
+        device.place_bar(0, 0xc000_0000);
+        device.config_write(COMMAND, &config::COMMAND_MEMORY.to_le_bytes());
+        assert_eq!(
+            device.memory_regions(),
+            vec![BarRegion {
+                index: 0,
+                address: 0xc000_0000,
+                size: transport::BAR_SIZE
+            }]
+        );
+        assert_eq!(real.0.bar_address(), Some(0));
+        // The command register reached the device too.
+        assert_eq!(
+            read32_real(&real, COMMAND) as u16 & config::COMMAND_MEMORY,
+            config::COMMAND_MEMORY
+        );
+    }
+
+    fn read32_real(real: &Real, offset: usize) -> u32 {
+        let mut b = [0u8; 4];
+        real.0.read_config(offset, &mut b);
+        u32::from_le_bytes(b)
+    }
+
+    #[test]
+    fn msix_is_virtualized_and_trapped() {
+        let (real, device, sink) = mediated();
+        let cap = device.layout.cap;
+        // Enabling MSI-X is kumo's business: the device's own control is untouched.
+        device.config_write(cap + 2, &msix::CONTROL_ENABLE.to_le_bytes());
+        assert_eq!(
+            read32(&device, cap) >> 16,
+            u32::from(msix::CONTROL_ENABLE) | 2
+        );
+        assert_eq!(read32_real(&real, cap) >> 16, 2);
+        // Programming and unmasking entry 1 reroutes it, in kumo's table only.
+        let entry = transport::MSIX_TABLE_OFFSET + 16;
+        device.bar_write(0, entry, &0xfee0_1000u32.to_le_bytes());
+        device.bar_write(0, entry + 8, &0x41u32.to_le_bytes());
+        device.bar_write(0, entry + 12, &0u32.to_le_bytes());
+        let route = MsiMessage {
+            address: 0xfee0_1000,
+            data: 0x41,
+        };
+        assert_eq!(
+            sink.reroutes.lock().unwrap().last(),
+            Some(&(1, Some(route)))
+        );
+        let mut b = [0u8; 4];
+        real.0.read_bar(0, entry, &mut b);
+        assert_eq!(
+            u32::from_le_bytes(b),
+            0,
+            "the device's table is not written"
+        );
+        device.bar_read(0, entry + 8, &mut b);
+        assert_eq!(u32::from_le_bytes(b), 0x41);
+        // Masked: held in kumo's PBA, sent on unmask.
+        device.bar_write(0, entry + 12, &1u32.to_le_bytes());
+        device.fire(1);
+        assert!(sink.sent.lock().unwrap().is_empty());
+        device.bar_read(0, transport::MSIX_PBA_OFFSET, &mut b);
+        assert_eq!(b[0], 0b10);
+        device.bar_write(0, entry + 12, &0u32.to_le_bytes());
+        assert_eq!(*sink.sent.lock().unwrap(), vec![1]);
+    }
+
+    #[test]
+    fn other_accesses_reach_the_device() {
+        let (real, device, _) = mediated();
+        // Common configuration: select feature word 1, read VERSION_1's bit back.
+        device.bar_write(0, 0, &1u32.to_le_bytes());
+        let mut b = [0u8; 4];
+        device.bar_read(0, 4, &mut b);
+        assert_eq!(u32::from_le_bytes(b) & 1, 1);
+        // A vendor capability (past MSI-X) reads what the device has.
+        let next = usize::from(layout_of(&real).config[device.layout.cap + 1]);
+        assert_eq!(read32(&device, next), read32_real(&real, next));
+        assert_eq!(device.doorbells()[0].offset, transport::NOTIFY_OFFSET);
+        // A device that is gone reads all ones.
+        real.1.store(true, std::sync::atomic::Ordering::SeqCst);
+        device.bar_read(0, 4, &mut b);
+        assert_eq!(b, [0xff; 4]);
+    }
+
+    #[test]
+    fn untrustworthy_layouts_are_refused() {
+        let real = real();
+        let sink: Arc<dyn MsixSink> = Arc::new(Recorder::default());
+        let try_with = |edit: &dyn Fn(&mut DeviceLayout)| {
+            let mut layout = layout_of(&real);
+            edit(&mut layout);
+            PassthroughDevice::new(real.clone(), &layout, sink.clone()).err()
+        };
+        assert!(try_with(&|_| {}).is_none());
+        assert!(matches!(
+            try_with(&|l| l.bar_sizes[0] = 0x7000),
+            Some(PassthroughError::BarSize { .. })
+        ));
+        assert!(matches!(
+            try_with(&|l| l.bar_sizes[0] = 0x4000),
+            Some(PassthroughError::MsixPlacement { .. })
+        ));
+        assert!(matches!(
+            try_with(&|l| l.msix_irqs = 64),
+            Some(PassthroughError::MsixCount { .. })
+        ));
+        assert!(matches!(
+            try_with(&|l| l.doorbells.push((0, transport::BAR_SIZE - 2))),
+            Some(PassthroughError::Doorbell { .. })
+        ));
+        assert!(matches!(
+            try_with(&|l| l.doorbells.push((3, 0))),
+            Some(PassthroughError::Doorbell { .. })
+        ));
+        // A capability list that points at itself, or outside the area.
+        let cap = find_msix(&layout_of(&real).config).unwrap();
+        assert!(matches!(
+            try_with(&|l| {
+                l.config[config::CAPABILITIES_POINTER] = 0x50;
+                l.config[0x50] = 0x09;
+                l.config[0x51] = 0x50;
+            }),
+            Some(PassthroughError::Capabilities(_))
+        ));
+        assert!(matches!(
+            try_with(&|l| {
+                l.config[cap] = 0x09;
+                l.config[cap + 1] = 0xfc;
+            }),
+            Some(PassthroughError::Capabilities(_))
+        ));
+        assert!(matches!(
+            try_with(&|l| l.config[config::CAPABILITIES_POINTER] = 0x10),
+            Some(PassthroughError::Capabilities(_))
+        ));
+        assert!(matches!(
+            try_with(&|l| l.config[config::BAR0] |= 1),
+            Some(PassthroughError::IoBar { .. })
+        ));
+    }
+}
