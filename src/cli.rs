@@ -534,10 +534,18 @@ pub struct VmArgs {
     #[arg(long)]
     pub irq_check: bool,
 
-    /// Interrupt path of the test device: generic (one event-loop thread,
-    /// KVM_SIGNAL_MSI) or fast (an irqfd per vector, routed where the guest aims it).
+    /// Interrupt path of the test device or the --passthrough devices: generic (one
+    /// event-loop thread, KVM_SIGNAL_MSI) or fast (an irqfd per vector, routed where the
+    /// guest aims it).
     #[arg(long, value_name = "PATH", default_value = "generic", value_parser = irq_path)]
     pub irq_path: hv::irq::IrqPath,
+
+    /// Attach a PCI device that lives outside kumo (repeatable): `vfio-user:PATH`, a
+    /// device served over vfio-user at the UNIX socket PATH (e.g. a port of `kumo
+    /// nic-server`), or a host device `DDDD:BB:DD.F` through the kernel's VFIO. Its
+    /// interrupts take --irq-path.
+    #[arg(long, value_name = "SPEC")]
+    pub passthrough: Vec<String>,
 
     /// Write the embedded guest ELF to PATH and exit (boot it elsewhere: QEMU, Xen).
     #[arg(long, value_name = "PATH")]
@@ -660,8 +668,23 @@ impl Mode {
     /// The options (clap ids: field names) this run reads besides [`VM_RUN`].
     fn own_options(self) -> &'static [&'static str] {
         match self {
-            Mode::Embedded => &["memory", "npb", "json", "sched", "ctl_socket"],
-            Mode::Kernel => &["kernel", "memory", "cmdline", "module"],
+            Mode::Embedded => &[
+                "memory",
+                "npb",
+                "json",
+                "sched",
+                "ctl_socket",
+                "passthrough",
+                "irq_path",
+            ],
+            Mode::Kernel => &[
+                "kernel",
+                "memory",
+                "cmdline",
+                "module",
+                "passthrough",
+                "irq_path",
+            ],
             Mode::IrqCheck => &["irq_check", "irq_path", "json"],
             Mode::DumpGuest => &["dump_guest"],
             Mode::Restore => &["restore", "json", "ctl_socket"],

@@ -178,7 +178,8 @@ fn run_job_in(
     run::check_guest_vcpus(vcpus, kvm_device)?;
     let network = Network::new(SwitchConfig::default())?;
     let server = match (job.nic, &job.nic_server) {
-        (NicKind::Emulated, _) => None,
+        (NicKind::Emulated, None) => None,
+        (NicKind::Emulated, Some(_)) => bail!("--nic-server applies to --nic passthrough only"),
         (NicKind::Passthrough, _) if job.wire.is_some() => {
             bail!("--wire joins domain 0's switch: it does not apply to --nic passthrough")
         }

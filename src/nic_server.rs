@@ -335,6 +335,9 @@ impl Session<'_> {
                     vfio::PCI_BAR0_REGION_INDEX => device.transport.write_bar(0, offset, &data),
                     _ => device.transport.write_config(offset as usize, &data),
                 };
+                if action == TransportAction::Activated {
+                    eprintln!("kumo nic-server: port {}: driver up", self.served.port);
+                }
                 if action != TransportAction::None {
                     self.served.actions.act(action);
                 }
