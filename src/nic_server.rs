@@ -377,7 +377,11 @@ impl Session<'_> {
         let [file] = <[File; 1]>::try_from(fds).map_err(|_| inval)?;
         let page = 4096;
         let end = address.checked_add(size).ok_or(inval)?;
-        if size == 0 || address % page != 0 || size % page != 0 || offset % page != 0 {
+        if size == 0
+            || [address, size, offset]
+                .iter()
+                .any(|v| !v.is_multiple_of(page))
+        {
             return Err(inval);
         }
         if offset.checked_add(size).is_none() || usize::try_from(size).is_err() {
