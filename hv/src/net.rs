@@ -197,14 +197,7 @@ impl Network {
             .map_err(|e| Error::Device(e.to_string()))?,
         );
         let queues = 2u16;
-        let notify = (0..queues)
-            .map(|_| EventFd::new(EFD_NONBLOCK).map_err(os("creating a queue doorbell eventfd")))
-            .collect::<Result<Vec<_>, _>>()?;
-        let dup = |fds: &[EventFd]| {
-            fds.iter()
-                .map(|fd| fd.try_clone().map_err(os("duplicating a doorbell eventfd")))
-                .collect::<Result<Vec<_>, _>>()
-        };
+        let notify = new_doorbells(queues)?;
         let port = self.shared.switch().add_port();
         let event_loop = vm.start_event_loop_in(dom0.cloned())?;
         // MSI-X: the configuration vector and one per queue.
@@ -212,14 +205,14 @@ impl Network {
         let actions = Arc::new(PortActions {
             shared: self.shared.clone(),
             port,
-            notify: dup(&notify)?,
+            notify: duplicate(&notify)?,
         });
         let transport = Arc::new(
             VirtioPciDevice::new(net.clone(), sink, actions)
                 .map_err(|e| Error::Device(e.to_string()))?,
         );
         transport.place_bar(vm.allocate_bar(devices::virtio::transport::BAR_SIZE)?);
-        vm.add_pci_device_with_doorbells(transport.clone(), dup(&notify)?)?;
+        vm.add_pci_device_with_doorbells(transport.clone(), duplicate(&notify)?)?;
         let mut ports = self.shared.ports();
         debug_assert_eq!(ports.len(), port, "ports are numbered in attach order");
         ports.push(Endpoint::Nic(Arc::new(Nic {
@@ -233,21 +226,14 @@ impl Network {
     /// A port for a NIC served to another process (before [`Network::start`]): `queues`
     /// doorbell eventfds, no model until [`Network::plug`].
     pub fn add_served_port(&self, queues: u16) -> Result<ServedPort, Error> {
-        let notify = (0..queues)
-            .map(|_| EventFd::new(EFD_NONBLOCK).map_err(os("creating a queue doorbell eventfd")))
-            .collect::<Result<Vec<_>, _>>()?;
-        let dup = |fds: &[EventFd]| {
-            fds.iter()
-                .map(|fd| fd.try_clone().map_err(os("duplicating a doorbell eventfd")))
-                .collect::<Result<Vec<_>, _>>()
-        };
+        let notify = new_doorbells(queues)?;
         let port = self.shared.switch().add_port();
         let actions = Arc::new(PortActions {
             shared: self.shared.clone(),
             port,
-            notify: dup(&notify)?,
+            notify: duplicate(&notify)?,
         });
-        let doorbells = dup(&notify)?;
+        let doorbells = duplicate(&notify)?;
         let mut ports = self.shared.ports();
         debug_assert_eq!(ports.len(), port, "ports are numbered in attach order");
         ports.push(Endpoint::Nic(Arc::new(Nic {
@@ -362,6 +348,19 @@ impl Network {
     pub fn nic_stats(&self, port: PortId) -> Option<NetStats> {
         self.shared.nic(port)?.model().map(|n| n.stats())
     }
+}
+
+/// One doorbell eventfd per queue.
+fn new_doorbells(queues: u16) -> Result<Vec<EventFd>, Error> {
+    (0..queues)
+        .map(|_| EventFd::new(EFD_NONBLOCK).map_err(os("creating a queue doorbell eventfd")))
+        .collect()
+}
+
+fn duplicate(fds: &[EventFd]) -> Result<Vec<EventFd>, Error> {
+    fds.iter()
+        .map(|fd| fd.try_clone().map_err(os("duplicating a doorbell eventfd")))
+        .collect()
 }
 
 /// The switch thread; stopped and joined when dropped.
