@@ -17,7 +17,7 @@
 pub mod vfio;
 pub mod vfio_user;
 
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,8 +25,9 @@ use std::thread::JoinHandle;
 
 use devices::pci::MsiMessage;
 use devices::pci::MsixSink;
-use devices::pci::passthrough::{CONFIG_REGION, DeviceLayout, PassthroughDevice};
+use devices::pci::passthrough::{CONFIG_REGION, DeviceLayout, PassthroughDevice, RegionAccess};
 use devices::vfio_user::proto::vfio as consts;
+use devices::vfio_user::proto::{DeviceInfo, IoFd, IrqInfo, RegionInfo};
 use kvm_ioctls::VmFd;
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
@@ -70,7 +71,7 @@ impl std::fmt::Display for PassthroughSpec {
 /// An attached passthrough device: the threads kumo keeps for it (the failure
 /// monitor, and on the generic path the interrupt thread). Keep it until the VM ends.
 pub struct Attached {
-    client: Arc<vfio_user::VfioUserClient>,
+    backend: Arc<dyn Backend>,
     /// Set before the connection is closed on purpose, so the monitor stays quiet.
     closing: Arc<AtomicBool>,
     /// Ends the generic path's interrupt thread.
@@ -83,7 +84,7 @@ impl Drop for Attached {
     fn drop(&mut self) {
         self.closing.store(true, Ordering::SeqCst);
         let _ = self.stop.write(1);
-        self.client.shutdown();
+        self.backend.shutdown();
         for thread in self.threads.drain(..) {
             let _ = thread.join();
         }
@@ -94,39 +95,69 @@ fn device_error(spec: &PassthroughSpec, why: impl std::fmt::Display) -> Error {
     Error::Device(format!("passthrough {spec}: {why}"))
 }
 
-/// Attaches the device `spec` names to `vm` (before it runs), its interrupts on `path`.
-pub fn attach(vm: &mut Vm, spec: &PassthroughSpec, path: IrqPath) -> Result<Attached, Error> {
-    match spec {
-        PassthroughSpec::Kernel(bdf) => Err(Error::Device(vfio::open(bdf).err().map_or_else(
-            || format!("{bdf}: kernel VFIO devices cannot be attached by this build"),
-            |e| e.to_string(),
-        ))),
-        PassthroughSpec::VfioUser(socket) => attach_vfio_user(vm, spec, socket, path),
-    }
+/// What a passthrough backend answers and does at attach: VFIO's questions, asked
+/// over vfio-user ([`vfio_user::VfioUserClient`]) or with the kernel's ioctls
+/// ([`vfio::VfioDevice`]). Every answer is checked by [`attach`] before use.
+pub trait Backend: RegionAccess {
+    /// Hands guest memory `[guest, guest + size)` to the device for DMA: it is the
+    /// memfd `fd` from `file_offset`, mapped in this process at `host`.
+    fn dma_map(
+        &self,
+        fd: RawFd,
+        file_offset: u64,
+        host: u64,
+        guest: u64,
+        size: u64,
+    ) -> Result<(), String>;
+    fn device_info(&self) -> Result<DeviceInfo, String>;
+    fn region_info(&self, index: u32) -> Result<RegionInfo, String>;
+    fn irq_info(&self, index: u32) -> Result<IrqInfo, String>;
+    /// Places in region `index` where a write only signals, with the eventfd it signals.
+    fn doorbells(&self, index: u32) -> Result<Vec<(IoFd, EventFd)>, String>;
+    /// MSI-X vectors `0..fds.len()` signal `fds`.
+    fn set_msix(&self, fds: &[RawFd]) -> Result<(), String>;
+    /// A descriptor that reports a hang-up when the device goes away, if there is one.
+    fn hangup_fd(&self) -> Option<RawFd>;
+    /// Lets go of the device (closing its connection).
+    fn shutdown(&self);
 }
 
-fn attach_vfio_user(
+/// Attaches the device `spec` names to `vm` (before it runs), its interrupts on `path`.
+pub fn attach(vm: &mut Vm, spec: &PassthroughSpec, path: IrqPath) -> Result<Attached, Error> {
+    let fail = |why: String| device_error(spec, why);
+    let backend: Arc<dyn Backend> = match spec {
+        PassthroughSpec::Kernel(bdf) => {
+            Arc::new(vfio::VfioDevice::open(bdf).map_err(|e| Error::Device(e.to_string()))?)
+        }
+        PassthroughSpec::VfioUser(socket) => {
+            Arc::new(vfio_user::VfioUserClient::connect(socket).map_err(fail)?)
+        }
+    };
+    attach_backend(vm, spec, backend, path)
+}
+
+fn attach_backend(
     vm: &mut Vm,
     spec: &PassthroughSpec,
-    socket: &std::path::Path,
+    backend: Arc<dyn Backend>,
     path: IrqPath,
 ) -> Result<Attached, Error> {
     let fail = |why: String| device_error(spec, why);
-    let client = Arc::new(vfio_user::VfioUserClient::connect(socket).map_err(fail)?);
     for region in vm.memory().iter() {
         let file_offset = region
             .file_offset()
             .ok_or_else(|| fail("guest memory is not file-backed".into()))?;
-        client
+        backend
             .dma_map(
                 vm.memory_fd().as_raw_fd(),
                 file_offset.start(),
+                region.as_ptr() as u64,
                 region.start_addr().0,
                 region.len(),
             )
-            .map_err(|e| fail(format!("DMA_MAP: {e}")))?;
+            .map_err(|e| fail(format!("DMA map: {e}")))?;
     }
-    let info = client.device_info().map_err(fail)?;
+    let info = backend.device_info().map_err(fail)?;
     if info.flags & consts::DEVICE_FLAGS_PCI == 0
         || info.regions <= CONFIG_REGION
         || info.irqs <= consts::PCI_MSIX_IRQ_INDEX
@@ -137,23 +168,24 @@ fn attach_vfio_user(
     let mut doorbells = Vec::new();
     let mut doorbell_fds = Vec::new();
     for (index, size) in bar_sizes.iter_mut().enumerate() {
-        *size = client.region_info(index as u32).map_err(fail)?.size;
+        *size = backend.region_info(index as u32).map_err(fail)?.size;
         if *size == 0 {
             continue;
         }
-        for (entry, fd) in client.io_fds(index as u32).map_err(fail)? {
+        for (entry, fd) in backend.doorbells(index as u32).map_err(fail)? {
             doorbells.push((index as u8, entry.offset));
             doorbell_fds.push(fd);
         }
     }
     let mut config = [0u8; 256];
-    let config_size = client.region_info(CONFIG_REGION).map_err(fail)?.size;
+    let config_size = backend.region_info(CONFIG_REGION).map_err(fail)?.size;
     if config_size < config.len() as u64 {
         return Err(fail(format!("configuration space of {config_size} bytes")));
     }
-    devices::pci::passthrough::RegionAccess::region_read(&*client, CONFIG_REGION, 0, &mut config)
+    backend
+        .region_read(CONFIG_REGION, 0, &mut config)
         .map_err(fail)?;
-    let irqs = client.irq_info(consts::PCI_MSIX_IRQ_INDEX).map_err(fail)?;
+    let irqs = backend.irq_info(consts::PCI_MSIX_IRQ_INDEX).map_err(fail)?;
     if irqs.count == 0 || irqs.count > u32::from(devices::pci::msix::MAX_VECTORS) {
         return Err(fail(format!("{} MSI-X vectors", irqs.count)));
     }
@@ -188,13 +220,13 @@ fn attach_vfio_user(
         }
     };
     let device = Arc::new(
-        PassthroughDevice::new(client.clone(), &layout, sink).map_err(|e| fail(e.to_string()))?,
+        PassthroughDevice::new(backend.clone(), &layout, sink).map_err(|e| fail(e.to_string()))?,
     );
     for (index, size) in device.bars() {
         device.place_bar(index, vm.allocate_bar(size)?);
     }
     let raw: Vec<_> = irq_fds.iter().map(|fd| fd.as_raw_fd()).collect();
-    client
+    backend
         .set_msix(&raw)
         .map_err(|e| fail(format!("SET_IRQS: {e}")))?;
     if generic {
@@ -205,14 +237,17 @@ fn attach_vfio_user(
         threads.push(spawn_generic_irqs(device.clone(), irq_fds, stop, spec)?);
     }
     vm.add_pci_device_with_doorbells(device, doorbell_fds)?;
-    threads.push(spawn_monitor(
-        client.clone(),
-        health,
-        closing.clone(),
-        spec.clone(),
-    )?);
+    if let Some(fd) = backend.hangup_fd() {
+        threads.push(spawn_monitor(
+            backend.clone(),
+            fd,
+            health,
+            closing.clone(),
+            spec.clone(),
+        )?);
+    }
     Ok(Attached {
-        client,
+        backend,
         closing,
         stop,
         threads,
@@ -309,7 +344,8 @@ fn spawn_generic_irqs(
 /// A thread (`pt-monitor`) that waits for the server to hang up (its process died)
 /// and reports the device failed; it takes no part in the data path.
 fn spawn_monitor(
-    client: Arc<vfio_user::VfioUserClient>,
+    backend: Arc<dyn Backend>,
+    fd: RawFd,
     health: Arc<DeviceHealth>,
     closing: Arc<AtomicBool>,
     spec: PassthroughSpec,
@@ -317,14 +353,15 @@ fn spawn_monitor(
     std::thread::Builder::new()
         .name("pt-monitor".into())
         .spawn(move || {
+            let _open = &backend; // keeps `fd` open
             let mut poll = libc::pollfd {
-                fd: client.socket_fd(),
+                fd,
                 events: libc::POLLRDHUP,
                 revents: 0,
             };
             loop {
-                // SAFETY: one pollfd on the stack, valid for the call; the socket stays
-                // open while `client` lives (held by this thread).
+                // SAFETY: one pollfd on the stack, valid for the call; `fd` stays open
+                // while `backend` lives (held by this thread).
                 let rc = unsafe { libc::poll(&mut poll, 1, -1) };
                 if rc < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
                     continue;

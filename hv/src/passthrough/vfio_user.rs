@@ -12,6 +12,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use devices::pci::passthrough::RegionAccess;
+
+use super::Backend;
 use devices::vfio_user::proto::{
     self, DeviceInfo, IoFd, IrqInfo, MAX_DATA, RegionInfo, Request, parse_io_fds,
     parse_region_read, vfio,
@@ -67,16 +69,6 @@ impl VfioUserClient {
         &self.path
     }
 
-    /// The socket (for a monitor that watches for the server hanging up).
-    pub fn socket_fd(&self) -> RawFd {
-        self.stream.as_raw_fd()
-    }
-
-    /// Closes the connection (the server sees the client leave).
-    pub fn shutdown(&self) {
-        let _ = self.stream.shutdown(std::net::Shutdown::Both);
-    }
-
     /// One request and its checked reply.
     pub fn call(&self, request: &Request, fds: &[RawFd]) -> Result<Message, String> {
         let mut next = self.next_id.lock().unwrap_or_else(|e| e.into_inner());
@@ -93,15 +85,23 @@ impl VfioUserClient {
         proto::check_reply(&reply.header, id, command).map_err(|e| e.to_string())?;
         Ok(reply)
     }
+}
 
-    /// Hands guest memory `[address, address + size)`, which is `fd` from `offset`, to
-    /// the device for DMA.
-    pub fn dma_map(&self, fd: RawFd, offset: u64, address: u64, size: u64) -> Result<(), String> {
+impl Backend for VfioUserClient {
+    /// `DMA_MAP` with the memfd: the server maps guest memory itself.
+    fn dma_map(
+        &self,
+        fd: RawFd,
+        file_offset: u64,
+        _host: u64,
+        guest: u64,
+        size: u64,
+    ) -> Result<(), String> {
         self.call(
             &Request::DmaMap {
                 flags: vfio::DMA_READ | vfio::DMA_WRITE,
-                offset,
-                address,
+                offset: file_offset,
+                address: guest,
                 size,
             },
             &[fd],
@@ -109,12 +109,12 @@ impl VfioUserClient {
         .map(drop)
     }
 
-    pub fn device_info(&self) -> Result<DeviceInfo, String> {
+    fn device_info(&self) -> Result<DeviceInfo, String> {
         let reply = self.call(&Request::DeviceGetInfo, &[])?;
         DeviceInfo::parse(&reply.body).map_err(|e| e.to_string())
     }
 
-    pub fn region_info(&self, index: u32) -> Result<RegionInfo, String> {
+    fn region_info(&self, index: u32) -> Result<RegionInfo, String> {
         let reply = self.call(&Request::GetRegionInfo { index }, &[])?;
         let info = RegionInfo::parse(&reply.body).map_err(|e| e.to_string())?;
         if info.index != index {
@@ -123,7 +123,7 @@ impl VfioUserClient {
         Ok(info)
     }
 
-    pub fn irq_info(&self, index: u32) -> Result<IrqInfo, String> {
+    fn irq_info(&self, index: u32) -> Result<IrqInfo, String> {
         let reply = self.call(&Request::GetIrqInfo { index }, &[])?;
         let info = IrqInfo::parse(&reply.body).map_err(|e| e.to_string())?;
         if info.index != index {
@@ -137,7 +137,7 @@ impl VfioUserClient {
 
     /// The doorbells of region `index`: where a write only signals, and the eventfd
     /// it signals (to be registered as a KVM ioeventfd).
-    pub fn io_fds(&self, index: u32) -> Result<Vec<(IoFd, EventFd)>, String> {
+    fn doorbells(&self, index: u32) -> Result<Vec<(IoFd, EventFd)>, String> {
         let reply = self.call(&Request::GetRegionIoFds { index }, &[])?;
         let entries =
             parse_io_fds(&reply.body, index, reply.fds.len()).map_err(|e| e.to_string())?;
@@ -158,7 +158,7 @@ impl VfioUserClient {
     }
 
     /// Interrupts `0..fds.len()` of the MSI-X index signal `fds`.
-    pub fn set_msix(&self, fds: &[RawFd]) -> Result<(), String> {
+    fn set_msix(&self, fds: &[RawFd]) -> Result<(), String> {
         self.call(
             &Request::SetIrqs {
                 flags: vfio::IRQ_SET_DATA_EVENTFD | vfio::IRQ_SET_ACTION_TRIGGER,
@@ -169,6 +169,15 @@ impl VfioUserClient {
             fds,
         )
         .map(drop)
+    }
+
+    fn hangup_fd(&self) -> Option<RawFd> {
+        Some(self.stream.as_raw_fd())
+    }
+
+    /// Closes the connection (the server sees the client leave).
+    fn shutdown(&self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
     }
 }
 
