@@ -291,7 +291,7 @@ impl VfioDevice {
         let device = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
         let mut opened = VfioDevice {
             bdf: *bdf,
-            container: container,
+            container,
             _group: group,
             device,
             regions: Vec::new(),
