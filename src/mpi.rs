@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use devices::net::switch::SwitchConfig;
 use hv::irq::IrqPath;
-use hv::net::{Network, NicSetup};
+use hv::net::{Network, NicSetup, WorkerStats};
 use hv::passthrough::PassthroughSpec;
 use npb::Spec;
 use serde_json::{Value, json};
@@ -127,6 +127,13 @@ impl WireSpec {
     }
 }
 
+/// What a job's VMs did, and the switch thread's work (domain 0's, or the NIC
+/// server's) if it was measured.
+pub struct JobRun {
+    pub runs: Vec<GuestRun>,
+    pub switch: Option<WorkerStats>,
+}
+
 /// One VM per rank of this process, all on one network (and the wire, if any); each
 /// boots with `mpi=RANK:SIZE` and `extra`. Returns each VM's run, in rank order.
 pub fn run_job(
@@ -137,7 +144,7 @@ pub fn run_job(
     job: &Job,
     kvm_device: &std::path::Path,
     epoch: Instant,
-) -> Result<Vec<GuestRun>> {
+) -> Result<JobRun> {
     run_job_in(
         vms, vcpus, irq_path, extra, job, kvm_device, epoch, MEMORY_MIB,
     )
@@ -154,7 +161,7 @@ fn run_job_in(
     kvm_device: &std::path::Path,
     epoch: Instant,
     memory_mib: u64,
-) -> Result<Vec<GuestRun>> {
+) -> Result<JobRun> {
     let size = if job.size == 0 { vms } else { job.size };
     if !(1..=MAX_VMS).contains(&vms) {
         bail!("--vms must be between 1 and {MAX_VMS}, not {vms}");
@@ -237,14 +244,21 @@ fn run_job_in(
             .collect()
     });
     let stats = running.switch_stats();
+    let mut switch = Some(running.worker_stats());
     drop(running);
+    let clients = attached.len();
     drop(attached);
+    if let Some(server) = &server {
+        switch = server.stats_after(clients);
+    }
     drop(server);
-    tracing::debug!(?stats, "switch");
-    runs.into_iter()
+    tracing::debug!(?stats, ?switch, "switch");
+    let runs = runs
+        .into_iter()
         .enumerate()
         .map(|(rank, run)| run.with_context(|| format!("rank {rank}")))
-        .collect()
+        .collect::<Result<_>>()?;
+    Ok(JobRun { runs, switch })
 }
 
 fn wait_name(wait: Wait) -> &'static str {
@@ -287,7 +301,8 @@ pub fn run_mpi(args: &MpiArgs, epoch: Instant) -> Result<u8> {
         &job,
         &args.kvm_device,
         epoch,
-    )?;
+    )?
+    .runs;
     let mut ok = true;
     let mut rows = Vec::new();
     for (rank, run) in runs.iter().enumerate() {
@@ -405,7 +420,8 @@ fn run_npb(args: &MpiArgs, list: &str, epoch: Instant) -> Result<u8> {
         &args.kvm_device,
         epoch,
         npb_memory_mib(&specs, ranks),
-    )?;
+    )?
+    .runs;
     // Rank 0 prints the results (if it runs here); every rank must end cleanly.
     let mut code = crate::report::EXIT_OK;
     let mut rows = Vec::new();
@@ -539,17 +555,17 @@ pub fn run_bench(args: &NetBenchArgs, epoch: Instant) -> Result<u8> {
             settings.push(None);
         }
         for setting in settings {
-            let events = match setting {
+            let (events, switch) = match setting {
                 Some((nic, path)) => {
                     let job = Job {
                         nic,
                         ..Job::default()
                     };
-                    let mut runs = run_job(2, 1, path, &extra, &job, &args.kvm_device, epoch)?;
-                    measurement(&runs[0], "pingpong", 0)?;
-                    runs.swap_remove(0).events
+                    let mut job = run_job(2, 1, path, &extra, &job, &args.kvm_device, epoch)?;
+                    measurement(&job.runs[0], "pingpong", 0)?;
+                    (job.runs.swap_remove(0).events, job.switch)
                 }
-                None => crate::qemu::run_pair(&extra)?,
+                None => (crate::qemu::run_pair(&extra)?, None),
             };
             let found: Vec<_> = events
                 .into_iter()
@@ -579,6 +595,15 @@ pub fn run_bench(args: &NetBenchArgs, epoch: Instant) -> Result<u8> {
                     json!(setting.map_or("qemu", |(nic, _)| nic.name())),
                 );
                 row.insert("wait".into(), json!(wait_name(wait)));
+                if let Some(switch) = switch {
+                    // The whole run's (every size): the switch thread's own time.
+                    row.insert("switch_wakeups".into(), json!(switch.wakeups));
+                    row.insert("switch_frames".into(), json!(switch.delivered));
+                    row.insert(
+                        "switch_busy_us".into(),
+                        json!(switch.busy.as_secs_f64() * 1e6),
+                    );
+                }
                 rows.push(row);
             }
         }
@@ -589,7 +614,7 @@ pub fn run_bench(args: &NetBenchArgs, epoch: Instant) -> Result<u8> {
         }
     } else {
         crate::outln!(
-            "{:<12} {:<8} {:<6} {:>9} {:>7} {:>10} {:>10} {:>10}",
+            "{:<12} {:<8} {:<6} {:>9} {:>7} {:>10} {:>10} {:>10} {:>12}",
             "nic",
             "path",
             "wait",
@@ -597,11 +622,19 @@ pub fn run_bench(args: &NetBenchArgs, epoch: Instant) -> Result<u8> {
             "rounds",
             "median_us",
             "p99_us",
-            "MB/s"
+            "MB/s",
+            "sw_us/frame"
         );
         for row in &rows {
+            let per_frame = match (
+                row.get("switch_busy_us").and_then(Value::as_f64),
+                row.get("switch_frames").and_then(Value::as_u64),
+            ) {
+                (Some(busy), Some(frames)) if frames > 0 => format!("{:.2}", busy / frames as f64),
+                _ => "-".into(),
+            };
             crate::outln!(
-                "{:<12} {:<8} {:<6} {:>9} {:>7} {:>10} {:>10} {:>10}",
+                "{:<12} {:<8} {:<6} {:>9} {:>7} {:>10} {:>10} {:>10} {:>12}",
                 text(row, "nic"),
                 text(row, "irq_path"),
                 text(row, "wait"),
@@ -609,12 +642,14 @@ pub fn run_bench(args: &NetBenchArgs, epoch: Instant) -> Result<u8> {
                 text(row, "rounds"),
                 text(row, "median_us"),
                 text(row, "p99_us"),
-                text(row, "mbps")
+                text(row, "mbps"),
+                per_frame
             );
         }
         crate::outln!(
             "half round trip between two VMs (guest TSC); MB/s = size / half round trip;\n\
              nic emulated: domain 0's switch thread; nic passthrough: a port each of a kumo nic-server (vfio-user);\n\
+             sw_us/frame: the switch thread's busy time (woken to done: both copies, the interrupt) per frame delivered, over the whole run (all sizes);\n\
              path qemu: the same guest on two QEMU VMs, virtio-net-pci on one -netdev stream wire"
         );
     }

@@ -31,7 +31,7 @@ use devices::vfio_user::socket::{self, Message, SocketError};
 use devices::virtio::VirtioPciDevice;
 use devices::virtio::net::{NetConfig, VirtioNet};
 use devices::virtio::transport::{self, TransportAction};
-use hv::net::{Network, ServedPort};
+use hv::net::{Network, ServedPort, WorkerStats};
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap};
 
 use crate::cli::NicServerArgs;
@@ -501,6 +501,11 @@ impl Session<'_> {
         if self.device.take().is_some() {
             self.served.actions.act(TransportAction::Reset);
             self.network.plug(self.served.port, None);
+            eprintln!(
+                "kumo nic-server: port {}: client left; {}",
+                self.served.port,
+                self.network.worker_stats().line()
+            );
         }
         self.irqs
             .0
@@ -516,6 +521,8 @@ impl Session<'_> {
 pub struct ServerProcess {
     child: Option<std::process::Child>,
     dir: PathBuf,
+    /// The switch counters the server printed as clients left, newest last.
+    left: Arc<(Mutex<Vec<WorkerStats>>, std::sync::Condvar)>,
 }
 
 /// How long a started server may take to open its sockets.
@@ -543,11 +550,36 @@ impl ServerProcess {
             .arg(first_rank.to_string())
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
             .spawn()
             .context("starting kumo nic-server")?;
+        let mut child = child;
+        let left = Arc::new((Mutex::new(Vec::new()), std::sync::Condvar::new()));
+        if let Some(stderr) = child.stderr.take() {
+            let left = left.clone();
+            // Passes the server's log through, keeping the counters it reports.
+            std::thread::spawn(move || {
+                for line in std::io::BufRead::lines(std::io::BufReader::new(stderr)) {
+                    let Ok(line) = line else { break };
+                    match WorkerStats::parse(&line) {
+                        Some(stats) => {
+                            tracing::debug!("{line}");
+                            left.0.lock().unwrap_or_else(|e| e.into_inner()).push(stats);
+                            left.1.notify_all();
+                        }
+                        // Its problems are the run's; its progress notes are not.
+                        None if line.contains("driver up") || line.contains("port(s) at") => {
+                            tracing::debug!("{line}")
+                        }
+                        None => eprintln!("{line}"),
+                    }
+                }
+            });
+        }
         let mut server = ServerProcess {
             child: Some(child),
             dir,
+            left,
         };
         let deadline = std::time::Instant::now() + START_PATIENCE;
         while !(0..ports).all(|k| port_socket(&server.dir, k).exists()) {
@@ -572,7 +604,22 @@ impl ServerProcess {
         ServerProcess {
             child: None,
             dir: dir.to_owned(),
+            left: Default::default(),
         }
+    }
+
+    /// The switch counters of a server this run started, once `clients` clients have
+    /// left it (waits at most 2 s for the server to say so).
+    pub fn stats_after(&self, clients: usize) -> Option<WorkerStats> {
+        self.child.as_ref()?;
+        let (list, changed) = &*self.left;
+        let list = list.lock().unwrap_or_else(|e| e.into_inner());
+        let (list, _) = changed
+            .wait_timeout_while(list, std::time::Duration::from_secs(2), |l| {
+                l.len() < clients
+            })
+            .unwrap_or_else(|e| e.into_inner());
+        list.last().copied()
     }
 
     /// The socket of port `port`.

@@ -20,6 +20,7 @@
 
 use std::collections::VecDeque;
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
@@ -98,6 +99,9 @@ enum Endpoint {
 
 struct Shared {
     switch: Mutex<Switch>,
+    /// The switch thread's wake-ups and the time it spent working after them.
+    wakeups: AtomicU64,
+    busy_ns: AtomicU64,
     /// Index = switch port.
     ports: Mutex<Vec<Endpoint>>,
     changes: Mutex<VecDeque<Change>>,
@@ -111,6 +115,14 @@ impl Shared {
 
     fn ports(&self) -> MutexGuard<'_, Vec<Endpoint>> {
         self.ports.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn worker_stats(&self) -> WorkerStats {
+        WorkerStats {
+            wakeups: self.wakeups.load(Ordering::Relaxed),
+            busy: std::time::Duration::from_nanos(self.busy_ns.load(Ordering::Relaxed)),
+            delivered: self.switch().stats().delivered,
+        }
     }
 
     fn endpoint(&self, port: PortId) -> Option<Endpoint> {
@@ -170,6 +182,8 @@ impl Network {
         Ok(Network {
             shared: Arc::new(Shared {
                 switch: Mutex::new(Switch::new(config)),
+                wakeups: AtomicU64::new(0),
+                busy_ns: AtomicU64::new(0),
                 ports: Mutex::new(Vec::new()),
                 changes: Mutex::new(VecDeque::new()),
                 control: EventFd::new(EFD_NONBLOCK).map_err(os("creating an eventfd"))?,
@@ -344,6 +358,12 @@ impl Network {
         self.shared.switch().stats()
     }
 
+    /// How often the switch thread woke and how long it worked after waking (the
+    /// frames' copies and the interrupts they raise: the "hardware" time of a frame).
+    pub fn worker_stats(&self) -> WorkerStats {
+        self.shared.worker_stats()
+    }
+
     /// The counters of the NIC on `port`.
     pub fn nic_stats(&self, port: PortId) -> Option<NetStats> {
         self.shared.nic(port)?.model().map(|n| n.stats())
@@ -363,6 +383,39 @@ fn duplicate(fds: &[EventFd]) -> Result<Vec<EventFd>, Error> {
         .collect()
 }
 
+/// The switch thread's work since it started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WorkerStats {
+    pub wakeups: u64,
+    pub busy: std::time::Duration,
+    /// Frames delivered to receivers.
+    pub delivered: u64,
+}
+
+impl WorkerStats {
+    /// One line, as `kumo nic-server` prints it and [`WorkerStats::parse`] reads it.
+    pub fn line(&self) -> String {
+        format!(
+            "switch thread: wakeups={} busy_ns={} delivered={}",
+            self.wakeups,
+            self.busy.as_nanos(),
+            self.delivered
+        )
+    }
+
+    /// The counters in a line made by [`WorkerStats::line`], if it holds them.
+    pub fn parse(line: &str) -> Option<WorkerStats> {
+        let (_, fields) = line.split_once("switch thread: ")?;
+        let mut values = fields.split(' ').map(|f| f.split_once('=').map(|(_, v)| v));
+        let mut next = || values.next().flatten()?.parse::<u64>().ok();
+        Some(WorkerStats {
+            wakeups: next()?,
+            busy: std::time::Duration::from_nanos(next()?),
+            delivered: next()?,
+        })
+    }
+}
+
 /// The switch thread; stopped and joined when dropped.
 pub struct RunningNetwork {
     shared: Arc<Shared>,
@@ -373,6 +426,10 @@ pub struct RunningNetwork {
 impl RunningNetwork {
     pub fn switch_stats(&self) -> SwitchStats {
         self.shared.switch().stats()
+    }
+
+    pub fn worker_stats(&self) -> WorkerStats {
+        self.shared.worker_stats()
     }
 }
 
@@ -439,6 +496,7 @@ impl Worker {
                     return;
                 }
             };
+            let woke = std::time::Instant::now();
             for event in &events[..n] {
                 match event.data() {
                     STOP => {
@@ -453,6 +511,10 @@ impl Worker {
                 }
             }
             self.drain();
+            self.shared.wakeups.fetch_add(1, Ordering::Relaxed);
+            self.shared
+                .busy_ns
+                .fetch_add(woke.elapsed().as_nanos() as u64, Ordering::Relaxed);
         }
     }
 
