@@ -322,6 +322,7 @@ pub fn run_mpi(args: &MpiArgs, epoch: Instant) -> Result<u8> {
         row.insert("vms".into(), json!(args.vms));
         row.insert("wait".into(), json!(wait_name(args.wait)));
         row.insert("irq_path".into(), json!(args.irq_path.name()));
+        row.insert("nic".into(), json!(args.nic.name()));
         row.insert("verified".into(), json!(verified));
         for (k, v) in fields.into_iter().flatten() {
             row.entry(k.clone()).or_insert_with(|| json!(v));
@@ -350,11 +351,12 @@ pub fn run_mpi(args: &MpiArgs, epoch: Instant) -> Result<u8> {
             );
         }
         crate::outln!(
-            "MPI check: {} VMs x 1 rank here (of {} ranks), wait={}, irq path {}",
+            "MPI check: {} VMs x 1 rank here (of {} ranks), wait={}, irq path {}, nic {}",
             args.vms,
             job.size,
             wait_name(args.wait),
-            args.irq_path.name()
+            args.irq_path.name(),
+            args.nic.name()
         );
     }
     Ok(if ok {
@@ -451,6 +453,7 @@ fn run_npb(args: &MpiArgs, list: &str, epoch: Instant) -> Result<u8> {
             obj.insert("class".into(), json!(row.spec.class.letter().to_string()));
             obj.insert("ranks".into(), json!(ranks));
             obj.insert("vms".into(), json!(args.vms));
+            obj.insert("nic".into(), json!(args.nic.name()));
             match &row.result {
                 Some(r) => {
                     obj.insert("time_s".into(), json!(r.time_s));
@@ -508,11 +511,12 @@ fn run_npb(args: &MpiArgs, list: &str, epoch: Instant) -> Result<u8> {
             );
         }
         crate::outln!(
-            "NPB-MPI: {} ranks, one per VM ({} here), wait={}, irq path {}",
+            "NPB-MPI: {} ranks, one per VM ({} here), wait={}, irq path {}, nic {}",
             ranks,
             args.vms,
             wait_name(args.wait),
-            args.irq_path.name()
+            args.irq_path.name(),
+            args.nic.name()
         );
     }
     Ok(code)

@@ -642,3 +642,149 @@ impl Drop for ServerProcess {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// 1 MiB of "guest memory" in a file, as a client's memfd would be.
+    fn guest_file(name: &str) -> File {
+        let path =
+            std::env::temp_dir().join(format!("kumo-nic-test-{}-{name}", std::process::id()));
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        file.set_len(1 << 20).unwrap();
+        let _ = std::fs::remove_file(&path);
+        file
+    }
+
+    /// A request with fields near the device's registers, so many reach the model.
+    fn request() -> impl Strategy<Value = Request> {
+        prop_oneof![
+            (
+                prop_oneof![Just(0u32), Just(7), 0u32..12],
+                0u64..0x8100,
+                proptest::collection::vec(any::<u8>(), 1..9)
+            )
+                .prop_map(|(region, offset, data)| Request::RegionWrite {
+                    region,
+                    offset,
+                    data
+                }),
+            (prop_oneof![Just(0u32), Just(7)], 0u64..0x8100, 0u32..16).prop_map(
+                |(region, offset, count)| Request::RegionRead {
+                    region,
+                    offset,
+                    count
+                }
+            ),
+            (0u32..12).prop_map(|index| Request::GetRegionInfo { index }),
+            (0u32..12).prop_map(|index| Request::GetRegionIoFds { index }),
+            (0u32..12).prop_map(|index| Request::GetIrqInfo { index }),
+            (any::<u32>(), 0u32..6, 0u32..6, 0u32..6).prop_map(|(flags, index, start, count)| {
+                Request::SetIrqs {
+                    flags,
+                    index,
+                    start,
+                    count,
+                }
+            }),
+            (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(offset, address, size)| {
+                Request::DmaMap {
+                    flags: 3,
+                    offset,
+                    address,
+                    size,
+                }
+            }),
+            Just(Request::DeviceReset),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Whatever a client asks, in whatever order, the server answers (a reply or
+        /// an error) without panicking, and never maps memory outside what it was given.
+        #[test]
+        fn arbitrary_requests_are_answered(
+            requests in proptest::collection::vec(request(), 0..60),
+            raw in proptest::collection::vec((0u16..16, proptest::collection::vec(any::<u8>(), 0..48)), 0..20),
+        ) {
+            let network = Network::new(SwitchConfig::default()).unwrap();
+            let served = network.add_served_port(QUEUES).unwrap();
+            let mut session = Session {
+                served: &served,
+                mac: [2, 0, 0, 0, 0, 1],
+                network: &network,
+                dma: Vec::new(),
+                device: None,
+                irqs: Arc::new(Irqs::default()),
+            };
+            prop_assert!(session.map(vec![guest_file("fuzz")], 0, 0, 1 << 20).is_ok());
+            for request in requests {
+                let _ = session.handle(request, Vec::new());
+            }
+            for (command, body) in raw {
+                if let Ok(request) = Request::parse(command, &body) {
+                    let _ = session.handle(request, Vec::new());
+                }
+            }
+            prop_assert!(session.dma.iter().all(|d| d.address + d.size <= 1 << 20));
+            session.detach();
+        }
+    }
+
+    #[test]
+    fn dma_maps_must_fit_their_file_and_not_overlap() {
+        let network = Network::new(SwitchConfig::default()).unwrap();
+        let served = network.add_served_port(QUEUES).unwrap();
+        let mut session = Session {
+            served: &served,
+            mac: [2, 0, 0, 0, 0, 1],
+            network: &network,
+            dma: Vec::new(),
+            device: None,
+            irqs: Arc::new(Irqs::default()),
+        };
+        let inval = libc::EINVAL as u32;
+        assert_eq!(session.map(vec![], 0, 0, 4096), Err(inval), "no descriptor");
+        assert_eq!(
+            session.map(vec![guest_file("a")], 0, 0, 2 << 20),
+            Err(inval),
+            "past the file"
+        );
+        assert_eq!(
+            session.map(vec![guest_file("b")], 0, 100, 4096),
+            Err(inval),
+            "unaligned"
+        );
+        assert_eq!(
+            session.map(vec![guest_file("c")], u64::MAX - 4095, 0, 4096),
+            Err(inval)
+        );
+        assert_eq!(
+            session.map(vec![guest_file("d")], 0, u64::MAX - 4095, 8192),
+            Err(inval)
+        );
+        assert_eq!(session.map(vec![guest_file("e")], 0, 0, 1 << 20), Ok(()));
+        assert_eq!(
+            session.map(vec![guest_file("f")], 0, 4096, 4096),
+            Err(inval),
+            "overlap"
+        );
+        // Once the model is built, the memory map is fixed.
+        assert!(session.device().is_ok());
+        assert_eq!(
+            session.map(vec![guest_file("g")], 0, 2 << 20, 4096),
+            Err(libc::EBUSY as u32)
+        );
+        session.detach();
+    }
+}
