@@ -413,30 +413,12 @@ pub fn msix_sink(
 ) -> Result<Arc<dyn MsixSink>, Error> {
     Ok(match path {
         IrqPath::Generic => Arc::new(GenericMsix(event_loop.sink())),
-        IrqPath::Fast => fast_msix_sink(vectors, router)?.0,
+        IrqPath::Fast => Arc::new(FastMsix(
+            (0..vectors)
+                .map(|_| router.vector())
+                .collect::<Result<Vec<_>, _>>()?,
+        )),
     })
-}
-
-/// The fast path's sink for `vectors` vectors, and a duplicate of each vector's irqfd:
-/// for a device outside kumo (a passthrough device's server), which raises vector `v`
-/// by writing `fds[v]`, injected by KVM with no kumo thread in between.
-pub fn fast_msix_sink(
-    vectors: u16,
-    router: &Arc<GsiRouter>,
-) -> Result<(Arc<dyn MsixSink>, Vec<EventFd>), Error> {
-    let fast = (0..vectors)
-        .map(|_| router.vector())
-        .collect::<Result<Vec<_>, _>>()?;
-    let fds = fast
-        .iter()
-        .map(|v| {
-            v.eventfd.try_clone().map_err(|source| Error::Os {
-                what: "duplicating an irqfd",
-                source,
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok((Arc::new(FastMsix(fast)), fds))
 }
 
 fn msi(message: MsiMessage) -> Msi {
@@ -473,6 +455,28 @@ impl MsixSink for FastMsix {
             tracing::warn!("re-routing fast vector {vector}: {e}");
         }
     }
+}
+
+/// The fast path's sink for `vectors` vectors, and a duplicate of each vector's irqfd:
+/// for a device outside kumo (a passthrough device's server), which raises vector `v`
+/// by writing `fds[v]`, injected by KVM with no kumo thread in between.
+pub fn fast_msix_with_eventfds(
+    vectors: u16,
+    router: &Arc<GsiRouter>,
+) -> Result<(Arc<dyn MsixSink>, Vec<EventFd>), Error> {
+    let fast = (0..vectors)
+        .map(|_| router.vector())
+        .collect::<Result<Vec<_>, _>>()?;
+    let fds = fast
+        .iter()
+        .map(|v| {
+            v.eventfd.try_clone().map_err(|source| Error::Os {
+                what: "duplicating an irqfd",
+                source,
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((Arc::new(FastMsix(fast)), fds))
 }
 
 #[cfg(test)]

@@ -34,7 +34,7 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use crate::Error;
-use crate::irq::{IrqPath, Msi, fast_msix_sink};
+use crate::irq::{IrqPath, Msi, fast_msix_with_eventfds};
 use crate::vm::{DeviceHealth, Vm};
 
 /// What `--passthrough` names.
@@ -205,7 +205,7 @@ fn attach_backend(
     })?;
     let (sink, irq_fds, generic): (Arc<dyn MsixSink>, Vec<EventFd>, bool) = match path {
         IrqPath::Fast => {
-            let (sink, fds) = fast_msix_sink(vectors, &vm.gsi_router())?;
+            let (sink, fds) = fast_msix_with_eventfds(vectors, &vm.gsi_router())?;
             (sink, fds, false)
         }
         IrqPath::Generic => {
