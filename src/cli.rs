@@ -38,6 +38,9 @@ pub enum Command {
     Mpi(MpiArgs),
     /// Rerun a seed experiment on real VMs and the simulator, beside the paper's numbers.
     Experiment(ExperimentArgs),
+    /// Serve NIC ports (virtio-net PCI functions on one Ethernet) over vfio-user, one
+    /// UNIX socket per port: the hardware for `--passthrough vfio-user:PATH`.
+    NicServer(NicServerArgs),
 }
 
 #[derive(Args, Debug)]
@@ -67,6 +70,40 @@ pub struct ExperimentArgs {
     /// The KVM device to open.
     #[arg(long, value_name = "PATH", default_value = "/dev/kvm")]
     pub kvm_device: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub struct NicServerArgs {
+    /// Directory for the ports' sockets (`DIR/port-K.sock`).
+    #[arg(long, value_name = "DIR")]
+    pub dir: PathBuf,
+
+    /// Ports (NICs) to serve.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub ports: u32,
+
+    /// The MPI rank of port 0's MAC (port K has rank R+K's MAC, as `kumo mpi` gives).
+    #[arg(long, value_name = "R", default_value_t = 0)]
+    pub first_rank: u32,
+}
+
+/// Which NIC the VMs of an MPI job get.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum NicKind {
+    /// kumo's virtio-net, its frames carried by domain 0's switch thread.
+    #[default]
+    Emulated,
+    /// A port of a NIC server (vfio-user) attached by PCI passthrough.
+    Passthrough,
+}
+
+impl NicKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            NicKind::Emulated => "emulated",
+            NicKind::Passthrough => "passthrough",
+        }
+    }
 }
 
 /// How a guest's MPI rank waits for the network.
@@ -119,6 +156,16 @@ pub struct MpiArgs {
     #[arg(long, value_name = "PATH", default_value = "generic", value_parser = irq_path)]
     pub irq_path: hv::irq::IrqPath,
 
+    /// The VMs' NIC: emulated (domain 0's switch) or passthrough (a port each of a
+    /// `kumo nic-server` this run starts, or of the one at --nic-server).
+    #[arg(long, value_enum, default_value_t = NicKind::Emulated)]
+    pub nic: NicKind,
+
+    /// With --nic passthrough: use the running `kumo nic-server --dir DIR` instead of
+    /// starting one (rank R on port R - first rank).
+    #[arg(long, value_name = "DIR")]
+    pub nic_server: Option<PathBuf>,
+
     /// Print one JSON object per rank, then one for the job.
     #[arg(long)]
     pub json: bool,
@@ -148,6 +195,10 @@ pub struct NetBenchArgs {
     /// Round trips per size [default: the guest's, 32 MiB / max(size, 16 KiB) + 10].
     #[arg(long, value_name = "N")]
     pub rounds: Option<u32>,
+
+    /// NIC of both VMs [default: emulated and passthrough, side by side].
+    #[arg(long, value_enum)]
+    pub nic: Option<NicKind>,
 
     /// Also run the same guest and sizes on two QEMU VMs (virtio-net-pci on a
     /// `-netdev stream` wire), beside kumo's rows.
@@ -549,10 +600,18 @@ pub struct VmArgs {
     #[arg(long)]
     pub irq_check: bool,
 
-    /// Interrupt path of the test device: generic (one event-loop thread,
-    /// KVM_SIGNAL_MSI) or fast (an irqfd per vector, routed where the guest aims it).
+    /// Interrupt path of the test device or the --passthrough devices: generic (one
+    /// event-loop thread, KVM_SIGNAL_MSI) or fast (an irqfd per vector, routed where the
+    /// guest aims it).
     #[arg(long, value_name = "PATH", default_value = "generic", value_parser = irq_path)]
     pub irq_path: hv::irq::IrqPath,
+
+    /// Attach a PCI device that lives outside kumo (repeatable): `vfio-user:PATH`, a
+    /// device served over vfio-user at the UNIX socket PATH (e.g. a port of `kumo
+    /// nic-server`), or a host device `DDDD:BB:DD.F` through the kernel's VFIO. Its
+    /// interrupts take --irq-path.
+    #[arg(long, value_name = "SPEC")]
+    pub passthrough: Vec<String>,
 
     /// Write the embedded guest ELF to PATH and exit (boot it elsewhere: QEMU, Xen).
     #[arg(long, value_name = "PATH")]
@@ -564,7 +623,7 @@ pub struct VmArgs {
 
     /// Serve a control socket for this VM at PATH (mode 0600): `kumo ctl --socket
     /// PATH snapshot|migrate`.
-    #[arg(long, value_name = "PATH", conflicts_with_all = ["kernel", "irq_check", "dump_guest"])]
+    #[arg(long, value_name = "PATH", conflicts_with_all = ["kernel", "irq_check", "dump_guest", "passthrough"])]
     pub ctl_socket: Option<PathBuf>,
 
     /// Run the VM saved in PATH (by `kumo ctl ... snapshot`) from where it was saved.
@@ -675,8 +734,24 @@ impl Mode {
     /// The options (clap ids: field names) this run reads besides [`VM_RUN`].
     fn own_options(self) -> &'static [&'static str] {
         match self {
-            Mode::Embedded => &["memory", "npb", "json", "sched", "ctl_socket"],
-            Mode::Kernel => &["kernel", "memory", "cmdline", "module", "disk"],
+            Mode::Embedded => &[
+                "memory",
+                "npb",
+                "json",
+                "sched",
+                "ctl_socket",
+                "passthrough",
+                "irq_path",
+            ],
+            Mode::Kernel => &[
+                "kernel",
+                "memory",
+                "cmdline",
+                "module",
+                "disk",
+                "passthrough",
+                "irq_path",
+            ],
             Mode::IrqCheck => &["irq_check", "irq_path", "json"],
             Mode::DumpGuest => &["dump_guest"],
             Mode::Restore => &["restore", "json", "ctl_socket"],
@@ -725,6 +800,13 @@ pub fn parse() -> Result<Cli, String> {
                     readers.join(", ")
                 ));
             }
+        }
+        // VM runs read --irq-path only for their --passthrough devices.
+        let irq_path_given = matches.value_source("irq_path") == Some(ValueSource::CommandLine);
+        if irq_path_given && !cli.vm.irq_check && cli.vm.passthrough.is_empty() {
+            return Err(
+                "--irq-path applies to --passthrough devices and --irq-check runs".to_string(),
+            );
         }
     }
     Ok(cli)

@@ -12,6 +12,7 @@ pub mod irq;
 pub mod migrate;
 pub mod mpi;
 pub mod native;
+pub mod nic_server;
 pub mod node;
 pub mod output;
 pub mod protocol;

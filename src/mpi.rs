@@ -11,11 +11,13 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use devices::net::switch::SwitchConfig;
 use hv::irq::IrqPath;
-use hv::net::{Network, NicSetup};
+use hv::net::{Network, NicSetup, WorkerStats};
+use hv::passthrough::PassthroughSpec;
 use npb::Spec;
 use serde_json::{Value, json};
 
-use crate::cli::{MpiArgs, NetBenchArgs, Wait};
+use crate::cli::{MpiArgs, NetBenchArgs, NicKind, Wait};
+use crate::nic_server::ServerProcess;
 use crate::run::{self, GuestRun};
 
 /// Guest memory of each VM: the MPI runtime's per-peer rings and the check's 16 MiB
@@ -39,6 +41,10 @@ pub struct Job {
     pub wire: Option<WireSpec>,
     /// How long the wire waits for its peer.
     pub wire_patience: Duration,
+    /// The VMs' NIC.
+    pub nic: NicKind,
+    /// With a passthrough NIC: a running server's directory (else the job starts one).
+    pub nic_server: Option<PathBuf>,
 }
 
 /// The other end of a wire: a UNIX socket in QEMU's stream framing.
@@ -121,6 +127,13 @@ impl WireSpec {
     }
 }
 
+/// What a job's VMs did, and the switch thread's work (domain 0's, or the NIC
+/// server's) if it was measured.
+pub struct JobRun {
+    pub runs: Vec<GuestRun>,
+    pub switch: Option<WorkerStats>,
+}
+
 /// One VM per rank of this process, all on one network (and the wire, if any); each
 /// boots with `mpi=RANK:SIZE` and `extra`. Returns each VM's run, in rank order.
 pub fn run_job(
@@ -131,7 +144,7 @@ pub fn run_job(
     job: &Job,
     kvm_device: &std::path::Path,
     epoch: Instant,
-) -> Result<Vec<GuestRun>> {
+) -> Result<JobRun> {
     run_job_in(
         vms, vcpus, irq_path, extra, job, kvm_device, epoch, MEMORY_MIB,
     )
@@ -148,7 +161,7 @@ fn run_job_in(
     kvm_device: &std::path::Path,
     epoch: Instant,
     memory_mib: u64,
-) -> Result<Vec<GuestRun>> {
+) -> Result<JobRun> {
     let size = if job.size == 0 { vms } else { job.size };
     if !(1..=MAX_VMS).contains(&vms) {
         bail!("--vms must be between 1 and {MAX_VMS}, not {vms}");
@@ -171,6 +184,16 @@ fn run_job_in(
     }
     run::check_guest_vcpus(vcpus, kvm_device)?;
     let network = Network::new(SwitchConfig::default())?;
+    let server = match (job.nic, &job.nic_server) {
+        (NicKind::Emulated, None) => None,
+        (NicKind::Emulated, Some(_)) => bail!("--nic-server applies to --nic passthrough only"),
+        (NicKind::Passthrough, _) if job.wire.is_some() => {
+            bail!("--wire joins domain 0's switch: it does not apply to --nic passthrough")
+        }
+        (NicKind::Passthrough, Some(dir)) => Some(ServerProcess::running_at(dir)),
+        (NicKind::Passthrough, None) => Some(ServerProcess::start(vms, job.first_rank)?),
+    };
+    let mut attached = Vec::new();
     let mut machines = Vec::new();
     for rank in job.first_rank..job.first_rank + vms {
         let config = run::embedded_config(
@@ -180,16 +203,27 @@ fn run_job_in(
             kvm_device,
         );
         let mut vm = hv::Vm::new(config)?;
-        network
-            .attach(
-                &mut vm,
-                &NicSetup {
-                    mac: mac(rank),
-                    irq_path,
-                },
-                None,
-            )
-            .with_context(|| format!("attaching rank {rank}'s NIC"))?;
+        match &server {
+            None => {
+                network
+                    .attach(
+                        &mut vm,
+                        &NicSetup {
+                            mac: mac(rank),
+                            irq_path,
+                        },
+                        None,
+                    )
+                    .with_context(|| format!("attaching rank {rank}'s NIC"))?;
+            }
+            Some(server) => {
+                let spec = PassthroughSpec::VfioUser(server.socket(rank - job.first_rank));
+                attached.push(
+                    hv::passthrough::attach(&mut vm, &spec, irq_path)
+                        .with_context(|| format!("attaching rank {rank}'s NIC"))?,
+                );
+            }
+        }
         machines.push(vm);
     }
     if let Some(wire) = &job.wire {
@@ -210,12 +244,21 @@ fn run_job_in(
             .collect()
     });
     let stats = running.switch_stats();
+    let mut switch = Some(running.worker_stats());
     drop(running);
-    tracing::debug!(?stats, "switch");
-    runs.into_iter()
+    let clients = attached.len();
+    drop(attached);
+    if let Some(server) = &server {
+        switch = server.stats_after(clients);
+    }
+    drop(server);
+    tracing::debug!(?stats, ?switch, "switch");
+    let runs = runs
+        .into_iter()
         .enumerate()
         .map(|(rank, run)| run.with_context(|| format!("rank {rank}")))
-        .collect()
+        .collect::<Result<_>>()?;
+    Ok(JobRun { runs, switch })
 }
 
 fn wait_name(wait: Wait) -> &'static str {
@@ -247,6 +290,8 @@ pub fn run_mpi(args: &MpiArgs, epoch: Instant) -> Result<u8> {
         first_rank: args.first_rank,
         wire: args.wire.clone(),
         wire_patience: Duration::from_secs_f64(args.wire_wait),
+        nic: args.nic,
+        nic_server: args.nic_server.clone(),
     };
     let runs = run_job(
         args.vms,
@@ -256,7 +301,8 @@ pub fn run_mpi(args: &MpiArgs, epoch: Instant) -> Result<u8> {
         &job,
         &args.kvm_device,
         epoch,
-    )?;
+    )?
+    .runs;
     let mut ok = true;
     let mut rows = Vec::new();
     for (rank, run) in runs.iter().enumerate() {
@@ -276,6 +322,7 @@ pub fn run_mpi(args: &MpiArgs, epoch: Instant) -> Result<u8> {
         row.insert("vms".into(), json!(args.vms));
         row.insert("wait".into(), json!(wait_name(args.wait)));
         row.insert("irq_path".into(), json!(args.irq_path.name()));
+        row.insert("nic".into(), json!(args.nic.name()));
         row.insert("verified".into(), json!(verified));
         for (k, v) in fields.into_iter().flatten() {
             row.entry(k.clone()).or_insert_with(|| json!(v));
@@ -304,11 +351,12 @@ pub fn run_mpi(args: &MpiArgs, epoch: Instant) -> Result<u8> {
             );
         }
         crate::outln!(
-            "MPI check: {} VMs x 1 rank here (of {} ranks), wait={}, irq path {}",
+            "MPI check: {} VMs x 1 rank here (of {} ranks), wait={}, irq path {}, nic {}",
             args.vms,
             job.size,
             wait_name(args.wait),
-            args.irq_path.name()
+            args.irq_path.name(),
+            args.nic.name()
         );
     }
     Ok(if ok {
@@ -362,6 +410,8 @@ fn run_npb(args: &MpiArgs, list: &str, epoch: Instant) -> Result<u8> {
         first_rank: args.first_rank,
         wire: args.wire.clone(),
         wire_patience: Duration::from_secs_f64(args.wire_wait),
+        nic: args.nic,
+        nic_server: args.nic_server.clone(),
     };
     let runs = run_job_in(
         args.vms,
@@ -372,7 +422,8 @@ fn run_npb(args: &MpiArgs, list: &str, epoch: Instant) -> Result<u8> {
         &args.kvm_device,
         epoch,
         npb_memory_mib(&specs, ranks),
-    )?;
+    )?
+    .runs;
     // Rank 0 prints the results (if it runs here); every rank must end cleanly.
     let mut code = crate::report::EXIT_OK;
     let mut rows = Vec::new();
@@ -402,6 +453,7 @@ fn run_npb(args: &MpiArgs, list: &str, epoch: Instant) -> Result<u8> {
             obj.insert("class".into(), json!(row.spec.class.letter().to_string()));
             obj.insert("ranks".into(), json!(ranks));
             obj.insert("vms".into(), json!(args.vms));
+            obj.insert("nic".into(), json!(args.nic.name()));
             match &row.result {
                 Some(r) => {
                     obj.insert("time_s".into(), json!(r.time_s));
@@ -459,11 +511,12 @@ fn run_npb(args: &MpiArgs, list: &str, epoch: Instant) -> Result<u8> {
             );
         }
         crate::outln!(
-            "NPB-MPI: {} ranks, one per VM ({} here), wait={}, irq path {}",
+            "NPB-MPI: {} ranks, one per VM ({} here), wait={}, irq path {}, nic {}",
             ranks,
             args.vms,
             wait_name(args.wait),
-            args.irq_path.name()
+            args.irq_path.name(),
+            args.nic.name()
         );
     }
     Ok(code)
@@ -485,6 +538,10 @@ pub fn run_bench(args: &NetBenchArgs, epoch: Instant) -> Result<u8> {
         Some(w) => vec![w],
         None => vec![Wait::Spin, Wait::Block],
     };
+    let nics = match args.nic {
+        Some(n) => vec![n],
+        None => vec![NicKind::Emulated, NicKind::Passthrough],
+    };
     let list: Vec<String> = sizes.iter().map(u64::to_string).collect();
     let mut rows = Vec::new();
     for &wait in &waits {
@@ -492,20 +549,27 @@ pub fn run_bench(args: &NetBenchArgs, epoch: Instant) -> Result<u8> {
         if let Some(rounds) = args.rounds {
             extra.push_str(&format!(" net_rounds={rounds}"));
         }
-        // kumo on each path, then (if asked) QEMU with the same guest and sizes.
-        let mut settings: Vec<Option<IrqPath>> = paths.iter().copied().map(Some).collect();
+        // kumo with each NIC on each path, then (if asked) QEMU with the same guest
+        // and sizes.
+        let mut settings: Vec<Option<(NicKind, IrqPath)>> = nics
+            .iter()
+            .flat_map(|&nic| paths.iter().map(move |&path| Some((nic, path))))
+            .collect();
         if args.qemu {
             settings.push(None);
         }
         for setting in settings {
-            let events = match setting {
-                Some(path) => {
-                    let mut runs =
-                        run_job(2, 1, path, &extra, &Job::default(), &args.kvm_device, epoch)?;
-                    measurement(&runs[0], "pingpong", 0)?;
-                    runs.swap_remove(0).events
+            let (events, switch) = match setting {
+                Some((nic, path)) => {
+                    let job = Job {
+                        nic,
+                        ..Job::default()
+                    };
+                    let mut job = run_job(2, 1, path, &extra, &job, &args.kvm_device, epoch)?;
+                    measurement(&job.runs[0], "pingpong", 0)?;
+                    (job.runs.swap_remove(0).events, job.switch)
                 }
-                None => crate::qemu::run_pair(&extra)?,
+                None => (crate::qemu::run_pair(&extra)?, None),
             };
             let found: Vec<_> = events
                 .into_iter()
@@ -528,9 +592,22 @@ pub fn run_bench(args: &NetBenchArgs, epoch: Instant) -> Result<u8> {
                     fields.into_iter().map(|(k, v)| (k, json!(v))).collect();
                 row.insert(
                     "irq_path".into(),
-                    json!(setting.map_or("qemu", IrqPath::name)),
+                    json!(setting.map_or("qemu", |(_, path)| path.name())),
+                );
+                row.insert(
+                    "nic".into(),
+                    json!(setting.map_or("qemu", |(nic, _)| nic.name())),
                 );
                 row.insert("wait".into(), json!(wait_name(wait)));
+                if let Some(switch) = switch {
+                    // The whole run's (every size): the switch thread's own time.
+                    row.insert("switch_wakeups".into(), json!(switch.wakeups));
+                    row.insert("switch_frames".into(), json!(switch.delivered));
+                    row.insert(
+                        "switch_busy_us".into(),
+                        json!(switch.busy.as_secs_f64() * 1e6),
+                    );
+                }
                 rows.push(row);
             }
         }
@@ -541,29 +618,42 @@ pub fn run_bench(args: &NetBenchArgs, epoch: Instant) -> Result<u8> {
         }
     } else {
         crate::outln!(
-            "{:<8} {:<6} {:>9} {:>7} {:>10} {:>10} {:>10}",
+            "{:<12} {:<8} {:<6} {:>9} {:>7} {:>10} {:>10} {:>10} {:>12}",
+            "nic",
             "path",
             "wait",
             "size",
             "rounds",
             "median_us",
             "p99_us",
-            "MB/s"
+            "MB/s",
+            "sw_us/frame"
         );
         for row in &rows {
+            let per_frame = match (
+                row.get("switch_busy_us").and_then(Value::as_f64),
+                row.get("switch_frames").and_then(Value::as_u64),
+            ) {
+                (Some(busy), Some(frames)) if frames > 0 => format!("{:.2}", busy / frames as f64),
+                _ => "-".into(),
+            };
             crate::outln!(
-                "{:<8} {:<6} {:>9} {:>7} {:>10} {:>10} {:>10}",
+                "{:<12} {:<8} {:<6} {:>9} {:>7} {:>10} {:>10} {:>10} {:>12}",
+                text(row, "nic"),
                 text(row, "irq_path"),
                 text(row, "wait"),
                 text(row, "size"),
                 text(row, "rounds"),
                 text(row, "median_us"),
                 text(row, "p99_us"),
-                text(row, "mbps")
+                text(row, "mbps"),
+                per_frame
             );
         }
         crate::outln!(
-            "half round trip between two VMs through domain 0's switch (guest TSC); MB/s = size / half round trip;\n\
+            "half round trip between two VMs (guest TSC); MB/s = size / half round trip;\n\
+             nic emulated: domain 0's switch thread; nic passthrough: a port each of a kumo nic-server (vfio-user);\n\
+             sw_us/frame: the switch thread's busy time (woken to done: both copies, the interrupt) per frame delivered, over the whole run (all sizes);\n\
              path qemu: the same guest on two QEMU VMs, virtio-net-pci on one -netdev stream wire"
         );
     }

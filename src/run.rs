@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
+use hv::passthrough::PassthroughSpec;
 use hv::{GuestExit, RunOutcome, Vm, VmConfig};
 use npb::Spec;
 
@@ -19,6 +20,7 @@ pub const HANDED_OFF: &str = "the VM was handed off (snapshot or migration) and 
 
 /// Boots the embedded NPB guest, runs the requested benchmarks and reports them.
 pub fn run_embedded(args: &VmArgs, epoch: Instant) -> Result<u8> {
+    let devices = passthrough_specs(args)?;
     let specs = match &args.npb {
         Some(list) => guest::parse_specs(list)?,
         None => guest::default_specs(),
@@ -32,6 +34,10 @@ pub fn run_embedded(args: &VmArgs, epoch: Instant) -> Result<u8> {
         &args.kvm_device,
         epoch,
         sched,
+        &Passthrough {
+            devices,
+            irq_path: args.irq_path,
+        },
     )?;
     report::print(&verdict, args.json);
     Ok(verdict.exit_code())
@@ -51,7 +57,47 @@ pub fn run_guest(
     kvm_device: &Path,
     epoch: Instant,
 ) -> Result<Verdict> {
-    run_guest_scheduled(specs, vcpus, memory, kvm_device, epoch, None)
+    run_guest_scheduled(
+        specs,
+        vcpus,
+        memory,
+        kvm_device,
+        epoch,
+        None,
+        &Passthrough::default(),
+    )
+}
+
+/// The `--passthrough` devices of a VM and their interrupt path.
+#[derive(Debug, Default)]
+pub struct Passthrough {
+    pub devices: Vec<PassthroughSpec>,
+    pub irq_path: hv::irq::IrqPath,
+}
+
+impl Passthrough {
+    /// Attaches every device to `vm` (before it runs); keep the result until it ends.
+    pub fn attach(&self, vm: &mut Vm) -> Result<Vec<hv::passthrough::Attached>> {
+        self.devices
+            .iter()
+            .map(|spec| Ok(hv::passthrough::attach(vm, spec, self.irq_path)?))
+            .collect()
+    }
+}
+
+/// `--passthrough` parsed, and checked as far as it can be before a VM exists: a host
+/// device the kernel's VFIO cannot hand over is refused here, naming what is missing.
+pub fn passthrough_specs(args: &VmArgs) -> Result<Vec<PassthroughSpec>> {
+    args.passthrough
+        .iter()
+        .map(|text| {
+            let spec: PassthroughSpec = text.parse().map_err(anyhow::Error::msg)?;
+            if let PassthroughSpec::Kernel(bdf) = &spec {
+                hv::passthrough::vfio::open(bdf)?;
+            }
+            Ok(spec)
+        })
+        .collect()
 }
 
 /// `--sched`, parsed.
@@ -128,6 +174,7 @@ pub fn run_guest_scheduled(
     kvm_device: &Path,
     epoch: Instant,
     sched: Option<sched::Params>,
+    passthrough: &Passthrough,
 ) -> Result<Verdict> {
     let memory_mib = guest::choose_memory_mib(memory, specs, vcpus)?;
     let names: Vec<String> = specs.iter().map(ToString::to_string).collect();
@@ -138,9 +185,11 @@ pub fn run_guest_scheduled(
         format!("npb={} spin_us={spin}", names.join(",")),
         kvm_device,
     );
-    let (run, scheduler) = boot_embedded(config, epoch, |vm| {
-        sched.map(|params| start_credit(vm, params)).transpose()
-    })?;
+    let mut vm = Vm::new(config)?;
+    let attached = passthrough.attach(&mut vm)?;
+    let scheduler = sched.map(|params| start_credit(&vm, params)).transpose();
+    let run = run_collecting(vm, epoch)?;
+    drop(attached);
     if let Some((member, server, driver)) = scheduler? {
         drop(server);
         drop(driver);
@@ -281,6 +330,7 @@ pub fn run_kernel(args: &VmArgs, kernel: &Path, epoch: Instant) -> Result<u8> {
         .map(|path| crate::input::read_bounded("module", path, limit))
         .collect::<Result<Vec<_>>>()?;
     let disks = hv::block::open(&args.disk)?;
+    let devices = passthrough_specs(args)?;
     check_vcpus(args.vcpus, &args.kvm_device)?;
     let config = VmConfig {
         vcpus: args.vcpus,
@@ -293,8 +343,14 @@ pub fn run_kernel(args: &VmArgs, kernel: &Path, epoch: Instant) -> Result<u8> {
     let mut vm = Vm::new(config)?;
     // Kept until the run ends (their backend threads stop when dropped).
     let _disks = hv::block::attach(&mut vm, disks)?;
+    let attached = Passthrough {
+        devices,
+        irq_path: args.irq_path,
+    }
+    .attach(&mut vm)?;
     // The console never fails: a closed stdout loses output, not the verdict below.
     let outcome = vm.run(Box::new(crate::output::Stdout), epoch)?;
+    drop(attached);
     if let Some(d) = outcome.workload_started {
         eprintln!(
             "kumo: workload started {:.1} ms after kumo started",

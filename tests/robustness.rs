@@ -142,6 +142,23 @@ fn a_guest_that_computes_or_halts_is_not_stuck() {
 }
 
 #[test]
+fn a_passthrough_device_cannot_be_snapshotted_or_migrated() {
+    // Its state lives in the device, not in kumo: refused rather than left out.
+    let out = kumo(&[
+        "--passthrough",
+        "vfio-user:/x",
+        "--ctl-socket",
+        "/tmp/kumo-x.sock",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("cannot be used with"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
 fn options_a_run_would_ignore_are_refused() {
     let k = kernel("exit0.elf", &[asm::debug_exit(0)]);
     let k = k.to_str().unwrap();
@@ -160,7 +177,11 @@ fn options_a_run_would_ignore_are_refused() {
         ),
         (
             vec!["--irq-path", "fast"],
-            "--irq-path does not apply to runs of the embedded",
+            "--irq-path applies to --passthrough devices and --irq-check runs",
+        ),
+        (
+            vec!["--kernel", k, "--irq-path", "fast"],
+            "--irq-path applies to --passthrough devices and --irq-check runs",
         ),
         (
             vec!["--cmdline", "x"],

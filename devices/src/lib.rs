@@ -23,6 +23,7 @@ pub mod net;
 pub mod pci;
 pub mod serial;
 pub mod state;
+pub mod vfio_user;
 pub mod virtio;
 
 pub use boot_timer::BootTimer;

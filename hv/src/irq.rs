@@ -462,6 +462,28 @@ impl MsixSink for FastMsix {
     }
 }
 
+/// The fast path's sink for `vectors` vectors, and a duplicate of each vector's irqfd:
+/// for a device outside kumo (a passthrough device's server), which raises vector `v`
+/// by writing `fds[v]`, injected by KVM with no kumo thread in between.
+pub fn fast_msix_with_eventfds(
+    vectors: u16,
+    router: &Arc<GsiRouter>,
+) -> Result<(Arc<dyn MsixSink>, Vec<EventFd>), Error> {
+    let fast = (0..vectors)
+        .map(|_| router.vector())
+        .collect::<Result<Vec<_>, _>>()?;
+    let fds = fast
+        .iter()
+        .map(|v| {
+            v.eventfd.try_clone().map_err(|source| Error::Os {
+                what: "duplicating an irqfd",
+                source,
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((Arc::new(FastMsix(fast)), fds))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

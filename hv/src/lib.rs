@@ -31,6 +31,7 @@ mod kvm;
 pub mod layout;
 pub mod migration;
 pub mod net;
+pub mod passthrough;
 pub mod placement;
 pub mod regs;
 pub mod stop;
@@ -46,7 +47,7 @@ use std::time::Duration;
 
 pub use fault::{CpuMode, FaultReason, FaultReport, Registers};
 pub use stop::{RunLimits, StopCause};
-pub use vm::Vm;
+pub use vm::{DeviceHealth, Vm};
 
 /// What to boot and on how much.
 #[derive(Debug, Clone)]

@@ -20,6 +20,7 @@
 
 use std::collections::VecDeque;
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
@@ -52,15 +53,32 @@ const QUEUE_SIZE: u16 = 256;
 const STOP: u64 = u64::MAX;
 const CONTROL: u64 = u64::MAX - 1;
 
-/// One NIC: the device model, its transport, one eventfd per queue doorbell.
+/// One NIC: the device model, one eventfd per queue doorbell. A NIC in one of this
+/// process's VMs has its model from the start; a NIC served to another process (see
+/// [`Network::add_served_port`]) gets one while a client is attached.
 struct Nic {
-    net: Arc<VirtioNet<GuestMemoryMmap>>,
+    net: Mutex<Option<Arc<VirtioNet<GuestMemoryMmap>>>>,
     notify: Vec<EventFd>,
-    /// The transport (kept for the NIC's lifetime; the PCI bus holds it too).
-    _transport: Arc<VirtioPciDevice>,
-    /// The generic path's event loop, when the NIC uses it (one per NIC: the
-    /// VM's other devices have their own).
-    _event_loop: EventLoop,
+    /// The transport and the generic path's event loop, kept for the NIC's lifetime
+    /// (the PCI bus holds the transport too), for a NIC of this process's VM.
+    _in_vm: Option<(Arc<VirtioPciDevice>, EventLoop)>,
+}
+
+impl Nic {
+    fn model(&self) -> Option<Arc<VirtioNet<GuestMemoryMmap>>> {
+        self.net.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// A switch port whose NIC model lives in a device server (`kumo nic-server`): its
+/// doorbells exist from the start (the server hands them to each client), its model
+/// is plugged while a client is attached.
+pub struct ServedPort {
+    pub port: PortId,
+    /// One per queue: what a guest's doorbell write must signal.
+    pub doorbells: Vec<EventFd>,
+    /// What the model's transport reports (activation, reset, trapped doorbells).
+    pub actions: Arc<dyn ActionSink>,
 }
 
 /// Port state changes the vCPU threads report to the switch thread.
@@ -68,6 +86,8 @@ struct Nic {
 enum Change {
     Up(PortId),
     Down(PortId),
+    /// A port's TX may move again (a receiver it waited on went away).
+    Resume(PortId),
 }
 
 /// What is plugged into a switch port.
@@ -79,6 +99,9 @@ enum Endpoint {
 
 struct Shared {
     switch: Mutex<Switch>,
+    /// The switch thread's wake-ups and the time it spent working after them.
+    wakeups: AtomicU64,
+    busy_ns: AtomicU64,
     /// Index = switch port.
     ports: Mutex<Vec<Endpoint>>,
     changes: Mutex<VecDeque<Change>>,
@@ -92,6 +115,14 @@ impl Shared {
 
     fn ports(&self) -> MutexGuard<'_, Vec<Endpoint>> {
         self.ports.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn worker_stats(&self) -> WorkerStats {
+        WorkerStats {
+            wakeups: self.wakeups.load(Ordering::Relaxed),
+            busy: std::time::Duration::from_nanos(self.busy_ns.load(Ordering::Relaxed)),
+            delivered: self.switch().stats().delivered,
+        }
     }
 
     fn endpoint(&self, port: PortId) -> Option<Endpoint> {
@@ -151,6 +182,8 @@ impl Network {
         Ok(Network {
             shared: Arc::new(Shared {
                 switch: Mutex::new(Switch::new(config)),
+                wakeups: AtomicU64::new(0),
+                busy_ns: AtomicU64::new(0),
                 ports: Mutex::new(Vec::new()),
                 changes: Mutex::new(VecDeque::new()),
                 control: EventFd::new(EFD_NONBLOCK).map_err(os("creating an eventfd"))?,
@@ -178,14 +211,7 @@ impl Network {
             .map_err(|e| Error::Device(e.to_string()))?,
         );
         let queues = 2u16;
-        let notify = (0..queues)
-            .map(|_| EventFd::new(EFD_NONBLOCK).map_err(os("creating a queue doorbell eventfd")))
-            .collect::<Result<Vec<_>, _>>()?;
-        let dup = |fds: &[EventFd]| {
-            fds.iter()
-                .map(|fd| fd.try_clone().map_err(os("duplicating a doorbell eventfd")))
-                .collect::<Result<Vec<_>, _>>()
-        };
+        let notify = new_doorbells(queues)?;
         let port = self.shared.switch().add_port();
         let event_loop = vm.start_event_loop_in(dom0.cloned())?;
         // MSI-X: the configuration vector and one per queue.
@@ -193,23 +219,65 @@ impl Network {
         let actions = Arc::new(PortActions {
             shared: self.shared.clone(),
             port,
-            notify: dup(&notify)?,
+            notify: duplicate(&notify)?,
         });
         let transport = Arc::new(
             VirtioPciDevice::new(net.clone(), sink, actions)
                 .map_err(|e| Error::Device(e.to_string()))?,
         );
         transport.place_bar(vm.allocate_bar(devices::virtio::transport::BAR_SIZE)?);
-        vm.add_pci_device_with_doorbells(transport.clone(), dup(&notify)?)?;
+        vm.add_pci_device_with_doorbells(transport.clone(), duplicate(&notify)?)?;
         let mut ports = self.shared.ports();
         debug_assert_eq!(ports.len(), port, "ports are numbered in attach order");
         ports.push(Endpoint::Nic(Arc::new(Nic {
-            net,
+            net: Mutex::new(Some(net)),
             notify,
-            _transport: transport,
-            _event_loop: event_loop,
+            _in_vm: Some((transport, event_loop)),
         })));
         Ok(port)
+    }
+
+    /// A port for a NIC served to another process (before [`Network::start`]): `queues`
+    /// doorbell eventfds, no model until [`Network::plug`].
+    pub fn add_served_port(&self, queues: u16) -> Result<ServedPort, Error> {
+        let notify = new_doorbells(queues)?;
+        let port = self.shared.switch().add_port();
+        let actions = Arc::new(PortActions {
+            shared: self.shared.clone(),
+            port,
+            notify: duplicate(&notify)?,
+        });
+        let doorbells = duplicate(&notify)?;
+        let mut ports = self.shared.ports();
+        debug_assert_eq!(ports.len(), port, "ports are numbered in attach order");
+        ports.push(Endpoint::Nic(Arc::new(Nic {
+            net: Mutex::new(None),
+            notify,
+            _in_vm: None,
+        })));
+        Ok(ServedPort {
+            port,
+            doorbells,
+            actions,
+        })
+    }
+
+    /// Plugs `net` into served port `port` (a client attached), or unplugs it (`None`:
+    /// the client went away; the port goes down and its queued frames are dropped).
+    pub fn plug(&self, port: PortId, net: Option<Arc<VirtioNet<GuestMemoryMmap>>>) {
+        let Some(nic) = self.shared.nic(port) else {
+            return;
+        };
+        if net.is_none() {
+            let unblocked = self.shared.switch().set_up(port, false);
+            self.shared
+                .changes
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend(unblocked.into_iter().map(Change::Resume));
+            let _ = self.shared.control.write(1);
+        }
+        *nic.net.lock().unwrap_or_else(|e| e.into_inner()) = net;
     }
 
     /// Connects a wire (QEMU's stream framing on `socket`) to a new port of the switch,
@@ -290,9 +358,61 @@ impl Network {
         self.shared.switch().stats()
     }
 
+    /// How often the switch thread woke and how long it worked after waking (the
+    /// frames' copies and the interrupts they raise: the "hardware" time of a frame).
+    pub fn worker_stats(&self) -> WorkerStats {
+        self.shared.worker_stats()
+    }
+
     /// The counters of the NIC on `port`.
     pub fn nic_stats(&self, port: PortId) -> Option<NetStats> {
-        self.shared.nic(port).map(|n| n.net.stats())
+        self.shared.nic(port)?.model().map(|n| n.stats())
+    }
+}
+
+/// One doorbell eventfd per queue.
+fn new_doorbells(queues: u16) -> Result<Vec<EventFd>, Error> {
+    (0..queues)
+        .map(|_| EventFd::new(EFD_NONBLOCK).map_err(os("creating a queue doorbell eventfd")))
+        .collect()
+}
+
+fn duplicate(fds: &[EventFd]) -> Result<Vec<EventFd>, Error> {
+    fds.iter()
+        .map(|fd| fd.try_clone().map_err(os("duplicating a doorbell eventfd")))
+        .collect()
+}
+
+/// The switch thread's work since it started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WorkerStats {
+    pub wakeups: u64,
+    pub busy: std::time::Duration,
+    /// Frames delivered to receivers.
+    pub delivered: u64,
+}
+
+impl WorkerStats {
+    /// One line, as `kumo nic-server` prints it and [`WorkerStats::parse`] reads it.
+    pub fn line(&self) -> String {
+        format!(
+            "switch thread: wakeups={} busy_ns={} delivered={}",
+            self.wakeups,
+            self.busy.as_nanos(),
+            self.delivered
+        )
+    }
+
+    /// The counters in a line made by [`WorkerStats::line`], if it holds them.
+    pub fn parse(line: &str) -> Option<WorkerStats> {
+        let (_, fields) = line.split_once("switch thread: ")?;
+        let mut values = fields.split(' ').map(|f| f.split_once('=').map(|(_, v)| v));
+        let mut next = || values.next().flatten()?.parse::<u64>().ok();
+        Some(WorkerStats {
+            wakeups: next()?,
+            busy: std::time::Duration::from_nanos(next()?),
+            delivered: next()?,
+        })
     }
 }
 
@@ -306,6 +426,10 @@ pub struct RunningNetwork {
 impl RunningNetwork {
     pub fn switch_stats(&self) -> SwitchStats {
         self.shared.switch().stats()
+    }
+
+    pub fn worker_stats(&self) -> WorkerStats {
+        self.shared.worker_stats()
     }
 }
 
@@ -372,6 +496,7 @@ impl Worker {
                     return;
                 }
             };
+            let woke = std::time::Instant::now();
             for event in &events[..n] {
                 match event.data() {
                     STOP => {
@@ -386,6 +511,10 @@ impl Worker {
                 }
             }
             self.drain();
+            self.shared.wakeups.fetch_add(1, Ordering::Relaxed);
+            self.shared
+                .busy_ns
+                .fetch_add(woke.elapsed().as_nanos() as u64, Ordering::Relaxed);
         }
     }
 
@@ -417,6 +546,7 @@ impl Worker {
                         self.push(Work::Transmit(source));
                     }
                 }
+                Change::Resume(port) => self.push(Work::Transmit(port)),
             }
         }
     }
@@ -436,11 +566,14 @@ impl Worker {
         if let Some(fd) = nic.notify.get(usize::from(queue)) {
             let _ = fd.read();
         }
-        match nic.net.queue_role(queue) {
+        let Some(net) = nic.model() else {
+            return; // a served port with no client: nothing to serve
+        };
+        match net.queue_role(queue) {
             Some(QueueRole::Tx(_)) => self.push(Work::Transmit(port)),
             Some(QueueRole::Rx(_)) => self.push(Work::Deliver(port)),
             Some(QueueRole::Ctrl) => {
-                nic.net.process_ctrl();
+                net.process_ctrl();
             }
             None => {}
         }
@@ -466,12 +599,13 @@ impl Worker {
         let mut switch = shared.switch();
         match endpoint {
             Endpoint::Nic(nic) => {
-                for pair in 0..nic.net.queue_pairs() {
-                    let report = nic
-                        .net
-                        .transmit(pair, |frame| switch.ingress(port, frame).taken());
-                    if report.stopped {
-                        break;
+                if let Some(net) = nic.model() {
+                    for pair in 0..net.queue_pairs() {
+                        let report =
+                            net.transmit(pair, |frame| switch.ingress(port, frame).taken());
+                        if report.stopped {
+                            break;
+                        }
                     }
                 }
             }
@@ -493,9 +627,12 @@ impl Worker {
         let shared = self.shared.clone();
         let mut switch = shared.switch();
         let egress = match endpoint {
-            Endpoint::Nic(nic) => nic
-                .net
-                .receive_batch(|batch| switch.egress(port, |frame| batch.push(frame).consumed())),
+            Endpoint::Nic(nic) => match nic.model() {
+                Some(net) => net.receive_batch(|batch| {
+                    switch.egress(port, |frame| batch.push(frame).consumed())
+                }),
+                None => return,
+            },
             Endpoint::Wire(wire) => switch.egress(port, |frame| wire.send(frame)),
         };
         drop(switch);

@@ -51,6 +51,8 @@ pub struct Vm {
     pub(crate) hub: Arc<Hub>,
     /// Device state a restored VM's devices start from (see `crate::migration`).
     pub(crate) restored: Option<DeviceStates>,
+    /// Devices outside kumo report here that they failed; the run then ends.
+    pub(crate) health: Arc<DeviceHealth>,
     pub(crate) _kvm: Kvm,
     pub(crate) memory: GuestMemoryMmap,
     pub(crate) memfd: File,
@@ -62,6 +64,28 @@ impl std::fmt::Debug for Vm {
             .field("vcpus", &self.vcpus.len())
             .field("memory", &self.memory.last_addr())
             .finish()
+    }
+}
+
+/// The first failure of a device of the VM that lives outside kumo (a passthrough
+/// device's process died or stopped answering).
+#[derive(Debug, Default)]
+pub struct DeviceHealth {
+    failed: std::sync::Mutex<Option<String>>,
+}
+
+impl DeviceHealth {
+    /// Records `why` (the first report wins).
+    pub fn fail(&self, why: String) {
+        let mut failed = self.failed.lock().unwrap_or_else(|e| e.into_inner());
+        failed.get_or_insert(why);
+    }
+
+    pub fn failure(&self) -> Option<String> {
+        self.failed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 }
 
@@ -179,10 +203,17 @@ impl Vm {
             bar_window: BarAllocator::new(PCI_MMIO_START, PCI_MMIO_END),
             hub,
             restored: None,
+            health: Arc::new(DeviceHealth::default()),
             _kvm: kvm,
             memory,
             memfd,
         })
+    }
+
+    /// Where a device served outside kumo reports its failure (the run then ends with
+    /// that report within one coordinator poll).
+    pub fn device_health(&self) -> Arc<DeviceHealth> {
+        self.health.clone()
     }
 
     /// The memfd behind guest RAM (offset 0 = guest-physical 0).
@@ -389,6 +420,8 @@ impl Vm {
             }
             if let Some(signal) = stop::requested() {
                 decision = Some(Ok(GuestExit::Stopped(StopCause::Signal(signal))));
+            } else if let Some(why) = self.health.failure() {
+                decision = Some(Err(Error::Device(why)));
             } else if let Some(limit) = self.limits.timeout
                 && started.elapsed() >= limit
             {

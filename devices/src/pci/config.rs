@@ -179,6 +179,11 @@ impl ConfigSpace {
         }
     }
 
+    /// The size BAR `index` was declared with, if it exists.
+    pub fn bar_size(&self, index: usize) -> Option<u64> {
+        Some(self.bars.get(index).copied().flatten()?.size)
+    }
+
     /// Where BAR `index` points now (whether or not decoding is enabled).
     pub fn bar_address(&self, index: usize) -> Option<u64> {
         let bar = self.bars.get(index).copied().flatten()?;

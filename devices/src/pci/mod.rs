@@ -6,6 +6,7 @@
 pub mod bus;
 pub mod config;
 pub mod msix;
+pub mod passthrough;
 
 pub use bus::{
     BarAllocator, ConfigPorts, Doorbell, DoorbellWiring, HostBridge, PciBus, PciBusState,

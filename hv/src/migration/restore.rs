@@ -121,6 +121,7 @@ fn create(meta: &Meta, kvm_device: &Path) -> Result<Vm, Error> {
         bar_window: devices::pci::BarAllocator::new(PCI_MMIO_START, PCI_MMIO_END),
         hub,
         restored: None,
+        health: Default::default(),
         _kvm: kvm,
         memory,
         memfd,

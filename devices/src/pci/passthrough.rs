@@ -1,0 +1,700 @@
+//! A PCI function that lives elsewhere (a kernel VFIO device, a vfio-user server),
+//! mediated for the guest. Shared by every passthrough backend: the backend only moves
+//! bytes of the device's regions; this module decides what the guest sees.
+//!
+//! - Header (bytes `0..0x40`): kumo's own [`ConfigSpace`] with the device's identity
+//!   and BAR sizes, so BARs are placed and relocated by kumo's allocator and the
+//!   guest (the device's own BAR addresses never matter); the command register is
+//!   kept here and also forwarded, so the device sees memory and bus-master enable.
+//! - The MSI-X capability: virtualized. Its message control (enable, function mask)
+//!   is kumo's; the table and PBA in the BAR are trapped and served by kumo's
+//!   [`Msix`], whose route changes go to the VMM's [`MsixSink`] (irqfd routes on the
+//!   fast path). The device signals vector `v` by its eventfd; it never sees the table.
+//! - Every other capability byte and every other BAR byte: forwarded to the device.
+//!
+//! Nothing the device reports is trusted: BAR sizes must be powers of two in range,
+//! the capability list is walked with a bound and must stay in the capability area,
+//! and the MSI-X table and PBA must lie inside their BARs.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::bus::{Doorbell, PciDevice};
+use super::config::{
+    self, Bar, BarKind, BarRegion, COMMAND, CONFIG_SIZE, ConfigError, ConfigSpace, STATUS,
+};
+use super::msix::{self, Msix, MsixSink, Update};
+
+/// Largest BAR kumo places for a passthrough device.
+pub const MAX_BAR_SIZE: u64 = 1 << 30;
+/// Where the capability area starts.
+const CAPABILITIES_START: usize = 0x40;
+
+/// Moves bytes of the real device's regions (index 0-5: BARs, 7: configuration
+/// space, as VFIO numbers them). Errors mean the device is gone or refused.
+pub trait RegionAccess: Send + Sync {
+    fn region_read(&self, region: u32, offset: u64, data: &mut [u8]) -> Result<(), String>;
+    fn region_write(&self, region: u32, offset: u64, data: &[u8]) -> Result<(), String>;
+}
+
+/// VFIO's region index of configuration space.
+pub const CONFIG_REGION: u32 = 7;
+
+/// Why a device cannot be mediated (it reported something kumo will not trust).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PassthroughError {
+    #[error("BAR {index}: size {size:#x} is not a power of two between 16 bytes and 1 GiB")]
+    BarSize { index: usize, size: u64 },
+    #[error("BAR {index} is an I/O BAR (only memory BARs are supported)")]
+    IoBar { index: usize },
+    #[error("the capability list is malformed ({0})")]
+    Capabilities(&'static str),
+    #[error("the device has no MSI-X capability")]
+    NoMsix,
+    #[error("MSI-X {what} (BAR {bar}, offset {offset:#x}, {len} bytes) lies outside its BAR")]
+    MsixPlacement {
+        what: &'static str,
+        bar: u8,
+        offset: u64,
+        len: u64,
+    },
+    #[error("MSI-X: the device has {irqs} interrupt vectors, its table {table}")]
+    MsixCount { irqs: u32, table: u16 },
+    #[error("doorbell at BAR {bar} offset {offset:#x} lies outside the BAR")]
+    Doorbell { bar: u8, offset: u64 },
+    #[error("configuration space: {0}")]
+    Config(#[from] ConfigError),
+}
+
+/// What the device reported about itself, read by the backend at attach.
+#[derive(Debug, Clone)]
+pub struct DeviceLayout {
+    /// The first 256 bytes of its configuration space.
+    pub config: [u8; CONFIG_SIZE],
+    /// Region size of BARs 0-5 (0: absent).
+    pub bar_sizes: [u64; 6],
+    /// MSI-X vectors the device can signal.
+    pub msix_irqs: u32,
+    /// Places in BARs where a write only signals (served by eventfds): (bar, offset).
+    pub doorbells: Vec<(u8, u64)>,
+}
+
+/// Where the MSI-X table and PBA are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct MsixLayout {
+    cap: usize,
+    table_bar: u8,
+    table_offset: u64,
+    pba_bar: u8,
+    pba_offset: u64,
+}
+
+struct State {
+    config: ConfigSpace,
+    msix: Msix,
+}
+
+/// The mediated function on kumo's bus.
+pub struct PassthroughDevice {
+    access: Arc<dyn RegionAccess>,
+    state: Mutex<State>,
+    layout: MsixLayout,
+    /// The MSI-X capability's bytes `[cap, cap + 12)`, as the device has them.
+    msix_cap_bytes: [u8; 12],
+    sink: Arc<dyn MsixSink>,
+    doorbells: Vec<Doorbell>,
+}
+
+fn word(config: &[u8; CONFIG_SIZE], at: usize) -> u16 {
+    u16::from_le_bytes([config[at], config[at + 1]])
+}
+
+fn dword(config: &[u8; CONFIG_SIZE], at: usize) -> u32 {
+    u32::from_le_bytes([config[at], config[at + 1], config[at + 2], config[at + 3]])
+}
+
+/// Walks the device's capability list (at most 48 entries, each in the capability
+/// area, 4-byte aligned) and returns the MSI-X capability's offset.
+fn find_msix(config: &[u8; CONFIG_SIZE]) -> Result<usize, PassthroughError> {
+    if word(config, STATUS) & config::STATUS_CAPABILITIES == 0 {
+        return Err(PassthroughError::NoMsix);
+    }
+    let mut at = usize::from(config[config::CAPABILITIES_POINTER]);
+    for _ in 0..48 {
+        if at == 0 {
+            return Err(PassthroughError::NoMsix);
+        }
+        if at < CAPABILITIES_START || at + 12 > CONFIG_SIZE || !at.is_multiple_of(4) {
+            return Err(PassthroughError::Capabilities(
+                "a capability lies outside the capability area",
+            ));
+        }
+        if config[at] == msix::CAPABILITY_ID {
+            return Ok(at);
+        }
+        at = usize::from(config[at + 1]);
+    }
+    Err(PassthroughError::Capabilities("the list loops"))
+}
+
+impl PassthroughDevice {
+    /// Mediates the device `layout` describes, reached through `access`; its MSI-X
+    /// vectors go to `sink`. Doorbell ids are the indices of `layout.doorbells`.
+    pub fn new(
+        access: Arc<dyn RegionAccess>,
+        layout: &DeviceLayout,
+        sink: Arc<dyn MsixSink>,
+    ) -> Result<PassthroughDevice, PassthroughError> {
+        let c = &layout.config;
+        let class = dword(c, config::REVISION) >> 8;
+        let mut space = ConfigSpace::new(
+            word(c, config::VENDOR_ID),
+            word(c, config::DEVICE_ID),
+            class,
+            c[config::REVISION],
+        );
+        space.put(0x2c, &c[0x2c..0x30]);
+        space.put(
+            config::CAPABILITIES_POINTER,
+            &[c[config::CAPABILITIES_POINTER]],
+        );
+        space.put(
+            STATUS,
+            &(word(c, STATUS) & config::STATUS_CAPABILITIES).to_le_bytes(),
+        );
+        let mut index = 0;
+        while index < 6 {
+            let size = layout.bar_sizes[index];
+            let register = dword(c, config::BAR0 + 4 * index);
+            let kind = if register & 1 == 1 {
+                BarKind::Io
+            } else if register & 0b110 == 0b100 {
+                BarKind::Memory64
+            } else {
+                BarKind::Memory32
+            };
+            if size == 0 {
+                index += 1;
+                continue;
+            }
+            if kind == BarKind::Io {
+                return Err(PassthroughError::IoBar { index });
+            }
+            if !size.is_power_of_two() || !(16..=MAX_BAR_SIZE).contains(&size) {
+                return Err(PassthroughError::BarSize { index, size });
+            }
+            space.add_bar(index, Bar { kind, size })?;
+            index += if kind == BarKind::Memory64 { 2 } else { 1 };
+        }
+        let cap = find_msix(c)?;
+        let control = word(c, cap + 2);
+        let vectors = (control & 0x7ff) + 1;
+        if layout.msix_irqs != u32::from(vectors) {
+            return Err(PassthroughError::MsixCount {
+                irqs: layout.msix_irqs,
+                table: vectors,
+            });
+        }
+        let (table, pba) = (dword(c, cap + 4), dword(c, cap + 8));
+        let msix_layout = MsixLayout {
+            cap,
+            table_bar: (table & 7) as u8,
+            table_offset: u64::from(table & !7),
+            pba_bar: (pba & 7) as u8,
+            pba_offset: u64::from(pba & !7),
+        };
+        let msix = Msix::new(vectors);
+        let inside = |what, bar: u8, offset: u64, len: u64| {
+            let size = layout.bar_sizes.get(usize::from(bar)).copied().unwrap_or(0);
+            if offset.checked_add(len).is_some_and(|end| end <= size) {
+                Ok(())
+            } else {
+                Err(PassthroughError::MsixPlacement {
+                    what,
+                    bar,
+                    offset,
+                    len,
+                })
+            }
+        };
+        inside(
+            "table",
+            msix_layout.table_bar,
+            msix_layout.table_offset,
+            msix.table_size(),
+        )?;
+        inside(
+            "PBA",
+            msix_layout.pba_bar,
+            msix_layout.pba_offset,
+            msix.pba_size(),
+        )?;
+        let doorbells = layout
+            .doorbells
+            .iter()
+            .enumerate()
+            .map(|(id, &(bar, offset))| {
+                let size = layout.bar_sizes.get(usize::from(bar)).copied().unwrap_or(0);
+                if offset.checked_add(4).is_some_and(|end| end <= size) {
+                    Ok(Doorbell {
+                        bar,
+                        offset,
+                        id: id as u32,
+                    })
+                } else {
+                    Err(PassthroughError::Doorbell { bar, offset })
+                }
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut msix_cap_bytes = [0; 12];
+        msix_cap_bytes.copy_from_slice(&c[cap..cap + 12]);
+        Ok(PassthroughDevice {
+            access,
+            state: Mutex::new(State {
+                config: space,
+                msix,
+            }),
+            layout: msix_layout,
+            msix_cap_bytes,
+            sink,
+            doorbells,
+        })
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Places BAR `index` (before the guest runs, as firmware does).
+    pub fn place_bar(&self, index: usize, address: u64) {
+        self.state().config.set_bar_address(index, address);
+    }
+
+    /// The BARs kumo must place: (index, size).
+    pub fn bars(&self) -> Vec<(usize, u64)> {
+        let state = self.state();
+        (0..6)
+            .filter_map(|i| Some((i, state.config.bar_size(i)?)))
+            .collect()
+    }
+
+    /// The device signalled `vector` (the generic path: the VMM read its eventfd).
+    /// Held in the PBA while masked, as the table says.
+    pub fn fire(&self, vector: u16) {
+        let mut state = self.state();
+        if let Some(message) = state.msix.fire(vector) {
+            self.sink.send(vector, message);
+        }
+    }
+
+    /// Route changes go to the sink with the state locked, so a concurrent
+    /// [`fire`](Self::fire) sees the new route.
+    fn apply(&self, update: Update) {
+        for (vector, route) in update.rerouted {
+            self.sink.reroute(vector, route);
+        }
+        for (vector, message) in update.deliver {
+            self.sink.send(vector, message);
+        }
+    }
+
+    /// Message control as the guest reads it: the device's table size, kumo's enable
+    /// and function-mask bits.
+    fn control(&self, msix: &Msix) -> u16 {
+        let mut control =
+            u16::from_le_bytes([self.msix_cap_bytes[2], self.msix_cap_bytes[3]]) & 0x7ff;
+        if msix.enabled() {
+            control |= msix::CONTROL_ENABLE;
+        }
+        if msix.function_masked() {
+            control |= msix::CONTROL_FUNCTION_MASK;
+        }
+        control
+    }
+
+    fn msix_cap_range(&self) -> std::ops::Range<usize> {
+        self.layout.cap..self.layout.cap + 12
+    }
+
+    fn table_range(&self, state: &State) -> (u8, std::ops::Range<u64>) {
+        let start = self.layout.table_offset;
+        (
+            self.layout.table_bar,
+            start..start + state.msix.table_size(),
+        )
+    }
+
+    fn pba_range(&self, state: &State) -> (u8, std::ops::Range<u64>) {
+        let start = self.layout.pba_offset;
+        (self.layout.pba_bar, start..start + state.msix.pba_size())
+    }
+
+    fn forward_read(&self, region: u32, offset: u64, data: &mut [u8]) {
+        if let Err(e) = self.access.region_read(region, offset, data) {
+            // A device that is gone reads as all ones, as on a PCIe surprise removal.
+            tracing::debug!("passthrough read of region {region} at {offset:#x}: {e}");
+            data.fill(0xff);
+        }
+    }
+
+    fn forward_write(&self, region: u32, offset: u64, data: &[u8]) {
+        if let Err(e) = self.access.region_write(region, offset, data) {
+            tracing::debug!("passthrough write of region {region} at {offset:#x}: {e}");
+        }
+    }
+}
+
+impl PciDevice for PassthroughDevice {
+    fn config_read(&self, offset: usize, data: &mut [u8]) {
+        for (i, byte) in data.iter_mut().enumerate() {
+            let at = offset + i;
+            *byte = if at < CAPABILITIES_START {
+                self.state().config.byte(at)
+            } else if self.msix_cap_range().contains(&at) {
+                let state = self.state();
+                let rel = at - self.layout.cap;
+                let control = self.control(&state.msix);
+                match rel {
+                    2 => control as u8,
+                    3 => (control >> 8) as u8,
+                    _ => self.msix_cap_bytes[rel],
+                }
+            } else if at < CONFIG_SIZE {
+                let mut b = [0u8];
+                self.forward_read(CONFIG_REGION, at as u64, &mut b);
+                b[0]
+            } else {
+                0
+            };
+        }
+    }
+
+    fn config_write(&self, offset: usize, data: &[u8]) {
+        let end = offset.saturating_add(data.len());
+        if end <= CAPABILITIES_START {
+            self.state().config.write(offset, data);
+            if offset < COMMAND + 2 && COMMAND < end {
+                let command = self.state().config.command();
+                self.forward_write(CONFIG_REGION, COMMAND as u64, &command.to_le_bytes());
+            }
+            return;
+        }
+        let cap = self.msix_cap_range();
+        if offset < cap.end && cap.start < end {
+            // Only message control is writable; the rest of the capability is not.
+            let control_at = cap.start + 2;
+            let mut control = self.control(&self.state().msix).to_le_bytes();
+            for (i, &value) in data.iter().enumerate() {
+                let at = offset + i;
+                if (control_at..control_at + 2).contains(&at) {
+                    control[at - control_at] = value;
+                }
+            }
+            let mut state = self.state();
+            let update = state.msix.set_control(u16::from_le_bytes(control));
+            self.apply(update);
+            return;
+        }
+        if end <= CONFIG_SIZE {
+            self.forward_write(CONFIG_REGION, offset as u64, data);
+        }
+    }
+
+    fn memory_regions(&self) -> Vec<BarRegion> {
+        self.state().config.memory_regions().collect()
+    }
+
+    fn bar_read(&self, bar: u8, offset: u64, data: &mut [u8]) {
+        {
+            let state = self.state();
+            let (table_bar, table) = self.table_range(&state);
+            if bar == table_bar && table.contains(&offset) {
+                state.msix.table_read(offset - table.start, data);
+                return;
+            }
+            let (pba_bar, pba) = self.pba_range(&state);
+            if bar == pba_bar && pba.contains(&offset) {
+                state.msix.pba_read(offset - pba.start, data);
+                return;
+            }
+        }
+        self.forward_read(u32::from(bar), offset, data);
+    }
+
+    fn bar_write(&self, bar: u8, offset: u64, data: &[u8]) {
+        {
+            let mut state = self.state();
+            let (table_bar, table) = self.table_range(&state);
+            if bar == table_bar && table.contains(&offset) {
+                let update = state.msix.table_write(offset - table.start, data);
+                self.apply(update);
+                return;
+            }
+            let (pba_bar, pba) = self.pba_range(&state);
+            if bar == pba_bar && pba.contains(&offset) {
+                return; // read-only
+            }
+        }
+        self.forward_write(u32::from(bar), offset, data);
+    }
+
+    fn doorbells(&self) -> Vec<Doorbell> {
+        self.doorbells.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pci::MsiMessage;
+    use crate::virtio::VirtioPciDevice;
+    use crate::virtio::net::{NetConfig, VirtioNet};
+    use crate::virtio::transport::{self, ActionSink, TransportAction};
+    use vm_memory::{GuestAddress, GuestMemoryMmap};
+
+    /// What reached a sink: (vector, route) per reroute, vectors sent.
+    #[derive(Default)]
+    struct Recorder {
+        reroutes: Mutex<Vec<(u16, Option<MsiMessage>)>>,
+        sent: Mutex<Vec<u16>>,
+    }
+
+    impl MsixSink for Recorder {
+        fn send(&self, vector: u16, _message: MsiMessage) {
+            self.sent.lock().unwrap().push(vector);
+        }
+        fn reroute(&self, vector: u16, route: Option<MsiMessage>) {
+            self.reroutes.lock().unwrap().push((vector, route));
+        }
+    }
+
+    impl ActionSink for Recorder {
+        fn act(&self, _action: TransportAction) {}
+    }
+
+    /// The "real device": kumo's own virtio-net transport, reached as regions.
+    struct Real(VirtioPciDevice, std::sync::atomic::AtomicBool);
+
+    impl RegionAccess for Real {
+        fn region_read(&self, region: u32, offset: u64, data: &mut [u8]) -> Result<(), String> {
+            if self.1.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err("gone".into());
+            }
+            match region {
+                0 => self.0.read_bar(0, offset, data),
+                CONFIG_REGION => self.0.read_config(offset as usize, data),
+                _ => return Err("no such region".into()),
+            }
+            Ok(())
+        }
+        fn region_write(&self, region: u32, offset: u64, data: &[u8]) -> Result<(), String> {
+            match region {
+                0 => drop(self.0.write_bar(0, offset, data)),
+                CONFIG_REGION => drop(self.0.write_config(offset as usize, data)),
+                _ => return Err("no such region".into()),
+            }
+            Ok(())
+        }
+    }
+
+    fn real() -> Arc<Real> {
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        let net = Arc::new(
+            VirtioNet::new(
+                NetConfig {
+                    mac: [2, 0, 0, 0, 0, 1],
+                    queue_pairs: 1,
+                    queue_size: 16,
+                },
+                mem,
+            )
+            .unwrap(),
+        );
+        let recorder = Arc::new(Recorder::default());
+        Arc::new(Real(
+            VirtioPciDevice::new(net, recorder.clone(), recorder).unwrap(),
+            Default::default(),
+        ))
+    }
+
+    fn layout_of(real: &Real) -> DeviceLayout {
+        let mut config = [0u8; CONFIG_SIZE];
+        real.0.read_config(0, &mut config);
+        DeviceLayout {
+            config,
+            bar_sizes: [transport::BAR_SIZE, 0, 0, 0, 0, 0],
+            msix_irqs: 3,
+            doorbells: vec![(0, transport::NOTIFY_OFFSET)],
+        }
+    }
+
+    fn mediated() -> (Arc<Real>, PassthroughDevice, Arc<Recorder>) {
+        let real = real();
+        let sink = Arc::new(Recorder::default());
+        let device = PassthroughDevice::new(real.clone(), &layout_of(&real), sink.clone()).unwrap();
+        (real, device, sink)
+    }
+
+    fn read32(device: &PassthroughDevice, offset: usize) -> u32 {
+        let mut b = [0u8; 4];
+        device.config_read(offset, &mut b);
+        u32::from_le_bytes(b)
+    }
+
+    #[test]
+    fn identity_passes_and_bars_are_kumos() {
+        let (real, device, _) = mediated();
+        assert_eq!(
+            read32(&device, 0),
+            read32_real(&real, 0),
+            "vendor and device"
+        );
+        assert_eq!(device.bars(), vec![(0, transport::BAR_SIZE)]);
+        // The sizing protocol: all ones reads back the size mask.
+        device.config_write(config::BAR0, &u32::MAX.to_le_bytes());
+        assert_eq!(
+            read32(&device, config::BAR0),
+            !(transport::BAR_SIZE as u32 - 1)
+        );
+        // Relocated by kumo; the device's own BAR never moves.
+        device.place_bar(0, 0xc000_0000);
+        device.config_write(COMMAND, &config::COMMAND_MEMORY.to_le_bytes());
+        assert_eq!(
+            device.memory_regions(),
+            vec![BarRegion {
+                index: 0,
+                address: 0xc000_0000,
+                size: transport::BAR_SIZE
+            }]
+        );
+        assert_eq!(real.0.bar_address(), Some(0));
+        // The command register reached the device too.
+        assert_eq!(
+            read32_real(&real, COMMAND) as u16 & config::COMMAND_MEMORY,
+            config::COMMAND_MEMORY
+        );
+    }
+
+    fn read32_real(real: &Real, offset: usize) -> u32 {
+        let mut b = [0u8; 4];
+        real.0.read_config(offset, &mut b);
+        u32::from_le_bytes(b)
+    }
+
+    #[test]
+    fn msix_is_virtualized_and_trapped() {
+        let (real, device, sink) = mediated();
+        let cap = device.layout.cap;
+        // Enabling MSI-X is kumo's business: the device's own control is untouched.
+        device.config_write(cap + 2, &msix::CONTROL_ENABLE.to_le_bytes());
+        assert_eq!(
+            read32(&device, cap) >> 16,
+            u32::from(msix::CONTROL_ENABLE) | 2
+        );
+        assert_eq!(read32_real(&real, cap) >> 16, 2);
+        // Programming and unmasking entry 1 reroutes it, in kumo's table only.
+        let entry = transport::MSIX_TABLE_OFFSET + 16;
+        device.bar_write(0, entry, &0xfee0_1000u32.to_le_bytes());
+        device.bar_write(0, entry + 8, &0x41u32.to_le_bytes());
+        device.bar_write(0, entry + 12, &0u32.to_le_bytes());
+        let route = MsiMessage {
+            address: 0xfee0_1000,
+            data: 0x41,
+        };
+        assert_eq!(
+            sink.reroutes.lock().unwrap().last(),
+            Some(&(1, Some(route)))
+        );
+        let mut b = [0u8; 4];
+        real.0.read_bar(0, entry, &mut b);
+        assert_eq!(
+            u32::from_le_bytes(b),
+            0,
+            "the device's table is not written"
+        );
+        device.bar_read(0, entry + 8, &mut b);
+        assert_eq!(u32::from_le_bytes(b), 0x41);
+        // Masked: held in kumo's PBA, sent on unmask.
+        device.bar_write(0, entry + 12, &1u32.to_le_bytes());
+        device.fire(1);
+        assert!(sink.sent.lock().unwrap().is_empty());
+        device.bar_read(0, transport::MSIX_PBA_OFFSET, &mut b);
+        assert_eq!(b[0], 0b10);
+        device.bar_write(0, entry + 12, &0u32.to_le_bytes());
+        assert_eq!(*sink.sent.lock().unwrap(), vec![1]);
+    }
+
+    #[test]
+    fn other_accesses_reach_the_device() {
+        let (real, device, _) = mediated();
+        // Common configuration: select feature word 1, read VERSION_1's bit back.
+        device.bar_write(0, 0, &1u32.to_le_bytes());
+        let mut b = [0u8; 4];
+        device.bar_read(0, 4, &mut b);
+        assert_eq!(u32::from_le_bytes(b) & 1, 1);
+        // A vendor capability (past MSI-X) reads what the device has.
+        let next = usize::from(layout_of(&real).config[device.layout.cap + 1]);
+        assert_eq!(read32(&device, next), read32_real(&real, next));
+        assert_eq!(device.doorbells()[0].offset, transport::NOTIFY_OFFSET);
+        // A device that is gone reads all ones.
+        real.1.store(true, std::sync::atomic::Ordering::SeqCst);
+        device.bar_read(0, 4, &mut b);
+        assert_eq!(b, [0xff; 4]);
+    }
+
+    #[test]
+    fn untrustworthy_layouts_are_refused() {
+        let real = real();
+        let sink: Arc<dyn MsixSink> = Arc::new(Recorder::default());
+        let try_with = |edit: &dyn Fn(&mut DeviceLayout)| {
+            let mut layout = layout_of(&real);
+            edit(&mut layout);
+            PassthroughDevice::new(real.clone(), &layout, sink.clone()).err()
+        };
+        assert!(try_with(&|_| {}).is_none());
+        assert!(matches!(
+            try_with(&|l| l.bar_sizes[0] = 0x7000),
+            Some(PassthroughError::BarSize { .. })
+        ));
+        assert!(matches!(
+            try_with(&|l| l.bar_sizes[0] = 0x4000),
+            Some(PassthroughError::MsixPlacement { .. })
+        ));
+        assert!(matches!(
+            try_with(&|l| l.msix_irqs = 64),
+            Some(PassthroughError::MsixCount { .. })
+        ));
+        assert!(matches!(
+            try_with(&|l| l.doorbells.push((0, transport::BAR_SIZE - 2))),
+            Some(PassthroughError::Doorbell { .. })
+        ));
+        assert!(matches!(
+            try_with(&|l| l.doorbells.push((3, 0))),
+            Some(PassthroughError::Doorbell { .. })
+        ));
+        // A capability list that points at itself, or outside the area.
+        let cap = find_msix(&layout_of(&real).config).unwrap();
+        assert!(matches!(
+            try_with(&|l| {
+                l.config[config::CAPABILITIES_POINTER] = 0x50;
+                l.config[0x50] = 0x09;
+                l.config[0x51] = 0x50;
+            }),
+            Some(PassthroughError::Capabilities(_))
+        ));
+        assert!(matches!(
+            try_with(&|l| {
+                l.config[cap] = 0x09;
+                l.config[cap + 1] = 0xfc;
+            }),
+            Some(PassthroughError::Capabilities(_))
+        ));
+        assert!(matches!(
+            try_with(&|l| l.config[config::CAPABILITIES_POINTER] = 0x10),
+            Some(PassthroughError::Capabilities(_))
+        ));
+        assert!(matches!(
+            try_with(&|l| l.config[config::BAR0] |= 1),
+            Some(PassthroughError::IoBar { .. })
+        ));
+    }
+}

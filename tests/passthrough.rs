@@ -1,0 +1,266 @@
+//! PCI passthrough: kumo's NIC served by `kumo nic-server` over vfio-user and attached
+//! with `--passthrough vfio-user:PATH` (end to end, MPI across two VMs on both
+//! interrupt paths, the device process dying mid-run, a server fed garbage), and the
+//! kernel VFIO path's refusals on a host without VFIO.
+
+mod common;
+
+use std::io::{BufRead, Write};
+use std::os::unix::net::UnixStream;
+use std::process::{Child, Command, Stdio};
+
+use common::*;
+use devices::vfio_user::proto::{self, Request};
+use devices::vfio_user::socket;
+
+/// One job at a time (as `tests/net.rs`): ranks spin on their vCPUs.
+static ONE_JOB: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_job() -> std::sync::MutexGuard<'static, ()> {
+    ONE_JOB.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A `kumo nic-server` of `ports` ports in a fresh directory, killed when dropped.
+struct Server {
+    child: Child,
+    dir: std::path::PathBuf,
+    stderr: std::io::BufReader<std::process::ChildStderr>,
+}
+
+impl Server {
+    fn start(name: &str, ports: u32) -> Server {
+        let dir = scratch(name);
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut child = Command::new(kumo_bin())
+            .args(["nic-server", "--dir", dir.to_str().unwrap(), "--ports"])
+            .arg(ports.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn nic-server");
+        let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+        for port in 0..ports {
+            wait_for_path(&dir.join(format!("port-{port}.sock")));
+        }
+        Server { child, dir, stderr }
+    }
+
+    fn socket(&self, port: u32) -> String {
+        self.dir
+            .join(format!("port-{port}.sock"))
+            .to_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    /// Reads the server's log until a line containing `needle` (hang guard: the
+    /// server's own end closes the pipe).
+    fn wait_for_line(&mut self, needle: &str) {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            let n = self.stderr.read_line(&mut line).unwrap();
+            assert!(n > 0, "nic-server ended before printing {needle:?}");
+            if line.contains(needle) {
+                return;
+            }
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn cg_and_is_verify_over_the_passthrough_nic_on_both_irq_paths() {
+    if !kvm_available() {
+        return;
+    }
+    let _one = one_job();
+    for path in ["generic", "fast"] {
+        let out = kumo(&[
+            "mpi",
+            "--nic",
+            "passthrough",
+            "--irq-path",
+            path,
+            "--npb",
+            "cg.S,is.S",
+            "--json",
+            "--timeout",
+            "300",
+        ]);
+        assert_eq!(out.status.code(), Some(0), "{path}: {}", text(&out.stderr));
+        let lines = json_lines(&out);
+        let names: Vec<&str> = lines[..2]
+            .iter()
+            .map(|l| l["benchmark"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["cg", "is"], "{path}");
+        for line in &lines[..2] {
+            assert_eq!(line["verified"], serde_json::json!(true), "{path}: {line}");
+            assert_eq!(line["ranks"], serde_json::json!(2), "{path}: {line}");
+        }
+        assert!((lines[0]["zeta"].as_f64().unwrap() - 8.597_177_507_864_8).abs() < 1e-10);
+        assert_eq!(lines[2]["ok"], serde_json::json!(true));
+    }
+}
+
+#[test]
+fn the_mpi_check_runs_on_ports_of_a_running_server() {
+    if !kvm_available() {
+        return;
+    }
+    let _one = one_job();
+    let server = Server::start("pt-check", 2);
+    for path in ["generic", "fast"] {
+        let out = kumo(&[
+            "mpi",
+            "--nic",
+            "passthrough",
+            "--nic-server",
+            server.dir.to_str().unwrap(),
+            "--irq-path",
+            path,
+            "--wait",
+            "block",
+            "--json",
+            "--timeout",
+            "120",
+        ]);
+        assert_eq!(out.status.code(), Some(0), "{path}: {}", text(&out.stderr));
+        let lines = json_lines(&out);
+        assert_eq!(lines.len(), 3, "{path}");
+        for line in &lines[..2] {
+            assert_eq!(line["verified"], serde_json::json!(true), "{path}: {line}");
+        }
+    }
+}
+
+#[test]
+fn a_dying_device_process_fails_the_vm_with_a_report() {
+    if !kvm_available() {
+        return;
+    }
+    let _one = one_job();
+    let mut server = Server::start("pt-death", 1);
+    let guest = dumped_guest();
+    // Rank 0 of a two-rank job whose rank 1 never comes: the guest waits on its NIC
+    // for ever, so only the device's failure can end this run.
+    let socket = format!("vfio-user:{}", server.socket(0));
+    let run = kumo_background(&[
+        "--kernel",
+        guest.to_str().unwrap(),
+        "--cmdline",
+        "mpi=0:2 net=check",
+        "--passthrough",
+        &socket,
+        "--irq-path",
+        "fast",
+        "--timeout",
+        "200",
+    ]);
+    server.wait_for_line("port 0: driver up");
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+    let out = run.finish();
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("the device server closed its socket"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("time limit"), "{stderr}");
+}
+
+#[test]
+fn a_server_fed_garbage_drops_that_client_and_serves_the_next() {
+    let server = Server::start("pt-garbage", 1);
+    let path = server.socket(0);
+    // A header claiming 4 GiB, then a region read before any memory was mapped, then
+    // a DMA map without a descriptor: refused, never a crash.
+    let mut bad = UnixStream::connect(&path).unwrap();
+    let huge = proto::Header {
+        size: u32::MAX,
+        ..Default::default()
+    };
+    bad.write_all(&huge.encode()).unwrap();
+    let mut sink = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut bad, &mut sink); // the server hangs up
+    let good = UnixStream::connect(&path).unwrap();
+    let ask = |id: u16, request: Request| {
+        socket::send(&good, &request.encode(id), &[]).unwrap();
+        socket::receive(&good).unwrap()
+    };
+    let version = ask(
+        0,
+        Request::Version {
+            major: 0,
+            minor: 1,
+            capabilities: "{}".into(),
+        },
+    );
+    assert!(proto::check_reply(&version.header, 0, proto::command::VERSION).is_ok());
+    let read = ask(
+        1,
+        Request::RegionRead {
+            region: 7,
+            offset: 0,
+            count: 4,
+        },
+    );
+    assert!(proto::check_reply(&read.header, 1, proto::command::REGION_READ).is_err());
+    let map = ask(
+        2,
+        Request::DmaMap {
+            flags: 3,
+            offset: 0,
+            address: 0,
+            size: 4096,
+        },
+    );
+    assert!(proto::check_reply(&map.header, 2, proto::command::DMA_MAP).is_err());
+    let info = ask(3, Request::GetRegionInfo { index: 99 });
+    assert!(proto::check_reply(&info.header, 3, proto::command::DEVICE_GET_REGION_INFO).is_err());
+}
+
+#[test]
+fn kernel_vfio_names_what_this_host_lacks() {
+    assert_refused(
+        &["--vcpus", "12", "--passthrough", "0000:03:00.0"],
+        "--passthrough 0000:03:00.0: no such PCI device on this host",
+    );
+    assert_refused(
+        &["--passthrough", "0000:3:00.0"],
+        "not a PCI address (DDDD:BB:DD.F",
+    );
+    assert_refused(&["--passthrough", "vfio-user:"], "needs a socket path");
+    // A device that exists but has no IOMMU group (the host bridge, where there is no
+    // IOMMU): named as such.
+    let bridge = std::path::Path::new("/sys/bus/pci/devices/0000:00:00.0");
+    if bridge.exists() && !bridge.join("iommu_group").exists() {
+        assert_refused(&["--passthrough", "0000:00:00.0"], "has no IOMMU group");
+    }
+}
+
+#[test]
+fn passthrough_options_are_refused_where_they_do_not_apply() {
+    assert_refused(
+        &["--irq-check", "--passthrough", "vfio-user:/x"],
+        "--passthrough does not apply to --irq-check runs",
+    );
+    assert_refused(
+        &["mpi", "--nic-server", "/tmp"],
+        "--nic-server applies to --nic passthrough only",
+    );
+    assert_refused(
+        &["--passthrough", "vfio-user:/nonexistent/kumo.sock"],
+        "cannot connect to /nonexistent/kumo.sock",
+    );
+}
