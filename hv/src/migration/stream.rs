@@ -49,6 +49,8 @@ pub enum StreamError {
     BadMagic,
     #[error("stream version {found}; this kumo reads version {VERSION}")]
     Version { found: u32 },
+    #[error("header flags {0:#x}: none are defined (corrupted, or from a newer kumo)")]
+    Flags(u32),
     #[error("the stream ended early (truncated)")]
     Truncated,
     #[error("unknown section {0:?}")]
@@ -116,6 +118,11 @@ pub fn read_header(r: &mut impl Read) -> Result<(), StreamError> {
     let version = u32::from_le_bytes([header[8], header[9], header[10], header[11]]);
     if version != VERSION {
         return Err(StreamError::Version { found: version });
+    }
+    // The header has no checksum: every byte of it is checked instead.
+    let flags = u32::from_le_bytes([header[12], header[13], header[14], header[15]]);
+    if flags != 0 {
+        return Err(StreamError::Flags(flags));
     }
     Ok(())
 }

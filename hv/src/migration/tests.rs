@@ -176,3 +176,20 @@ proptest! {
         let _ = stream::parse(&mut &w[..]);
     }
 }
+
+#[test]
+fn every_bit_flip_in_the_header_and_first_section_header_is_refused() {
+    // Exhaustive where no checksum covers the bytes (the proptest samples the rest):
+    // the stream header, then the META section's tag and length.
+    let base = sample();
+    for i in 0..64 {
+        for bit in 0..8 {
+            let mut bytes = base.clone();
+            bytes[i] ^= 1 << bit;
+            assert!(
+                stream::parse(&mut &bytes[..]).is_err(),
+                "byte {i} bit {bit} flipped went unnoticed"
+            );
+        }
+    }
+}
