@@ -342,7 +342,7 @@ pub fn run_kernel(args: &VmArgs, kernel: &Path, epoch: Instant) -> Result<u8> {
     };
     let mut vm = Vm::new(config)?;
     // Kept until the run ends (their backend threads stop when dropped).
-    let _disks = hv::block::attach(&mut vm, disks)?;
+    let disks = hv::block::attach(&mut vm, disks)?;
     let attached = Passthrough {
         devices,
         irq_path: args.irq_path,
@@ -351,6 +351,9 @@ pub fn run_kernel(args: &VmArgs, kernel: &Path, epoch: Instant) -> Result<u8> {
     // The console never fails: a closed stdout loses output, not the verdict below.
     let outcome = vm.run(Box::new(crate::output::Stdout), epoch)?;
     drop(attached);
+    for (index, disk) in disks.iter().enumerate() {
+        tracing::debug!("disk {index}: {:?}", disk.stats());
+    }
     if let Some(d) = outcome.workload_started {
         eprintln!(
             "kumo: workload started {:.1} ms after kumo started",

@@ -190,3 +190,49 @@ fn qemu_and_kumo_disks_look_the_same_to_the_guest() {
         );
     }
 }
+
+/// The third-party firmware kept beside the repository (`../shared/peers/`, not part of
+/// kumo's source), or where `KUMO_PEERS_DIR` says.
+fn peer_firmware() -> Option<std::path::PathBuf> {
+    let dir = std::env::var_os("KUMO_PEERS_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/peers")
+        });
+    let fw = dir.join("rust-hypervisor-firmware/hypervisor-fw");
+    if fw.is_file() {
+        Some(fw)
+    } else {
+        eprintln!("SKIPPED: {} is not there", fw.display());
+        None
+    }
+}
+
+#[test]
+fn rust_hypervisor_firmware_finds_the_disk_then_stops_and_kumo_says_so() {
+    if !kvm_available() {
+        return;
+    }
+    let Some(fw) = peer_firmware() else { return };
+    // A blank image: the firmware finds the virtio-blk device, finds no GPT on it and
+    // halts for good (`cli; hlt`), which kumo reports at once instead of waiting.
+    let blank = scratch("blank.img");
+    std::fs::write(&blank, vec![0u8; 1 << 20]).unwrap();
+    let out = kumo(&[
+        "--kernel",
+        fw.to_str().unwrap(),
+        "--disk",
+        &format!("{},readonly", blank.display()),
+    ]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(3), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("Virtio block device configured. Capacity: 2048 sectors"),
+        "{stdout}"
+    );
+    assert!(stderr.contains("the guest stopped for good"), "{stderr}");
+    assert!(
+        stderr.contains(r#"last console line: "Unable to boot from any virtio-blk device""#),
+        "{stderr}"
+    );
+}

@@ -66,9 +66,10 @@ pub fn hand_off() {
     if unsafe { libc::pipe2(ends.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
         return;
     }
-    // SAFETY: both descriptors were just created by pipe2 and are owned by nothing else.
-    let (read_end, write_end) =
-        unsafe { (OwnedFd::from_raw_fd(ends[0]), OwnedFd::from_raw_fd(ends[1])) };
+    // SAFETY: the read end was just created by pipe2 and is owned by nothing else.
+    let read_end = unsafe { OwnedFd::from_raw_fd(ends[0]) };
+    // SAFETY: as for the read end.
+    let write_end = unsafe { OwnedFd::from_raw_fd(ends[1]) };
     // SAFETY: the child calls only async-signal-safe functions (close, read, _exit)
     // before it exits: no allocation, no locks, no Rust runtime.
     let pid = unsafe { libc::fork() };
