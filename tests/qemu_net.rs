@@ -237,21 +237,20 @@ fn two_qemu_vms_on_a_udp_dgram_wire_verify_despite_its_losses() {
     assert_verified(&outputs, "spin", &[8, 65536], false);
 }
 
-#[test]
-fn a_kumo_vm_and_a_qemu_vm_share_one_wire_and_both_verify() {
-    if !kvm_available() || !qemu_available() {
-        return;
-    }
+/// kumo's rank 0 (`kumo mpi --vms 1 --job-size 2 ... EXTRA`) and QEMU's rank 1 (its
+/// guest command line `append`) on one stream wire: QEMU listens, kumo connects (it
+/// waits for the socket). Returns (kumo's output, QEMU's).
+fn kumo_beside_qemu(name: &str, append: &str, extra: &[&str]) -> (Output, Output) {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let guest = dumped_guest();
-    let socket = scratch("kumo-qemu.sock");
+    let socket = scratch(&format!("{name}.sock"));
     let _ = std::fs::remove_file(&socket);
     let path = socket.to_str().unwrap().to_owned();
-    // QEMU's rank 1 listens; kumo's rank 0 connects (it waits for the socket).
     let server = format!("stream,id=n0,server=on,addr.type=unix,addr.path={path}");
-    let mut qemu = vm(&guest, &server, 1, "net=check");
+    let mut qemu = vm(&guest, &server, 1, append);
     let peer = std::thread::spawn(move || run_with_hang_guard(&mut qemu));
     let wire = format!("unix:{path}");
-    let ours = kumo(&[
+    let mut args = vec![
         "mpi",
         "--vms",
         "1",
@@ -262,9 +261,20 @@ fn a_kumo_vm_and_a_qemu_vm_share_one_wire_and_both_verify() {
         "--json",
         "--timeout",
         "120",
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    let ours = kumo(&args);
     let theirs = peer.join().unwrap();
     let _ = std::fs::remove_file(&socket);
+    (ours, theirs)
+}
+
+#[test]
+fn a_kumo_vm_and_a_qemu_vm_share_one_wire_and_both_verify() {
+    if !kvm_available() || !qemu_available() {
+        return;
+    }
+    let (ours, theirs) = kumo_beside_qemu("kumo-qemu", "net=check", &[]);
     assert_eq!(ours.status.code(), Some(0), "{}", text(&ours.stderr));
     let rows = json_lines(&ours);
     assert_eq!(
@@ -363,31 +373,7 @@ fn a_kumo_vm_and_a_qemu_vm_run_npb_mpi_cg_together() {
     if !kvm_available() || !qemu_available() {
         return;
     }
-    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let guest = dumped_guest();
-    let socket = scratch("kumo-qemu-cg.sock");
-    let _ = std::fs::remove_file(&socket);
-    let path = socket.to_str().unwrap().to_owned();
-    let server = format!("stream,id=n0,server=on,addr.type=unix,addr.path={path}");
-    let mut qemu = vm(&guest, &server, 1, "wait=spin npb=cg.S");
-    let peer = std::thread::spawn(move || run_with_hang_guard(&mut qemu));
-    let wire = format!("unix:{path}");
-    let ours = kumo(&[
-        "mpi",
-        "--vms",
-        "1",
-        "--job-size",
-        "2",
-        "--wire",
-        &wire,
-        "--npb",
-        "cg.S",
-        "--json",
-        "--timeout",
-        "120",
-    ]);
-    let theirs = peer.join().unwrap();
-    let _ = std::fs::remove_file(&socket);
+    let (ours, theirs) = kumo_beside_qemu("kumo-qemu-cg", "wait=spin npb=cg.S", &["--npb", "cg.S"]);
     assert_eq!(ours.status.code(), Some(0), "{}", text(&ours.stderr));
     let rows = json_lines(&ours);
     assert_eq!(rows[0]["benchmark"], "cg", "{}", text(&ours.stdout));
