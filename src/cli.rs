@@ -253,6 +253,41 @@ pub enum BenchCommand {
     Migrate(MigrateBenchArgs),
     /// Ping-pong latency and bandwidth between two VMs through domain 0's switch.
     Net(NetBenchArgs),
+    /// Where the time goes at barriers when vCPUs outnumber host CPUs: guest (each
+    /// wait mechanism) beside native threads, interleaved.
+    Oversub(OversubArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct OversubArgs {
+    /// Benchmarks, comma-separated kernel.class items.
+    #[arg(long, value_name = "LIST", default_value = "cg.W")]
+    pub npb: String,
+
+    /// vCPU (and native thread) counts, comma-separated.
+    #[arg(long, value_name = "LIST", default_value = "2,12")]
+    pub vcpus: String,
+
+    /// Guest wait mechanisms to compare, comma-separated (pv, hlt).
+    #[arg(long, value_name = "LIST", default_value = "pv,hlt")]
+    pub wait: String,
+
+    /// Rounds; each runs every setting once, in turn.
+    #[arg(long, value_name = "R", default_value_t = 3)]
+    pub runs: u32,
+
+    /// Barrier spin in microseconds for every run [default: kumo's, from the
+    /// vCPU-to-host-CPU ratio].
+    #[arg(long, value_name = "US")]
+    pub spin_us: Option<u64>,
+
+    /// Print one JSON object per setting instead of a table.
+    #[arg(long)]
+    pub json: bool,
+
+    /// The KVM device to open.
+    #[arg(long, value_name = "PATH", default_value = "/dev/kvm")]
+    pub kvm_device: PathBuf,
 }
 
 #[derive(Args, Debug)]
@@ -478,6 +513,12 @@ pub struct VmArgs {
     #[arg(long, value_name = "SPEC")]
     pub sched: Option<String>,
 
+    /// How the guest's threads sleep at a barrier after their spin: pv (blocked in
+    /// kumo on the barrier's word through the paravirtual wait page) or hlt (halt
+    /// until an IPI).
+    #[arg(long, value_enum, default_value_t = crate::guest::BarrierWait::Pv)]
+    pub barrier_wait: crate::guest::BarrierWait,
+
     /// Attach kumo's interrupt test device and run the guest's delivery check instead
     /// of NPB: every vector to every vCPU (re-targeted live), masking and the PBA.
     #[arg(long)]
@@ -609,7 +650,14 @@ impl Mode {
     /// The options (clap ids: field names) this run reads besides [`VM_RUN`].
     fn own_options(self) -> &'static [&'static str] {
         match self {
-            Mode::Embedded => &["memory", "npb", "json", "sched", "ctl_socket"],
+            Mode::Embedded => &[
+                "memory",
+                "npb",
+                "json",
+                "sched",
+                "ctl_socket",
+                "barrier_wait",
+            ],
             Mode::Kernel => &["kernel", "memory", "cmdline", "module"],
             Mode::IrqCheck => &["irq_check", "irq_path", "json"],
             Mode::DumpGuest => &["dump_guest"],

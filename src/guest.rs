@@ -37,10 +37,40 @@ pub fn check_vcpus(vcpus: u32) -> anyhow::Result<()> {
 }
 
 /// The embedded guest's command line for `specs` on `vcpus` vCPUs on this host.
-pub fn npb_cmdline(specs: &[Spec], vcpus: u32) -> String {
+pub fn npb_cmdline(specs: &[Spec], vcpus: u32, wait: BarrierWait) -> String {
     let names: Vec<String> = specs.iter().map(ToString::to_string).collect();
     let spin = barrier_spin_us(vcpus, host_cpus());
-    format!("npb={} spin_us={spin}", names.join(","))
+    format!("npb={} {}", names.join(","), barrier_keys(spin, wait))
+}
+
+/// How the embedded guest's threads sleep at a barrier once their spin is over.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum BarrierWait {
+    /// Blocked in kumo on the barrier's word (the paravirtual wait page, hv::pvwait):
+    /// no guest ring-0 code and no interrupt, which are slow on nested hosts.
+    #[default]
+    Pv,
+    /// `hlt` in the guest's supervisor until an IPI: what any hypervisor offers.
+    Hlt,
+}
+
+impl BarrierWait {
+    pub fn name(self) -> &'static str {
+        match self {
+            BarrierWait::Pv => "pv",
+            BarrierWait::Hlt => "hlt",
+        }
+    }
+}
+
+/// The guest's command-line keys for waiting at barriers: spin `spin_us`, then sleep
+/// the `wait` way.
+pub fn barrier_keys(spin_us: u64, wait: BarrierWait) -> String {
+    let spin = spin_us;
+    match wait {
+        BarrierWait::Pv => format!("spin_us={spin} pvwait=1"),
+        BarrierWait::Hlt => format!("spin_us={spin}"),
+    }
 }
 
 /// Parses `--npb LIST`; the error names the offending item.

@@ -55,6 +55,9 @@ fn main() -> ExitCode {
             kumo::bench::migrate::run_bench(args, epoch)
         }
         (Some(Command::Bench(BenchCommand::Net(args))), _, _) => kumo::mpi::run_bench(args, epoch),
+        (Some(Command::Bench(BenchCommand::Oversub(args))), _, _) => {
+            kumo::bench::oversub::run(args)
+        }
         (Some(Command::Mpi(args)), _, _) => kumo::mpi::run_mpi(args, epoch),
         (None, Some(path), _) => run::dump_guest(path),
         (None, None, None) if vm.restore.is_some() => kumo::migrate::run_restore(vm, epoch),

@@ -32,6 +32,7 @@ pub fn run_embedded(args: &VmArgs, epoch: Instant) -> Result<u8> {
         &args.kvm_device,
         epoch,
         sched,
+        args.barrier_wait,
     )?;
     report::print(&verdict, args.json);
     Ok(verdict.exit_code())
@@ -51,7 +52,15 @@ pub fn run_guest(
     kvm_device: &Path,
     epoch: Instant,
 ) -> Result<Verdict> {
-    run_guest_scheduled(specs, vcpus, memory, kvm_device, epoch, None)
+    run_guest_scheduled(
+        specs,
+        vcpus,
+        memory,
+        kvm_device,
+        epoch,
+        None,
+        guest::BarrierWait::default(),
+    )
 }
 
 /// `--sched`, parsed.
@@ -106,14 +115,13 @@ pub fn run_guest_scheduled(
     kvm_device: &Path,
     epoch: Instant,
     sched: Option<sched::Params>,
+    wait: guest::BarrierWait,
 ) -> Result<Verdict> {
     let memory_mib = guest::choose_memory_mib(memory, specs, vcpus)?;
-    let names: Vec<String> = specs.iter().map(ToString::to_string).collect();
-    let spin = guest::barrier_spin_us(vcpus, guest::host_cpus());
     let config = embedded_config(
         vcpus,
         memory_mib,
-        format!("npb={} spin_us={spin}", names.join(",")),
+        guest::npb_cmdline(specs, vcpus, wait),
         kvm_device,
     );
     let (run, scheduler) = boot_embedded(config, epoch, |vm| {

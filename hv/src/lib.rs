@@ -30,6 +30,7 @@ pub mod layout;
 pub mod migration;
 pub mod net;
 pub mod placement;
+pub mod pvwait;
 pub mod regs;
 pub mod stop;
 pub mod testing;
@@ -67,6 +68,10 @@ pub struct RunOutcome {
     pub workload_started: Option<Duration>,
     /// Host CPU time each vCPU thread used (guest execution plus exit handling).
     pub vcpu_cpu_time: Vec<Duration>,
+    /// How long each vCPU thread was runnable but waited for a host CPU.
+    pub vcpu_run_delay: Vec<Duration>,
+    /// What the paravirtual wait page did (all zero if the guest never used it).
+    pub pvwait: pvwait::Snapshot,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -4,5 +4,6 @@
 
 pub mod migrate;
 pub mod overhead;
+pub mod oversub;
 pub mod switch;
 pub mod wake;
