@@ -276,10 +276,12 @@ pub struct OversubArgs {
     #[arg(long, value_name = "R", default_value_t = 3)]
     pub runs: u32,
 
-    /// Barrier spin in microseconds for every run [default: kumo's, from the
-    /// vCPU-to-host-CPU ratio].
-    #[arg(long, value_name = "US")]
-    pub spin_us: Option<u64>,
+    /// Barrier spins to compare, comma-separated: `team` (kumo's for a VM alone:
+    /// none when vCPUs outnumber host CPUs), `shared` (the spin before issue 16 and
+    /// of nodes: 50 us when they do), or microseconds. Both with a CPU per thread:
+    /// 2000 us.
+    #[arg(long, value_name = "LIST", default_value = "team")]
+    pub spin: String,
 
     /// Print one JSON object per setting instead of a table.
     #[arg(long)]

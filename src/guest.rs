@@ -39,7 +39,7 @@ pub fn check_vcpus(vcpus: u32) -> anyhow::Result<()> {
 /// The embedded guest's command line for `specs` on `vcpus` vCPUs on this host.
 pub fn npb_cmdline(specs: &[Spec], vcpus: u32, wait: BarrierWait) -> String {
     let names: Vec<String> = specs.iter().map(ToString::to_string).collect();
-    let spin = barrier_spin_us(vcpus, host_cpus());
+    let spin = team_spin_us(vcpus, host_cpus());
     format!("npb={} {}", names.join(","), barrier_keys(spin, wait))
 }
 
@@ -138,6 +138,24 @@ pub fn barrier_spin_us(threads: u32, host_cpus: usize) -> u64 {
 pub const DEDICATED_SPIN_US: u64 = 2000;
 pub const SHARED_SPIN_US: u64 = 50;
 
+/// The spin of one team (a VM's vCPUs, or the native twin's threads) alone on this
+/// host: with a CPU per thread, as [`barrier_spin_us`]; with more threads than CPUs,
+/// none at all. The threads a waiter waits for need its CPU, and a sleep costs about
+/// one exit (~40 us here, `kumo bench oversub`), while CG.W's phases on 12 threads are
+/// a few microseconds of work each: any spin only delays them (12 threads on 2 CPUs,
+/// native: 0.15-0.21 s with no spin, 0.34-0.41 s with 10 us, 0.96-1.15 s with 50 us).
+/// This is libgomp's choice too: it throttles spinning when threads outnumber CPUs.
+/// Nodes keep [`barrier_spin_us`]: their guests' MPI waits use the same spin.
+pub fn team_spin_us(threads: u32, host_cpus: usize) -> u64 {
+    if threads as usize <= host_cpus {
+        DEDICATED_SPIN_US
+    } else {
+        OVERSUBSCRIBED_SPIN_US
+    }
+}
+
+pub const OVERSUBSCRIBED_SPIN_US: u64 = 0;
+
 /// Refuses a host CPU number this host does not have (`what` names the option).
 pub fn check_host_cpu(what: &str, cpu: usize) -> anyhow::Result<()> {
     let host_cpus = host_cpus();
@@ -187,6 +205,14 @@ mod tests {
             .to_string();
         assert!(err.contains(&format!("at least {need} MiB")), "{err}");
         assert!(choose_memory_mib(None, &specs, 2).unwrap() >= need);
+    }
+
+    #[test]
+    fn a_team_alone_spins_only_with_a_cpu_per_thread() {
+        assert_eq!(team_spin_us(2, 2), DEDICATED_SPIN_US);
+        assert_eq!(team_spin_us(12, 2), OVERSUBSCRIBED_SPIN_US);
+        assert_eq!(barrier_keys(0, BarrierWait::Pv), "spin_us=0 pvwait=1");
+        assert_eq!(barrier_keys(50, BarrierWait::Hlt), "spin_us=50");
     }
 
     #[test]

@@ -35,7 +35,7 @@ pub fn run_one(spec: Spec, threads: u32) -> BenchResult {
     run_one_with_spin(
         spec,
         threads,
-        guest::barrier_spin_us(threads, guest::host_cpus()),
+        guest::team_spin_us(threads, guest::host_cpus()),
     )
 }
 

@@ -153,3 +153,65 @@ fn futex_wake_all(word: &AtomicU32) -> u64 {
     };
     woken.max(0) as u64
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn memory() -> GuestMemoryMmap {
+        GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x2000)]).unwrap()
+    }
+
+    fn request(expected: u32, gpa: u64) -> [u8; 8] {
+        ((u64::from(expected) << 32) | gpa).to_le_bytes()
+    }
+
+    #[test]
+    fn a_changed_word_does_not_block() {
+        let (memory, counters) = (memory(), Counters::default());
+        word(&memory, 0x100).unwrap().store(7, Ordering::SeqCst);
+        write(&memory, &counters, BASE + WAIT, &request(6, 0x100));
+        let seen = counters.snapshot();
+        assert_eq!((seen.waits, seen.blocks), (1, 0));
+    }
+
+    #[test]
+    fn a_waiter_blocks_until_woken() {
+        let memory = memory();
+        let counters = Arc::new(Counters::default());
+        let waiter = {
+            let (memory, counters) = (memory.clone(), counters.clone());
+            std::thread::spawn(move || {
+                // Wait until the word changes: each block ends at MAX_BLOCK at the
+                // latest, as the guest's loop would retry.
+                while word(&memory, 0x200).unwrap().load(Ordering::SeqCst) == 0 {
+                    write(&memory, &counters, BASE + WAIT, &request(0, 0x200));
+                }
+            })
+        };
+        while counters.snapshot().blocks == 0 {
+            std::thread::yield_now();
+        }
+        word(&memory, 0x200).unwrap().store(1, Ordering::SeqCst);
+        write(&memory, &counters, BASE + WAKE, &0x200u64.to_le_bytes());
+        waiter.join().unwrap();
+        let seen = counters.snapshot();
+        assert_eq!(seen.wakes, 1);
+        assert!(seen.blocks >= 1 && seen.waits >= seen.blocks, "{seen:?}");
+    }
+
+    #[test]
+    fn malformed_requests_are_ignored() {
+        let (memory, counters) = (memory(), Counters::default());
+        // Unaligned, far outside RAM, just past its end, short, unknown register.
+        write(&memory, &counters, BASE + WAIT, &request(0, 0x102));
+        write(&memory, &counters, BASE + WAIT, &request(0, 0x10_0000));
+        write(&memory, &counters, BASE + WAIT, &request(0, 0x2000));
+        write(&memory, &counters, BASE + WAIT, &[0; 4]);
+        write(&memory, &counters, BASE + 0x10, &request(0, 0x100));
+        assert_eq!(counters.snapshot(), Snapshot::default());
+        assert!(claims(BASE) && claims(BASE + SIZE - 1));
+        assert!(!claims(BASE + SIZE) && !claims(BASE - 1));
+    }
+}

@@ -1,6 +1,6 @@
 //! `kumo bench oversub`: where the time goes when a VM has more vCPUs than the host has
-//! cores. For every benchmark and vCPU count it runs the native twin (as many host
-//! threads) and the guest with each barrier wait mechanism, one after another, round
+//! cores. For every benchmark, vCPU count and barrier spin it runs the native twin (as
+//! many host threads) and the guest with each barrier wait mechanism, one after another, round
 //! after round (so drifts of a shared host hit all settings alike), and reports the
 //! medians: the time, its ratio to the native run of the same round, and per barrier
 //! what the guest's waits cost (`@kumo barrierstats`, summed over its CPUs) beside what
@@ -36,18 +36,53 @@ struct GuestSample {
     pv_blocks: f64,
 }
 
-/// One setting (benchmark, vCPUs, mechanism) over all rounds.
+/// How long waiters spin.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Spin {
+    /// [`guest::team_spin_us`]: kumo's for one VM or the native twin alone.
+    Team,
+    /// [`guest::barrier_spin_us`]: nodes', and every run's before issue 16.
+    Shared,
+    Micros(u64),
+}
+
+impl Spin {
+    fn parse(text: &str) -> Option<Spin> {
+        match text {
+            "team" => Some(Spin::Team),
+            "shared" => Some(Spin::Shared),
+            _ => text
+                .parse()
+                .ok()
+                .filter(|&us| us <= 1_000_000)
+                .map(Spin::Micros),
+        }
+    }
+
+    fn micros(self, threads: u32) -> u64 {
+        let cpus = guest::host_cpus();
+        match self {
+            Spin::Team => guest::team_spin_us(threads, cpus),
+            Spin::Shared => guest::barrier_spin_us(threads, cpus),
+            Spin::Micros(us) => us,
+        }
+    }
+}
+
+/// One setting (benchmark, vCPUs, mechanism, spin) over all rounds.
 struct Setting {
     spec: Spec,
     vcpus: u32,
     /// `None`: the native twin.
     wait: Option<BarrierWait>,
+    spin: Spin,
     samples: Vec<GuestSample>,
 }
 
 impl Setting {
-    fn name(&self) -> &'static str {
-        self.wait.map_or("native", BarrierWait::name)
+    fn name(&self) -> String {
+        let wait = self.wait.map_or("native", BarrierWait::name);
+        format!("{wait}/{}us", self.spin.micros(self.vcpus))
     }
 }
 
@@ -66,22 +101,22 @@ pub fn run(args: &OversubArgs) -> Result<u8> {
     let mut settings = Vec::new();
     for &spec in &specs {
         for &vcpus in &counts {
-            for wait in std::iter::once(None).chain(waits.iter().copied().map(Some)) {
-                settings.push(Setting {
-                    spec,
-                    vcpus,
-                    wait,
-                    samples: Vec::new(),
-                });
+            for &spin in &spins {
+                for wait in std::iter::once(None).chain(waits.iter().copied().map(Some)) {
+                    settings.push(Setting {
+                        spec,
+                        vcpus,
+                        wait,
+                        spin,
+                        samples: Vec::new(),
+                    });
+                }
             }
         }
     }
-    let host_cpus = guest::host_cpus();
     for round in 1..=args.runs {
         for setting in &mut settings {
-            let spin = args
-                .spin_us
-                .unwrap_or_else(|| guest::barrier_spin_us(setting.vcpus, host_cpus));
+            let spin = setting.spin.micros(setting.vcpus);
             let sample = match setting.wait {
                 None => native_sample(setting.spec, setting.vcpus, spin)?,
                 Some(wait) => guest_sample(setting.spec, setting.vcpus, wait, spin, args)?,
@@ -237,16 +272,16 @@ fn summarize(setting: &Setting, native: Option<&Setting>) -> Summary {
 
 fn print(settings: &[Setting], args: &OversubArgs) {
     let native_of = |s: &Setting| {
-        settings
-            .iter()
-            .find(|n| n.wait.is_none() && n.spec == s.spec && n.vcpus == s.vcpus)
+        settings.iter().find(|n| {
+            n.wait.is_none() && n.spec == s.spec && n.vcpus == s.vcpus && n.spin == s.spin
+        })
     };
     if !args.json {
         crate::outln!(
-            "{:<6} {:>5} {:<7} {:>8} {:>15} {:>7} | per barrier: {:>7} {:>7} {:>8} {:>7} {:>8} {:>8} {:>9}",
+            "{:<6} {:>5} {:<12} {:>8} {:>15} {:>7} | per barrier: {:>7} {:>7} {:>8} {:>7} {:>8} {:>8} {:>9}",
             "bench",
             "vCPUs",
-            "wait",
+            "wait/spin",
             "time(s)",
             "range",
             "/native",
@@ -268,7 +303,8 @@ fn print(settings: &[Setting], args: &OversubArgs) {
                     "benchmark": setting.spec.kernel.name(),
                     "class": setting.spec.class.letter().to_string(),
                     "vcpus": setting.vcpus,
-                    "wait": setting.name(),
+                    "wait": setting.wait.map_or("native", BarrierWait::name),
+                    "spin_us": setting.spin.micros(setting.vcpus),
                     "runs": setting.samples.len(),
                     "times_s": setting.samples.iter().map(|x| x.time_s).collect::<Vec<_>>(),
                     "median_s": s.time_s,
@@ -293,7 +329,7 @@ fn print(settings: &[Setting], args: &OversubArgs) {
         let range = format!("{:.3}-{:.3}", s.min_s, s.max_s);
         if setting.wait.is_none() {
             crate::outln!(
-                "{:<6} {:>5} {:<7} {:>8.3} {:>15} {:>7} |",
+                "{:<6} {:>5} {:<12} {:>8.3} {:>15} {:>7} |",
                 setting.spec.to_string(),
                 setting.vcpus,
                 setting.name(),
@@ -304,7 +340,7 @@ fn print(settings: &[Setting], args: &OversubArgs) {
             continue;
         }
         crate::outln!(
-            "{:<6} {:>5} {:<7} {:>8.3} {:>15} {:>7} | {:>20.1} {:>7.0} {:>8.0} {:>7.0} {:>8.0} {:>8.0} {:>9.0}",
+            "{:<6} {:>5} {:<12} {:>8.3} {:>15} {:>7} | {:>20.1} {:>7.0} {:>8.0} {:>7.0} {:>8.0} {:>8.0} {:>9.0}",
             setting.spec.to_string(),
             setting.vcpus,
             setting.name(),

@@ -49,7 +49,7 @@ pub fn run_wake(args: &WakeArgs, epoch: Instant) -> Result<u8> {
             dom0_weight: config::DEFAULT_WEIGHT,
             network: None,
         };
-        let (reports, _, _) = node::run(&node, &args.kvm_device, None, epoch)?;
+        let (reports, _, _, _) = node::run(&node, &args.kvm_device, None, epoch)?;
         let fields = reports[0]
             .measurements
             .iter()

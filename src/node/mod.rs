@@ -13,7 +13,7 @@ use hv::Vm;
 use hv::placement::VcpuControl;
 use serde_json::{Value, json};
 
-use hv::credit::{CreditDriver, Dom0Spec, DomainSpec};
+use hv::credit::{CreditDriver, Dom0Spec, DomainSpec, ParamChange};
 use hv::placement::ThreadGroup;
 
 use crate::cli::NodeArgs;
@@ -45,8 +45,8 @@ pub fn run_node(args: &NodeArgs, epoch: Instant) -> Result<u8> {
         .ctl_socket
         .clone()
         .unwrap_or_else(ctl::default_socket_path);
-    let (reports, overhead, wall) = run(&node, &args.kvm_device, Some(&socket), epoch)?;
-    print(&node, &reports, overhead, wall, args.json)?;
+    let (reports, overhead, wall, changes) = run(&node, &args.kvm_device, Some(&socket), epoch)?;
+    print(&node, &reports, overhead, wall, &changes, args.json)?;
     let code = reports
         .iter()
         .map(|r| r.verdict.exit_code())
@@ -57,12 +57,14 @@ pub fn run_node(args: &NodeArgs, epoch: Instant) -> Result<u8> {
 
 /// Creates every domain's VM, runs them together on the node's CPUs under the node's
 /// scheduler (serving the control socket at `socket`, if given) and waits for all.
+/// Returns the domains' reports, the CPU overhead, the wall time, and the credit
+/// scheduler's parameter changes made while it ran (`kumo ctl sched-credit`).
 pub fn run(
     node: &Node,
     kvm_device: &std::path::Path,
     socket: Option<&std::path::Path>,
     epoch: Instant,
-) -> Result<(Vec<DomainReport>, Overhead, Duration)> {
+) -> Result<(Vec<DomainReport>, Overhead, Duration, Vec<ParamChange>)> {
     let process_cpu_before = process_cpu_time();
     let mut vms = Vec::new();
     // Domain 0: the threads that run each VM (and stop it), the control socket's, and
@@ -205,6 +207,10 @@ pub fn run(
     let wall = start.elapsed();
     // Weights and caps may have changed at run time: report the final ones.
     let final_views = driver.as_ref().map(|d| d.domains()).unwrap_or_default();
+    let changes = driver
+        .as_ref()
+        .map(|d| d.param_changes())
+        .unwrap_or_default();
     drop(_server);
     drop(driver);
     let mut reports = Vec::new();
@@ -252,6 +258,7 @@ pub fn run(
             vmm,
         },
         wall,
+        changes,
     ))
 }
 
@@ -281,6 +288,7 @@ pub fn json_lines(
     reports: &[DomainReport],
     overhead: Overhead,
     wall: Duration,
+    changes: &[ParamChange],
 ) -> Vec<Value> {
     let mut lines: Vec<Value> = reports
         .iter()
@@ -317,7 +325,18 @@ pub fn json_lines(
         "node": true,
         "pcpus": node.pcpus,
         "scheduler": if node.uses_credit() { "credit" } else { "host" },
-        "sched": node.uses_credit().then(|| json!(sched_params::view(node.params))),
+        // What was in force at the end; what the node started with; and each change
+        // (seconds since the scheduler started, and the parameters from then on).
+        "sched": node.uses_credit().then(|| {
+            let last = changes.last().map_or(node.params, |c| c.params);
+            json!(sched_params::view(last))
+        }),
+        "sched_initial": node.uses_credit().then(|| json!(sched_params::view(node.params))),
+        "sched_changes": changes.iter().map(|c| {
+            let mut change = json!(sched_params::view(c.params));
+            change["at_s"] = json!(c.at.as_secs_f64());
+            change
+        }).collect::<Vec<_>>(),
         "dom0_weight": node.dom0_weight,
         "dom0_cpu_s": overhead.dom0.as_secs_f64(),
         "vmm_cpu_s": overhead.vmm.as_secs_f64(),
@@ -331,10 +350,11 @@ fn print(
     reports: &[DomainReport],
     overhead: Overhead,
     wall: Duration,
+    changes: &[ParamChange],
     json: bool,
 ) -> Result<()> {
     if json {
-        for line in json_lines(node, reports, overhead, wall) {
+        for line in json_lines(node, reports, overhead, wall, changes) {
             crate::outln!("{line}");
         }
         return Ok(());
@@ -402,6 +422,17 @@ fn print(
         overhead.dom0.as_secs_f64(),
         overhead.vmm.as_secs_f64(),
     );
+    for change in changes {
+        let p = sched_params::view(change.params);
+        crate::outln!(
+            "scheduler changed at {:.3} s: slice {} ms, tick {} ms, ratelimit {} us, {:?} accounting",
+            change.at.as_secs_f64(),
+            p.tslice_ms,
+            p.tick_ms,
+            p.ratelimit_us,
+            p.accounting
+        );
+    }
     Ok(())
 }
 
