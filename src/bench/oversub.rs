@@ -94,6 +94,7 @@ pub fn run(args: &OversubArgs) -> Result<u8> {
     let waits = parse_list(&args.wait, "--wait", |t| {
         BarrierWait::from_str(t, false).ok()
     })?;
+    let spins = parse_list(&args.spin, "--spin", Spin::parse)?;
     ensure!(args.runs >= 1, "--runs must be at least 1");
     for &vcpus in &counts {
         run::check_guest_vcpus(vcpus, &args.kvm_device)?;
