@@ -106,7 +106,7 @@ pub fn write(memory: &GuestMemoryMmap, counters: &Counters, addr: u64, data: &[u
 
 /// The u32 at guest-physical `gpa`, if it is aligned and in RAM.
 fn word(memory: &GuestMemoryMmap, gpa: u64) -> Option<&AtomicU32> {
-    if gpa % 4 != 0 {
+    if !gpa.is_multiple_of(4) {
         return None;
     }
     // The whole word must lie in one region (checked by asking for its last byte).
