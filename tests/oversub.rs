@@ -96,3 +96,28 @@ fn bench_oversub_reports_each_setting_and_consistent_counters() {
     assert_eq!(bad.status.code(), Some(2));
     assert!(text(&bad.stderr).contains("spin"), "{}", text(&bad.stderr));
 }
+
+#[test]
+fn a_node_domain_of_12_vcpus_verifies_blocking_in_kumo_under_the_credit_scheduler() {
+    if !kvm_available() {
+        return;
+    }
+    let path = scratch("oversub-node.toml");
+    std::fs::write(
+        &path,
+        "pcpus = [0, 1]\n[scheduler]\nkind = \"credit\"\ntslice_ms = 1\ntick_ms = 1\n\
+         [[domain]]\nname = \"a\"\nvcpus = 12\nnpb = \"cg.S,mg.S\"\nbarrier_wait = \"pv\"\n",
+    )
+    .unwrap();
+    let out = kumo(&["node", "--config", path.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let lines = json_lines(&out);
+    assert_eq!(lines[0]["ok"], true, "{}", lines[0]);
+    let results = lines[0]["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2, "{}", lines[0]);
+    assert!(
+        results.iter().all(|r| r["verified"] == true),
+        "{}",
+        lines[0]
+    );
+}
