@@ -147,10 +147,9 @@ pub const SHARED_SPIN_US: u64 = 50;
 /// This is libgomp's choice too: it throttles spinning when threads outnumber CPUs.
 /// Nodes keep [`barrier_spin_us`]: their guests' MPI waits use the same spin.
 pub fn team_spin_us(threads: u32, host_cpus: usize) -> u64 {
-    if threads as usize <= host_cpus {
-        DEDICATED_SPIN_US
-    } else {
-        OVERSUBSCRIBED_SPIN_US
+    match barrier_spin_us(threads, host_cpus) {
+        SHARED_SPIN_US => OVERSUBSCRIBED_SPIN_US,
+        dedicated => dedicated,
     }
 }
 

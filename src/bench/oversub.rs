@@ -207,23 +207,15 @@ fn guest_sample(
     })
 }
 
-/// A setting's medians: figures per barrier (per resumed waiter for `resume_us`).
+/// A setting's medians over its rounds.
 struct Summary {
     time_s: f64,
     min_s: f64,
     max_s: f64,
     /// Median over rounds of this time / the native time of the same round.
     ratio: Option<f64>,
-    barriers: f64,
-    sleeps: f64,
-    wakes: f64,
-    spin_us: f64,
-    sleep_us: f64,
-    spread_us: f64,
-    resume_us: f64,
-    run_delay_us: f64,
-    cpu_us: f64,
-    pv_blocks: f64,
+    /// Per barrier (`barriers` itself a count, `resume_us` per resumed waiter).
+    per: GuestSample,
 }
 
 fn summarize(setting: &Setting, native: Option<&Setting>) -> Summary {
@@ -252,22 +244,26 @@ fn summarize(setting: &Setting, native: Option<&Setting>) -> Summary {
         min_s: times.iter().copied().fold(f64::INFINITY, f64::min),
         max_s: times.iter().copied().fold(f64::NEG_INFINITY, f64::max),
         ratio,
-        barriers: of(&|s| s.barriers),
-        sleeps: per_barrier(&|s| s.sleeps),
-        wakes: per_barrier(&|s| s.wakes),
-        spin_us: per_barrier(&|s| s.spin_us),
-        sleep_us: per_barrier(&|s| s.sleep_us),
-        spread_us: per_barrier(&|s| s.spread_us),
-        resume_us: of(&|s| {
-            if s.resumes > 0.0 {
-                s.resume_us / s.resumes
-            } else {
-                0.0
-            }
-        }),
-        run_delay_us: per_barrier(&|s| s.run_delay_us),
-        cpu_us: per_barrier(&|s| s.cpu_us),
-        pv_blocks: per_barrier(&|s| s.pv_blocks),
+        per: GuestSample {
+            time_s: median(&times),
+            barriers: of(&|s| s.barriers),
+            sleeps: per_barrier(&|s| s.sleeps),
+            wakes: per_barrier(&|s| s.wakes),
+            spin_us: per_barrier(&|s| s.spin_us),
+            sleep_us: per_barrier(&|s| s.sleep_us),
+            spread_us: per_barrier(&|s| s.spread_us),
+            resume_us: of(&|s| {
+                if s.resumes > 0.0 {
+                    s.resume_us / s.resumes
+                } else {
+                    0.0
+                }
+            }),
+            resumes: of(&|s| s.resumes),
+            run_delay_us: per_barrier(&|s| s.run_delay_us),
+            cpu_us: per_barrier(&|s| s.cpu_us),
+            pv_blocks: per_barrier(&|s| s.pv_blocks),
+        },
     }
 }
 
@@ -310,18 +306,18 @@ fn print(settings: &[Setting], args: &OversubArgs) {
                     "times_s": setting.samples.iter().map(|x| x.time_s).collect::<Vec<_>>(),
                     "median_s": s.time_s,
                     "ratio_to_native_median": s.ratio,
-                    "barriers": s.barriers,
+                    "barriers": s.per.barriers,
                     "per_barrier": {
-                        "sleeps": s.sleeps,
-                        "wakes": s.wakes,
-                        "spin_us": s.spin_us,
-                        "sleep_us": s.sleep_us,
-                        "arrival_spread_us": s.spread_us,
-                        "vcpu_cpu_wait_us": s.run_delay_us,
-                        "vcpu_cpu_us": s.cpu_us,
-                        "pv_blocks": s.pv_blocks,
+                        "sleeps": s.per.sleeps,
+                        "wakes": s.per.wakes,
+                        "spin_us": s.per.spin_us,
+                        "sleep_us": s.per.sleep_us,
+                        "arrival_spread_us": s.per.spread_us,
+                        "vcpu_cpu_wait_us": s.per.run_delay_us,
+                        "vcpu_cpu_us": s.per.cpu_us,
+                        "pv_blocks": s.per.pv_blocks,
                     },
-                    "resume_us_per_waiter": s.resume_us,
+                    "resume_us_per_waiter": s.per.resume_us,
                 })
             );
             continue;
@@ -348,13 +344,13 @@ fn print(settings: &[Setting], args: &OversubArgs) {
             s.time_s,
             range,
             ratio,
-            s.sleeps,
-            s.spin_us,
-            s.spread_us,
-            s.resume_us,
-            s.run_delay_us,
-            s.cpu_us,
-            s.barriers
+            s.per.sleeps,
+            s.per.spin_us,
+            s.per.spread_us,
+            s.per.resume_us,
+            s.per.run_delay_us,
+            s.per.cpu_us,
+            s.per.barriers
         );
     }
     if !args.json {
