@@ -121,3 +121,56 @@ fn a_node_domain_of_12_vcpus_verifies_blocking_in_kumo_under_the_credit_schedule
         lines[0]
     );
 }
+
+/// Most of an oversubscribed VM's vCPUs are blocked in kumo at any moment: a snapshot
+/// must still pause every one of them (the kick ends the block), and the restored VM
+/// must finish and verify.
+#[test]
+fn an_oversubscribed_vm_blocked_in_kumo_snapshots_and_restores() {
+    if !kvm_available() {
+        return;
+    }
+    let socket = scratch("oversub.sock");
+    let file = scratch("oversub.snap");
+    let source = kumo_background(&[
+        "--npb",
+        "cg.W,cg.W,cg.W",
+        "--vcpus",
+        "6",
+        "--json",
+        "--ctl-socket",
+        socket.to_str().unwrap(),
+    ]);
+    wait_for_path(&socket);
+    let args = [
+        "ctl",
+        "--socket",
+        socket.to_str().unwrap(),
+        "snapshot",
+        file.to_str().unwrap(),
+        "--stop",
+    ];
+    let ctl = loop {
+        let out = kumo(&args);
+        if out.status.success() || !text(&out.stderr).contains("not running yet") {
+            break out;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    assert!(ctl.status.success(), "snapshot: {}", text(&ctl.stderr));
+    let source_out = source.finish();
+    assert!(source_out.status.success(), "{}", text(&source_out.stderr));
+    let restored = kumo(&["--restore", file.to_str().unwrap(), "--json"]);
+    assert!(restored.status.success(), "{}", text(&restored.stderr));
+    let lines = json_lines(&restored);
+    let results: Vec<_> = lines
+        .iter()
+        .filter(|l| l.get("benchmark").is_some())
+        .collect();
+    assert!(!results.is_empty(), "{lines:?}");
+    for line in results {
+        assert_eq!(line["benchmark"], "cg", "{line}");
+        assert_eq!(line["vcpus"], 6, "{line}");
+        assert_eq!(line["verified"], true, "{line}");
+    }
+}
