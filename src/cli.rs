@@ -516,9 +516,9 @@ pub struct VmArgs {
     pub sched: Option<String>,
 
     /// How the guest's threads sleep at a barrier after their spin: pv (blocked in
-    /// kumo on the barrier's word through the paravirtual wait page) or hlt (halt
-    /// until an IPI).
-    #[arg(long, value_enum, default_value_t = crate::guest::BarrierWait::Pv)]
+    /// kumo on the barrier's word through the paravirtual wait page), hlt (halt
+    /// until an IPI), or auto (pv when the vCPUs outnumber the host's CPUs).
+    #[arg(long, value_enum, default_value_t = crate::guest::BarrierWait::Auto)]
     pub barrier_wait: crate::guest::BarrierWait,
 
     /// Attach kumo's interrupt test device and run the guest's delivery check instead

@@ -39,16 +39,19 @@ pub fn check_vcpus(vcpus: u32) -> anyhow::Result<()> {
 /// The embedded guest's command line for `specs` on `vcpus` vCPUs on this host.
 pub fn npb_cmdline(specs: &[Spec], vcpus: u32, wait: BarrierWait) -> String {
     let names: Vec<String> = specs.iter().map(ToString::to_string).collect();
-    let spin = team_spin_us(vcpus, host_cpus());
-    format!("npb={} {}", names.join(","), barrier_keys(spin, wait))
+    let cpus = host_cpus();
+    let keys = barrier_keys(team_spin_us(vcpus, cpus), wait.resolve(vcpus, cpus));
+    format!("npb={} {keys}", names.join(","))
 }
 
 /// How the embedded guest's threads sleep at a barrier once their spin is over.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum BarrierWait {
+    /// `pv` when the vCPUs outnumber the host's CPUs, `hlt` when each has one.
+    #[default]
+    Auto,
     /// Blocked in kumo on the barrier's word (the paravirtual wait page, hv::pvwait):
     /// no guest ring-0 code and no interrupt, which are slow on nested hosts.
-    #[default]
     Pv,
     /// `hlt` in the guest's supervisor until an IPI: what any hypervisor offers.
     Hlt,
@@ -57,8 +60,21 @@ pub enum BarrierWait {
 impl BarrierWait {
     pub fn name(self) -> &'static str {
         match self {
+            BarrierWait::Auto => "auto",
             BarrierWait::Pv => "pv",
             BarrierWait::Hlt => "hlt",
+        }
+    }
+
+    /// `Auto` decided for `threads` vCPUs on `host_cpus` CPUs. With a CPU each, sleeps
+    /// are rare (2 ms spin) and a halted vCPU that KVM polls for resumes without a
+    /// host context switch: halting stays as it was (on the loaded host of
+    /// 2026-11-24, `pv` was no better there, sometimes worse: README).
+    pub fn resolve(self, threads: u32, host_cpus: usize) -> BarrierWait {
+        match self {
+            BarrierWait::Auto if threads as usize > host_cpus => BarrierWait::Pv,
+            BarrierWait::Auto => BarrierWait::Hlt,
+            chosen => chosen,
         }
     }
 }
@@ -69,7 +85,7 @@ pub fn barrier_keys(spin_us: u64, wait: BarrierWait) -> String {
     let spin = spin_us;
     match wait {
         BarrierWait::Pv => format!("spin_us={spin} pvwait=1"),
-        BarrierWait::Hlt => format!("spin_us={spin}"),
+        BarrierWait::Hlt | BarrierWait::Auto => format!("spin_us={spin}"),
     }
 }
 
@@ -212,6 +228,9 @@ mod tests {
         assert_eq!(team_spin_us(12, 2), OVERSUBSCRIBED_SPIN_US);
         assert_eq!(barrier_keys(0, BarrierWait::Pv), "spin_us=0 pvwait=1");
         assert_eq!(barrier_keys(50, BarrierWait::Hlt), "spin_us=50");
+        assert_eq!(BarrierWait::Auto.resolve(12, 2), BarrierWait::Pv);
+        assert_eq!(BarrierWait::Auto.resolve(2, 2), BarrierWait::Hlt);
+        assert_eq!(BarrierWait::Pv.resolve(2, 2), BarrierWait::Pv);
     }
 
     #[test]

@@ -120,7 +120,10 @@ pub fn run(args: &OversubArgs) -> Result<u8> {
             let spin = setting.spin.micros(setting.vcpus);
             let sample = match setting.wait {
                 None => native_sample(setting.spec, setting.vcpus, spin)?,
-                Some(wait) => guest_sample(setting.spec, setting.vcpus, wait, spin, args)?,
+                Some(wait) => {
+                    let wait = wait.resolve(setting.vcpus, guest::host_cpus());
+                    guest_sample(setting.spec, setting.vcpus, wait, spin, args)?
+                }
             };
             eprintln!(
                 "kumo: round {round}/{}: {} on {} {}: {:.3} s",
