@@ -338,6 +338,9 @@ pub enum BenchCommand {
     /// Whole-process cost of booting a trivial kernel, start to exit, beside QEMU's
     /// microvm on the same ELF when QEMU is installed.
     Process(ProcessBenchArgs),
+    /// Where the time goes at barriers when vCPUs outnumber host CPUs: guest (each
+    /// wait mechanism) beside native threads, interleaved.
+    Oversub(OversubArgs),
 }
 
 #[derive(Args, Debug)]
@@ -365,6 +368,40 @@ pub struct ProcessBenchArgs {
     /// Print one JSON object per VMM and one for the comparison.
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct OversubArgs {
+    /// Benchmarks, comma-separated kernel.class items.
+    #[arg(long, value_name = "LIST", default_value = "cg.W")]
+    pub npb: String,
+
+    /// vCPU (and native thread) counts, comma-separated.
+    #[arg(long, value_name = "LIST", default_value = "2,12")]
+    pub vcpus: String,
+
+    /// Guest wait mechanisms to compare, comma-separated (pv, hlt).
+    #[arg(long, value_name = "LIST", default_value = "pv,hlt")]
+    pub wait: String,
+
+    /// Rounds; each runs every setting once, in turn.
+    #[arg(long, value_name = "R", default_value_t = 3)]
+    pub runs: u32,
+
+    /// Barrier spins to compare, comma-separated: `team` (kumo's for a VM alone:
+    /// none when vCPUs outnumber host CPUs), `shared` (the spin before issue 16 and
+    /// of nodes: 50 us when they do), or microseconds. Both with a CPU per thread:
+    /// 2000 us.
+    #[arg(long, value_name = "LIST", default_value = "team")]
+    pub spin: String,
+
+    /// Print one JSON object per setting instead of a table.
+    #[arg(long)]
+    pub json: bool,
+
+    /// The KVM device to open.
+    #[arg(long, value_name = "PATH", default_value = "/dev/kvm")]
+    pub kvm_device: PathBuf,
 }
 
 #[derive(Args, Debug)]
@@ -595,6 +632,12 @@ pub struct VmArgs {
     #[arg(long, value_name = "SPEC")]
     pub sched: Option<String>,
 
+    /// How the guest's threads sleep at a barrier after their spin: pv (blocked in
+    /// kumo on the barrier's word through the paravirtual wait page), hlt (halt
+    /// until an IPI), or auto (pv when the vCPUs outnumber the host's CPUs).
+    #[arg(long, value_enum, default_value_t = crate::guest::BarrierWait::Auto)]
+    pub barrier_wait: crate::guest::BarrierWait,
+
     /// Attach kumo's interrupt test device and run the guest's delivery check instead
     /// of NPB: every vector to every vCPU (re-targeted live), masking and the PBA.
     #[arg(long)]
@@ -742,6 +785,7 @@ impl Mode {
                 "ctl_socket",
                 "passthrough",
                 "irq_path",
+                "barrier_wait",
             ],
             Mode::Kernel => &[
                 "kernel",

@@ -37,10 +37,56 @@ pub fn check_vcpus(vcpus: u32) -> anyhow::Result<()> {
 }
 
 /// The embedded guest's command line for `specs` on `vcpus` vCPUs on this host.
-pub fn npb_cmdline(specs: &[Spec], vcpus: u32) -> String {
+pub fn npb_cmdline(specs: &[Spec], vcpus: u32, wait: BarrierWait) -> String {
     let names: Vec<String> = specs.iter().map(ToString::to_string).collect();
-    let spin = barrier_spin_us(vcpus, host_cpus());
-    format!("npb={} spin_us={spin}", names.join(","))
+    let cpus = host_cpus();
+    let keys = barrier_keys(team_spin_us(vcpus, cpus), wait.resolve(vcpus, cpus));
+    format!("npb={} {keys}", names.join(","))
+}
+
+/// How the embedded guest's threads sleep at a barrier once their spin is over.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum BarrierWait {
+    /// `pv` when the vCPUs outnumber the host's CPUs, `hlt` when each has one.
+    #[default]
+    Auto,
+    /// Blocked in kumo on the barrier's word (the paravirtual wait page, hv::pvwait):
+    /// no guest ring-0 code and no interrupt, which are slow on nested hosts.
+    Pv,
+    /// `hlt` in the guest's supervisor until an IPI: what any hypervisor offers.
+    Hlt,
+}
+
+impl BarrierWait {
+    pub fn name(self) -> &'static str {
+        match self {
+            BarrierWait::Auto => "auto",
+            BarrierWait::Pv => "pv",
+            BarrierWait::Hlt => "hlt",
+        }
+    }
+
+    /// `Auto` decided for `threads` vCPUs on `host_cpus` CPUs. With a CPU each, sleeps
+    /// are rare (2 ms spin) and a halted vCPU that KVM polls for resumes without a
+    /// host context switch: halting stays as it was (on the loaded host of
+    /// 2026-11-24, `pv` was no better there, sometimes worse: README).
+    pub fn resolve(self, threads: u32, host_cpus: usize) -> BarrierWait {
+        match self {
+            BarrierWait::Auto if threads as usize > host_cpus => BarrierWait::Pv,
+            BarrierWait::Auto => BarrierWait::Hlt,
+            chosen => chosen,
+        }
+    }
+}
+
+/// The guest's command-line keys for waiting at barriers: spin `spin_us`, then sleep
+/// the `wait` way.
+pub fn barrier_keys(spin_us: u64, wait: BarrierWait) -> String {
+    let spin = spin_us;
+    match wait {
+        BarrierWait::Pv => format!("spin_us={spin} pvwait=1"),
+        BarrierWait::Hlt | BarrierWait::Auto => format!("spin_us={spin}"),
+    }
 }
 
 /// Parses `--npb LIST`; the error names the offending item.
@@ -108,6 +154,23 @@ pub fn barrier_spin_us(threads: u32, host_cpus: usize) -> u64 {
 pub const DEDICATED_SPIN_US: u64 = 2000;
 pub const SHARED_SPIN_US: u64 = 50;
 
+/// The spin of one team (a VM's vCPUs, or the native twin's threads) alone on this
+/// host: with a CPU per thread, as [`barrier_spin_us`]; with more threads than CPUs,
+/// none at all. The threads a waiter waits for need its CPU, and a sleep costs about
+/// one exit (~40 us here, `kumo bench oversub`), while CG.W's phases on 12 threads are
+/// a few microseconds of work each: any spin only delays them (12 threads on 2 CPUs,
+/// native: 0.15-0.21 s with no spin, 0.34-0.41 s with 10 us, 0.96-1.15 s with 50 us).
+/// This is libgomp's choice too: it throttles spinning when threads outnumber CPUs.
+/// Nodes keep [`barrier_spin_us`]: their guests' MPI waits use the same spin.
+pub fn team_spin_us(threads: u32, host_cpus: usize) -> u64 {
+    match barrier_spin_us(threads, host_cpus) {
+        SHARED_SPIN_US => OVERSUBSCRIBED_SPIN_US,
+        dedicated => dedicated,
+    }
+}
+
+pub const OVERSUBSCRIBED_SPIN_US: u64 = 0;
+
 /// Refuses a host CPU number this host does not have (`what` names the option).
 pub fn check_host_cpu(what: &str, cpu: usize) -> anyhow::Result<()> {
     let host_cpus = host_cpus();
@@ -157,6 +220,17 @@ mod tests {
             .to_string();
         assert!(err.contains(&format!("at least {need} MiB")), "{err}");
         assert!(choose_memory_mib(None, &specs, 2).unwrap() >= need);
+    }
+
+    #[test]
+    fn a_team_alone_spins_only_with_a_cpu_per_thread() {
+        assert_eq!(team_spin_us(2, 2), DEDICATED_SPIN_US);
+        assert_eq!(team_spin_us(12, 2), OVERSUBSCRIBED_SPIN_US);
+        assert_eq!(barrier_keys(0, BarrierWait::Pv), "spin_us=0 pvwait=1");
+        assert_eq!(barrier_keys(50, BarrierWait::Hlt), "spin_us=50");
+        assert_eq!(BarrierWait::Auto.resolve(12, 2), BarrierWait::Pv);
+        assert_eq!(BarrierWait::Auto.resolve(2, 2), BarrierWait::Hlt);
+        assert_eq!(BarrierWait::Pv.resolve(2, 2), BarrierWait::Pv);
     }
 
     #[test]

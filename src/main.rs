@@ -58,6 +58,9 @@ fn main() -> ExitCode {
         (Some(Command::Bench(BenchCommand::Process(args))), _, _) => {
             kumo::bench::process::run_process(args)
         }
+        (Some(Command::Bench(BenchCommand::Oversub(args))), _, _) => {
+            kumo::bench::oversub::run(args)
+        }
         (Some(Command::Mpi(args)), _, _) => kumo::mpi::run_mpi(args, epoch),
         (Some(Command::Experiment(args)), _, _) => kumo::experiment::run_experiment(args, epoch),
         (Some(Command::NicServer(args)), _, _) => kumo::nic_server::run(args),

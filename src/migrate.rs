@@ -346,7 +346,7 @@ pub fn run_controlled(args: &VmArgs, epoch: Instant) -> Result<u8> {
     let config = run::embedded_config(
         args.vcpus,
         memory_mib,
-        guest::npb_cmdline(&specs, args.vcpus),
+        guest::npb_cmdline(&specs, args.vcpus, args.barrier_wait),
         &args.kvm_device,
     );
     let vm = Vm::new(config)?;

@@ -32,11 +32,19 @@ pub fn run_native(args: &NativeArgs) -> Result<u8> {
 /// Runs one benchmark on `threads` host threads: the guest's kernel code, timed over
 /// the same region, printed the same way.
 pub fn run_one(spec: Spec, threads: u32) -> BenchResult {
-    let spin = guest::barrier_spin_us(threads, guest::host_cpus());
+    run_one_with_spin(
+        spec,
+        threads,
+        guest::team_spin_us(threads, guest::host_cpus()),
+    )
+}
+
+/// As [`run_one`], with a barrier spin of `spin_us` microseconds.
+pub fn run_one_with_spin(spec: Spec, threads: u32, spin_us: u64) -> BenchResult {
     let outcome = npb::host::run_with_spin(
         spec,
         threads as usize,
-        std::time::Duration::from_micros(spin),
+        std::time::Duration::from_micros(spin_us),
     );
     BenchResult {
         benchmark: spec.kernel.name().to_string(),

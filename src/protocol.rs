@@ -67,7 +67,7 @@ pub fn parse_line(line: &str) -> Option<Event> {
         "fault" => Some(Event::Fault { fields }),
         "end" => num(&fields, "status").map(|status| Event::End { status }),
         "switchprobe" | "wakeprobe" | "gapprobe" | "irqbench" | "irqcheck" | "mpi" | "netcheck"
-        | "pingpong" | "bandwidth" | "mpistats" => Some(Event::Measurement {
+        | "pingpong" | "bandwidth" | "mpistats" | "barrierstats" => Some(Event::Measurement {
             kind: kind.to_string(),
             fields,
         }),

@@ -26,18 +26,21 @@ pub fn run_embedded(args: &VmArgs, epoch: Instant) -> Result<u8> {
         None => guest::default_specs(),
     };
     check_guest_vcpus(args.vcpus, &args.kvm_device)?;
-    let sched = parse_sched(args)?;
+    let options = GuestOptions {
+        sched: parse_sched(args)?,
+        passthrough: Passthrough {
+            devices,
+            irq_path: args.irq_path,
+        },
+        barrier_wait: args.barrier_wait,
+    };
     let verdict = run_guest_scheduled(
         &specs,
         args.vcpus,
         args.memory,
         &args.kvm_device,
         epoch,
-        sched,
-        &Passthrough {
-            devices,
-            irq_path: args.irq_path,
-        },
+        &options,
     )?;
     report::print(&verdict, args.json);
     Ok(verdict.exit_code())
@@ -63,9 +66,17 @@ pub fn run_guest(
         memory,
         kvm_device,
         epoch,
-        None,
-        &Passthrough::default(),
+        &GuestOptions::default(),
     )
+}
+
+/// How a VM of the embedded guest runs besides its workload and shape.
+#[derive(Debug, Default)]
+pub struct GuestOptions {
+    /// Under the credit scheduler with these parameters (None: the host schedules).
+    pub sched: Option<sched::Params>,
+    pub passthrough: Passthrough,
+    pub barrier_wait: guest::BarrierWait,
 }
 
 /// The `--passthrough` devices of a VM and their interrupt path.
@@ -166,28 +177,29 @@ fn start_credit(
     Ok((credit.member, server, credit.driver))
 }
 
-/// As [`run_guest`], under the credit scheduler when `sched` is given.
+/// As [`run_guest`], with `options` (the credit scheduler, passthrough devices, the
+/// barrier wait).
 pub fn run_guest_scheduled(
     specs: &[Spec],
     vcpus: u32,
     memory: Option<u64>,
     kvm_device: &Path,
     epoch: Instant,
-    sched: Option<sched::Params>,
-    passthrough: &Passthrough,
+    options: &GuestOptions,
 ) -> Result<Verdict> {
     let memory_mib = guest::choose_memory_mib(memory, specs, vcpus)?;
-    let names: Vec<String> = specs.iter().map(ToString::to_string).collect();
-    let spin = guest::barrier_spin_us(vcpus, guest::host_cpus());
     let config = embedded_config(
         vcpus,
         memory_mib,
-        format!("npb={} spin_us={spin}", names.join(",")),
+        guest::npb_cmdline(specs, vcpus, options.barrier_wait),
         kvm_device,
     );
     let mut vm = Vm::new(config)?;
-    let attached = passthrough.attach(&mut vm)?;
-    let scheduler = sched.map(|params| start_credit(&vm, params)).transpose();
+    let attached = options.passthrough.attach(&mut vm)?;
+    let scheduler = options
+        .sched
+        .map(|params| start_credit(&vm, params))
+        .transpose();
     let run = run_collecting(vm, epoch)?;
     drop(attached);
     if let Some((member, server, driver)) = scheduler? {

@@ -263,6 +263,46 @@ fn kumo_ctl_changes_weights_and_parameters_of_a_running_node() {
     );
 }
 
+/// The node's final report says what parameters were in force at the end, what it
+/// started with, and when each `kumo ctl sched-credit` change happened, in order.
+#[test]
+fn the_node_report_shows_each_parameter_change_and_when() {
+    if !kvm_available() {
+        return;
+    }
+    let _one = ONE_NODE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let config = node_file(
+        "changes",
+        "pcpus = [1]\n[scheduler]\nkind = \"credit\"\ntslice_ms = 30\ntick_ms = 10\n\
+         [[domain]]\nname = \"a\"\nnpb = \"ep.S\"\nprobe = \"busy:1500\"\n",
+    );
+    let node = spawn_node(&config, "changes.sock");
+    std::thread::sleep(Duration::from_millis(200));
+    ctl(&node.socket, &["sched-credit", "--tslice-ms", "1"]);
+    ctl(
+        &node.socket,
+        &[
+            "sched-credit",
+            "--ratelimit-us",
+            "0",
+            "--accounting",
+            "tick",
+        ],
+    );
+    let lines = node.finish();
+    let report = lines.last().unwrap();
+    assert_eq!(report["sched_initial"]["tslice_ms"], 30.0, "{report}");
+    assert_eq!(report["sched"]["tslice_ms"], 1.0, "{report}");
+    assert_eq!(report["sched"]["accounting"], "tick", "{report}");
+    let changes = report["sched_changes"].as_array().unwrap();
+    assert_eq!(changes.len(), 2, "{report}");
+    assert_eq!(changes[0]["tslice_ms"], 1.0, "{report}");
+    assert_eq!(changes[0]["accounting"], "exact", "{report}");
+    assert_eq!(changes[1]["accounting"], "tick", "{report}");
+    let (first, second) = (f(&changes[0], "at_s"), f(&changes[1], "at_s"));
+    assert!(first > 0.0 && second >= first, "{report}");
+}
+
 #[test]
 fn the_single_vm_form_runs_under_the_credit_scheduler() {
     if !kvm_available() {

@@ -177,6 +177,16 @@ struct State {
     /// Indexed by `VcpuId.0`.
     vcpus: Vec<VcpuRef>,
     epoch: Instant,
+    /// Every change of the parameters at run time, in order.
+    changes: Vec<ParamChange>,
+}
+
+/// A change of the scheduler's parameters while it ran: when (since the driver
+/// started) and what was in force from then on.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ParamChange {
+    pub at: Duration,
+    pub params: Params,
 }
 
 struct Shared {
@@ -261,6 +271,7 @@ impl CreditDriver {
                 doms,
                 vcpus,
                 epoch,
+                changes: Vec::new(),
             }),
             stop: AtomicBool::new(false),
             poke: Condvar::new(),
@@ -287,6 +298,11 @@ impl CreditDriver {
         self.lock().sched.params()
     }
 
+    /// The parameter changes made so far ([`CreditDriver::set_params`]), in order.
+    pub fn param_changes(&self) -> Vec<ParamChange> {
+        self.lock().changes.clone()
+    }
+
     /// Changes the slice, tick or ratelimit of the running scheduler.
     pub fn set_params(&self, params: Params) -> Result<(), Error> {
         let mut state = self.lock();
@@ -295,6 +311,8 @@ impl CreditDriver {
             .sched
             .set_params(now, params)
             .map_err(|e| Error::Scheduler(e.to_string()))?;
+        let at = state.epoch.elapsed();
+        state.changes.push(ParamChange { at, params });
         drop(state);
         self.shared.poke.notify_all();
         Ok(())

@@ -33,6 +33,7 @@ pub mod migration;
 pub mod net;
 pub mod passthrough;
 pub mod placement;
+pub mod pvwait;
 pub mod regs;
 pub mod stop;
 pub mod teardown;
@@ -71,6 +72,10 @@ pub struct RunOutcome {
     pub workload_started: Option<Duration>,
     /// Host CPU time each vCPU thread used (guest execution plus exit handling).
     pub vcpu_cpu_time: Vec<Duration>,
+    /// How long each vCPU thread was runnable but waited for a host CPU.
+    pub vcpu_run_delay: Vec<Duration>,
+    /// What the paravirtual wait page did (all zero if the guest never used it).
+    pub pvwait: pvwait::Snapshot,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

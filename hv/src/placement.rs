@@ -39,6 +39,9 @@ struct Slot {
     gate: Gate,
     /// CPU time the thread used, recorded by the thread as it ends (u64::MAX before).
     final_cpu_ns: AtomicU64,
+    /// Time the thread spent runnable but waiting for a host CPU (schedstat's
+    /// run_delay), recorded as it ends.
+    final_run_delay_ns: AtomicU64,
     /// `/proc/self/task/<tid>/stat`, kept open: a scheduler reads it every tick, and
     /// one `pread` is much cheaper than open-read-close.
     stat: Mutex<Option<std::fs::File>>,
@@ -60,6 +63,7 @@ impl VcpuControl {
                 .map(|_| Slot {
                     tid: AtomicI32::new(0),
                     final_cpu_ns: AtomicU64::new(u64::MAX),
+                    final_run_delay_ns: AtomicU64::new(0),
                     stat: Mutex::new(None),
                     gate: Gate {
                         open: AtomicBool::new(true),
@@ -201,11 +205,26 @@ impl VcpuControl {
             .is_some_and(|s| !s.gate.open.load(Ordering::Acquire))
     }
 
-    /// Called by vCPU thread `vcpu` as it ends: keeps its CPU time after it is gone.
+    /// Called by vCPU thread `vcpu` as it ends: keeps its CPU time (and how long it
+    /// waited for a CPU) after it is gone.
     pub(crate) fn record_final_cpu_time(&self, vcpu: usize) {
-        self.slots[vcpu]
-            .final_cpu_ns
+        let slot = &self.slots[vcpu];
+        let delay = std::fs::read_to_string("/proc/thread-self/schedstat")
+            .ok()
+            .and_then(|text| text.split_ascii_whitespace().nth(1)?.parse().ok())
+            .unwrap_or(0);
+        slot.final_run_delay_ns.store(delay, Ordering::Relaxed);
+        slot.final_cpu_ns
             .store(thread_cpu_time().as_nanos() as u64, Ordering::Release);
+    }
+
+    /// How long vCPU `vcpu`'s thread was runnable but waited for a host CPU, over its
+    /// whole life; known once it has ended (zero before, or where the host keeps no
+    /// schedstat).
+    pub fn run_delay(&self, vcpu: usize) -> Duration {
+        self.slots.get(vcpu).map_or(Duration::ZERO, |s| {
+            Duration::from_nanos(s.final_run_delay_ns.load(Ordering::Relaxed))
+        })
     }
 
     /// Called by vCPU thread `vcpu` when it starts.

@@ -16,6 +16,7 @@ use devices::pci::PciBus;
 use devices::{IoAction, PioBus};
 use kvm_bindings::{KVM_EXIT_IO_IN, KVM_EXIT_IO_OUT, kvm_run};
 use kvm_ioctls::{VcpuExit, VcpuFd};
+use vm_memory::GuestMemoryMmap;
 
 use crate::fault::{CpuMode, FaultReason, FaultReport, Registers};
 use crate::kick;
@@ -34,6 +35,9 @@ pub(crate) struct Shared {
     pub hub: Arc<crate::migration::Hub>,
     /// Each vCPU's side of the watchdog (index = vCPU).
     pub watch: Vec<Watch>,
+    /// Guest RAM, for the paravirtual wait page's futexes.
+    pub memory: GuestMemoryMmap,
+    pub pvwait: crate::pvwait::Counters,
 }
 
 impl Shared {
@@ -42,6 +46,7 @@ impl Shared {
         pci: Arc<PciBus>,
         control: Arc<VcpuControl>,
         hub: Arc<crate::migration::Hub>,
+        memory: GuestMemoryMmap,
     ) -> Self {
         let watch = (0..control.vcpus()).map(|_| Watch::default()).collect();
         Self {
@@ -51,6 +56,8 @@ impl Shared {
             control,
             hub,
             watch,
+            memory,
+            pvwait: crate::pvwait::Counters::default(),
         }
     }
 }
@@ -158,7 +165,9 @@ fn run_loop(index: u32, vcpu: &mut VcpuFd, shared: &Shared) -> VcpuEnd {
                 Step::Continue
             }
             Ok(VcpuExit::MmioWrite(addr, data)) => {
-                if !shared.pci.mmio_write(addr, data) {
+                if crate::pvwait::claims(addr) {
+                    crate::pvwait::write(&shared.memory, &shared.pvwait, addr, data);
+                } else if !shared.pci.mmio_write(addr, data) {
                     tracing::debug!(
                         vcpu = index,
                         "unclaimed MMIO write of {} bytes at {addr:#x}",

@@ -356,7 +356,13 @@ impl Vm {
                 .expect("the fixed port map does not overlap");
         }
         let hub = self.hub.clone();
-        let shared = Arc::new(Shared::new(bus, pci, self.control.clone(), hub.clone()));
+        let shared = Arc::new(Shared::new(
+            bus,
+            pci,
+            self.control.clone(),
+            hub.clone(),
+            self.memory.clone(),
+        ));
         let (tx, rx) = mpsc::channel();
 
         let count = self.vcpus.len();
@@ -492,10 +498,15 @@ impl Vm {
         let vcpu_cpu_time = (0..self.control.vcpus())
             .map(|v| self.control.cpu_time(v).unwrap_or_default())
             .collect();
+        let vcpu_run_delay = (0..self.control.vcpus())
+            .map(|v| self.control.run_delay(v))
+            .collect();
         Ok(RunOutcome {
             exit,
             workload_started,
             vcpu_cpu_time,
+            vcpu_run_delay,
+            pvwait: shared.pvwait.snapshot(),
         })
     }
 }

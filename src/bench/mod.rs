@@ -4,6 +4,7 @@
 
 pub mod migrate;
 pub mod overhead;
+pub mod oversub;
 pub mod process;
 pub mod switch;
 pub mod wake;

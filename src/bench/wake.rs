@@ -93,6 +93,7 @@ fn domain(name: &str, probe: String) -> Domain {
         irq: None,
         irq_path: None,
         spin_us: crate::guest::SHARED_SPIN_US,
+        barrier_wait: crate::guest::BarrierWait::Hlt,
         mpi: None,
     }
 }

@@ -106,6 +106,9 @@ pub struct DomainFile {
     /// A rank of the node's MPI job (needs `[network]`).
     #[serde(default)]
     pub mpi: bool,
+    /// How the guest's threads sleep at barriers: `hlt` (default) or `pv` (blocked
+    /// in kumo through the paravirtual wait page).
+    pub barrier_wait: Option<String>,
 }
 
 fn one() -> u32 {
@@ -132,6 +135,8 @@ pub struct Domain {
     pub irq_path: Option<hv::irq::IrqPath>,
     /// The guest's barrier spin (short: domains share the node's CPUs).
     pub spin_us: u64,
+    /// How the guest's threads sleep at barriers after the spin.
+    pub barrier_wait: guest::BarrierWait,
     /// (rank, ranks, the job's guest keys) if the domain is in the node's MPI job.
     pub mpi: Option<(u32, u32, String)>,
 }
@@ -142,8 +147,14 @@ impl Domain {
         let names: Vec<String> = self.specs.iter().map(ToString::to_string).collect();
         // In an NPB-MPI job the job's keys name the benchmarks for every rank.
         let mut line = match &self.mpi {
-            Some((_, _, keys)) if keys.contains("npb=") => format!("spin_us={}", self.spin_us),
-            _ => format!("npb={} spin_us={}", names.join(","), self.spin_us),
+            Some((_, _, keys)) if keys.contains("npb=") => {
+                guest::barrier_keys(self.spin_us, self.barrier_wait)
+            }
+            _ => format!(
+                "npb={} {}",
+                names.join(","),
+                guest::barrier_keys(self.spin_us, self.barrier_wait)
+            ),
         };
         if let Some(ms) = self.idle_ms {
             line.push_str(&format!(" idle={ms}"));
@@ -308,6 +319,13 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
         }
         let memory_mib = guest::choose_memory_mib(d.memory_mib, &specs, d.vcpus)
             .with_context(|| format!("domain '{name}'"))?;
+        // Nodes halt unless told otherwise: their CPU sharing (and S1's calibration
+        // runs) was measured that way; `pv` is measured for single VMs so far.
+        let barrier_wait = match d.barrier_wait.as_deref() {
+            None | Some("hlt") => guest::BarrierWait::Hlt,
+            Some("pv") => guest::BarrierWait::Pv,
+            Some(other) => bail!("domain '{name}': barrier_wait '{other}' is not 'pv' or 'hlt'"),
+        };
         domains.push(Domain {
             name,
             vcpus: d.vcpus,
@@ -320,6 +338,7 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
             irq: d.irq,
             irq_path,
             spin_us: 0,
+            barrier_wait,
             mpi: d.mpi.then(|| (0, 0, String::new())),
         });
     }
@@ -475,6 +494,13 @@ npb = "ep.S"
         assert!(error(nothing).contains("has no workload"));
         let idle = node("pcpus = [0]\n[[domain]]\nname = \"a\"\nidle_ms = 500\n").unwrap();
         assert_eq!(idle.domains[0].cmdline(), "npb= spin_us=2000 idle=500");
+        let wait =
+            "pcpus = [0]\n[[domain]]\nname = \"a\"\nnpb = \"ep.S\"\nbarrier_wait = \"spin\"\n";
+        assert!(error(wait).contains("barrier_wait 'spin' is not 'pv' or 'hlt'"));
+        let pv =
+            node("pcpus = [0]\n[[domain]]\nname = \"a\"\nnpb = \"ep.S\"\nbarrier_wait = \"pv\"\n")
+                .unwrap();
+        assert_eq!(pv.domains[0].cmdline(), "npb=ep.S spin_us=2000 pvwait=1");
     }
 
     #[test]

@@ -14,7 +14,7 @@ use hv::placement::VcpuControl;
 use serde_json::{Value, json};
 
 use devices::net::switch::SwitchStats;
-use hv::credit::{CreditDriver, Dom0Spec, DomainSpec};
+use hv::credit::{CreditDriver, Dom0Spec, DomainSpec, ParamChange};
 use hv::placement::ThreadGroup;
 
 use crate::cli::NodeArgs;
@@ -48,7 +48,15 @@ pub fn run_node(args: &NodeArgs, epoch: Instant) -> Result<u8> {
         .unwrap_or_else(ctl::default_socket_path);
     let outcome = run(&node, &args.kvm_device, Some(&socket), epoch)?;
     let (reports, overhead, wall) = (&outcome.reports, outcome.overhead, outcome.wall);
-    print(&node, reports, overhead, wall, outcome.switch, args.json)?;
+    print(
+        &node,
+        reports,
+        overhead,
+        wall,
+        outcome.switch,
+        &outcome.changes,
+        args.json,
+    )?;
     let code = reports
         .iter()
         .map(|r| r.verdict.exit_code())
@@ -64,6 +72,9 @@ pub struct NodeOutcome {
     pub wall: Duration,
     /// The switch's counters at the end, if the node had a network.
     pub switch: Option<SwitchStats>,
+    /// The credit scheduler's parameter changes made while it ran (`kumo ctl
+    /// sched-credit`).
+    pub changes: Vec<ParamChange>,
 }
 
 /// Creates every domain's VM, runs them together on the node's CPUs under the node's
@@ -217,6 +228,10 @@ pub fn run(
     let switch = network.as_ref().map(|n| n.switch_stats());
     // Weights and caps may have changed at run time: report the final ones.
     let final_views = driver.as_ref().map(|d| d.domains()).unwrap_or_default();
+    let changes = driver
+        .as_ref()
+        .map(|d| d.param_changes())
+        .unwrap_or_default();
     drop(_server);
     drop(driver);
     let mut reports = Vec::new();
@@ -265,6 +280,7 @@ pub fn run(
         },
         wall,
         switch,
+        changes,
     })
 }
 
@@ -295,6 +311,7 @@ pub fn json_lines(
     overhead: Overhead,
     wall: Duration,
     switch: Option<SwitchStats>,
+    changes: &[ParamChange],
 ) -> Vec<Value> {
     let mut lines: Vec<Value> = reports
         .iter()
@@ -331,7 +348,18 @@ pub fn json_lines(
         "node": true,
         "pcpus": node.pcpus,
         "scheduler": if node.uses_credit() { "credit" } else { "host" },
-        "sched": node.uses_credit().then(|| json!(sched_params::view(node.params))),
+        // What was in force at the end; what the node started with; and each change
+        // (seconds since the scheduler started, and the parameters from then on).
+        "sched": node.uses_credit().then(|| {
+            let last = changes.last().map_or(node.params, |c| c.params);
+            json!(sched_params::view(last))
+        }),
+        "sched_initial": node.uses_credit().then(|| json!(sched_params::view(node.params))),
+        "sched_changes": changes.iter().map(|c| {
+            let mut change = json!(sched_params::view(c.params));
+            change["at_s"] = json!(c.at.as_secs_f64());
+            change
+        }).collect::<Vec<_>>(),
         "dom0_weight": node.dom0_weight,
         "dom0_cpu_s": overhead.dom0.as_secs_f64(),
         "vmm_cpu_s": overhead.vmm.as_secs_f64(),
@@ -351,10 +379,11 @@ fn print(
     overhead: Overhead,
     wall: Duration,
     switch: Option<SwitchStats>,
+    changes: &[ParamChange],
     json: bool,
 ) -> Result<()> {
     if json {
-        for line in json_lines(node, reports, overhead, wall, switch) {
+        for line in json_lines(node, reports, overhead, wall, switch, changes) {
             crate::outln!("{line}");
         }
         return Ok(());
@@ -422,6 +451,17 @@ fn print(
         overhead.dom0.as_secs_f64(),
         overhead.vmm.as_secs_f64(),
     );
+    for change in changes {
+        let p = sched_params::view(change.params);
+        crate::outln!(
+            "scheduler changed at {:.3} s: slice {} ms, tick {} ms, ratelimit {} us, {:?} accounting",
+            change.at.as_secs_f64(),
+            p.tslice_ms,
+            p.tick_ms,
+            p.ratelimit_us,
+            p.accounting
+        );
+    }
     Ok(())
 }
 

@@ -149,6 +149,7 @@ fn master(info: &BootInfo) -> ! {
         Err(()) => end(STATUS_BAD_COMMAND_LINE),
     };
     sync::set_spin_ticks(info.tsc_khz * plan.spin_us / 1000);
+    sync::use_pv_wait(plan.pv_wait);
     if let Some(kind) = plan.fault {
         sys::fault(kind);
     }
@@ -244,9 +245,11 @@ fn run_benchmark(info: &BootInfo, spec: Spec) -> bool {
     }
     // SAFETY: the workers read JOB only after FORK.
     unsafe { *JOB.0.get() = Some(Job::Benchmark(spec)) };
+    sync::take_stats();
     FORK.wait(threads);
     let outcome = run_share(info, spec, 0);
     JOIN.wait(threads);
+    let waits = sync::take_stats();
     let mut line = Line::new();
     let _ = write!(
         line,
@@ -262,7 +265,32 @@ fn run_benchmark(info: &BootInfo, spec: Spec) -> bool {
         let _ = write!(line, " {key}={value}");
     }
     line.emit();
+    print_barrier_stats(info, spec, &waits);
     outcome.verified
+}
+
+/// `@kumo barrierstats`: where the benchmark's waits went (set-up included), summed
+/// over all CPUs; times in microseconds.
+fn print_barrier_stats(info: &BootInfo, spec: Spec, stats: &sync::Stats) {
+    let micros = |ticks: u64| (ticks * 1000).checked_div(info.tsc_khz).unwrap_or(0);
+    let mut line = Line::new();
+    let _ = write!(
+        line,
+        "@kumo barrierstats benchmark={} class={} threads={} barriers={} sleeps={} wakes={} \
+         spin_us={} sleep_us={} spread_us={} resume_us={} resumes={}",
+        spec.kernel.name(),
+        spec.class.letter(),
+        info.cpus,
+        stats.barriers,
+        stats.sleeps,
+        stats.wakes,
+        micros(stats.spin_ticks),
+        micros(stats.sleep_ticks),
+        micros(stats.spread_ticks),
+        micros(stats.resume_ticks),
+        stats.resumes,
+    );
+    line.emit();
 }
 
 /// This CPU's part of `spec`: every CPU carves the same heap the same way.
@@ -309,6 +337,8 @@ struct Plan {
     probe: Option<Probe>,
     idle: Option<u64>,
     spin_us: u64,
+    /// `pvwait=1`: kumo's paravirtual wait page exists.
+    pv_wait: bool,
     /// `mpi=` was given: `npb=` items are NPB-MPI kernels.
     mpi: bool,
     /// `mpi=`, `wait=`, `net=`, `net_rounds=`, `net_seed=`, `net_drop=`.
@@ -373,6 +403,7 @@ fn parse_command_line(cmdline: &str) -> Result<Plan, ()> {
         probe: None,
         idle: None,
         spin_us: DEFAULT_SPIN_MICROSECONDS,
+        pv_wait: false,
         mpi: false,
         net: network::Plan::new(),
         blk: false,
@@ -388,6 +419,14 @@ fn parse_command_line(cmdline: &str) -> Result<Plan, ()> {
                 Some(us) => plan.spin_us = us,
                 None => {
                     error("bad-spin", micros);
+                    ok = false;
+                }
+            }
+        } else if let Some(flag) = word.strip_prefix("pvwait=") {
+            match flag {
+                "0" | "1" => plan.pv_wait = flag == "1",
+                _ => {
+                    error("bad-pvwait", flag);
                     ok = false;
                 }
             }

@@ -73,6 +73,24 @@ pub fn wake() {
     unsafe { trap(call::WAKE, 0, 0) };
 }
 
+/// kumo's paravirtual wait page (`docs/guest-abi.md`): identity-mapped for ring 3
+/// like all of the low 4 GiB; each write exits to the VMM.
+const PV_WAIT_PAGE: u64 = 0xe010_0000;
+
+/// Blocks this vCPU in the VMM while `*word == expected` (may return spuriously).
+pub fn pv_wait(word: *const u32, expected: u32) {
+    let request = (u64::from(expected) << 32) | word as u64;
+    // SAFETY: an MMIO register of kumo's wait page (an exit, no memory behind it);
+    // `word` is one of our own u32s below 4 GiB, which the VMM only reads.
+    unsafe { core::ptr::write_volatile(PV_WAIT_PAGE as *mut u64, request) };
+}
+
+/// Wakes every vCPU blocked in [`pv_wait`] on `word`.
+pub fn pv_wake(word: *const u32) {
+    // SAFETY: as in `pv_wait`; the VMM uses the address only as a key.
+    unsafe { core::ptr::write_volatile((PV_WAIT_PAGE + 8) as *mut u64, word as u64) };
+}
+
 pub fn mark_start() {
     // SAFETY: no pointers involved.
     unsafe { trap(call::MARK_START, 0, 0) };

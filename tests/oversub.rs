@@ -1,0 +1,176 @@
+//! More vCPUs than host CPUs: every kernel verifies at 12 vCPUs with each barrier wait
+//! mechanism (and under the credit scheduler), and `kumo bench oversub` reports
+//! counters that agree with each other.
+
+mod common;
+
+use common::*;
+
+const TWELVE: &str = "12";
+
+/// Every kernel at class S on 12 vCPUs with `extra` options: all verified.
+fn every_kernel_s_verifies_on_12_vcpus(extra: &[&str]) {
+    let list: Vec<String> = npb::Kernel::ALL
+        .iter()
+        .map(|k| format!("{}.S", k.name()))
+        .collect();
+    let list = list.join(",");
+    let mut args = vec!["--json", "--vcpus", TWELVE, "--npb", &list];
+    args.extend_from_slice(extra);
+    let out = kumo(&args);
+    assert!(
+        out.status.success(),
+        "kumo {args:?}: {:?}\n{}",
+        out.status,
+        text(&out.stderr)
+    );
+    let lines = json_lines(&out);
+    assert_eq!(lines.len(), npb::Kernel::ALL.len() + 1, "{lines:?}");
+    for (line, kernel) in lines.iter().zip(npb::Kernel::ALL) {
+        assert_eq!(line["benchmark"], kernel.name(), "{line}");
+        assert_eq!(line["vcpus"], 12, "{line}");
+        assert_eq!(line["verified"], true, "{line}");
+    }
+}
+
+#[test]
+fn every_kernel_verifies_on_12_vcpus_blocking_in_kumo() {
+    if kvm_available() {
+        every_kernel_s_verifies_on_12_vcpus(&["--barrier-wait", "pv"]);
+    }
+}
+
+#[test]
+fn every_kernel_verifies_on_12_vcpus_halting() {
+    if kvm_available() {
+        every_kernel_s_verifies_on_12_vcpus(&["--barrier-wait", "hlt"]);
+    }
+}
+
+#[test]
+fn every_kernel_verifies_on_12_vcpus_under_the_credit_scheduler() {
+    if kvm_available() {
+        every_kernel_s_verifies_on_12_vcpus(&["--sched", "credit:tslice=1ms,tick=1ms"]);
+    }
+}
+
+#[test]
+fn a_bad_barrier_wait_is_refused() {
+    let out = kumo(&["--barrier-wait", "yield", "--npb", "ep.S"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("yield"), "{}", text(&out.stderr));
+    assert_refused(
+        &["--kernel", "/nonexistent", "--barrier-wait", "hlt"],
+        "--barrier-wait does not apply to --kernel runs",
+    );
+}
+
+#[test]
+fn bench_oversub_reports_each_setting_and_consistent_counters() {
+    if !kvm_available() {
+        return;
+    }
+    let out = kumo(&[
+        "bench", "oversub", "--npb", "cg.S", "--vcpus", "3", "--runs", "1", "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let lines = json_lines(&out);
+    let waits: Vec<&str> = lines.iter().map(|l| l["wait"].as_str().unwrap()).collect();
+    assert_eq!(waits, ["native", "pv", "hlt"]);
+    for line in &lines {
+        assert_eq!(line["vcpus"], 3, "{line}");
+        assert!(line["median_s"].as_f64().unwrap() > 0.0, "{line}");
+    }
+    for line in &lines[1..] {
+        let barriers = line["barriers"].as_f64().unwrap();
+        // CG.S: 15 outer iterations of 25 inner ones, three barriers each, and more.
+        assert!(barriers > 15.0 * 25.0 * 3.0, "{line}");
+        assert!(
+            line["ratio_to_native_median"].as_f64().unwrap() > 0.0,
+            "{line}"
+        );
+    }
+    // Only the paravirtual mechanism uses kumo's wait page.
+    assert_eq!(lines[2]["per_barrier"]["pv_blocks"], 0.0, "{}", lines[2]);
+    let bad = kumo(&["bench", "oversub", "--wait", "pv,spin"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(text(&bad.stderr).contains("spin"), "{}", text(&bad.stderr));
+}
+
+#[test]
+fn a_node_domain_of_12_vcpus_verifies_blocking_in_kumo_under_the_credit_scheduler() {
+    if !kvm_available() {
+        return;
+    }
+    let path = scratch("oversub-node.toml");
+    std::fs::write(
+        &path,
+        "pcpus = [0, 1]\n[scheduler]\nkind = \"credit\"\ntslice_ms = 1\ntick_ms = 1\n\
+         [[domain]]\nname = \"a\"\nvcpus = 12\nnpb = \"cg.S,mg.S\"\nbarrier_wait = \"pv\"\n",
+    )
+    .unwrap();
+    let out = kumo(&["node", "--config", path.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let lines = json_lines(&out);
+    assert_eq!(lines[0]["ok"], true, "{}", lines[0]);
+    let results = lines[0]["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2, "{}", lines[0]);
+    assert!(
+        results.iter().all(|r| r["verified"] == true),
+        "{}",
+        lines[0]
+    );
+}
+
+/// Most of an oversubscribed VM's vCPUs are blocked in kumo at any moment: a snapshot
+/// must still pause every one of them (the kick ends the block), and the restored VM
+/// must finish and verify.
+#[test]
+fn an_oversubscribed_vm_blocked_in_kumo_snapshots_and_restores() {
+    if !kvm_available() {
+        return;
+    }
+    let socket = scratch("oversub.sock");
+    let file = scratch("oversub.snap");
+    let source = kumo_background(&[
+        "--npb",
+        "cg.W,cg.W,cg.W",
+        "--vcpus",
+        "6",
+        "--json",
+        "--ctl-socket",
+        socket.to_str().unwrap(),
+    ]);
+    wait_for_path(&socket);
+    let args = [
+        "ctl",
+        "--socket",
+        socket.to_str().unwrap(),
+        "snapshot",
+        file.to_str().unwrap(),
+        "--stop",
+    ];
+    let ctl = loop {
+        let out = kumo(&args);
+        if out.status.success() || !text(&out.stderr).contains("not running yet") {
+            break out;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    assert!(ctl.status.success(), "snapshot: {}", text(&ctl.stderr));
+    let source_out = source.finish();
+    assert!(source_out.status.success(), "{}", text(&source_out.stderr));
+    let restored = kumo(&["--restore", file.to_str().unwrap(), "--json"]);
+    assert!(restored.status.success(), "{}", text(&restored.stderr));
+    let lines = json_lines(&restored);
+    let results: Vec<_> = lines
+        .iter()
+        .filter(|l| l.get("benchmark").is_some())
+        .collect();
+    assert!(!results.is_empty(), "{lines:?}");
+    for line in results {
+        assert_eq!(line["benchmark"], "cg", "{line}");
+        assert_eq!(line["vcpus"], 6, "{line}");
+        assert_eq!(line["verified"], true, "{line}");
+    }
+}
