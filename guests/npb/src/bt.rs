@@ -571,14 +571,22 @@ pub fn run(class: Class, team: &Team, arena: &mut Arena) -> Outcome {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::on_team;
 
     #[test]
-    fn class_s_verifies_on_one_to_four_threads() {
-        for threads in 1..=4 {
-            let bytes = heap_bytes(Class::S, threads);
-            let outcome = on_team(threads, bytes, |team, arena| run(Class::S, team, arena));
-            assert!(outcome.verified, "{threads} threads: {outcome:?}");
+    fn mops_is_the_reference_formula() {
+        // Class S: 1e-6 * 60 * (3478.8 * 12^3 - 17655.7 * 144 + 28023.7 * 12).
+        let mops_1s = 1.0e-6 * 60.0 * (3478.8 * 1728.0 - 17655.7 * 144.0 + 28023.7 * 12.0);
+        assert!((mops(Class::S, 1.0) - mops_1s).abs() < 1e-9);
+    }
+
+    #[test]
+    fn verify_wants_every_norm_within_1e_8() {
+        for &class in crate::Kernel::Bt.classes() {
+            let (xcr, xce) = reference(class);
+            assert!(verify(class, &xcr, &xce));
+            let mut off = xce;
+            off[4] *= 1.0 - 2e-8;
+            assert!(!verify(class, &xcr, &off), "{class:?}");
         }
     }
 
