@@ -566,11 +566,10 @@ pub unsafe fn derived_plane(g: &Grid, c: &Constants, f: &Fields, k: usize) {
             f.qs.slice_mut(range.clone()),
         )
     };
-    // SAFETY: as above.
-    let mut speed = f
-        .speed
-        .as_ref()
-        .map(|s| unsafe { s.slice_mut(range.clone()) });
+    let mut speed = f.speed.as_ref().map(|s| {
+        // SAFETY: as above.
+        unsafe { s.slice_mut(range.clone()) }
+    });
     for j in 0..g.n {
         let row = j * g.ip..j * g.ip + g.n;
         let (u, _) = u[row.start * 5..].as_chunks::<5>();

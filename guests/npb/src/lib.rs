@@ -67,18 +67,46 @@ impl Kernel {
     fn from_name(name: &str) -> Option<Kernel> {
         Kernel::ALL.iter().copied().find(|k| k.name() == name)
     }
+
+    /// The classes this kernel has here: the pseudo-applications have every class, the
+    /// kernels S, W and A.
+    pub fn classes(self) -> &'static [Class] {
+        match self {
+            Kernel::Sp | Kernel::Bt => Class::ALL,
+            Kernel::Ep | Kernel::Mg | Kernel::Is | Kernel::Cg | Kernel::Ft => {
+                &[Class::S, Class::W, Class::A]
+            }
+        }
+    }
+
+    /// Whether this kernel has `class` ([`Spec`] parsing refuses the others).
+    pub fn has(self, class: Class) -> bool {
+        self.classes().contains(&class)
+    }
 }
 
-/// A problem size class (B and C are to follow).
+/// For a kernel's per-class tables at a class it lacks: unreachable through [`Spec`]
+/// parsing, which refuses such a pair.
+pub(crate) fn lacks(kernel: Kernel, class: Class) -> ! {
+    panic!(
+        "{} has no class {} (Spec parsing refuses it)",
+        kernel.name(),
+        class.letter()
+    )
+}
+
+/// A problem size class (not every kernel has every class: [`Kernel::classes`]).
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
 pub enum Class {
     S,
     W,
     A,
+    B,
+    C,
 }
 
 impl Class {
-    pub const ALL: &'static [Class] = &[Class::S, Class::W, Class::A];
+    pub const ALL: &'static [Class] = &[Class::S, Class::W, Class::A, Class::B, Class::C];
 
     /// Upper-case letter: `S`.
     pub fn letter(self) -> char {
@@ -86,6 +114,8 @@ impl Class {
             Class::S => 'S',
             Class::W => 'W',
             Class::A => 'A',
+            Class::B => 'B',
+            Class::C => 'C',
         }
     }
 
@@ -143,6 +173,13 @@ impl FromStr for Spec {
                 class: Text::new(class),
             });
         };
+        if !kernel.has(class) {
+            return Err(ParseSpecError::MissingClass {
+                item: Text::new(item),
+                kernel,
+                class,
+            });
+        }
         Ok(Spec { kernel, class })
     }
 }
@@ -157,6 +194,12 @@ pub enum ParseSpecError {
     UnknownBenchmark { item: Text, name: Text },
     /// The part after the dot names no class.
     UnknownClass { item: Text, class: Text },
+    /// The kernel lacks the class.
+    MissingClass {
+        item: Text,
+        kernel: Kernel,
+        class: Class,
+    },
 }
 
 impl ParseSpecError {
@@ -166,6 +209,7 @@ impl ParseSpecError {
             ParseSpecError::Malformed { .. } => "malformed-benchmark",
             ParseSpecError::UnknownBenchmark { .. } => "unknown-benchmark",
             ParseSpecError::UnknownClass { .. } => "unknown-class",
+            ParseSpecError::MissingClass { .. } => "missing-class",
         }
     }
 
@@ -174,7 +218,8 @@ impl ParseSpecError {
         match self {
             ParseSpecError::Malformed { item }
             | ParseSpecError::UnknownBenchmark { item, .. }
-            | ParseSpecError::UnknownClass { item, .. } => item.as_str(),
+            | ParseSpecError::UnknownClass { item, .. }
+            | ParseSpecError::MissingClass { item, .. } => item.as_str(),
         }
     }
 }
@@ -210,6 +255,24 @@ impl fmt::Display for ParseSpecError {
                     item.as_str()
                 )?;
                 for (i, c) in Class::ALL.iter().enumerate() {
+                    let sep = if i == 0 { "" } else { ", " };
+                    write!(f, "{sep}{}", c.letter())?;
+                }
+                f.write_str(")")
+            }
+            ParseSpecError::MissingClass {
+                item,
+                kernel,
+                class,
+            } => {
+                write!(
+                    f,
+                    "{} has no class {} in '{}' (it has ",
+                    kernel.name(),
+                    class.letter(),
+                    item.as_str()
+                )?;
+                for (i, c) in kernel.classes().iter().enumerate() {
                     let sep = if i == 0 { "" } else { ", " };
                     write!(f, "{sep}{}", c.letter())?;
                 }
@@ -347,9 +410,15 @@ mod tests {
             for &class in Class::ALL {
                 let spec = Spec { kernel, class };
                 let text = spec.to_string();
-                assert_eq!(text.parse::<Spec>(), Ok(spec));
+                if kernel.has(class) {
+                    assert_eq!(text.parse::<Spec>(), Ok(spec));
+                } else {
+                    assert_eq!(text.parse::<Spec>().unwrap_err().kind(), "missing-class");
+                }
             }
         }
+        assert!(Kernel::Sp.has(Class::C) && Kernel::Bt.has(Class::B));
+        assert!(!Kernel::Ep.has(Class::B));
         assert_eq!(
             "ep.S".parse(),
             Ok(Spec {
@@ -386,9 +455,16 @@ mod tests {
         let err = "ep.Q".parse::<Spec>().unwrap_err();
         assert_eq!(
             err.to_string(),
-            "unknown class 'Q' in 'ep.Q' (known: S, W, A)"
+            "unknown class 'Q' in 'ep.Q' (known: S, W, A, B, C)"
         );
         assert_eq!((err.kind(), err.item()), ("unknown-class", "ep.Q"));
+
+        let err = "ft.B".parse::<Spec>().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "ft has no class B in 'ft.B' (it has S, W, A)"
+        );
+        assert_eq!((err.kind(), err.item()), ("missing-class", "ft.B"));
 
         let err = "ep".parse::<Spec>().unwrap_err();
         assert_eq!(
@@ -429,7 +505,7 @@ mod tests {
     fn names_and_letters() {
         assert_eq!(Kernel::Ep.name(), "ep");
         let letters: std::string::String = Class::ALL.iter().map(|c| c.letter()).collect();
-        assert_eq!(letters, "SWA");
+        assert_eq!(letters, "SWABC");
         assert_eq!(Spec::defaults().count(), Kernel::ALL.len());
         assert!(Spec::defaults().all(|s| s.class == Class::S));
     }

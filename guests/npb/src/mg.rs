@@ -41,6 +41,7 @@ pub fn size(class: Class) -> usize {
         Class::S => 32,
         Class::W => 128,
         Class::A => 256,
+        Class::B | Class::C => crate::lacks(crate::Kernel::Mg, class),
     }
 }
 
@@ -48,6 +49,7 @@ pub fn size(class: Class) -> usize {
 pub fn iterations(class: Class) -> usize {
     match class {
         Class::S | Class::W | Class::A => 4,
+        Class::B | Class::C => crate::lacks(crate::Kernel::Mg, class),
     }
 }
 
@@ -60,6 +62,7 @@ pub fn levels(class: Class) -> usize {
 pub fn smoother(class: Class) -> [f64; 4] {
     match class {
         Class::S | Class::W | Class::A => SMOOTHER_A,
+        Class::B | Class::C => crate::lacks(crate::Kernel::Mg, class),
     }
 }
 
@@ -70,6 +73,7 @@ pub fn reference_norm(class: Class) -> f64 {
         Class::S => 0.530_770_700_573_4e-4,
         Class::W => 0.646_732_937_533_9e-5,
         Class::A => 0.243_336_530_906_9e-5,
+        Class::B | Class::C => crate::lacks(crate::Kernel::Mg, class),
     }
 }
 
@@ -1008,7 +1012,7 @@ mod tests {
 
     #[test]
     fn verify_rejects_wrong_norms() {
-        for &class in Class::ALL {
+        for &class in crate::Kernel::Mg.classes() {
             let good = reference_norm(class);
             assert!(verify(class, good));
             assert!(verify(class, good * (1.0 + 0.5e-8)));

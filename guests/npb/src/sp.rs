@@ -33,6 +33,8 @@ pub fn params(class: Class) -> (usize, usize, f64) {
         Class::S => (12, 100, 0.015),
         Class::W => (36, 400, 0.0015),
         Class::A => (64, 400, 0.0015),
+        Class::B => (102, 400, 0.001),
+        Class::C => (162, 400, 0.00067),
     }
 }
 
@@ -86,6 +88,38 @@ pub fn reference(class: Class) -> ([f64; 5], [f64; 5]) {
                 5.0092785406541633e-05,
                 4.7671093939528255e-05,
                 1.3621613399213001e-04,
+            ],
+        ),
+        Class::B => (
+            [
+                0.6903293579998e+02,
+                0.3095134488084e+02,
+                0.4103336647017e+02,
+                0.3864769009604e+02,
+                0.5643482272596e+02,
+            ],
+            [
+                0.9810006190188e-02,
+                0.1022827905670e-02,
+                0.1720597911692e-02,
+                0.1694479428231e-02,
+                0.1847456263981e-01,
+            ],
+        ),
+        Class::C => (
+            [
+                0.5881691581829e+03,
+                0.2454417603569e+03,
+                0.3293829191851e+03,
+                0.3081924971891e+03,
+                0.4597223799176e+03,
+            ],
+            [
+                0.2598120500183e+00,
+                0.2590888922315e-01,
+                0.5132886416320e-01,
+                0.4806073419454e-01,
+                0.5483377491301e+00,
             ],
         ),
     }
@@ -743,15 +777,93 @@ pub fn run(class: Class, team: &Team, arena: &mut Arena) -> Outcome {
 
 #[cfg(test)]
 mod tests {
+    extern crate std;
+    use std::vec::Vec;
+
     use super::*;
-    use crate::testing::on_team;
+    use crate::testing::noise;
+
+    /// `eliminate` solves three pentadiagonal systems per line (components 0-2 share
+    /// `lhs`, 3 has `lhsp`, 4 `lhsm`): the solution it returns satisfies each system.
+    #[test]
+    fn eliminate_solves_the_three_pentadiagonal_systems() {
+        let (n, nb) = (9, 3);
+        // Diagonally dominant rows; entries outside the matrix are zero.
+        let factor = |seed: u64| -> Vec<[f64; 5]> {
+            let r = noise(5 * n * nb, seed);
+            (0..n * nb)
+                .map(|at| {
+                    let p = at / nb;
+                    let mut row: [f64; 5] = core::array::from_fn(|m| r[5 * at + m]);
+                    row[2] += 6.0;
+                    if p < 2 {
+                        row[0] = 0.0;
+                    }
+                    if p < 1 {
+                        row[1] = 0.0;
+                    }
+                    if p + 1 >= n {
+                        row[3] = 0.0;
+                    }
+                    if p + 2 >= n {
+                        row[4] = 0.0;
+                    }
+                    row
+                })
+                .collect()
+        };
+        let (mut lhs, mut lhsp, mut lhsm) = (factor(1), factor(2), factor(3));
+        let x: Vec<[f64; 5]> = noise(5 * n * nb, 4)
+            .chunks(5)
+            .map(|c| core::array::from_fn(|m| c[m]))
+            .collect();
+        // b = A x, per line b and component m, with the component's factor.
+        let mut b = std::vec![[0.0; 5]; n * nb];
+        for p in 0..n {
+            for l in 0..nb {
+                for m in 0..5 {
+                    let a = [&lhs, &lhs, &lhs, &lhsp, &lhsm][m][p * nb + l];
+                    for d in 0..5 {
+                        let q = p as isize + d as isize - 2;
+                        if (0..n as isize).contains(&q) {
+                            b[p * nb + l][m] += a[d] * x[q as usize * nb + l][m];
+                        }
+                    }
+                }
+            }
+        }
+        let factors = Factors {
+            lhs: &mut lhs,
+            lhsp: &mut lhsp,
+            lhsm: &mut lhsm,
+        };
+        eliminate(n, nb, factors, &mut Consecutive { all: &mut b, nb });
+        for (got, want) in b.iter().zip(&x) {
+            for m in 0..5 {
+                assert!((got[m] - want[m]).abs() < 1e-12, "{got:?} vs {want:?}");
+            }
+        }
+    }
 
     #[test]
-    fn class_s_verifies_on_one_to_four_threads() {
-        for threads in 1..=4 {
-            let bytes = heap_bytes(Class::S, threads);
-            let outcome = on_team(threads, bytes, |team, arena| run(Class::S, team, arena));
-            assert!(outcome.verified, "{threads} threads: {outcome:?}");
+    fn mops_is_the_reference_formula() {
+        // Class S: (881.174 * 12^3 - 4683.91 * 144 + 11484.5 * 12 - 19272.4) * 100.
+        let ops = (881.174 * 1728.0 - 4683.91 * 144.0 + 11484.5 * 12.0 - 19272.4) * 100.0;
+        assert!((mops(Class::S, 2.0) - ops / 2e6).abs() < 1e-9);
+    }
+
+    #[test]
+    fn verify_wants_every_norm_within_1e_8() {
+        for &class in crate::Kernel::Sp.classes() {
+            let (xcr, xce) = reference(class);
+            assert!(verify(class, &xcr, &xce));
+            for k in 0..10 {
+                for factor in [1.0 + 2e-8, f64::NAN] {
+                    let mut norms = [xcr, xce];
+                    norms[k / 5][k % 5] *= factor;
+                    assert!(!verify(class, &norms[0], &norms[1]), "{class:?} {k}");
+                }
+            }
         }
     }
 }

@@ -96,6 +96,9 @@ pub fn supports(spec: Spec, ranks: usize) -> Result<(), &'static str> {
     if ranks == 0 || ranks > MAX_RANKS {
         return Err("an MPI job has 1 to 64 ranks");
     }
+    if !spec.kernel.has(spec.class) {
+        return Err("lacks that class");
+    }
     match spec.kernel {
         Kernel::Ep => Ok(()),
         // As NPB-MPI's is.c and cg.f.
