@@ -57,6 +57,37 @@ pub fn run_node(args: &NodeArgs, epoch: Instant) -> Result<u8> {
 
 /// Creates every domain's VM, runs them together on the node's CPUs under the node's
 /// scheduler (serving the control socket at `socket`, if given) and waits for all.
+/// Where a passthrough NIC's server (the hardware) runs: under the credit scheduler
+/// the node's CPUs belong to its vCPUs (real-time threads that would starve it), so
+/// the server gets the host's other CPUs, and there must be one.
+fn server_cpus(node: &Node) -> Result<Vec<usize>> {
+    if !node.uses_credit() {
+        return Ok(Vec::new());
+    }
+    let others: Vec<usize> = (0..crate::guest::host_cpus())
+        .filter(|cpu| !node.pcpus.contains(cpu))
+        .collect();
+    if others.is_empty() {
+        anyhow::bail!(
+            "[network] nic = \"passthrough\": the NIC server (the hardware) needs a host CPU outside pcpus, which takes all {} of this host's",
+            crate::guest::host_cpus()
+        );
+    }
+    Ok(others)
+}
+
+/// What carries a node's MPI job, kept until every VM has ended (dropped in field
+/// order: the clients before the server).
+#[allow(dead_code)] // held for their lifetime only
+enum NodeNetwork {
+    None,
+    Emulated(hv::net::RunningNetwork),
+    Passthrough(
+        Vec<hv::passthrough::Attached>,
+        crate::nic_server::ServerProcess,
+    ),
+}
+
 pub fn run(
     node: &Node,
     kvm_device: &std::path::Path,
@@ -64,6 +95,10 @@ pub fn run(
     epoch: Instant,
 ) -> Result<(Vec<DomainReport>, Overhead, Duration)> {
     let process_cpu_before = process_cpu_time();
+    let nic_server_cpus = match &node.network {
+        Some(net) if net.nic == crate::cli::NicKind::Passthrough => Some(server_cpus(node)?),
+        _ => None,
+    };
     let mut vms = Vec::new();
     // Domain 0: the threads that run each VM (and stop it), the control socket's, and
     // the device threads (event loops, the test devices' responders).
@@ -90,8 +125,25 @@ pub fn run(
         }
         vms.push(vm);
     }
-    // The node's switch: its thread is domain 0's work, as netback is Xen's.
+    // The node's switch: its thread is domain 0's work, as netback is Xen's. With
+    // passthrough NICs the switch is the NIC server's (the hardware, another process
+    // outside the scheduler); kumo's generic-path interrupt threads stay domain 0's.
     let _network = match &node.network {
+        Some(net) if let Some(cpus) = &nic_server_cpus => {
+            let ranks = node.domains.iter().filter(|d| d.mpi.is_some()).count();
+            let server = crate::nic_server::ServerProcess::start(ranks as u32, 0, cpus)?;
+            let mut attached = Vec::new();
+            for (vm, domain) in vms.iter_mut().zip(&node.domains) {
+                if let Some((rank, _, _)) = domain.mpi {
+                    let spec = hv::passthrough::PassthroughSpec::VfioUser(server.socket(rank));
+                    attached.push(
+                        hv::passthrough::attach(vm, &spec, net.irq_path, Some(&dom0))
+                            .with_context(|| format!("domain '{}': NIC", domain.name))?,
+                    );
+                }
+            }
+            NodeNetwork::Passthrough(attached, server)
+        }
         Some(net) => {
             let network = hv::net::Network::new(devices::net::switch::SwitchConfig::default())?;
             for (vm, domain) in vms.iter_mut().zip(&node.domains) {
@@ -105,9 +157,9 @@ pub fn run(
                         .with_context(|| format!("domain '{}': NIC", domain.name))?;
                 }
             }
-            Some(network.start(Some(dom0.clone()))?)
+            NodeNetwork::Emulated(network.start(Some(dom0.clone()))?)
         }
-        None => None,
+        None => NodeNetwork::None,
     };
     let controls: Vec<Arc<VcpuControl>> = vms.iter().map(Vm::control).collect();
     let credit = node.uses_credit();
