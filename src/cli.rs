@@ -679,8 +679,16 @@ impl Mode {
                 "sched",
                 "ctl_socket",
                 "passthrough",
+                "irq_path",
             ],
-            Mode::Kernel => &["kernel", "memory", "cmdline", "module", "passthrough"],
+            Mode::Kernel => &[
+                "kernel",
+                "memory",
+                "cmdline",
+                "module",
+                "passthrough",
+                "irq_path",
+            ],
             Mode::IrqCheck => &["irq_check", "irq_path", "json"],
             Mode::DumpGuest => &["dump_guest"],
             Mode::Restore => &["restore", "json", "ctl_socket"],
@@ -717,19 +725,12 @@ pub fn parse() -> Result<Cli, String> {
         let mode = Mode::of(&cli.vm);
         for (id, flag) in &args {
             let given = matches.value_source(id) == Some(ValueSource::CommandLine);
-            // The passthrough devices' interrupts take --irq-path too.
-            let for_passthrough = id == "irq_path"
-                && !cli.vm.passthrough.is_empty()
-                && matches!(mode, Mode::Embedded | Mode::Kernel);
-            if given && !mode.reads(id) && !for_passthrough {
-                let mut readers: Vec<&str> = Mode::ALL
+            if given && !mode.reads(id) {
+                let readers: Vec<&str> = Mode::ALL
                     .iter()
                     .filter(|m| m.reads(id))
                     .map(|m| m.name())
                     .collect();
-                if id == "irq_path" {
-                    readers.push("runs with --passthrough");
-                }
                 return Err(format!(
                     "{flag} does not apply to {} (only to {})",
                     mode.name(),
