@@ -76,18 +76,6 @@ fn server_cpus(node: &Node) -> Result<Vec<usize>> {
     Ok(others)
 }
 
-/// What carries a node's MPI job, kept until every VM has ended (dropped in field
-/// order: the clients before the server).
-#[allow(dead_code)] // held for their lifetime only
-enum NodeNetwork {
-    None,
-    Emulated(hv::net::RunningNetwork),
-    Passthrough(
-        Vec<hv::passthrough::Attached>,
-        crate::nic_server::ServerProcess,
-    ),
-}
-
 pub fn run(
     node: &Node,
     kvm_device: &std::path::Path,
@@ -125,11 +113,11 @@ pub fn run(
         }
         vms.push(vm);
     }
-    // The node's switch: its thread is domain 0's work, as netback is Xen's. With
-    // passthrough NICs the switch is the NIC server's (the hardware, another process
-    // outside the scheduler); kumo's generic-path interrupt threads stay domain 0's.
-    let _network = match &node.network {
-        Some(net) if let Some(cpus) = &nic_server_cpus => {
+    // Passthrough NICs: a port each of a NIC server (the hardware, another process,
+    // outside the scheduler), kept until every VM has ended; kumo's generic-path
+    // interrupt threads stay domain 0's. The switch below then carries nothing.
+    let passthrough = match (&node.network, &nic_server_cpus) {
+        (Some(net), Some(cpus)) => {
             let ranks = node.domains.iter().filter(|d| d.mpi.is_some()).count();
             let server = crate::nic_server::ServerProcess::start(ranks as u32, 0, cpus)?;
             let mut attached = Vec::new();
@@ -142,14 +130,18 @@ pub fn run(
                     );
                 }
             }
-            NodeNetwork::Passthrough(attached, server)
+            Some((attached, server))
         }
+        _ => None,
+    };
+    // The node's switch: its thread is domain 0's work, as netback is Xen's.
+    let _network = match &node.network {
         Some(net) => {
             let network = hv::net::Network::new(devices::net::switch::SwitchConfig::default())?;
             for (vm, domain) in vms.iter_mut().zip(&node.domains) {
-                if let Some((rank, _, _)) = domain.mpi {
+                if let (Some((rank, _, _)), None) = (&domain.mpi, &passthrough) {
                     let setup = hv::net::NicSetup {
-                        mac: crate::mpi::mac(rank),
+                        mac: crate::mpi::mac(*rank),
                         irq_path: net.irq_path,
                     };
                     network
@@ -157,9 +149,9 @@ pub fn run(
                         .with_context(|| format!("domain '{}': NIC", domain.name))?;
                 }
             }
-            NodeNetwork::Emulated(network.start(Some(dom0.clone()))?)
+            Some(network.start(Some(dom0.clone()))?)
         }
-        None => NodeNetwork::None,
+        None => None,
     };
     let controls: Vec<Arc<VcpuControl>> = vms.iter().map(Vm::control).collect();
     let credit = node.uses_credit();
