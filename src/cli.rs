@@ -738,6 +738,13 @@ pub fn parse() -> Result<Cli, String> {
                 ));
             }
         }
+        // VM runs read --irq-path only for their --passthrough devices.
+        let irq_path_given = matches.value_source("irq_path") == Some(ValueSource::CommandLine);
+        if irq_path_given && !cli.vm.irq_check && cli.vm.passthrough.is_empty() {
+            return Err(
+                "--irq-path applies to --passthrough devices and --irq-check runs".to_string(),
+            );
+        }
     }
     Ok(cli)
 }
