@@ -296,6 +296,8 @@ fn the_net_bench_sets_qemu_beside_kumo_in_one_run() {
         "fast",
         "--wait",
         "spin",
+        "--nic",
+        "emulated",
         "--qemu",
         "--json",
     ]);

@@ -159,7 +159,11 @@ fn options_a_run_would_ignore_are_refused() {
         ),
         (
             vec!["--irq-path", "fast"],
-            "--irq-path does not apply to runs of the embedded",
+            "--irq-path applies to --passthrough devices and --irq-check runs",
+        ),
+        (
+            vec!["--kernel", k, "--irq-path", "fast"],
+            "--irq-path applies to --passthrough devices and --irq-check runs",
         ),
         (
             vec!["--cmdline", "x"],
