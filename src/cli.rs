@@ -85,6 +85,10 @@ pub struct NicServerArgs {
     /// The MPI rank of port 0's MAC (port K has rank R+K's MAC, as `kumo mpi` gives).
     #[arg(long, value_name = "R", default_value_t = 0)]
     pub first_rank: u32,
+
+    /// Host CPUs the server's threads may run on, comma-separated [default: any].
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub cpus: Vec<usize>,
 }
 
 /// Which NIC the VMs of an MPI job get.

@@ -191,7 +191,7 @@ fn run_job_in(
             bail!("--wire joins domain 0's switch: it does not apply to --nic passthrough")
         }
         (NicKind::Passthrough, Some(dir)) => Some(ServerProcess::running_at(dir)),
-        (NicKind::Passthrough, None) => Some(ServerProcess::start(vms, job.first_rank)?),
+        (NicKind::Passthrough, None) => Some(ServerProcess::start(vms, job.first_rank, &[])?),
     };
     let mut attached = Vec::new();
     let mut machines = Vec::new();
@@ -219,7 +219,7 @@ fn run_job_in(
             Some(server) => {
                 let spec = PassthroughSpec::VfioUser(server.socket(rank - job.first_rank));
                 attached.push(
-                    hv::passthrough::attach(&mut vm, &spec, irq_path)
+                    hv::passthrough::attach(&mut vm, &spec, irq_path, None)
                         .with_context(|| format!("attaching rank {rank}'s NIC"))?,
                 );
             }

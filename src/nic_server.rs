@@ -63,6 +63,11 @@ pub fn run(args: &NicServerArgs) -> Result<u8> {
     if !args.dir.is_dir() {
         bail!("{}: not a directory", args.dir.display());
     }
+    if !args.cpus.is_empty() {
+        // Before any thread exists: every thread of the server inherits it.
+        hv::placement::confine_thread(0, &args.cpus)
+            .with_context(|| format!("--cpus {:?}", args.cpus))?;
+    }
     let network = Arc::new(Network::new(SwitchConfig::default())?);
     let mut listeners = Vec::new();
     for k in 0..args.ports {
@@ -530,8 +535,9 @@ const START_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl ServerProcess {
     /// Starts `kumo nic-server` (this executable) with `ports` ports, port 0 with rank
-    /// `first_rank`'s MAC, in a fresh directory; returns once every socket is there.
-    pub fn start(ports: u32, first_rank: u32) -> Result<ServerProcess> {
+    /// `first_rank`'s MAC, its threads on `cpus` (empty: any), in a fresh directory;
+    /// returns once every socket is there.
+    pub fn start(ports: u32, first_rank: u32, cpus: &[usize]) -> Result<ServerProcess> {
         static STARTED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let dir = std::env::temp_dir().join(format!(
             "kumo-nic-{}-{}",
@@ -540,8 +546,14 @@ impl ServerProcess {
         ));
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let exe = std::env::current_exe().context("finding kumo's own executable")?;
-        let child = std::process::Command::new(exe)
-            .arg("nic-server")
+        let mut command = std::process::Command::new(exe);
+        if !cpus.is_empty() {
+            let list: Vec<String> = cpus.iter().map(usize::to_string).collect();
+            command.arg("nic-server").arg("--cpus").arg(list.join(","));
+        } else {
+            command.arg("nic-server");
+        }
+        let child = command
             .arg("--dir")
             .arg(&dir)
             .arg("--ports")

@@ -91,7 +91,7 @@ impl Passthrough {
     pub fn attach(&self, vm: &mut Vm) -> Result<Vec<hv::passthrough::Attached>> {
         self.devices
             .iter()
-            .map(|spec| Ok(hv::passthrough::attach(vm, spec, self.irq_path)?))
+            .map(|spec| Ok(hv::passthrough::attach(vm, spec, self.irq_path, None)?))
             .collect()
     }
 }

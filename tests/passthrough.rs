@@ -264,3 +264,64 @@ fn passthrough_options_are_refused_where_they_do_not_apply() {
         "cannot connect to /nonexistent/kumo.sock",
     );
 }
+
+/// A node file whose MPI job runs on passthrough NICs, on `pcpus`.
+fn passthrough_node(name: &str, pcpus: &str) -> std::path::PathBuf {
+    let path = scratch(name);
+    std::fs::write(
+        &path,
+        format!(
+            "pcpus = [{pcpus}]\n[scheduler]\nkind = \"credit\"\n[network]\nwait = \"block\"\n\
+             irq_path = \"fast\"\nnic = \"passthrough\"\n[[domain]]\nname = \"rank0\"\nmpi = true\n\
+             [[domain]]\nname = \"rank1\"\nmpi = true\n"
+        ),
+    )
+    .unwrap();
+    path
+}
+
+#[test]
+fn a_node_runs_its_mpi_job_on_passthrough_nics_beside_the_scheduler() {
+    if !kvm_available() {
+        return;
+    }
+    if std::thread::available_parallelism().unwrap().get() < 2 {
+        eprintln!("SKIPPED: the NIC server needs a host CPU beside the node's");
+        return;
+    }
+    let _one = one_job();
+    // Both ranks on CPU 0 under the credit scheduler; the NIC server on the others.
+    let config = passthrough_node("pt-node.toml", "0");
+    let out = kumo(&[
+        "node",
+        "--config",
+        config.to_str().unwrap(),
+        "--json",
+        "--timeout",
+        "120",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let lines = json_lines(&out);
+    for line in &lines[..2] {
+        assert_eq!(line["ok"], serde_json::json!(true), "{line}");
+        let check = line["probes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["probe"] == "netcheck")
+            .unwrap_or_else(|| panic!("no netcheck: {line}"));
+        assert_eq!(check["verified"], serde_json::json!("true"), "{line}");
+    }
+}
+
+#[test]
+fn a_node_whose_cpus_leave_the_nic_server_none_is_refused() {
+    let all: Vec<String> = (0..std::thread::available_parallelism().unwrap().get())
+        .map(|c| c.to_string())
+        .collect();
+    let config = passthrough_node("pt-node-full.toml", &all.join(", "));
+    assert_refused(
+        &["node", "--config", config.to_str().unwrap()],
+        "the NIC server (the hardware) needs a host CPU outside pcpus",
+    );
+}

@@ -47,6 +47,9 @@ pub struct NetworkFile {
     pub wait: Option<String>,
     /// The NICs' interrupt path: "generic" (default) or "fast".
     pub irq_path: Option<String>,
+    /// The NICs: "emulated" (default: domain 0's switch) or "passthrough" (a port each
+    /// of a `kumo nic-server` the node starts: the hardware, outside the scheduler).
+    pub nic: Option<String>,
 }
 
 /// The node's network, validated.
@@ -56,6 +59,7 @@ pub struct Network {
     pub npb: Option<String>,
     pub wait: String,
     pub irq_path: hv::irq::IrqPath,
+    pub nic: crate::cli::NicKind,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -419,11 +423,17 @@ fn validate_network(file: NetworkFile) -> Result<Network> {
             .map_err(|e| anyhow::anyhow!("[network]: irq_path: {e}"))?,
         None => hv::irq::IrqPath::Generic,
     };
+    let nic = match file.nic.as_deref() {
+        None | Some("emulated") => crate::cli::NicKind::Emulated,
+        Some("passthrough") => crate::cli::NicKind::Passthrough,
+        Some(other) => bail!("[network]: nic '{other}' is not emulated or passthrough"),
+    };
     Ok(Network {
         net,
         npb: file.npb,
         wait,
         irq_path,
+        nic,
     })
 }
 
@@ -549,6 +559,22 @@ mpi = true
         let net = n.network.as_ref().unwrap();
         assert_eq!((net.net.as_str(), net.wait.as_str()), ("check", "block"));
         assert_eq!(net.irq_path, hv::irq::IrqPath::Fast);
+        assert_eq!(net.nic, crate::cli::NicKind::Emulated);
+        let two = "[[domain]]\nname = \"a\"\nmpi = true\n[[domain]]\nname = \"b\"\nmpi = true\n";
+        let passthrough = node(&format!(
+            "pcpus = [0]\n[network]\nnic = \"passthrough\"\n{two}"
+        ))
+        .unwrap();
+        assert_eq!(
+            passthrough.network.unwrap().nic,
+            crate::cli::NicKind::Passthrough
+        );
+        let bad = node(&format!("pcpus = [0]\n[network]\nnic = \"sriov\"\n{two}")).unwrap_err();
+        assert!(
+            bad.to_string()
+                .contains("nic 'sriov' is not emulated or passthrough"),
+            "{bad}"
+        );
         assert!(
             n.domains[0]
                 .cmdline()

@@ -79,6 +79,25 @@ pub struct NodeOutcome {
 
 /// Creates every domain's VM, runs them together on the node's CPUs under the node's
 /// scheduler (serving the control socket at `socket`, if given) and waits for all.
+/// Where a passthrough NIC's server (the hardware) runs: under the credit scheduler
+/// the node's CPUs belong to its vCPUs (real-time threads that would starve it), so
+/// the server gets the host's other CPUs, and there must be one.
+fn server_cpus(node: &Node) -> Result<Vec<usize>> {
+    if !node.uses_credit() {
+        return Ok(Vec::new());
+    }
+    let others: Vec<usize> = (0..crate::guest::host_cpus())
+        .filter(|cpu| !node.pcpus.contains(cpu))
+        .collect();
+    if others.is_empty() {
+        anyhow::bail!(
+            "[network] nic = \"passthrough\": the NIC server (the hardware) needs a host CPU outside pcpus, which takes all {} of this host's",
+            crate::guest::host_cpus()
+        );
+    }
+    Ok(others)
+}
+
 pub fn run(
     node: &Node,
     kvm_device: &std::path::Path,
@@ -86,6 +105,10 @@ pub fn run(
     epoch: Instant,
 ) -> Result<NodeOutcome> {
     let process_cpu_before = process_cpu_time();
+    let nic_server_cpus = match &node.network {
+        Some(net) if net.nic == crate::cli::NicKind::Passthrough => Some(server_cpus(node)?),
+        _ => None,
+    };
     let mut vms = Vec::new();
     // Domain 0: the threads that run each VM (and stop it), the control socket's, and
     // the device threads (event loops, the test devices' responders).
@@ -112,14 +135,35 @@ pub fn run(
         }
         vms.push(vm);
     }
+    // Passthrough NICs: a port each of a NIC server (the hardware, another process,
+    // outside the scheduler), kept until every VM has ended; kumo's generic-path
+    // interrupt threads stay domain 0's. The switch below then carries nothing.
+    let passthrough = match (&node.network, &nic_server_cpus) {
+        (Some(net), Some(cpus)) => {
+            let ranks = node.domains.iter().filter(|d| d.mpi.is_some()).count();
+            let server = crate::nic_server::ServerProcess::start(ranks as u32, 0, cpus)?;
+            let mut attached = Vec::new();
+            for (vm, domain) in vms.iter_mut().zip(&node.domains) {
+                if let Some((rank, _, _)) = domain.mpi {
+                    let spec = hv::passthrough::PassthroughSpec::VfioUser(server.socket(rank));
+                    attached.push(
+                        hv::passthrough::attach(vm, &spec, net.irq_path, Some(&dom0))
+                            .with_context(|| format!("domain '{}': NIC", domain.name))?,
+                    );
+                }
+            }
+            Some((attached, server))
+        }
+        _ => None,
+    };
     // The node's switch: its thread is domain 0's work, as netback is Xen's.
     let network = match &node.network {
         Some(net) => {
             let network = hv::net::Network::new(devices::net::switch::SwitchConfig::default())?;
             for (vm, domain) in vms.iter_mut().zip(&node.domains) {
-                if let Some((rank, _, _)) = domain.mpi {
+                if let (Some((rank, _, _)), None) = (&domain.mpi, &passthrough) {
                     let setup = hv::net::NicSetup {
-                        mac: crate::mpi::mac(rank),
+                        mac: crate::mpi::mac(*rank),
                         irq_path: net.irq_path,
                     };
                     network

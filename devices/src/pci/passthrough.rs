@@ -345,6 +345,16 @@ impl PassthroughDevice {
 
 impl PciDevice for PassthroughDevice {
     fn config_read(&self, offset: usize, data: &mut [u8]) {
+        let end = offset.saturating_add(data.len());
+        let cap = self.msix_cap_range();
+        if offset >= CAPABILITIES_START
+            && end <= CONFIG_SIZE
+            && (end <= cap.start || offset >= cap.end)
+        {
+            // Wholly the device's: one access, not one per byte.
+            self.forward_read(CONFIG_REGION, offset as u64, data);
+            return;
+        }
         for (i, byte) in data.iter_mut().enumerate() {
             let at = offset + i;
             *byte = if at < CAPABILITIES_START {

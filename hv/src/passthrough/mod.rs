@@ -35,6 +35,7 @@ use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use crate::Error;
 use crate::irq::{IrqPath, Msi, fast_msix_with_eventfds};
+use crate::placement::ThreadGroup;
 use crate::vm::{DeviceHealth, Vm};
 
 /// What `--passthrough` names.
@@ -122,8 +123,14 @@ pub trait Backend: RegionAccess {
     fn shutdown(&self);
 }
 
-/// Attaches the device `spec` names to `vm` (before it runs), its interrupts on `path`.
-pub fn attach(vm: &mut Vm, spec: &PassthroughSpec, path: IrqPath) -> Result<Attached, Error> {
+/// Attaches the device `spec` names to `vm` (before it runs), its interrupts on `path`;
+/// kumo's thread for it on the generic path joins `dom0` if given.
+pub fn attach(
+    vm: &mut Vm,
+    spec: &PassthroughSpec,
+    path: IrqPath,
+    dom0: Option<&Arc<ThreadGroup>>,
+) -> Result<Attached, Error> {
     let fail = |why: String| device_error(spec, why);
     let backend: Arc<dyn Backend> = match spec {
         PassthroughSpec::Kernel(bdf) => {
@@ -133,7 +140,7 @@ pub fn attach(vm: &mut Vm, spec: &PassthroughSpec, path: IrqPath) -> Result<Atta
             Arc::new(vfio_user::VfioUserClient::connect(socket).map_err(fail)?)
         }
     };
-    attach_backend(vm, spec, backend, path)
+    attach_backend(vm, spec, backend, path, dom0.cloned())
 }
 
 fn attach_backend(
@@ -141,6 +148,7 @@ fn attach_backend(
     spec: &PassthroughSpec,
     backend: Arc<dyn Backend>,
     path: IrqPath,
+    dom0: Option<Arc<ThreadGroup>>,
 ) -> Result<Attached, Error> {
     let fail = |why: String| device_error(spec, why);
     for region in vm.memory().iter() {
@@ -234,7 +242,13 @@ fn attach_backend(
             what: "duplicating an eventfd",
             source,
         })?;
-        threads.push(spawn_generic_irqs(device.clone(), irq_fds, stop, spec)?);
+        threads.push(spawn_generic_irqs(
+            device.clone(),
+            irq_fds,
+            stop,
+            spec,
+            dom0,
+        )?);
     }
     vm.add_pci_device_with_doorbells(device, doorbell_fds)?;
     if let Some(fd) = backend.hangup_fd() {
@@ -281,6 +295,7 @@ fn spawn_generic_irqs(
     fds: Vec<EventFd>,
     stop: EventFd,
     spec: &PassthroughSpec,
+    dom0: Option<Arc<ThreadGroup>>,
 ) -> Result<JoinHandle<()>, Error> {
     let epoll = Epoll::new().map_err(|source| Error::Os {
         what: "creating an epoll instance",
@@ -312,6 +327,7 @@ fn spawn_generic_irqs(
     std::thread::Builder::new()
         .name("pt-irq".into())
         .spawn(move || {
+            let _member = dom0.as_ref().map(|g| g.join_current());
             let mut events = vec![EpollEvent::default(); fds.len() + 1];
             loop {
                 let n = match epoll.wait(-1, &mut events) {
