@@ -48,14 +48,14 @@ fn token(name: &str, secret: &str) -> std::path::PathBuf {
 
 /// The source: EP.W on one vCPU (long enough to be moved midway), with a socket.
 fn source(socket: &Path) -> Background {
-    source_with(socket, &[])
+    source_with(socket, "ep.W", &[])
 }
 
-/// [`source`] with more options.
-fn source_with(socket: &Path, extra: &[&str]) -> Background {
+/// [`source`] with another workload and more options.
+fn source_with(socket: &Path, npb: &str, extra: &[&str]) -> Background {
     let mut args = vec![
         "--npb",
-        "ep.W",
+        npb,
         "--vcpus",
         "1",
         "--json",
@@ -170,7 +170,8 @@ fn a_guest_under_the_credit_scheduler_migrates_and_verifies() {
     let secret = token("sched.token", "shared secret");
     let dst = destination(port, &secret);
     let socket = scratch("mig-sched.sock");
-    let src = source_with(&socket, &["--sched", "credit:tslice=1ms,tick=1ms"]);
+    // EP.A: seconds of work, so the VM cannot end before the copy rounds pause it.
+    let src = source_with(&socket, "ep.A", &["--sched", "credit:tslice=1ms,tick=1ms"]);
     let ctl = migrate(&socket, port, &secret);
     assert!(ctl.status.success(), "migrate: {}", text(&ctl.stderr));
     let src_out = src.finish();
