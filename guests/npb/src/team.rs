@@ -291,7 +291,8 @@ impl Reduction {
         let mut total = [0.0; N];
         for rank in 0..team.size() {
             let at = rank * SLOT_STRIDE * 2;
-            // SAFETY: nobody writes slots between the two barriers.
+            // SAFETY: every thread wrote its slots before the barrier above and nobody
+            // writes any until the barrier below, so reading another's is race-free.
             let part = unsafe { self.slots.slice(at..at + N) };
             for (t, p) in total.iter_mut().zip(part) {
                 *t += p;
