@@ -57,8 +57,34 @@ fn s1_quick_runs_real_vms_and_writes_its_report_and_figure() {
 }
 
 #[test]
+fn s4_quick_sets_passthrough_beside_the_emulated_nic_and_bare_metal() {
+    if !kvm_available() {
+        return;
+    }
+    let out = kumo(&["experiment", "s4", "--quick", "--runs", "1", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(report["ok"], true, "{report}");
+    let rows = report["rows"].as_array().unwrap();
+    // CG and IS, each under the four configurations.
+    assert_eq!(rows.len(), 2 * 4, "{report}");
+    for row in rows {
+        assert_eq!(row["verified"], true, "{row}");
+        assert!(row["relative"].as_f64().unwrap() > 0.0, "{row}");
+    }
+    let bare: Vec<&serde_json::Value> = rows
+        .iter()
+        .filter(|r| r["config"]["name"] == "bare metal")
+        .collect();
+    assert!(bare.iter().all(|r| r["relative"] == 1.0), "{bare:?}");
+}
+
+#[test]
 fn bad_experiment_input_is_refused_in_one_line() {
-    assert_refused(&["experiment", "s9"], "unknown experiment 's9' (known: s1)");
+    assert_refused(
+        &["experiment", "s9"],
+        "unknown experiment 's9' (known: s1, s4)",
+    );
     assert_refused(
         &["experiment", "s1", "--runs", "0"],
         "--runs must be at least 1",

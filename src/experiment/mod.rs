@@ -7,6 +7,7 @@
 
 pub mod plot;
 pub mod s1;
+pub mod s4;
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -17,10 +18,16 @@ use serde::Serialize;
 use crate::cli::ExperimentArgs;
 
 /// The experiments `kumo experiment` knows, with a line each for `--help` and errors.
-pub const EXPERIMENTS: &[(&str, &str)] = &[(
-    "s1",
-    "credit-scheduler slice, tick and domain-0 weight for an MPI job of busy-waiting ranks",
-)];
+pub const EXPERIMENTS: &[(&str, &str)] = &[
+    (
+        "s1",
+        "credit-scheduler slice, tick and domain-0 weight for an MPI job of busy-waiting ranks",
+    ),
+    (
+        "s4",
+        "a passthrough NIC and its fast interrupt path against an emulated NIC and bare metal",
+    ),
+];
 
 pub fn run_experiment(args: &ExperimentArgs, epoch: Instant) -> Result<u8> {
     if args.runs == 0 {
@@ -32,6 +39,7 @@ pub fn run_experiment(args: &ExperimentArgs, epoch: Instant) -> Result<u8> {
     }
     match args.name.as_str() {
         "s1" => s1::run(args, epoch),
+        "s4" => s4::run(args, epoch),
         other => {
             let known: Vec<&str> = EXPERIMENTS.iter().map(|(name, _)| *name).collect();
             bail!("unknown experiment '{other}' (known: {})", known.join(", "))
