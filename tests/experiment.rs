@@ -4,11 +4,16 @@ mod common;
 
 use common::{assert_refused, kumo, kvm_available, scratch, text};
 
+/// Experiments take the host's CPUs (S1's credit scheduler runs its vCPUs at
+/// SCHED_FIFO on both): they take turns, as a researcher would run them.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn s1_quick_runs_real_vms_and_writes_its_report_and_figure() {
     if !kvm_available() {
         return;
     }
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let out_dir = scratch("s1-out");
     let _ = std::fs::remove_dir_all(&out_dir);
     let out = kumo(&[
@@ -61,6 +66,7 @@ fn s4_quick_sets_passthrough_beside_the_emulated_nic_and_bare_metal() {
     if !kvm_available() {
         return;
     }
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let out = kumo(&["experiment", "s4", "--quick", "--runs", "1", "--json"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
