@@ -65,6 +65,30 @@ pub fn write_out(dir: &Path, name: &str, contents: &[u8]) -> Result<PathBuf> {
     Ok(path)
 }
 
+/// Runs one node file (text) on real VMs: what the experiments' runs are made of.
+pub fn run_node_text(
+    text: &str,
+    kvm_device: &Path,
+    epoch: Instant,
+) -> Result<crate::node::NodeOutcome> {
+    let node = crate::node::config::parse(text).context("the experiment's node")?;
+    crate::node::run(&node, kvm_device, None, epoch)
+}
+
+/// Every domain's problems in a node run, each named by its domain.
+pub fn node_problems(outcome: &crate::node::NodeOutcome) -> Vec<String> {
+    outcome
+        .reports
+        .iter()
+        .flat_map(|r| {
+            r.verdict
+                .problems
+                .iter()
+                .map(move |p| format!("{}: {p}", r.domain.name))
+        })
+        .collect()
+}
+
 /// Median and range of repeated measurements.
 #[derive(Debug, Clone, Copy, Serialize, PartialEq)]
 pub struct Summary {
@@ -94,6 +118,15 @@ impl Summary {
             max: v[n - 1],
             n,
         })
+    }
+
+    /// A table cell of times: the median, with the range when there were several runs.
+    pub fn cell(summary: Option<Summary>) -> String {
+        match summary {
+            Some(t) if t.n > 1 => format!("{:.3} [{:.3}-{:.3}]", t.median, t.min, t.max),
+            Some(t) => format!("{:.3}", t.median),
+            None => "no result".into(),
+        }
     }
 }
 

@@ -23,7 +23,7 @@ use anyhow::{Context, Result, bail};
 use npb::{Class, Kernel, Spec};
 use serde::Serialize;
 
-use super::{Progress, Summary, interleaved};
+use super::{Progress, Summary, interleaved, node_problems, run_node_text};
 use crate::cli::ExperimentArgs;
 use crate::ctl::Accounting;
 use crate::node;
@@ -266,17 +266,6 @@ fn field(fields: &std::collections::BTreeMap<String, String>, key: &str) -> Opti
     fields.get(key).and_then(|v| v.parse::<f64>().ok())
 }
 
-/// Runs one node file and condenses it.
-fn run_node_text(
-    text: &str,
-    kvm_device: &Path,
-    epoch: Instant,
-) -> Result<(node::NodeOutcome, node::config::Node)> {
-    let node = node::config::parse(text).context("the experiment's node")?;
-    let outcome = node::run(&node, kvm_device, None, epoch)?;
-    Ok((outcome, node))
-}
-
 fn real_run(
     scenario: &Scenario,
     spec: Spec,
@@ -285,7 +274,7 @@ fn real_run(
     kvm_device: &Path,
     epoch: Instant,
 ) -> Result<RealRun> {
-    let (outcome, _) = run_node_text(&node_toml(scenario, spec, cpus), kvm_device, epoch)
+    let outcome = run_node_text(&node_toml(scenario, spec, cpus), kvm_device, epoch)
         .with_context(|| format!("scenario {} {spec}", scenario.name))?;
     let result = outcome
         .reports
@@ -316,16 +305,7 @@ fn real_run(
         frames: switch.received,
         bytes: switch.received_bytes,
         wall_s: outcome.wall.as_secs_f64(),
-        problems: outcome
-            .reports
-            .iter()
-            .flat_map(|r| {
-                r.verdict
-                    .problems
-                    .iter()
-                    .map(move |p| format!("{}: {p}", r.domain.name))
-            })
-            .collect(),
+        problems: node_problems(&outcome),
     })
 }
 
@@ -358,7 +338,7 @@ fn calibrate(cpus: &[usize], kvm_device: &Path, epoch: Instant) -> Result<Calibr
             cpus_toml(cpus),
             domains_toml(2),
         );
-        let (outcome, _) = run_node_text(&toml, kvm_device, epoch)
+        let outcome = run_node_text(&toml, kvm_device, epoch)
             .with_context(|| format!("calibration ping-pong of {text} bytes"))?;
         if let Some(problem) = outcome
             .reports
@@ -725,11 +705,7 @@ pub fn text(report: &Report) -> String {
             format!("{} us", s.ratelimit_us),
             accounting_name(s.accounting).to_string(),
             s.dom0_weight.to_string(),
-            match r.time_s {
-                Some(t) if t.n > 1 => format!("{:.3} [{:.3}-{:.3}]", t.median, t.min, t.max),
-                Some(t) => format!("{:.3}", t.median),
-                None => "no result".into(),
-            },
+            Summary::cell(r.time_s),
             pct(r.speedup_pct),
             pct(r.paper_pct),
             secs(r.sim_time_s),

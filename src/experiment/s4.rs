@@ -20,9 +20,8 @@ use anyhow::{Context, Result};
 use npb::{Class, Kernel, Spec};
 use serde::Serialize;
 
-use super::{Progress, Summary, interleaved};
+use super::{Progress, Summary, interleaved, node_problems, run_node_text};
 use crate::cli::{ExperimentArgs, NicKind};
-use crate::node;
 use hv::irq::IrqPath;
 
 /// The job's ranks (one per VM) and the node's CPU.
@@ -122,9 +121,7 @@ fn vm_run(
     kvm_device: &Path,
     epoch: Instant,
 ) -> Result<Run> {
-    let text = node_toml(nic, path, specs);
-    let node = node::config::parse(&text).context("the experiment's node")?;
-    let outcome = node::run(&node, kvm_device, None, epoch)
+    let outcome = run_node_text(&node_toml(nic, path, specs), kvm_device, epoch)
         .with_context(|| format!("configuration '{}'", config.name))?;
     let rank0 = outcome.reports.iter().find(|r| r.domain.name == "rank0");
     let results = specs
@@ -149,16 +146,7 @@ fn vm_run(
         round,
         results,
         dom0_cpu_s: Some(outcome.overhead.dom0.as_secs_f64()),
-        problems: outcome
-            .reports
-            .iter()
-            .flat_map(|r| {
-                r.verdict
-                    .problems
-                    .iter()
-                    .map(move |p| format!("{}: {p}", r.domain.name))
-            })
-            .collect(),
+        problems: node_problems(&outcome),
     })
 }
 
@@ -332,11 +320,7 @@ pub fn text(report: &Report) -> String {
         table.push(vec![
             r.benchmark.clone(),
             r.config.name.to_string(),
-            match r.time_s {
-                Some(t) if t.n > 1 => format!("{:.3} [{:.3}-{:.3}]", t.median, t.min, t.max),
-                Some(t) => format!("{:.3}", t.median),
-                None => "no result".into(),
-            },
+            Summary::cell(r.time_s),
             r.relative.map_or("-".into(), |x| format!("{x:.2}x")),
             match r.config.paper {
                 Some((lo, hi)) if lo == hi => format!("{lo:.2}x"),
@@ -356,6 +340,7 @@ pub fn text(report: &Report) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::node;
 
     #[test]
     fn every_vm_configuration_is_a_valid_node() {
