@@ -121,19 +121,19 @@ pub enum Wait {
 
 #[derive(Args, Debug)]
 pub struct MpiArgs {
-    /// VMs, one MPI rank each.
+    /// VMs of this host in the job.
     #[arg(long, value_name = "N", default_value_t = 2)]
     pub vms: u32,
 
-    /// vCPUs of each VM.
+    /// vCPUs of each VM: one MPI rank per vCPU, each with its own NIC.
     #[arg(long, value_name = "K", default_value_t = 1)]
     pub vcpus: u32,
 
-    /// Ranks of the whole job, when some run across --wire [default: --vms].
+    /// Ranks of the whole job, when some run across --wire [default: --vms x --vcpus].
     #[arg(long, value_name = "S")]
     pub job_size: Option<u32>,
 
-    /// The rank of this process's first VM (the others follow).
+    /// The rank of this process's first VM's first vCPU (the others follow).
     #[arg(long, value_name = "R", default_value_t = 0)]
     pub first_rank: u32,
 

@@ -23,8 +23,9 @@ use crate::run::{self, GuestRun};
 /// Guest memory of each VM: the MPI runtime's per-peer rings and the check's 16 MiB
 /// exchange fit with room to spare.
 pub const MEMORY_MIB: u64 = 256;
-/// Most VMs in one job (the guest's MPI takes at most 64 ranks).
-pub const MAX_VMS: u32 = 64;
+/// Most ranks in one job (the guest's MPI takes at most 64), so most VMs too.
+pub const MAX_RANKS: u32 = 64;
+pub const MAX_VMS: u32 = MAX_RANKS;
 
 /// The MAC of rank `rank`'s NIC: locally administered, "ku" and the rank.
 pub fn mac(rank: u32) -> [u8; 6] {
@@ -134,8 +135,9 @@ pub struct JobRun {
     pub switch: Option<WorkerStats>,
 }
 
-/// One VM per rank of this process, all on one network (and the wire, if any); each
-/// boots with `mpi=RANK:SIZE` and `extra`. Returns each VM's run, in rank order.
+/// `vms` VMs of `vcpus` vCPUs, one rank per vCPU, each rank with its own NIC, all on one
+/// network (and the wire, if any); each VM boots with `mpi=FIRST:SIZE:VCPUS` and
+/// `extra`. Returns each VM's run, in rank order.
 pub fn run_job(
     vms: u32,
     vcpus: u32,
@@ -150,7 +152,7 @@ pub fn run_job(
     )
 }
 
-/// As [`run_job`], with `memory_mib` of guest memory per VM.
+/// As [`run_job`], with `memory_mib` of guest memory per rank.
 #[allow(clippy::too_many_arguments)]
 fn run_job_in(
     vms: u32,
@@ -162,27 +164,28 @@ fn run_job_in(
     epoch: Instant,
     memory_mib: u64,
 ) -> Result<JobRun> {
-    let size = if job.size == 0 { vms } else { job.size };
     if !(1..=MAX_VMS).contains(&vms) {
         bail!("--vms must be between 1 and {MAX_VMS}, not {vms}");
     }
-    if !(2..=MAX_VMS).contains(&size) {
-        bail!("an MPI job needs 2 to {MAX_VMS} ranks, not {size}");
+    run::check_guest_vcpus(vcpus, kvm_device)?;
+    let here = vms.saturating_mul(vcpus);
+    let size = if job.size == 0 { here } else { job.size };
+    if !(2..=MAX_RANKS).contains(&size) {
+        bail!("an MPI job needs 2 to {MAX_RANKS} ranks (one per vCPU), not {size}");
     }
-    if job.first_rank.saturating_add(vms) > size {
+    if job.first_rank.saturating_add(here) > size {
         bail!(
-            "ranks {}..{} do not fit a job of {size} ranks",
+            "ranks {}..{} ({vms} VMs x {vcpus} vCPUs) do not fit a job of {size} ranks",
             job.first_rank,
-            job.first_rank.saturating_add(vms)
+            job.first_rank.saturating_add(here)
         );
     }
-    if size > vms && job.wire.is_none() {
+    if size > here && job.wire.is_none() {
         bail!(
             "{} of the job's {size} ranks run elsewhere: give a --wire to reach them",
-            size - vms
+            size - here
         );
     }
-    run::check_guest_vcpus(vcpus, kvm_device)?;
     let network = Network::new(SwitchConfig::default())?;
     let server = match (job.nic, &job.nic_server) {
         (NicKind::Emulated, None) => None,
@@ -191,37 +194,41 @@ fn run_job_in(
             bail!("--wire joins domain 0's switch: it does not apply to --nic passthrough")
         }
         (NicKind::Passthrough, Some(dir)) => Some(ServerProcess::running_at(dir)),
-        (NicKind::Passthrough, None) => Some(ServerProcess::start(vms, job.first_rank, &[])?),
+        (NicKind::Passthrough, None) => Some(ServerProcess::start(here, job.first_rank, &[])?),
     };
     let mut attached = Vec::new();
     let mut machines = Vec::new();
-    for rank in job.first_rank..job.first_rank + vms {
+    for first in (0..vms).map(|i| job.first_rank + i * vcpus) {
         let config = run::embedded_config(
             vcpus,
-            memory_mib,
-            format!("mpi={rank}:{size} {extra}"),
+            memory_mib.saturating_mul(u64::from(vcpus)),
+            format!("mpi={first}:{size}:{vcpus} {extra}"),
             kvm_device,
         );
         let mut vm = hv::Vm::new(config)?;
-        match &server {
-            None => {
-                network
-                    .attach(
-                        &mut vm,
-                        &NicSetup {
-                            mac: mac(rank),
-                            irq_path,
-                        },
-                        None,
-                    )
-                    .with_context(|| format!("attaching rank {rank}'s NIC"))?;
-            }
-            Some(server) => {
-                let spec = PassthroughSpec::VfioUser(server.socket(rank - job.first_rank));
-                attached.push(
-                    hv::passthrough::attach(&mut vm, &spec, irq_path, None)
-                        .with_context(|| format!("attaching rank {rank}'s NIC"))?,
-                );
+        // The guest gives its k-th NIC (in slot order, the order attached) to rank
+        // first + k, on vCPU k.
+        for rank in first..first + vcpus {
+            match &server {
+                None => {
+                    network
+                        .attach(
+                            &mut vm,
+                            &NicSetup {
+                                mac: mac(rank),
+                                irq_path,
+                            },
+                            None,
+                        )
+                        .with_context(|| format!("attaching rank {rank}'s NIC"))?;
+                }
+                Some(server) => {
+                    let spec = PassthroughSpec::VfioUser(server.socket(rank - job.first_rank));
+                    attached.push(
+                        hv::passthrough::attach(&mut vm, &spec, irq_path, None)
+                            .with_context(|| format!("attaching rank {rank}'s NIC"))?,
+                    );
+                }
             }
         }
         machines.push(vm);
@@ -286,7 +293,7 @@ pub fn run_mpi(args: &MpiArgs, epoch: Instant) -> Result<u8> {
     }
     let extra = format!("wait={} net=check", wait_name(args.wait));
     let job = Job {
-        size: args.job_size.unwrap_or(args.vms),
+        size: args.job_size.unwrap_or(args.vms.saturating_mul(args.vcpus)),
         first_rank: args.first_rank,
         wire: args.wire.clone(),
         wire_patience: Duration::from_secs_f64(args.wire_wait),
@@ -305,8 +312,11 @@ pub fn run_mpi(args: &MpiArgs, epoch: Instant) -> Result<u8> {
     .runs;
     let mut ok = true;
     let mut rows = Vec::new();
-    for (rank, run) in runs.iter().enumerate() {
-        let (verified, fields) = match run.measurement("netcheck") {
+    let ranks = runs.iter().enumerate().flat_map(|(vm, run)| {
+        (0..args.vcpus).map(move |k| (job.first_rank + vm as u32 * args.vcpus + k, run))
+    });
+    for (rank, run) in ranks {
+        let (verified, fields) = match run.rank_measurement("netcheck", rank) {
             Ok(fields) => (
                 fields.get("verified").map(String::as_str) == Some("true"),
                 Some(fields),
@@ -318,8 +328,9 @@ pub fn run_mpi(args: &MpiArgs, epoch: Instant) -> Result<u8> {
         };
         ok &= verified;
         let mut row = serde_json::Map::new();
-        row.insert("rank".into(), json!(job.first_rank as usize + rank));
+        row.insert("rank".into(), json!(rank));
         row.insert("vms".into(), json!(args.vms));
+        row.insert("vcpus".into(), json!(args.vcpus));
         row.insert("wait".into(), json!(wait_name(args.wait)));
         row.insert("irq_path".into(), json!(args.irq_path.name()));
         row.insert("nic".into(), json!(args.nic.name()));
@@ -351,8 +362,9 @@ pub fn run_mpi(args: &MpiArgs, epoch: Instant) -> Result<u8> {
             );
         }
         crate::outln!(
-            "MPI check: {} VMs x 1 rank here (of {} ranks), wait={}, irq path {}, nic {}",
+            "MPI check: {} VMs x {} ranks here (of {} ranks), wait={}, irq path {}, nic {}",
             args.vms,
+            args.vcpus,
             job.size,
             wait_name(args.wait),
             args.irq_path.name(),
@@ -398,10 +410,7 @@ pub fn npb_memory_mib(specs: &[Spec], ranks: u32) -> u64 {
 /// `kumo mpi --npb LIST`: one job running every benchmark in turn; rank 0's results
 /// judged as `kumo`'s, the other ranks' runs must end cleanly.
 fn run_npb(args: &MpiArgs, list: &str, epoch: Instant) -> Result<u8> {
-    let ranks = args.job_size.unwrap_or(args.vms);
-    if args.vcpus != 1 {
-        bail!("--npb runs one rank per VM on one vCPU: use --vcpus 1");
-    }
+    let ranks = args.job_size.unwrap_or(args.vms.saturating_mul(args.vcpus));
     let specs = parse_npb(list, ranks)?;
     let items: Vec<String> = specs.iter().map(Spec::to_string).collect();
     let extra = format!("wait={} npb={}", wait_name(args.wait), items.join(","));
@@ -424,23 +433,29 @@ fn run_npb(args: &MpiArgs, list: &str, epoch: Instant) -> Result<u8> {
         npb_memory_mib(&specs, ranks),
     )?
     .runs;
-    // Rank 0 prints the results (if it runs here); every rank must end cleanly.
+    // Rank 0 prints the results (if it runs here, on its VM's vCPU 0); every VM must end
+    // cleanly.
     let mut code = crate::report::EXIT_OK;
     let mut rows = Vec::new();
     for (i, run) in runs.iter().enumerate() {
-        let rank = job.first_rank as usize + i;
-        let verdict = if rank == 0 {
-            run.judge(&specs, 1)
+        let first = job.first_rank + i as u32 * args.vcpus;
+        let verdict = if first == 0 {
+            run.judge_ranks(&specs, args.vcpus)
         } else {
-            run.judge(&[], 1)
+            run.judge_ranks(&[], args.vcpus)
         };
         for problem in &verdict.problems {
-            eprintln!("kumo: rank {rank}: {problem}");
+            let last = first + args.vcpus - 1;
+            if first == last {
+                eprintln!("kumo: rank {first}: {problem}");
+            } else {
+                eprintln!("kumo: ranks {first}-{last}: {problem}");
+            }
         }
         if code == crate::report::EXIT_OK {
             code = verdict.exit_code();
         }
-        if rank == 0 {
+        if first == 0 {
             rows = verdict.rows;
         }
     }
@@ -453,6 +468,7 @@ fn run_npb(args: &MpiArgs, list: &str, epoch: Instant) -> Result<u8> {
             obj.insert("class".into(), json!(row.spec.class.letter().to_string()));
             obj.insert("ranks".into(), json!(ranks));
             obj.insert("vms".into(), json!(args.vms));
+            obj.insert("vcpus".into(), json!(args.vcpus));
             obj.insert("nic".into(), json!(args.nic.name()));
             match &row.result {
                 Some(r) => {
@@ -511,9 +527,10 @@ fn run_npb(args: &MpiArgs, list: &str, epoch: Instant) -> Result<u8> {
             );
         }
         crate::outln!(
-            "NPB-MPI: {} ranks, one per VM ({} here), wait={}, irq path {}, nic {}",
+            "NPB-MPI: {} ranks, one per vCPU ({} VMs x {} here), wait={}, irq path {}, nic {}",
             ranks,
             args.vms,
+            args.vcpus,
             wait_name(args.wait),
             args.irq_path.name(),
             args.nic.name()

@@ -53,9 +53,11 @@ pub enum Ending<'a> {
     Stopped(hv::StopCause),
 }
 
+/// The verdict on a VM of `vcpus` vCPUs whose results of `specs` each ran on `threads`.
 pub fn judge(
     specs: &[Spec],
     vcpus: u32,
+    threads: u32,
     events: &[Event],
     ending: Ending,
     boot_ms: Option<f64>,
@@ -82,7 +84,7 @@ pub fn judge(
             Event::Measurement { .. } => {}
         }
     }
-    let rows = match_rows(specs, vcpus, results, &mut problems);
+    let rows = match_rows(specs, threads, results, &mut problems);
     let mut crashed = false;
     let mut stopped = None;
     match ending {
@@ -299,7 +301,7 @@ mod tests {
             EP_S_OK,
             "@kumo end status=0",
         ]);
-        let v = judge(&specs, 2, &ev, Ending::DebugExit(0), Some(12.5));
+        let v = judge(&specs, 2, 2, &ev, Ending::DebugExit(0), Some(12.5));
         assert_eq!(v.problems, Vec::<String>::new());
         assert_eq!(v.exit_code(), EXIT_OK);
         assert!(
@@ -321,7 +323,7 @@ mod tests {
             EP_S_OK,
             "@kumo end status=0",
         ]);
-        let v = judge(&specs, 2, &ev, Ending::DebugExit(0), None);
+        let v = judge(&specs, 2, 2, &ev, Ending::DebugExit(0), None);
         assert_eq!(v.exit_code(), EXIT_UNVERIFIED);
         assert!(v.problems.iter().any(|p| p.contains("1 of 2 vCPUs")));
         assert!(v.problems.iter().any(|p| p == "no result for ep.W"));
@@ -329,7 +331,7 @@ mod tests {
 
         let unverified = EP_S_OK.replace("verified=true", "verified=false");
         let ev = events(&[&unverified, "@kumo end status=1"]);
-        let v = judge(&specs[..1], 2, &ev, Ending::DebugExit(1), None);
+        let v = judge(&specs[..1], 2, 2, &ev, Ending::DebugExit(1), None);
         assert!(v.problems.iter().any(|p| p == "ep.S did not verify"));
         assert!(v.table().contains("NO"));
     }
@@ -339,6 +341,7 @@ mod tests {
         let specs = vec!["ep.S".parse().unwrap()];
         let v = judge(
             &specs,
+            1,
             1,
             &[],
             Ending::Fault("triple fault on vCPU 0"),
@@ -352,7 +355,7 @@ mod tests {
     fn one_result_cannot_satisfy_two_requests() {
         let specs: Vec<Spec> = vec!["ep.S".parse().unwrap(), "ep.S".parse().unwrap()];
         let ev = events(&[EP_S_OK, "@kumo end status=0"]);
-        let v = judge(&specs, 2, &ev, Ending::DebugExit(0), None);
+        let v = judge(&specs, 2, 2, &ev, Ending::DebugExit(0), None);
         assert!(v.rows[0].result.is_some());
         assert!(v.rows[1].result.is_none());
     }

@@ -236,6 +236,16 @@ pub struct GuestRun {
 impl GuestRun {
     /// The verdict on an NPB run of `specs` on `vcpus` vCPUs.
     pub fn judge(&self, specs: &[Spec], vcpus: u32) -> Verdict {
+        self.judge_threads(specs, vcpus, vcpus)
+    }
+
+    /// The verdict on a VM of `vcpus` vCPUs running NPB-MPI ranks: each result is one
+    /// rank's, one thread.
+    pub fn judge_ranks(&self, specs: &[Spec], vcpus: u32) -> Verdict {
+        self.judge_threads(specs, vcpus, 1)
+    }
+
+    fn judge_threads(&self, specs: &[Spec], vcpus: u32, threads: u32) -> Verdict {
         let fault_text;
         let ending = match &self.outcome.exit {
             GuestExit::DebugExit(v) => Ending::DebugExit(*v),
@@ -247,13 +257,32 @@ impl GuestRun {
             GuestExit::Stopped(cause) => Ending::Stopped(*cause),
         };
         let boot_ms = self.outcome.workload_started.map(|d| d.as_secs_f64() * 1e3);
-        report::judge(specs, vcpus, &self.events, ending, boot_ms)
+        report::judge(specs, vcpus, threads, &self.events, ending, boot_ms)
     }
 
     /// The fields of the first `@kumo <kind>` measurement line, or why there is none.
     pub fn measurement(&self, kind: &str) -> Result<&std::collections::BTreeMap<String, String>> {
+        self.measurement_where(kind, |_| true)
+    }
+
+    /// As [`GuestRun::measurement`], the line of MPI rank `rank` (a VM runs one rank per
+    /// vCPU, each printing its own).
+    pub fn rank_measurement(
+        &self,
+        kind: &str,
+        rank: u32,
+    ) -> Result<&std::collections::BTreeMap<String, String>> {
+        let rank = rank.to_string();
+        self.measurement_where(kind, |fields| fields.get("rank") == Some(&rank))
+    }
+
+    fn measurement_where(
+        &self,
+        kind: &str,
+        wanted: impl Fn(&std::collections::BTreeMap<String, String>) -> bool,
+    ) -> Result<&std::collections::BTreeMap<String, String>> {
         let found = self.events.iter().find_map(|e| match e {
-            Event::Measurement { kind: k, fields } if k == kind => Some(fields),
+            Event::Measurement { kind: k, fields } if k == kind && wanted(fields) => Some(fields),
             _ => None,
         });
         if let Some(fields) = found {

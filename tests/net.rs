@@ -49,6 +49,60 @@ fn two_vms_pass_the_mpi_check_on_both_paths_blocking() {
 }
 
 #[test]
+fn two_vms_of_two_vcpus_pass_the_mpi_check_with_one_rank_per_vcpu() {
+    if kvm_available() {
+        let two_by_two = ["--vms", "2", "--vcpus", "2", "--wait", "block"];
+        for path in ["generic", "fast"] {
+            let mut args = two_by_two.to_vec();
+            args.extend(["--irq-path", path]);
+            assert_job_verified(&args, 4);
+        }
+    }
+}
+
+/// A VM's two ranks each sleep on their own NIC's interrupts: on the fast path each NIC's
+/// vectors have GSIs of their own in the VM's one routing table (a second table per
+/// device once left the second NIC's interrupts undelivered: its rank only woke at its
+/// timeouts).
+#[test]
+fn every_nic_of_a_vm_wakes_its_own_rank_on_both_paths() {
+    if !kvm_available() {
+        return;
+    }
+    let _one = one_job();
+    for path in ["generic", "fast"] {
+        let config = scratch(&format!("one-vm-two-ranks-{path}.toml"));
+        std::fs::write(
+            &config,
+            format!(
+                "pcpus = [0, 1]\n[network]\nnet = \"check\"\nwait = \"block\"\n\
+                 irq_path = \"{path}\"\n[[domain]]\nname = \"a\"\nvcpus = 2\nmpi = true\n"
+            ),
+        )
+        .unwrap();
+        let out = kumo(&["node", "--config", config.to_str().unwrap(), "--json"]);
+        assert_eq!(out.status.code(), Some(0), "{path}: {}", text(&out.stderr));
+        let domain = &json_lines(&out)[0];
+        let stats: Vec<&serde_json::Value> = domain["probes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["probe"] == "mpistats")
+            .collect();
+        assert_eq!(stats.len(), 2, "{path}: {domain}");
+        for rank in stats {
+            let sleeps = rank["sleeps"].as_f64().unwrap();
+            let interrupts = rank["interrupts"].as_f64().unwrap();
+            assert!(
+                sleeps == 0.0 || interrupts > 0.0,
+                "{path}: rank {} slept {sleeps} times and no interrupt woke it",
+                rank["rank"]
+            );
+        }
+    }
+}
+
+#[test]
 fn four_vms_pass_the_mpi_check() {
     if kvm_available() {
         assert_job_verified(&["--vms", "4"], 4);
@@ -97,7 +151,11 @@ fn bad_network_input_is_refused_in_one_line() {
         ),
         (
             &["mpi", "--vms", "1"][..],
-            "an MPI job needs 2 to 64 ranks, not 1",
+            "an MPI job needs 2 to 64 ranks (one per vCPU), not 1",
+        ),
+        (
+            &["mpi", "--vms", "33", "--vcpus", "2"][..],
+            "an MPI job needs 2 to 64 ranks (one per vCPU), not 66",
         ),
         (&["mpi", "--vms", "65"][..], "not 65"),
         (&["bench", "net", "--sizes", "0"][..], "bad message size"),

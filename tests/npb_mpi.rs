@@ -52,6 +52,50 @@ fn ep_is_cg_class_s_verify_on_two_vms() {
     assert_eq!(lines[3]["ok"], serde_json::json!(true));
 }
 
+/// One rank per vCPU: 2 VMs x 2 vCPUs are 4 ranks, each on its own NIC; blocking, as
+/// four spinning ranks on this host's two cores would mostly wait for a CPU.
+#[test]
+fn every_mpi_kernel_verifies_on_two_vms_of_two_vcpus() {
+    if !kvm_available() {
+        return;
+    }
+    let _one = one_job();
+    let out = kumo(&[
+        "mpi",
+        "--npb",
+        "ep.S,is.S,cg.S,ft.S,cg.W",
+        "--vms",
+        "2",
+        "--vcpus",
+        "2",
+        "--wait",
+        "block",
+        "--json",
+        "--timeout",
+        "300",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let lines = json_lines(&out);
+    let names: Vec<String> = lines[..5]
+        .iter()
+        .map(|l| {
+            format!(
+                "{}.{}",
+                l["benchmark"].as_str().unwrap(),
+                l["class"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(names, ["ep.S", "is.S", "cg.S", "ft.S", "cg.W"]);
+    for line in &lines[..5] {
+        assert_eq!(line["ranks"], serde_json::json!(4), "{line}");
+        assert_eq!(line["vms"], serde_json::json!(2), "{line}");
+        assert_eq!(line["vcpus"], serde_json::json!(2), "{line}");
+        assert_eq!(line["verified"], serde_json::json!(true), "{line}");
+    }
+    assert_eq!(lines[5]["ok"], serde_json::json!(true));
+}
+
 #[test]
 fn ft_class_s_verifies_on_four_vms() {
     if !kvm_available() {

@@ -46,6 +46,9 @@ pub struct Vm {
     pub(crate) pci: PciBus,
     /// The eventfds behind devices' doorbells, wired where their BARs decode.
     pub(crate) doorbells: Arc<IoEventWiring>,
+    /// The VM's one GSI routing table: every fast-path vector of every device has its
+    /// own GSI in it (KVM_SET_GSI_ROUTING replaces the whole table).
+    pub(crate) gsi: Arc<GsiRouter>,
     pub(crate) bar_window: BarAllocator,
     /// Pausing and saving the running VM (snapshots, migration).
     pub(crate) hub: Arc<Hub>,
@@ -195,6 +198,7 @@ impl Vm {
         pci.set_doorbell_wiring(doorbells.clone());
         Ok(Vm {
             vcpus,
+            gsi: GsiRouter::new(vm.clone()),
             vm,
             control,
             limits: stop::default_limits(),
@@ -258,7 +262,7 @@ impl Vm {
 
     /// The fast path's GSI routing table for this VM (make one per VM).
     pub fn gsi_router(&self) -> Arc<GsiRouter> {
-        GsiRouter::new(self.vm.clone())
+        self.gsi.clone()
     }
 
     /// Plugs a device into PCI bus 0 (before `run`); returns its slot.

@@ -141,17 +141,34 @@ pub struct Domain {
     pub spin_us: u64,
     /// How the guest's threads sleep at barriers after the spin.
     pub barrier_wait: guest::BarrierWait,
-    /// (rank, ranks, the job's guest keys) if the domain is in the node's MPI job.
-    pub mpi: Option<(u32, u32, String)>,
+    /// The domain's part of the node's MPI job, if it is in it.
+    pub mpi: Option<MpiPart>,
+}
+
+/// A domain's ranks in the node's MPI job: one per vCPU from `first`, each with a NIC.
+#[derive(Debug, Clone, Default)]
+pub struct MpiPart {
+    pub first: u32,
+    /// Ranks in the whole job.
+    pub size: u32,
+    /// The job's guest keys (`wait=`, `npb=` or `net=`).
+    pub keys: String,
 }
 
 impl Domain {
+    /// This domain's MPI ranks, in order (none if it is not in the job).
+    pub fn ranks(&self) -> std::ops::Range<u32> {
+        self.mpi
+            .as_ref()
+            .map_or(0..0, |part| part.first..part.first + self.vcpus)
+    }
+
     /// The embedded guest's command line for this domain.
     pub fn cmdline(&self) -> String {
         let names: Vec<String> = self.specs.iter().map(ToString::to_string).collect();
         // In an NPB-MPI job the job's keys name the benchmarks for every rank.
         let mut line = match &self.mpi {
-            Some((_, _, keys)) if keys.contains("npb=") => {
+            Some(part) if part.keys.contains("npb=") => {
                 guest::barrier_keys(self.spin_us, self.barrier_wait)
             }
             _ => format!(
@@ -169,8 +186,11 @@ impl Domain {
         if let Some(irq) = &self.irq {
             line.push_str(&format!(" irq={irq}"));
         }
-        if let Some((rank, ranks, keys)) = &self.mpi {
-            line.push_str(&format!(" mpi={rank}:{ranks} {keys}"));
+        if let Some(part) = &self.mpi {
+            line.push_str(&format!(
+                " mpi={}:{}:{} {}",
+                part.first, part.size, self.vcpus, part.keys
+            ));
         }
         line
     }
@@ -343,16 +363,22 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
             irq_path,
             spin_us: 0,
             barrier_wait,
-            mpi: d.mpi.then(|| (0, 0, String::new())),
+            mpi: d.mpi.then(MpiPart::default),
         });
     }
     let network = file.network.map(validate_network).transpose()?;
     if let Some(network) = &network {
-        let ranks = domains.iter().filter(|d| d.mpi.is_some()).count() as u32;
-        if !(2..=crate::mpi::MAX_VMS).contains(&ranks) {
+        // One rank per vCPU of every domain in the job.
+        let ranks: u32 = domains
+            .iter()
+            .filter(|d| d.mpi.is_some())
+            .map(|d| d.vcpus)
+            .sum();
+        if !(2..=crate::mpi::MAX_RANKS).contains(&ranks) {
             bail!(
-                "[network]: the MPI job needs 2 to {} domains with mpi = true, not {ranks}",
-                crate::mpi::MAX_VMS
+                "[network]: the MPI job needs 2 to {} ranks (one per vCPU of the domains with \
+                 mpi = true), not {ranks}",
+                crate::mpi::MAX_RANKS
             );
         }
         let (keys, npb) = match &network.npb {
@@ -366,23 +392,33 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
             }
             None => (format!("wait={} net={}", network.wait, network.net), None),
         };
-        for (rank, d) in domains.iter_mut().filter(|d| d.mpi.is_some()).enumerate() {
-            if let Some(specs) = &npb {
-                if !d.specs.is_empty() || d.vcpus != 1 {
-                    bail!(
-                        "domain '{}': a rank of the node's NPB-MPI job has 1 vCPU and no npb of its own",
-                        d.name
-                    );
+        let mut first = 0;
+        for d in domains.iter_mut().filter(|d| d.mpi.is_some()) {
+            // Each rank's share of the domain's memory: its part of the largest kernel,
+            // or the MPI runtime's rings and the check's 16 MiB exchange.
+            let per_rank = match &npb {
+                Some(specs) => {
+                    if !d.specs.is_empty() {
+                        bail!(
+                            "domain '{}': a domain in the node's NPB-MPI job has no npb of its own",
+                            d.name
+                        );
+                    }
+                    // Rank 0 prints the job's results: its domain is judged on them.
+                    if first == 0 {
+                        d.specs = specs.clone();
+                    }
+                    crate::mpi::npb_memory_mib(specs, ranks)
                 }
-                // Rank 0 prints the job's results: its domain is judged on them.
-                if rank == 0 {
-                    d.specs = specs.clone();
-                }
-                d.memory_mib = d.memory_mib.max(crate::mpi::npb_memory_mib(specs, ranks));
-            }
-            d.mpi = Some((rank as u32, ranks, keys.clone()));
-            // The MPI runtime's rings and the check's 16 MiB exchange.
-            d.memory_mib = d.memory_mib.max(crate::mpi::MEMORY_MIB);
+                None => crate::mpi::MEMORY_MIB,
+            };
+            d.memory_mib = d.memory_mib.max(per_rank * u64::from(d.vcpus));
+            d.mpi = Some(MpiPart {
+                first,
+                size: ranks,
+                keys: keys.clone(),
+            });
+            first += d.vcpus;
         }
     }
     // Domains share the node's CPUs unless every vCPU has one of its own.
@@ -578,12 +614,12 @@ mpi = true
         assert!(
             n.domains[0]
                 .cmdline()
-                .ends_with("mpi=0:2 wait=block net=check")
+                .ends_with("mpi=0:2:1 wait=block net=check")
         );
         assert!(
             n.domains[2]
                 .cmdline()
-                .ends_with("mpi=1:2 wait=block net=check")
+                .ends_with("mpi=1:2:1 wait=block net=check")
         );
         assert!(!n.domains[1].cmdline().contains("mpi="));
         assert!(n.domains[0].memory_mib >= crate::mpi::MEMORY_MIB);
@@ -592,13 +628,53 @@ mpi = true
     #[test]
     fn network_mistakes_are_named() {
         let one = "pcpus = [0]\n[network]\n[[domain]]\nname = \"a\"\nmpi = true\n";
-        assert!(error(one).contains("needs 2 to 64 domains with mpi = true, not 1"));
+        assert!(
+            error(one).contains(
+                "needs 2 to 64 ranks (one per vCPU of the domains with mpi = true), not 1"
+            )
+        );
         let no_net = "pcpus = [0]\n[[domain]]\nname = \"a\"\nmpi = true\n";
         assert!(error(no_net).contains("mpi = true needs a [network]"));
         let wait = "pcpus = [0]\n[network]\nwait = \"nap\"\n[[domain]]\nname = \"a\"\nmpi = true\n";
         assert!(error(wait).contains("wait 'nap' is not spin or block"));
         let net = "pcpus = [0]\n[network]\nnet = \"x y\"\n[[domain]]\nname = \"a\"\nmpi = true\n";
         assert!(error(net).contains("not a list of the guest's net= items"));
+    }
+
+    #[test]
+    fn every_vcpu_of_a_domain_in_the_job_is_a_rank() {
+        let n = node(
+            r#"
+pcpus = [0, 1]
+[network]
+npb = "cg.S"
+[[domain]]
+name = "a"
+vcpus = 2
+mpi = true
+[[domain]]
+name = "b"
+vcpus = 2
+mpi = true
+"#,
+        )
+        .unwrap();
+        assert_eq!(n.domains[0].ranks(), 0..2);
+        assert_eq!(n.domains[1].ranks(), 2..4);
+        assert!(
+            n.domains[1].cmdline().contains(" mpi=2:4:2 "),
+            "{}",
+            n.domains[1].cmdline()
+        );
+        let per_rank = crate::mpi::npb_memory_mib(&n.domains[0].specs, 4);
+        assert!(n.domains[1].memory_mib >= 2 * per_rank);
+        // cg needs a power-of-two rank count: 3 ranks are refused before any VM boots.
+        let three = "pcpus = [0]\n[network]\nnpb = \"cg.S\"\n[[domain]]\nname = \"a\"\nvcpus = 2\nmpi = true\n[[domain]]\nname = \"b\"\nmpi = true\n";
+        assert!(
+            error(three).contains("cannot run on 3 MPI ranks"),
+            "{}",
+            error(three)
+        );
     }
 
     #[test]

@@ -140,11 +140,11 @@ pub fn run(
     // interrupt threads stay domain 0's. The switch below then carries nothing.
     let passthrough = match (&node.network, &nic_server_cpus) {
         (Some(net), Some(cpus)) => {
-            let ranks = node.domains.iter().filter(|d| d.mpi.is_some()).count();
-            let server = crate::nic_server::ServerProcess::start(ranks as u32, 0, cpus)?;
+            let ranks: u32 = node.domains.iter().map(|d| d.ranks().len() as u32).sum();
+            let server = crate::nic_server::ServerProcess::start(ranks, 0, cpus)?;
             let mut attached = Vec::new();
             for (vm, domain) in vms.iter_mut().zip(&node.domains) {
-                if let Some((rank, _, _)) = domain.mpi {
+                for rank in domain.ranks() {
                     let spec = hv::passthrough::PassthroughSpec::VfioUser(server.socket(rank));
                     attached.push(
                         hv::passthrough::attach(vm, &spec, net.irq_path, Some(&dom0))
@@ -161,9 +161,12 @@ pub fn run(
         Some(net) => {
             let network = hv::net::Network::new(devices::net::switch::SwitchConfig::default())?;
             for (vm, domain) in vms.iter_mut().zip(&node.domains) {
-                if let (Some((rank, _, _)), None) = (&domain.mpi, &passthrough) {
+                if passthrough.is_some() {
+                    continue;
+                }
+                for rank in domain.ranks() {
                     let setup = hv::net::NicSetup {
-                        mac: crate::mpi::mac(*rank),
+                        mac: crate::mpi::mac(rank),
                         irq_path: net.irq_path,
                     };
                     network
@@ -296,7 +299,11 @@ pub fn run(
         vcpu_cpu_total += cpu;
         reports.push(DomainReport {
             domain,
-            verdict: run.judge(&node.domains[i].specs, node.domains[i].vcpus),
+            verdict: if node.domains[i].mpi.is_some() {
+                run.judge_ranks(&node.domains[i].specs, node.domains[i].vcpus)
+            } else {
+                run.judge(&node.domains[i].specs, node.domains[i].vcpus)
+            },
             cpu,
             cpu_contended,
             measurements: run

@@ -54,8 +54,10 @@ pub struct BootInfo {
 
 /// Interrupt vectors the supervisor hands to devices: `DEVICE_VECTOR_BASE + i` for
 /// `i < DEVICE_VECTORS`. Each one's handler fills `IrqRecord` `i` and acknowledges.
+/// Records 0-15 belong to the interrupt test devices (guest-abi.md), 16 and up to the
+/// NICs: one per NIC, so each MPI rank of a VM waits on its own.
 pub const DEVICE_VECTOR_BASE: u32 = 48;
-pub const DEVICE_VECTORS: usize = 16;
+pub const DEVICE_VECTORS: usize = 80;
 
 /// What the supervisor records for each device interrupt it takes. Written in ring 0
 /// (`tsc` and `apic_id` first, then `count` with a locked increment), read by ring 3.

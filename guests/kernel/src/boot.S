@@ -14,10 +14,10 @@
 .set SEL_CODE64,    0x08
 .set SEL_DATA,      0x10
 .set SEL_CODE32,    0x18
-.set IDT_VECTORS,   64
+.set IDT_VECTORS,   128     /* DEVICE_VECTOR_BASE + kumo_abi::DEVICE_VECTORS */
 .set WAKE_VECTOR,   32
 .set SPURIOUS_VECTOR, 47
-.set DEVICE_VECTOR_BASE, 48     /* kumo_abi::DEVICE_VECTOR_BASE; 16 device vectors */
+.set DEVICE_VECTOR_BASE, 48     /* kumo_abi::DEVICE_VECTOR_BASE; 80 device vectors */
 .set IRQ_RECORD_SIZE, 32
 .set AP_TRAMPOLINE, 0x8000
 
@@ -318,7 +318,7 @@ entry_tsc:
 .balign 64
 .globl irq_log
 irq_log:
-    .fill 16 * IRQ_RECORD_SIZE, 1, 0
+    .fill (IDT_VECTORS - DEVICE_VECTOR_BASE) * IRQ_RECORD_SIZE, 1, 0
 
 .section .bss.kstacks, "aw", @nobits
 .balign 4096

@@ -10,15 +10,17 @@ use core::fmt::Write;
 use core::ptr::read_volatile;
 
 use kumo_abi::irq_device::{DEVICE_ID, DOORBELL_STRIDE, VENDOR_ID};
-use kumo_abi::{BootInfo, DEVICE_VECTORS};
+use kumo_abi::BootInfo;
 
 use crate::pci::{Function, Msix, apic_id, count, records, write32};
 use crate::{Line, sys};
 
 /// How long to wait for an interrupt (or a pending bit) before calling it lost.
 const TIMEOUT_MS: u64 = 2000;
-/// The noise device's interrupts use this vector (index into the records).
-const NOISE_VECTOR_INDEX: usize = DEVICE_VECTORS - 1;
+/// Records 0-15 are the test devices' (the NICs' start at 16): the noise device's
+/// interrupts use the last of them, the checked device's the ones below it.
+const TEST_RECORDS: usize = 16;
+const NOISE_VECTOR_INDEX: usize = TEST_RECORDS - 1;
 
 /// One test device, programmed by us.
 struct Device {
@@ -67,7 +69,7 @@ pub fn check(info: &BootInfo) -> bool {
         return false;
     };
     let log = records(info);
-    let vectors = device.msix.vectors.min(DEVICE_VECTORS - 1);
+    let vectors = device.msix.vectors.min(TEST_RECORDS - 1);
     let (mut delivered, mut misrouted, mut lost) = (0u32, 0u32, 0u32);
     for (entry, record) in log.iter().enumerate().take(vectors) {
         for cpu in 0..info.cpus {

@@ -23,6 +23,7 @@ mod virtio;
 use core::arch::global_asm;
 use core::cell::UnsafeCell;
 use core::fmt::{self, Write};
+use core::sync::atomic::{AtomicBool, Ordering};
 
 use kumo_abi::{BootInfo, USER_MAGIC, fault};
 use npb::team::{Arena, Runtime, Team};
@@ -79,7 +80,29 @@ enum Job {
     SwitchProbe(u64),
     /// `probe=busy:MS`.
     Busy(u64),
+    /// `mpi=`: CPUs below `net.local` each run one rank.
+    Mpi(MpiJob),
 }
+
+/// This VM's ranks' work: the plan, the spin before a rank sleeps, the NPB-MPI kernels.
+#[derive(Clone, Copy)]
+struct MpiJob {
+    net: network::Plan,
+    spin_us: u64,
+    specs: [Spec; MAX_ITEMS],
+    count: usize,
+}
+
+impl MpiJob {
+    /// Runs CPU `cpu`'s rank, if it has one (true if it has none).
+    fn run(&self, info: &BootInfo, cpu: u32) -> bool {
+        (cpu as usize) >= self.net.local
+            || network::run_rank(info, &self.net, self.spin_us, &self.specs[..self.count], cpu)
+    }
+}
+
+/// Each CPU's verdict on its part of the last fork (workers write theirs before JOIN).
+static VERDICTS: [AtomicBool; kumo_abi::MAX_CPUS] = [const { AtomicBool::new(true) }; kumo_abi::MAX_CPUS];
 
 /// `probe=...`.
 #[derive(Clone, Copy)]
@@ -125,6 +148,9 @@ extern "C" fn user_main(info: &'static BootInfo, cpu: u32) -> ! {
             }
             Some(Job::SwitchProbe(millis)) => probe::run_share(info, cpu, millis),
             Some(Job::Busy(millis)) => probe::busy(info, millis),
+            Some(Job::Mpi(job)) => {
+                VERDICTS[cpu as usize].store(job.run(info, cpu), Ordering::Relaxed);
+            }
             None => {}
         }
         JOIN.wait(info.cpus);
@@ -154,8 +180,8 @@ fn master(info: &BootInfo) -> ! {
         sys::fault(kind);
     }
     let mut all_verified = true;
-    // With `mpi=`, `npb=` names NPB-MPI kernels (this VM one rank, on CPU 0), run with
-    // the network items.
+    // With `mpi=`, `npb=` names NPB-MPI kernels (one rank per CPU up to `mpi=`'s LOCAL),
+    // run with the network items.
     let mpi_specs: &[Spec] = if plan.mpi {
         &plan.specs[..plan.count]
     } else {
@@ -206,7 +232,7 @@ fn master(info: &BootInfo) -> ! {
         all_verified &= blk::check(info);
     }
     if plan.net.any() || !mpi_specs.is_empty() {
-        all_verified &= network::run(info, &plan.net, plan.spin_us, mpi_specs);
+        all_verified &= run_mpi(info, &plan);
     }
     end(if all_verified {
         STATUS_VERIFIED
@@ -225,6 +251,29 @@ fn idle(info: &BootInfo, millis: u64) {
             core::hint::spin_loop();
         }
     }
+}
+
+/// Forks this VM's MPI ranks over its CPUs (CPU 0 runs the first) and joins them; true
+/// if every rank verified.
+fn run_mpi(info: &BootInfo, plan: &Plan) -> bool {
+    if !network::prepare(info, &plan.net) {
+        return false;
+    }
+    let job = MpiJob {
+        net: plan.net,
+        spin_us: plan.spin_us,
+        specs: plan.specs,
+        count: if plan.mpi { plan.count } else { 0 },
+    };
+    // SAFETY: the workers read JOB only after FORK.
+    unsafe { *JOB.0.get() = Some(Job::Mpi(job)) };
+    FORK.wait(info.cpus);
+    let mut verified = job.run(info, 0);
+    JOIN.wait(info.cpus);
+    for verdict in &VERDICTS[1..info.cpus as usize] {
+        verified &= verdict.swap(true, Ordering::Relaxed);
+    }
+    verified
 }
 
 fn end(status: u32) -> ! {
@@ -570,12 +619,22 @@ impl Line {
         }
     }
 
+    /// Writes the line whole: CPUs running MPI ranks print at once, and the supervisor
+    /// writes a buffer 16 bytes at a time, so lines take turns.
     pub(crate) fn emit(mut self) {
+        static WRITING: AtomicBool = AtomicBool::new(false);
         if self.len == self.buf.len() {
             self.len -= 1;
         }
         self.buf[self.len] = b'\n';
+        while WRITING
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            core::hint::spin_loop();
+        }
         sys::write(&self.buf[..=self.len]);
+        WRITING.store(false, Ordering::Release);
     }
 }
 

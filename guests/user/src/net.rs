@@ -5,10 +5,11 @@
 //! (no MRG_RXBUF needed). RING_EVENT_IDX is taken when offered.
 //!
 //! Receive is polled ([`Nic::poll`]) or interrupt-driven ([`Nic::wait`]): MSI-X entry 0
-//! is the configuration vector, entries 1 and 2 the receive and transmit queues'. Both
-//! queue entries deliver the same supervisor interrupt record ([`QUEUE_RECORD`]), so a
+//! is the configuration vector, entries 1 and 2 the receive and transmit queues'. All
+//! three deliver the same supervisor interrupt record, the NIC's own ([`record`]), so a
 //! single trap call (`WAIT_UNTIL` on that record's count) sleeps until either queue has
-//! work, with no window for a lost wake-up.
+//! work, with no window for a lost wake-up. A VM with several NICs runs one MPI rank
+//! per NIC, each on its own CPU, waiting on its own record.
 
 use kumo_abi::{BootInfo, IrqRecord};
 
@@ -25,10 +26,13 @@ pub use crate::mpi::MAX_FRAME;
 const BUFFER: u64 = 9216;
 /// Ring size we ask for (the device's if smaller).
 const QUEUE_SIZE: u16 = 256;
-/// Supervisor interrupt records (device vector indices) the NIC uses: the irq test
-/// device takes the first ones and the last; these are free.
-pub const QUEUE_RECORD: usize = 8;
-pub const CONFIG_RECORD: usize = 9;
+/// The supervisor interrupt record (device vector index) of the `index`-th NIC: the
+/// first 16 are the interrupt test devices'.
+pub const fn record(index: usize) -> usize {
+    16 + index
+}
+/// Most NICs a VM's ranks can use, one record each.
+pub const MAX_NICS: usize = kumo_abi::DEVICE_VECTORS - record(0);
 
 /// A transmit ring full for this long gets an extra notification.
 const TX_REMIND_US: u64 = 500;
@@ -70,11 +74,21 @@ pub struct Nic {
 }
 
 impl Nic {
-    /// Finds the first virtio-net device on bus 0 and brings it up with its rings and
-    /// buffers in `memory`; its interrupts go to CPU `cpu`.
-    pub fn open(info: &BootInfo, memory: &mut Bump, cpu: u32) -> Result<Nic, OpenError> {
+    /// Brings up the `index`-th virtio-net device on bus 0 (its BARs placed by
+    /// [`virtio::place_bars`]) with its rings and buffers in `memory`; its interrupts go
+    /// to CPU `cpu`.
+    pub fn open(
+        info: &BootInfo,
+        memory: &mut Bump,
+        index: usize,
+        cpu: u32,
+    ) -> Result<Nic, OpenError> {
         let apic_id = pci::apic_id(info, cpu).ok_or(OpenError::NoCpu)?;
-        let device = virtio::open_first(info, DEVICE_ID, "no-virtio-net")?;
+        if index >= MAX_NICS {
+            return Err(OpenError::NoDevice("too-many-nics"));
+        }
+        let interrupts = record(index);
+        let device = virtio::open_nth(info, DEVICE_ID, index, "no-virtio-net")?;
         let features = device.negotiate(F_VERSION_1 | F_MAC, F_EVENT_IDX)?;
         let event_idx = features & F_EVENT_IDX != 0;
         if device.msix.vectors <= usize::from(TX_ENTRY) {
@@ -82,13 +96,13 @@ impl Nic {
         }
         device
             .msix
-            .program(usize::from(CONFIG_ENTRY), apic_id, CONFIG_RECORD, false);
+            .program(usize::from(CONFIG_ENTRY), apic_id, interrupts, false);
         device
             .msix
-            .program(usize::from(RX_ENTRY), apic_id, QUEUE_RECORD, false);
+            .program(usize::from(RX_ENTRY), apic_id, interrupts, false);
         device
             .msix
-            .program(usize::from(TX_ENTRY), apic_id, QUEUE_RECORD, false);
+            .program(usize::from(TX_ENTRY), apic_id, interrupts, false);
         device.set_config_vector(CONFIG_ENTRY)?;
         if device.num_queues() < 2 {
             return Err(OpenError::Virtio(Error::BadQueue));
@@ -122,7 +136,7 @@ impl Nic {
             tx_free,
             tx_unpublished: 0,
             mac,
-            record: &pci::records(info)[QUEUE_RECORD],
+            record: &pci::records(info)[interrupts],
             tx_stuck_since: 0,
             tx_remind_ticks: info.tsc_khz * TX_REMIND_US / 1000,
             stats: Stats::default(),

@@ -1,5 +1,7 @@
-//! Network workloads (`mpi=RANK:SIZE net=...`): bring up the NIC and the MPI job on
-//! CPU 0, then run each item: `check` (a checksummed stress of random message sizes
+//! Network workloads (`mpi=FIRST:SIZE[:LOCAL] net=...`): this VM runs ranks FIRST to
+//! FIRST+LOCAL-1 of the job, rank FIRST+c on CPU c over the c-th NIC (the master forks
+//! them, [`run_rank`] is one). Each rank brings up its NIC and joins the job, then runs
+//! each item: `check` (a checksummed stress of random message sizes
 //! and patterns, then the collectives, every byte verified) and `pingpong:SIZES`
 //! (OSU-style half round-trip latency between ranks 0 and 1). Prints `@kumo mpi`,
 //! `@kumo netcheck`, `@kumo pingpong` and `@kumo mpistats` lines.
@@ -13,7 +15,7 @@ use npb::team::Arena;
 
 use crate::comm::MpiComm;
 use crate::mpi::{self, Mpi, Op, Request, Wait};
-use crate::net::Nic;
+use crate::net::{MAX_NICS, Nic};
 use crate::virtio::Bump;
 use crate::{Line, sys};
 
@@ -45,8 +47,11 @@ pub enum Item {
 /// What `mpi=`, `wait=`, `net=`, `net_rounds=` and `net_seed=` asked for.
 #[derive(Clone, Copy)]
 pub struct Plan {
+    /// The rank of this VM's first rank.
     pub rank: usize,
     pub size: usize,
+    /// Ranks this VM runs, one per CPU from CPU 0.
+    pub local: usize,
     pub wait: Wait,
     pub items: [Option<Item>; MAX_ITEMS],
     pub rounds: Option<u32>,
@@ -60,6 +65,7 @@ impl Plan {
         Plan {
             rank: 0,
             size: 1,
+            local: 1,
             wait: Wait::Spin,
             items: [None; MAX_ITEMS],
             rounds: None,
@@ -72,19 +78,29 @@ impl Plan {
         self.items[0].is_some()
     }
 
-    /// `mpi=RANK:SIZE`.
+    /// `mpi=FIRST:SIZE[:LOCAL]` (LOCAL 1 if absent, at most [`MAX_NICS`]).
     pub fn parse_mpi(&mut self, text: &str) -> bool {
-        let Some((rank, size)) = text.split_once(':') else {
+        let mut parts = text.split(':');
+        let mut number = || parts.next().map(str::parse::<usize>);
+        let (Some(Ok(rank)), Some(Ok(size))) = (number(), number()) else {
             return false;
         };
-        match (rank.parse(), size.parse()) {
-            (Ok(rank), Ok(size)) if rank < size && size <= mpi::MAX_RANKS => {
-                self.rank = rank;
-                self.size = size;
-                true
-            }
-            _ => false,
+        let local = match number() {
+            None => 1,
+            Some(Ok(local)) => local,
+            Some(Err(_)) => return false,
+        };
+        if parts.next().is_some()
+            || !(1..=MAX_NICS).contains(&local)
+            || rank + local > size
+            || size > mpi::MAX_RANKS
+        {
+            return false;
         }
+        self.rank = rank;
+        self.size = size;
+        self.local = local;
+        true
     }
 
     /// `wait=spin|block`.
@@ -146,11 +162,34 @@ fn error(what: &str, item: &str) {
     line.emit();
 }
 
-/// Runs the plan on this CPU (0): the NPB-MPI kernels `specs` (`npb=` with `mpi=`),
-/// then the `net=` items; true if everything verified.
-pub fn run(info: &BootInfo, plan: &Plan, spin_us: u64, specs: &[Spec]) -> bool {
-    let mut memory = Bump::new(info.heap_start, info.heap_end);
-    let nic = match Nic::open(info, &mut memory, 0) {
+/// What the master checks and sets up, on CPU 0, before it forks the ranks: that every
+/// rank has a CPU, and every NIC its BARs. False (reported) if not.
+pub fn prepare(info: &BootInfo, plan: &Plan) -> bool {
+    if plan.local > info.cpus as usize {
+        let mut line = Line::new();
+        let _ = write!(
+            line,
+            "@kumo error what=mpi item=ranks-without-cpu local={} cpus={}",
+            plan.local, info.cpus
+        );
+        line.emit();
+        return false;
+    }
+    if let Err(e) = crate::virtio::place_bars(info) {
+        error("net", e.name());
+        return false;
+    }
+    true
+}
+
+/// Runs this VM's rank on CPU `cpu` (below `plan.local`): its share of the heap, the
+/// NPB-MPI kernels `specs` (`npb=` with `mpi=`), then the `net=` items; true if
+/// everything verified.
+pub fn run_rank(info: &BootInfo, plan: &Plan, spin_us: u64, specs: &[Spec], cpu: u32) -> bool {
+    let share = ((info.heap_end - info.heap_start) / plan.local as u64) & !4095;
+    let start = info.heap_start + u64::from(cpu) * share;
+    let mut memory = Bump::new(start, start + share);
+    let nic = match Nic::open(info, &mut memory, cpu as usize, cpu) {
         Ok(nic) => nic,
         Err(e) => {
             error("net", e.name());
@@ -158,7 +197,7 @@ pub fn run(info: &BootInfo, plan: &Plan, spin_us: u64, specs: &[Spec]) -> bool {
         }
     };
     let cfg = mpi::Config {
-        rank: plan.rank,
+        rank: plan.rank + cpu as usize,
         size: plan.size,
         wait: plan.wait,
         tsc_khz: info.tsc_khz,
@@ -181,7 +220,7 @@ pub fn run(info: &BootInfo, plan: &Plan, spin_us: u64, specs: &[Spec]) -> bool {
         line,
         "@kumo mpi rank={} size={} mac={:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x} wait={} \
          handshake_ms={:.1}",
-        plan.rank,
+        mpi.rank(),
         plan.size,
         mac[0],
         mac[1],

@@ -72,6 +72,14 @@ impl Function {
             .map(|cfg| Function { cfg })
     }
 
+    /// Every function 0 on bus 0 of vendor `vendor`, in slot order.
+    pub fn find_vendor(ecam: u64, vendor: u16) -> impl Iterator<Item = Function> + 'static {
+        (0..32u64)
+            .map(move |slot| ecam + (slot << 15))
+            .filter(move |&cfg| read32(cfg) & 0xFFFF == u32::from(vendor))
+            .map(|cfg| Function { cfg })
+    }
+
     /// Memory space decode and bus mastering on (the status half is written 0: its
     /// bits are write-1-to-clear, so nothing changes there).
     pub fn enable(&self) {

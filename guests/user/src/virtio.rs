@@ -112,23 +112,48 @@ impl From<Error> for OpenError {
     }
 }
 
-/// Finds the first virtio device `device_id` on bus 0, places its BARs if firmware
-/// did not, and opens it ([`Device::open`]); `missing` names its absence.
+/// Places the BARs firmware left unassigned of every virtio device on bus 0, one after
+/// another in kumo's BAR window (BARs already assigned stay). Writes configuration
+/// space: call it on one CPU, before devices are opened on others.
+pub fn place_bars(info: &BootInfo) -> Result<(), OpenError> {
+    if info.pci_ecam == 0 {
+        return Err(OpenError::NoPci);
+    }
+    let mut next = BAR_WINDOW_START;
+    for function in Function::find_vendor(info.pci_ecam, VENDOR_ID) {
+        if !function.assign_bars(&mut next, BAR_WINDOW_END) {
+            return Err(OpenError::NoBarSpace);
+        }
+    }
+    Ok(())
+}
+
+/// Places BARs ([`place_bars`]) and opens the first virtio device `device_id` on bus 0;
+/// `missing` names its absence.
 pub fn open_first(
     info: &BootInfo,
     device_id: u16,
+    missing: &'static str,
+) -> Result<Device, OpenError> {
+    place_bars(info)?;
+    open_nth(info, device_id, 0, missing)
+}
+
+/// Opens the `index`-th virtio device `device_id` on bus 0 (in slot order), whose BARs
+/// [`place_bars`] placed; `missing` names its absence. Only reads and writes that
+/// device's own registers, so CPUs may open different devices at once.
+pub fn open_nth(
+    info: &BootInfo,
+    device_id: u16,
+    index: usize,
     missing: &'static str,
 ) -> Result<Device, OpenError> {
     if info.pci_ecam == 0 {
         return Err(OpenError::NoPci);
     }
     let function = Function::find_all(info.pci_ecam, VENDOR_ID, device_id)
-        .next()
+        .nth(index)
         .ok_or(OpenError::NoDevice(missing))?;
-    let mut next = BAR_WINDOW_START;
-    if !function.assign_bars(&mut next, BAR_WINDOW_END) {
-        return Err(OpenError::NoBarSpace);
-    }
     Ok(Device::open(&function)?)
 }
 

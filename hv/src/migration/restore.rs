@@ -113,6 +113,7 @@ fn create(meta: &Meta, kvm_device: &Path) -> Result<Vm, Error> {
     pci.set_doorbell_wiring(doorbells.clone());
     Ok(Vm {
         vcpus,
+        gsi: crate::irq::GsiRouter::new(vm.clone()),
         vm,
         control,
         limits: crate::stop::default_limits(),
