@@ -7,8 +7,13 @@ pub mod cli;
 pub mod ctl;
 pub mod experiment;
 pub mod guest;
+/// The guest's MPI (`guests/user/src/mpi.rs`, the same source file) built for the host:
+/// over [`loopback`] it is the bare-metal twin of the guests' network stack.
+#[path = "../guests/user/src/mpi.rs"]
+pub mod guest_mpi;
 pub mod input;
 pub mod irq;
+pub mod loopback;
 pub mod migrate;
 pub mod mpi;
 pub mod native;

@@ -1,4 +1,4 @@
-//! `kumo experiment`: S1 on real VMs end to end (quick form), and its bad input.
+//! `kumo experiment`: S1, S2 and S4 on real VMs end to end (quick forms), and bad input.
 
 mod common;
 
@@ -86,10 +86,48 @@ fn s4_quick_sets_passthrough_beside_the_emulated_nic_and_bare_metal() {
 }
 
 #[test]
+fn s2_quick_measures_every_configuration_and_size_and_draws_both_figures() {
+    if !kvm_available() {
+        return;
+    }
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let out_dir = scratch("s2-out");
+    let _ = std::fs::remove_dir_all(&out_dir);
+    let out = kumo(&[
+        "experiment",
+        "s2",
+        "--quick",
+        "--runs",
+        "1",
+        "--json",
+        "--out",
+        out_dir.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(report["ok"], true, "{report}");
+    let rows = report["rows"].as_array().unwrap();
+    // Three sizes, each under bare metal, the emulated NIC and passthrough on both paths.
+    assert_eq!(rows.len(), 3 * 4, "{report}");
+    for row in rows {
+        assert!(row["latency_us"]["median"].as_f64().unwrap() > 0.0, "{row}");
+        assert!(row["mbps"]["median"].as_f64().unwrap() > 0.0, "{row}");
+        if row["config"] == "bare metal" {
+            assert_eq!(row["latency_vs_bare"], 1.0, "{row}");
+        }
+    }
+    for file in ["s2.json", "s2-latency.svg", "s2-throughput.svg"] {
+        let text = std::fs::read_to_string(out_dir.join(file)).unwrap();
+        assert!(!text.is_empty(), "{file}");
+    }
+    let _ = std::fs::remove_dir_all(&out_dir);
+}
+
+#[test]
 fn bad_experiment_input_is_refused_in_one_line() {
     assert_refused(
         &["experiment", "s9"],
-        "unknown experiment 's9' (known: s1, s4)",
+        "unknown experiment 's9' (known: s1, s2, s4)",
     );
     assert_refused(
         &["experiment", "s1", "--runs", "0"],

@@ -4,22 +4,19 @@
 //! must cost only resends. (The guest runs the same code over virtio-net: see
 //! `tests/qemu_net.rs`.)
 
-#[allow(dead_code)] // the guest uses more of it than these tests
-#[path = "../guests/user/src/mpi.rs"]
-mod mpi;
+use kumo::guest_mpi as mpi;
 
 use mpi::{Error, Mpi, Op, Request};
 
-#[path = "common/mpi_wire.rs"]
-mod wire;
-use wire::TestLink;
+use kumo::loopback as wire;
+use wire::MemoryLink;
 
 /// Runs `job(mpi)` on `ranks` threads over one wire (64 KiB windows, so messages wrap
 /// the rings many times); returns each rank's result.
 fn run<T: Send>(
     ranks: usize,
     drop_one_in: u64,
-    job: impl Fn(&mut Mpi<TestLink>) -> Result<T, Error> + Sync,
+    job: impl Fn(&mut Mpi<MemoryLink>) -> Result<T, Error> + Sync,
 ) -> Vec<T> {
     wire::run_ranks(ranks, drop_one_in, 64 << 10, |rank, mpi| {
         job(mpi).unwrap_or_else(|e| panic!("rank {rank}: {e:?}"))
@@ -57,7 +54,7 @@ fn size_of(round: u64) -> usize {
 
 /// Rank 0 and 1 exchange `rounds` messages: one way each way, then both at once;
 /// returns the number of wrong or missing bytes seen by this rank, and the stats.
-fn exchange(mpi: &mut Mpi<TestLink>, rounds: u64) -> Result<(u64, mpi::Stats), Error> {
+fn exchange(mpi: &mut Mpi<MemoryLink>, rounds: u64) -> Result<(u64, mpi::Stats), Error> {
     let (me, other) = (mpi.rank(), 1 - mpi.rank());
     let mut bad = 0u64;
     for round in 0..rounds {
@@ -146,7 +143,7 @@ fn four_ranks_agree_on_the_collectives_over_a_lossy_wire() {
 }
 
 /// Every collective, checked; returns how many values were wrong on this rank.
-fn collectives(mpi: &mut Mpi<TestLink>) -> Result<u64, Error> {
+fn collectives(mpi: &mut Mpi<MemoryLink>) -> Result<u64, Error> {
     let (rank, size) = (mpi.rank(), mpi.size());
     let mut failed = 0u64;
     for _ in 0..5 {

@@ -4,9 +4,7 @@
 //! frames. Every MPI kernel (EP, IS, CG, FT) must verify at class S on 1, 2 and 4 ranks, and on a lossy
 //! wire, with every rank agreeing.
 
-#[allow(dead_code)] // the guest uses more of it than these tests
-#[path = "../guests/user/src/mpi.rs"]
-mod mpi;
+use kumo::guest_mpi as mpi;
 
 #[path = "../guests/user/src/comm.rs"]
 mod comm;
@@ -15,8 +13,7 @@ use npb::mpi::Comm;
 use npb::team::Arena;
 use npb::{Class, Kernel, Outcome, Spec};
 
-#[path = "common/mpi_wire.rs"]
-mod wire;
+use kumo::loopback as wire;
 
 /// Runs `spec` on `ranks` threads, each an `Mpi` over one wire behind the guest's
 /// adapter with its own arena; returns each rank's outcome and the frames its link

@@ -7,6 +7,7 @@
 
 pub mod plot;
 pub mod s1;
+pub mod s2;
 pub mod s4;
 
 use std::path::{Path, PathBuf};
@@ -24,6 +25,10 @@ pub const EXPERIMENTS: &[(&str, &str)] = &[
         "credit-scheduler slice, tick and domain-0 weight for an MPI job of busy-waiting ranks",
     ),
     (
+        "s2",
+        "one-way MPI latency and throughput: passthrough and emulated NICs beside bare metal",
+    ),
+    (
         "s4",
         "a passthrough NIC and its fast interrupt path against an emulated NIC and bare metal",
     ),
@@ -39,6 +44,7 @@ pub fn run_experiment(args: &ExperimentArgs, epoch: Instant) -> Result<u8> {
     }
     match args.name.as_str() {
         "s1" => s1::run(args, epoch),
+        "s2" => s2::run(args, epoch),
         "s4" => s4::run(args, epoch),
         other => {
             let known: Vec<&str> = EXPERIMENTS.iter().map(|(name, _)| *name).collect();

@@ -826,7 +826,7 @@ fn bandwidth(
             let mut line = Line::new();
             let _ = write!(
                 line,
-                "@kumo bandwidth size={size} messages={} wait={} mbps={:.1} total_ms={:.1}",
+                "@kumo bandwidth size={size} messages={} wait={} mbps={:.3} total_ms={:.1}",
                 bursts * BW_BURST,
                 plan.wait.name(),
                 if seconds > 0.0 {

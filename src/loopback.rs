@@ -1,13 +1,13 @@
-//! The in-memory wire under the guest's MPI on the host (`tests/mpi_protocol.rs`,
-//! `tests/npb_mpi_protocol.rs`): one receive queue per rank, optional loss, a
-//! nanosecond clock. Included by path by test crates that also include the guest's
-//! `mpi.rs` as `crate::mpi`.
+//! The guest's MPI on host threads: an in-memory wire (one receive queue per rank,
+//! optional loss, a nanosecond clock) in place of virtio-net and the switch. The
+//! protocol tests run on it (`tests/mpi_protocol.rs`, `tests/npb_mpi_protocol.rs`), and
+//! `kumo experiment s2` takes it as bare metal: the same MPI, no NIC, no VM.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::time::Instant;
 
-use crate::mpi::{Config, Link, MAX_FRAME, Mpi, Wait};
+use crate::guest_mpi::{Config, Link, MAX_FRAME, Mpi, Wait};
 
 pub struct Wire {
     pub queues: Vec<Mutex<VecDeque<Vec<u8>>>>,
@@ -15,21 +15,24 @@ pub struct Wire {
     pub drop_one_in: u64,
 }
 
-pub struct TestLink<'w> {
+pub struct MemoryLink<'w> {
     rank: usize,
     wire: &'w Wire,
     queued: Vec<Vec<u8>>,
+    /// Where frames are built (a frame's buffer is then only as long as the frame).
+    scratch: Box<[u8; MAX_FRAME]>,
     start: Instant,
     random: u64,
     pub dropped: u64,
 }
 
-impl<'w> TestLink<'w> {
-    pub fn new(rank: usize, wire: &'w Wire) -> TestLink<'w> {
-        TestLink {
+impl<'w> MemoryLink<'w> {
+    pub fn new(rank: usize, wire: &'w Wire) -> MemoryLink<'w> {
+        MemoryLink {
             rank,
             wire,
             queued: Vec::new(),
+            scratch: Box::new([0; MAX_FRAME]),
             start: Instant::now(),
             random: 0x1234_5678 ^ rank as u64,
             dropped: 0,
@@ -48,7 +51,7 @@ impl<'w> TestLink<'w> {
     }
 }
 
-impl Link for TestLink<'_> {
+impl Link for MemoryLink<'_> {
     fn mac(&self) -> [u8; 6] {
         [2, 0, 0, 0, 0, self.rank as u8]
     }
@@ -57,11 +60,9 @@ impl Link for TestLink<'_> {
         if self.queued.len() >= 256 {
             return false; // a full transmit ring
         }
-        let mut frame = vec![0u8; MAX_FRAME];
-        let len = build(&mut frame);
-        assert!((60..=MAX_FRAME).contains(&len), "frame of {len} bytes");
-        frame.truncate(len);
-        self.queued.push(frame);
+        let len = build(&mut self.scratch[..]).min(MAX_FRAME);
+        debug_assert!(len >= 60, "frame of {len} bytes");
+        self.queued.push(self.scratch[..len].to_vec());
         true
     }
 
@@ -116,12 +117,24 @@ impl Link for TestLink<'_> {
 
 /// Runs `job(rank, mpi)` on `ranks` threads, each an `Mpi` over one wire that drops one
 /// frame in `drop_one_in` (0: none), with a credit `window` of bytes; finishes every
-/// rank's MPI and returns each rank's result and the frames its link dropped.
+/// rank's MPI and returns each rank's result and the frames its link dropped. Ranks
+/// wait as `Wait::Block` ranks do (here: yielding the CPU).
 pub fn run_ranks<T: Send>(
     ranks: usize,
     drop_one_in: u64,
     window: u64,
-    job: impl Fn(usize, &mut Mpi<TestLink>) -> T + Sync,
+    job: impl Fn(usize, &mut Mpi<MemoryLink>) -> T + Sync,
+) -> Vec<(T, u64)> {
+    run_ranks_with(ranks, drop_one_in, window, Wait::Block, job)
+}
+
+/// As [`run_ranks`], the ranks waiting as `wait` says.
+pub fn run_ranks_with<T: Send>(
+    ranks: usize,
+    drop_one_in: u64,
+    window: u64,
+    wait: Wait,
+    job: impl Fn(usize, &mut Mpi<MemoryLink>) -> T + Sync,
 ) -> Vec<(T, u64)> {
     let wire = Wire {
         queues: (0..ranks).map(|_| Mutex::new(VecDeque::new())).collect(),
@@ -136,14 +149,14 @@ pub fn run_ranks<T: Send>(
                     let cfg = Config {
                         rank,
                         size: ranks,
-                        wait: Wait::Block,
+                        wait,
                         tsc_khz: 1_000_000, // the clock counts nanoseconds
                         spin_ticks: 20_000,
                         timeout_ms: 20_000,
                         window,
                         drop_every: 0,
                     };
-                    let mut mpi = Mpi::init(TestLink::new(rank, wire), cfg, |bytes| {
+                    let mut mpi = Mpi::init(MemoryLink::new(rank, wire), cfg, |bytes| {
                         let mut block = vec![0u8; bytes as usize];
                         let at = block.as_mut_ptr() as u64;
                         memory.push(block); // its heap buffer never moves
