@@ -67,8 +67,22 @@ fn s4_quick_sets_passthrough_beside_the_emulated_nic_and_bare_metal() {
         return;
     }
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let out = kumo(&["experiment", "s4", "--quick", "--runs", "1", "--json"]);
+    let out_dir = scratch("s4-out");
+    let _ = std::fs::remove_dir_all(&out_dir);
+    let out = kumo(&[
+        "experiment",
+        "s4",
+        "--quick",
+        "--runs",
+        "1",
+        "--json",
+        "--out",
+        out_dir.to_str().unwrap(),
+    ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
+    let figure = std::fs::read_to_string(out_dir.join("s4.svg")).unwrap();
+    assert!(figure.contains("<svg") && figure.contains("passthrough + fast path"));
+    let _ = std::fs::remove_dir_all(&out_dir);
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
     assert_eq!(report["ok"], true, "{report}");
     let rows = report["rows"].as_array().unwrap();

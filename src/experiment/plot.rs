@@ -5,15 +5,13 @@ use plotters::prelude::*;
 
 use super::s1::Row;
 
-/// The series of the speed-up figure: what, its colour, and how to read it from a row.
-type Series = (&'static str, RGBColor, fn(&Row) -> Option<f64>);
+/// The series of the speed-up figure: what, and how to read it from a row.
+type Series = (&'static str, fn(&Row) -> Option<f64>);
 
 const SERIES: &[Series] = &[
-    ("kumo, real VMs", RGBColor(31, 119, 180), |r| r.speedup_pct),
-    ("kumo sim", RGBColor(255, 127, 14), |r| r.sim_speedup_pct),
-    ("S1 paper (Xen 3.4.2)", RGBColor(44, 160, 44), |r| {
-        r.paper_pct
-    }),
+    ("kumo, real VMs", |r| r.speedup_pct),
+    ("kumo sim", |r| r.sim_speedup_pct),
+    ("S1 paper (Xen 3.4.2)", |r| r.paper_pct),
 ];
 
 /// Speed-up factor (baseline time / time) from a percentage.
@@ -21,51 +19,71 @@ fn factor(pct: f64) -> f64 {
     1.0 + pct / 100.0
 }
 
-/// A grouped bar chart: one group per (benchmark, scenario) that is not a baseline,
-/// one bar per series, heights as speed-up factors on a log scale (1 = as fast as the
-/// baseline; bars go down for slow-downs).
+/// S1's figure: one group per (benchmark, scenario) that is not a baseline, one bar per
+/// series, heights as speed-up factors (1 = as fast as the baseline; bars go down for
+/// slow-downs).
 pub fn speedups(title: &str, rows: &[Row]) -> Result<String> {
     let groups: Vec<&Row> = rows
         .iter()
         .filter(|r| r.scenario.name != r.scenario.baseline)
         .collect();
-    let values: Vec<f64> = groups
+    let labels: Vec<String> = groups
         .iter()
-        .flat_map(|r| SERIES.iter().filter_map(move |(_, _, get)| get(r)))
-        .map(factor)
-        .filter(|f| f.is_finite() && *f > 0.0)
+        .map(|r| {
+            format!(
+                "{} {}",
+                r.benchmark,
+                r.scenario.name.trim_start_matches("xen")
+            )
+        })
+        .collect();
+    let series: Vec<BarSeries> = SERIES
+        .iter()
+        .map(|&(name, get)| BarSeries {
+            name: name.to_string(),
+            values: groups.iter().map(|r| get(r).map(factor)).collect(),
+        })
+        .collect();
+    bars(title, "speed-up (baseline time / time)", &labels, &series)
+}
+
+/// One series of a [`bars`] figure: its name and a value per group (None: no bar).
+#[derive(Debug, Clone)]
+pub struct BarSeries {
+    pub name: String,
+    pub values: Vec<Option<f64>>,
+}
+
+/// A grouped bar chart on a log scale around 1 (bars rise above 1 and fall below it),
+/// one group per label, one bar per series that has a positive, finite value there.
+pub fn bars(title: &str, y_desc: &str, labels: &[String], series: &[BarSeries]) -> Result<String> {
+    let valid = |v: &Option<f64>| v.filter(|f| f.is_finite() && *f > 0.0);
+    let values: Vec<f64> = series
+        .iter()
+        .flat_map(|s| s.values.iter().filter_map(valid))
         .collect();
     let lo = values.iter().copied().fold(1.0, f64::min) / 1.25;
     let hi = values.iter().copied().fold(1.0, f64::max) * 1.25;
-    let width = (120 + 150 * groups.len().max(1)) as u32;
+    let groups = labels.len().max(1);
+    let width = (120 + 150 * groups) as u32;
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (width.max(640), 480)).into_drawing_area();
         root.fill(&WHITE).map_err(plot_error)?;
-        let labels: Vec<String> = groups
-            .iter()
-            .map(|r| {
-                format!(
-                    "{} {}",
-                    r.benchmark,
-                    r.scenario.name.trim_start_matches("xen")
-                )
-            })
-            .collect();
         let mut chart = ChartBuilder::on(&root)
             .caption(title, ("sans-serif", 16))
             .margin(12)
             .x_label_area_size(40)
             .y_label_area_size(60)
-            .build_cartesian_2d(0f64..groups.len().max(1) as f64, (lo..hi).log_scale())
+            .build_cartesian_2d(0f64..groups as f64, (lo..hi).log_scale())
             .map_err(plot_error)?;
         chart
             .configure_mesh()
             .disable_x_mesh()
             .light_line_style(WHITE)
-            .y_desc("speed-up (baseline time / time)")
+            .y_desc(y_desc)
             .y_label_formatter(&|v| format!("{v:.2}x"))
-            .x_labels(groups.len().max(1) * 2 + 1)
+            .x_labels(groups * 2 + 1)
             .x_label_formatter(&|x| {
                 // Labels at group centres only.
                 let centre = x - x.floor();
@@ -78,10 +96,10 @@ pub fn speedups(title: &str, rows: &[Row]) -> Result<String> {
             .x_label_style(("sans-serif", 11))
             .draw()
             .map_err(plot_error)?;
-        let bar = 0.8 / SERIES.len() as f64;
-        for (s, &(name, colour, get)) in SERIES.iter().enumerate() {
-            let bars = groups.iter().enumerate().filter_map(|(g, row)| {
-                let value = get(row).map(factor).filter(|f| f.is_finite() && *f > 0.0)?;
+        let bar = 0.8 / series.len().max(1) as f64;
+        for (s, (line, &colour)) in series.iter().zip(PALETTE.iter().cycle()).enumerate() {
+            let rects = line.values.iter().enumerate().filter_map(|(g, v)| {
+                let value = valid(v)?;
                 let x0 = g as f64 + 0.1 + s as f64 * bar;
                 Some(Rectangle::new(
                     [(x0, 1.0), (x0 + bar * 0.9, value)],
@@ -89,16 +107,16 @@ pub fn speedups(title: &str, rows: &[Row]) -> Result<String> {
                 ))
             });
             chart
-                .draw_series(bars)
+                .draw_series(rects)
                 .map_err(plot_error)?
-                .label(name)
+                .label(line.name.as_str())
                 .legend(move |(x, y)| {
                     Rectangle::new([(x, y - 5), (x + 10, y + 5)], colour.filled())
                 });
         }
         chart
             .draw_series(LineSeries::new(
-                [(0.0, 1.0), (groups.len().max(1) as f64, 1.0)],
+                [(0.0, 1.0), (groups as f64, 1.0)],
                 BLACK.stroke_width(1),
             ))
             .map_err(plot_error)?;
@@ -279,8 +297,8 @@ mod tests {
                 })
                 .count()
         };
-        assert_eq!(filled(SERIES[0].1), 2 + 1);
-        assert_eq!(filled(SERIES[1].1), 2 + 1);
-        assert_eq!(filled(SERIES[2].1), 1 + 1);
+        assert_eq!(filled(PALETTE[0]), 2 + 1);
+        assert_eq!(filled(PALETTE[1]), 2 + 1);
+        assert_eq!(filled(PALETTE[2]), 1 + 1);
     }
 }

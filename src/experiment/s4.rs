@@ -279,6 +279,8 @@ pub fn run(args: &ExperimentArgs, epoch: Instant) -> Result<u8> {
     if let Some(dir) = &args.out {
         let path = super::write_out(dir, "s4.json", json.as_bytes())?;
         eprintln!("kumo: wrote {}", path.display());
+        let path = super::write_out(dir, "s4.svg", figure(&report)?.as_bytes())?;
+        eprintln!("kumo: wrote {}", path.display());
     }
     if args.json {
         crate::outln!("{json}");
@@ -295,6 +297,38 @@ pub fn run(args: &ExperimentArgs, epoch: Instant) -> Result<u8> {
     } else {
         crate::report::EXIT_UNVERIFIED
     })
+}
+
+/// Run time relative to bare metal: a group per benchmark, a bar per configuration.
+pub fn figure(report: &Report) -> Result<String> {
+    let mut benchmarks: Vec<String> = Vec::new();
+    for row in &report.rows {
+        if !benchmarks.contains(&row.benchmark) {
+            benchmarks.push(row.benchmark.clone());
+        }
+    }
+    let series: Vec<super::plot::BarSeries> = CONFIGS
+        .iter()
+        .map(|config| super::plot::BarSeries {
+            name: config.name.to_string(),
+            values: benchmarks
+                .iter()
+                .map(|b| {
+                    report
+                        .rows
+                        .iter()
+                        .find(|r| &r.benchmark == b && r.config.name == config.name)
+                        .and_then(|r| r.relative)
+                })
+                .collect(),
+        })
+        .collect();
+    super::plot::bars(
+        "S4 on real VMs: run time on a busy host CPU, relative to bare metal",
+        "time / bare metal's",
+        &benchmarks,
+        &series,
+    )
 }
 
 /// The table beside S4's figures.
