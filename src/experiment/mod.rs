@@ -144,6 +144,29 @@ pub fn interleaved(items: usize, runs: u32) -> Vec<(u32, usize)> {
         .collect()
 }
 
+/// Runs `runs` repetitions of every configuration named in `names`, interleaved (see
+/// [`interleaved`]), with a progress bar: `one(configuration, round)` is one run. Stops
+/// early (returning what ran) if kumo was asked to stop.
+pub fn run_interleaved<R>(
+    names: &[&str],
+    runs: u32,
+    mut one: impl FnMut(usize, u32) -> Result<R>,
+) -> Result<Vec<R>> {
+    let plan = interleaved(names.len(), runs);
+    let progress = Progress::new(plan.len());
+    let mut results = Vec::new();
+    for (round, item) in plan {
+        if hv::stop::requested().is_some() {
+            break;
+        }
+        progress.step(&format!("run {} of {runs}: {}", round + 1, names[item]));
+        results.push(one(item, round)?);
+        progress.done_one();
+    }
+    progress.finish();
+    Ok(results)
+}
+
 /// A progress bar on stderr for the minutes an experiment runs (drawn only when
 /// stderr is a terminal).
 pub struct Progress {

@@ -17,7 +17,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
-use super::{Progress, Summary, interleaved};
+use super::{Summary, run_interleaved};
 use crate::cli::{ExperimentArgs, NicKind};
 use crate::guest_mpi::{self, Mpi, Wait};
 use crate::loopback::MemoryLink;
@@ -288,27 +288,14 @@ pub fn run(args: &ExperimentArgs, epoch: Instant) -> Result<u8> {
     } else {
         (SIZES, None)
     };
-    let plan = interleaved(CONFIGS.len(), args.runs);
-    let progress = Progress::new(plan.len());
-    let mut runs = Vec::new();
-    for (round, item) in plan {
-        if hv::stop::requested().is_some() {
-            break;
-        }
+    let names: Vec<&str> = CONFIGS.iter().map(|c| c.name).collect();
+    let runs = run_interleaved(&names, args.runs, |item, round| {
         let config = &CONFIGS[item];
-        progress.step(&format!(
-            "run {} of {}: {}",
-            round + 1,
-            args.runs,
-            config.name
-        ));
-        runs.push(match config.nic {
-            None => bare_metal(sizes, rounds, round)?,
-            Some(nic) => vms(config, nic, sizes, rounds, round, &args.kvm_device, epoch)?,
-        });
-        progress.done_one();
-    }
-    progress.finish();
+        match config.nic {
+            None => bare_metal(sizes, rounds, round),
+            Some(nic) => vms(config, nic, sizes, rounds, round, &args.kvm_device, epoch),
+        }
+    })?;
     let complete = runs.len() == CONFIGS.len() * args.runs as usize;
     if !complete {
         bail!("the experiment was stopped before every run finished");

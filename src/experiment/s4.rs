@@ -20,7 +20,7 @@ use anyhow::{Context, Result};
 use npb::{Class, Kernel, Spec};
 use serde::Serialize;
 
-use super::{Progress, Summary, interleaved, node_problems, run_node_text};
+use super::{Summary, node_problems, run_interleaved, run_node_text};
 use crate::cli::{ExperimentArgs, NicKind};
 use hv::irq::IrqPath;
 
@@ -243,27 +243,14 @@ pub fn rows(specs: &[Spec], runs: &[Run]) -> Vec<Row> {
 
 pub fn run(args: &ExperimentArgs, epoch: Instant) -> Result<u8> {
     let specs = benchmarks(args.quick);
-    let plan = interleaved(CONFIGS.len(), args.runs);
-    let progress = Progress::new(plan.len());
-    let mut runs = Vec::new();
-    for (round, item) in plan {
-        if hv::stop::requested().is_some() {
-            break;
-        }
+    let names: Vec<&str> = CONFIGS.iter().map(|c| c.name).collect();
+    let runs = run_interleaved(&names, args.runs, |item, round| {
         let config = &CONFIGS[item];
-        progress.step(&format!(
-            "run {} of {}: {}",
-            round + 1,
-            args.runs,
-            config.name
-        ));
-        runs.push(match config.nic {
-            None => native_run(config, &specs, round)?,
-            Some((nic, path)) => vm_run(config, nic, path, &specs, round, &args.kvm_device, epoch)?,
-        });
-        progress.done_one();
-    }
-    progress.finish();
+        match config.nic {
+            None => native_run(config, &specs, round),
+            Some((nic, path)) => vm_run(config, nic, path, &specs, round, &args.kvm_device, epoch),
+        }
+    })?;
     let rows = rows(&specs, &runs);
     let complete = runs.len() == CONFIGS.len() * args.runs as usize;
     let ok = complete && rows.iter().all(|r| r.verified);
