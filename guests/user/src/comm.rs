@@ -59,6 +59,20 @@ impl<L: Link> Comm for MpiComm<'_, L> {
         self.mpi.recv(src, tag, buf).map_err(error)
     }
 
+    fn sendrecv(
+        &mut self,
+        dst: usize,
+        send_tag: u32,
+        data: &[u8],
+        src: usize,
+        recv_tag: u32,
+        buf: &mut [u8],
+    ) -> Result<usize, Error> {
+        self.mpi
+            .sendrecv(dst, send_tag, data, src, recv_tag, buf)
+            .map_err(error)
+    }
+
     fn bcast(&mut self, root: usize, buf: &mut [u8]) -> Result<(), Error> {
         self.mpi.bcast(root, buf).map_err(error)
     }

@@ -150,6 +150,20 @@ impl Comm for ThreadComm {
         Ok(data.len())
     }
 
+    fn sendrecv(
+        &mut self,
+        dst: usize,
+        send_tag: u32,
+        data: &[u8],
+        src: usize,
+        recv_tag: u32,
+        buf: &mut [u8],
+    ) -> Result<usize, Error> {
+        // Channels never block a sender.
+        self.send(dst, send_tag, data)?;
+        self.recv(src, recv_tag, buf)
+    }
+
     fn bcast(&mut self, root: usize, buf: &mut [u8]) -> Result<(), Error> {
         if self.rank == root {
             for dst in (0..self.size).filter(|&d| d != root) {

@@ -6,8 +6,8 @@
 //! Decompositions (see each module): EP splits the batches and reduces the sums and
 //! counts (as `ep.f`); IS ranks its block of keys, allreduces the bucket counts and
 //! redistributes the keys by bucket with alltoall/alltoallv (as `is.c`); CG splits the
-//! matrix rows in blocks and allgathers the direction vector before each product (a
-//! 1-D row decomposition with the same arithmetic, not `cg.f`'s 2-D process grid).
+//! matrix over `cg.f`'s 2-D process grid (partial products summed across process rows,
+//! pieces traded with transpose partners).
 //! FT uses `ft.f`'s 1-D slab layout with alltoall transposes. MG has no MPI form yet.
 
 pub mod cg;
@@ -57,6 +57,18 @@ pub trait Comm {
     /// Receives the next message from `src`, which must carry `tag`; returns its length.
     fn recv(&mut self, src: usize, tag: u32, buf: &mut [u8]) -> Result<usize, Error>;
     /// `buf` of `root` to every rank.
+    /// Sends `data` to `dst` and receives the next message from `src` (which must
+    /// carry `recv_tag`) at once, as `MPI_Sendrecv`: partners exchanging messages larger
+    /// than any buffering cannot deadlock. Returns the received length.
+    fn sendrecv(
+        &mut self,
+        dst: usize,
+        send_tag: u32,
+        data: &[u8],
+        src: usize,
+        recv_tag: u32,
+        buf: &mut [u8],
+    ) -> Result<usize, Error>;
     fn bcast(&mut self, root: usize, buf: &mut [u8]) -> Result<(), Error>;
     fn allreduce_f64(&mut self, values: &mut [f64], op: Op) -> Result<(), Error>;
     fn allreduce_i64(&mut self, values: &mut [i64], op: Op) -> Result<(), Error>;
