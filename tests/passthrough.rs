@@ -112,6 +112,42 @@ fn cg_and_is_verify_over_the_passthrough_nic_on_both_irq_paths() {
     }
 }
 
+/// One rank per vCPU: each VM of two vCPUs takes two ports of the server.
+#[test]
+fn two_vms_of_two_vcpus_run_cg_on_four_passthrough_ports() {
+    if !kvm_available() {
+        return;
+    }
+    let _one = one_job();
+    let out = kumo(&[
+        "mpi",
+        "--nic",
+        "passthrough",
+        "--irq-path",
+        "fast",
+        "--vms",
+        "2",
+        "--vcpus",
+        "2",
+        "--wait",
+        "block",
+        "--npb",
+        "cg.S",
+        "--json",
+        "--timeout",
+        "300",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let lines = json_lines(&out);
+    assert_eq!(lines[0]["ranks"], serde_json::json!(4), "{}", lines[0]);
+    assert_eq!(
+        lines[0]["verified"],
+        serde_json::json!(true),
+        "{}",
+        lines[0]
+    );
+}
+
 #[test]
 fn the_mpi_check_runs_on_ports_of_a_running_server() {
     if !kvm_available() {
