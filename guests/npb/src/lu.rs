@@ -1340,6 +1340,27 @@ mod tests {
         assert_eq!(c.exact(0, 0, 0), core::array::from_fn(|m| cfd::CE[m][0]));
     }
 
+    /// The pipelined sweeps compute every point as the serial reference does, whatever
+    /// the team: the surface integral, summed serially from `u`, has the same bits on
+    /// every thread count (the norms differ only by their per-thread grouping).
+    #[test]
+    fn the_pipelined_sweeps_give_the_same_field_on_any_team() {
+        let xci = |threads| {
+            let spec = crate::Spec {
+                kernel: crate::Kernel::Lu,
+                class: Class::S,
+            };
+            let outcome = crate::host::run(spec, threads);
+            assert!(outcome.verified, "{threads} threads: {outcome:?}");
+            let (_, value) = outcome.values.iter().find(|(k, _)| *k == "xci").unwrap();
+            value.to_bits()
+        };
+        let one = xci(1);
+        for threads in 2..=5 {
+            assert_eq!(xci(threads), one, "{threads} threads");
+        }
+    }
+
     #[test]
     fn mops_is_the_reference_formula() {
         // Class S: 50 * (1984.77 * 12^3 - 10923.3 * 12^2 + 27770.9 * 12 - 144010).
