@@ -423,7 +423,7 @@ mod tests {
                 }
             }
         }
-        assert!(Kernel::Sp.has(Class::C) && Kernel::Bt.has(Class::B));
+        assert!(Kernel::Sp.has(Class::C) && Kernel::Bt.has(Class::B) && Kernel::Lu.has(Class::C));
         assert!(!Kernel::Ep.has(Class::B));
         assert_eq!(
             "ep.S".parse(),
