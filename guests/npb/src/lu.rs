@@ -1007,13 +1007,13 @@ fn solve5(mut tmat: Block, mut tv: [f64; 5]) -> [f64; 5] {
     x
 }
 
-/// `jacld` and `blts` on the interior points of row `j` of plane `k`: the lower
+/// `blts` (with `jacld` per point) on the interior points of row `j` of plane `k`: the lower
 /// triangular solve, in place in `rsd`.
 ///
 /// # Safety
 /// This thread owns row `j` of plane `k` of `rsd`; nobody writes rows `j - 1` of plane
 /// `k` and `j` of plane `k - 1`, nor `u`, `rho_i` or `qs`.
-unsafe fn lower_row(g: &Grid, c: &Constants, f: &Fields, s: &State, j: usize, k: usize) {
+unsafe fn blts(g: &Grid, c: &Constants, f: &Fields, s: &State, j: usize, k: usize) {
     // SAFETY: the caller's contract.
     let (v, south, below) = unsafe {
         (
@@ -1035,13 +1035,13 @@ unsafe fn lower_row(g: &Grid, c: &Constants, f: &Fields, s: &State, j: usize, k:
     }
 }
 
-/// `jacu` and `buts` on the interior points of row `j` of plane `k`, from the last:
+/// `buts` (with `jacu` per point) on the interior points of row `j` of plane `k`, from the last:
 /// the upper triangular solve, in place in `rsd`.
 ///
 /// # Safety
 /// This thread owns row `j` of plane `k` of `rsd`; nobody writes rows `j + 1` of plane
 /// `k` and `j` of plane `k + 1`, nor `u`, `rho_i` or `qs`.
-unsafe fn upper_row(g: &Grid, c: &Constants, f: &Fields, s: &State, j: usize, k: usize) {
+unsafe fn buts(g: &Grid, c: &Constants, f: &Fields, s: &State, j: usize, k: usize) {
     // SAFETY: the caller's contract.
     let (v, north, above) = unsafe {
         (
@@ -1064,23 +1064,11 @@ unsafe fn upper_row(g: &Grid, c: &Constants, f: &Fields, s: &State, j: usize, k:
     }
 }
 
-/// One SSOR iteration (`ssor`'s loop body), ending with the new residual in `rsd`
-/// (`rhs`, which ends with a barrier). `rows` are this thread's rows.
-fn iterate(team: &Team, g: &Grid, c: &Constants, f: &Fields, rows: Range<usize>) {
+/// The lower then the upper triangular sweep over the interior, pipelined over the
+/// planes (module docs). `rows` are this thread's rows; every stage ends with a
+/// barrier.
+fn sweeps(team: &Team, g: &Grid, c: &Constants, f: &Fields, rows: Range<usize>) {
     let planes = g.interior();
-    // rsd = dt * rsd on this thread's rows (the sweeps read only rows whose owner
-    // scaled them before the pipeline's first barrier that orders the read).
-    for k in planes.clone() {
-        for j in rows.clone() {
-            // SAFETY: row j of every plane of rsd is this thread's until the sweeps.
-            let v = unsafe { row5_mut(&f.rsd, g, j, k) };
-            for x in &mut v[1..g.n - 1] {
-                for m in 0..5 {
-                    x[m] = c.dt * x[m];
-                }
-            }
-        }
-    }
     // SAFETY: nobody writes u, rho_i or qs during the sweeps.
     let s = unsafe {
         State {
@@ -1098,7 +1086,7 @@ fn iterate(team: &Team, g: &Grid, c: &Constants, f: &Fields, rows: Range<usize>)
                 // SAFETY: row j of plane k is this thread's; plane k - 1's row j was
                 // finished by this thread in an earlier stage, row j - 1 of plane k by
                 // this thread just now or by thread rank - 1 in the previous stage.
-                unsafe { lower_row(g, c, f, &s, j, k) };
+                unsafe { blts(g, c, f, &s, j, k) };
             }
         }
         team.barrier();
@@ -1112,11 +1100,31 @@ fn iterate(team: &Team, g: &Grid, c: &Constants, f: &Fields, rows: Range<usize>)
         if let Some(k) = k.filter(|k| planes.contains(k)) {
             for j in rows.clone().rev() {
                 // SAFETY: as the lower sweep's, mirrored.
-                unsafe { upper_row(g, c, f, &s, j, k) };
+                unsafe { buts(g, c, f, &s, j, k) };
             }
         }
         team.barrier();
     }
+}
+
+/// One SSOR iteration (`ssor`'s loop body), ending with the new residual in `rsd`
+/// (`rhs`, which ends with a barrier). `rows` are this thread's rows.
+fn iterate(team: &Team, g: &Grid, c: &Constants, f: &Fields, rows: Range<usize>) {
+    let planes = g.interior();
+    // rsd = dt * rsd on this thread's rows (the sweeps read only rows whose owner
+    // scaled them before the pipeline's first barrier that orders the read).
+    for k in planes.clone() {
+        for j in rows.clone() {
+            // SAFETY: row j of every plane of rsd is this thread's until the sweeps.
+            let v = unsafe { row5_mut(&f.rsd, g, j, k) };
+            for x in &mut v[1..g.n - 1] {
+                for m in 0..5 {
+                    x[m] = c.dt * x[m];
+                }
+            }
+        }
+    }
+    sweeps(team, g, c, f, rows.clone());
     // u = u + rsd / (omega (2 - omega)) on this thread's rows.
     let tmp = 1.0 / (OMEGA * (2.0 - OMEGA));
     for k in planes {
