@@ -1007,8 +1007,8 @@ fn solve5(mut tmat: Block, mut tv: [f64; 5]) -> [f64; 5] {
     x
 }
 
-/// `blts` (with `jacld` per point) on the interior points of row `j` of plane `k`: the lower
-/// triangular solve, in place in `rsd`.
+/// `blts`, with `jacld` computed per point, on the interior points of row `j` of
+/// plane `k`: the lower triangular solve, in place in `rsd`.
 ///
 /// # Safety
 /// This thread owns row `j` of plane `k` of `rsd`; nobody writes rows `j - 1` of plane
@@ -1035,8 +1035,8 @@ unsafe fn blts(g: &Grid, c: &Constants, f: &Fields, s: &State, j: usize, k: usiz
     }
 }
 
-/// `buts` (with `jacu` per point) on the interior points of row `j` of plane `k`, from the last:
-/// the upper triangular solve, in place in `rsd`.
+/// `buts`, with `jacu` computed per point, on the interior points of row `j` of plane
+/// `k`, from the last: the upper triangular solve, in place in `rsd`.
 ///
 /// # Safety
 /// This thread owns row `j` of plane `k` of `rsd`; nobody writes rows `j + 1` of plane
