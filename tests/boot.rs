@@ -71,6 +71,16 @@ fn every_kernel_class_s_verifies_on_three_vcpus() {
     }
 }
 
+/// The pseudo-applications' splits (LU's pipelined sweeps above all) on four vCPUs:
+/// LU's pipeline then runs three stages deeper than its planes.
+#[test]
+fn the_pseudo_applications_class_s_verify_on_four_vcpus() {
+    if kvm_available() {
+        let expected = [("sp", "S"), ("bt", "S"), ("lu", "S")];
+        assert_verified(&["--vcpus", "4", "--npb", "sp.S,bt.S,lu.S"], &expected, 4);
+    }
+}
+
 #[test]
 fn ep_s_verifies_on_four_vcpus_on_a_smaller_host() {
     if kvm_available() {

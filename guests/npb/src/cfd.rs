@@ -134,8 +134,9 @@ pub struct Constants {
     pub zzcon: [f64; 5],
 }
 
-/// Coefficients of the exact solution: five polynomials in `xi`, `eta`, `zeta`.
-const CE: [[f64; 13]; 5] = [
+/// Coefficients of the exact solution: five polynomials in `xi`, `eta`, `zeta` (LU's
+/// too).
+pub(crate) const CE: [[f64; 13]; 5] = [
     [
         2.0, 0.0, 0.0, 4.0, 5.0, 3.0, 0.5, 0.02, 0.01, 0.03, 0.5, 0.4, 0.3,
     ],
@@ -152,6 +153,17 @@ const CE: [[f64; 13]; 5] = [
         5.0, 4.0, 3.0, 2.0, 0.1, 0.4, 0.3, 0.05, 0.04, 0.03, 0.1, 0.3, 0.2,
     ],
 ];
+
+/// The exact solution's five polynomials with coefficients `ce` at `(xi, eta, zeta)`.
+pub(crate) fn polynomial(ce: &[[f64; 13]; 5], xi: f64, eta: f64, zeta: f64) -> [f64; 5] {
+    core::array::from_fn(|m| {
+        let ce = &ce[m];
+        ce[0]
+            + xi * (ce[1] + xi * (ce[4] + xi * (ce[7] + xi * ce[10])))
+            + eta * (ce[2] + eta * (ce[5] + eta * (ce[8] + eta * ce[11])))
+            + zeta * (ce[3] + zeta * (ce[6] + zeta * (ce[9] + zeta * ce[12])))
+    })
+}
 
 impl Constants {
     /// `set_constants` for a cubic grid of `n` points and time step `dt`.
@@ -244,13 +256,7 @@ impl Constants {
 
     /// `exact_solution`: the five variables at `(xi, eta, zeta)`.
     pub fn exact(&self, xi: f64, eta: f64, zeta: f64) -> [f64; 5] {
-        core::array::from_fn(|m| {
-            let ce = &self.ce[m];
-            ce[0]
-                + xi * (ce[1] + xi * (ce[4] + xi * (ce[7] + xi * ce[10])))
-                + eta * (ce[2] + eta * (ce[5] + eta * (ce[8] + eta * ce[11])))
-                + zeta * (ce[3] + zeta * (ce[6] + zeta * (ce[9] + zeta * ce[12])))
-        })
+        polynomial(&self.ce, xi, eta, zeta)
     }
 }
 
@@ -446,7 +452,7 @@ impl LineSolution {
 /// Fourth-order dissipation of `v` at interior point `p` of `n`, one-sided near the
 /// ends as the reference.
 #[inline(always)]
-fn dissipation(p: usize, n: usize, v: impl Fn(usize) -> f64) -> f64 {
+pub(crate) fn dissipation(p: usize, n: usize, v: impl Fn(usize) -> f64) -> f64 {
     if p == 1 {
         5.0 * v(p) - 4.0 * v(p + 1) + v(p + 2)
     } else if p == 2 {

@@ -17,6 +17,7 @@ pub mod ft;
 #[cfg(any(test, feature = "host"))]
 pub mod host;
 pub mod is;
+pub mod lu;
 pub mod mg;
 pub mod mpi;
 pub mod random;
@@ -38,6 +39,7 @@ pub enum Kernel {
     Ft,
     Sp,
     Bt,
+    Lu,
 }
 
 impl Kernel {
@@ -49,6 +51,7 @@ impl Kernel {
         Kernel::Ft,
         Kernel::Sp,
         Kernel::Bt,
+        Kernel::Lu,
     ];
 
     /// Lower-case name as written on command lines and in results: `ep`.
@@ -61,6 +64,7 @@ impl Kernel {
             Kernel::Ft => "ft",
             Kernel::Sp => "sp",
             Kernel::Bt => "bt",
+            Kernel::Lu => "lu",
         }
     }
 
@@ -72,7 +76,7 @@ impl Kernel {
     /// kernels S, W and A.
     pub fn classes(self) -> &'static [Class] {
         match self {
-            Kernel::Sp | Kernel::Bt => Class::ALL,
+            Kernel::Sp | Kernel::Bt | Kernel::Lu => Class::ALL,
             Kernel::Ep | Kernel::Mg | Kernel::Is | Kernel::Cg | Kernel::Ft => {
                 &[Class::S, Class::W, Class::A]
             }
@@ -331,6 +335,7 @@ pub fn workload_heap_bytes(spec: Spec, threads: u32) -> u64 {
         Kernel::Ft => ft::heap_bytes(spec.class, threads),
         Kernel::Sp => sp::heap_bytes(spec.class, threads),
         Kernel::Bt => bt::heap_bytes(spec.class, threads),
+        Kernel::Lu => lu::heap_bytes(spec.class, threads),
     }) as u64
 }
 
@@ -346,6 +351,7 @@ pub fn run(spec: Spec, team: &Team, arena: &mut Arena) -> Outcome {
         Kernel::Ft => ft::run(spec.class, team, arena),
         Kernel::Sp => sp::run(spec.class, team, arena),
         Kernel::Bt => bt::run(spec.class, team, arena),
+        Kernel::Lu => lu::run(spec.class, team, arena),
     }
 }
 
@@ -417,7 +423,7 @@ mod tests {
                 }
             }
         }
-        assert!(Kernel::Sp.has(Class::C) && Kernel::Bt.has(Class::B));
+        assert!(Kernel::Sp.has(Class::C) && Kernel::Bt.has(Class::B) && Kernel::Lu.has(Class::C));
         assert!(!Kernel::Ep.has(Class::B));
         assert_eq!(
             "ep.S".parse(),
@@ -448,7 +454,7 @@ mod tests {
         let err = "xx.S".parse::<Spec>().unwrap_err();
         assert_eq!(
             err.to_string(),
-            "unknown benchmark 'xx' in 'xx.S' (known: ep, mg, is, cg, ft, sp, bt)"
+            "unknown benchmark 'xx' in 'xx.S' (known: ep, mg, is, cg, ft, sp, bt, lu)"
         );
         assert_eq!((err.kind(), err.item()), ("unknown-benchmark", "xx.S"));
 

@@ -118,7 +118,7 @@ pub fn supports(spec: Spec, ranks: usize) -> Result<(), &'static str> {
         Kernel::Is | Kernel::Cg => Err("needs a power-of-two number of ranks"),
         Kernel::Ft if ft::fits(spec.class, ranks) => Ok(()),
         Kernel::Ft => Err("needs a power-of-two number of ranks dividing the grid's planes"),
-        Kernel::Mg | Kernel::Sp | Kernel::Bt => Err("has no MPI form yet"),
+        Kernel::Mg | Kernel::Sp | Kernel::Bt | Kernel::Lu => Err("has no MPI form yet"),
     }
 }
 
@@ -130,7 +130,7 @@ pub fn heap_bytes(spec: Spec, ranks: usize) -> usize {
         Kernel::Is => is::heap_bytes(spec.class, ranks),
         Kernel::Cg => cg::heap_bytes(spec.class, ranks),
         Kernel::Ft => ft::heap_bytes(spec.class, ranks),
-        Kernel::Mg | Kernel::Sp | Kernel::Bt => 0,
+        Kernel::Mg | Kernel::Sp | Kernel::Bt | Kernel::Lu => 0,
     }
 }
 
@@ -150,7 +150,7 @@ pub fn run<C: Comm + ?Sized>(
         Kernel::Is => is::run(spec.class, comm, arena),
         Kernel::Cg => cg::run(spec.class, comm, arena),
         Kernel::Ft => ft::run(spec.class, comm, arena),
-        Kernel::Mg | Kernel::Sp | Kernel::Bt => Err(Error("no-mpi-form")),
+        Kernel::Mg | Kernel::Sp | Kernel::Bt | Kernel::Lu => Err(Error("no-mpi-form")),
     }
 }
 
