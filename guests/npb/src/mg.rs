@@ -244,6 +244,30 @@ fn four_sums(s1: &mut [f64], s2: &mut [f64], f: [&[f64]; 4], e: [&[f64]; 4]) {
     }
 }
 
+/// The neighbour sums of `resid` and `psinv` along row `i2` of plane `i3` of `g`
+/// (planes of `m * m` values): `s1` of the four rows sharing a face with it, `s2` of
+/// the four sharing an edge.
+#[inline(always)]
+fn cross_sums(s1: &mut [f64], s2: &mut [f64], g: &[f64], m: usize, i2: usize, i3: usize) {
+    let row = |j2: usize, j3: usize| &g[(j3 * m + j2) * m..][..m];
+    four_sums(
+        s1,
+        s2,
+        [
+            row(i2 - 1, i3),
+            row(i2 + 1, i3),
+            row(i2, i3 - 1),
+            row(i2, i3 + 1),
+        ],
+        [
+            row(i2 - 1, i3 - 1),
+            row(i2 + 1, i3 - 1),
+            row(i2 - 1, i3 + 1),
+            row(i2 + 1, i3 + 1),
+        ],
+    );
+}
+
 /// `r = v - A u` on this thread's planes of `r`; `v` is `r` itself when `None`.
 fn resid(team: &Team, u: Field, v: Option<Field>, r: Field, a: &[f64; 4]) {
     let m = r.m();
@@ -282,24 +306,8 @@ pub(crate) fn resid_plane(
     let mut u2 = [0.0; MAX_ROW];
     let (u1, u2) = (&mut u1[..m], &mut u2[..m]);
     for i2 in 1..=n {
-        let row = |j2: usize, j3: usize| &u[(j3 * m + j2) * m..][..m];
-        four_sums(
-            u1,
-            u2,
-            [
-                row(i2 - 1, i3),
-                row(i2 + 1, i3),
-                row(i2, i3 - 1),
-                row(i2, i3 + 1),
-            ],
-            [
-                row(i2 - 1, i3 - 1),
-                row(i2 + 1, i3 - 1),
-                row(i2 - 1, i3 + 1),
-                row(i2 + 1, i3 + 1),
-            ],
-        );
-        let u0 = row(i2, i3);
+        cross_sums(u1, u2, u, m, i2, i3);
+        let u0 = &u[(i3 * m + i2) * m..][..m];
         let o = &mut out[i2 * m..(i2 + 1) * m];
         match v {
             Some(v) => {
@@ -349,24 +357,8 @@ pub(crate) fn psinv_plane(r: &[f64], i3: usize, out: &mut [f64], m: usize, c: &[
     let mut r2 = [0.0; MAX_ROW];
     let (r1, r2) = (&mut r1[..m], &mut r2[..m]);
     for i2 in 1..=n {
-        let row = |j2: usize, j3: usize| &r[(j3 * m + j2) * m..][..m];
-        four_sums(
-            r1,
-            r2,
-            [
-                row(i2 - 1, i3),
-                row(i2 + 1, i3),
-                row(i2, i3 - 1),
-                row(i2, i3 + 1),
-            ],
-            [
-                row(i2 - 1, i3 - 1),
-                row(i2 + 1, i3 - 1),
-                row(i2 - 1, i3 + 1),
-                row(i2 + 1, i3 + 1),
-            ],
-        );
-        let r0 = row(i2, i3);
+        cross_sums(r1, r2, r, m, i2, i3);
+        let r0 = &r[(i3 * m + i2) * m..][..m];
         let o = &mut out[i2 * m..(i2 + 1) * m];
         for i in 1..m - 1 {
             o[i] = o[i]
