@@ -132,7 +132,7 @@ fn shift<C: Comm + ?Sized>(
     (from, recv): (usize, &mut [f64]),
     tag: u32,
 ) -> Result<(), Error> {
-    if comm.rank() % 2 == 0 {
+    if comm.rank().is_multiple_of(2) {
         comm.send(to, tag, bytes(send))?;
         recv_exact(comm, from, tag, recv)
     } else {
@@ -474,9 +474,8 @@ mod tests {
     fn split_levels_align_with_the_levels_below_and_whole_ones_start_at_the_boundary() {
         let (shapes, boundary) = plan(Class::S, 3, 8);
         // Level 3 (8 planes) and up are split: rank 3 holds planes 3·n/8 + 1 ..
-        for k in 3..=5 {
-            let s = shapes[k];
-            assert!(!s.whole && s.planes == (1 << k) / 8 && s.first == 3 * s.planes);
+        for s in &shapes[3..=5] {
+            assert!(!s.whole && s.planes == s.n / 8 && s.first == 3 * s.planes);
         }
         // A coarse local plane j lies on fine local plane 2j.
         assert_eq!(2 * shapes[4].first, shapes[5].first);
