@@ -496,17 +496,33 @@ mod tests {
         })
     }
 
+    /// Asserts that MG `class` verifies on each of `ranks`, every rank alike.
+    fn verifies_on(class: Class, ranks: &[usize]) {
+        for &ranks in ranks {
+            let outcomes = run_on(class, ranks);
+            for outcome in &outcomes {
+                assert!(outcome.verified, "{class:?} on {ranks} ranks: {outcome:?}");
+                assert_eq!(outcome.values, outcomes[0].values);
+            }
+        }
+    }
+
     #[test]
     fn verifies_at_s_with_whole_coarse_levels_and_one_finest_plane_per_rank() {
         // 8 and 16 ranks: levels below 8 (16) planes are whole on every rank; 32
         // ranks: one plane of the finest level each, prolonged into from whole levels.
-        for ranks in [8, 16, 32] {
-            let outcomes = run_on(Class::S, ranks);
-            for outcome in &outcomes {
-                assert!(outcome.verified, "{ranks} ranks: {outcome:?}");
-                assert_eq!(outcome.values, outcomes[0].values);
-            }
-        }
+        verifies_on(Class::S, &[8, 16, 32]);
+    }
+
+    #[test]
+    fn verifies_at_w_on_1_2_4_ranks() {
+        verifies_on(Class::W, &[1, 2, 4]);
+    }
+
+    #[test]
+    #[ignore = "class A: seconds per run and up to ~450 MiB per rank; run with --release --include-ignored"]
+    fn verifies_at_a_on_1_2_4_ranks() {
+        verifies_on(Class::A, &[1, 2, 4]);
     }
 
     #[test]
