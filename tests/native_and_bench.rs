@@ -43,13 +43,13 @@ fn the_native_twin_runs_the_mpi_forms_on_host_ranks() {
             "--mpi-ranks",
             ranks,
             "--npb",
-            "ep.S,is.S,cg.S,ft.S",
+            "ep.S,is.S,cg.S,ft.S,mg.W",
             "--json",
         ]);
         assert!(out.status.success(), "{}", text(&out.stderr));
         let lines = json_lines(&out);
-        assert_eq!(lines.len(), 5, "{lines:?}");
-        for line in &lines[..4] {
+        assert_eq!(lines.len(), 6, "{lines:?}");
+        for line in &lines[..5] {
             assert_eq!(line["verified"], true, "{line}");
             assert_eq!(line["vcpus"].to_string(), ranks, "{line}");
         }

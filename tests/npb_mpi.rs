@@ -63,7 +63,7 @@ fn every_mpi_kernel_verifies_on_two_vms_of_two_vcpus() {
     let out = kumo(&[
         "mpi",
         "--npb",
-        "ep.S,is.S,cg.S,ft.S,cg.W",
+        "ep.S,is.S,cg.S,ft.S,cg.W,mg.S",
         "--vms",
         "2",
         "--vcpus",
@@ -76,7 +76,7 @@ fn every_mpi_kernel_verifies_on_two_vms_of_two_vcpus() {
     ]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let lines = json_lines(&out);
-    let names: Vec<String> = lines[..5]
+    let names: Vec<String> = lines[..6]
         .iter()
         .map(|l| {
             format!(
@@ -86,14 +86,49 @@ fn every_mpi_kernel_verifies_on_two_vms_of_two_vcpus() {
             )
         })
         .collect();
-    assert_eq!(names, ["ep.S", "is.S", "cg.S", "ft.S", "cg.W"]);
-    for line in &lines[..5] {
+    assert_eq!(names, ["ep.S", "is.S", "cg.S", "ft.S", "cg.W", "mg.S"]);
+    for line in &lines[..6] {
         assert_eq!(line["ranks"], serde_json::json!(4), "{line}");
         assert_eq!(line["vms"], serde_json::json!(2), "{line}");
         assert_eq!(line["vcpus"], serde_json::json!(2), "{line}");
         assert_eq!(line["verified"], serde_json::json!(true), "{line}");
     }
-    assert_eq!(lines[5]["ok"], serde_json::json!(true));
+    assert_eq!(lines[6]["ok"], serde_json::json!(true));
+}
+
+/// MG's slabs swap ghost planes with both z neighbours after every operator; on two
+/// ranks both neighbours are the one peer, so the two shifts must stay in order.
+#[test]
+fn mg_class_s_and_w_verify_on_two_vms_with_the_official_norms() {
+    if !kvm_available() {
+        return;
+    }
+    let _one = one_job();
+    let out = kumo(&[
+        "mpi",
+        "--npb",
+        "mg.S,mg.W",
+        "--vms",
+        "2",
+        "--json",
+        "--timeout",
+        "300",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let lines = json_lines(&out);
+    // NPB 3.3's published rnm2 of classes S and W.
+    for (line, (class, rnm2)) in lines[..2]
+        .iter()
+        .zip([("S", 0.530_770_700_573_4e-4), ("W", 0.646_732_937_533_9e-5)])
+    {
+        assert_eq!(line["benchmark"], serde_json::json!("mg"), "{line}");
+        assert_eq!(line["class"], serde_json::json!(class), "{line}");
+        assert_eq!(line["ranks"], serde_json::json!(2), "{line}");
+        assert_eq!(line["verified"], serde_json::json!(true), "{line}");
+        let got = line["rnm2"].as_f64().unwrap();
+        assert!((got - rnm2).abs() <= 1e-8 * rnm2, "{line}");
+    }
+    assert_eq!(lines[2]["ok"], serde_json::json!(true));
 }
 
 #[test]
@@ -159,7 +194,7 @@ fn rank_counts_a_kernel_cannot_use_are_refused_in_one_line() {
         ("is.S", "3"),
         ("ep.S,cg.S", "3"),
         ("ft.S", "6"),
-        ("mg.S", "2"),
+        ("mg.S", "3"),
     ] {
         let out = kumo(&["mpi", "--npb", list, "--vms", vms]);
         assert_eq!(out.status.code(), Some(2), "{list} on {vms}");

@@ -95,7 +95,7 @@ pub fn mops(class: Class, seconds: f64) -> f64 {
 }
 
 /// Values (interior and ghosts) of a level with `n` interior points a side.
-const fn points(n: usize) -> usize {
+pub(crate) const fn points(n: usize) -> usize {
     (n + 2) * (n + 2) * (n + 2)
 }
 
@@ -178,7 +178,7 @@ fn own_planes(team: &Team, n: usize) -> Range<usize> {
 }
 
 /// Periodic `x` and `y` ghosts of one plane: interior rows first, then whole rows.
-fn fill_xy_ghosts(plane: &mut [f64], m: usize) {
+pub(crate) fn fill_xy_ghosts(plane: &mut [f64], m: usize) {
     let n = m - 2;
     for row in plane[m..(n + 1) * m].chunks_exact_mut(m) {
         row[0] = row[n];
@@ -244,12 +244,35 @@ fn four_sums(s1: &mut [f64], s2: &mut [f64], f: [&[f64]; 4], e: [&[f64]; 4]) {
     }
 }
 
+/// The neighbour sums of `resid` and `psinv` along row `i2` of plane `i3` of `g`
+/// (planes of `m * m` values): `s1` of the four rows sharing a face with it, `s2` of
+/// the four sharing an edge.
+#[inline(always)]
+fn cross_sums(s1: &mut [f64], s2: &mut [f64], g: &[f64], m: usize, i2: usize, i3: usize) {
+    let row = |j2: usize, j3: usize| &g[(j3 * m + j2) * m..][..m];
+    four_sums(
+        s1,
+        s2,
+        [
+            row(i2 - 1, i3),
+            row(i2 + 1, i3),
+            row(i2, i3 - 1),
+            row(i2, i3 + 1),
+        ],
+        [
+            row(i2 - 1, i3 - 1),
+            row(i2 + 1, i3 - 1),
+            row(i2 - 1, i3 + 1),
+            row(i2 + 1, i3 + 1),
+        ],
+    );
+}
+
 /// `r = v - A u` on this thread's planes of `r`; `v` is `r` itself when `None`.
 fn resid(team: &Team, u: Field, v: Option<Field>, r: Field, a: &[f64; 4]) {
-    let n = r.n;
-    let m = n + 2;
+    let m = r.m();
     let pl = m * m;
-    let own = own_planes(team, n);
+    let own = own_planes(team, r.n);
     {
         // SAFETY: nobody writes u during resid (only r is written).
         let u_all = unsafe { u.data.slice(u.whole()) };
@@ -259,159 +282,157 @@ fn resid(team: &Team, u: Field, v: Option<Field>, r: Field, a: &[f64; 4]) {
         let v_own = v
             .as_ref()
             .map(|v| unsafe { v.data.slice(v.planes(own.clone())) });
-        let mut u1 = [0.0; MAX_ROW];
-        let mut u2 = [0.0; MAX_ROW];
-        let (u1, u2) = (&mut u1[..m], &mut u2[..m]);
         for (p, i3) in own.clone().enumerate() {
-            let plane = &mut out[p * pl..(p + 1) * pl];
-            for i2 in 1..=n {
-                let row = |j2: usize, j3: usize| &u_all[(j3 * m + j2) * m..][..m];
-                four_sums(
-                    u1,
-                    u2,
-                    [
-                        row(i2 - 1, i3),
-                        row(i2 + 1, i3),
-                        row(i2, i3 - 1),
-                        row(i2, i3 + 1),
-                    ],
-                    [
-                        row(i2 - 1, i3 - 1),
-                        row(i2 + 1, i3 - 1),
-                        row(i2 - 1, i3 + 1),
-                        row(i2 + 1, i3 + 1),
-                    ],
-                );
-                let u0 = row(i2, i3);
-                let o = &mut plane[i2 * m..(i2 + 1) * m];
-                match v_own {
-                    Some(v) => {
-                        let v = &v[p * pl + i2 * m..][..m];
-                        for i in 1..m - 1 {
-                            o[i] = v[i]
-                                - a[0] * u0[i]
-                                - a[2] * (u2[i] + u1[i - 1] + u1[i + 1])
-                                - a[3] * (u2[i - 1] + u2[i + 1]);
-                        }
-                    }
-                    None => {
-                        for i in 1..m - 1 {
-                            o[i] = o[i]
-                                - a[0] * u0[i]
-                                - a[2] * (u2[i] + u1[i - 1] + u1[i + 1])
-                                - a[3] * (u2[i - 1] + u2[i + 1]);
-                        }
-                    }
-                }
-            }
-            fill_xy_ghosts(plane, m);
+            let v_plane = v_own.map(|v| &v[p * pl..(p + 1) * pl]);
+            resid_plane(u_all, i3, v_plane, &mut out[p * pl..(p + 1) * pl], m, a);
         }
     }
     fill_z_ghosts(&own, r);
 }
 
+/// `r = v - A u` on one plane of `r` (`out`, its `x`/`y` ghosts filled too). `u` holds
+/// planes of `m * m` values and `i3` is the one under `out` (planes `i3 ± 1` are read);
+/// `v` is that plane of `v`, or `out` itself when `None`. The MPI form runs it on slabs.
+pub(crate) fn resid_plane(
+    u: &[f64],
+    i3: usize,
+    v: Option<&[f64]>,
+    out: &mut [f64],
+    m: usize,
+    a: &[f64; 4],
+) {
+    let n = m - 2;
+    let mut u1 = [0.0; MAX_ROW];
+    let mut u2 = [0.0; MAX_ROW];
+    let (u1, u2) = (&mut u1[..m], &mut u2[..m]);
+    for i2 in 1..=n {
+        cross_sums(u1, u2, u, m, i2, i3);
+        let u0 = &u[(i3 * m + i2) * m..][..m];
+        let o = &mut out[i2 * m..(i2 + 1) * m];
+        match v {
+            Some(v) => {
+                let v = &v[i2 * m..][..m];
+                for i in 1..m - 1 {
+                    o[i] = v[i]
+                        - a[0] * u0[i]
+                        - a[2] * (u2[i] + u1[i - 1] + u1[i + 1])
+                        - a[3] * (u2[i - 1] + u2[i + 1]);
+                }
+            }
+            None => {
+                for i in 1..m - 1 {
+                    o[i] = o[i]
+                        - a[0] * u0[i]
+                        - a[2] * (u2[i] + u1[i - 1] + u1[i + 1])
+                        - a[3] * (u2[i - 1] + u2[i + 1]);
+                }
+            }
+        }
+    }
+    fill_xy_ghosts(out, m);
+}
+
 /// The smoother `u = u + C r` on this thread's planes of `u`.
 fn psinv(team: &Team, r: Field, u: Field, c: &[f64; 4]) {
-    let n = u.n;
-    let m = n + 2;
+    let m = u.m();
     let pl = m * m;
-    let own = own_planes(team, n);
+    let own = own_planes(team, u.n);
     {
         // SAFETY: nobody writes r during psinv (only u is written).
         let r_all = unsafe { r.data.slice(r.whole()) };
         // SAFETY: u's owned planes are written (and read) only by this thread here.
         let out = unsafe { u.data.slice_mut(u.planes(own.clone())) };
-        let mut r1 = [0.0; MAX_ROW];
-        let mut r2 = [0.0; MAX_ROW];
-        let (r1, r2) = (&mut r1[..m], &mut r2[..m]);
         for (p, i3) in own.clone().enumerate() {
-            let plane = &mut out[p * pl..(p + 1) * pl];
-            for i2 in 1..=n {
-                let row = |j2: usize, j3: usize| &r_all[(j3 * m + j2) * m..][..m];
-                four_sums(
-                    r1,
-                    r2,
-                    [
-                        row(i2 - 1, i3),
-                        row(i2 + 1, i3),
-                        row(i2, i3 - 1),
-                        row(i2, i3 + 1),
-                    ],
-                    [
-                        row(i2 - 1, i3 - 1),
-                        row(i2 + 1, i3 - 1),
-                        row(i2 - 1, i3 + 1),
-                        row(i2 + 1, i3 + 1),
-                    ],
-                );
-                let r0 = row(i2, i3);
-                let o = &mut plane[i2 * m..(i2 + 1) * m];
-                for i in 1..m - 1 {
-                    o[i] = o[i]
-                        + c[0] * r0[i]
-                        + c[1] * (r0[i - 1] + r0[i + 1] + r1[i])
-                        + c[2] * (r2[i] + r1[i - 1] + r1[i + 1]);
-                }
-            }
-            fill_xy_ghosts(plane, m);
+            psinv_plane(r_all, i3, &mut out[p * pl..(p + 1) * pl], m, c);
         }
     }
     fill_z_ghosts(&own, u);
 }
 
+/// `u = u + C r` on one plane of `u` (`out`, `x`/`y` ghosts filled too); `r` holds
+/// planes of `m * m` values and `i3` is the one under `out`.
+pub(crate) fn psinv_plane(r: &[f64], i3: usize, out: &mut [f64], m: usize, c: &[f64; 4]) {
+    let n = m - 2;
+    let mut r1 = [0.0; MAX_ROW];
+    let mut r2 = [0.0; MAX_ROW];
+    let (r1, r2) = (&mut r1[..m], &mut r2[..m]);
+    for i2 in 1..=n {
+        cross_sums(r1, r2, r, m, i2, i3);
+        let r0 = &r[(i3 * m + i2) * m..][..m];
+        let o = &mut out[i2 * m..(i2 + 1) * m];
+        for i in 1..m - 1 {
+            o[i] = o[i]
+                + c[0] * r0[i]
+                + c[1] * (r0[i - 1] + r0[i + 1] + r1[i])
+                + c[2] * (r2[i] + r1[i - 1] + r1[i + 1]);
+        }
+    }
+    fill_xy_ghosts(out, m);
+}
+
 /// Restriction `s = P r` from `fine` to `coarse` (trilinear full weighting) on this
 /// thread's planes of `coarse`. Coarse point `j` sits on fine point `2j`.
 fn rprj3(team: &Team, fine: Field, coarse: Field) {
-    let nc = coarse.n;
-    let mc = nc + 2;
-    let mf = fine.m();
+    let mc = coarse.m();
     let plc = mc * mc;
-    let own = own_planes(team, nc);
+    let own = own_planes(team, coarse.n);
     {
         // SAFETY: nobody writes the fine level during rprj3.
         let r_all = unsafe { fine.data.slice(fine.whole()) };
         // SAFETY: owned coarse planes are written only by this thread (another level
         // of the array, disjoint from the fine one).
         let out = unsafe { coarse.data.slice_mut(coarse.planes(own.clone())) };
-        let mut x = [0.0; MAX_ROW];
-        let mut y = [0.0; MAX_ROW];
-        let (x, y) = (&mut x[..mf], &mut y[..mf]);
         for (p, j3) in own.clone().enumerate() {
-            let plane = &mut out[p * plc..(p + 1) * plc];
-            let i3 = 2 * j3;
-            for j2 in 1..=nc {
-                let i2 = 2 * j2;
-                let row = |k2: usize, k3: usize| &r_all[(k3 * mf + k2) * mf..][..mf];
-                four_sums(
-                    x,
-                    y,
-                    [
-                        row(i2 - 1, i3),
-                        row(i2 + 1, i3),
-                        row(i2, i3 - 1),
-                        row(i2, i3 + 1),
-                    ],
-                    [
-                        row(i2 - 1, i3 - 1),
-                        row(i2 - 1, i3 + 1),
-                        row(i2 + 1, i3 - 1),
-                        row(i2 + 1, i3 + 1),
-                    ],
-                );
-                let r0 = row(i2, i3);
-                let s = &mut plane[j2 * mc..(j2 + 1) * mc];
-                for (j1, s) in s[1..=nc].iter_mut().enumerate() {
-                    let q = 2 * j1 + 2;
-                    *s = 0.5 * r0[q]
-                        + 0.25 * (r0[q - 1] + r0[q + 1] + x[q])
-                        + 0.125 * (x[q - 1] + x[q + 1] + y[q])
-                        + 0.0625 * (y[q - 1] + y[q + 1]);
-                }
-            }
-            fill_xy_ghosts(plane, mc);
+            rprj3_plane(
+                r_all,
+                fine.m(),
+                2 * j3,
+                &mut out[p * plc..(p + 1) * plc],
+                mc,
+            );
         }
     }
     fill_z_ghosts(&own, coarse);
+}
+
+/// One coarse plane (`out`, `mc` values a row, `x`/`y` ghosts filled too) restricted
+/// from `fine` (planes of `mf * mf` values), whose plane `i3` lies under it (planes
+/// `i3 ± 1` are read).
+pub(crate) fn rprj3_plane(fine: &[f64], mf: usize, i3: usize, out: &mut [f64], mc: usize) {
+    let nc = mc - 2;
+    let mut x = [0.0; MAX_ROW];
+    let mut y = [0.0; MAX_ROW];
+    let (x, y) = (&mut x[..mf], &mut y[..mf]);
+    for j2 in 1..=nc {
+        let i2 = 2 * j2;
+        let row = |k2: usize, k3: usize| &fine[(k3 * mf + k2) * mf..][..mf];
+        four_sums(
+            x,
+            y,
+            [
+                row(i2 - 1, i3),
+                row(i2 + 1, i3),
+                row(i2, i3 - 1),
+                row(i2, i3 + 1),
+            ],
+            [
+                row(i2 - 1, i3 - 1),
+                row(i2 - 1, i3 + 1),
+                row(i2 + 1, i3 - 1),
+                row(i2 + 1, i3 + 1),
+            ],
+        );
+        let r0 = row(i2, i3);
+        let s = &mut out[j2 * mc..(j2 + 1) * mc];
+        for (j1, s) in s[1..=nc].iter_mut().enumerate() {
+            let q = 2 * j1 + 2;
+            *s = 0.5 * r0[q]
+                + 0.25 * (r0[q - 1] + r0[q + 1] + x[q])
+                + 0.125 * (x[q - 1] + x[q + 1] + y[q])
+                + 0.0625 * (y[q - 1] + y[q + 1]);
+        }
+    }
+    fill_xy_ghosts(out, mc);
 }
 
 /// One fine row from one coarse row: even points get `even * src[c]`, odd points
@@ -436,41 +457,52 @@ fn spread<const ADD: bool>(row: &mut [f64], src: &[f64], even: f64, odd: f64) {
 /// planes `0..=nc` are split among threads; coarse plane `c` makes fine planes `2c`
 /// and `2c + 1`.
 fn interp<const ADD: bool>(team: &Team, coarse: Field, fine: Field) {
-    let nc = coarse.n;
-    let mc = nc + 2;
-    let mf = fine.m();
-    let plf = mf * mf;
-    let own = team.share(nc + 1);
+    let plf = fine.plane();
+    let own = team.share(coarse.n + 1);
     // SAFETY: nobody writes the coarse level during interp.
     let z_all = unsafe { coarse.data.slice(coarse.whole()) };
     // SAFETY: fine planes 2c, 2c+1 of owned coarse planes c are this thread's alone.
     let out = unsafe { fine.data.slice_mut(fine.planes(2 * own.start..2 * own.end)) };
+    for (pair, c3) in out.chunks_exact_mut(2 * plf).zip(own) {
+        interp_plane::<ADD>(z_all, coarse.m(), c3, pair, fine.m());
+    }
+}
+
+/// The two fine planes (`pair`, `mf * mf` values each) that coarse plane `c3` of `z`
+/// (planes of `mc * mc` values; planes `c3` and `c3 + 1` are read) makes: set to, or
+/// (`ADD`) added to, its trilinear interpolation, ghosts included.
+pub(crate) fn interp_plane<const ADD: bool>(
+    z: &[f64],
+    mc: usize,
+    c3: usize,
+    pair: &mut [f64],
+    mf: usize,
+) {
+    let nc = mc - 2;
     let mut z1 = [0.0; MAX_ROW];
     let mut z2 = [0.0; MAX_ROW];
     let mut z3 = [0.0; MAX_ROW];
     let (z1, z2, z3) = (&mut z1[..mc], &mut z2[..mc], &mut z3[..mc]);
-    for (pair, c3) in out.chunks_exact_mut(2 * plf).zip(own) {
-        let (lower, upper) = pair.split_at_mut(plf);
-        for c2 in 0..=nc {
-            let zr = |a2: usize, a3: usize| &z_all[(a3 * mc + a2) * mc..][..mc];
-            let (z00, z10, z01, z11) = (
-                zr(c2, c3),
-                zr(c2 + 1, c3),
-                zr(c2, c3 + 1),
-                zr(c2 + 1, c3 + 1),
-            );
-            for i in 0..mc {
-                z1[i] = z10[i] + z00[i];
-                z2[i] = z01[i] + z00[i];
-                z3[i] = z11[i] + z01[i] + z1[i];
-            }
-            let (even, odd) = lower[2 * c2 * mf..(2 * c2 + 2) * mf].split_at_mut(mf);
-            spread::<ADD>(even, z00, 1.0, 0.5);
-            spread::<ADD>(odd, z1, 0.5, 0.25);
-            let (even, odd) = upper[2 * c2 * mf..(2 * c2 + 2) * mf].split_at_mut(mf);
-            spread::<ADD>(even, z2, 0.5, 0.25);
-            spread::<ADD>(odd, z3, 0.25, 0.125);
+    let (lower, upper) = pair.split_at_mut(mf * mf);
+    for c2 in 0..=nc {
+        let zr = |a2: usize, a3: usize| &z[(a3 * mc + a2) * mc..][..mc];
+        let (z00, z10, z01, z11) = (
+            zr(c2, c3),
+            zr(c2 + 1, c3),
+            zr(c2, c3 + 1),
+            zr(c2 + 1, c3 + 1),
+        );
+        for i in 0..mc {
+            z1[i] = z10[i] + z00[i];
+            z2[i] = z01[i] + z00[i];
+            z3[i] = z11[i] + z01[i] + z1[i];
         }
+        let (even, odd) = lower[2 * c2 * mf..(2 * c2 + 2) * mf].split_at_mut(mf);
+        spread::<ADD>(even, z00, 1.0, 0.5);
+        spread::<ADD>(odd, z1, 0.5, 0.25);
+        let (even, odd) = upper[2 * c2 * mf..(2 * c2 + 2) * mf].split_at_mut(mf);
+        spread::<ADD>(even, z2, 0.5, 0.25);
+        spread::<ADD>(odd, z3, 0.25, 0.125);
     }
 }
 
@@ -481,17 +513,7 @@ fn norm2u3(team: &Team, r: Field, sums: &Reduction, maxes: Shared<f64>) -> (f64,
     let m = n + 2;
     let own = own_planes(team, n);
     // SAFETY: nobody writes r while norms are taken.
-    let data = unsafe { r.data.slice(r.planes(own)) };
-    let mut s = 0.0;
-    let mut max = 0.0f64;
-    for plane in data.chunks_exact(m * m) {
-        for row in plane[m..(n + 1) * m].chunks_exact(m) {
-            for &x in &row[1..=n] {
-                s += x * x;
-                max = max.max(libm::fabs(x));
-            }
-        }
-    }
+    let (s, max) = squares_and_max(unsafe { r.data.slice(r.planes(own)) }, m);
     // SAFETY: slot `rank` is this thread's; read by others only after the barriers
     // inside the sum, and not rewritten before the final barrier below.
     unsafe { maxes.set(team.rank() * MAX_SLOT, max) };
@@ -505,10 +527,27 @@ fn norm2u3(team: &Team, r: Field, sums: &Reduction, maxes: Shared<f64>) -> (f64,
     (libm::sqrt(total / (n * n * n) as f64), max)
 }
 
+/// `(sum x^2, max |x|)` over the interior points of `planes` (whole planes of `m * m`
+/// values, ghosts ignored).
+pub(crate) fn squares_and_max(planes: &[f64], m: usize) -> (f64, f64) {
+    let n = m - 2;
+    let mut s = 0.0;
+    let mut max = 0.0f64;
+    for plane in planes.chunks_exact(m * m) {
+        for row in plane[m..(n + 1) * m].chunks_exact(m) {
+            for &x in &row[1..=n] {
+                s += x * x;
+                max = max.max(libm::fabs(x));
+            }
+        }
+    }
+    (s, max)
+}
+
 /// A candidate charge: a random value and its index in the field.
 #[derive(Clone, Copy, Debug, PartialEq)]
 #[repr(C)]
-struct Candidate {
+pub(crate) struct Candidate {
     value: f64,
     index: u64,
 }
@@ -522,9 +561,9 @@ const NOWHERE: u64 = u64::MAX;
 /// The `CHARGES` best points seen so far, worst first. "Best" is the largest (or
 /// smallest) value, ties going to the point found first in the reference's scan order
 /// (`z`, `y`, `x`), which is increasing index: what its strict comparisons select.
-struct Extremes {
+pub(crate) struct Extremes {
     largest: bool,
-    list: [Candidate; CHARGES],
+    pub(crate) list: [Candidate; CHARGES],
 }
 
 impl Extremes {
@@ -569,38 +608,13 @@ impl Extremes {
 /// [`SEED`]), reduced to +1 at its ten largest and -1 at its ten smallest points, zero
 /// elsewhere, ghosts filled. Contains one barrier (not at the end).
 fn zran3(team: &Team, v: Field, candidates: Shared<Candidate>) {
-    let n = v.n;
-    let m = n + 2;
-    let pl = m * m;
-    let own = own_planes(team, n);
-    let a1 = random::pow_mod(A, n as u64);
-    let a2 = random::pow_mod(A, (n * n) as u64);
-    let mut largest = Extremes::new(true);
-    let mut smallest = Extremes::new(false);
-    {
-        // SAFETY: owned planes of v are this thread's alone until the barrier.
-        let out = unsafe { v.data.slice_mut(v.planes(own.clone())) };
-        let mut row = [0.0; MAX_ROW];
-        let row = &mut row[..n];
-        for (plane, i3) in out.chunks_exact_mut(pl).zip(own.clone()) {
-            plane.fill(0.0);
-            let mut x1 = random::mul_mod(SEED, random::pow_mod(a2, (i3 - 1) as u64));
-            for i2 in 1..=n {
-                let mut x = x1;
-                random::vranlc(row, &mut x, A);
-                let base = ((i3 * m + i2) * m + 1) as u64;
-                for (i1, &value) in row.iter().enumerate() {
-                    let c = Candidate {
-                        value,
-                        index: base + i1 as u64,
-                    };
-                    largest.offer(c);
-                    smallest.offer(c);
-                }
-                x1 = random::mul_mod(x1, a1);
-            }
-        }
-    }
+    let own = own_planes(team, v.n);
+    // SAFETY: owned planes of v are this thread's alone until the barrier.
+    let (largest, smallest) = zran3_scan(
+        unsafe { v.data.slice_mut(v.planes(own.clone())) },
+        own.clone(),
+        v.n,
+    );
     let slot = team.rank() * 2 * CHARGES;
     {
         // SAFETY: this thread's candidate slot, read by others only after the barrier.
@@ -609,31 +623,81 @@ fn zran3(team: &Team, v: Field, candidates: Shared<Candidate>) {
         mine[CHARGES..].copy_from_slice(&smallest.list);
     }
     team.barrier();
-    // Every thread merges every thread's candidates the same way.
-    let mut largest = Extremes::new(true);
-    let mut smallest = Extremes::new(false);
     // SAFETY: nobody writes candidates after the barrier (the next zran3 is many
     // barriers away).
     let all = unsafe { candidates.slice(0..team.size() * 2 * CHARGES) };
+    let (largest, smallest) = merge_extremes(all);
+    // SAFETY: owned planes of v, as above.
+    let out = unsafe { v.data.slice_mut(v.planes(own.clone())) };
+    place_charges(out, own.start, v.m(), &largest, &smallest);
+    fill_z_ghosts(&own, v);
+}
+
+/// Zeroes `out` (whole planes of `v`: its interior planes `planes` of a grid `n` a
+/// side) and returns the [`CHARGES`] largest and smallest random values of their
+/// points (zran3's first half, on one thread's or one rank's planes).
+pub(crate) fn zran3_scan(out: &mut [f64], planes: Range<usize>, n: usize) -> (Extremes, Extremes) {
+    let m = n + 2;
+    let pl = m * m;
+    let a1 = random::pow_mod(A, n as u64);
+    let a2 = random::pow_mod(A, (n * n) as u64);
+    let mut largest = Extremes::new(true);
+    let mut smallest = Extremes::new(false);
+    let mut row = [0.0; MAX_ROW];
+    let row = &mut row[..n];
+    for (plane, i3) in out.chunks_exact_mut(pl).zip(planes) {
+        plane.fill(0.0);
+        let mut x1 = random::mul_mod(SEED, random::pow_mod(a2, (i3 - 1) as u64));
+        for i2 in 1..=n {
+            let mut x = x1;
+            random::vranlc(row, &mut x, A);
+            let base = ((i3 * m + i2) * m + 1) as u64;
+            for (i1, &value) in row.iter().enumerate() {
+                let c = Candidate {
+                    value,
+                    index: base + i1 as u64,
+                };
+                largest.offer(c);
+                smallest.offer(c);
+            }
+            x1 = random::mul_mod(x1, a1);
+        }
+    }
+    (largest, smallest)
+}
+
+/// Every part's candidates (`2 * CHARGES` each: its largest, then its smallest),
+/// merged in order: the grid's largest and smallest.
+pub(crate) fn merge_extremes(all: &[Candidate]) -> (Extremes, Extremes) {
+    let mut largest = Extremes::new(true);
+    let mut smallest = Extremes::new(false);
     for part in all.chunks_exact(2 * CHARGES) {
         part[..CHARGES].iter().for_each(|&c| largest.offer(c));
         part[CHARGES..].iter().for_each(|&c| smallest.offer(c));
     }
-    {
-        // SAFETY: owned planes of v, as above.
-        let out = unsafe { v.data.slice_mut(v.planes(own.clone())) };
-        let mine = (own.start * pl) as u64..(own.end * pl) as u64;
-        // -1 first, then +1, as the reference.
-        for (list, charge) in [(&smallest.list, -1.0), (&largest.list, 1.0)] {
-            for c in list.iter().filter(|c| mine.contains(&c.index)) {
-                out[(c.index - mine.start) as usize] = charge;
-            }
-        }
-        for plane in out.chunks_exact_mut(pl) {
-            fill_xy_ghosts(plane, m);
+    (largest, smallest)
+}
+
+/// The charges that fall in `out` (whole planes of `m * m` values from plane `first`
+/// of the grid, zeroed by [`zran3_scan`]), then the planes' `x`/`y` ghosts.
+pub(crate) fn place_charges(
+    out: &mut [f64],
+    first: usize,
+    m: usize,
+    largest: &Extremes,
+    smallest: &Extremes,
+) {
+    let pl = m * m;
+    let mine = (first * pl) as u64..(first * pl + out.len()) as u64;
+    // -1 first, then +1, as the reference.
+    for (list, charge) in [(&smallest.list, -1.0), (&largest.list, 1.0)] {
+        for c in list.iter().filter(|c| mine.contains(&c.index)) {
+            out[(c.index - mine.start) as usize] = charge;
         }
     }
-    fill_z_ghosts(&own, v);
+    for plane in out.chunks_exact_mut(pl) {
+        fill_xy_ghosts(plane, m);
+    }
 }
 
 /// One V-cycle (`mg3P`): restrict down to level 1, smooth there, then prolongate,

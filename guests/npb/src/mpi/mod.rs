@@ -7,8 +7,10 @@
 //! counts (as `ep.f`); IS ranks its block of keys, allreduces the bucket counts and
 //! redistributes the keys by bucket with alltoall/alltoallv (as `is.c`); CG splits the
 //! matrix over `cg.f`'s 2-D process grid (partial products summed across process rows,
-//! pieces traded with transpose partners).
-//! FT uses `ft.f`'s 1-D slab layout with alltoall transposes. MG has no MPI form yet.
+//! pieces traded with transpose partners). FT uses `ft.f`'s 1-D slab layout with
+//! alltoall transposes. MG splits every level into z slabs exchanging ghost planes with
+//! their z neighbours, the coarsest levels whole on every rank (not `mg.f`'s 3-D
+//! process grid).
 
 pub mod cg;
 pub mod ep;
@@ -16,6 +18,7 @@ pub mod ft;
 #[cfg(any(test, feature = "host"))]
 pub mod host;
 pub mod is;
+pub mod mg;
 
 use core::fmt;
 
@@ -118,7 +121,9 @@ pub fn supports(spec: Spec, ranks: usize) -> Result<(), &'static str> {
         Kernel::Is | Kernel::Cg => Err("needs a power-of-two number of ranks"),
         Kernel::Ft if ft::fits(spec.class, ranks) => Ok(()),
         Kernel::Ft => Err("needs a power-of-two number of ranks dividing the grid's planes"),
-        Kernel::Mg | Kernel::Sp | Kernel::Bt | Kernel::Lu => Err("has no MPI form yet"),
+        Kernel::Mg if mg::fits(spec.class, ranks) => Ok(()),
+        Kernel::Mg => Err("needs a power-of-two number of ranks no larger than the grid's side"),
+        Kernel::Sp | Kernel::Bt | Kernel::Lu => Err("has no MPI form yet"),
     }
 }
 
@@ -130,7 +135,8 @@ pub fn heap_bytes(spec: Spec, ranks: usize) -> usize {
         Kernel::Is => is::heap_bytes(spec.class, ranks),
         Kernel::Cg => cg::heap_bytes(spec.class, ranks),
         Kernel::Ft => ft::heap_bytes(spec.class, ranks),
-        Kernel::Mg | Kernel::Sp | Kernel::Bt | Kernel::Lu => 0,
+        Kernel::Mg => mg::heap_bytes(spec.class, ranks),
+        Kernel::Sp | Kernel::Bt | Kernel::Lu => 0,
     }
 }
 
@@ -150,7 +156,8 @@ pub fn run<C: Comm + ?Sized>(
         Kernel::Is => is::run(spec.class, comm, arena),
         Kernel::Cg => cg::run(spec.class, comm, arena),
         Kernel::Ft => ft::run(spec.class, comm, arena),
-        Kernel::Mg | Kernel::Sp | Kernel::Bt | Kernel::Lu => Err(Error("no-mpi-form")),
+        Kernel::Mg => mg::run(spec.class, comm, arena),
+        Kernel::Sp | Kernel::Bt | Kernel::Lu => Err(Error("no-mpi-form")),
     }
 }
 
@@ -187,7 +194,10 @@ mod tests {
         assert!(supports(s(Kernel::Is, Class::S), 3).is_err());
         assert!(supports(s(Kernel::Cg, Class::S), 6).is_err());
         assert_eq!(supports(s(Kernel::Cg, Class::S), 4), Ok(()));
-        assert!(supports(s(Kernel::Mg, Class::S), 2).is_err());
+        assert_eq!(supports(s(Kernel::Mg, Class::S), 2), Ok(()));
+        assert!(supports(s(Kernel::Mg, Class::S), 3).is_err());
+        assert!(supports(s(Kernel::Mg, Class::S), 64).is_err());
+        assert!(supports(s(Kernel::Sp, Class::S), 2).is_err());
         assert_eq!(supports(s(Kernel::Ft, Class::S), 64), Ok(()));
         assert!(supports(s(Kernel::Ft, Class::W), 64).is_err());
         assert!(supports(s(Kernel::Ep, Class::S), 0).is_err());
@@ -206,7 +216,7 @@ mod tests {
     }
 
     /// The kernels that have an MPI form.
-    const MPI_KERNELS: [Kernel; 4] = [Kernel::Ep, Kernel::Is, Kernel::Cg, Kernel::Ft];
+    const MPI_KERNELS: [Kernel; 5] = [Kernel::Ep, Kernel::Is, Kernel::Cg, Kernel::Ft, Kernel::Mg];
 
     #[test]
     fn every_mpi_kernel_verifies_at_s_on_1_2_4_ranks_alike_within_its_heap() {
@@ -235,7 +245,7 @@ mod tests {
 
     #[test]
     fn every_mpi_kernel_but_ep_verifies_at_w_on_2_ranks() {
-        for kernel in [Kernel::Is, Kernel::Cg, Kernel::Ft] {
+        for kernel in [Kernel::Is, Kernel::Cg, Kernel::Ft, Kernel::Mg] {
             let spec = Spec {
                 kernel,
                 class: Class::W,
