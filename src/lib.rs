@@ -3,8 +3,10 @@
 //! The VMM itself lives in `hv`, device models in `devices`, NPB in `guests/npb`.
 
 pub mod bench;
+pub mod bzimage;
 pub mod cli;
 pub mod ctl;
+pub mod disk_image;
 pub mod experiment;
 pub mod guest;
 pub mod input;
