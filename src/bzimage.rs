@@ -194,7 +194,10 @@ mod tests {
     fn other_elfs_are_refused() {
         let tiny = hv::testing::PvhImage::new(&[0xf4]).build();
         let err = from_guest_elf(&tiny).unwrap_err().to_string();
-        assert!(err.contains("loadable segments") || err.contains("not"), "{err}");
+        assert!(
+            err.contains("loadable segments") || err.contains("not"),
+            "{err}"
+        );
         assert!(from_guest_elf(b"not an elf").is_err());
         // The guest with its entry's magic broken.
         let mut broken = EMBEDDED_GUEST.to_vec();

@@ -202,7 +202,10 @@ mod tests {
         let conf = String::from_utf8(read("loader/loader.conf")).unwrap();
         assert!(conf.starts_with("default kumo-npb.conf\n"), "{conf}");
         let entry = String::from_utf8(read("loader/entries/kumo-npb.conf")).unwrap();
-        assert!(entry.contains(&format!("\nlinux {GUEST_PATH}\n")), "{entry}");
+        assert!(
+            entry.contains(&format!("\nlinux {GUEST_PATH}\n")),
+            "{entry}"
+        );
         assert!(entry.contains("\noptions npb=ep.S\n"), "{entry}");
         let guest = read(GUEST_PATH.trim_start_matches('/'));
         assert_eq!(

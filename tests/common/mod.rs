@@ -206,3 +206,20 @@ pub fn qemu_available() -> bool {
     }
     found
 }
+
+/// The third-party firmware kept beside the repository (`../shared/peers/`, not part of
+/// kumo's source), or where `KUMO_PEERS_DIR` says.
+pub fn peer_firmware() -> Option<std::path::PathBuf> {
+    let dir = std::env::var_os("KUMO_PEERS_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/peers")
+        });
+    let fw = dir.join("rust-hypervisor-firmware/hypervisor-fw");
+    if fw.is_file() {
+        Some(fw)
+    } else {
+        eprintln!("SKIPPED: {} is not there", fw.display());
+        None
+    }
+}
