@@ -142,7 +142,7 @@ pub fn from_guest_elf(elf: &[u8]) -> Result<Vec<u8>> {
     image[REAL_MODE_HALT..REAL_MODE_HALT + 4].copy_from_slice(&[0xfa, 0xf4, 0xeb, 0xfd]);
     image[VERSION_STRING_AT..VERSION_STRING_AT + VERSION_STRING.len()]
         .copy_from_slice(VERSION_STRING);
-    debug_assert!(hdr::END <= REAL_MODE_HALT);
+    const { assert!(hdr::END <= REAL_MODE_HALT) };
     image.extend_from_slice(&protected);
     Ok(image)
 }
