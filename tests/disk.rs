@@ -159,12 +159,8 @@ fn qemu_and_kumo_disks_look_the_same_to_the_guest() {
             if readonly { ",readonly=on" } else { "" }
         );
         let out = common::run_with_hang_guard(
-            std::process::Command::new("qemu-system-x86_64")
-                .args(["-M", "q35", "-bios", "qboot.rom", "-accel", "kvm"])
-                .args(["-cpu", "host,-cx16,-arch-capabilities,+invtsc", "-smp", "1"])
-                .args(["-m", "256", "-nographic", "-no-reboot", "-nodefaults"])
-                .args(["-serial", "stdio"])
-                .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=4"])
+            common::qemu(1)
+                .args(["-M", "q35", "-bios", "qboot.rom"])
                 .args(["-drive", &drive])
                 .args([
                     "-device",
