@@ -60,7 +60,8 @@ const CMDLINE_SIZE: u32 = 4095;
 /// The entry copies the supervisor to 1 MiB, so it must run from above it: loaders that
 /// honour `pref_address` (and rust-hypervisor-firmware, which loads at 2 MiB) do.
 const PREF_ADDRESS: u64 = 0x20_0000;
-/// Real-mode code at this offset: `cli; hlt; jmp .-1` (the 16-bit entry is not supported).
+/// Real-mode code at this offset: `cli; hlt`, and back to the `hlt` (the 16-bit entry
+/// is not supported).
 const REAL_MODE_HALT: usize = 0x280;
 const VERSION_STRING_AT: usize = 0x2a0;
 const VERSION_STRING: &[u8] = b"kumo NPB guest (PVH and Linux boot protocol)\0";
@@ -103,7 +104,7 @@ pub fn from_guest_elf(elf: &[u8]) -> Result<Vec<u8>> {
     );
 
     let mut protected = vec![0u8; HEAD_SIZE];
-    protected[0] = 0xf4; // the 32-bit entry (unsupported): hlt; jmp .-1
+    protected[0] = 0xf4; // the 32-bit entry (unsupported): hlt, and back to it
     protected[1..3].copy_from_slice(&[0xeb, 0xfd]);
     protected[ENTRY64_OFFSET..ENTRY64_OFFSET + LINUX_ENTRY_MAX].copy_from_slice(entry);
     protected.extend_from_slice(kernel_bytes);

@@ -38,7 +38,7 @@ fn files(options: &str, bzimage: Vec<u8>) -> Vec<(&'static str, Vec<u8>)> {
             "loader/entries/kumo-npb.conf",
             format!("title kumo NPB guest\nlinux {GUEST_PATH}\noptions {options}\n").into_bytes(),
         ),
-        ("kumo/npb-guest.bzImage", bzimage),
+        (GUEST_PATH.trim_start_matches('/'), bzimage),
     ]
 }
 
@@ -54,7 +54,9 @@ pub fn entry_options(npb: Option<&str>, cmdline: Option<&str>) -> Result<String>
         if let Some(c) = extra.chars().find(|c| !(' '..='~').contains(c)) {
             bail!("--cmdline: {c:?} cannot go in a boot entry (printable ASCII only)");
         }
-        words.push(extra.trim().to_string());
+        if !extra.trim().is_empty() {
+            words.push(extra.trim().to_string());
+        }
     }
     let options = words.join(" ");
     if options.len() > MAX_OPTIONS {
