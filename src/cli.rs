@@ -41,6 +41,26 @@ pub enum Command {
     /// Serve NIC ports (virtio-net PCI functions on one Ethernet) over vfio-user, one
     /// UNIX socket per port: the hardware for `--passthrough vfio-user:PATH`.
     NicServer(NicServerArgs),
+    /// Write a raw disk image (GPT, an EFI system partition holding the NPB guest as a
+    /// bzImage and a Boot Loader Specification entry) that a firmware boots:
+    /// `kumo --kernel hypervisor-fw --disk IMG`.
+    DiskImage(DiskImageArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct DiskImageArgs {
+    /// The image file to write (replaced if it exists).
+    #[arg(long, value_name = "IMG")]
+    pub out: PathBuf,
+
+    /// Benchmarks the guest runs, comma-separated kernel.class items [default: every
+    /// kernel, class S].
+    #[arg(long, value_name = "LIST")]
+    pub npb: Option<String>,
+
+    /// More of the guest's command line, after `npb=` (docs/guest-abi.md).
+    #[arg(long, value_name = "STR")]
+    pub cmdline: Option<String>,
 }
 
 #[derive(Args, Debug)]

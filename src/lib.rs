@@ -3,8 +3,10 @@
 //! The VMM itself lives in `hv`, device models in `devices`, NPB in `guests/npb`.
 
 pub mod bench;
+pub mod bzimage;
 pub mod cli;
 pub mod ctl;
+pub mod disk_image;
 pub mod experiment;
 pub mod guest;
 /// The guest's MPI (`guests/user/src/mpi.rs`, the same source file) built for the host:

@@ -64,6 +64,7 @@ fn main() -> ExitCode {
         (Some(Command::Mpi(args)), _, _) => kumo::mpi::run_mpi(args, epoch),
         (Some(Command::Experiment(args)), _, _) => kumo::experiment::run_experiment(args, epoch),
         (Some(Command::NicServer(args)), _, _) => kumo::nic_server::run(args),
+        (Some(Command::DiskImage(args)), _, _) => kumo::disk_image::run(args),
         (None, Some(path), _) => run::dump_guest(path),
         (None, None, None) if vm.restore.is_some() => kumo::migrate::run_restore(vm, epoch),
         (None, None, None) if vm.incoming.is_some() => kumo::migrate::run_incoming(vm, epoch),

@@ -159,12 +159,8 @@ fn qemu_and_kumo_disks_look_the_same_to_the_guest() {
             if readonly { ",readonly=on" } else { "" }
         );
         let out = common::run_with_hang_guard(
-            std::process::Command::new("qemu-system-x86_64")
-                .args(["-M", "q35", "-bios", "qboot.rom", "-accel", "kvm"])
-                .args(["-cpu", "host,-cx16,-arch-capabilities,+invtsc", "-smp", "1"])
-                .args(["-m", "256", "-nographic", "-no-reboot", "-nodefaults"])
-                .args(["-serial", "stdio"])
-                .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=4"])
+            common::qemu(1)
+                .args(["-M", "q35", "-bios", "qboot.rom"])
                 .args(["-drive", &drive])
                 .args([
                     "-device",
@@ -191,29 +187,14 @@ fn qemu_and_kumo_disks_look_the_same_to_the_guest() {
     }
 }
 
-/// The third-party firmware kept beside the repository (`../shared/peers/`, not part of
-/// kumo's source), or where `KUMO_PEERS_DIR` says.
-fn peer_firmware() -> Option<std::path::PathBuf> {
-    let dir = std::env::var_os("KUMO_PEERS_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| {
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/peers")
-        });
-    let fw = dir.join("rust-hypervisor-firmware/hypervisor-fw");
-    if fw.is_file() {
-        Some(fw)
-    } else {
-        eprintln!("SKIPPED: {} is not there", fw.display());
-        None
-    }
-}
-
 #[test]
 fn rust_hypervisor_firmware_finds_the_disk_then_stops_and_kumo_says_so() {
     if !kvm_available() {
         return;
     }
-    let Some(fw) = peer_firmware() else { return };
+    let Some(fw) = common::peer_firmware() else {
+        return;
+    };
     // A blank image: the firmware finds the virtio-blk device, finds no GPT on it and
     // halts for good (`cli; hlt`), which kumo reports at once instead of waiting.
     let blank = scratch("blank.img");

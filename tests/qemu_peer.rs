@@ -3,8 +3,6 @@
 
 mod common;
 
-use std::process::Command;
-
 use common::*;
 
 #[test]
@@ -13,27 +11,12 @@ fn the_guest_boots_and_verifies_under_qemu_with_two_vcpus() {
         return;
     }
     let guest = dumped_guest();
-    let out = run_with_hang_guard(Command::new("qemu-system-x86_64").args([
-        "-accel",
-        "kvm",
-        "-cpu",
-        "host,-cx16,-arch-capabilities,+invtsc",
-        "-smp",
-        "2",
-        "-m",
-        "256",
-        "-nographic",
-        "-no-reboot",
-        "-nodefaults",
-        "-serial",
-        "stdio",
-        "-device",
-        "isa-debug-exit,iobase=0xf4,iosize=4",
-        "-kernel",
-        guest.to_str().unwrap(),
-        "-append",
-        "npb=ep.S",
-    ]));
+    let out = run_with_hang_guard(
+        qemu(2)
+            .arg("-kernel")
+            .arg(&guest)
+            .args(["-append", "npb=ep.S"]),
+    );
     let stdout = text(&out.stdout);
     // isa-debug-exit turns the guest's status 0 into QEMU's exit status 1.
     assert_eq!(
@@ -42,11 +25,5 @@ fn the_guest_boots_and_verifies_under_qemu_with_two_vcpus() {
         "{stdout}\n{}",
         text(&out.stderr)
     );
-    assert!(stdout.contains("@kumo boot cpus=2"), "{stdout}");
-    let result = stdout
-        .lines()
-        .find(|l| l.starts_with("@kumo result benchmark=ep class=S threads=2"))
-        .unwrap_or_else(|| panic!("no EP.S result from QEMU:\n{stdout}"));
-    assert!(result.contains("verified=true"), "{result}");
-    assert!(stdout.contains("@kumo end status=0"), "{stdout}");
+    assert_ep_s_verified(&stdout, 2);
 }

@@ -206,3 +206,69 @@ pub fn qemu_available() -> bool {
     }
     found
 }
+
+/// QEMU as the peer tests run it: KVM, the host's CPU less CX16 (kumo hides it: ring 0
+/// cannot emulate it on kvm_pvm) and arch-capabilities (kvm_pvm refuses it) with an
+/// invariant TSC, 256 MiB, no default devices, the serial console on stdout and
+/// isa-debug-exit at kumo's debug-exit port. The caller adds machine, devices, kernel.
+pub fn qemu(vcpus: u32) -> Command {
+    let mut command = Command::new("qemu-system-x86_64");
+    command
+        .args([
+            "-accel",
+            "kvm",
+            "-cpu",
+            "host,-cx16,-arch-capabilities,+invtsc",
+        ])
+        .args(["-smp", &vcpus.to_string(), "-m", "256"])
+        .args([
+            "-nographic",
+            "-no-reboot",
+            "-nodefaults",
+            "-serial",
+            "stdio",
+        ])
+        .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=4"]);
+    command
+}
+
+/// Asserts that the guest's console shows it booted on `cpus` CPUs, verified EP.S with
+/// that many threads and ended with status 0.
+pub fn assert_ep_s_verified(console: &str, cpus: u32) {
+    assert!(
+        console.contains(&format!("@kumo boot cpus={cpus} ")),
+        "{console}"
+    );
+    let result = console
+        .lines()
+        .find(|l| {
+            l.starts_with(&format!(
+                "@kumo result benchmark=ep class=S threads={cpus} "
+            ))
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "no EP.S result:
+{console}"
+            )
+        });
+    assert!(result.contains(" verified=true"), "{result}");
+    assert!(console.contains("@kumo end status=0"), "{console}");
+}
+
+/// The third-party firmware kept beside the repository (`../shared/peers/`, not part of
+/// kumo's source), or where `KUMO_PEERS_DIR` says.
+pub fn peer_firmware() -> Option<std::path::PathBuf> {
+    let dir = std::env::var_os("KUMO_PEERS_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/peers")
+        });
+    let fw = dir.join("rust-hypervisor-firmware/hypervisor-fw");
+    if fw.is_file() {
+        Some(fw)
+    } else {
+        eprintln!("SKIPPED: {} is not there", fw.display());
+        None
+    }
+}

@@ -20,6 +20,17 @@
 .set DEVICE_VECTOR_BASE, 48     /* kumo_abi::DEVICE_VECTOR_BASE; 80 device vectors */
 .set IRQ_RECORD_SIZE, 32
 .set AP_TRAMPOLINE, 0x8000
+/* Linux boot protocol (Documentation/arch/x86/boot.rst, zero-page.rst). */
+.set LINUX_HEAD_SIZE,   0x1000  /* src/bzimage.rs: the head, then the supervisor's bytes */
+.set LINUX_ENTRY_OFFSET, 0x200  /* the 64-bit entry's offset in the protected-mode part */
+.set BP_ACPI_RSDP,      0x070   /* boot_params fields */
+.set BP_EXT_CMDLINE,    0x0c8
+.set BP_E820_ENTRIES,   0x1e8
+.set BP_CMDLINE,        0x228
+.set BP_E820_TABLE,     0x2d0
+.set E820_MAX,          128
+.set LINUX_MEMMAP,      0x100   /* offset of the memory map in linux_start_info */
+.set START_INFO_MAGIC,  0x336ec578
 
 /* ---- Xen PVH entry note: XEN_ELFNOTE_PHYS32_ENTRY (18). The descriptor is 8 bytes
    (QEMU reads a 64-bit value for ELF64 kernels; Xen and kumo accept 4 or 8). */
@@ -83,6 +94,130 @@ park:
     hlt
     jmp park
 
+/* ---- Linux boot protocol entry: the 64-bit entry of kumo's bzImage ----
+   src/bzimage.rs builds the bzImage's protected-mode part as: a LINUX_HEAD_SIZE head
+   whose offset LINUX_ENTRY_OFFSET holds a copy of this section, the supervisor's file
+   bytes (its link addresses from 1 MiB up to kernel_file_end), then the runtime's file
+   bytes (linked at USER_IMAGE_BASE). A loader (rust-hypervisor-firmware; Cloud
+   Hypervisor- or Firecracker-style direct boot) puts that part at some address L and
+   jumps to L + LINUX_ENTRY_OFFSET in 64-bit mode, on its own identity-mapped page
+   tables, with rsi = boot_params. This code runs from that copy, so it names itself
+   only RIP-relative. It moves both parts to their link addresses, clears their .bss,
+   turns boot_params into the hvm_start_info the PVH entry is given (the command line
+   and ACPI tables stay where the loader put them), and continues as the PVH entry does
+   in long mode. The loader's page tables, zero page and command line must lie outside
+   the two destinations, as they do for loaders that keep them below 1 MiB or in their
+   own image below L; L must put this code above the supervisor's destination and the
+   whole part below the runtime's (else: halt, which kumo reports). */
+.section .linux_entry, "ax"
+.code64
+.globl linux_entry64
+linux_entry64:
+    jmp 1f
+    .ascii "KUMOLNX1"               /* src/bzimage.rs checks these and the two sizes */
+    .long kernel_file_size
+    .long USER_IMAGE_FILE_SIZE
+1:  cli
+    cld
+    rdtsc
+    shl $32, %rdx
+    or %rdx, %rax
+    mov %rax, %r14                  /* the entry TSC, stored once the image is in place */
+    mov %rsi, %r15                  /* boot_params */
+    lea linux_entry64 - LINUX_ENTRY_OFFSET + LINUX_HEAD_SIZE(%rip), %rbx
+    lea linux_entry64(%rip), %rax   /* the copies must not overwrite this code ... */
+    cmp $kernel_file_end, %rax
+    jb linux_refused
+    mov %rbx, %rax                  /* ... nor the runtime's bytes before they are read */
+    add $kernel_file_size, %rax
+    add $USER_IMAGE_FILE_SIZE, %rax
+    cmp $USER_IMAGE_BASE, %rax
+    ja linux_refused
+
+    /* rep movsq, then the remaining bytes (each iteration is emulated on PVM hosts). */
+.macro copy_bytes
+    mov %rcx, %rdx
+    shr $3, %rcx
+    rep movsq
+    mov %edx, %ecx
+    and $7, %ecx
+    rep movsb
+.endm
+.macro zero_bytes
+    xor %eax, %eax
+    mov %rcx, %rdx
+    shr $3, %rcx
+    rep stosq
+    mov %edx, %ecx
+    and $7, %ecx
+    rep stosb
+.endm
+    lea kernel_file_size(%rbx), %rsi    /* the runtime, upwards (no overlap: checked) */
+    mov $USER_IMAGE_BASE, %edi
+    mov $USER_IMAGE_FILE_SIZE, %ecx
+    copy_bytes
+    mov %rbx, %rsi                  /* the supervisor, downwards (forward copy is safe) */
+    mov $0x100000, %edi
+    mov $kernel_file_size, %ecx
+    copy_bytes
+    mov $kernel_bss_start, %edi
+    mov $kernel_bss_size, %ecx
+    zero_bytes
+    mov $user_bss_start, %edi
+    mov $user_bss_size, %ecx
+    zero_bytes
+
+    mov $linux_start_info, %edi
+    movl $START_INFO_MAGIC, (%rdi)
+    movl $1, 4(%rdi)                /* version 1: has a memory map */
+    movq $0, 8(%rdi)                /* flags, nr_modules */
+    movq $0, 16(%rdi)               /* modlist_paddr */
+    mov BP_CMDLINE(%r15), %eax
+    mov BP_EXT_CMDLINE(%r15), %edx
+    shl $32, %rdx
+    or %rdx, %rax
+    mov %rax, 24(%rdi)              /* cmdline_paddr */
+    mov BP_ACPI_RSDP(%r15), %rax
+    mov %rax, 32(%rdi)              /* rsdp_paddr (0: the PVH path scans for it) */
+    lea LINUX_MEMMAP(%rdi), %rdx
+    mov %rdx, 40(%rdi)              /* memmap_paddr */
+    movzbl BP_E820_ENTRIES(%r15), %ecx
+    mov $E820_MAX, %eax
+    cmp %eax, %ecx
+    cmova %eax, %ecx
+    mov %rcx, 48(%rdi)              /* memmap_entries, reserved */
+    lea BP_E820_TABLE(%r15), %rsi   /* e820 entries are 20 bytes, PVH's 24 */
+2:  test %ecx, %ecx
+    jz 3f
+    mov (%rsi), %rax
+    mov %rax, (%rdx)
+    mov 8(%rsi), %rax
+    mov %rax, 8(%rdx)
+    mov 16(%rsi), %eax
+    mov %rax, 16(%rdx)              /* type, and a zero pad */
+    add $20, %rsi
+    add $24, %rdx
+    dec %ecx
+    jmp 2b
+3:  mov %r14, entry_tsc
+    mov $0x620, %eax                /* the PVH entry's CR4, CR3, CR0 and GDT */
+    mov %rax, %cr4
+    mov $pml4, %eax
+    mov %rax, %cr3
+    mov $0x80010033, %eax
+    mov %rax, %cr0
+    lgdt gdt_ptr
+    mov $linux_start_info, %ebx
+    xor %esi, %esi                  /* the BSP */
+    push $SEL_CODE64
+    push $long_mode
+    lretq
+linux_refused:
+    cli
+    hlt
+    jmp linux_refused
+
+.section .text.boot, "ax"
 /* ---- AP real-mode trampoline, copied to AP_TRAMPOLINE (SIPI vector 0x08) ---- */
 .code16
 .globl ap_trampoline_start, ap_trampoline_end
@@ -320,8 +455,15 @@ entry_tsc:
 irq_log:
     .fill (IDT_VECTORS - DEVICE_VECTOR_BASE) * IRQ_RECORD_SIZE, 1, 0
 
-.section .bss.kstacks, "aw", @nobits
+.section .noinit.kstacks, "aw", @nobits
 .balign 4096
 .globl kstacks
 kstacks:
     .skip MAX_CPUS * KSTACK_SIZE
+
+/* The hvm_start_info the Linux entry builds from boot_params: the start info itself,
+   then its memory map from LINUX_MEMMAP (24-byte entries, at most E820_MAX). */
+.section .noinit.linux_start_info, "aw", @nobits
+.balign 4096
+linux_start_info:
+    .skip 0x100 + E820_MAX * 24
