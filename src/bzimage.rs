@@ -23,9 +23,9 @@ const HEAD_SIZE: usize = 0x1000;
 const ENTRY64_OFFSET: usize = 0x200;
 /// Where the supervisor segment is linked, and its Linux entry (guests/kernel/kernel.ld).
 const KERNEL_BASE: u64 = 0x10_0000;
-const LINUX_ENTRY: u64 = 0x10_0400;
+const LINUX_ENTRY: u64 = 0x10_0800;
 /// The Linux entry's code may fill the rest of its page.
-const LINUX_ENTRY_MAX: usize = 0x1000 - 0x400;
+const LINUX_ENTRY_MAX: usize = 0x1000 - 0x800;
 /// The entry begins `jmp 1f; "KUMOLNX1"; u32 supervisor file size; u32 runtime file size`.
 const ENTRY_MAGIC: &[u8; 8] = b"KUMOLNX1";
 
@@ -203,7 +203,7 @@ mod tests {
         // The guest with its entry's magic broken.
         let mut broken = EMBEDDED_GUEST.to_vec();
         let info = hv::elf::inspect(EMBEDDED_GUEST).unwrap();
-        let at = info.segments[0].offset as usize + 0x402;
+        let at = info.segments[0].offset as usize + (LINUX_ENTRY - KERNEL_BASE) as usize + 2;
         broken[at] ^= 0xff;
         let err = from_guest_elf(&broken).unwrap_err().to_string();
         assert!(err.contains("no Linux entry"), "{err}");
