@@ -653,6 +653,12 @@ pub struct VmArgs {
     #[arg(long, value_name = "PATH", default_value = "generic", value_parser = irq_path)]
     pub irq_path: hv::irq::IrqPath,
 
+    /// With --irq-check: instead of the delivery check, N doorbell rounds on vector 0,
+    /// one interrupt outstanding at a time, lost ones counted (long enough to snapshot
+    /// or migrate the VM mid-run with --ctl-socket).
+    #[arg(long, value_name = "N", requires = "irq_check")]
+    pub irq_rounds: Option<u32>,
+
     /// Attach a PCI device that lives outside kumo (repeatable): `vfio-user:PATH`, a
     /// device served over vfio-user at the UNIX socket PATH (e.g. a port of `kumo
     /// nic-server`), or a host device `DDDD:BB:DD.F` through the kernel's VFIO. Its
@@ -670,7 +676,7 @@ pub struct VmArgs {
 
     /// Serve a control socket for this VM at PATH (mode 0600): `kumo ctl --socket
     /// PATH snapshot|migrate`.
-    #[arg(long, value_name = "PATH", conflicts_with_all = ["kernel", "irq_check", "dump_guest", "passthrough"])]
+    #[arg(long, value_name = "PATH", conflicts_with_all = ["kernel", "dump_guest", "passthrough"])]
     pub ctl_socket: Option<PathBuf>,
 
     /// Run the VM saved in PATH (by `kumo ctl ... snapshot`) from where it was saved.
@@ -800,7 +806,7 @@ impl Mode {
                 "passthrough",
                 "irq_path",
             ],
-            Mode::IrqCheck => &["irq_check", "irq_path", "json"],
+            Mode::IrqCheck => &["irq_check", "irq_path", "irq_rounds", "json", "ctl_socket"],
             Mode::DumpGuest => &["dump_guest"],
             Mode::Restore => &["restore", "json", "ctl_socket"],
             Mode::Incoming => &["incoming", "token_file", "json", "ctl_socket"],

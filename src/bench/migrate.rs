@@ -49,6 +49,7 @@ fn one_run(args: &MigrateBenchArgs, epoch: Instant) -> Result<Sample> {
         vcpus: args.vcpus,
         console: Vec::new(),
         sched: None,
+        irq: None,
     };
     let app_json = || {
         let console = console.lock().unwrap_or_else(|e| e.into_inner()).clone();
