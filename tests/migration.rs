@@ -54,11 +54,17 @@ fn source(socket: &Path) -> Background {
 
 /// [`source`] with another workload and more options.
 fn source_with(socket: &Path, npb: &str, extra: &[&str]) -> Background {
+    source_on(socket, npb, 1, extra)
+}
+
+/// [`source_with`] on `vcpus` vCPUs.
+fn source_on(socket: &Path, npb: &str, vcpus: u32, extra: &[&str]) -> Background {
+    let vcpus = vcpus.to_string();
     let mut args = vec![
         "--npb",
         npb,
         "--vcpus",
-        "1",
+        &vcpus,
         "--json",
         "--ctl-socket",
         socket.to_str().unwrap(),
@@ -106,6 +112,10 @@ fn migrate(socket: &Path, port: u16, token: &Path) -> std::process::Output {
 }
 
 fn assert_verified(out: &std::process::Output, who: &str) {
+    assert_benchmark_verified(out, "ep", who);
+}
+
+fn assert_benchmark_verified(out: &std::process::Output, benchmark: &str, who: &str) {
     assert!(
         out.status.success(),
         "{who}: {:?}: {}",
@@ -114,7 +124,7 @@ fn assert_verified(out: &std::process::Output, who: &str) {
     );
     let lines = json_lines(out);
     assert_eq!(lines.len(), 2, "{who}: {lines:?}");
-    assert_eq!(lines[0]["benchmark"], "ep", "{who}");
+    assert_eq!(lines[0]["benchmark"], benchmark, "{who}");
     assert_eq!(lines[0]["verified"], true, "{who}: {}", lines[0]);
     assert_eq!(lines[1]["ok"], true, "{who}: {}", lines[1]);
 }
@@ -160,6 +170,39 @@ fn a_running_ep_guest_migrates_and_verifies_on_the_destination() {
     );
     assert!(text(&src_out.stderr).contains("handed off"));
     assert_verified(&dst.finish(), "destination");
+}
+
+/// With 1 vCPU, EP.A moves in the first test; here CG.A on 2 vCPUs (seconds of
+/// sparse-matrix work, its memory written throughout) and EP.A on 4 (more vCPUs
+/// than the host's 2 CPUs), one after the other to keep the load modest.
+#[test]
+fn guests_of_2_and_4_vcpus_running_cg_a_and_ep_a_migrate_and_verify() {
+    if !kvm_available() {
+        return;
+    }
+    for (vcpus, npb, benchmark) in [(2, "cg.A", "cg"), (4, "ep.A", "ep")] {
+        let who = format!("{npb} on {vcpus} vCPUs");
+        let port = free_port();
+        let secret = token(&format!("vcpus{vcpus}.token"), "vcpus secret");
+        let dst = destination(port, &secret);
+        let socket = scratch(&format!("mig-vcpus{vcpus}.sock"));
+        let src = source_on(&socket, npb, vcpus, &[]);
+        let ctl = migrate(&socket, port, &secret);
+        assert!(
+            ctl.status.success(),
+            "{who}: migrate: {}",
+            text(&ctl.stderr)
+        );
+        let src_out = src.finish();
+        assert!(src_out.status.success(), "{who}: {}", text(&src_out.stderr));
+        assert!(
+            text(&src_out.stdout).is_empty(),
+            "{who}: the source ended the run itself"
+        );
+        let dst_out = dst.finish();
+        assert_benchmark_verified(&dst_out, benchmark, &who);
+        assert_eq!(json_lines(&dst_out)[1]["vcpus"], vcpus, "{who}");
+    }
 }
 
 #[test]
