@@ -430,6 +430,16 @@ pub struct MigrateBenchArgs {
     #[arg(long, value_name = "R", default_value_t = 5)]
     pub runs: u32,
 
+    /// Dirty-page trackers to measure, comma-separated, taken in turn run after run
+    /// (interleaved): bitmap (KVM_GET_DIRTY_LOG), ring (KVM's dirty ring).
+    #[arg(long, value_name = "LIST", value_delimiter = ',', default_value = "bitmap,ring", value_parser = dirty_log)]
+    pub dirty_log: Vec<hv::migration::dirty::DirtyLogMode>,
+
+    /// Run these NPB benchmarks in the guest instead of the TSC gap probe (the
+    /// destination must verify them; there is no guest-seen downtime then).
+    #[arg(long, value_name = "LIST")]
+    pub npb: Option<String>,
+
     /// Print one JSON object per run and a summary.
     #[arg(long)]
     pub json: bool,
@@ -440,6 +450,10 @@ pub struct MigrateBenchArgs {
 }
 
 fn irq_path(text: &str) -> Result<hv::irq::IrqPath, String> {
+    text.parse()
+}
+
+fn dirty_log(text: &str) -> Result<hv::migration::dirty::DirtyLogMode, String> {
     text.parse()
 }
 
@@ -679,6 +693,11 @@ pub struct VmArgs {
     #[arg(long, value_name = "PATH", conflicts_with_all = ["kernel", "dump_guest", "passthrough"])]
     pub ctl_socket: Option<PathBuf>,
 
+    /// How a --ctl-socket VM tracks the pages its vCPUs write while it migrates:
+    /// bitmap (KVM_GET_DIRTY_LOG) or ring (KVM's dirty ring, chosen when the VM is made).
+    #[arg(long, value_name = "KIND", value_parser = dirty_log, requires = "ctl_socket")]
+    pub dirty_log: Option<hv::migration::dirty::DirtyLogMode>,
+
     /// Run the VM saved in PATH (by `kumo ctl ... snapshot`) from where it was saved.
     #[arg(long, value_name = "PATH", conflicts_with_all = ["kernel", "npb", "irq_check", "sched", "dump_guest", "incoming"])]
     pub restore: Option<PathBuf>,
@@ -793,6 +812,7 @@ impl Mode {
                 "json",
                 "sched",
                 "ctl_socket",
+                "dirty_log",
                 "passthrough",
                 "irq_path",
                 "barrier_wait",
@@ -806,7 +826,14 @@ impl Mode {
                 "passthrough",
                 "irq_path",
             ],
-            Mode::IrqCheck => &["irq_check", "irq_path", "irq_rounds", "json", "ctl_socket"],
+            Mode::IrqCheck => &[
+                "irq_check",
+                "irq_path",
+                "irq_rounds",
+                "json",
+                "ctl_socket",
+                "dirty_log",
+            ],
             Mode::DumpGuest => &["dump_guest"],
             Mode::Restore => &["restore", "json", "ctl_socket"],
             Mode::Incoming => &["incoming", "token_file", "json", "ctl_socket"],

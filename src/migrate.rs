@@ -377,7 +377,7 @@ pub fn run_controlled(args: &VmArgs, epoch: Instant) -> Result<u8> {
         );
         (config, npb_list(&specs), None)
     };
-    let vm = Vm::new(config)?;
+    let vm = Vm::with_dirty_log(config, args.dirty_log.unwrap_or_default())?;
     let app = AppState {
         guest: GUEST_NAME.into(),
         npb,

@@ -180,13 +180,14 @@ fn guests_of_2_and_4_vcpus_running_cg_a_and_ep_a_migrate_and_verify() {
     if !kvm_available() {
         return;
     }
-    for (vcpus, npb, benchmark) in [(2, "cg.A", "cg"), (4, "ep.A", "ep")] {
-        let who = format!("{npb} on {vcpus} vCPUs");
+    // The 4-vCPU guest tracks its writes with the dirty ring.
+    for (vcpus, npb, benchmark, dirty) in [(2, "cg.A", "cg", "bitmap"), (4, "ep.A", "ep", "ring")] {
+        let who = format!("{npb} on {vcpus} vCPUs, dirty {dirty}");
         let port = free_port();
         let secret = token(&format!("vcpus{vcpus}.token"), "vcpus secret");
         let dst = destination(port, &secret);
         let socket = scratch(&format!("mig-vcpus{vcpus}.sock"));
-        let src = source_on(&socket, npb, vcpus, &[]);
+        let src = source_on(&socket, npb, vcpus, &["--dirty-log", dirty]);
         let ctl = migrate(&socket, port, &secret);
         assert!(
             ctl.status.success(),
@@ -389,28 +390,35 @@ fn bench_migrate_reports_host_and_guest_downtime() {
     if !kvm_available() {
         return;
     }
+    // One run with each dirty-page tracker, in turn.
     let out = kumo(&[
         "bench",
         "migrate",
         "--runs",
-        "1",
+        "2",
         "--after-ms",
         "200",
+        "--dirty-log",
+        "bitmap,ring",
         "--json",
     ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let lines = json_lines(&out);
-    assert_eq!(lines.len(), 2, "{lines:?}");
-    let run = &lines[0];
-    assert!(run["downtime_ms"].as_f64().unwrap() > 0.0, "{run}");
-    assert!(run["guest_gap_ms"].as_f64().unwrap() > 0.0, "{run}");
-    assert!(run["total_bytes"].as_u64().unwrap() > 0, "{run}");
-    assert_eq!(lines[1]["runs"], 1);
-    assert!(
-        lines[1]["summary"]["downtime_guest"]["median_ms"].is_number(),
-        "{}",
-        lines[1]
-    );
+    assert_eq!(lines.len(), 4, "{lines:?}");
+    for (run, tracker) in lines[..2].iter().zip(["bitmap", "ring"]) {
+        assert_eq!(run["dirty_log"], tracker, "{run}");
+        assert!(run["downtime_ms"].as_f64().unwrap() > 0.0, "{run}");
+        assert!(run["guest_gap_ms"].as_f64().unwrap() > 0.0, "{run}");
+        assert!(run["total_bytes"].as_u64().unwrap() > 0, "{run}");
+    }
+    for (summary, tracker) in lines[2..].iter().zip(["bitmap", "ring"]) {
+        assert_eq!(summary["dirty_log"], tracker, "{summary}");
+        assert_eq!(summary["runs"], 1);
+        assert!(
+            summary["summary"]["downtime_guest"]["median_ms"].is_number(),
+            "{summary}"
+        );
+    }
 }
 
 /// An `--irq-check --irq-rounds` source on `path`: the guest rings the interrupt test

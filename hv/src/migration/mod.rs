@@ -9,6 +9,7 @@
 //! returns [`crate::GuestExit::HandedOff`]).
 
 pub mod auth;
+pub mod dirty;
 pub mod live;
 mod restore;
 pub mod state;
@@ -92,12 +93,15 @@ pub struct Hub {
     control: Arc<VcpuControl>,
     devices: Mutex<Option<Arc<Devices>>>,
     quiescers: Mutex<Vec<Arc<dyn Quiesce>>>,
+    /// The vCPUs' dirty rings, if the VM tracks writes with them (else the bitmap).
+    rings: Option<dirty::Rings>,
 }
 
 impl Hub {
     pub(crate) fn new(
         kvm: &kvm_ioctls::Kvm,
         vcpus: &[VcpuFd],
+        dirty: dirty::DirtyLogMode,
         vm: Arc<VmFd>,
         memory: GuestMemoryMmap,
         memfd: &File,
@@ -127,6 +131,10 @@ impl Hub {
             control,
             devices: Mutex::new(None),
             quiescers: Mutex::new(Vec::new()),
+            rings: match dirty {
+                dirty::DirtyLogMode::Ring => Some(dirty::Rings::map(vcpus)?),
+                dirty::DirtyLogMode::Bitmap => None,
+            },
         })
     }
 
@@ -153,6 +161,37 @@ impl Hub {
             .clone()
     }
 
+    /// How this VM tracks written pages.
+    pub fn dirty_log_mode(&self) -> dirty::DirtyLogMode {
+        match self.rings {
+            Some(_) => dirty::DirtyLogMode::Ring,
+            None => dirty::DirtyLogMode::Bitmap,
+        }
+    }
+
+    /// The pages written since the last call (dirty logging must be on).
+    pub(crate) fn take_dirty(&self) -> Result<Vec<u64>, Error> {
+        match &self.rings {
+            Some(rings) => rings.take(&self.vm),
+            None => {
+                let bitmap = self
+                    .vm
+                    .get_dirty_log(0, memory_bytes(&self.memory) as usize)
+                    .map_err(crate::kvm::ioctl("KVM_GET_DIRTY_LOG"))?;
+                Ok(dirty::bitmap_pages(&bitmap))
+            }
+        }
+    }
+
+    /// A vCPU left the guest because its dirty ring is full: harvest before it
+    /// runs on. False if the VM has no rings (the exit is then unexpected).
+    pub(crate) fn dirty_ring_full(&self) -> Result<bool, Error> {
+        match &self.rings {
+            Some(rings) => rings.harvest(&self.vm).map(|()| true),
+            None => Ok(false),
+        }
+    }
+
     /// `Vm::run` is ending the VM: wakes every waiter for good.
     pub(crate) fn vm_ending(&self) {
         self.lock().ending = true;
@@ -177,7 +216,12 @@ impl Hub {
             Ok(exit) => Err(format!("completing pending I/O: unexpected exit {exit:?}")),
         };
         vcpu.set_kvm_immediate_exit(0);
-        let mut completed = Some(completed);
+        // Saved at once, so the TSC stops where the guest stopped; the LAPIC is read
+        // again once the devices are quiet (interrupts they raised meanwhile).
+        let mut saved =
+            Some(completed.and_then(|()| {
+                state::save_vcpu(vcpu, &self.msr_indices).map_err(|e| e.to_string())
+            }));
         let mut st = self.lock();
         st.paused += 1;
         if let Some(stopped) = st.stopped.get_mut(index as usize) {
@@ -188,14 +232,18 @@ impl Hub {
             let unsaved = st.saved.get(index as usize).is_some_and(Option::is_none);
             if st.save
                 && unsaved
-                && let Some(completed) = completed.take()
+                && let Some(mut saved) = saved.take()
             {
-                // Saved with the lock released: the others save on their threads too.
-                drop(st);
-                let saved = completed.and_then(|()| {
-                    state::save_vcpu(vcpu, &self.msr_indices).map_err(|e| e.to_string())
-                });
-                st = self.lock();
+                if let Ok(state) = &mut saved
+                    && !self.quiescers().is_empty()
+                {
+                    drop(st);
+                    match vcpu.get_lapic() {
+                        Ok(lapic) => state.lapic = lapic,
+                        Err(e) => saved = Err(format!("KVM_GET_LAPIC: {e}")),
+                    }
+                    st = self.lock();
+                }
                 if let Some(slot) = st.saved.get_mut(index as usize) {
                     *slot = Some(saved);
                 }

@@ -10,6 +10,7 @@ use kvm_ioctls::Cap;
 use vm_memory::{Bytes, GuestAddress};
 
 use super::Hub;
+use super::dirty::DirtyLogMode;
 use super::state::{self, DeviceStates, VcpuState, VmState};
 use super::stream::{
     self, Meta, StreamError, TAG_APP, TAG_DEVICES, TAG_END, TAG_META, TAG_RAM, TAG_VCPU, TAG_VM,
@@ -89,7 +90,8 @@ pub fn restore_from(r: &mut impl Read, kvm_device: &Path) -> Result<(Vm, Meta), 
 
 /// A VM of META's shape with nothing loaded: RAM, irqchip, vCPUs with their CPUID.
 fn create(meta: &Meta, kvm_device: &Path) -> Result<Vm, Error> {
-    let (kvm, vm, memory, memfd) = machine(kvm_device, meta.vcpus, meta.memory_bytes)?;
+    let dirty = DirtyLogMode::default();
+    let (kvm, vm, memory, memfd) = machine(kvm_device, meta.vcpus, meta.memory_bytes, dirty)?;
     let mut vcpus = Vec::with_capacity(meta.vcpus as usize);
     for (index, entries) in meta.cpuid.iter().enumerate() {
         let vcpu = vm
@@ -103,6 +105,7 @@ fn create(meta: &Meta, kvm_device: &Path) -> Result<Vm, Error> {
     let hub = Arc::new(Hub::new(
         &kvm,
         &vcpus,
+        dirty,
         vm.clone(),
         memory.clone(),
         &memfd,
