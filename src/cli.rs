@@ -440,6 +440,11 @@ pub struct MigrateBenchArgs {
     #[arg(long, value_name = "LIST")]
     pub npb: Option<String>,
 
+    /// After each kumo run, QEMU migrates the same guest (PVH on microvm, QMP
+    /// `migrate` to `-incoming tcp:` on loopback): its total time and downtime beside.
+    #[arg(long)]
+    pub qemu: bool,
+
     /// Print one JSON object per run and a summary.
     #[arg(long)]
     pub json: bool,

@@ -503,3 +503,33 @@ fn the_interrupt_test_device_keeps_delivering_after_a_move_on_the_fast_path() {
     }
     migrate_irq_guest("fast");
 }
+
+#[test]
+fn bench_migrate_sets_qemus_migration_of_the_same_guest_beside() {
+    if !kvm_available() || !qemu_available() {
+        return;
+    }
+    let out = kumo(&[
+        "bench",
+        "migrate",
+        "--runs",
+        "1",
+        "--after-ms",
+        "200",
+        "--dirty-log",
+        "bitmap",
+        "--qemu",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let lines = json_lines(&out);
+    // kumo's run, QEMU's run, QEMU's summary, kumo's summary.
+    assert_eq!(lines.len(), 4, "{lines:?}");
+    let qemu = &lines[1];
+    assert_eq!(qemu["vmm"], "qemu", "{qemu}");
+    assert!(qemu["total_ms"].as_f64().unwrap() > 0.0, "{qemu}");
+    assert!(qemu["downtime_ms"].as_f64().unwrap() >= 0.0, "{qemu}");
+    assert!(qemu["total_bytes"].as_u64().unwrap() > 0, "{qemu}");
+    assert_eq!(lines[2]["vmm"], "qemu");
+    assert_eq!(lines[3]["dirty_log"], "bitmap");
+}

@@ -17,6 +17,7 @@ use hv::Vm;
 use hv::migration::dirty::DirtyLogMode;
 use serde_json::json;
 
+use super::migrate_qemu::{self, QemuMigration};
 use crate::bench::overhead::median;
 use crate::cli::MigrateBenchArgs;
 use crate::guest;
@@ -46,14 +47,20 @@ fn token() -> Result<Vec<u8>> {
     Ok(t.to_vec())
 }
 
-fn one_run(args: &MigrateBenchArgs, dirty: DirtyLogMode, epoch: Instant) -> Result<Sample> {
+/// The guest's command line: `--npb`'s benchmarks, or the TSC gap probe.
+fn guest_cmdline(args: &MigrateBenchArgs) -> Result<(String, Option<Vec<npb::Spec>>)> {
     let probe_ms = args.after_ms * 2 + 2000;
-    let memory_mib = args.memory;
     let specs = args.npb.as_deref().map(guest::parse_specs).transpose()?;
     let cmdline = match &specs {
         Some(specs) => guest::npb_cmdline(specs, args.vcpus, guest::BarrierWait::Auto),
         None => format!("npb= probe=gap:{probe_ms}"),
     };
+    Ok((cmdline, specs))
+}
+
+fn one_run(args: &MigrateBenchArgs, dirty: DirtyLogMode, epoch: Instant) -> Result<Sample> {
+    let memory_mib = args.memory;
+    let (cmdline, specs) = guest_cmdline(args)?;
     let config = run::embedded_config(args.vcpus, memory_mib, cmdline, &args.kvm_device);
     let vm = Vm::with_dirty_log(config, dirty)?;
     let hub = vm.migration_hub();
@@ -167,6 +174,7 @@ pub fn run_bench(args: &MigrateBenchArgs, epoch: Instant) -> Result<u8> {
         bail!("--dirty-log names no tracker");
     }
     let mut samples = Vec::new();
+    let mut qemu = Vec::new();
     for i in 0..args.runs {
         // Trackers taken in turn: each sees the same host load over the run.
         let dirty = args.dirty_log[i as usize % args.dirty_log.len()];
@@ -197,6 +205,27 @@ pub fn run_bench(args: &MigrateBenchArgs, epoch: Instant) -> Result<u8> {
             );
         }
         samples.push(s);
+        if args.qemu {
+            let q = qemu_run(args).with_context(|| format!("QEMU's run {}", i + 1))?;
+            if args.json {
+                println!(
+                    "{}",
+                    json!({
+                        "run": i + 1,
+                        "vmm": "qemu",
+                        "memory_mib": args.memory,
+                        "vcpus": args.vcpus,
+                        "total_ms": q.total_ms,
+                        "downtime_ms": q.downtime_ms,
+                        "total_bytes": q.transferred_bytes,
+                    })
+                );
+            }
+            qemu.push(q);
+        }
+    }
+    if !qemu.is_empty() {
+        print_qemu_summary(args, &qemu);
     }
     let mut modes = args.dirty_log.clone();
     modes.dedup();
@@ -209,6 +238,57 @@ pub fn run_bench(args: &MigrateBenchArgs, epoch: Instant) -> Result<u8> {
         }
     }
     Ok(crate::report::EXIT_OK)
+}
+
+/// QEMU migrating the same guest, as `kumo bench migrate --qemu` sets it beside.
+fn qemu_run(args: &MigrateBenchArgs) -> Result<QemuMigration> {
+    let (cmdline, _) = guest_cmdline(args)?;
+    migrate_qemu::migrate_once(
+        &args.kvm_device,
+        args.vcpus,
+        args.memory,
+        &cmdline,
+        Duration::from_millis(args.after_ms),
+        Duration::from_millis(args.max_downtime_ms.unwrap_or(300)),
+    )
+}
+
+fn print_qemu_summary(args: &MigrateBenchArgs, runs: &[QemuMigration]) {
+    let stats = |f: &dyn Fn(&QemuMigration) -> f64| -> (f64, f64, f64) {
+        let v: Vec<f64> = runs.iter().map(f).collect();
+        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        (median(&v), lo, hi)
+    };
+    let total = stats(&|q| q.total_ms);
+    let down = stats(&|q| q.downtime_ms);
+    let mib = stats(&|q| q.transferred_bytes as f64 / (1024.0 * 1024.0));
+    if args.json {
+        let row = |(m, lo, hi): (f64, f64, f64)| json!({"median": m, "min": lo, "max": hi});
+        println!(
+            "{}",
+            json!({
+                "vmm": "qemu",
+                "runs": runs.len(),
+                "summary": {"total_ms": row(total), "downtime_ms": row(down), "sent_mib": row(mib)},
+            })
+        );
+    } else {
+        println!(
+            "QEMU 7.2 (query-migrate), same guest, {} vCPUs, {} MiB, {} runs",
+            args.vcpus,
+            args.memory,
+            runs.len()
+        );
+        println!("{:<40} {:>10} {:>10} {:>10}", "", "median", "min", "max");
+        for (name, (m, lo, hi)) in [
+            ("total-time (ms)", total),
+            ("downtime (ms, to the last byte sent)", down),
+            ("RAM sent (MiB)", mib),
+        ] {
+            println!("{name:<40} {m:>10.2} {lo:>10.2} {hi:>10.2}");
+        }
+    }
 }
 
 fn print_summary(args: &MigrateBenchArgs, mode: DirtyLogMode, samples: &[&Sample]) {
