@@ -179,7 +179,12 @@ pub fn migrate_once(
     // The destination runs the guest on (it finishes loading just after the source
     // says completed).
     loop {
-        let status = dst.execute("query-status", json!({}))?;
+        let status = match dst.execute("query-status", json!({})) {
+            Ok(status) => status,
+            // Gone already: the guest ran to its end there (its debug exit ends QEMU).
+            Err(_) if pair.children[0].try_wait()?.is_some() => break,
+            Err(e) => return Err(e),
+        };
         if status.get("running") == Some(&Value::Bool(true)) {
             break;
         }
