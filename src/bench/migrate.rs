@@ -240,6 +240,16 @@ pub fn run_bench(args: &MigrateBenchArgs, epoch: Instant) -> Result<u8> {
     Ok(crate::report::EXIT_OK)
 }
 
+/// Median, min and max (NaN for none).
+fn spread(v: Vec<f64>) -> (f64, f64, f64) {
+    if v.is_empty() {
+        return (f64::NAN, f64::NAN, f64::NAN);
+    }
+    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    (median(&v), lo, hi)
+}
+
 /// QEMU migrating the same guest, as `kumo bench migrate --qemu` sets it beside.
 fn qemu_run(args: &MigrateBenchArgs) -> Result<QemuMigration> {
     let (cmdline, _) = guest_cmdline(args)?;
@@ -254,12 +264,7 @@ fn qemu_run(args: &MigrateBenchArgs) -> Result<QemuMigration> {
 }
 
 fn print_qemu_summary(args: &MigrateBenchArgs, runs: &[QemuMigration]) {
-    let stats = |f: &dyn Fn(&QemuMigration) -> f64| -> (f64, f64, f64) {
-        let v: Vec<f64> = runs.iter().map(f).collect();
-        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
-        let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        (median(&v), lo, hi)
-    };
+    let stats = |f: &dyn Fn(&QemuMigration) -> f64| spread(runs.iter().map(f).collect());
     let total = stats(&|q| q.total_ms);
     let down = stats(&|q| q.downtime_ms);
     let mib = stats(&|q| q.transferred_bytes as f64 / (1024.0 * 1024.0));
@@ -298,12 +303,7 @@ fn print_summary(args: &MigrateBenchArgs, mode: DirtyLogMode, samples: &[&Sample
             .map(|s| f(s))
             .filter(|x| !x.is_nan())
             .collect();
-        if v.is_empty() {
-            return (f64::NAN, f64::NAN, f64::NAN);
-        }
-        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
-        let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        (median(&v), lo, hi)
+        spread(v)
     };
     let rows: [(&str, &str, (f64, f64, f64)); 12] = [
         ("total", "total", pick(&|s| s.report.total_ms)),
