@@ -452,6 +452,21 @@ pub struct MigrateBenchArgs {
     #[arg(long, value_name = "R", default_value_t = 5)]
     pub runs: u32,
 
+    /// Dirty-page trackers to measure, comma-separated, taken in turn run after run
+    /// (interleaved): bitmap (KVM_GET_DIRTY_LOG), ring (KVM's dirty ring).
+    #[arg(long, value_name = "LIST", value_delimiter = ',', default_value = "bitmap,ring", value_parser = dirty_log)]
+    pub dirty_log: Vec<hv::migration::dirty::DirtyLogMode>,
+
+    /// Run these NPB benchmarks in the guest instead of the TSC gap probe (the
+    /// destination must verify them; there is no guest-seen downtime then).
+    #[arg(long, value_name = "LIST")]
+    pub npb: Option<String>,
+
+    /// After each kumo run, QEMU migrates the same guest (PVH on microvm, QMP
+    /// `migrate` to `-incoming tcp:` on loopback): its total time and downtime beside.
+    #[arg(long)]
+    pub qemu: bool,
+
     /// Print one JSON object per run and a summary.
     #[arg(long)]
     pub json: bool,
@@ -462,6 +477,10 @@ pub struct MigrateBenchArgs {
 }
 
 fn irq_path(text: &str) -> Result<hv::irq::IrqPath, String> {
+    text.parse()
+}
+
+fn dirty_log(text: &str) -> Result<hv::migration::dirty::DirtyLogMode, String> {
     text.parse()
 }
 
@@ -675,6 +694,12 @@ pub struct VmArgs {
     #[arg(long, value_name = "PATH", default_value = "generic", value_parser = irq_path)]
     pub irq_path: hv::irq::IrqPath,
 
+    /// With --irq-check: instead of the delivery check, N doorbell rounds on vector 0,
+    /// one interrupt outstanding at a time, lost ones counted (long enough to snapshot
+    /// or migrate the VM mid-run with --ctl-socket).
+    #[arg(long, value_name = "N", requires = "irq_check")]
+    pub irq_rounds: Option<u32>,
+
     /// Attach a PCI device that lives outside kumo (repeatable): `vfio-user:PATH`, a
     /// device served over vfio-user at the UNIX socket PATH (e.g. a port of `kumo
     /// nic-server`), or a host device `DDDD:BB:DD.F` through the kernel's VFIO. Its
@@ -692,8 +717,13 @@ pub struct VmArgs {
 
     /// Serve a control socket for this VM at PATH (mode 0600): `kumo ctl --socket
     /// PATH snapshot|migrate`.
-    #[arg(long, value_name = "PATH", conflicts_with_all = ["kernel", "irq_check", "dump_guest", "passthrough"])]
+    #[arg(long, value_name = "PATH", conflicts_with_all = ["kernel", "dump_guest", "passthrough"])]
     pub ctl_socket: Option<PathBuf>,
+
+    /// How a --ctl-socket VM tracks the pages its vCPUs write while it migrates:
+    /// bitmap (KVM_GET_DIRTY_LOG) or ring (KVM's dirty ring, chosen when the VM is made).
+    #[arg(long, value_name = "KIND", value_parser = dirty_log, requires = "ctl_socket")]
+    pub dirty_log: Option<hv::migration::dirty::DirtyLogMode>,
 
     /// Run the VM saved in PATH (by `kumo ctl ... snapshot`) from where it was saved.
     #[arg(long, value_name = "PATH", conflicts_with_all = ["kernel", "npb", "irq_check", "sched", "dump_guest", "incoming"])]
@@ -809,6 +839,7 @@ impl Mode {
                 "json",
                 "sched",
                 "ctl_socket",
+                "dirty_log",
                 "passthrough",
                 "irq_path",
                 "barrier_wait",
@@ -822,7 +853,14 @@ impl Mode {
                 "passthrough",
                 "irq_path",
             ],
-            Mode::IrqCheck => &["irq_check", "irq_path", "json"],
+            Mode::IrqCheck => &[
+                "irq_check",
+                "irq_path",
+                "irq_rounds",
+                "json",
+                "ctl_socket",
+                "dirty_log",
+            ],
             Mode::DumpGuest => &["dump_guest"],
             Mode::Restore => &["restore", "json", "ctl_socket"],
             Mode::Incoming => &["incoming", "token_file", "json", "ctl_socket"],

@@ -11,6 +11,7 @@ use anyhow::{Context, Result, bail};
 use hv::irq::IrqPath;
 use hv::irq_device::responder::Round;
 use hv::irq_device::{self, IrqDeviceSetup, IrqDevices};
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::cli::{IrqBenchArgs, VmArgs};
@@ -21,27 +22,141 @@ const MEMORY_MIB: u64 = 64;
 /// Most rounds a bench may ask for (its samples must fit the guest heap).
 const MAX_ROUNDS: u32 = 1_000_000;
 
-/// `kumo --irq-check [--irq-path P]`.
+/// `kumo --irq-check [--irq-path P] [--irq-rounds N]`.
 pub fn run_check(args: &VmArgs, epoch: Instant) -> Result<u8> {
     run::check_guest_vcpus(args.vcpus, &args.kvm_device)?;
-    let setup = IrqDeviceSetup {
+    let run = IrqRun {
         path: args.irq_path,
-        delay: Duration::ZERO,
-        noise_hz: None,
+        rounds: args.irq_rounds,
     };
-    let (guest, _) = boot("irq=check", args.vcpus, &setup, &args.kvm_device, epoch)?;
+    run.check_rounds()?;
+    let (guest, devices) = boot(
+        &run.cmdline(),
+        args.vcpus,
+        &run.setup(),
+        &args.kvm_device,
+        epoch,
+    )?;
+    run.report(&guest, args.vcpus, &devices, args.json)
+}
+
+/// What the guest of an `--irq-check` run does, and on which path: all a restored
+/// or migrated VM needs to rebuild its device and judge its run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IrqRun {
+    #[serde(with = "path_name")]
+    pub path: IrqPath,
+    /// `--irq-rounds`: doorbell rounds on vector 0 instead of the delivery check.
+    pub rounds: Option<u32>,
+}
+
+impl IrqRun {
+    pub fn check_rounds(&self) -> Result<()> {
+        match self.rounds {
+            Some(r) if r == 0 || r > MAX_ROUNDS => {
+                bail!("--irq-rounds must be between 1 and {MAX_ROUNDS}")
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The guest's command line.
+    pub fn cmdline(&self) -> String {
+        match self.rounds {
+            None => "irq=check".into(),
+            Some(rounds) => format!("irq=bench:{rounds}:0"),
+        }
+    }
+
+    pub fn memory_mib(&self) -> u64 {
+        MEMORY_MIB
+    }
+
+    /// The test device as this run has it (no delay, no noise).
+    pub fn setup(&self) -> IrqDeviceSetup {
+        IrqDeviceSetup {
+            path: self.path,
+            delay: Duration::ZERO,
+            noise_hz: None,
+        }
+    }
+
+    /// Prints the guest's verdict (with how many rounds this kumo's device answered:
+    /// on a migrated VM, those after the move) and returns the exit status.
+    pub fn report(
+        &self,
+        guest: &GuestRun,
+        vcpus: u32,
+        devices: &IrqDevices,
+        as_json: bool,
+    ) -> Result<u8> {
+        let host_rounds = devices.host_rounds().len();
+        let Some(rounds) = self.rounds else {
+            return report_check(guest, self.path, vcpus, host_rounds, as_json);
+        };
+        let fields = guest.measurement("irqbench")?;
+        let ok = fields.get("lost").is_some_and(|v| v == "0")
+            && fields
+                .get("rounds")
+                .is_some_and(|v| *v == rounds.to_string());
+        let mut row = fields_json(fields);
+        row.insert("path".into(), json!(self.path.name()));
+        row.insert("vcpus".into(), json!(vcpus));
+        row.insert("host_rounds".into(), json!(host_rounds));
+        row.insert("verified".into(), json!(ok));
+        if as_json {
+            crate::outln!("{}", Value::Object(row));
+        } else {
+            crate::outln!(
+                "interrupt rounds, {} path, {vcpus} vCPUs: {} rounds, lost {}, median {} us; \
+                 {host_rounds} answered by this kumo's device: {}",
+                self.path.name(),
+                text(fields, "rounds"),
+                text(fields, "lost"),
+                text(fields, "median_us"),
+                if ok { "verified" } else { "FAILED" },
+            );
+        }
+        Ok(if ok { 0 } else { 1 })
+    }
+}
+
+/// `IrqPath` as its command-line name in a stream.
+mod path_name {
+    use hv::irq::IrqPath;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(path: &IrqPath, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(path.name())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<IrqPath, D::Error> {
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+fn report_check(
+    guest: &GuestRun,
+    path: IrqPath,
+    vcpus: u32,
+    host_rounds: usize,
+    as_json: bool,
+) -> Result<u8> {
     let fields = guest.measurement("irqcheck")?;
     let verified = fields.get("verified").is_some_and(|v| v == "true");
     let mut row = fields_json(fields);
-    row.insert("path".into(), json!(args.irq_path.name()));
-    if args.json {
+    row.insert("path".into(), json!(path.name()));
+    row.insert("host_rounds".into(), json!(host_rounds));
+    if as_json {
         crate::outln!("{}", Value::Object(row));
     } else {
         crate::outln!(
             "interrupt check, {} path, {} vCPUs: {} vectors x {} CPUs delivered {} \
              (misrouted {}, lost {}); masked and held {}, delivered on unmask {}: {}",
-            args.irq_path.name(),
-            args.vcpus,
+            path.name(),
+            vcpus,
             text(fields, "vectors"),
             text(fields, "cpus"),
             text(fields, "delivered"),

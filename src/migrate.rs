@@ -22,6 +22,7 @@ use serde_json::{Value, json};
 use crate::cli::VmArgs;
 use crate::ctl::{self, Controlled, DomainInfo, MigrateRequest, SchedParams, SchedUpdate};
 use crate::guest;
+use crate::irq::IrqRun;
 use crate::node::control::SchedControl;
 use crate::report::{self, EXIT_OK};
 use crate::run::{self, HANDED_OFF};
@@ -40,6 +41,10 @@ pub struct AppState {
     /// destination (or the restored VM) runs under the same ones.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sched: Option<SchedParams>,
+    /// An `--irq-check` run instead of NPB: the interrupt test device is rebuilt
+    /// where the VM goes (its state travels with the PCI bus's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub irq: Option<IrqRun>,
 }
 
 pub const GUEST_NAME: &str = "kumo-npb";
@@ -335,32 +340,51 @@ impl Controlled for VmTarget {
     }
 }
 
-/// `kumo --ctl-socket PATH [--npb ...]`: the embedded guest, saveable while it runs.
+/// `kumo --ctl-socket PATH [--npb ...]` (or `--irq-check`): the embedded guest,
+/// saveable while it runs.
 pub fn run_controlled(args: &VmArgs, epoch: Instant) -> Result<u8> {
-    let specs = match &args.npb {
-        Some(list) => guest::parse_specs(list)?,
-        None => guest::default_specs(),
-    };
     run::check_guest_vcpus(args.vcpus, &args.kvm_device)?;
-    let memory_mib = guest::choose_memory_mib(args.memory, &specs, args.vcpus)?;
-    let config = run::embedded_config(
-        args.vcpus,
-        memory_mib,
-        guest::npb_cmdline(&specs, args.vcpus, args.barrier_wait),
-        &args.kvm_device,
-    );
-    let vm = Vm::new(config)?;
+    let sched = args
+        .sched
+        .as_deref()
+        .map(crate::sched_params::parse_spec)
+        .transpose()?
+        .map(crate::sched_params::view);
+    let (config, npb, irq) = if args.irq_check {
+        let irq = IrqRun {
+            path: args.irq_path,
+            rounds: args.irq_rounds,
+        };
+        irq.check_rounds()?;
+        let config = run::embedded_config(
+            args.vcpus,
+            irq.memory_mib(),
+            irq.cmdline(),
+            &args.kvm_device,
+        );
+        (config, String::new(), Some(irq))
+    } else {
+        let specs = match &args.npb {
+            Some(list) => guest::parse_specs(list)?,
+            None => guest::default_specs(),
+        };
+        let memory_mib = guest::choose_memory_mib(args.memory, &specs, args.vcpus)?;
+        let config = run::embedded_config(
+            args.vcpus,
+            memory_mib,
+            guest::npb_cmdline(&specs, args.vcpus, args.barrier_wait),
+            &args.kvm_device,
+        );
+        (config, npb_list(&specs), None)
+    };
+    let vm = Vm::with_dirty_log(config, args.dirty_log.unwrap_or_default())?;
     let app = AppState {
         guest: GUEST_NAME.into(),
-        npb: npb_list(&specs),
+        npb,
         vcpus: args.vcpus,
         console: Vec::new(),
-        sched: args
-            .sched
-            .as_deref()
-            .map(crate::sched_params::parse_spec)
-            .transpose()?
-            .map(crate::sched_params::view),
+        sched,
+        irq,
     };
     run_vm(vm, app, args.ctl_socket.as_deref(), epoch, args.json)
 }
@@ -387,13 +411,23 @@ fn npb_list(specs: &[Spec]) -> String {
 /// Runs a created or restored VM of the embedded guest, serving `socket` if given,
 /// and reports it; a VM handed off elsewhere reports that instead.
 pub fn run_vm(
-    vm: Vm,
+    mut vm: Vm,
     app: AppState,
     socket: Option<&Path>,
     epoch: Instant,
     json: bool,
 ) -> Result<u8> {
-    let specs = app.specs()?;
+    let specs = match app.irq {
+        Some(_) => Vec::new(),
+        None => app.specs()?,
+    };
+    // The same device in the same slot as where the VM was made; a restored VM's
+    // device takes its saved registers and routes when the VM starts.
+    let irq_devices = app
+        .irq
+        .map(|irq| hv::irq_device::attach(&mut vm, &irq.setup(), None))
+        .transpose()
+        .context("attaching the interrupt test device")?;
     let console = Arc::new(Mutex::new(app.console.clone()));
     let replay = app.console.clone();
     let credit = app
@@ -428,6 +462,9 @@ pub fn run_vm(
     if run.outcome.exit == GuestExit::HandedOff {
         eprintln!("kumo: {HANDED_OFF}");
         return Ok(EXIT_OK);
+    }
+    if let (Some(irq), Some(devices)) = (app.irq, &irq_devices) {
+        return irq.report(&run, app.vcpus, devices, json);
     }
     let verdict = run.judge(&specs, app.vcpus);
     report::print(&verdict, json);

@@ -54,11 +54,17 @@ fn source(socket: &Path) -> Background {
 
 /// [`source`] with another workload and more options.
 fn source_with(socket: &Path, npb: &str, extra: &[&str]) -> Background {
+    source_on(socket, npb, 1, extra)
+}
+
+/// [`source_with`] on `vcpus` vCPUs.
+fn source_on(socket: &Path, npb: &str, vcpus: u32, extra: &[&str]) -> Background {
+    let vcpus = vcpus.to_string();
     let mut args = vec![
         "--npb",
         npb,
         "--vcpus",
-        "1",
+        &vcpus,
         "--json",
         "--ctl-socket",
         socket.to_str().unwrap(),
@@ -106,6 +112,10 @@ fn migrate(socket: &Path, port: u16, token: &Path) -> std::process::Output {
 }
 
 fn assert_verified(out: &std::process::Output, who: &str) {
+    assert_benchmark_verified(out, "ep", who);
+}
+
+fn assert_benchmark_verified(out: &std::process::Output, benchmark: &str, who: &str) {
     assert!(
         out.status.success(),
         "{who}: {:?}: {}",
@@ -114,7 +124,7 @@ fn assert_verified(out: &std::process::Output, who: &str) {
     );
     let lines = json_lines(out);
     assert_eq!(lines.len(), 2, "{who}: {lines:?}");
-    assert_eq!(lines[0]["benchmark"], "ep", "{who}");
+    assert_eq!(lines[0]["benchmark"], benchmark, "{who}");
     assert_eq!(lines[0]["verified"], true, "{who}: {}", lines[0]);
     assert_eq!(lines[1]["ok"], true, "{who}: {}", lines[1]);
 }
@@ -160,6 +170,40 @@ fn a_running_ep_guest_migrates_and_verifies_on_the_destination() {
     );
     assert!(text(&src_out.stderr).contains("handed off"));
     assert_verified(&dst.finish(), "destination");
+}
+
+/// With 1 vCPU, EP.A moves in the first test; here CG.A on 2 vCPUs (seconds of
+/// sparse-matrix work, its memory written throughout) and EP.A on 4 (more vCPUs
+/// than the host's 2 CPUs), one after the other to keep the load modest.
+#[test]
+fn guests_of_2_and_4_vcpus_running_cg_a_and_ep_a_migrate_and_verify() {
+    if !kvm_available() {
+        return;
+    }
+    // The 4-vCPU guest tracks its writes with the dirty ring.
+    for (vcpus, npb, benchmark, dirty) in [(2, "cg.A", "cg", "bitmap"), (4, "ep.A", "ep", "ring")] {
+        let who = format!("{npb} on {vcpus} vCPUs, dirty {dirty}");
+        let port = free_port();
+        let secret = token(&format!("vcpus{vcpus}.token"), "vcpus secret");
+        let dst = destination(port, &secret);
+        let socket = scratch(&format!("mig-vcpus{vcpus}.sock"));
+        let src = source_on(&socket, npb, vcpus, &["--dirty-log", dirty]);
+        let ctl = migrate(&socket, port, &secret);
+        assert!(
+            ctl.status.success(),
+            "{who}: migrate: {}",
+            text(&ctl.stderr)
+        );
+        let src_out = src.finish();
+        assert!(src_out.status.success(), "{who}: {}", text(&src_out.stderr));
+        assert!(
+            text(&src_out.stdout).is_empty(),
+            "{who}: the source ended the run itself"
+        );
+        let dst_out = dst.finish();
+        assert_benchmark_verified(&dst_out, benchmark, &who);
+        assert_eq!(json_lines(&dst_out)[1]["vcpus"], vcpus, "{who}");
+    }
 }
 
 #[test]
@@ -346,6 +390,125 @@ fn bench_migrate_reports_host_and_guest_downtime() {
     if !kvm_available() {
         return;
     }
+    // One run with each dirty-page tracker, in turn.
+    let out = kumo(&[
+        "bench",
+        "migrate",
+        "--runs",
+        "2",
+        "--after-ms",
+        "200",
+        "--dirty-log",
+        "bitmap,ring",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let lines = json_lines(&out);
+    assert_eq!(lines.len(), 4, "{lines:?}");
+    for (run, tracker) in lines[..2].iter().zip(["bitmap", "ring"]) {
+        assert_eq!(run["dirty_log"], tracker, "{run}");
+        assert!(run["downtime_ms"].as_f64().unwrap() > 0.0, "{run}");
+        assert!(run["guest_gap_ms"].as_f64().unwrap() > 0.0, "{run}");
+        assert!(run["total_bytes"].as_u64().unwrap() > 0, "{run}");
+    }
+    for (summary, tracker) in lines[2..].iter().zip(["bitmap", "ring"]) {
+        assert_eq!(summary["dirty_log"], tracker, "{summary}");
+        assert_eq!(summary["runs"], 1);
+        assert!(
+            summary["summary"]["downtime_guest"]["median_ms"].is_number(),
+            "{summary}"
+        );
+    }
+}
+
+/// An `--irq-check --irq-rounds` source on `path`: the guest rings the interrupt test
+/// device's doorbell round after round (tens of microseconds each, seconds in all).
+fn irq_source(socket: &Path, path: &str, rounds: u32) -> Background {
+    let rounds = rounds.to_string();
+    let s = kumo_background(&[
+        "--irq-check",
+        "--irq-rounds",
+        &rounds,
+        "--irq-path",
+        path,
+        "--vcpus",
+        "2",
+        "--json",
+        "--ctl-socket",
+        socket.to_str().unwrap(),
+    ]);
+    wait_for_path(socket);
+    s
+}
+
+/// The destination's device answered the rounds after the move and the guest saw
+/// every round of its run answered (none lost across the move).
+fn assert_irq_rounds_delivered(out: &std::process::Output, rounds: u32, who: &str) {
+    assert!(
+        out.status.success(),
+        "{who}: {:?}: {}",
+        out.status,
+        text(&out.stderr)
+    );
+    let lines = json_lines(out);
+    assert_eq!(lines.len(), 1, "{who}: {lines:?}");
+    let row = &lines[0];
+    assert_eq!(
+        row["rounds"].as_f64(),
+        Some(f64::from(rounds)),
+        "{who}: {row}"
+    );
+    assert_eq!(row["lost"].as_f64(), Some(0.0), "{who}: {row}");
+    assert_eq!(row["verified"], true, "{who}: {row}");
+    let here = row["host_rounds"].as_u64().unwrap();
+    assert!(
+        here > 0 && here < u64::from(rounds),
+        "{who}: this kumo's device answered {here} of {rounds} rounds: {row}"
+    );
+}
+
+fn migrate_irq_guest(path: &str) {
+    const ROUNDS: u32 = 60_000;
+    let port = free_port();
+    let secret = token(&format!("irq-{path}.token"), "irq secret");
+    let dst = destination(port, &secret);
+    let socket = scratch(&format!("mig-irq-{path}.sock"));
+    let src = irq_source(&socket, path, ROUNDS);
+    // Let the rounds begin, so the move lands mid-run.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let ctl = migrate(&socket, port, &secret);
+    assert!(ctl.status.success(), "migrate: {}", text(&ctl.stderr));
+    let src_out = src.finish();
+    assert!(src_out.status.success(), "{}", text(&src_out.stderr));
+    assert!(
+        text(&src_out.stdout).is_empty(),
+        "the source ended the run itself"
+    );
+    assert!(text(&src_out.stderr).contains("handed off"));
+    assert_irq_rounds_delivered(&dst.finish(), ROUNDS, &format!("destination ({path})"));
+}
+
+#[test]
+fn the_interrupt_test_device_keeps_delivering_after_a_move_on_the_generic_path() {
+    if !kvm_available() {
+        return;
+    }
+    migrate_irq_guest("generic");
+}
+
+#[test]
+fn the_interrupt_test_device_keeps_delivering_after_a_move_on_the_fast_path() {
+    if !kvm_available() {
+        return;
+    }
+    migrate_irq_guest("fast");
+}
+
+#[test]
+fn bench_migrate_sets_qemus_migration_of_the_same_guest_beside() {
+    if !kvm_available() || !qemu_available() {
+        return;
+    }
     let out = kumo(&[
         "bench",
         "migrate",
@@ -353,19 +516,20 @@ fn bench_migrate_reports_host_and_guest_downtime() {
         "1",
         "--after-ms",
         "200",
+        "--dirty-log",
+        "bitmap",
+        "--qemu",
         "--json",
     ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let lines = json_lines(&out);
-    assert_eq!(lines.len(), 2, "{lines:?}");
-    let run = &lines[0];
-    assert!(run["downtime_ms"].as_f64().unwrap() > 0.0, "{run}");
-    assert!(run["guest_gap_ms"].as_f64().unwrap() > 0.0, "{run}");
-    assert!(run["total_bytes"].as_u64().unwrap() > 0, "{run}");
-    assert_eq!(lines[1]["runs"], 1);
-    assert!(
-        lines[1]["summary"]["downtime_guest"]["median_ms"].is_number(),
-        "{}",
-        lines[1]
-    );
+    // kumo's run, QEMU's run, QEMU's summary, kumo's summary.
+    assert_eq!(lines.len(), 4, "{lines:?}");
+    let qemu = &lines[1];
+    assert_eq!(qemu["vmm"], "qemu", "{qemu}");
+    assert!(qemu["total_ms"].as_f64().unwrap() > 0.0, "{qemu}");
+    assert!(qemu["downtime_ms"].as_f64().unwrap() >= 0.0, "{qemu}");
+    assert!(qemu["total_bytes"].as_u64().unwrap() > 0, "{qemu}");
+    assert_eq!(lines[2]["vmm"], "qemu");
+    assert_eq!(lines[3]["dirty_log"], "bitmap");
 }

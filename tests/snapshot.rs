@@ -227,3 +227,55 @@ fn a_vm_under_the_credit_scheduler_is_restored_under_the_parameters_in_force() {
     let _ = std::fs::remove_file(&file);
     let _ = std::fs::remove_file(&again);
 }
+
+/// The interrupt test device's rounds verified, `here` of them answered by this kumo.
+fn irq_rounds_verified(out: &std::process::Output, rounds: u32) -> u64 {
+    assert!(
+        out.status.success(),
+        "{:?}: {}",
+        out.status,
+        text(&out.stderr)
+    );
+    let lines = json_lines(out);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    let row = &lines[0];
+    assert_eq!(row["rounds"].as_f64(), Some(f64::from(rounds)), "{row}");
+    assert_eq!(row["lost"].as_f64(), Some(0.0), "{row}");
+    assert_eq!(row["verified"], true, "{row}");
+    row["host_rounds"].as_u64().unwrap()
+}
+
+#[test]
+fn a_vm_with_the_interrupt_test_device_is_snapshotted_mid_run_and_both_copies_deliver() {
+    if !kvm_available() {
+        return;
+    }
+    const ROUNDS: u32 = 40_000;
+    let socket = scratch("irq.sock");
+    let file = scratch("irq.snap");
+    let source = kumo_background(&[
+        "--irq-check",
+        "--irq-rounds",
+        &ROUNDS.to_string(),
+        "--irq-path",
+        "fast",
+        "--json",
+        "--ctl-socket",
+        socket.to_str().unwrap(),
+    ]);
+    wait_for_path(&socket);
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let ctl = snapshot(&socket, &file, false);
+    assert!(ctl.status.success(), "snapshot: {}", text(&ctl.stderr));
+    // The source paused its device with the vCPUs and goes on without losing a round.
+    assert_eq!(
+        irq_rounds_verified(&source.finish(), ROUNDS),
+        u64::from(ROUNDS)
+    );
+    let restored = kumo(&["--restore", file.to_str().unwrap(), "--json"]);
+    let here = irq_rounds_verified(&restored, ROUNDS);
+    assert!(
+        here > 0 && here < u64::from(ROUNDS),
+        "the restored device answered {here} rounds"
+    );
+}

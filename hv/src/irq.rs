@@ -13,8 +13,9 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use kvm_bindings::{
     KVM_IRQ_ROUTING_IRQCHIP, KVM_IRQ_ROUTING_MSI, KVM_IRQCHIP_IOAPIC, KvmIrqRouting,
@@ -114,6 +115,10 @@ struct LoopState {
     wake: EventFd,
     stop: AtomicBool,
     stats: IrqStats,
+    /// Messages queued so far, and of them handed to KVM (for [`LoopFlush`]).
+    queued: AtomicU64,
+    handled: Mutex<u64>,
+    caught_up: Condvar,
 }
 
 /// The generic path's event-loop thread.
@@ -139,6 +144,9 @@ impl EventLoop {
             })?,
             stop: AtomicBool::new(false),
             stats: IrqStats::default(),
+            queued: AtomicU64::new(0),
+            handled: Mutex::new(0),
+            caught_up: Condvar::new(),
         });
         let loop_state = state.clone();
         let thread = std::thread::Builder::new()
@@ -167,6 +175,41 @@ impl EventLoop {
     pub fn stats(&self) -> &IrqStats {
         &self.state.stats
     }
+
+    /// A handle that waits for the queue to drain (a VM's pause uses it).
+    pub fn flusher(&self) -> LoopFlush {
+        LoopFlush {
+            state: self.state.clone(),
+        }
+    }
+}
+
+/// Waits until everything queued to an [`EventLoop`] so far is in KVM.
+pub struct LoopFlush {
+    state: Arc<LoopState>,
+}
+
+/// A loop that does not catch up within this long has stopped (it never blocks).
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
+
+impl LoopFlush {
+    pub fn flush(&self) {
+        let target = self.state.queued.load(Ordering::SeqCst);
+        let deadline = Instant::now() + FLUSH_TIMEOUT;
+        let mut handled = lock(&self.state.handled);
+        while *handled < target {
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                tracing::warn!("the interrupt event loop did not drain");
+                return;
+            };
+            handled = self
+                .state
+                .caught_up
+                .wait_timeout(handled, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
 }
 
 impl Drop for EventLoop {
@@ -194,9 +237,12 @@ fn run_loop(vm: &VmFd, state: &LoopState) {
             return;
         }
         std::mem::swap(&mut batch, &mut *lock(&state.queue));
+        let count = batch.len() as u64;
         for msi in batch.drain(..) {
             inject(vm, msi, &state.stats);
         }
+        *lock(&state.handled) += count;
+        state.caught_up.notify_all();
         if state.stop.load(Ordering::SeqCst) {
             return;
         }
@@ -234,6 +280,7 @@ pub struct GenericSink {
 impl VectorSink for GenericSink {
     fn raise(&self, msi: Msi) {
         lock(&self.state.queue).push_back(msi);
+        self.state.queued.fetch_add(1, Ordering::SeqCst);
         if let Err(e) = self.state.wake.write(1) {
             tracing::error!("waking the event loop failed: {e}");
         }

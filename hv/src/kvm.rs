@@ -43,3 +43,12 @@ pub(crate) fn ioctl(name: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> Err
         source,
     }
 }
+
+/// The TSC rate KVM gives a new vCPU here, in kHz (another VMM told to keep the
+/// guest's TSC invariant across a migration must be told it).
+pub fn host_tsc_khz(kvm_device: &Path) -> Result<u32, Error> {
+    let kvm = open(kvm_device)?;
+    let vm = kvm.create_vm().map_err(ioctl("KVM_CREATE_VM"))?;
+    let vcpu = vm.create_vcpu(0).map_err(ioctl("KVM_CREATE_VCPU"))?;
+    vcpu.get_tsc_khz().map_err(ioctl("KVM_GET_TSC_KHZ"))
+}

@@ -47,6 +47,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use fault::{CpuMode, FaultReason, FaultReport, Registers};
+pub use kvm::host_tsc_khz;
 pub use stop::{RunLimits, StopCause};
 pub use vm::{DeviceHealth, Vm};
 

@@ -14,7 +14,7 @@ use std::sync::mpsc::Sender;
 
 use devices::pci::PciBus;
 use devices::{IoAction, PioBus};
-use kvm_bindings::{KVM_EXIT_IO_IN, KVM_EXIT_IO_OUT, kvm_run};
+use kvm_bindings::{KVM_EXIT_DIRTY_RING_FULL, KVM_EXIT_IO_IN, KVM_EXIT_IO_OUT, kvm_run};
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use vm_memory::GuestMemoryMmap;
 
@@ -186,6 +186,19 @@ fn run_loop(index: u32, vcpu: &mut VcpuFd, shared: &Shared) -> VcpuEnd {
             Ok(VcpuExit::SystemEvent(kind, data)) => Step::Fault(FaultReason::UnhandledExit(
                 format!("KVM_EXIT_SYSTEM_EVENT type {kind} data {data:x?}"),
             )),
+            // KVM_EXIT_DIRTY_RING_FULL: the ring must be harvested before this vCPU
+            // may run on (only a VM made with the dirty ring gets it).
+            Ok(VcpuExit::Unsupported(KVM_EXIT_DIRTY_RING_FULL)) => {
+                match shared.hub.dirty_ring_full() {
+                    Ok(true) => Step::Continue,
+                    Ok(false) => Step::Fault(FaultReason::UnhandledExit(
+                        "KVM_EXIT_DIRTY_RING_FULL without a dirty ring".into(),
+                    )),
+                    Err(e) => Step::Fault(FaultReason::UnhandledExit(format!(
+                        "harvesting the dirty ring failed: {e}"
+                    ))),
+                }
+            }
             Ok(other) => Step::Fault(FaultReason::UnhandledExit(format!("{other:?}"))),
             Err(e) => match e.errno() {
                 libc::EINTR => {

@@ -24,6 +24,7 @@ use crate::irq::{EventLoop, GsiRouter, Msi};
 use crate::kick;
 use crate::kvm::{self, ioctl};
 use crate::layout::*;
+use crate::migration::dirty::DirtyLogMode;
 use crate::migration::{DeviceStates, Hub};
 use crate::placement::VcpuControl;
 use crate::stop::{self, RunLimits, StopCause};
@@ -100,6 +101,12 @@ impl Vm {
     /// in-kernel irqchip and the vCPUs (CPUID policy), loads the kernel and modules,
     /// writes the boot information and ACPI tables and sets the BSP's PVH entry state.
     pub fn new(config: VmConfig) -> Result<Vm, Error> {
+        Vm::with_dirty_log(config, DirtyLogMode::default())
+    }
+
+    /// As [`Vm::new`], tracking written pages (for a live migration) with `dirty`:
+    /// the dirty ring can only be chosen when the VM is made.
+    pub fn with_dirty_log(config: VmConfig, dirty: DirtyLogMode) -> Result<Vm, Error> {
         // Everything that needs no KVM first, so bad input fails fast.
         if config.vcpus == 0 {
             return Err(Error::NoVcpus);
@@ -139,7 +146,7 @@ impl Vm {
             )));
         }
 
-        let (kvm, vm, memory, memfd) = machine(&config.kvm_device, config.vcpus, mem_size)?;
+        let (kvm, vm, memory, memfd) = machine(&config.kvm_device, config.vcpus, mem_size, dirty)?;
 
         let supported = kvm
             .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
@@ -188,6 +195,7 @@ impl Vm {
         let hub = Arc::new(Hub::new(
             &kvm,
             &vcpus,
+            dirty,
             vm.clone(),
             memory.clone(),
             &memfd,
@@ -597,11 +605,12 @@ fn watch(
 
 /// What every VM starts from, new or restored: KVM opened (and its vCPU limit checked),
 /// a VM with `mem_size` bytes of memfd RAM in slot 0, the TSS and the in-kernel
-/// irqchip (which must exist before any vCPU).
+/// irqchip (which must exist before any vCPU), and the dirty ring if `dirty` asks.
 pub(crate) fn machine(
     kvm_device: &std::path::Path,
     vcpus: u32,
     mem_size: u64,
+    dirty: DirtyLogMode,
 ) -> Result<(Kvm, VmFd, GuestMemoryMmap, File), Error> {
     let kvm = kvm::open(kvm_device)?;
     let max = kvm::max_vcpus(&kvm);
@@ -631,6 +640,9 @@ pub(crate) fn machine(
     vm.set_tss_address(KVM_TSS_ADDR)
         .map_err(ioctl("KVM_SET_TSS_ADDR"))?;
     vm.create_irq_chip().map_err(ioctl("KVM_CREATE_IRQCHIP"))?;
+    if dirty == DirtyLogMode::Ring {
+        crate::migration::dirty::enable_ring(&vm)?;
+    }
     Ok((kvm, vm, memory, memfd))
 }
 

@@ -14,19 +14,31 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use hv::Vm;
+use hv::migration::dirty::DirtyLogMode;
 use serde_json::json;
 
+use super::migrate_qemu::{self, QemuMigration};
 use crate::bench::overhead::median;
 use crate::cli::MigrateBenchArgs;
 use crate::guest;
 use crate::migrate::{self, AppState, GUEST_NAME};
 use crate::run;
 
+/// How many of its longest gaps the guest's gap probe reports.
+const LONG_GAPS: usize = 8;
+
 /// One run's figures.
 struct Sample {
+    dirty: DirtyLogMode,
     report: hv::migration::live::Report,
-    /// The guest's longest TSC gap, in ms.
+    /// The guest's longest TSC gap, in ms (NaN when the guest ran NPB instead).
     guest_gap_ms: f64,
+    /// The guest's gap that holds vCPU 0's TSC saved at the pause: it began this
+    /// long before the save and ended this long after it (the destination's TSC
+    /// runs on from the saved value from when it is restored). NaN if none of the
+    /// guest's longest gaps holds it.
+    gap_began_before_save_ms: f64,
+    gap_ended_after_save_ms: f64,
 }
 
 fn token() -> Result<Vec<u8>> {
@@ -35,12 +47,22 @@ fn token() -> Result<Vec<u8>> {
     Ok(t.to_vec())
 }
 
-fn one_run(args: &MigrateBenchArgs, epoch: Instant) -> Result<Sample> {
+/// The guest's command line: `--npb`'s benchmarks, or the TSC gap probe.
+fn guest_cmdline(args: &MigrateBenchArgs) -> Result<(String, Option<Vec<npb::Spec>>)> {
     let probe_ms = args.after_ms * 2 + 2000;
+    let specs = args.npb.as_deref().map(guest::parse_specs).transpose()?;
+    let cmdline = match &specs {
+        Some(specs) => guest::npb_cmdline(specs, args.vcpus, guest::BarrierWait::Auto),
+        None => format!("npb= probe=gap:{probe_ms}"),
+    };
+    Ok((cmdline, specs))
+}
+
+fn one_run(args: &MigrateBenchArgs, dirty: DirtyLogMode, epoch: Instant) -> Result<Sample> {
     let memory_mib = args.memory;
-    let cmdline = format!("npb= probe=gap:{probe_ms}");
+    let (cmdline, specs) = guest_cmdline(args)?;
     let config = run::embedded_config(args.vcpus, memory_mib, cmdline, &args.kvm_device);
-    let vm = Vm::new(config)?;
+    let vm = Vm::with_dirty_log(config, dirty)?;
     let hub = vm.migration_hub();
     let console = Arc::new(Mutex::new(Vec::new()));
     let app = AppState {
@@ -49,6 +71,7 @@ fn one_run(args: &MigrateBenchArgs, epoch: Instant) -> Result<Sample> {
         vcpus: args.vcpus,
         console: Vec::new(),
         sched: None,
+        irq: None,
     };
     let app_json = || {
         let console = console.lock().unwrap_or_else(|e| e.into_inner()).clone();
@@ -97,14 +120,44 @@ fn one_run(args: &MigrateBenchArgs, epoch: Instant) -> Result<Sample> {
     let dst_run = destination
         .join()
         .map_err(|_| anyhow::anyhow!("the destination's thread panicked"))??;
+    if let Some(specs) = &specs {
+        let verdict = dst_run.judge(specs, args.vcpus);
+        if verdict.exit_code() != crate::report::EXIT_OK {
+            bail!("the migrated NPB run did not verify on the destination");
+        }
+        return Ok(Sample {
+            dirty,
+            report,
+            guest_gap_ms: f64::NAN,
+            gap_began_before_save_ms: f64::NAN,
+            gap_ended_after_save_ms: f64::NAN,
+        });
+    }
     let fields = dst_run.measurement("gapprobe")?;
     let gap_us: f64 = fields
         .get("max_gap_us")
         .and_then(|v| v.parse().ok())
         .context("the guest's gapprobe line has no max_gap_us")?;
+    // The guest's long gap that holds the pause: where the save falls in it.
+    let spans = fields.get("long_gaps").map(String::as_str).unwrap_or("");
+    let at_pause = report.saved_tsc.and_then(|saved| {
+        spans
+            .split(',')
+            .filter_map(|g| g.split_once(':'))
+            .filter_map(|(s, l)| Some((s.parse::<u64>().ok()?, l.parse::<u64>().ok()?)))
+            .find(|&(start, len)| start <= saved && saved <= start.saturating_add(len))
+            .map(|(start, len)| (saved - start, start + len - saved))
+    });
+    let khz = f64::from(report.tsc_khz.max(1));
+    let (before, after) = at_pause.map_or((f64::NAN, f64::NAN), |(b, a)| {
+        (b as f64 / khz, a as f64 / khz)
+    });
     Ok(Sample {
+        dirty,
         report,
         guest_gap_ms: gap_us / 1000.0,
+        gap_began_before_save_ms: before,
+        gap_ended_after_save_ms: after,
     })
 }
 
@@ -117,21 +170,34 @@ pub fn run_bench(args: &MigrateBenchArgs, epoch: Instant) -> Result<u8> {
     if args.memory < needed {
         bail!("--memory {} is below the guest's {needed} MiB", args.memory);
     }
+    if args.dirty_log.is_empty() {
+        bail!("--dirty-log names no tracker");
+    }
     let mut samples = Vec::new();
+    let mut qemu = Vec::new();
     for i in 0..args.runs {
-        let s = one_run(args, epoch).with_context(|| format!("run {}", i + 1))?;
+        // Trackers taken in turn: each sees the same host load over the run.
+        let dirty = args.dirty_log[i as usize % args.dirty_log.len()];
+        let s = one_run(args, dirty, epoch).with_context(|| format!("run {}", i + 1))?;
         if args.json {
             println!(
                 "{}",
                 json!({
                     "run": i + 1,
+                    "dirty_log": dirty.name(),
                     "memory_mib": args.memory,
                     "vcpus": args.vcpus,
+                    "npb": args.npb,
                     "total_ms": s.report.total_ms,
                     "downtime_ms": s.report.downtime_ms,
                     "pause_ms": s.report.pause_ms,
+                    "harvest_ms": s.report.harvest_ms,
+                    "final_pages_ms": s.report.final_pages_ms,
+                    "state_ms": s.report.state_ms,
                     "sent_ms": s.report.sent_ms,
-                    "guest_gap_ms": s.guest_gap_ms,
+                    "guest_gap_ms": (!s.guest_gap_ms.is_nan()).then_some(s.guest_gap_ms),
+                    "gap_began_before_save_ms": (!s.gap_began_before_save_ms.is_nan()).then_some(s.gap_began_before_save_ms),
+                    "gap_ended_after_save_ms": (!s.gap_ended_after_save_ms.is_nan()).then_some(s.gap_ended_after_save_ms),
                     "rounds": s.report.rounds,
                     "final_pages": s.report.final_pages,
                     "total_bytes": s.report.total_bytes,
@@ -139,14 +205,107 @@ pub fn run_bench(args: &MigrateBenchArgs, epoch: Instant) -> Result<u8> {
             );
         }
         samples.push(s);
+        if args.qemu {
+            let q = qemu_run(args).with_context(|| format!("QEMU's run {}", i + 1))?;
+            if args.json {
+                println!(
+                    "{}",
+                    json!({
+                        "run": i + 1,
+                        "vmm": "qemu",
+                        "memory_mib": args.memory,
+                        "vcpus": args.vcpus,
+                        "total_ms": q.total_ms,
+                        "downtime_ms": q.downtime_ms,
+                        "total_bytes": q.transferred_bytes,
+                    })
+                );
+            }
+            qemu.push(q);
+        }
     }
+    if !qemu.is_empty() {
+        print_qemu_summary(args, &qemu);
+    }
+    let mut modes = args.dirty_log.clone();
+    modes.dedup();
+    modes.sort_by_key(|m| m.name());
+    modes.dedup();
+    for mode in modes {
+        let of_mode: Vec<&Sample> = samples.iter().filter(|s| s.dirty == mode).collect();
+        if !of_mode.is_empty() {
+            print_summary(args, mode, &of_mode);
+        }
+    }
+    Ok(crate::report::EXIT_OK)
+}
+
+/// Median, min and max (NaN for none).
+fn spread(v: Vec<f64>) -> (f64, f64, f64) {
+    if v.is_empty() {
+        return (f64::NAN, f64::NAN, f64::NAN);
+    }
+    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    (median(&v), lo, hi)
+}
+
+/// QEMU migrating the same guest, as `kumo bench migrate --qemu` sets it beside.
+fn qemu_run(args: &MigrateBenchArgs) -> Result<QemuMigration> {
+    let (cmdline, _) = guest_cmdline(args)?;
+    migrate_qemu::migrate_once(
+        &args.kvm_device,
+        args.vcpus,
+        args.memory,
+        &cmdline,
+        Duration::from_millis(args.after_ms),
+        Duration::from_millis(args.max_downtime_ms.unwrap_or(300)),
+    )
+}
+
+fn print_qemu_summary(args: &MigrateBenchArgs, runs: &[QemuMigration]) {
+    let stats = |f: &dyn Fn(&QemuMigration) -> f64| spread(runs.iter().map(f).collect());
+    let total = stats(&|q| q.total_ms);
+    let down = stats(&|q| q.downtime_ms);
+    let mib = stats(&|q| q.transferred_bytes as f64 / (1024.0 * 1024.0));
+    if args.json {
+        let row = |(m, lo, hi): (f64, f64, f64)| json!({"median": m, "min": lo, "max": hi});
+        println!(
+            "{}",
+            json!({
+                "vmm": "qemu",
+                "runs": runs.len(),
+                "summary": {"total_ms": row(total), "downtime_ms": row(down), "sent_mib": row(mib)},
+            })
+        );
+    } else {
+        println!(
+            "QEMU 7.2 (query-migrate), same guest, {} vCPUs, {} MiB, {} runs",
+            args.vcpus,
+            args.memory,
+            runs.len()
+        );
+        println!("{:<40} {:>10} {:>10} {:>10}", "", "median", "min", "max");
+        for (name, (m, lo, hi)) in [
+            ("total-time (ms)", total),
+            ("downtime (ms, to the last byte sent)", down),
+            ("RAM sent (MiB)", mib),
+        ] {
+            println!("{name:<40} {m:>10.2} {lo:>10.2} {hi:>10.2}");
+        }
+    }
+}
+
+fn print_summary(args: &MigrateBenchArgs, mode: DirtyLogMode, samples: &[&Sample]) {
     let pick = |f: &dyn Fn(&Sample) -> f64| -> (f64, f64, f64) {
-        let v: Vec<f64> = samples.iter().map(f).collect();
-        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
-        let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        (median(&v), lo, hi)
+        let v: Vec<f64> = samples
+            .iter()
+            .map(|s| f(s))
+            .filter(|x| !x.is_nan())
+            .collect();
+        spread(v)
     };
-    let rows: [(&str, &str, (f64, f64, f64)); 5] = [
+    let rows: [(&str, &str, (f64, f64, f64)); 12] = [
         ("total", "total", pick(&|s| s.report.total_ms)),
         (
             "downtime (host)",
@@ -155,14 +314,49 @@ pub fn run_bench(args: &MigrateBenchArgs, epoch: Instant) -> Result<u8> {
         ),
         ("  pausing the vCPUs", "pause", pick(&|s| s.report.pause_ms)),
         (
+            "  last dirty harvest",
+            "harvest",
+            pick(&|s| s.report.harvest_ms),
+        ),
+        (
+            "  last pages sent",
+            "final_pages",
+            pick(&|s| s.report.final_pages_ms),
+        ),
+        (
+            "  state taken and sent",
+            "state",
+            pick(&|s| s.report.state_ms),
+        ),
+        (
             "  until the last byte sent",
             "sent",
             pick(&|s| s.report.sent_ms),
         ),
         (
-            "downtime (guest)",
+            "live rounds' harvest+copy",
+            "rounds",
+            pick(&|s| s.report.rounds.iter().map(|r| r.ms).sum()),
+        ),
+        (
+            "downtime (guest: its longest gap)",
             "downtime_guest",
             pick(&|s| s.guest_gap_ms),
+        ),
+        (
+            "guest's gap holding the pause",
+            "gap_at_pause",
+            pick(&|s| s.gap_began_before_save_ms + s.gap_ended_after_save_ms),
+        ),
+        (
+            "  of it before the TSC save",
+            "gap_before_save",
+            pick(&|s| s.gap_began_before_save_ms),
+        ),
+        (
+            "  of it after the TSC save",
+            "gap_after_save",
+            pick(&|s| s.gap_ended_after_save_ms),
         ),
     ];
     if args.json {
@@ -175,16 +369,44 @@ pub fn run_bench(args: &MigrateBenchArgs, epoch: Instant) -> Result<u8> {
                 )
             })
             .collect();
-        println!("{}", json!({"runs": args.runs, "summary": summary}));
+        let unseen = samples
+            .iter()
+            .filter(|s| !s.guest_gap_ms.is_nan() && s.gap_began_before_save_ms.is_nan())
+            .count();
+        println!(
+            "{}",
+            json!({
+                "dirty_log": mode.name(),
+                "runs": samples.len(),
+                "pause_in_no_long_gap": unseen,
+                "summary": summary,
+            })
+        );
     } else {
         println!(
-            "migration on loopback, {} vCPUs, {} MiB, after {} ms, {} runs",
-            args.vcpus, args.memory, args.after_ms, args.runs
+            "migration on loopback, {} dirty log, {} vCPUs, {} MiB, {}, after {} ms, {} runs",
+            mode.name(),
+            args.vcpus,
+            args.memory,
+            args.npb.as_deref().unwrap_or("TSC gap probe"),
+            args.after_ms,
+            samples.len()
         );
-        println!("{:<28} {:>10} {:>10} {:>10}", "", "median ms", "min", "max");
+        println!("{:<40} {:>10} {:>10} {:>10}", "", "median ms", "min", "max");
         for (name, _, (m, lo, hi)) in rows {
-            println!("{name:<28} {m:>10.2} {lo:>10.2} {hi:>10.2}");
+            println!("{name:<40} {m:>10.2} {lo:>10.2} {hi:>10.2}");
+        }
+        let unseen = samples
+            .iter()
+            .filter(|s| !s.guest_gap_ms.is_nan() && s.gap_began_before_save_ms.is_nan())
+            .count();
+        if unseen > 0 {
+            println!(
+                "(in {unseen} of {} runs the pause fell in none of the guest's {} longest gaps: \
+                 shorter than all of them)",
+                samples.len(),
+                LONG_GAPS
+            );
         }
     }
-    Ok(crate::report::EXIT_OK)
 }

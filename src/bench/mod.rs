@@ -3,6 +3,7 @@
 //! jobs in `mpi.rs`: each shares its machinery with a command of its own.)
 
 pub mod migrate;
+pub mod migrate_qemu;
 pub mod overhead;
 pub mod oversub;
 pub mod process;

@@ -170,16 +170,28 @@ pub fn busy(info: &BootInfo, millis: u64) {
 /// the longest time it saw pass between two reads, and how many such gaps exceeded
 /// 1 ms: the downtime of a migration or snapshot as the guest feels it (KVM keeps the
 /// TSC running with wall time across a restore), beside ordinary descheduling.
+/// The longest gaps the gap probe reports individually.
+const LONG_GAPS: usize = 8;
+
 pub fn gap(info: &BootInfo, millis: u64) -> bool {
     let ms = info.tsc_khz.max(1);
     let mut last = sys::rdtsc();
     let end = last + millis * info.tsc_khz;
     let (mut longest, mut over_ms) = (0u64, 0u64);
+    // The longest gaps as [start TSC, length], longest first: the host finds the
+    // one its pause falls in (the longest may be host noise elsewhere).
+    let mut top = [[0u64; 2]; LONG_GAPS];
     while last < end {
         let now = sys::rdtsc();
         let gap = now.saturating_sub(last);
         if gap > ms {
             over_ms += 1;
+        }
+        if gap > top[LONG_GAPS - 1][1]
+            && let Some(at) = top.iter().position(|g| gap > g[1])
+        {
+            top.copy_within(at..LONG_GAPS - 1, at + 1);
+            top[at] = [last, gap];
         }
         longest = longest.max(gap);
         last = now;
@@ -187,9 +199,12 @@ pub fn gap(info: &BootInfo, millis: u64) -> bool {
     let mut line = Line::new();
     let _ = write!(
         line,
-        "@kumo gapprobe millis={millis} max_gap_us={:.1} gaps_over_1ms={over_ms}",
+        "@kumo gapprobe millis={millis} max_gap_us={:.1} gaps_over_1ms={over_ms} long_gaps=",
         longest as f64 * 1000.0 / ms as f64,
     );
+    for (i, [start, len]) in top.iter().filter(|g| g[1] > 0).enumerate() {
+        let _ = write!(line, "{}{start}:{len}", if i == 0 { "" } else { "," });
+    }
     line.emit();
     true
 }

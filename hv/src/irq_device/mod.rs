@@ -18,7 +18,8 @@ use devices::irq_test::{self, Doorbell, IrqTestDevice};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use crate::Error;
-use crate::irq::{EventLoop, IrqPath, IrqStats, msix_sink};
+use crate::irq::{EventLoop, IrqPath, IrqStats, LoopFlush, msix_sink};
+use crate::migration::Quiesce;
 use crate::placement::ThreadGroup;
 use crate::vm::Vm;
 use responder::{Fire, Responder, Round, Trigger};
@@ -123,12 +124,41 @@ pub fn attach(
         }
         _ => None,
     };
+    // A pause answers the doorbells already rung and drains the event loop before
+    // the vCPUs save their LAPICs (see `migration::Quiesce`).
+    let mut responders = vec![responder.control().clone()];
+    responders.extend(noise.iter().map(|n| n.control().clone()));
+    vm.migration_hub().add_quiescer(Arc::new(Quiet {
+        responders,
+        event_loop: event_loop.flusher(),
+    }));
     Ok(IrqDevices {
         responder,
         noise,
         event_loop,
         device,
     })
+}
+
+/// The devices' threads as a pause sees them: responders first (they feed the loop).
+struct Quiet {
+    responders: Vec<Arc<responder::Control>>,
+    event_loop: LoopFlush,
+}
+
+impl Quiesce for Quiet {
+    fn quiesce(&self) {
+        for responder in &self.responders {
+            responder.quiesce();
+        }
+        self.event_loop.flush();
+    }
+
+    fn resume(&self) {
+        for responder in &self.responders {
+            responder.resume();
+        }
+    }
 }
 
 fn fire(device: &Arc<IrqTestDevice>) -> Fire {

@@ -8,7 +8,7 @@
 
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -71,10 +71,62 @@ impl HostLog {
 
 /// The running responder thread; stopped and joined on drop.
 pub struct Responder {
-    stop: Arc<AtomicBool>,
-    wake: EventFd,
+    control: Arc<Control>,
     thread: Option<JoinHandle<()>>,
     log: Arc<HostLog>,
+}
+
+/// How long [`Control::quiesce`] waits for the thread to park (it parks within one
+/// round; a thread that has died never will).
+const PARK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Stopping and holding the responder thread from outside.
+pub struct Control {
+    stop: AtomicBool,
+    /// Wakes the thread from its epoll wait.
+    wake: EventFd,
+    hold: Mutex<Hold>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct Hold {
+    /// Someone wants the thread parked.
+    requested: bool,
+    /// The thread answered every doorbell that had rung and is parked.
+    parked: bool,
+}
+
+impl Control {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Hold> {
+        self.hold.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Has the thread answer every doorbell rung so far (without its delay), then
+    /// park until [`Control::resume`]. Returns once it is parked.
+    pub fn quiesce(&self) {
+        self.lock().requested = true;
+        let _ = self.wake.write(1);
+        let mut hold = self.lock();
+        let deadline = Instant::now() + PARK_TIMEOUT;
+        while !hold.parked && !self.stop.load(Ordering::SeqCst) {
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                tracing::warn!("the test device's thread did not park");
+                return;
+            };
+            hold = self
+                .changed
+                .wait_timeout(hold, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Lets a parked thread go on.
+    pub fn resume(&self) {
+        self.lock().requested = false;
+        self.changed.notify_all();
+    }
 }
 
 /// Epoll data of the stop eventfd (doorbells use their vector index).
@@ -93,7 +145,7 @@ impl Responder {
         let os = |what: &'static str| move |source: std::io::Error| Error::Os { what, source };
         let epoll = Epoll::new().map_err(os("creating the test device's epoll"))?;
         let wake = EventFd::new(EFD_NONBLOCK).map_err(os("creating an eventfd"))?;
-        let stop_fd = wake.try_clone().map_err(os("duplicating an eventfd"))?;
+        let wake_fd = wake.try_clone().map_err(os("duplicating an eventfd"))?;
         let add = |fd: i32, token: u64| {
             epoll
                 .ctl(
@@ -103,7 +155,7 @@ impl Responder {
                 )
                 .map_err(os("adding to the test device's epoll"))
         };
-        add(stop_fd.as_raw_fd(), STOP_TOKEN)?;
+        add(wake_fd.as_raw_fd(), STOP_TOKEN)?;
         let source = match trigger {
             Trigger::Doorbells(doorbells) => {
                 for (index, fd) in doorbells.iter().enumerate() {
@@ -126,17 +178,22 @@ impl Responder {
                 Source::Timer(timer)
             }
         };
-        let stop = Arc::new(AtomicBool::new(false));
+        let control = Arc::new(Control {
+            stop: AtomicBool::new(false),
+            wake,
+            hold: Mutex::new(Hold::default()),
+            changed: Condvar::new(),
+        });
         let log = Arc::new(HostLog::default());
         let worker = Worker {
             epoll,
             source,
             delay,
             fire,
-            stop: stop.clone(),
+            control: control.clone(),
             log: log.clone(),
             origin: Instant::now(),
-            _stop_fd: stop_fd,
+            wake_fd,
         };
         let thread = std::thread::Builder::new()
             .name(name.into())
@@ -146,11 +203,15 @@ impl Responder {
             })
             .map_err(os("spawning the test device's thread"))?;
         Ok(Responder {
-            stop,
-            wake,
+            control,
             thread: Some(thread),
             log,
         })
+    }
+
+    /// Holding the thread (for a pause of the VM).
+    pub fn control(&self) -> &Arc<Control> {
+        &self.control
     }
 
     /// The host's log of rounds.
@@ -161,8 +222,9 @@ impl Responder {
 
 impl Drop for Responder {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        let _ = self.wake.write(1);
+        self.control.stop.store(true, Ordering::SeqCst);
+        let _ = self.control.wake.write(1);
+        self.control.resume();
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
@@ -179,17 +241,21 @@ struct Worker {
     source: Source,
     delay: Duration,
     fire: Fire,
-    stop: Arc<AtomicBool>,
+    control: Arc<Control>,
     log: Arc<HostLog>,
     origin: Instant,
-    /// Kept open for the epoll registration; written through `Responder::wake`.
-    _stop_fd: EventFd,
+    /// The epoll's side of `Control::wake`.
+    wake_fd: EventFd,
 }
 
 impl Worker {
     fn run(mut self) {
         let mut events = [EpollEvent::default(); 32];
-        while !self.stop.load(Ordering::SeqCst) {
+        while !self.control.stop.load(Ordering::SeqCst) {
+            if self.control.lock().requested {
+                self.park();
+                continue;
+            }
             let ready = match self.epoll.wait(-1, &mut events) {
                 Ok(n) => n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
@@ -201,6 +267,7 @@ impl Worker {
             for event in &events[..ready] {
                 let token = event.data();
                 if token == STOP_TOKEN {
+                    let _ = self.wake_fd.read();
                     continue;
                 }
                 let rung = self.origin.elapsed();
@@ -216,6 +283,31 @@ impl Worker {
                 }
             }
         }
+    }
+
+    /// Answers every doorbell that has rung (a paused VM's vCPUs ring no more), then
+    /// waits until resumed or stopped.
+    fn park(&mut self) {
+        if let Source::Doorbells(fds) = &self.source {
+            let rung: Vec<usize> = (0..fds.len())
+                .filter(|&i| fds[i].read().is_ok_and(|n| n > 0))
+                .collect();
+            let now = self.origin.elapsed();
+            for vector in rung {
+                self.fire_now(vector, now);
+            }
+        }
+        let control = self.control.clone();
+        let mut hold = control.lock();
+        hold.parked = true;
+        control.changed.notify_all();
+        while hold.requested && !control.stop.load(Ordering::SeqCst) {
+            hold = control
+                .changed
+                .wait(hold)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+        hold.parked = false;
     }
 
     fn answer(&self, vector: usize, rung: Duration) {
@@ -235,6 +327,10 @@ impl Worker {
                 }
             }
         }
+        self.fire_now(vector, rung);
+    }
+
+    fn fire_now(&self, vector: usize, rung: Duration) {
         let raised = self.origin.elapsed();
         (self.fire)(vector);
         self.log.push(Round {

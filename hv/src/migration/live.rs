@@ -68,17 +68,27 @@ pub struct Report {
     pub total_ms: f64,
     /// From asking the vCPUs to stop until the destination confirmed it runs.
     pub downtime_ms: f64,
-    /// Of that, stopping the vCPUs.
+    /// Of that, stopping the vCPUs (their devices quiesced, their state saved).
     pub pause_ms: f64,
+    /// Then the last harvest of dirty pages.
+    pub harvest_ms: f64,
+    /// Then sending the last pages.
+    pub final_pages_ms: f64,
+    /// Then taking the VM's and devices' state and sending all state.
+    pub state_ms: f64,
+    /// vCPU 0's TSC as saved at the pause (to place the guest's own view of the
+    /// pause on its clock) and its rate.
+    pub saved_tsc: Option<u64>,
+    pub tsc_khz: u32,
     /// Of that, until the last pages and the state were sent (the rest is the
     /// destination building and starting the VM, and its confirmation).
     pub sent_ms: f64,
 }
 
-/// Dirty logging on the RAM slot while this lives.
+/// Dirty logging on the RAM slot while this lives (read through the VM's tracker,
+/// bitmap or ring: `Hub::take_dirty`).
 struct DirtyLog<'a> {
     hub: &'a Hub,
-    size: u64,
 }
 
 impl<'a> DirtyLog<'a> {
@@ -102,29 +112,16 @@ impl<'a> DirtyLog<'a> {
 
     fn enable(hub: &'a Hub) -> Result<Self, Error> {
         Self::set(hub, KVM_MEM_LOG_DIRTY_PAGES)?;
-        Ok(DirtyLog {
-            hub,
-            size: memory_bytes(hub.memory()),
-        })
+        let log = DirtyLog { hub };
+        // Whatever an earlier, abandoned migration left in the rings predates the
+        // full pass that follows.
+        log.take()?;
+        Ok(log)
     }
 
     /// The pages written since the last call (or since logging began).
     fn take(&self) -> Result<Vec<u64>, Error> {
-        let bitmap = self
-            .hub
-            .vm()
-            .get_dirty_log(0, self.size as usize)
-            .map_err(ioctl("KVM_GET_DIRTY_LOG"))?;
-        let mut pages = Vec::new();
-        for (word_index, &word) in bitmap.iter().enumerate() {
-            let mut bits = word;
-            while bits != 0 {
-                let bit = bits.trailing_zeros() as u64;
-                bits &= bits - 1;
-                pages.push((word_index as u64 * 64 + bit) * PAGE_SIZE as u64);
-            }
-        }
-        Ok(pages)
+        self.hub.take_dirty()
     }
 }
 
@@ -205,16 +202,25 @@ pub fn send(
     }
 
     let down = Instant::now();
+    let ms_since = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
     let paused = hub.pause()?;
-    let pause_ms = down.elapsed().as_secs_f64() * 1e3;
+    let pause_ms = ms_since(down);
+    let saved_tsc = paused.vcpus().first().and_then(|v| v.tsc());
+    let tsc_khz = paused.vcpus().first().map_or(0, |v| v.tsc_khz);
+    let t = Instant::now();
     let mut last_pages = log.take()?;
+    let harvest_ms = ms_since(t);
     last_pages.extend_from_slice(&pending);
     last_pages.sort_unstable();
     last_pages.dedup();
+    let t = Instant::now();
     let (final_pages, final_bytes) = send_pages(hub, w, &last_pages)?;
+    let final_pages_ms = ms_since(t);
+    let t = Instant::now();
     paused.write_state(w, Some(app_final()))?;
     w.flush().map_err(io)?;
-    let sent_ms = down.elapsed().as_secs_f64() * 1e3;
+    let state_ms = ms_since(t);
+    let sent_ms = ms_since(down);
     confirm()?;
     let downtime_ms = down.elapsed().as_secs_f64() * 1e3;
     paused.hand_off();
@@ -227,6 +233,11 @@ pub fn send(
         total_ms: start.elapsed().as_secs_f64() * 1e3,
         downtime_ms,
         pause_ms,
+        harvest_ms,
+        final_pages_ms,
+        state_ms,
+        saved_tsc,
+        tsc_khz,
         sent_ms,
     })
 }

@@ -9,6 +9,7 @@
 //! returns [`crate::GuestExit::HandedOff`]).
 
 pub mod auth;
+pub mod dirty;
 pub mod live;
 mod restore;
 pub mod state;
@@ -40,6 +41,18 @@ const REKICK: Duration = Duration::from_millis(10);
 /// scheduler's gate) fails the pause; the others resume.
 const PAUSE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Device work that runs beside the vCPUs: threads answering doorbells, interrupts
+/// queued on their way to KVM. A pause must finish it once the vCPUs have stopped
+/// (no new doorbell can ring) and before they save their state, or an interrupt
+/// raised meanwhile would land in a LAPIC whose state was already taken and be lost.
+pub trait Quiesce: Send + Sync {
+    /// Finish what is in flight (into KVM or the device's state) and start nothing
+    /// new until [`Quiesce::resume`].
+    fn quiesce(&self);
+    /// Work on (the VM resumes, or ends here after a hand-off).
+    fn resume(&self);
+}
+
 /// The devices a running VM has, given to the hub by `Vm::run`.
 pub(crate) struct Devices {
     pub com1: Arc<Com1>,
@@ -52,6 +65,10 @@ pub(crate) struct Devices {
 struct HubState {
     /// vCPU threads waiting at the pause point.
     paused: usize,
+    /// Every vCPU stopped and the devices are quiet: the vCPUs save their state now.
+    save: bool,
+    /// Which vCPUs reached the pause point in this pause.
+    stopped: Vec<bool>,
     /// What each paused vCPU saved.
     saved: Vec<Option<Result<VcpuState, String>>>,
     /// A pause is under way (one at a time).
@@ -75,12 +92,16 @@ pub struct Hub {
     memfd: File,
     control: Arc<VcpuControl>,
     devices: Mutex<Option<Arc<Devices>>>,
+    quiescers: Mutex<Vec<Arc<dyn Quiesce>>>,
+    /// The vCPUs' dirty rings, if the VM tracks writes with them (else the bitmap).
+    rings: Option<dirty::Rings>,
 }
 
 impl Hub {
     pub(crate) fn new(
         kvm: &kvm_ioctls::Kvm,
         vcpus: &[VcpuFd],
+        dirty: dirty::DirtyLogMode,
         vm: Arc<VmFd>,
         memory: GuestMemoryMmap,
         memfd: &File,
@@ -109,6 +130,11 @@ impl Hub {
             })?,
             control,
             devices: Mutex::new(None),
+            quiescers: Mutex::new(Vec::new()),
+            rings: match dirty {
+                dirty::DirtyLogMode::Ring => Some(dirty::Rings::map(vcpus)?),
+                dirty::DirtyLogMode::Bitmap => None,
+            },
         })
     }
 
@@ -118,6 +144,52 @@ impl Hub {
 
     pub(crate) fn attach(&self, devices: Devices) {
         *self.devices.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(devices));
+    }
+
+    /// Has pauses quiesce `device` between stopping the vCPUs and saving them.
+    pub fn add_quiescer(&self, device: Arc<dyn Quiesce>) {
+        self.quiescers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(device);
+    }
+
+    fn quiescers(&self) -> Vec<Arc<dyn Quiesce>> {
+        self.quiescers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// How this VM tracks written pages.
+    pub fn dirty_log_mode(&self) -> dirty::DirtyLogMode {
+        match self.rings {
+            Some(_) => dirty::DirtyLogMode::Ring,
+            None => dirty::DirtyLogMode::Bitmap,
+        }
+    }
+
+    /// The pages written since the last call (dirty logging must be on).
+    pub(crate) fn take_dirty(&self) -> Result<Vec<u64>, Error> {
+        match &self.rings {
+            Some(rings) => rings.take(&self.vm),
+            None => {
+                let bitmap = self
+                    .vm
+                    .get_dirty_log(0, memory_bytes(&self.memory) as usize)
+                    .map_err(crate::kvm::ioctl("KVM_GET_DIRTY_LOG"))?;
+                Ok(dirty::bitmap_pages(&bitmap))
+            }
+        }
+    }
+
+    /// A vCPU left the guest because its dirty ring is full: harvest before it
+    /// runs on. False if the VM has no rings (the exit is then unexpected).
+    pub(crate) fn dirty_ring_full(&self) -> Result<bool, Error> {
+        match &self.rings {
+            Some(rings) => rings.harvest(&self.vm).map(|()| true),
+            None => Ok(false),
+        }
     }
 
     /// `Vm::run` is ending the VM: wakes every waiter for good.
@@ -144,15 +216,40 @@ impl Hub {
             Ok(exit) => Err(format!("completing pending I/O: unexpected exit {exit:?}")),
         };
         vcpu.set_kvm_immediate_exit(0);
-        let saved = completed
-            .and_then(|()| state::save_vcpu(vcpu, &self.msr_indices).map_err(|e| e.to_string()));
+        // Saved at once, so the TSC stops where the guest stopped; the LAPIC is read
+        // again once the devices are quiet (interrupts they raised meanwhile).
+        let mut saved =
+            Some(completed.and_then(|()| {
+                state::save_vcpu(vcpu, &self.msr_indices).map_err(|e| e.to_string())
+            }));
         let mut st = self.lock();
-        if let Some(slot) = st.saved.get_mut(index as usize) {
-            *slot = Some(saved);
-        }
         st.paused += 1;
+        if let Some(stopped) = st.stopped.get_mut(index as usize) {
+            *stopped = true;
+        }
         self.changed.notify_all();
         while self.requested.load(Ordering::Acquire) && !st.ending {
+            let unsaved = st.saved.get(index as usize).is_some_and(Option::is_none);
+            if st.save
+                && unsaved
+                && let Some(mut saved) = saved.take()
+            {
+                if let Ok(state) = &mut saved
+                    && !self.quiescers().is_empty()
+                {
+                    drop(st);
+                    match vcpu.get_lapic() {
+                        Ok(lapic) => state.lapic = lapic,
+                        Err(e) => saved = Err(format!("KVM_GET_LAPIC: {e}")),
+                    }
+                    st = self.lock();
+                }
+                if let Some(slot) = st.saved.get_mut(index as usize) {
+                    *slot = Some(saved);
+                }
+                self.changed.notify_all();
+                continue;
+            }
             st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
         }
         st.paused -= 1;
@@ -192,6 +289,7 @@ impl Hub {
         }
         st.busy = true;
         st.saved = (0..self.vcpus).map(|_| None).collect();
+        st.stopped = vec![false; self.vcpus];
         self.requested.store(true, Ordering::SeqCst);
         while st.paused < self.vcpus && !st.ending && started.elapsed() < timeout {
             drop(st);
@@ -213,11 +311,11 @@ impl Hub {
                     .0;
             }
         }
-        let result = if st.ending {
+        let stopped = if st.ending {
             Err(Error::Migration("the VM ended while pausing".into()))
         } else if st.paused < self.vcpus {
             let stuck: Vec<String> = (0..self.vcpus)
-                .filter(|&i| st.saved[i].is_none())
+                .filter(|&i| !st.stopped[i])
                 .map(|i| i.to_string())
                 .collect();
             Err(Error::Migration(format!(
@@ -226,15 +324,37 @@ impl Hub {
                 timeout.as_secs_f64()
             )))
         } else {
-            st.saved
-                .iter_mut()
-                .enumerate()
-                .map(|(i, s)| match s.take() {
-                    Some(Ok(state)) => Ok(state),
-                    Some(Err(why)) => Err(Error::Migration(format!("vCPU {i}: {why}"))),
-                    None => Err(Error::Migration(format!("vCPU {i} did not save"))),
-                })
-                .collect::<Result<Vec<_>, _>>()
+            Ok(())
+        };
+        let result = match stopped {
+            Err(e) => Err(e),
+            Ok(()) => {
+                // Every vCPU is out of the guest: finish the devices' work, then let
+                // the vCPUs save (their LAPICs then hold every interrupt raised).
+                drop(st);
+                for device in self.quiescers() {
+                    device.quiesce();
+                }
+                st = self.lock();
+                st.save = true;
+                self.changed.notify_all();
+                while !st.ending && st.saved.iter().any(Option::is_none) {
+                    st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
+                }
+                if st.ending {
+                    Err(Error::Migration("the VM ended while pausing".into()))
+                } else {
+                    st.saved
+                        .iter_mut()
+                        .enumerate()
+                        .map(|(i, s)| match s.take() {
+                            Some(Ok(state)) => Ok(state),
+                            Some(Err(why)) => Err(Error::Migration(format!("vCPU {i}: {why}"))),
+                            None => Err(Error::Migration(format!("vCPU {i} did not save"))),
+                        })
+                        .collect::<Result<Vec<_>, _>>()
+                }
+            }
         };
         drop(st);
         let vcpus = match result {
@@ -258,9 +378,13 @@ impl Hub {
         let mut st = self.lock();
         st.handed_off |= hand_off;
         st.busy = false;
+        st.save = false;
         self.requested.store(false, Ordering::SeqCst);
         drop(st);
         self.changed.notify_all();
+        for device in self.quiescers() {
+            device.resume();
+        }
     }
 
     pub(crate) fn vm(&self) -> &VmFd {

@@ -7,9 +7,14 @@ use std::path::Path;
 use std::sync::Arc;
 
 use kvm_ioctls::Cap;
-use vm_memory::{Bytes, GuestAddress};
+use std::os::fd::AsRawFd;
+
+use vm_memory::{
+    Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion,
+};
 
 use super::Hub;
+use super::dirty::DirtyLogMode;
 use super::state::{self, DeviceStates, VcpuState, VmState};
 use super::stream::{
     self, Meta, StreamError, TAG_APP, TAG_DEVICES, TAG_END, TAG_META, TAG_RAM, TAG_VCPU, TAG_VM,
@@ -41,18 +46,13 @@ pub fn restore_from(r: &mut impl Read, kvm_device: &Path) -> Result<(Vm, Meta), 
         match section.tag {
             TAG_RAM if vcpus.is_none() => {
                 for page in section.pages(meta.memory_bytes) {
-                    let (gpa, bytes) = page?;
-                    let zeros;
-                    let bytes = match bytes {
-                        Some(b) => b,
-                        None => {
-                            zeros = [0u8; stream::PAGE_SIZE];
-                            &zeros[..]
-                        }
-                    };
-                    vm.memory
-                        .write_slice(bytes, GuestAddress(gpa))
-                        .map_err(|e| Error::GuestMemory(e.to_string()))?;
+                    match page? {
+                        (gpa, Some(bytes)) => vm
+                            .memory
+                            .write_slice(bytes, GuestAddress(gpa))
+                            .map_err(|e| Error::GuestMemory(e.to_string()))?,
+                        (gpa, None) => zero_page(&vm.memory, gpa)?,
+                    }
                 }
             }
             TAG_VCPU if vcpus.is_none() => {
@@ -87,9 +87,39 @@ pub fn restore_from(r: &mut impl Read, kvm_device: &Path) -> Result<(Vm, Meta), 
     }
 }
 
+/// Makes the page at `gpa` zero without touching it: a hole punched in its
+/// region's file (nothing to do where it is one already, as everywhere in a fresh
+/// VM; writing zeros instead would allocate every zero page the source sends, and a
+/// destination doing that falls behind the stream). Zeros are written where the
+/// region has no file.
+fn zero_page(memory: &GuestMemoryMmap, gpa: u64) -> Result<(), Error> {
+    if let Some((region, at)) = memory.to_region_addr(GuestAddress(gpa))
+        && let Some(file) = region.file_offset()
+    {
+        let offset = file.start() + at.raw_value();
+        // SAFETY: fallocate on the region's own file, one page inside the range the
+        // region maps; the mapping stays valid and reads zeros there afterwards.
+        let r = unsafe {
+            libc::fallocate(
+                file.file().as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                offset as libc::off_t,
+                stream::PAGE_SIZE as libc::off_t,
+            )
+        };
+        if r == 0 {
+            return Ok(());
+        }
+    }
+    memory
+        .write_slice(&[0u8; stream::PAGE_SIZE], GuestAddress(gpa))
+        .map_err(|e| Error::GuestMemory(e.to_string()))
+}
+
 /// A VM of META's shape with nothing loaded: RAM, irqchip, vCPUs with their CPUID.
 fn create(meta: &Meta, kvm_device: &Path) -> Result<Vm, Error> {
-    let (kvm, vm, memory, memfd) = machine(kvm_device, meta.vcpus, meta.memory_bytes)?;
+    let dirty = DirtyLogMode::default();
+    let (kvm, vm, memory, memfd) = machine(kvm_device, meta.vcpus, meta.memory_bytes, dirty)?;
     let mut vcpus = Vec::with_capacity(meta.vcpus as usize);
     for (index, entries) in meta.cpuid.iter().enumerate() {
         let vcpu = vm
@@ -103,6 +133,7 @@ fn create(meta: &Meta, kvm_device: &Path) -> Result<Vm, Error> {
     let hub = Arc::new(Hub::new(
         &kvm,
         &vcpus,
+        dirty,
         vm.clone(),
         memory.clone(),
         &memfd,

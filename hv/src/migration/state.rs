@@ -38,6 +38,16 @@ pub struct VcpuState {
     pub tsc_khz: u32,
 }
 
+impl VcpuState {
+    /// The guest's TSC when the vCPU was saved.
+    pub fn tsc(&self) -> Option<u64> {
+        self.msrs
+            .iter()
+            .find(|m| m.index == MSR_IA32_TSC)
+            .map(|m| m.data)
+    }
+}
+
 /// The VM: in-kernel irqchip and the KVM clock.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct VmState {

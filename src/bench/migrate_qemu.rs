@@ -1,0 +1,205 @@
+//! QEMU's live migration of the same guest, for `kumo bench migrate --qemu`: kumo's
+//! embedded guest booted by QEMU through PVH (`-kernel`, microvm), a second QEMU
+//! waiting with `-incoming tcp:` on loopback, QMP `migrate` on the source, and
+//! `total-time` and `downtime` from `query-migrate` once it completes.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+
+/// A migration that has not completed after this long has failed.
+const LIMIT: Duration = Duration::from_secs(120);
+
+/// What `query-migrate` reported.
+pub struct QemuMigration {
+    pub total_ms: f64,
+    pub downtime_ms: f64,
+    pub transferred_bytes: u64,
+}
+
+/// The QEMU processes and their scratch directory, ended and removed on drop.
+struct Pair {
+    dir: PathBuf,
+    children: Vec<Child>,
+}
+
+impl Drop for Pair {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn qemu(guest: &Path, vcpus: u32, memory_mib: u64, cmdline: &str, tsc_khz: u32) -> Command {
+    let mut command = Command::new("qemu-system-x86_64");
+    command
+        .args(["-M", "microvm", "-accel", "kvm"])
+        .arg("-cpu")
+        .arg(format!(
+            "host,-arch-capabilities,+invtsc,tsc-frequency={}",
+            u64::from(tsc_khz) * 1000
+        ))
+        .args(["-smp", &vcpus.to_string(), "-m", &memory_mib.to_string()])
+        .args(["-nographic", "-nodefaults", "-no-user-config", "-no-reboot"])
+        .args(["-serial", "null"])
+        .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=4"])
+        .arg("-kernel")
+        .arg(guest)
+        .arg("-append")
+        .arg(cmdline)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    command
+}
+
+/// One QMP connection.
+struct Qmp {
+    reader: BufReader<UnixStream>,
+    writer: UnixStream,
+}
+
+impl Qmp {
+    fn connect(path: &Path) -> Result<Qmp> {
+        let start = Instant::now();
+        let stream = loop {
+            match UnixStream::connect(path) {
+                Ok(s) => break s,
+                Err(_) if start.elapsed() < Duration::from_secs(30) => {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(e) => return Err(e).context("QEMU's QMP socket never came up"),
+            }
+        };
+        stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+        let mut qmp = Qmp {
+            reader: BufReader::new(stream.try_clone()?),
+            writer: stream,
+        };
+        qmp.line()?; // the greeting
+        qmp.execute("qmp_capabilities", json!({}))?;
+        Ok(qmp)
+    }
+
+    fn line(&mut self) -> Result<Value> {
+        let mut line = String::new();
+        if self.reader.read_line(&mut line)? == 0 {
+            bail!("QEMU closed its QMP socket");
+        }
+        serde_json::from_str(&line).context("QEMU sent something that is not JSON")
+    }
+
+    /// Runs `command`; its `return` (events met meanwhile are skipped).
+    fn execute(&mut self, command: &str, arguments: Value) -> Result<Value> {
+        let request = json!({"execute": command, "arguments": arguments});
+        writeln!(self.writer, "{request}")?;
+        loop {
+            let reply = self.line()?;
+            if let Some(error) = reply.get("error") {
+                bail!("QMP {command}: {error}");
+            }
+            if let Some(value) = reply.get("return") {
+                return Ok(value.clone());
+            }
+        }
+    }
+}
+
+/// Boots `cmdline` on QEMU, migrates it after `after` to a second QEMU on loopback
+/// with a `max_downtime` target, and reports what QEMU measured.
+pub fn migrate_once(
+    kvm_device: &Path,
+    vcpus: u32,
+    memory_mib: u64,
+    cmdline: &str,
+    after: Duration,
+    max_downtime: Duration,
+) -> Result<QemuMigration> {
+    let dir = std::env::temp_dir().join(format!(
+        "kumo-qemu-migrate-{}-{}",
+        std::process::id(),
+        Instant::now().elapsed().as_nanos()
+    ));
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let mut pair = Pair {
+        dir: dir.clone(),
+        children: Vec::new(),
+    };
+    let guest = dir.join("guest.elf");
+    std::fs::write(&guest, crate::guest::EMBEDDED_GUEST)?;
+    // A migratable `+invtsc` CPU needs its TSC rate stated.
+    let khz = hv::host_tsc_khz(kvm_device)?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let qmp_arg = |name: &str| format!("unix:{},server=on,wait=off", dir.join(name).display());
+    let start_qemu = |extra: &[String]| -> Result<Child> {
+        qemu(&guest, vcpus, memory_mib, cmdline, khz)
+            .args(extra)
+            .spawn()
+            .context("cannot start qemu-system-x86_64 (apt-get install qemu-system-x86)")
+    };
+    pair.children.push(start_qemu(&[
+        "-qmp".into(),
+        qmp_arg("dst.qmp"),
+        "-incoming".into(),
+        format!("tcp:127.0.0.1:{port}"),
+    ])?);
+    let mut dst = Qmp::connect(&dir.join("dst.qmp"))?;
+    pair.children
+        .push(start_qemu(&["-qmp".into(), qmp_arg("src.qmp")])?);
+    let mut src = Qmp::connect(&dir.join("src.qmp"))?;
+    std::thread::sleep(after);
+    src.execute(
+        "migrate-set-parameters",
+        json!({
+            "downtime-limit": max_downtime.as_millis() as u64,
+            "max-bandwidth": 10u64 << 30,
+        }),
+    )?;
+    src.execute("migrate", json!({"uri": format!("tcp:127.0.0.1:{port}")}))?;
+    let started = Instant::now();
+    let info = loop {
+        let info = src.execute("query-migrate", json!({}))?;
+        match info.get("status").and_then(Value::as_str) {
+            Some("completed") => break info,
+            Some("failed" | "cancelled") => bail!("QEMU's migration failed: {info}"),
+            _ if started.elapsed() > LIMIT => bail!("QEMU's migration did not complete"),
+            _ => std::thread::sleep(Duration::from_millis(2)),
+        }
+    };
+    // The destination runs the guest on (it finishes loading just after the source
+    // says completed).
+    loop {
+        let status = match dst.execute("query-status", json!({})) {
+            Ok(status) => status,
+            // Gone already: the guest ran to its end there (its debug exit ends QEMU).
+            Err(_) if pair.children[0].try_wait()?.is_some() => break,
+            Err(e) => return Err(e),
+        };
+        if status.get("running") == Some(&Value::Bool(true)) {
+            break;
+        }
+        if started.elapsed() > LIMIT {
+            bail!("QEMU's destination does not run the guest: {status}");
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let number = |key: &str| info.get(key).and_then(Value::as_f64);
+    Ok(QemuMigration {
+        total_ms: number("total-time").context("query-migrate has no total-time")?,
+        downtime_ms: number("downtime").context("query-migrate has no downtime")?,
+        transferred_bytes: info
+            .pointer("/ram/transferred")
+            .and_then(Value::as_u64)
+            .unwrap_or(0),
+    })
+}
