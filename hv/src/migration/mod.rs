@@ -286,9 +286,10 @@ impl Hub {
     }
 }
 
+/// The guest's RAM size (what [`crate::memory_map::ram_regions`] was given).
 fn memory_bytes(memory: &GuestMemoryMmap) -> u64 {
-    use vm_memory::GuestMemoryBackend;
-    memory.last_addr().0 + 1
+    use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
+    memory.iter().map(|r| r.len()).sum()
 }
 
 /// A VM whose vCPUs are all stopped and saved. Dropping it resumes them.
@@ -389,7 +390,10 @@ pub(crate) fn write_all_ram(
     let size = memory_bytes(memory);
     let mut ram = RamWriter::new();
     let mut page = vec![0u8; PAGE_SIZE];
-    for (start, end) in data_ranges(memfd, size) {
+    let guest_ranges = data_ranges(memfd, size)
+        .into_iter()
+        .flat_map(|(start, end)| crate::memory_map::file_to_guest(size, start, end));
+    for (start, end) in guest_ranges {
         let mut gpa = start;
         while gpa < end {
             memory
@@ -406,8 +410,8 @@ pub(crate) fn write_all_ram(
     })
 }
 
-/// The page-aligned ranges of the memfd that hold data (SEEK_DATA / SEEK_HOLE); the
-/// whole file if the kernel cannot tell.
+/// The page-aligned ranges of the memfd (file offsets) that hold data (SEEK_DATA /
+/// SEEK_HOLE); the whole file if the kernel cannot tell.
 fn data_ranges(memfd: &File, size: u64) -> Vec<(u64, u64)> {
     use std::os::fd::AsRawFd;
     let fd = memfd.as_raw_fd();
