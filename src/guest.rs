@@ -108,14 +108,25 @@ pub fn parse_specs(list: &str) -> anyhow::Result<Vec<Spec>> {
 }
 
 /// The least memory (MiB) with which the embedded guest can run `specs` on `vcpus`.
-/// Benchmarks run one after another, so the largest heap decides.
+/// Benchmarks run one after another, so the largest heap decides. A heap must lie in
+/// one RAM region: one too large for the RAM below the 32-bit hole needs all of that
+/// below and the heap above 4 GiB (`hv::memory_map`).
 pub fn required_memory_mib(specs: &[Spec], vcpus: u32) -> u64 {
     let heap = specs
         .iter()
         .map(|&s| npb::workload_heap_bytes(s, vcpus))
         .max()
         .unwrap_or(0);
-    GUEST_BASE_MIB + GUEST_PER_VCPU_MIB * u64::from(vcpus) + heap.div_ceil(1 << 20)
+    let heap_mib = heap.div_ceil(1 << 20);
+    let low = GUEST_BASE_MIB + GUEST_PER_VCPU_MIB * u64::from(vcpus) + heap_mib;
+    let low_max_mib = hv::memory_map::LOW_RAM_MAX >> 20;
+    if low <= low_max_mib {
+        low
+    } else {
+        // The high region starts 2 MiB-aligned (4 GiB is); its page tables come from
+        // the low heap.
+        low_max_mib + heap_mib
+    }
 }
 
 /// `--memory` if given (checked against the need), else a size that fits.
