@@ -221,6 +221,17 @@ mod tests {
     }
 
     #[test]
+    fn a_heap_too_large_for_low_memory_is_counted_above_4_gib() {
+        let ft_c: Vec<Spec> = parse_specs("ft.C").unwrap();
+        let heap_mib = npb::workload_heap_bytes(ft_c[0], 2).div_ceil(1 << 20);
+        assert!(heap_mib > 3072, "FT.C's heap needs the high region");
+        // All of the RAM below the hole, then the heap above 4 GiB.
+        assert_eq!(required_memory_mib(&ft_c, 2), 3072 + heap_mib);
+        let small = parse_specs("ft.A").unwrap();
+        assert!(required_memory_mib(&small, 2) < 3072);
+    }
+
+    #[test]
     fn memory_grows_with_vcpus_and_rejects_too_little() {
         let specs = default_specs();
         assert!(required_memory_mib(&specs, 8) > required_memory_mib(&specs, 1));

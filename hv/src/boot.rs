@@ -243,7 +243,10 @@ mod tests {
     fn memory_beyond_3_gib_is_listed_above_4_gib() {
         let map = memory_map(4608 * MIB);
         assert_eq!(map.len(), 5);
-        assert_eq!((map[2].addr, map[2].size), (0x100000, 3072 * MIB - 0x100000));
+        assert_eq!(
+            (map[2].addr, map[2].size),
+            (0x100000, 3072 * MIB - 0x100000)
+        );
         assert_eq!(map[3].addr, PCI_ECAM_BASE);
         assert_eq!(
             map[4],

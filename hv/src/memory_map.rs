@@ -171,7 +171,11 @@ mod tests {
                 file_offset: 0
             }]
         );
-        assert_eq!(ram_regions(3 * GIB).len(), 1, "3 GiB still fits below the hole");
+        assert_eq!(
+            ram_regions(3 * GIB).len(),
+            1,
+            "3 GiB still fits below the hole"
+        );
     }
 
     #[test]

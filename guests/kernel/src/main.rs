@@ -157,7 +157,11 @@ extern "C" fn bsp_main(start_info: u32) -> ! {
         };
         info.high_start = high_start;
         info.high_end = high_end;
-        info.high_tables = if high_end > high_start { high_tables } else { 0 };
+        info.high_tables = if high_end > high_start {
+            high_tables
+        } else {
+            0
+        };
         info.pdpt = &raw const pdpt as u64;
         info.entry_tsc = read_volatile(&raw const entry_tsc);
         info.pci_ecam = pci_ecam(si);

@@ -26,7 +26,11 @@ pub fn map(info: &BootInfo) {
             if (start..end).contains(&address) {
                 // SAFETY: the supervisor reserved these zeroed pages below the low
                 // heap for this; nothing else uses them.
-                unsafe { directory.add(entry as usize).write_volatile(address | PAGE_2M_FLAGS) };
+                unsafe {
+                    directory
+                        .add(entry as usize)
+                        .write_volatile(address | PAGE_2M_FLAGS)
+                };
             }
         }
         // SAFETY: `pdpt` is the live PDPT (identity-mapped, writable from ring 3);

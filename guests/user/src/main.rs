@@ -266,7 +266,10 @@ fn run_benchmark(info: &BootInfo, spec: Spec) -> bool {
     for (key, value) in outcome.values.iter() {
         let _ = write!(line, " {key}={value}");
     }
-    let _ = write!(line, " arena_start={arena_start:#x} arena_end={arena_end:#x}");
+    let _ = write!(
+        line,
+        " arena_start={arena_start:#x} arena_end={arena_end:#x}"
+    );
     line.emit();
     print_barrier_stats(info, spec, &waits);
     outcome.verified
@@ -316,9 +319,12 @@ fn run_share(info: &BootInfo, spec: Spec, cpu: u32) -> npb::Outcome {
 /// Above 4 GiB first, as OSes keep low memory for what needs 32-bit addresses.
 fn arena_range(info: &BootInfo, spec: Spec) -> Option<(u64, u64)> {
     let need = npb::workload_heap_bytes(spec, info.cpus);
-    [(info.high_start, info.high_end), (info.heap_start, info.heap_end)]
-        .into_iter()
-        .find(|&(start, end)| start < end && end - start >= need)
+    [
+        (info.high_start, info.high_end),
+        (info.heap_start, info.heap_end),
+    ]
+    .into_iter()
+    .find(|&(start, end)| start < end && end - start >= need)
 }
 
 /// The team barrier and clock of the guest: shared-memory barrier, TSC time.
