@@ -180,9 +180,8 @@ fn a_guest_with_memory_above_4_gib_migrates_and_verifies() {
     assert!(text(&src_out.stderr).contains("handed off"));
     let out = dst.finish();
     assert_verified(&out, "destination");
-    let arena = json_lines(&out)[0]["arena_start"].clone();
-    let start = u64::from_str_radix(arena.as_str().unwrap().trim_start_matches("0x"), 16).unwrap();
-    assert!(start >= 1 << 32, "the arena is below 4 GiB: {arena}");
+    let (start, _) = arena(&json_lines(&out)[0]);
+    assert!(start >= 1 << 32, "the arena is below 4 GiB: {start:#x}");
 }
 
 #[test]
