@@ -112,6 +112,10 @@ fn memory_beyond_what_the_host_allows_is_refused_with_the_limit() {
     }
     // Above kumo's own cap (256 GiB), whatever the host.
     assert_rejected(&["--npb", "ep.S", "--memory", "300000"], "at most");
+    assert_rejected(
+        &["--npb", "ep.S", "--memory", "18446744073709551615"],
+        "at most",
+    );
     // Above this host's physical RAM.
     let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
     let total_kib: u64 = meminfo

@@ -102,6 +102,8 @@ impl Vm {
         if config.vcpus == 0 {
             return Err(Error::NoVcpus);
         }
+        // Before the multiplication below can overflow (restore checks in `machine`).
+        memory_map::check_size(config.memory_mib)?;
         let mem_size = config.memory_mib * MIB;
         let low_ram = memory_map::low_ram_bytes(mem_size);
         let info = elf::inspect(&config.kernel)?;
