@@ -117,14 +117,21 @@ pub fn required_memory_mib(specs: &[Spec], vcpus: u32) -> u64 {
         .map(|&s| npb::workload_heap_bytes(s, vcpus))
         .max()
         .unwrap_or(0);
-    let heap_mib = heap.div_ceil(1 << 20);
-    let low = GUEST_BASE_MIB + GUEST_PER_VCPU_MIB * u64::from(vcpus) + heap_mib;
+    memory_with_heap_mib(
+        GUEST_BASE_MIB + GUEST_PER_VCPU_MIB * u64::from(vcpus),
+        heap.div_ceil(1 << 20),
+    )
+}
+
+/// Guest memory for `base_mib` of runtime and a heap of `heap_mib` that must lie in one
+/// RAM region: below the 32-bit hole if both fit there, else all the RAM below it and
+/// the heap above 4 GiB, where the guest puts it (`hv::memory_map`; the high region is
+/// 2 MiB-aligned and its page tables come from the low heap).
+pub fn memory_with_heap_mib(base_mib: u64, heap_mib: u64) -> u64 {
     let low_max_mib = hv::memory_map::LOW_RAM_MAX >> 20;
-    if low <= low_max_mib {
-        low
+    if base_mib + heap_mib <= low_max_mib {
+        base_mib + heap_mib
     } else {
-        // The high region starts 2 MiB-aligned (4 GiB is); its page tables come from
-        // the low heap.
         low_max_mib + heap_mib
     }
 }

@@ -392,7 +392,7 @@ pub fn npb_memory_mib(specs: &[Spec], ranks: u32) -> u64 {
         .map(|&spec| npb::mpi::heap_bytes(spec, ranks as usize))
         .max()
         .unwrap_or(0) as u64;
-    ((heap >> 20) + 2 * u64::from(ranks) + 96).max(MEMORY_MIB)
+    crate::guest::memory_with_heap_mib(2 * u64::from(ranks) + 96, heap >> 20).max(MEMORY_MIB)
 }
 
 /// `kumo mpi --npb LIST`: one job running every benchmark in turn; rank 0's results

@@ -43,3 +43,10 @@ pub fn map(info: &BootInfo) {
         };
     }
 }
+
+/// `[start, end)` of RAM above 4 GiB (mapped by [`map`]) if it holds `bytes`: where
+/// workloads' arenas go first, as OSes keep low memory for what needs 32-bit addresses.
+pub fn room(info: &BootInfo, bytes: u64) -> Option<(u64, u64)> {
+    let (start, end) = (info.high_start, info.high_end);
+    (start < end && end - start >= bytes).then_some((start, end))
+}

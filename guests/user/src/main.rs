@@ -316,15 +316,11 @@ fn run_share(info: &BootInfo, spec: Spec, cpu: u32) -> npb::Outcome {
 
 /// Where `spec` runs: RAM above 4 GiB if it fits there, else the heap below the 32-bit
 /// hole (which the network and device drivers use too); `None` if neither holds it.
-/// Above 4 GiB first, as OSes keep low memory for what needs 32-bit addresses.
 fn arena_range(info: &BootInfo, spec: Spec) -> Option<(u64, u64)> {
     let need = npb::workload_heap_bytes(spec, info.cpus);
-    [
-        (info.high_start, info.high_end),
-        (info.heap_start, info.heap_end),
-    ]
-    .into_iter()
-    .find(|&(start, end)| start < end && end - start >= need)
+    highmem::room(info, need)
+        .or(Some((info.heap_start, info.heap_end)))
+        .filter(|&(start, end)| start < end && end - start >= need)
 }
 
 /// The team barrier and clock of the guest: shared-memory barrier, TSC time.

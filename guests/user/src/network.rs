@@ -194,15 +194,16 @@ pub fn run(info: &BootInfo, plan: &Plan, spin_us: u64, specs: &[Spec]) -> bool {
     );
     line.emit();
     let mut ok = true;
-    // One heap for every kernel, sized for the largest (the allocator does not free).
+    // One heap for every kernel, sized for the largest (the allocator does not free):
+    // above 4 GiB if it fits there, else from the low heap.
     let heap_len = specs
         .iter()
         .map(|&spec| npb::mpi::heap_bytes(spec, plan.size))
         .max()
         .unwrap_or(0);
-    let heap = memory
-        .alloc(heap_len as u64, 4096)
-        .ok()
+    let heap = crate::highmem::room(info, heap_len as u64)
+        .map(|(start, _)| start)
+        .or_else(|| memory.alloc(heap_len as u64, 4096).ok())
         .map(|base| (base, heap_len));
     for &spec in specs {
         match run_npb(info, &mut mpi, heap, spec) {
