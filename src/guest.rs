@@ -108,14 +108,32 @@ pub fn parse_specs(list: &str) -> anyhow::Result<Vec<Spec>> {
 }
 
 /// The least memory (MiB) with which the embedded guest can run `specs` on `vcpus`.
-/// Benchmarks run one after another, so the largest heap decides.
+/// Benchmarks run one after another, so the largest heap decides. A heap must lie in
+/// one RAM region: one too large for the RAM below the 32-bit hole needs all of that
+/// below and the heap above 4 GiB (`hv::memory_map`).
 pub fn required_memory_mib(specs: &[Spec], vcpus: u32) -> u64 {
     let heap = specs
         .iter()
         .map(|&s| npb::workload_heap_bytes(s, vcpus))
         .max()
         .unwrap_or(0);
-    GUEST_BASE_MIB + GUEST_PER_VCPU_MIB * u64::from(vcpus) + heap.div_ceil(1 << 20)
+    memory_with_heap_mib(
+        GUEST_BASE_MIB + GUEST_PER_VCPU_MIB * u64::from(vcpus),
+        heap.div_ceil(1 << 20),
+    )
+}
+
+/// Guest memory for `base_mib` of runtime and a heap of `heap_mib` that must lie in one
+/// RAM region: below the 32-bit hole if both fit there, else all the RAM below it and
+/// the heap above 4 GiB, where the guest puts it (`hv::memory_map`; the high region is
+/// 2 MiB-aligned and its page tables come from the low heap).
+pub fn memory_with_heap_mib(base_mib: u64, heap_mib: u64) -> u64 {
+    let low_max_mib = hv::memory_map::LOW_RAM_MAX >> 20;
+    if base_mib + heap_mib <= low_max_mib {
+        base_mib + heap_mib
+    } else {
+        low_max_mib + heap_mib
+    }
 }
 
 /// `--memory` if given (checked against the need), else a size that fits.
@@ -207,6 +225,17 @@ mod tests {
         let err = parse_specs("ep.Q").unwrap_err().to_string();
         assert!(err.contains('Q'), "{err}");
         assert!(parse_specs(",").is_err());
+    }
+
+    #[test]
+    fn a_heap_too_large_for_low_memory_is_counted_above_4_gib() {
+        let ft_c: Vec<Spec> = parse_specs("ft.C").unwrap();
+        let heap_mib = npb::workload_heap_bytes(ft_c[0], 2).div_ceil(1 << 20);
+        assert!(heap_mib > 3072, "FT.C's heap needs the high region");
+        // All of the RAM below the hole, then the heap above 4 GiB.
+        assert_eq!(required_memory_mib(&ft_c, 2), 3072 + heap_mib);
+        let small = parse_specs("ft.A").unwrap();
+        assert!(required_memory_mib(&small, 2) < 3072);
     }
 
     #[test]

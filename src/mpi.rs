@@ -148,11 +148,18 @@ pub fn run_job(
     epoch: Instant,
 ) -> Result<JobRun> {
     run_job_in(
-        vms, vcpus, irq_path, extra, job, kvm_device, epoch, MEMORY_MIB,
+        vms,
+        vcpus,
+        irq_path,
+        extra,
+        job,
+        kvm_device,
+        epoch,
+        MEMORY_MIB * u64::from(vcpus),
     )
 }
 
-/// As [`run_job`], with `memory_mib` of guest memory per rank.
+/// As [`run_job`], with `memory_mib` of guest memory per VM.
 #[allow(clippy::too_many_arguments)]
 fn run_job_in(
     vms: u32,
@@ -201,7 +208,7 @@ fn run_job_in(
     for first in (0..vms).map(|i| job.first_rank + i * vcpus) {
         let config = run::embedded_config(
             vcpus,
-            memory_mib.saturating_mul(u64::from(vcpus)),
+            memory_mib,
             format!("mpi={first}:{size}:{vcpus} {extra}"),
             kvm_device,
         );
@@ -396,15 +403,22 @@ pub fn parse_npb(list: &str, ranks: u32) -> Result<Vec<Spec>> {
     Ok(specs)
 }
 
-/// Guest memory per rank for `specs`: the largest kernel's heap, the MPI's rings (a
-/// send and a receive ring of 1 MiB per peer) and the runtime, at least [`MEMORY_MIB`].
-pub fn npb_memory_mib(specs: &[Spec], ranks: u32) -> u64 {
+/// Guest memory of a VM running `local` of the job's `ranks` ranks of `specs`: per rank,
+/// the largest kernel's heap, the MPI's rings (a send and a receive ring of 1 MiB per
+/// peer) and the runtime, at least [`MEMORY_MIB`]; the heaps all below the PCI hole or
+/// all above it (the guest gives each rank its share of either).
+pub fn npb_memory_mib(specs: &[Spec], ranks: u32, local: u32) -> u64 {
     let heap = specs
         .iter()
         .map(|&spec| npb::mpi::heap_bytes(spec, ranks as usize))
         .max()
         .unwrap_or(0) as u64;
-    ((heap >> 20) + 2 * u64::from(ranks) + 96).max(MEMORY_MIB)
+    let local = u64::from(local.max(1));
+    crate::guest::memory_with_heap_mib(
+        local * (2 * u64::from(ranks) + 96),
+        local * heap.div_ceil(1 << 20),
+    )
+    .max(local * MEMORY_MIB)
 }
 
 /// `kumo mpi --npb LIST`: one job running every benchmark in turn; rank 0's results
@@ -430,7 +444,7 @@ fn run_npb(args: &MpiArgs, list: &str, epoch: Instant) -> Result<u8> {
         &job,
         &args.kvm_device,
         epoch,
-        npb_memory_mib(&specs, ranks),
+        npb_memory_mib(&specs, ranks, args.vcpus),
     )?
     .runs;
     // Rank 0 prints the results (if it runs here, on its VM's vCPU 0); every VM must end
@@ -733,11 +747,14 @@ mod tests {
         assert!(parse_npb("mg.S", 2).is_ok() && parse_npb("mg.S", 3).is_err());
         assert!(parse_npb("ft.W", 32).is_ok() && parse_npb("ft.W", 64).is_err());
         // FT class A's slabs need more than the default guest memory on 2 ranks.
-        assert!(npb_memory_mib(&parse_npb("ft.A", 2).unwrap(), 2) > MEMORY_MIB);
+        assert!(npb_memory_mib(&parse_npb("ft.A", 2).unwrap(), 2, 1) > MEMORY_MIB);
         assert_eq!(
-            npb_memory_mib(&parse_npb("ep.S", 2).unwrap(), 2),
+            npb_memory_mib(&parse_npb("ep.S", 2).unwrap(), 2, 1),
             MEMORY_MIB
         );
+        // A VM of two ranks holds two of everything.
+        let ft = parse_npb("ft.A", 4).unwrap();
+        assert!(npb_memory_mib(&ft, 4, 2) >= 2 * npb_memory_mib(&ft, 4, 1) - 96);
         assert!(parse_npb("xx.S", 2).is_err());
     }
 

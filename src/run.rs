@@ -362,8 +362,9 @@ pub fn run_kernel(args: &VmArgs, kernel: &Path, epoch: Instant) -> Result<u8> {
     // One VM, then kumo exits: its destruction need not hold up the exit.
     hv::teardown::defer_vm_destruction();
     let memory_mib = args.memory.unwrap_or(256);
-    // Nothing larger than guest RAM can be loaded into it: the bound on every read.
-    let limit = memory_mib.min(hv::layout::MAX_MEMORY_MIB) << 20;
+    // Nothing larger than guest RAM below the hole can be loaded into it: the bound on
+    // every read.
+    let limit = hv::memory_map::low_ram_bytes(memory_mib.saturating_mul(1 << 20));
     let image = crate::input::read_bounded("kernel", kernel, limit)?;
     let modules = args
         .module

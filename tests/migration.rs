@@ -206,6 +206,28 @@ fn guests_of_2_and_4_vcpus_running_cg_a_and_ep_a_migrate_and_verify() {
     }
 }
 
+/// A second RAM region (above 4 GiB) is dirty-logged and copied like the first: the
+/// destination finishes EP.A with its arena there.
+#[test]
+fn a_guest_with_memory_above_4_gib_migrates_and_verifies() {
+    if !kvm_available() {
+        return;
+    }
+    let port = free_port();
+    let secret = token("high.token", "high memory");
+    let dst = destination(port, &secret);
+    let socket = scratch("mig-high.sock");
+    let src = source_with(&socket, "ep.A", &["--memory", "4608"]);
+    let ctl = migrate(&socket, port, &secret);
+    assert!(ctl.status.success(), "migrate: {}", text(&ctl.stderr));
+    let src_out = src.finish();
+    assert!(text(&src_out.stderr).contains("handed off"));
+    let out = dst.finish();
+    assert_verified(&out, "destination");
+    let (start, _) = arena(&json_lines(&out)[0]);
+    assert!(start >= 1 << 32, "the arena is below 4 GiB: {start:#x}");
+}
+
 #[test]
 fn a_guest_under_the_credit_scheduler_migrates_and_verifies() {
     if !kvm_available() {

@@ -302,6 +302,8 @@ fn passthrough_options_are_refused_where_they_do_not_apply() {
 }
 
 /// A node file whose MPI job runs on passthrough NICs, on `pcpus`.
+/// Two MPI domains on passthrough NICs, each with memory above 4 GiB (4608 MiB: two
+/// RAM regions, both handed to the NIC server with DMA_MAP).
 fn passthrough_node(name: &str, pcpus: &str) -> std::path::PathBuf {
     let path = scratch(name);
     std::fs::write(
@@ -309,7 +311,7 @@ fn passthrough_node(name: &str, pcpus: &str) -> std::path::PathBuf {
         format!(
             "pcpus = [{pcpus}]\n[scheduler]\nkind = \"credit\"\n[network]\nwait = \"block\"\n\
              irq_path = \"fast\"\nnic = \"passthrough\"\n[[domain]]\nname = \"rank0\"\nmpi = true\n\
-             [[domain]]\nname = \"rank1\"\nmpi = true\n"
+             memory_mib = 4608\n[[domain]]\nname = \"rank1\"\nmpi = true\nmemory_mib = 4608\n"
         ),
     )
     .unwrap();

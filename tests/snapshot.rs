@@ -124,6 +124,41 @@ fn a_vm_snapshotted_while_running_goes_on_and_its_snapshot_runs_too() {
     );
 }
 
+/// A second RAM region (4608 MiB: 1.5 GiB above 4 GiB) is saved and restored: EP.A,
+/// stopped midway, finishes after restore with its arena there. The snapshot holds only
+/// the pages the guest wrote (the memfd's holes are skipped), so it stays small.
+#[test]
+fn a_vm_with_memory_above_4_gib_is_restored_from_its_snapshot() {
+    if !kvm_available() {
+        return;
+    }
+    let socket = scratch("high.sock");
+    let file = scratch("high.snap");
+    let source = kumo_background(&[
+        "--npb",
+        "ep.A",
+        "--memory",
+        "4608",
+        "--json",
+        "--ctl-socket",
+        socket.to_str().unwrap(),
+    ]);
+    wait_for_path(&socket);
+    let ctl = snapshot(&socket, &file, true);
+    assert!(ctl.status.success(), "snapshot: {}", text(&ctl.stderr));
+    assert!(
+        text(&source.finish().stdout).is_empty(),
+        "the source stopped midway"
+    );
+    let restored = kumo(&["--restore", file.to_str().unwrap(), "--json"]);
+    assert_ep_a_verified(&restored);
+    let (start, end) = arena(&json_lines(&restored)[0]);
+    assert!(
+        start >= 1 << 32 && end <= (1 << 32) + (1536 << 20),
+        "the arena [{start:#x}, {end:#x}) is not in the RAM above 4 GiB"
+    );
+}
+
 #[test]
 fn restore_refuses_what_is_not_a_snapshot() {
     let missing = scratch("missing.snap");

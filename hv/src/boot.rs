@@ -7,6 +7,7 @@ use linux_loader::loader::elf::start_info::{
 
 use crate::Error;
 use crate::layout::*;
+use crate::memory_map::ram_regions;
 
 pub const XEN_HVM_START_MAGIC: u32 = 0x336e_c578;
 pub const E820_RAM: u32 = 1;
@@ -33,8 +34,10 @@ pub struct MemRange {
     pub kind: u32,
 }
 
-/// The memory map for `mem_size` bytes of RAM.
+/// The memory map for `mem_size` bytes of RAM ([`ram_regions`]), in address order.
 pub fn memory_map(mem_size: u64) -> Vec<MemRange> {
+    let regions = ram_regions(mem_size);
+    let low_end = regions[0].end();
     let mut map = vec![
         MemRange {
             addr: 0,
@@ -47,10 +50,10 @@ pub fn memory_map(mem_size: u64) -> Vec<MemRange> {
             kind: E820_RESERVED,
         },
     ];
-    if mem_size > HIGH_RAM_START {
+    if low_end > HIGH_RAM_START {
         map.push(MemRange {
             addr: HIGH_RAM_START,
-            size: mem_size - HIGH_RAM_START,
+            size: low_end - HIGH_RAM_START,
             kind: E820_RAM,
         });
     }
@@ -60,6 +63,12 @@ pub fn memory_map(mem_size: u64) -> Vec<MemRange> {
         size: PCI_ECAM_SIZE,
         kind: E820_RESERVED,
     });
+    // RAM above the 32-bit hole.
+    map.extend(regions[1..].iter().map(|r| MemRange {
+        addr: r.gpa,
+        size: r.size,
+        kind: E820_RAM,
+    }));
     map
 }
 
@@ -228,6 +237,32 @@ mod tests {
         assert_eq!(u32_at(&b, 64), E820_RAM);
         assert_eq!(u32_at(&b, 24 + 16), E820_RESERVED);
         assert_eq!(memory_map(MIB).len(), 3, "no empty high-RAM entry");
+    }
+
+    #[test]
+    fn memory_beyond_3_gib_is_listed_above_4_gib() {
+        let map = memory_map(4608 * MIB);
+        assert_eq!(map.len(), 5);
+        assert_eq!(
+            (map[2].addr, map[2].size),
+            (0x100000, 3072 * MIB - 0x100000)
+        );
+        assert_eq!(map[3].addr, PCI_ECAM_BASE);
+        assert_eq!(
+            map[4],
+            MemRange {
+                addr: 4 << 30,
+                size: 1536 * MIB,
+                kind: E820_RAM
+            }
+        );
+        let ram: u64 = map
+            .iter()
+            .filter(|r| r.kind == E820_RAM)
+            .map(|r| r.size)
+            .sum();
+        assert_eq!(ram, 4608 * MIB - (HIGH_RAM_START - LOW_RAM_END));
+        assert!(memmap_bytes(&map).len() as u64 <= MEMMAP_END - MEMMAP);
     }
 
     #[test]

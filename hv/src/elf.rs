@@ -5,7 +5,8 @@
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::Error;
-use crate::layout::{BOOT_DATA, MAX_MEMORY_MIB, MIB};
+use crate::layout::{BOOT_DATA, MIB};
+use crate::memory_map::LOW_RAM_MAX;
 
 const PT_LOAD: u32 = 1;
 const PT_NOTE: u32 = 4;
@@ -290,15 +291,17 @@ fn find_pvh_note(notes: &[u8]) -> Result<Option<u32>, Error> {
     Ok(None)
 }
 
-/// Checks the image against guest memory of `mem_size` bytes and kumo's boot data.
-pub fn check_layout(info: &KernelInfo, mem_size: u64) -> Result<(), Error> {
-    let max = MAX_MEMORY_MIB * MIB;
+/// Checks the image against `low_ram` bytes of guest RAM below the 32-bit hole (where
+/// a kernel must lie) and kumo's boot data.
+pub fn check_layout(info: &KernelInfo, low_ram: u64) -> Result<(), Error> {
+    let max = LOW_RAM_MAX;
     for s in &info.segments {
         if s.end() > max {
             return Err(Error::KernelLayout(format!(
-                "segment [{:#x}, {:#x}) lies above the highest guest RAM kumo supports ({MAX_MEMORY_MIB} MiB)",
+                "segment [{:#x}, {:#x}) lies above the guest RAM below the 32-bit hole ({} MiB)",
                 s.paddr,
-                s.end()
+                s.end(),
+                max / MIB
             )));
         }
         if let Some((lo, hi, what)) = BOOT_DATA
@@ -322,9 +325,9 @@ pub fn check_layout(info: &KernelInfo, mem_size: u64) -> Result<(), Error> {
             "the PVH entry point {entry:#x} is not inside any loadable segment"
         )));
     }
-    if info.end > mem_size {
+    if info.end > low_ram {
         return Err(Error::MemoryTooSmall {
-            memory_mib: mem_size / MIB,
+            memory_mib: low_ram / MIB,
             needed_mib: info.end.div_ceil(MIB),
         });
     }

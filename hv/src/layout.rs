@@ -20,10 +20,8 @@ pub const LOW_RAM_END: u64 = 0x9fc00;
 /// ACPI RSDP (and the tables after it, up to `HIGH_RAM_START`).
 pub const ACPI_START: u64 = 0xe0000;
 pub const HIGH_RAM_START: u64 = 0x100000;
-/// Guest RAM stays below the PCI/APIC hole for now.
-pub const MAX_MEMORY_MIB: u64 = 3072;
-/// Where kumo assigns PCI BARs (as firmware would): between the top of RAM (at most
-/// 3 GiB) and ECAM.
+/// Where kumo assigns PCI BARs (as firmware would): between the top of low RAM (at
+/// most 3 GiB; the rest lies above 4 GiB, see `memory_map`) and ECAM.
 pub const PCI_MMIO_START: u64 = 0xc000_0000;
 pub const PCI_MMIO_END: u64 = 0xe000_0000;
 /// PCI configuration space (ECAM) for bus 0 only, described by the ACPI MCFG and

@@ -29,6 +29,7 @@ pub mod irq_device;
 mod kick;
 mod kvm;
 pub mod layout;
+pub mod memory_map;
 pub mod migration;
 pub mod net;
 pub mod passthrough;
@@ -116,8 +117,12 @@ pub enum Error {
         "guest memory of {memory_mib} MiB is too small: the kernel image, modules and boot data need at least {needed_mib} MiB"
     )]
     MemoryTooSmall { memory_mib: u64, needed_mib: u64 },
-    #[error("guest memory of {memory_mib} MiB is above the supported maximum of {max_mib} MiB")]
-    MemoryTooLarge { memory_mib: u64, max_mib: u64 },
+    #[error("guest memory of {memory_mib} MiB is above {what}: at most {max_mib} MiB")]
+    MemoryTooLarge {
+        memory_mib: u64,
+        max_mib: u64,
+        what: &'static str,
+    },
     #[error("the kernel is not an ELF file (it does not start with \\x7fELF)")]
     NotElf,
     #[error("no XEN_ELFNOTE_PHYS32_ENTRY note: not a PVH kernel")]

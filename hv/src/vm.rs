@@ -24,6 +24,7 @@ use crate::irq::{EventLoop, GsiRouter, Msi};
 use crate::kick;
 use crate::kvm::{self, ioctl};
 use crate::layout::*;
+use crate::memory_map;
 use crate::migration::dirty::DirtyLogMode;
 use crate::migration::{DeviceStates, Hub};
 use crate::placement::VcpuControl;
@@ -111,13 +112,10 @@ impl Vm {
         if config.vcpus == 0 {
             return Err(Error::NoVcpus);
         }
-        if config.memory_mib > MAX_MEMORY_MIB {
-            return Err(Error::MemoryTooLarge {
-                memory_mib: config.memory_mib,
-                max_mib: MAX_MEMORY_MIB,
-            });
-        }
+        // Before the multiplication below can overflow (restore checks in `machine`).
+        memory_map::check_size(config.memory_mib)?;
         let mem_size = config.memory_mib * MIB;
+        let low_ram = memory_map::low_ram_bytes(mem_size);
         let info = elf::inspect(&config.kernel)?;
         let sizes: Vec<u64> = config.modules.iter().map(|m| m.len() as u64).collect();
         let (modules, modules_end) = boot::place_modules(info.end, &sizes).ok_or_else(|| {
@@ -125,11 +123,12 @@ impl Vm {
         })?;
         let blobs = boot::boot_blobs(mem_size, &config.cmdline, &modules)?;
         let needed = info.end.max(modules_end).max(HIGH_RAM_START);
-        if needed > mem_size {
+        if needed > low_ram {
             let needed_mib = needed.div_ceil(MIB);
-            if needed_mib > MAX_MEMORY_MIB {
+            if needed > memory_map::LOW_RAM_MAX {
                 return Err(Error::KernelLayout(format!(
-                    "the kernel and modules end at {needed:#x}, above the {MAX_MEMORY_MIB} MiB kumo supports"
+                    "the kernel and modules end at {needed:#x}, above the RAM below the 32-bit hole ({} MiB)",
+                    memory_map::LOW_RAM_MAX / MIB
                 )));
             }
             return Err(Error::MemoryTooSmall {
@@ -137,7 +136,7 @@ impl Vm {
                 needed_mib,
             });
         }
-        elf::check_layout(&info, mem_size)?;
+        elf::check_layout(&info, low_ram)?;
         let acpi_blob = acpi::build(config.vcpus, ACPI_START);
         if ACPI_START + acpi_blob.len() as u64 > HIGH_RAM_START {
             return Err(Error::KernelLayout(format!(
@@ -228,7 +227,7 @@ impl Vm {
         self.health.clone()
     }
 
-    /// The memfd behind guest RAM (offset 0 = guest-physical 0).
+    /// The memfd behind guest RAM (each region's offset in it: [`memory_map::ram_regions`]).
     pub fn memory_fd(&self) -> &File {
         &self.memfd
     }
@@ -604,14 +603,16 @@ fn watch(
 }
 
 /// What every VM starts from, new or restored: KVM opened (and its vCPU limit checked),
-/// a VM with `mem_size` bytes of memfd RAM in slot 0, the TSS and the in-kernel
-/// irqchip (which must exist before any vCPU), and the dirty ring if `dirty` asks.
+/// a VM with `mem_size` bytes of memfd RAM (one slot per region of
+/// [`memory_map::ram_regions`]), the TSS and the in-kernel irqchip (which must exist
+/// before any vCPU), and the dirty ring if `dirty` asks.
 pub(crate) fn machine(
     kvm_device: &std::path::Path,
     vcpus: u32,
     mem_size: u64,
     dirty: DirtyLogMode,
 ) -> Result<(Kvm, VmFd, GuestMemoryMmap, File), Error> {
+    memory_map::check_size(mem_size.div_ceil(MIB))?;
     let kvm = kvm::open(kvm_device)?;
     let max = kvm::max_vcpus(&kvm);
     if vcpus > max {
@@ -623,20 +624,9 @@ pub(crate) fn machine(
     let vm = create_vm(&kvm)?;
     crate::teardown::keep(vm.as_raw_fd());
     let (memory, memfd) = create_memory(mem_size)?;
-    let host = memory
-        .get_host_address(GuestAddress(0))
-        .map_err(|e| Error::GuestMemory(e.to_string()))?;
-    let region = kvm_userspace_memory_region {
-        slot: 0,
-        flags: 0,
-        guest_phys_addr: 0,
-        memory_size: mem_size,
-        userspace_addr: host as u64,
-    };
-    // SAFETY: the region maps `memory`, a live mapping of exactly `mem_size` bytes that
-    // the Vm owns and drops only after the VM fd (field order), so KVM never sees a
-    // dangling host range.
-    unsafe { vm.set_user_memory_region(region) }.map_err(ioctl("KVM_SET_USER_MEMORY_REGION"))?;
+    for region in memory_map::ram_regions(mem_size) {
+        set_memory_slot(&vm, &memory, &region, 0)?;
+    }
     vm.set_tss_address(KVM_TSS_ADDR)
         .map_err(ioctl("KVM_SET_TSS_ADDR"))?;
     vm.create_irq_chip().map_err(ioctl("KVM_CREATE_IRQCHIP"))?;
@@ -670,7 +660,34 @@ fn create_vm(kvm: &Kvm) -> Result<VmFd, Error> {
     }
 }
 
-/// Guest RAM `[0, size)` on a memfd (zero-filled, untouched: pages appear when used).
+/// Gives KVM `region` of `memory` as its slot, with `flags` (dirty logging or none).
+pub(crate) fn set_memory_slot(
+    vm: &VmFd,
+    memory: &GuestMemoryMmap,
+    region: &memory_map::RamRegion,
+    flags: u32,
+) -> Result<(), Error> {
+    let host = memory
+        .get_host_address(GuestAddress(region.gpa))
+        .map_err(|e| Error::GuestMemory(e.to_string()))?;
+    let slot = kvm_userspace_memory_region {
+        slot: region.slot,
+        flags,
+        guest_phys_addr: region.gpa,
+        memory_size: region.size,
+        userspace_addr: host as u64,
+    };
+    // SAFETY: `host` is the start of `memory`'s mapping of this region, `region.size`
+    // bytes long (`create_memory` mapped each region of `ram_regions` whole). Whoever
+    // owns the VM fd keeps that mapping alive until after the VM is gone (the Vm drops
+    // its memory after the VM fd, the migration hub holds a clone), so KVM never sees a
+    // dangling host range.
+    unsafe { vm.set_user_memory_region(slot) }.map_err(ioctl("KVM_SET_USER_MEMORY_REGION"))
+}
+
+/// Guest RAM of `size` bytes on one memfd, mapped region by region as
+/// [`memory_map::ram_regions`] lays it out (zero-filled, untouched: pages appear when
+/// used, so a large guest costs only what it touches).
 fn create_memory(size: u64) -> Result<(GuestMemoryMmap, File), Error> {
     // SAFETY: the name is a valid NUL-terminated string; the return value is checked.
     let fd = unsafe { libc::memfd_create(c"kumo-guest-ram".as_ptr(), libc::MFD_CLOEXEC) };
@@ -686,16 +703,22 @@ fn create_memory(size: u64) -> Result<(GuestMemoryMmap, File), Error> {
         what: "sizing the guest RAM memfd",
         source,
     })?;
-    let mapped = file.try_clone().map_err(|source| Error::Os {
-        what: "duplicating the guest RAM memfd",
-        source,
-    })?;
-    let memory = GuestMemoryMmap::from_ranges_with_files([(
-        GuestAddress(0),
-        size as usize,
-        Some(FileOffset::new(mapped, 0)),
-    )])
-    .map_err(|e| Error::GuestMemory(e.to_string()))?;
+    let ranges = memory_map::ram_regions(size)
+        .iter()
+        .map(|r| {
+            let mapped = file.try_clone().map_err(|source| Error::Os {
+                what: "duplicating the guest RAM memfd",
+                source,
+            })?;
+            Ok((
+                GuestAddress(r.gpa),
+                r.size as usize,
+                Some(FileOffset::new(mapped, r.file_offset)),
+            ))
+        })
+        .collect::<Result<Vec<_>, Error>>()?;
+    let memory = GuestMemoryMmap::from_ranges_with_files(ranges)
+        .map_err(|e| Error::GuestMemory(e.to_string()))?;
     Ok((memory, file))
 }
 

@@ -394,9 +394,9 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
         };
         let mut first = 0;
         for d in domains.iter_mut().filter(|d| d.mpi.is_some()) {
-            // Each rank's share of the domain's memory: its part of the largest kernel,
-            // or the MPI runtime's rings and the check's 16 MiB exchange.
-            let per_rank = match &npb {
+            // The domain's memory: each rank's part of the largest kernel, or the MPI
+            // runtime's rings and the check's 16 MiB exchange.
+            let need = match &npb {
                 Some(specs) => {
                     if !d.specs.is_empty() {
                         bail!(
@@ -408,11 +408,11 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
                     if first == 0 {
                         d.specs = specs.clone();
                     }
-                    crate::mpi::npb_memory_mib(specs, ranks)
+                    crate::mpi::npb_memory_mib(specs, ranks, d.vcpus)
                 }
-                None => crate::mpi::MEMORY_MIB,
+                None => crate::mpi::MEMORY_MIB * u64::from(d.vcpus),
             };
-            d.memory_mib = d.memory_mib.max(per_rank * u64::from(d.vcpus));
+            d.memory_mib = d.memory_mib.max(need);
             d.mpi = Some(MpiPart {
                 first,
                 size: ranks,
@@ -666,8 +666,8 @@ mpi = true
             "{}",
             n.domains[1].cmdline()
         );
-        let per_rank = crate::mpi::npb_memory_mib(&n.domains[0].specs, 4);
-        assert!(n.domains[1].memory_mib >= 2 * per_rank);
+        let two_ranks = crate::mpi::npb_memory_mib(&n.domains[0].specs, 4, 2);
+        assert!(n.domains[1].memory_mib >= two_ranks);
         // cg needs a power-of-two rank count: 3 ranks are refused before any VM boots.
         let three = "pcpus = [0]\n[network]\nnpb = \"cg.S\"\n[[domain]]\nname = \"a\"\nvcpus = 2\nmpi = true\n[[domain]]\nname = \"b\"\nmpi = true\n";
         assert!(

@@ -104,6 +104,19 @@ pub fn json_lines(out: &Output) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// The guest-physical `[start, end)` of a result line's arena (`arena_start`,
+/// `arena_end`, hexadecimal).
+pub fn arena(result: &serde_json::Value) -> (u64, u64) {
+    let hex = |key: &str| {
+        let v = result[key]
+            .as_str()
+            .unwrap_or_else(|| panic!("no {key}: {result}"));
+        u64::from_str_radix(v.trim_start_matches("0x"), 16)
+            .unwrap_or_else(|e| panic!("{key}: {v}: {e}"))
+    };
+    (hex("arena_start"), hex("arena_end"))
+}
+
 /// A kumo running in the background (pipes drained on threads), finished with
 /// [`Background::finish`] under the same hang guard as [`kumo`].
 pub struct Background {

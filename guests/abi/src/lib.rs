@@ -50,6 +50,29 @@ pub struct BootInfo {
     /// need not reach the hypervisor (on PVM hosts it runs natively and reports the
     /// host's APIC ID).
     pub apic_to_cpu: u64,
+    /// Free RAM above 4 GiB: `[high_start, high_end)` (2 MiB-aligned), the largest
+    /// such range of the memory map; both 0 if there is none. Not mapped at entry:
+    /// ring 3 maps it (see [`high_tables`](Self::high_tables)) before using it.
+    pub high_start: u64,
+    pub high_end: u64,
+    /// Zeroed, page-aligned room below `heap_end` for the page directories that map
+    /// the high range with 2 MiB pages: one 4 KiB directory per GiB from
+    /// `high_start` rounded down to a GiB. Ring 3 fills them and links them into
+    /// [`pdpt`](Self::pdpt) (entry `i` maps `[i GiB, i + 1 GiB)`): at native speed,
+    /// where ring 0 would run ~2,000 emulated instructions per GiB. 0 if no high range.
+    pub high_tables: u64,
+    /// The identity map's page-directory-pointer table (512 entries, writable from
+    /// ring 3 like all of the guest's memory).
+    pub pdpt: u64,
+}
+
+/// Page directories [`BootInfo::high_tables`] holds for a high range.
+pub fn high_table_count(high_start: u64, high_end: u64) -> u64 {
+    const GIB: u64 = 1 << 30;
+    if high_start >= high_end {
+        return 0;
+    }
+    high_end.div_ceil(GIB) - high_start / GIB
 }
 
 /// Interrupt vectors the supervisor hands to devices: `DEVICE_VECTOR_BASE + i` for

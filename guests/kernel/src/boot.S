@@ -368,7 +368,8 @@ fault_entry:
 .endr
 
 .section .data.tables, "aw"
-/* ---- Page tables: identity map of [0, 4 GiB) with 2 MiB pages.
+/* ---- Page tables: identity map of [0, 4 GiB) with 2 MiB pages. RAM above 4 GiB is
+   mapped by ring 3 (kumo_abi::BootInfo::high_tables), into entries 4.. of the PDPT.
    U/S is set at every level: ring 3 needs its image, stacks, heap, BootInfo and the
    command line, and this guest runs one trusted workload, so separating ring 3 from
    ring-0 memory would buy nothing while finer tables would cost emulated ring-0 work. */
@@ -376,6 +377,7 @@ fault_entry:
 pml4:
     .quad pdpt + 0x7                /* P | RW | US */
     .fill 511, 8, 0
+.globl pdpt
 pdpt:
     .quad pd + 0x0000 + 0x7
     .quad pd + 0x1000 + 0x7

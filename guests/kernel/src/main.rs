@@ -15,7 +15,9 @@ use core::cell::UnsafeCell;
 use core::ptr::{read_unaligned, read_volatile, write_volatile};
 use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
-use kumo_abi::{BootInfo, MAX_CPUS, USER_IMAGE_BASE, USER_MAGIC, UserHeader, call, fault};
+use kumo_abi::{
+    BootInfo, MAX_CPUS, USER_IMAGE_BASE, USER_MAGIC, UserHeader, call, fault, high_table_count,
+};
 
 global_asm!(include_str!("boot.S"), options(att_syntax));
 global_asm!(
@@ -39,6 +41,9 @@ unsafe extern "C" {
     static ap_trampoline_end: u8;
     /// End of the runtime image including its .bss (kernel.ld).
     static user_image_end: u8;
+    /// The identity map's page-directory-pointer table (boot.S): entry `i` maps
+    /// `[i GiB, i + 1 GiB)`; entries 0-3 point to 2 MiB page directories.
+    static pdpt: [u64; 512];
 }
 
 const START_INFO_MAGIC: u32 = 0x336e_c578;
@@ -50,8 +55,10 @@ const SEL_TSS0: u16 = 0x30;
 const WAKE_VECTOR: u32 = 32;
 const SPURIOUS_VECTOR: u32 = 47;
 const USER_STACK_SIZE: u64 = 256 << 10;
-/// The identity map ends here (boot.S).
+/// boot.S's identity map ends here; ring 3 maps RAM above it (`BootInfo::high_tables`).
 const MAPPED_END: u64 = 4 << 30;
+/// The PDPT maps at most this much (one PML4 entry); nothing is ever mapped above.
+const PDPT_END: u64 = 512 << 30;
 
 const COM1: u16 = 0x3F8;
 const DEBUG_EXIT_PORT: u16 = 0xF4;
@@ -87,6 +94,10 @@ static BOOT_INFO: BspWritten<BootInfo> = BspWritten(UnsafeCell::new(BootInfo {
     pci_ecam: 0,
     irq_log: 0,
     apic_to_cpu: 0,
+    high_start: 0,
+    high_end: 0,
+    high_tables: 0,
+    pdpt: 0,
 }));
 /// Ring-3 stacks: `USER_STACK_SIZE` per CPU from here.
 static USER_STACKS: BspWritten<u64> = BspWritten(UnsafeCell::new(0));
@@ -123,6 +134,12 @@ extern "C" fn bsp_main(start_info: u32) -> ! {
     let bsp_apic_id = leaf1[1] >> 24;
     let cpus = discover_cpus(si, bsp_apic_id as u8);
     let (stacks, heap_start, heap_end) = memory_layout(si, cpus);
+    let (high_start, high_end) = high_memory(si);
+    // The page directories for the high range come off the top of the low heap.
+    let high_tables = (heap_end - 4096 * high_table_count(high_start, high_end)) & !0xFFF;
+    if high_tables <= heap_start && high_end > high_start {
+        boot_failure("out-of-memory");
+    }
 
     // SAFETY: BSP-only, before the APs start (see `BspWritten`).
     unsafe {
@@ -133,7 +150,19 @@ extern "C" fn bsp_main(start_info: u32) -> ! {
         info.tsc_khz = tsc_khz;
         info.cmdline = read64(si + 24);
         info.heap_start = heap_start;
-        info.heap_end = heap_end;
+        info.heap_end = if high_end > high_start {
+            high_tables
+        } else {
+            heap_end
+        };
+        info.high_start = high_start;
+        info.high_end = high_end;
+        info.high_tables = if high_end > high_start {
+            high_tables
+        } else {
+            0
+        };
+        info.pdpt = &raw const pdpt as u64;
         info.entry_tsc = read_volatile(&raw const entry_tsc);
         info.pci_ecam = pci_ecam(si);
         info.irq_log = &raw const irq_log as u64;
@@ -434,6 +463,28 @@ fn memory_layout(si: u64, cpus: u32) -> (u64, u64, u64) {
     (start, heap_start, region_end)
 }
 
+/// The largest RAM range of the memory map above 4 GiB, 2 MiB-aligned and clipped to
+/// what one PDPT maps; (0, 0) if there is none. A few entries: cheap in ring 0.
+fn high_memory(si: u64) -> (u64, u64) {
+    const PAGE_2M: u64 = 2 << 20;
+    let (memmap, entries) = if read32(si + 4) >= 1 {
+        (read64(si + 40), read32(si + 48))
+    } else {
+        (0, 0)
+    };
+    let (mut best_start, mut best_end) = (0, 0);
+    for i in 0..u64::from(entries) {
+        let entry = memmap + 24 * i;
+        let (addr, size, kind) = (read64(entry), read64(entry + 8), read32(entry + 16));
+        let start = addr.max(MAPPED_END).saturating_add(PAGE_2M - 1) & !(PAGE_2M - 1);
+        let end = addr.saturating_add(size).min(PDPT_END) & !(PAGE_2M - 1);
+        if kind == 1 && start < end && end - start > best_end - best_start {
+            (best_start, best_end) = (start, end);
+        }
+    }
+    (best_start, best_end)
+}
+
 /// INIT-SIPI-SIPI to all other CPUs at once, then wait until every one has checked in;
 /// the SIPI is repeated every 10 ms (harmless for CPUs already running), up to 1 s.
 /// With `tsc_deadline`, waits in `hlt` (each AP's check-in IPI or the deadline of the
@@ -521,9 +572,9 @@ fn deliberate_fault(kind: u64) -> u64 {
         // SAFETY: deliberately not: #UD goes to kumo_fault, which never returns.
         fault::UD => unsafe { asm!("ud2", options(nomem, nostack)) },
         fault::PAGEFAULT => {
-            // SAFETY: deliberately not: nothing is mapped at 4 GiB, so this write
-            // raises #PF, which goes to kumo_fault.
-            unsafe { asm!("mov byte ptr [{}], 1", in(reg) MAPPED_END, options(nostack)) };
+            // SAFETY: deliberately not: nothing is ever mapped at 512 GiB, so this
+            // write raises #PF, which goes to kumo_fault.
+            unsafe { asm!("mov byte ptr [{}], 1", in(reg) PDPT_END, options(nostack)) };
         }
         _ => {}
     }

@@ -48,7 +48,8 @@ pub fn params(class: Class) -> Params {
         Class::S => (1400, 7, 15, 10.0),
         Class::W => (7000, 8, 15, 12.0),
         Class::A => (14000, 11, 15, 20.0),
-        Class::B | Class::C => crate::lacks(crate::Kernel::Cg, class),
+        Class::B => (75000, 13, 75, 60.0),
+        Class::C => (150000, 15, 75, 110.0),
     };
     Params {
         na,
@@ -65,7 +66,8 @@ pub fn reference_zeta(class: Class) -> f64 {
         Class::S => 8.597_177_507_864_8,
         Class::W => 10.362_595_087_124,
         Class::A => 17.130_235_054_029,
-        Class::B | Class::C => crate::lacks(crate::Kernel::Cg, class),
+        Class::B => 22.712_745_482_631,
+        Class::C => 28.973_605_592_845,
     }
 }
 

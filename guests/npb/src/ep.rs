@@ -30,7 +30,8 @@ pub fn m(class: Class) -> u32 {
         Class::S => 24,
         Class::W => 25,
         Class::A => 28,
-        Class::B | Class::C => crate::lacks(crate::Kernel::Ep, class),
+        Class::B => 30,
+        Class::C => 32,
     }
 }
 
@@ -41,7 +42,8 @@ pub fn reference_sums(class: Class) -> (f64, f64) {
         Class::S => (-3.247_834_652_034_740e3, -6.958_407_078_382_297e3),
         Class::W => (-2.863_319_731_645_753e3, -6.320_053_679_109_499e3),
         Class::A => (-4.295_875_165_629_892e3, -1.580_732_573_678_431e4),
-        Class::B | Class::C => crate::lacks(crate::Kernel::Ep, class),
+        Class::B => (4.033_815_542_441_498e4, -2.660_669_192_809_235e4),
+        Class::C => (4.764_367_927_995_374e4, -8.084_072_988_043_731e4),
     }
 }
 

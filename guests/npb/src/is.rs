@@ -30,7 +30,8 @@ fn logs(class: Class) -> (u32, u32, u32) {
         Class::S => (16, 11, 9),
         Class::W => (20, 16, 10),
         Class::A => (23, 19, 10),
-        Class::B | Class::C => crate::lacks(crate::Kernel::Is, class),
+        Class::B => (25, 21, 10),
+        Class::C => (27, 23, 10),
     }
 }
 
@@ -55,7 +56,8 @@ pub fn test_index(class: Class) -> [usize; TEST_KEYS] {
         Class::S => [48427, 17148, 23627, 62548, 4431],
         Class::W => [357773, 934767, 875723, 898999, 404505],
         Class::A => [2112377, 662041, 5336171, 3642833, 4250760],
-        Class::B | Class::C => crate::lacks(crate::Kernel::Is, class),
+        Class::B => [41869, 812306, 5102857, 18232239, 26860214],
+        Class::C => [44172927, 72999161, 74326391, 129606274, 21736814],
     }
 }
 
@@ -67,12 +69,16 @@ pub fn expected_rank(class: Class, test: usize, iteration: usize) -> i64 {
         Class::S => ([0, 18, 346, 64917, 65463], iteration as i64),
         Class::W => ([1249, 11698, 1039987, 1043896, 1048018], iteration as i64),
         Class::A => ([104, 17523, 123928, 8288932, 8388264], iteration as i64 - 1),
-        Class::B | Class::C => crate::lacks(crate::Kernel::Is, class),
+        Class::B => ([33422937, 10244, 59149, 33135281, 99], iteration as i64),
+        Class::C => (
+            [61147, 882988, 266290, 133997595, 133525895],
+            iteration as i64,
+        ),
     };
     let up = match class {
-        Class::S | Class::A => test <= 2,
+        Class::S | Class::A | Class::C => test <= 2,
         Class::W => test < 2,
-        Class::B | Class::C => crate::lacks(crate::Kernel::Is, class),
+        Class::B => matches!(test, 1 | 2 | 4),
     };
     match (class, up) {
         (Class::W, true) => base[test] + (it - 2),

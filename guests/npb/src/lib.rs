@@ -72,14 +72,17 @@ impl Kernel {
         Kernel::ALL.iter().copied().find(|k| k.name() == name)
     }
 
-    /// The classes this kernel has here: the pseudo-applications have every class, the
-    /// kernels S, W and A.
+    /// The classes this kernel has here: every kernel and pseudo-application has S to C.
     pub fn classes(self) -> &'static [Class] {
         match self {
-            Kernel::Sp | Kernel::Bt | Kernel::Lu => Class::ALL,
-            Kernel::Ep | Kernel::Mg | Kernel::Is | Kernel::Cg | Kernel::Ft => {
-                &[Class::S, Class::W, Class::A]
-            }
+            Kernel::Sp
+            | Kernel::Bt
+            | Kernel::Lu
+            | Kernel::Ep
+            | Kernel::Mg
+            | Kernel::Is
+            | Kernel::Cg
+            | Kernel::Ft => Class::ALL,
         }
     }
 
@@ -90,7 +93,9 @@ impl Kernel {
 }
 
 /// For a kernel's per-class tables at a class it lacks: unreachable through [`Spec`]
-/// parsing, which refuses such a pair.
+/// parsing, which refuses such a pair. (Every benchmark here has every class today;
+/// kept for one being added with fewer.)
+#[allow(dead_code)]
 pub(crate) fn lacks(kernel: Kernel, class: Class) -> ! {
     panic!(
         "{} has no class {} (Spec parsing refuses it)",
@@ -424,7 +429,7 @@ mod tests {
             }
         }
         assert!(Kernel::Sp.has(Class::C) && Kernel::Bt.has(Class::B) && Kernel::Lu.has(Class::C));
-        assert!(!Kernel::Ep.has(Class::B));
+        assert!(Kernel::Ep.has(Class::B) && Kernel::Ft.has(Class::C));
         assert_eq!(
             "ep.S".parse(),
             Ok(Spec {
@@ -465,12 +470,12 @@ mod tests {
         );
         assert_eq!((err.kind(), err.item()), ("unknown-class", "ep.Q"));
 
-        let err = "ft.B".parse::<Spec>().unwrap_err();
+        assert_eq!("ft.B".parse::<Spec>().map(|s| s.class), Ok(Class::B));
         assert_eq!(
-            err.to_string(),
-            "ft has no class B in 'ft.B' (it has S, W, A)"
+            "ft.D".parse::<Spec>().unwrap_err().kind(),
+            "unknown-class",
+            "NPB's class D is not here"
         );
-        assert_eq!((err.kind(), err.item()), ("missing-class", "ft.B"));
 
         let err = "ep".parse::<Spec>().unwrap_err();
         assert_eq!(

@@ -32,7 +32,7 @@ pub const MAX_ROW: usize = 514;
 pub const RESIDUAL: [f64; 4] = [-8.0 / 3.0, 0.0, 1.0 / 6.0, 1.0 / 12.0];
 /// Smoother `S(a)` of classes S, W and A.
 pub const SMOOTHER_A: [f64; 4] = [-3.0 / 8.0, 1.0 / 32.0, -1.0 / 64.0, 0.0];
-/// Smoother `S(b)` of classes B and C (kept for when they are added).
+/// Smoother `S(b)` of classes B and C.
 pub const SMOOTHER_B: [f64; 4] = [-3.0 / 17.0, 1.0 / 33.0, -1.0 / 61.0, 0.0];
 
 /// Points along each side of the finest grid.
@@ -40,8 +40,8 @@ pub fn size(class: Class) -> usize {
     match class {
         Class::S => 32,
         Class::W => 128,
-        Class::A => 256,
-        Class::B | Class::C => crate::lacks(crate::Kernel::Mg, class),
+        Class::A | Class::B => 256,
+        Class::C => 512,
     }
 }
 
@@ -49,7 +49,7 @@ pub fn size(class: Class) -> usize {
 pub fn iterations(class: Class) -> usize {
     match class {
         Class::S | Class::W | Class::A => 4,
-        Class::B | Class::C => crate::lacks(crate::Kernel::Mg, class),
+        Class::B | Class::C => 20,
     }
 }
 
@@ -62,7 +62,7 @@ pub fn levels(class: Class) -> usize {
 pub fn smoother(class: Class) -> [f64; 4] {
     match class {
         Class::S | Class::W | Class::A => SMOOTHER_A,
-        Class::B | Class::C => crate::lacks(crate::Kernel::Mg, class),
+        Class::B | Class::C => SMOOTHER_B,
     }
 }
 
@@ -73,7 +73,8 @@ pub fn reference_norm(class: Class) -> f64 {
         Class::S => 0.530_770_700_573_4e-4,
         Class::W => 0.646_732_937_533_9e-5,
         Class::A => 0.243_336_530_906_9e-5,
-        Class::B | Class::C => crate::lacks(crate::Kernel::Mg, class),
+        Class::B => 0.180_056_440_135_5e-5,
+        Class::C => 0.570_673_228_574_0e-6,
     }
 }
 

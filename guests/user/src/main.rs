@@ -8,6 +8,7 @@
 
 mod blk;
 mod comm;
+mod highmem;
 mod irq;
 mod mem;
 mod mpi;
@@ -158,6 +159,7 @@ extern "C" fn user_main(info: &'static BootInfo, cpu: u32) -> ! {
 }
 
 fn master(info: &BootInfo) -> ! {
+    highmem::map(info);
     sys::mark_start();
     let mut line = Line::new();
     let _ = write!(
@@ -286,12 +288,12 @@ fn end(status: u32) -> ! {
 /// Forks `spec` over every CPU, joins, and prints the master's result line.
 fn run_benchmark(info: &BootInfo, spec: Spec) -> bool {
     let threads = info.cpus;
-    if heap_len(info) < npb::workload_heap_bytes(spec, threads) {
+    let Some((arena_start, arena_end)) = arena_range(info, spec) else {
         let mut line = Line::new();
         let _ = write!(line, "@kumo error what=out-of-memory item={spec}");
         line.emit();
         return false;
-    }
+    };
     // SAFETY: the workers read JOB only after FORK.
     unsafe { *JOB.0.get() = Some(Job::Benchmark(spec)) };
     sync::take_stats();
@@ -313,6 +315,10 @@ fn run_benchmark(info: &BootInfo, spec: Spec) -> bool {
     for (key, value) in outcome.values.iter() {
         let _ = write!(line, " {key}={value}");
     }
+    let _ = write!(
+        line,
+        " arena_start={arena_start:#x} arena_end={arena_end:#x}"
+    );
     line.emit();
     print_barrier_stats(info, spec, &waits);
     outcome.verified
@@ -349,14 +355,21 @@ fn run_share(info: &BootInfo, spec: Spec, cpu: u32) -> npb::Outcome {
         tsc_khz: info.tsc_khz,
     };
     let team = Team::new(cpu as usize, info.cpus as usize, &runtime);
-    // SAFETY: the heap is identity-mapped, ours alone, large enough (the master checked
-    // before FORK), and every CPU builds its arena over it in the same way.
-    let mut arena = unsafe { Arena::new(info.heap_start as *mut u8, heap_len(info) as usize) };
+    // The master checked before FORK that there is one.
+    let (start, end) = arena_range(info, spec).unwrap_or((info.heap_start, info.heap_start));
+    // SAFETY: the range is identity-mapped free RAM, ours alone, large enough, and
+    // every CPU builds its arena over it in the same way.
+    let mut arena = unsafe { Arena::new(start as *mut u8, (end - start) as usize) };
     npb::run(spec, &team, &mut arena)
 }
 
-fn heap_len(info: &BootInfo) -> u64 {
-    info.heap_end.saturating_sub(info.heap_start)
+/// Where `spec` runs: RAM above 4 GiB if it fits there, else the heap below the 32-bit
+/// hole (which the network and device drivers use too); `None` if neither holds it.
+fn arena_range(info: &BootInfo, spec: Spec) -> Option<(u64, u64)> {
+    let need = npb::workload_heap_bytes(spec, info.cpus);
+    highmem::room(info, need)
+        .or(Some((info.heap_start, info.heap_end)))
+        .filter(|&(start, end)| start < end && end - start >= need)
 }
 
 /// The team barrier and clock of the guest: shared-memory barrier, TSC time.

@@ -233,15 +233,18 @@ pub fn run_rank(info: &BootInfo, plan: &Plan, spin_us: u64, specs: &[Spec], cpu:
     );
     line.emit();
     let mut ok = true;
-    // One heap for every kernel, sized for the largest (the allocator does not free).
+    // One heap for every kernel, sized for the largest (the allocator does not free):
+    // this rank's share of the RAM above 4 GiB if every rank's fits there, else from
+    // its part of the low heap.
     let heap_len = specs
         .iter()
         .map(|&spec| npb::mpi::heap_bytes(spec, plan.size))
         .max()
         .unwrap_or(0);
-    let heap = memory
-        .alloc(heap_len as u64, 4096)
-        .ok()
+    let stride = (heap_len as u64).next_multiple_of(4096);
+    let heap = crate::highmem::room(info, stride * plan.local as u64)
+        .map(|(start, _)| start + u64::from(cpu) * stride)
+        .or_else(|| memory.alloc(heap_len as u64, 4096).ok())
         .map(|base| (base, heap_len));
     for &spec in specs {
         match run_npb(info, &mut mpi, heap, spec) {

@@ -26,6 +26,7 @@ use kvm_ioctls::{VcpuFd, VmFd};
 use super::stream::PAGE_SIZE;
 use crate::Error;
 use crate::kvm::ioctl;
+use crate::memory_map::RamRegion;
 
 /// How a VM tracks the pages its vCPUs write (`--dirty-log`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -122,8 +123,9 @@ impl Ring {
         })
     }
 
-    /// Moves the entries KVM has written since the last call into `into`.
-    fn harvest(&mut self, into: &mut BTreeSet<u64>) {
+    /// Moves the entries KVM has written since the last call into `into`; `regions`
+    /// name each slot's base.
+    fn harvest(&mut self, regions: &[RamRegion], into: &mut BTreeSet<u64>) {
         loop {
             let index = (self.next % RING_ENTRIES) as usize;
             // SAFETY: `index` < RING_ENTRIES, inside the mapping; `flags` is a u32 at
@@ -137,7 +139,7 @@ impl Ring {
             // SAFETY: KVM wrote the entry before setting DIRTY (acquire above); it does
             // not touch it again until userspace resets it.
             let (slot, offset) = unsafe { ((*entry).slot, (*entry).offset) };
-            if let Some(base) = slot_base(slot) {
+            if let Some(base) = slot_base(regions, slot) {
                 into.insert(base + offset * PAGE_SIZE as u64);
             }
             flags.store(GFN_RESET, Ordering::Release);
@@ -155,9 +157,9 @@ impl Drop for Ring {
 }
 
 /// The guest-physical base of a RAM slot (`kvm_dirty_gfn.slot`: address space in
-/// the high 16 bits, slot id below). kumo's RAM is slot 0 from address 0.
-fn slot_base(slot: u32) -> Option<u64> {
-    (slot == 0).then_some(0)
+/// the high 16 bits, slot id below; kumo uses address space 0).
+fn slot_base(regions: &[RamRegion], slot: u32) -> Option<u64> {
+    regions.iter().find(|r| r.slot == slot).map(|r| r.gpa)
 }
 
 /// Every vCPU's ring and the pages harvested from them not yet taken.
@@ -167,15 +169,18 @@ pub(crate) struct Rings {
 
 struct RingsState {
     rings: Vec<Ring>,
+    /// The VM's RAM slots, to turn ring entries into addresses.
+    regions: Vec<RamRegion>,
     harvested: BTreeSet<u64>,
 }
 
 impl Rings {
-    pub(crate) fn map(vcpus: &[VcpuFd]) -> Result<Rings, Error> {
+    pub(crate) fn map(vcpus: &[VcpuFd], regions: Vec<RamRegion>) -> Result<Rings, Error> {
         let rings = vcpus.iter().map(Ring::map).collect::<Result<_, _>>()?;
         Ok(Rings {
             state: Mutex::new(RingsState {
                 rings,
+                regions,
                 harvested: BTreeSet::new(),
             }),
         })
@@ -185,9 +190,13 @@ impl Rings {
     /// migration and by a vCPU whose ring filled up (it may not run on before).
     pub(crate) fn harvest(&self, vm: &VmFd) -> Result<(), Error> {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let RingsState { rings, harvested } = &mut *st;
+        let RingsState {
+            rings,
+            regions,
+            harvested,
+        } = &mut *st;
         for ring in rings.iter_mut() {
-            ring.harvest(harvested);
+            ring.harvest(regions, harvested);
         }
         // SAFETY: an argument-less ioctl on the VM fd we own.
         let r = unsafe { libc::ioctl(vm.as_raw_fd(), KVM_RESET_DIRTY_RINGS as _) };
@@ -208,15 +217,16 @@ impl Rings {
     }
 }
 
-/// The pages a `KVM_GET_DIRTY_LOG` bitmap marks, as guest-physical addresses.
-pub(crate) fn bitmap_pages(bitmap: &[u64]) -> Vec<u64> {
+/// The pages a `KVM_GET_DIRTY_LOG` bitmap of the slot at `base` marks, as
+/// guest-physical addresses.
+pub(crate) fn bitmap_pages(bitmap: &[u64], base: u64) -> Vec<u64> {
     let mut pages = Vec::new();
     for (word_index, &word) in bitmap.iter().enumerate() {
         let mut bits = word;
         while bits != 0 {
             let bit = bits.trailing_zeros() as u64;
             bits &= bits - 1;
-            pages.push((word_index as u64 * 64 + bit) * PAGE_SIZE as u64);
+            pages.push(base + (word_index as u64 * 64 + bit) * PAGE_SIZE as u64);
         }
     }
     pages
@@ -228,9 +238,11 @@ mod tests {
 
     #[test]
     fn bitmap_bits_become_page_addresses_in_order() {
-        let pages = bitmap_pages(&[0b1001, 0, 1 << 63]);
+        let pages = bitmap_pages(&[0b1001, 0, 1 << 63], 0);
         let p = PAGE_SIZE as u64;
         assert_eq!(pages, [0, 3 * p, (2 * 64 + 63) * p]);
+        let high = bitmap_pages(&[0b10], 1 << 32);
+        assert_eq!(high, [(1 << 32) + p]);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Pre-copy live migration, the sending side. The stream is the snapshot format
 //! ([`super::stream`]) written while the guest runs:
 //!
-//! 1. header and META; dirty logging on (KVM_MEM_LOG_DIRTY_PAGES on the RAM slot);
+//! 1. header and META; dirty logging on (KVM_MEM_LOG_DIRTY_PAGES on every RAM slot);
 //! 2. round 0: every page that holds data (the memfd's holes are zeros on both sides);
 //! 3. further rounds: the pages KVM_GET_DIRTY_LOG reports dirtied meanwhile, until
 //!    the dirty set would take no longer than the downtime target at the rate the
@@ -19,14 +19,15 @@
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use kvm_bindings::{KVM_MEM_LOG_DIRTY_PAGES, kvm_userspace_memory_region};
+use kvm_bindings::KVM_MEM_LOG_DIRTY_PAGES;
 use serde::Serialize;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
+use vm_memory::{Bytes, GuestAddress};
 
 use super::stream::{self, PAGE_SIZE, RamWriter};
 use super::{Hub, memory_bytes, write_all_ram};
 use crate::Error;
-use crate::kvm::ioctl;
+use crate::memory_map::{RamRegion, ram_regions};
+use crate::vm::set_memory_slot;
 
 /// How a migration is paced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,41 +86,34 @@ pub struct Report {
     pub sent_ms: f64,
 }
 
-/// Dirty logging on the RAM slot while this lives (read through the VM's tracker,
+/// Dirty logging on every RAM slot while this lives (read through the VM's tracker,
 /// bitmap or ring: `Hub::take_dirty`).
 struct DirtyLog<'a> {
     hub: &'a Hub,
+    regions: Vec<RamRegion>,
 }
 
 impl<'a> DirtyLog<'a> {
-    fn set(hub: &Hub, flags: u32) -> Result<(), Error> {
-        let memory = hub.memory();
-        let host = memory
-            .get_host_address(GuestAddress(0))
-            .map_err(|e| Error::GuestMemory(e.to_string()))?;
-        let region = kvm_userspace_memory_region {
-            slot: 0,
-            flags,
-            guest_phys_addr: 0,
-            memory_size: memory_bytes(memory),
-            userspace_addr: host as u64,
-        };
-        // SAFETY: the same slot, range and mapping as the VM was created with (the hub
-        // holds a clone of the mapping, alive as long as the VM); only the flags change.
-        unsafe { hub.vm().set_user_memory_region(region) }
-            .map_err(ioctl("KVM_SET_USER_MEMORY_REGION"))
+    fn set(hub: &Hub, regions: &[RamRegion], flags: u32) -> Result<(), Error> {
+        // The same slots, ranges and mapping as the VM was created with (the hub holds
+        // a clone of the mapping, alive as long as the VM); only the flags change.
+        for region in regions {
+            set_memory_slot(hub.vm(), hub.memory(), region, flags)?;
+        }
+        Ok(())
     }
 
     fn enable(hub: &'a Hub) -> Result<Self, Error> {
-        Self::set(hub, KVM_MEM_LOG_DIRTY_PAGES)?;
-        let log = DirtyLog { hub };
+        let regions = ram_regions(memory_bytes(hub.memory()));
+        Self::set(hub, &regions, KVM_MEM_LOG_DIRTY_PAGES)?;
+        let log = DirtyLog { hub, regions };
         // Whatever an earlier, abandoned migration left in the rings predates the
         // full pass that follows.
         log.take()?;
         Ok(log)
     }
 
-    /// The pages written since the last call (or since logging began).
+    /// The pages written since the last call (or since logging began), by address.
     fn take(&self) -> Result<Vec<u64>, Error> {
         self.hub.take_dirty()
     }
@@ -127,7 +121,7 @@ impl<'a> DirtyLog<'a> {
 
 impl Drop for DirtyLog<'_> {
     fn drop(&mut self) {
-        if let Err(e) = Self::set(self.hub, 0) {
+        if let Err(e) = Self::set(self.hub, &self.regions, 0) {
             tracing::warn!("turning dirty logging off failed: {e}");
         }
     }

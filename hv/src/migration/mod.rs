@@ -115,6 +115,13 @@ impl Hub {
                     .map_err(crate::kvm::ioctl("KVM_GET_CPUID2"))
             })
             .collect::<Result<_, _>>()?;
+        let rings = match dirty {
+            dirty::DirtyLogMode::Ring => Some(dirty::Rings::map(
+                vcpus,
+                crate::memory_map::ram_regions(memory_bytes(&memory)),
+            )?),
+            dirty::DirtyLogMode::Bitmap => None,
+        };
         Ok(Hub {
             vcpus: vcpus.len(),
             msr_indices: state::msr_indices(kvm),
@@ -131,10 +138,7 @@ impl Hub {
             control,
             devices: Mutex::new(None),
             quiescers: Mutex::new(Vec::new()),
-            rings: match dirty {
-                dirty::DirtyLogMode::Ring => Some(dirty::Rings::map(vcpus)?),
-                dirty::DirtyLogMode::Bitmap => None,
-            },
+            rings,
         })
     }
 
@@ -174,11 +178,15 @@ impl Hub {
         match &self.rings {
             Some(rings) => rings.take(&self.vm),
             None => {
-                let bitmap = self
-                    .vm
-                    .get_dirty_log(0, memory_bytes(&self.memory) as usize)
-                    .map_err(crate::kvm::ioctl("KVM_GET_DIRTY_LOG"))?;
-                Ok(dirty::bitmap_pages(&bitmap))
+                let mut pages = Vec::new();
+                for region in crate::memory_map::ram_regions(memory_bytes(&self.memory)) {
+                    let bitmap = self
+                        .vm
+                        .get_dirty_log(region.slot, region.size as usize)
+                        .map_err(crate::kvm::ioctl("KVM_GET_DIRTY_LOG"))?;
+                    pages.extend(dirty::bitmap_pages(&bitmap, region.gpa));
+                }
+                Ok(pages)
             }
         }
     }
@@ -410,9 +418,10 @@ impl Hub {
     }
 }
 
+/// The guest's RAM size (what [`crate::memory_map::ram_regions`] was given).
 fn memory_bytes(memory: &GuestMemoryMmap) -> u64 {
-    use vm_memory::GuestMemoryBackend;
-    memory.last_addr().0 + 1
+    use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
+    memory.iter().map(|r| r.len()).sum()
 }
 
 /// A VM whose vCPUs are all stopped and saved. Dropping it resumes them.
@@ -513,7 +522,10 @@ pub(crate) fn write_all_ram(
     let size = memory_bytes(memory);
     let mut ram = RamWriter::new();
     let mut page = vec![0u8; PAGE_SIZE];
-    for (start, end) in data_ranges(memfd, size) {
+    let guest_ranges = data_ranges(memfd, size)
+        .into_iter()
+        .flat_map(|(start, end)| crate::memory_map::file_to_guest(size, start, end));
+    for (start, end) in guest_ranges {
         let mut gpa = start;
         while gpa < end {
             memory
@@ -530,8 +542,8 @@ pub(crate) fn write_all_ram(
     })
 }
 
-/// The page-aligned ranges of the memfd that hold data (SEEK_DATA / SEEK_HOLE); the
-/// whole file if the kernel cannot tell.
+/// The page-aligned ranges of the memfd (file offsets) that hold data (SEEK_DATA /
+/// SEEK_HOLE); the whole file if the kernel cannot tell.
 fn data_ranges(memfd: &File, size: u64) -> Vec<(u64, u64)> {
     use std::os::fd::AsRawFd;
     let fd = memfd.as_raw_fd();

@@ -176,7 +176,7 @@ impl Section {
     pub fn pages(&self, memory_bytes: u64) -> PageRecords<'_> {
         PageRecords {
             rest: &self.payload,
-            memory_bytes,
+            regions: crate::memory_map::ram_regions(memory_bytes),
         }
     }
 }
@@ -223,7 +223,7 @@ pub type Page<'a> = (u64, Option<&'a [u8]>);
 /// Iterates a RAM section's records; a bad record ends it with an error.
 pub struct PageRecords<'a> {
     rest: &'a [u8],
-    memory_bytes: u64,
+    regions: Vec<crate::memory_map::RamRegion>,
 }
 
 impl<'a> Iterator for PageRecords<'a> {
@@ -246,11 +246,7 @@ impl<'a> Iterator for PageRecords<'a> {
         let gpa = u64::from_le_bytes([
             head[0], head[1], head[2], head[3], head[4], head[5], head[6], head[7],
         ]);
-        if !gpa.is_multiple_of(PAGE_SIZE as u64)
-            || gpa
-                .checked_add(PAGE_SIZE as u64)
-                .is_none_or(|end| end > self.memory_bytes)
-        {
+        if !crate::memory_map::is_ram_page(&self.regions, gpa) {
             self.rest = &[];
             return bad(format!("page {gpa:#x} is not a page of the VM's RAM"));
         }
@@ -405,7 +401,7 @@ pub fn check_meta(meta: &Meta) -> Result<(), StreamError> {
     }
     if meta.memory_bytes == 0
         || !meta.memory_bytes.is_multiple_of(PAGE_SIZE as u64)
-        || meta.memory_bytes > crate::layout::MAX_MEMORY_MIB * crate::layout::MIB
+        || meta.memory_bytes > crate::memory_map::MAX_MEMORY_MIB * crate::layout::MIB
     {
         return Err(bad(format!("RAM of {} bytes", meta.memory_bytes)));
     }

@@ -12,7 +12,7 @@ use crate::ft::{
 };
 use crate::random::{self, A};
 use crate::team::{Arena, Runtime, Shared, Team};
-use crate::{Class, Outcome, Values};
+use crate::{Class, Outcome};
 
 /// Whether FT runs on `ranks` ranks: a power of two dividing `ny` and `nz`.
 pub fn fits(class: Class, ranks: usize) -> bool {
@@ -234,21 +234,7 @@ pub fn run<C: Comm + ?Sized>(
     let verified = ft::verify(class, &checks[..niter]);
     let seconds = max_seconds(comm, comm.seconds() - start)?;
 
-    const RE: [&str; MAX_ITERATIONS] = ["re1", "re2", "re3", "re4", "re5", "re6"];
-    const IM: [&str; MAX_ITERATIONS] = ["im1", "im2", "im3", "im4", "im5", "im6"];
-    let mut values = Values::new();
-    let mut worst = 0.0f64;
-    for (it, check) in checks[..niter].iter().enumerate() {
-        values.push(RE[it], check.re);
-        values.push(IM[it], check.im);
-        let e = ft::error(class, it, *check);
-        worst = if e.is_nan() || worst.is_nan() {
-            f64::NAN
-        } else {
-            worst.max(e)
-        };
-    }
-    values.push("error", worst);
+    let values = ft::checksum_values(class, &checks[..niter]);
     Ok(Outcome {
         seconds,
         mops: ft::mops(class, seconds),
