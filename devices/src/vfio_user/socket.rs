@@ -116,7 +116,7 @@ mod tests {
         // blocked recvmsg returns EINTR; the struct is zeroed then filled.
         unsafe {
             let mut action: libc::sigaction = std::mem::zeroed();
-            action.sa_sigaction = ignore as usize;
+            action.sa_sigaction = ignore as extern "C" fn(libc::c_int) as usize;
             libc::sigemptyset(&mut action.sa_mask);
             assert_eq!(
                 libc::sigaction(libc::SIGUSR1, &action, std::ptr::null_mut()),
