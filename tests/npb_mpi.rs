@@ -14,24 +14,27 @@ fn one_job() -> std::sync::MutexGuard<'static, ()> {
     ONE_JOB.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// `kumo mpi --npb LIST ARGS --json` (one job at a time): it must succeed; its JSON lines.
+fn npb_job(list: &str, args: &[&str]) -> Vec<serde_json::Value> {
+    let _one = one_job();
+    let mut full = vec!["mpi", "--npb", list, "--json", "--timeout", "300"];
+    full.extend_from_slice(args);
+    let out = kumo(&full);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "kumo {full:?}: {}",
+        text(&out.stderr)
+    );
+    json_lines(&out)
+}
+
 #[test]
 fn ep_is_cg_class_s_verify_on_two_vms() {
     if !kvm_available() {
         return;
     }
-    let _one = one_job();
-    let out = kumo(&[
-        "mpi",
-        "--npb",
-        "ep.S,is.S,cg.S",
-        "--vms",
-        "2",
-        "--json",
-        "--timeout",
-        "300",
-    ]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let lines = json_lines(&out);
+    let lines = npb_job("ep.S,is.S,cg.S", &["--vms", "2"]);
     let names: Vec<&str> = lines[..3]
         .iter()
         .map(|l| l["benchmark"].as_str().unwrap())
@@ -59,23 +62,10 @@ fn every_mpi_kernel_verifies_on_two_vms_of_two_vcpus() {
     if !kvm_available() {
         return;
     }
-    let _one = one_job();
-    let out = kumo(&[
-        "mpi",
-        "--npb",
+    let lines = npb_job(
         "ep.S,is.S,cg.S,ft.S,cg.W,mg.S",
-        "--vms",
-        "2",
-        "--vcpus",
-        "2",
-        "--wait",
-        "block",
-        "--json",
-        "--timeout",
-        "300",
-    ]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let lines = json_lines(&out);
+        &["--vms", "2", "--vcpus", "2", "--wait", "block"],
+    );
     let names: Vec<String> = lines[..6]
         .iter()
         .map(|l| {
@@ -103,19 +93,7 @@ fn mg_class_s_and_w_verify_on_two_vms_with_the_official_norms() {
     if !kvm_available() {
         return;
     }
-    let _one = one_job();
-    let out = kumo(&[
-        "mpi",
-        "--npb",
-        "mg.S,mg.W",
-        "--vms",
-        "2",
-        "--json",
-        "--timeout",
-        "300",
-    ]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let lines = json_lines(&out);
+    let lines = npb_job("mg.S,mg.W", &["--vms", "2"]);
     // NPB 3.3's published rnm2 of classes S and W.
     for (line, (class, rnm2)) in lines[..2]
         .iter()
@@ -136,19 +114,7 @@ fn ft_class_s_verifies_on_four_vms() {
     if !kvm_available() {
         return;
     }
-    let _one = one_job();
-    let out = kumo(&[
-        "mpi",
-        "--npb",
-        "ft.S",
-        "--vms",
-        "4",
-        "--json",
-        "--timeout",
-        "300",
-    ]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let lines = json_lines(&out);
+    let lines = npb_job("ft.S", &["--vms", "4"]);
     assert_eq!(lines[0]["benchmark"], serde_json::json!("ft"));
     assert_eq!(lines[0]["ranks"], serde_json::json!(4));
     assert_eq!(
@@ -165,19 +131,7 @@ fn ep_verifies_on_three_vms_where_is_and_cg_are_refused() {
     if !kvm_available() {
         return;
     }
-    let _one = one_job();
-    let out = kumo(&[
-        "mpi",
-        "--npb",
-        "ep.S",
-        "--vms",
-        "3",
-        "--json",
-        "--timeout",
-        "300",
-    ]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let lines = json_lines(&out);
+    let lines = npb_job("ep.S", &["--vms", "3"]);
     assert_eq!(lines[0]["ranks"], serde_json::json!(3));
     assert_eq!(
         lines[0]["verified"],
