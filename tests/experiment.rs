@@ -8,17 +8,14 @@ use common::{assert_refused, kumo, kvm_available, scratch, text};
 /// SCHED_FIFO on both): they take turns, as a researcher would run them.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-#[test]
-fn s1_quick_runs_real_vms_and_writes_its_report_and_figure() {
-    if !kvm_available() {
-        return;
-    }
-    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let out_dir = scratch("s1-out");
+/// `kumo experiment NAME --quick --runs 1 --json --out DIR` (DIR fresh): it must
+/// succeed; its report and DIR.
+fn quick_run(name: &str) -> (serde_json::Value, std::path::PathBuf) {
+    let out_dir = scratch(&format!("{name}-out"));
     let _ = std::fs::remove_dir_all(&out_dir);
     let out = kumo(&[
         "experiment",
-        "s1",
+        name,
         "--quick",
         "--runs",
         "1",
@@ -27,7 +24,17 @@ fn s1_quick_runs_real_vms_and_writes_its_report_and_figure() {
         out_dir.to_str().unwrap(),
     ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    let report = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    (report, out_dir)
+}
+
+#[test]
+fn s1_quick_runs_real_vms_and_writes_its_report_and_figure() {
+    if !kvm_available() {
+        return;
+    }
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (report, out_dir) = quick_run("s1");
     assert_eq!(report["experiment"], "s1");
     assert_eq!(report["ok"], true, "{report}");
     let rows = report["rows"].as_array().unwrap();
@@ -67,23 +74,10 @@ fn s4_quick_sets_passthrough_beside_the_emulated_nic_and_bare_metal() {
         return;
     }
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let out_dir = scratch("s4-out");
-    let _ = std::fs::remove_dir_all(&out_dir);
-    let out = kumo(&[
-        "experiment",
-        "s4",
-        "--quick",
-        "--runs",
-        "1",
-        "--json",
-        "--out",
-        out_dir.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    let (report, out_dir) = quick_run("s4");
     let figure = std::fs::read_to_string(out_dir.join("s4.svg")).unwrap();
     assert!(figure.contains("<svg") && figure.contains("passthrough + fast path"));
     let _ = std::fs::remove_dir_all(&out_dir);
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
     assert_eq!(report["ok"], true, "{report}");
     let rows = report["rows"].as_array().unwrap();
     // CG and IS, each under the four configurations.
@@ -105,20 +99,7 @@ fn s2_quick_measures_every_configuration_and_size_and_draws_both_figures() {
         return;
     }
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let out_dir = scratch("s2-out");
-    let _ = std::fs::remove_dir_all(&out_dir);
-    let out = kumo(&[
-        "experiment",
-        "s2",
-        "--quick",
-        "--runs",
-        "1",
-        "--json",
-        "--out",
-        out_dir.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    let (report, out_dir) = quick_run("s2");
     assert_eq!(report["ok"], true, "{report}");
     let rows = report["rows"].as_array().unwrap();
     // Three sizes, each under bare metal, the emulated NIC and passthrough on both paths.
