@@ -307,6 +307,7 @@ impl Network {
 
     /// Starts the switch thread (`net-switch`, a member of `dom0` if given).
     pub fn start(&self, dom0: Option<Arc<ThreadGroup>>) -> Result<RunningNetwork, Error> {
+        keep_freed_memory();
         let stop = EventFd::new(EFD_NONBLOCK).map_err(os("creating an eventfd"))?;
         let epoll = Epoll::new().map_err(os("creating an epoll instance"))?;
         let add = |fd: i32, token: u64| {
@@ -464,6 +465,17 @@ fn boost_current_thread() {
             std::io::Error::last_os_error()
         );
     }
+}
+
+/// The switch allocates a buffer per frame in flight and frees it on delivery. glibc
+/// hands the free top of a thread's heap back to the kernel past 128 KiB, so a thread
+/// whose heap holds little else (a `kumo nic-server`'s switch) gave each 1 MiB burst's
+/// memory back and faulted it in again for the next: 141 000 page faults a second,
+/// 3.5 µs of switch time per frame against 1.0 µs in kumo's own process. Keeping up to
+/// 64 MiB of freed memory ends that (process-wide; glibc only, a no-op elsewhere).
+fn keep_freed_memory() {
+    // SAFETY: mallopt only changes this process's allocator tuning; no memory is passed.
+    unsafe { libc::mallopt(libc::M_TRIM_THRESHOLD, 64 << 20) };
 }
 
 fn token(port: PortId, queue: u16) -> u64 {
