@@ -5,9 +5,9 @@
 //! The node: this host's first two CPUs (S1's nodes were dual-core), domain 0, and four
 //! single-vCPU VMs, one MPI rank each: S1 ran four MPI processes per node on two
 //! DomUs of one vCPU (two processes per guest, multiplexed by Linux); kumo's guest runs
-//! one rank per VM, so the four ranks are four VMs, and the host CPUs are shared by
-//! four spinning vCPUs and domain 0 as S1's were by four spinning processes and
-//! domain 0. Ranks spin-wait (`wait = "spin"`), as MPICH does.
+//! one rank per vCPU, never two on one, so the four ranks are four VMs, and the host
+//! CPUs are shared by four spinning vCPUs and domain 0 as S1's were by four spinning
+//! processes and domain 0. Ranks spin-wait (`wait = "spin"`), as MPICH does.
 //!
 //! Each scenario runs the same job under different credit parameters; speed-ups are
 //! over the scenario's baseline (Xen 3.4.2's 30/10 ms with tick accounting for the

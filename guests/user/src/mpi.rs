@@ -1,5 +1,5 @@
-//! A small MPI over raw Ethernet frames (EtherType [`ETHERTYPE`]), one rank per VM,
-//! on the ring-3 virtio-net driver. Meant to carry NPB-MPI kernels: point-to-point
+//! A small MPI over raw Ethernet frames (EtherType [`ETHERTYPE`]), one rank per NIC
+//! (a VM runs one per vCPU), on the ring-3 virtio-net driver. Meant to carry NPB-MPI kernels: point-to-point
 //! send/recv of any size, nonblocking isend/irecv with waitall, barrier, bcast,
 //! allreduce (sum/max/min over f64 and i64), alltoall and alltoallv.
 //!
