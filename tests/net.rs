@@ -314,16 +314,7 @@ fn blocking_ranks_really_halt_between_messages() {
              [[domain]]\nname = \"rank0\"\nmpi = true\n[[domain]]\nname = \"rank1\"\nmpi = true\n",
         )
         .unwrap();
-        let out = kumo(&[
-            "node",
-            "--config",
-            config.to_str().unwrap(),
-            "--json",
-            "--timeout",
-            "300",
-        ]);
-        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-        let lines = json_lines(&out);
+        let lines = node_json(&config, 300);
         for rank in ["rank0", "rank1"] {
             let domain = lines.iter().find(|l| l["domain"] == rank).expect(rank);
             let stats = domain["probes"]

@@ -330,16 +330,7 @@ fn a_node_runs_its_mpi_job_on_passthrough_nics_beside_the_scheduler() {
     let _one = one_job();
     // Both ranks on CPU 0 under the credit scheduler; the NIC server on the others.
     let config = passthrough_node("pt-node.toml", "0");
-    let out = kumo(&[
-        "node",
-        "--config",
-        config.to_str().unwrap(),
-        "--json",
-        "--timeout",
-        "120",
-    ]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let lines = json_lines(&out);
+    let lines = node_json(&config, 120);
     for line in &lines[..2] {
         assert_eq!(line["ok"], serde_json::json!(true), "{line}");
         let check = line["probes"]

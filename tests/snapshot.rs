@@ -26,6 +26,22 @@ fn snapshot(socket: &std::path::Path, path: &std::path::Path, stop: bool) -> std
     }
 }
 
+/// `kumo --npb ep.A --json --ctl-socket SOCKET EXTRA...` in the background, once its
+/// socket is up.
+fn ep_a_source(socket: &std::path::Path, extra: &[&str]) -> Background {
+    let mut args = vec![
+        "--npb",
+        "ep.A",
+        "--json",
+        "--ctl-socket",
+        socket.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let source = kumo_background(&args);
+    wait_for_path(socket);
+    source
+}
+
 /// EP.A in the sources below: seconds of work, so a snapshot cannot find the VM already ended.
 fn assert_ep_a_verified(out: &std::process::Output) {
     assert!(
@@ -49,14 +65,7 @@ fn a_vm_stopped_into_a_snapshot_finishes_its_run_when_restored() {
     }
     let socket = scratch("stop.sock");
     let file = scratch("stop.snap");
-    let source = kumo_background(&[
-        "--npb",
-        "ep.A",
-        "--json",
-        "--ctl-socket",
-        socket.to_str().unwrap(),
-    ]);
-    wait_for_path(&socket);
+    let source = ep_a_source(&socket, &[]);
     let mode =
         std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&socket).unwrap().permissions());
     assert_eq!(mode & 0o777, 0o600, "the control socket is private");
@@ -95,14 +104,7 @@ fn a_vm_snapshotted_while_running_goes_on_and_its_snapshot_runs_too() {
     }
     let socket = scratch("live.sock");
     let file = scratch("live.snap");
-    let source = kumo_background(&[
-        "--npb",
-        "ep.A",
-        "--json",
-        "--ctl-socket",
-        socket.to_str().unwrap(),
-    ]);
-    wait_for_path(&socket);
+    let source = ep_a_source(&socket, &[]);
     let ctl = snapshot(&socket, &file, false);
     assert!(ctl.status.success(), "snapshot: {}", text(&ctl.stderr));
     assert_ep_a_verified(&source.finish());
@@ -134,16 +136,7 @@ fn a_vm_with_memory_above_4_gib_is_restored_from_its_snapshot() {
     }
     let socket = scratch("high.sock");
     let file = scratch("high.snap");
-    let source = kumo_background(&[
-        "--npb",
-        "ep.A",
-        "--memory",
-        "4608",
-        "--json",
-        "--ctl-socket",
-        socket.to_str().unwrap(),
-    ]);
-    wait_for_path(&socket);
+    let source = ep_a_source(&socket, &["--memory", "4608"]);
     let ctl = snapshot(&socket, &file, true);
     assert!(ctl.status.success(), "snapshot: {}", text(&ctl.stderr));
     assert!(

@@ -96,6 +96,21 @@ pub fn dumped_guest() -> PathBuf {
     path
 }
 
+/// `kumo node --config CONFIG --json --timeout SECONDS`: it must succeed; its JSON lines.
+pub fn node_json(config: &std::path::Path, timeout_s: u32) -> Vec<serde_json::Value> {
+    let timeout = timeout_s.to_string();
+    let out = kumo(&[
+        "node",
+        "--config",
+        config.to_str().unwrap(),
+        "--json",
+        "--timeout",
+        &timeout,
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    json_lines(&out)
+}
+
 /// The JSON lines kumo printed.
 pub fn json_lines(out: &Output) -> Vec<serde_json::Value> {
     text(&out.stdout)

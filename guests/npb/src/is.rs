@@ -236,6 +236,7 @@ fn rank(team: &Team, class: Class, arrays: Arrays, iteration: usize) -> u32 {
         // SAFETY: this thread owns the rank entries of its buckets' values and reads
         // only its buckets' part of `by_bucket`, which nobody writes in this phase.
         let rank = unsafe { arrays.rank.slice_mut(values.clone()) };
+        // SAFETY: nobody writes `by_bucket` in this phase, so every thread may read it.
         let by_bucket = unsafe { arrays.by_bucket.all() };
         rank.fill(0);
         for b in ranked.clone() {

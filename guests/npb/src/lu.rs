@@ -1295,8 +1295,9 @@ pub fn run(class: Class, team: &Team, arena: &mut Arena) -> Outcome {
     // SAFETY: nobody writes u now (ssor ends with the norm's barriers).
     let part = unsafe { error_sums(team, &g, &c, &f) };
     let xce = rms(&g, sums.sums(team, part));
-    // SAFETY: as above; only the master's outcome counts, so only it integrates.
+    // Only the master's outcome counts, so only it integrates.
     let xci = if team.is_master() {
+        // SAFETY: as above: nobody writes u now.
         unsafe { pintgr(&g, &c, &f) }
     } else {
         0.0
