@@ -303,3 +303,67 @@ fn doorbells_are_wired_exactly_while_and_where_their_bar_decodes() {
         ]
     );
 }
+
+impl devices::pci::WindowWiring for Wiring {
+    fn attach(&self, slot: u8, id: u32, address: u64) {
+        devices::pci::DoorbellWiring::attach(self, slot, id, address);
+    }
+    fn detach(&self, slot: u8, id: u32, address: u64) {
+        devices::pci::DoorbellWiring::detach(self, slot, id, address);
+    }
+}
+
+/// A function with one 64 KiB memory BAR and two direct windows in it, one of them
+/// reaching past the BAR's end (which must never be mapped).
+struct Windowed(Mutex<devices::pci::ConfigSpace>);
+
+impl PciDevice for Windowed {
+    fn config_read(&self, offset: usize, data: &mut [u8]) {
+        self.0.lock().unwrap().read(offset, data);
+    }
+    fn config_write(&self, offset: usize, data: &[u8]) {
+        self.0.lock().unwrap().write(offset, data);
+    }
+    fn memory_regions(&self) -> Vec<devices::pci::BarRegion> {
+        self.0.lock().unwrap().memory_regions().collect()
+    }
+    fn bar_read(&self, _bar: u8, _offset: u64, data: &mut [u8]) {
+        data.fill(0);
+    }
+    fn bar_write(&self, _bar: u8, _offset: u64, _data: &[u8]) {}
+    fn direct_windows(&self) -> Vec<devices::pci::DirectWindow> {
+        let window = |id, offset, size| devices::pci::DirectWindow {
+            bar: 0,
+            offset,
+            size,
+            id,
+        };
+        vec![window(0, 0x1000, 0x4000), window(1, 0xf000, 0x2000)]
+    }
+}
+
+#[test]
+fn direct_windows_are_mapped_exactly_while_and_where_their_bar_decodes() {
+    let wiring = Arc::new(Wiring::default());
+    let mut bus = PciBus::new(ECAM);
+    bus.set_window_wiring(wiring.clone());
+    let mut config = devices::pci::ConfigSpace::new(0x1af4, 0x1000, 0x020000, 0);
+    let bar = devices::pci::Bar {
+        kind: devices::pci::BarKind::Memory32,
+        size: 0x10000,
+    };
+    config.add_bar(0, bar).unwrap();
+    config.set_bar_address(0, 0xc000_0000);
+    bus.add(Arc::new(Windowed(Mutex::new(config)))).unwrap();
+    let take = || std::mem::take(&mut *wiring.calls.lock().unwrap());
+    assert_eq!(take(), [], "nothing decodes before memory space is enabled");
+    write32(&bus, ecam(1, 4), 0x2);
+    assert_eq!(take(), [("attach", 1, 0, 0xc000_1000)]);
+    write32(&bus, ecam(1, 0x10), 0xc010_0000); // moved while decoding
+    assert_eq!(
+        take(),
+        [("detach", 1, 0, 0xc000_1000), ("attach", 1, 0, 0xc010_1000)]
+    );
+    write32(&bus, ecam(1, 4), 0);
+    assert_eq!(take(), [("detach", 1, 0, 0xc010_1000)]);
+}

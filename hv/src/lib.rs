@@ -16,6 +16,7 @@
 //! ```
 
 pub mod acpi;
+pub mod bar_windows;
 pub mod block;
 pub mod boot;
 pub mod cpuid;

@@ -18,6 +18,7 @@ use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryBackend, GuestMemory
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::signal::Killable;
 
+use crate::bar_windows::{HostWindow, MemoryWindows};
 use crate::doorbells::IoEventWiring;
 use crate::halt::{self, ConsoleTail, HaltDetector, HaltVerdict};
 use crate::irq::{EventLoop, GsiRouter, Msi};
@@ -48,6 +49,8 @@ pub struct Vm {
     pub(crate) pci: PciBus,
     /// The eventfds behind devices' doorbells, wired where their BARs decode.
     pub(crate) doorbells: Arc<IoEventWiring>,
+    /// Devices' direct windows, mapped as memory slots where their BARs decode.
+    pub(crate) windows: Arc<MemoryWindows>,
     /// The VM's one GSI routing table: every fast-path vector of every device has its
     /// own GSI in it (KVM_SET_GSI_ROUTING replaces the whole table).
     pub(crate) gsi: Arc<GsiRouter>,
@@ -200,10 +203,26 @@ impl Vm {
             &memfd,
             control.clone(),
         )?);
+        Ok(Vm::assemble(kvm, vm, vcpus, control, hub, memory, memfd))
+    }
+
+    /// A VM of these parts with its (empty) PCI bus wired to KVM: doorbells as
+    /// ioeventfds, direct windows as memory slots.
+    pub(crate) fn assemble(
+        kvm: Kvm,
+        vm: Arc<VmFd>,
+        vcpus: Vec<VcpuFd>,
+        control: Arc<VcpuControl>,
+        hub: Arc<Hub>,
+        memory: GuestMemoryMmap,
+        memfd: File,
+    ) -> Vm {
         let doorbells = Arc::new(IoEventWiring::new(vm.clone()));
+        let windows = Arc::new(MemoryWindows::new(vm.clone()));
         let mut pci = PciBus::new(PCI_ECAM_BASE);
         pci.set_doorbell_wiring(doorbells.clone());
-        Ok(Vm {
+        pci.set_window_wiring(windows.clone());
+        Vm {
             vcpus,
             gsi: GsiRouter::new(vm.clone()),
             vm,
@@ -211,6 +230,7 @@ impl Vm {
             limits: stop::default_limits(),
             pci,
             doorbells,
+            windows,
             bar_window: BarAllocator::new(PCI_MMIO_START, PCI_MMIO_END),
             hub,
             restored: None,
@@ -218,7 +238,7 @@ impl Vm {
             _kvm: kvm,
             memory,
             memfd,
-        })
+        }
     }
 
     /// Where a device served outside kumo reports its failure (the run then ends with
@@ -296,12 +316,27 @@ impl Vm {
         device: Arc<dyn PciDevice>,
         doorbells: Vec<EventFd>,
     ) -> Result<u8, Error> {
+        self.add_pci_device_wired(device, doorbells, Vec::new())
+    }
+
+    /// As [`Vm::add_pci_device_with_doorbells`], and the device's direct window `id`
+    /// is `windows[id]`: mapped into the guest as memory wherever its BAR decodes (a
+    /// KVM memory slot moved with the BAR), so guest accesses there never exit.
+    pub fn add_pci_device_wired(
+        &mut self,
+        device: Arc<dyn PciDevice>,
+        doorbells: Vec<EventFd>,
+        windows: Vec<HostWindow>,
+    ) -> Result<u8, Error> {
         let slot = self
             .pci
             .free_slot()
             .ok_or_else(|| Error::Device(devices::pci::PciError::Full.to_string()))?;
         for (id, fd) in doorbells.into_iter().enumerate() {
             self.doorbells.provide(slot, id as u32, fd);
+        }
+        for (id, window) in windows.into_iter().enumerate() {
+            self.windows.provide(slot, id as u32, window);
         }
         self.add_pci_device(device)
     }

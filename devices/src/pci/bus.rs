@@ -37,6 +37,12 @@ pub trait PciDevice: Send + Sync {
     fn doorbells(&self) -> Vec<Doorbell> {
         Vec::new()
     }
+    /// Its direct windows: pieces of its memory BARs that the VMM maps straight into
+    /// the guest (device memory behind them, see [`WindowWiring`]); guest accesses
+    /// there never reach [`bar_read`](Self::bar_read) or [`bar_write`](Self::bar_write).
+    fn direct_windows(&self) -> Vec<DirectWindow> {
+        Vec::new()
+    }
     /// Its state for a snapshot. A model without state support says so, and a VM
     /// holding it cannot be saved.
     fn save_state(&self) -> Result<PciDeviceState, DeviceStateError> {
@@ -79,8 +85,42 @@ pub trait DoorbellWiring: Send + Sync {
     fn detach(&self, slot: u8, id: u32, address: u64);
 }
 
-/// An attached doorbell: (slot, id, address).
+/// A direct window of a device: `size` bytes at `offset` in memory BAR `bar` that the
+/// VMM maps into the guest as memory (a passthrough device's registers or memory).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DirectWindow {
+    pub bar: u8,
+    pub offset: u64,
+    pub size: u64,
+    /// The device's own number for it (what the VMM maps).
+    pub id: u32,
+}
+
+/// Where the VMM maps direct windows (in kumo, KVM memory slots), kept in step with
+/// the decoded BARs as [`DoorbellWiring`] is: a window is mapped exactly while its BAR
+/// decodes, where it decodes, and moves with the BAR.
+pub trait WindowWiring: Send + Sync {
+    /// Window `id` of the device in `slot` now decodes at guest-physical `address`.
+    fn attach(&self, slot: u8, id: u32, address: u64);
+    /// Window `id` of the device in `slot` no longer decodes at `address`.
+    fn detach(&self, slot: u8, id: u32, address: u64);
+}
+
+/// An attached doorbell or window: (slot, id, address).
 type Wired = (u8, u32, u64);
+
+/// What the bus has attached through its wirings now.
+#[derive(Default)]
+struct Attached {
+    doorbells: Vec<Wired>,
+    windows: Vec<Wired>,
+}
+
+/// Detaches what `old` has and `new` lacks, then attaches what `new` adds.
+fn rewire(old: &[Wired], new: &[Wired], detach: impl Fn(&Wired), attach: impl Fn(&Wired)) {
+    old.iter().filter(|w| !new.contains(w)).for_each(detach);
+    new.iter().filter(|w| !old.contains(w)).for_each(attach);
+}
 
 /// Errors building a bus (VMM configuration mistakes).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -172,8 +212,9 @@ pub struct PciBus {
     ecam_base: u64,
     routes: RwLock<Vec<Route>>,
     wiring: Option<Arc<dyn DoorbellWiring>>,
-    /// The doorbells attached now; its lock also orders route refreshes.
-    wired: Mutex<Vec<Wired>>,
+    windows: Option<Arc<dyn WindowWiring>>,
+    /// The doorbells and windows attached now; its lock also orders route refreshes.
+    wired: Mutex<Attached>,
 }
 
 impl PciBus {
@@ -186,7 +227,8 @@ impl PciBus {
             ecam_base,
             routes: RwLock::new(Vec::new()),
             wiring: None,
-            wired: Mutex::new(Vec::new()),
+            windows: None,
+            wired: Mutex::new(Attached::default()),
         }
     }
 
@@ -194,6 +236,13 @@ impl PciBus {
     /// devices that have doorbells).
     pub fn set_doorbell_wiring(&mut self, wiring: Arc<dyn DoorbellWiring>) {
         self.wiring = Some(wiring);
+        self.refresh_routes();
+    }
+
+    /// Has the bus keep devices' direct windows mapped through `wiring` (set before
+    /// adding devices that have windows).
+    pub fn set_window_wiring(&mut self, wiring: Arc<dyn WindowWiring>) {
+        self.windows = Some(wiring);
         self.refresh_routes();
     }
 
@@ -282,8 +331,8 @@ impl PciBus {
     }
 
     /// Re-derives the decoded BARs from every device's configuration (after a write
-    /// that may have moved a BAR or switched decoding), and moves the doorbells with
-    /// them.
+    /// that may have moved a BAR or switched decoding), and moves the doorbells and
+    /// windows with them.
     fn refresh_routes(&self) {
         let mut wired = self.wired.lock().unwrap_or_else(|e| e.into_inner());
         let routes: Vec<Route> = self
@@ -297,35 +346,63 @@ impl PciBus {
                     .map(move |region| Route { region, slot })
             })
             .collect();
-        let Some(wiring) = &self.wiring else {
-            *self.routes.write().unwrap_or_else(|e| e.into_inner()) = routes;
-            return;
-        };
-        let wanted = self.doorbells_of(&routes);
+        let doorbells = self.wiring.as_ref().map(|wiring| {
+            let wanted = self.placed(&routes, |d| {
+                d.doorbells()
+                    .into_iter()
+                    .map(|b| (b.bar, b.offset, 1, b.id))
+                    .collect()
+            });
+            (wiring, wanted)
+        });
+        let windows = self.windows.as_ref().map(|wiring| {
+            let wanted = self.placed(&routes, |d| {
+                d.direct_windows()
+                    .into_iter()
+                    .map(|w| (w.bar, w.offset, w.size, w.id))
+                    .collect()
+            });
+            (wiring, wanted)
+        });
         *self.routes.write().unwrap_or_else(|e| e.into_inner()) = routes;
-        for &(slot, id, address) in wired.iter().filter(|w| !wanted.contains(w)) {
-            wiring.detach(slot, id, address);
+        if let Some((wiring, wanted)) = doorbells {
+            rewire(
+                &wired.doorbells,
+                &wanted,
+                |&(slot, id, at)| wiring.detach(slot, id, at),
+                |&(slot, id, at)| wiring.attach(slot, id, at),
+            );
+            wired.doorbells = wanted;
         }
-        for &(slot, id, address) in wanted.iter().filter(|w| !wired.contains(w)) {
-            wiring.attach(slot, id, address);
+        if let Some((wiring, wanted)) = windows {
+            rewire(
+                &wired.windows,
+                &wanted,
+                |&(slot, id, at)| wiring.detach(slot, id, at),
+                |&(slot, id, at)| wiring.attach(slot, id, at),
+            );
+            wired.windows = wanted;
         }
-        *wired = wanted;
     }
 
-    /// Where every device's doorbells decode under `routes`.
-    fn doorbells_of(&self, routes: &[Route]) -> Vec<Wired> {
+    /// Where the pieces `of` each device lists, `(bar, offset, size, id)`, decode
+    /// under `routes` (a piece decodes only wholly inside its decoded BAR).
+    fn placed(
+        &self,
+        routes: &[Route],
+        of: impl Fn(&dyn PciDevice) -> Vec<(u8, u64, u64, u32)>,
+    ) -> Vec<Wired> {
         let mut found = Vec::new();
         for route in routes {
             let Some(device) = &self.slots[route.slot] else {
                 continue;
             };
-            for bell in device.doorbells() {
-                if bell.bar == route.region.index && bell.offset < route.region.size {
-                    found.push((
-                        route.slot as u8,
-                        bell.id,
-                        route.region.address + bell.offset,
-                    ));
+            for (bar, offset, size, id) in of(device.as_ref()) {
+                let inside = offset
+                    .checked_add(size)
+                    .is_some_and(|end| end <= route.region.size);
+                if bar == route.region.index && inside {
+                    found.push((route.slot as u8, id, route.region.address + offset));
                 }
             }
         }

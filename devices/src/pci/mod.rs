@@ -9,8 +9,8 @@ pub mod msix;
 pub mod passthrough;
 
 pub use bus::{
-    BarAllocator, ConfigPorts, Doorbell, DoorbellWiring, HostBridge, PciBus, PciBusState,
-    PciDevice, PciError,
+    BarAllocator, ConfigPorts, DirectWindow, Doorbell, DoorbellWiring, HostBridge, PciBus,
+    PciBusState, PciDevice, PciError, WindowWiring,
 };
 pub use config::{Bar, BarKind, BarRegion, ConfigError, ConfigSpace, ConfigSpaceState};
 pub use msix::{MsiMessage, Msix, MsixSink, MsixState, Update};

@@ -10,7 +10,10 @@
 //!   is kumo's; the table and PBA in the BAR are trapped and served by kumo's
 //!   [`Msix`], whose route changes go to the VMM's [`MsixSink`] (irqfd routes on the
 //!   fast path). The device signals vector `v` by its eventfd; it never sees the table.
-//! - Every other capability byte and every other BAR byte: forwarded to the device.
+//! - Every other capability byte and every other BAR byte: forwarded to the device,
+//!   except where the backend can map the BAR into this process: those pages become
+//!   direct windows the VMM maps into the guest (VFIO's BAR mmap), all but the pages
+//!   holding the MSI-X table and PBA, which stay trapped.
 //!
 //! Nothing the device reports is trusted: BAR sizes must be powers of two in range,
 //! the capability list is walked with a bound and must stay in the capability area,
@@ -18,7 +21,7 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::bus::{Doorbell, PciDevice};
+use super::bus::{DirectWindow, Doorbell, PciDevice};
 use super::config::{
     self, Bar, BarKind, BarRegion, COMMAND, CONFIG_SIZE, ConfigError, ConfigSpace, STATUS,
 };
@@ -28,6 +31,8 @@ use super::msix::{self, Msix, MsixSink, Update};
 pub const MAX_BAR_SIZE: u64 = 1 << 30;
 /// Where the capability area starts.
 const CAPABILITIES_START: usize = 0x40;
+/// The granule of direct windows: the host's and the guest's page.
+pub const WINDOW_PAGE: u64 = 4096;
 
 /// Moves bytes of the real device's regions (index 0-5: BARs, 7: configuration
 /// space, as VFIO numbers them). Errors mean the device is gone or refused.
@@ -76,6 +81,8 @@ pub struct DeviceLayout {
     pub msix_irqs: u32,
     /// Places in BARs where a write only signals (served by eventfds): (bar, offset).
     pub doorbells: Vec<(u8, u64)>,
+    /// Parts of BARs the backend can map into this process: (bar, offset, size).
+    pub mappable: Vec<(u8, u64, u64)>,
 }
 
 /// Where the MSI-X table and PBA are.
@@ -102,6 +109,7 @@ pub struct PassthroughDevice {
     msix_cap_bytes: [u8; 12],
     sink: Arc<dyn MsixSink>,
     doorbells: Vec<Doorbell>,
+    windows: Vec<DirectWindow>,
 }
 
 fn word(config: &[u8; CONFIG_SIZE], at: usize) -> u16 {
@@ -245,6 +253,15 @@ impl PassthroughDevice {
                 }
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let trapped = [
+            (
+                msix_layout.table_bar,
+                msix_layout.table_offset,
+                msix.table_size(),
+            ),
+            (msix_layout.pba_bar, msix_layout.pba_offset, msix.pba_size()),
+        ];
+        let windows = direct_windows(&layout.mappable, &layout.bar_sizes, &trapped);
         let mut msix_cap_bytes = [0; 12];
         msix_cap_bytes.copy_from_slice(&c[cap..cap + 12]);
         Ok(PassthroughDevice {
@@ -257,7 +274,13 @@ impl PassthroughDevice {
             msix_cap_bytes,
             sink,
             doorbells,
+            windows,
         })
+    }
+
+    /// Its direct windows (ids are their indices).
+    pub fn windows(&self) -> &[DirectWindow] {
+        &self.windows
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -450,6 +473,50 @@ impl PciDevice for PassthroughDevice {
     fn doorbells(&self) -> Vec<Doorbell> {
         self.doorbells.clone()
     }
+
+    fn direct_windows(&self) -> Vec<DirectWindow> {
+        self.windows.clone()
+    }
+}
+
+/// The whole pages of the `mappable` parts of BARs (bar, offset, size) that hold none
+/// of the `trapped` ranges (bar, offset, len): what the guest may reach without kumo.
+/// Parts outside their BAR are cut to it; what is left of a page is trapped.
+fn direct_windows(
+    mappable: &[(u8, u64, u64)],
+    bar_sizes: &[u64; 6],
+    trapped: &[(u8, u64, u64)],
+) -> Vec<DirectWindow> {
+    let mut windows = Vec::new();
+    for &(bar, offset, size) in mappable {
+        let bar_size = bar_sizes.get(usize::from(bar)).copied().unwrap_or(0);
+        let start = offset.min(bar_size).next_multiple_of(WINDOW_PAGE);
+        let end = offset.saturating_add(size).min(bar_size) / WINDOW_PAGE * WINDOW_PAGE;
+        // Cut the trapped ranges out, each widened to whole pages.
+        let mut holes: Vec<(u64, u64)> = trapped
+            .iter()
+            .filter(|&&(b, _, len)| b == bar && len > 0)
+            .map(|&(_, at, len)| {
+                let hole_end = at.saturating_add(len).next_multiple_of(WINDOW_PAGE);
+                (at / WINDOW_PAGE * WINDOW_PAGE, hole_end)
+            })
+            .collect();
+        holes.sort_unstable();
+        let mut from = start;
+        for (hole_start, hole_end) in holes.into_iter().chain([(end, end)]) {
+            let to = hole_start.min(end);
+            if to > from {
+                windows.push(DirectWindow {
+                    bar,
+                    offset: from,
+                    size: to - from,
+                    id: windows.len() as u32,
+                });
+            }
+            from = from.max(hole_end);
+        }
+    }
+    windows
 }
 
 #[cfg(test)]
@@ -534,6 +601,7 @@ mod tests {
             bar_sizes: [transport::BAR_SIZE, 0, 0, 0, 0, 0],
             msix_irqs: 3,
             doorbells: vec![(0, transport::NOTIFY_OFFSET)],
+            mappable: Vec::new(),
         }
     }
 
@@ -706,5 +774,67 @@ mod tests {
             try_with(&|l| l.config[config::BAR0] |= 1),
             Some(PassthroughError::IoBar { .. })
         ));
+    }
+
+    fn window(bar: u8, offset: u64, size: u64, id: u32) -> DirectWindow {
+        DirectWindow {
+            bar,
+            offset,
+            size,
+            id,
+        }
+    }
+
+    #[test]
+    fn direct_windows_are_the_mappable_pages_without_the_msix_pages() {
+        let sizes = [0x10000, 0x1000, 0x800, 0, 0, 0];
+        const PAGE: u64 = WINDOW_PAGE;
+        // Table at 0x8000 (64 bytes) and PBA at 0x8800 share one page of BAR 0.
+        let trapped = [(0, 0x8000, 64), (0, 0x8800, 8)];
+        assert_eq!(
+            direct_windows(&[(0, 0, 0x10000)], &sizes, &trapped),
+            vec![window(0, 0, 0x8000, 0), window(0, 0x9000, 0x7000, 1)]
+        );
+        // A PBA on its own page, straddling into the next: both pages trapped.
+        let trapped = [(0, 0, 16), (0, 0x3ffc, 8)];
+        assert_eq!(
+            direct_windows(&[(0, 0, 0x10000)], &sizes, &trapped),
+            vec![window(0, PAGE, 0x2000, 0), window(0, 0x5000, 0xb000, 1)]
+        );
+        // Parts are cut to whole pages and to their BAR; a BAR under a page has none;
+        // another BAR's MSI-X pages do not matter.
+        assert_eq!(
+            direct_windows(
+                &[(0, 0x800, 0x2000), (1, 0, 0x4000), (2, 0, 0x800)],
+                &sizes,
+                &[(2, 0, 16)]
+            ),
+            vec![window(0, PAGE, PAGE, 0), window(1, 0, PAGE, 1)]
+        );
+        // Nothing mappable, or a part wholly trapped: no windows.
+        assert!(direct_windows(&[], &sizes, &trapped).is_empty());
+        assert!(direct_windows(&[(0, 0, PAGE)], &sizes, &[(0, 0, 16)]).is_empty());
+        // Absurd parts (past the BAR, overflowing) give nothing, never a panic.
+        assert!(direct_windows(&[(0, u64::MAX - 5, 100), (9, 0, PAGE)], &sizes, &[]).is_empty());
+    }
+
+    #[test]
+    fn a_mappable_bar_is_offered_to_the_bus_as_windows_and_still_traps_msix() {
+        let real = real();
+        let mut layout = layout_of(&real);
+        layout.mappable = vec![(0, 0, transport::BAR_SIZE)];
+        let sink = Arc::new(Recorder::default());
+        let device = PassthroughDevice::new(real.clone(), &layout, sink).unwrap();
+        let windows = device.direct_windows();
+        assert!(!windows.is_empty());
+        assert_eq!(windows, device.windows());
+        let (table_bar, table) = device.table_range(&device.state());
+        for w in &windows {
+            assert!(w.size >= WINDOW_PAGE && w.offset % WINDOW_PAGE == 0);
+            assert!(w.offset + w.size <= transport::BAR_SIZE);
+            let overlaps =
+                w.bar == table_bar && w.offset < table.end && table.start < w.offset + w.size;
+            assert!(!overlaps, "{w:?} covers the MSI-X table {table:?}");
+        }
     }
 }

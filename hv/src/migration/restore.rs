@@ -21,7 +21,6 @@ use super::stream::{
     tag_name,
 };
 use crate::kvm::ioctl;
-use crate::layout::{PCI_ECAM_BASE, PCI_MMIO_END, PCI_MMIO_START};
 use crate::placement::VcpuControl;
 use crate::vm::{machine, set_cpuid};
 use crate::{Error, Vm};
@@ -139,25 +138,7 @@ fn create(meta: &Meta, kvm_device: &Path) -> Result<Vm, Error> {
         &memfd,
         control.clone(),
     )?);
-    let doorbells = Arc::new(crate::doorbells::IoEventWiring::new(vm.clone()));
-    let mut pci = devices::pci::PciBus::new(PCI_ECAM_BASE);
-    pci.set_doorbell_wiring(doorbells.clone());
-    Ok(Vm {
-        vcpus,
-        gsi: crate::irq::GsiRouter::new(vm.clone()),
-        vm,
-        control,
-        limits: crate::stop::default_limits(),
-        pci,
-        doorbells,
-        bar_window: devices::pci::BarAllocator::new(PCI_MMIO_START, PCI_MMIO_END),
-        hub,
-        restored: None,
-        health: Default::default(),
-        _kvm: kvm,
-        memory,
-        memfd,
-    })
+    Ok(Vm::assemble(kvm, vm, vcpus, control, hub, memory, memfd))
 }
 
 /// Puts the saved irqchip, clock, vCPU and device state into a created VM.

@@ -34,6 +34,8 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use crate::Error;
+pub use crate::bar_windows::DeviceMapping;
+use crate::bar_windows::HostWindow;
 use crate::irq::{IrqPath, Msi, fast_msix_with_eventfds};
 use crate::placement::ThreadGroup;
 use crate::vm::{DeviceHealth, Vm};
@@ -117,6 +119,11 @@ pub trait Backend: RegionAccess {
     fn doorbells(&self, index: u32) -> Result<Vec<(IoFd, EventFd)>, String>;
     /// MSI-X vectors `0..fds.len()` signal `fds`.
     fn set_msix(&self, fds: &[RawFd]) -> Result<(), String>;
+    /// The parts of region `index` this process can map, mapped (VFIO's BAR mmap).
+    /// None (every access goes through [`RegionAccess`]) unless the backend says so.
+    fn map_region(&self, _index: u32) -> Result<Vec<DeviceMapping>, String> {
+        Ok(Vec::new())
+    }
     /// A descriptor that reports a hang-up when the device goes away, if there is one.
     fn hangup_fd(&self) -> Option<RawFd>;
     /// Lets go of the device (closing its connection).
@@ -143,7 +150,9 @@ pub fn attach(
     attach_backend(vm, spec, backend, path, dom0.cloned())
 }
 
-fn attach_backend(
+/// As [`attach`], for a device reached through `backend` (any [`Backend`]: kumo's two,
+/// or one a test provides).
+pub fn attach_backend(
     vm: &mut Vm,
     spec: &PassthroughSpec,
     backend: Arc<dyn Backend>,
@@ -175,6 +184,7 @@ fn attach_backend(
     let mut bar_sizes = [0u64; 6];
     let mut doorbells = Vec::new();
     let mut doorbell_fds = Vec::new();
+    let mut mappings = Vec::new();
     for (index, size) in bar_sizes.iter_mut().enumerate() {
         *size = backend.region_info(index as u32).map_err(fail)?.size;
         if *size == 0 {
@@ -183,6 +193,9 @@ fn attach_backend(
         for (entry, fd) in backend.doorbells(index as u32).map_err(fail)? {
             doorbells.push((index as u8, entry.offset));
             doorbell_fds.push(fd);
+        }
+        for mapping in backend.map_region(index as u32).map_err(fail)? {
+            mappings.push((index as u8, Arc::new(mapping)));
         }
     }
     let mut config = [0u8; 256];
@@ -203,6 +216,10 @@ fn attach_backend(
         bar_sizes,
         msix_irqs: irqs.count,
         doorbells,
+        mappable: mappings
+            .iter()
+            .map(|(bar, m)| (*bar, m.range().start, m.range().end - m.range().start))
+            .collect(),
     };
     let health = vm.device_health();
     let mut threads = Vec::new();
@@ -250,7 +267,19 @@ fn attach_backend(
             dom0,
         )?);
     }
-    vm.add_pci_device_with_doorbells(device, doorbell_fds)?;
+    // Each window lies in one mapping of its BAR (windows are cut from them).
+    let windows = device
+        .windows()
+        .iter()
+        .map(|w| {
+            mappings
+                .iter()
+                .filter(|(bar, _)| *bar == w.bar)
+                .find_map(|(_, m)| HostWindow::of(m, w.offset, w.size))
+                .ok_or_else(|| fail(format!("window {w:?} lies in no mapping")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    vm.add_pci_device_wired(device, doorbell_fds, windows)?;
     if let Some(fd) = backend.hangup_fd() {
         threads.push(spawn_monitor(
             backend.clone(),

@@ -12,7 +12,7 @@ use devices::vfio_user::proto::vfio as vfio_consts;
 use devices::vfio_user::proto::{DeviceInfo, IoFd, IrqInfo, RegionInfo};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::Backend;
+use super::{Backend, DeviceMapping};
 
 /// A PCI address: domain, bus, device, function.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -178,12 +178,16 @@ mod sys {
     pub const TYPE1V2_IOMMU: u64 = 3;
     pub const GROUP_FLAGS_VIABLE: u32 = 1;
     pub const DMA_MAP_READ_WRITE: u32 = 3;
+    pub const REGION_INFO_FLAG_MMAP: u32 = 1 << 2;
+    pub const REGION_INFO_FLAG_CAPS: u32 = 1 << 3;
+    pub const REGION_INFO_CAP_SPARSE_MMAP: u16 = 1;
 }
 
 /// A host device opened through the kernel's VFIO: container (with a type-1 IOMMU),
 /// group and device descriptors. Regions are read and written with `pread`/`pwrite`
-/// on the device descriptor at each region's offset (the BARs are trapped, not mapped
-/// into the guest: correct, and slower than a mapped BAR would be).
+/// on the device descriptor at each region's offset; the parts of BARs the kernel lets
+/// us `mmap` (`VFIO_REGION_INFO_FLAG_MMAP`, cut by its sparse-mmap capability) are
+/// mapped and become direct windows into the guest, all but the MSI-X pages.
 pub struct VfioDevice {
     bdf: Bdf,
     container: std::fs::File,
@@ -364,6 +368,41 @@ impl VfioDevice {
         })
     }
 
+    /// Region `index`'s `vfio_region_info` with its capability chain, as bytes.
+    fn region_info_bytes(&self, index: u32) -> Result<Vec<u8>, String> {
+        use std::os::fd::AsRawFd;
+        let mut argsz = 32u32;
+        for _ in 0..2 {
+            // The kernel copies the structure in and out: no alignment needed.
+            let mut raw = vec![0u8; argsz as usize];
+            raw[0..4].copy_from_slice(&argsz.to_le_bytes());
+            raw[8..12].copy_from_slice(&index.to_le_bytes());
+            // SAFETY: `raw` is a live buffer of `argsz` bytes the kernel fills with a
+            // vfio_region_info and its capabilities (never more than argsz).
+            if unsafe {
+                libc::ioctl(
+                    self.device.as_raw_fd(),
+                    sys::DEVICE_GET_REGION_INFO as _,
+                    raw.as_mut_ptr(),
+                )
+            } < 0
+            {
+                return Err(format!(
+                    "VFIO_DEVICE_GET_REGION_INFO {index}: {}",
+                    std::io::Error::last_os_error()
+                ));
+            }
+            let wanted = le32(&raw, 0).unwrap_or(0);
+            if wanted <= argsz || wanted > MAX_REGION_INFO {
+                return Ok(raw);
+            }
+            argsz = wanted; // the capabilities did not fit: ask again with room
+        }
+        Err(format!(
+            "VFIO_DEVICE_GET_REGION_INFO {index}: its size keeps growing"
+        ))
+    }
+
     /// Where `[offset, offset + len)` of region `region` is in the device descriptor.
     fn locate(&self, region: u32, offset: u64, len: usize) -> Result<u64, String> {
         region_position(&self.regions, region, offset, len)
@@ -492,6 +531,88 @@ impl Backend for VfioDevice {
     }
 
     fn shutdown(&self) {}
+
+    /// The areas of the BAR the kernel lets us map, each `mmap`ped from the device
+    /// descriptor (areas not in whole pages stay trapped).
+    fn map_region(&self, index: u32) -> Result<Vec<DeviceMapping>, String> {
+        use std::os::fd::AsRawFd;
+        let Some(&(base, size)) = self.regions.get(index as usize) else {
+            return Ok(Vec::new());
+        };
+        let info = self.region_info_bytes(index)?;
+        let page = devices::pci::passthrough::WINDOW_PAGE;
+        mmap_areas(&info, size)?
+            .into_iter()
+            .filter(|&(offset, len)| offset % page == 0 && len % page == 0 && len > 0)
+            .map(|(offset, len)| {
+                DeviceMapping::map(self.device.as_raw_fd(), base + offset, len, offset)
+                    .map_err(|e| format!("{}: BAR {index}: {e}", self.bdf))
+            })
+            .collect()
+    }
+}
+
+/// Largest `vfio_region_info` with capabilities kumo accepts from the kernel.
+const MAX_REGION_INFO: u32 = 4096;
+
+fn le32(bytes: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(bytes.get(at..at + 4)?.try_into().ok()?))
+}
+
+fn le64(bytes: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(bytes.get(at..at + 8)?.try_into().ok()?))
+}
+
+/// The parts `(offset, size)` of a region of `region_size` bytes that may be
+/// `mmap`ped, from its `vfio_region_info` bytes: none without the MMAP flag, the
+/// sparse-mmap capability's areas if it has one, else the whole region. The chain is
+/// walked with a bound and every offset checked: a malformed one is an error.
+fn mmap_areas(info: &[u8], region_size: u64) -> Result<Vec<(u64, u64)>, String> {
+    let bad = |why: &str| format!("region info: {why}");
+    let flags = le32(info, 4).ok_or_else(|| bad("short"))?;
+    if flags & sys::REGION_INFO_FLAG_MMAP == 0 {
+        return Ok(Vec::new());
+    }
+    let mut at = if flags & sys::REGION_INFO_FLAG_CAPS != 0 {
+        le32(info, 12).ok_or_else(|| bad("short"))? as usize
+    } else {
+        0
+    };
+    for _ in 0..16 {
+        if at == 0 {
+            return Ok(vec![(0, region_size)]);
+        }
+        let header = le32(info, at).ok_or_else(|| bad("a capability lies outside it"))?;
+        let next = le32(info, at + 4).ok_or_else(|| bad("a capability lies outside it"))?;
+        if header as u16 == sys::REGION_INFO_CAP_SPARSE_MMAP {
+            let count = le32(info, at + 8).ok_or_else(|| bad("short sparse-mmap capability"))?;
+            if count > 64 {
+                return Err(bad("more than 64 sparse-mmap areas"));
+            }
+            return (0..count as usize)
+                .map(|i| {
+                    let area = at + 16 + 16 * i;
+                    let (offset, size) = le64(info, area)
+                        .zip(le64(info, area + 8))
+                        .ok_or_else(|| bad("a sparse-mmap area lies outside it"))?;
+                    match offset.checked_add(size) {
+                        Some(end) if end <= region_size => Ok((offset, size)),
+                        _ => Err(bad("a sparse-mmap area lies outside the region")),
+                    }
+                })
+                .collect();
+        }
+        if (next as usize) <= at {
+            // Capabilities only point forward; anything else would loop.
+            return if next == 0 {
+                Ok(vec![(0, region_size)])
+            } else {
+                Err(bad("the capability chain points backwards"))
+            };
+        }
+        at = next as usize;
+    }
+    Err(bad("the capability chain is too long"))
 }
 
 /// A `vfio_irq_set` binding MSI-X vectors `0..fds.len()` to `fds`, as 32-bit words
@@ -663,5 +784,102 @@ mod tests {
         );
         let (_d, paths) = host(Some("7"), Some("vfio-pci"), &["vfio"]);
         assert!(matches!(check(&bdf, &paths), Err(VfioError::NoVfio { .. })));
+    }
+
+    /// A `vfio_region_info` of `flags` with the given capabilities (id, next, body).
+    fn region_info(flags: u32, caps: &[(u16, u32, Vec<u8>)]) -> Vec<u8> {
+        let mut info = vec![0u8; 32];
+        info[4..8].copy_from_slice(&flags.to_le_bytes());
+        if !caps.is_empty() {
+            info[12..16].copy_from_slice(&32u32.to_le_bytes());
+        }
+        for (id, next, body) in caps {
+            info.extend_from_slice(&u32::from(*id).to_le_bytes()); // id, version 0
+            info.extend_from_slice(&next.to_le_bytes());
+            info.extend_from_slice(body);
+        }
+        info
+    }
+
+    fn sparse(areas: &[(u64, u64)]) -> Vec<u8> {
+        let mut body = (areas.len() as u32).to_le_bytes().to_vec();
+        body.extend_from_slice(&[0; 4]);
+        for (offset, size) in areas {
+            body.extend_from_slice(&offset.to_le_bytes());
+            body.extend_from_slice(&size.to_le_bytes());
+        }
+        body
+    }
+
+    #[test]
+    fn mappable_areas_come_from_the_mmap_flag_and_the_sparse_capability() {
+        const MMAP: u32 = sys::REGION_INFO_FLAG_MMAP;
+        const CAPS: u32 = sys::REGION_INFO_FLAG_CAPS;
+        let size = 0x10000;
+        assert_eq!(mmap_areas(&region_info(3, &[]), size), Ok(vec![]));
+        assert_eq!(
+            mmap_areas(&region_info(3 | MMAP, &[]), size),
+            Ok(vec![(0, size)])
+        );
+        // The kernel's sparse areas around an MSI-X table at 0x8000, after another
+        // capability (id 3, MSI-X mappable: not one kumo needs).
+        let areas = [(0, 0x8000), (0x9000, 0x7000)];
+        let info = region_info(3 | MMAP | CAPS, &[(3, 40, vec![]), (1, 0, sparse(&areas))]);
+        assert_eq!(mmap_areas(&info, size), Ok(areas.to_vec()));
+        // A chain without a sparse capability: the whole region.
+        let info = region_info(3 | MMAP | CAPS, &[(3, 0, vec![])]);
+        assert_eq!(mmap_areas(&info, size), Ok(vec![(0, size)]));
+    }
+
+    #[test]
+    fn malformed_region_info_is_refused_never_trusted() {
+        const FLAGS: u32 = 3 | sys::REGION_INFO_FLAG_MMAP | sys::REGION_INFO_FLAG_CAPS;
+        let size = 0x10000;
+        for (info, why) in [
+            (vec![0u8; 6], "short"),
+            (
+                region_info(FLAGS, &[(1, 0, sparse(&[(0x8000, 0x9000)]))]),
+                "outside the region",
+            ),
+            (
+                region_info(FLAGS, &[(1, 0, sparse(&[(u64::MAX, 2)]))]),
+                "outside the region",
+            ),
+            (region_info(FLAGS, &[(3, 32, vec![])]), "backwards"),
+            (region_info(FLAGS, &[(3, 4000, vec![])]), "outside it"),
+            (
+                {
+                    let mut info = region_info(FLAGS, &[(1, 0, sparse(&[(0, 0x1000)]))]);
+                    info[40..44].copy_from_slice(&1000u32.to_le_bytes()); // areas
+                    info
+                },
+                "more than 64",
+            ),
+            (
+                {
+                    let mut info = region_info(FLAGS, &[(1, 0, sparse(&[(0, 0x1000)]))]);
+                    info.truncate(50);
+                    info
+                },
+                "outside it",
+            ),
+        ] {
+            let err = mmap_areas(&info, size).unwrap_err();
+            assert!(err.contains(why), "{err} (wanted {why})");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn region_info_of_any_bytes_never_panics(
+            info in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..200),
+            size in proptest::prelude::any::<u64>(),
+        ) {
+            if let Ok(areas) = mmap_areas(&info, size) {
+                for (offset, len) in areas {
+                    proptest::prop_assert!(offset.checked_add(len).is_some_and(|e| e <= size));
+                }
+            }
+        }
     }
 }
