@@ -101,14 +101,18 @@ impl Passthrough {
 pub fn passthrough_specs(args: &VmArgs) -> Result<Vec<PassthroughSpec>> {
     args.passthrough
         .iter()
-        .map(|text| {
-            let spec: PassthroughSpec = text.parse().map_err(anyhow::Error::msg)?;
-            if let PassthroughSpec::Kernel(bdf) = &spec {
-                hv::passthrough::vfio::open(bdf)?;
-            }
-            Ok(spec)
-        })
+        .map(|text| passthrough_spec(text))
         .collect()
+}
+
+/// One passthrough device (`vfio-user:PATH` or a host PCI address), checked as
+/// [`passthrough_specs`] checks them.
+pub fn passthrough_spec(text: &str) -> Result<PassthroughSpec> {
+    let spec: PassthroughSpec = text.parse().map_err(anyhow::Error::msg)?;
+    if let PassthroughSpec::Kernel(bdf) = &spec {
+        hv::passthrough::vfio::open(bdf)?;
+    }
+    Ok(spec)
 }
 
 /// `--sched`, parsed.

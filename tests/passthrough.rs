@@ -354,3 +354,46 @@ fn a_node_whose_cpus_leave_the_nic_server_none_is_refused() {
         "the NIC server (the hardware) needs a host CPU outside pcpus",
     );
 }
+
+#[test]
+fn a_node_whose_domains_are_assigned_ports_of_a_running_server_runs_its_job_on_them() {
+    if !kvm_available() {
+        return;
+    }
+    let _one = one_job();
+    // The NICs are a server's the node did not start (as another host's would be):
+    // each domain names its port, and the node's switch carries nothing.
+    let server = Server::start("pt-assigned", 2);
+    let path = scratch("pt-assigned.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "pcpus = [0]\n[network]\nwait = \"block\"\nnpb = \"cg.S\"\n\
+             [[domain]]\nname = \"rank0\"\nmpi = true\npassthrough = [\"vfio-user:{}\"]\n\
+             passthrough_irq_path = \"fast\"\n\
+             [[domain]]\nname = \"rank1\"\nmpi = true\npassthrough = [\"vfio-user:{}\"]\n",
+            server.socket(0),
+            server.socket(1)
+        ),
+    )
+    .unwrap();
+    let lines = node_json(&path, 120);
+    let rank0 = lines
+        .iter()
+        .find(|l| l["domain"] == "rank0")
+        .expect("rank0's line");
+    assert_eq!(rank0["ok"], serde_json::json!(true), "{rank0}");
+    let results = rank0["results"].as_array().expect("rank 0's results");
+    assert!(
+        results
+            .iter()
+            .any(|r| r["benchmark"] == "cg" && r["verified"] == serde_json::json!(true)),
+        "{rank0}"
+    );
+    let switch = &lines.last().unwrap()["switch"];
+    assert_eq!(
+        switch["frames"],
+        serde_json::json!(0),
+        "the switch carried frames: {switch}"
+    );
+}

@@ -95,6 +95,8 @@ fn domain(name: &str, probe: String) -> Domain {
         spin_us: crate::guest::SHARED_SPIN_US,
         barrier_wait: crate::guest::BarrierWait::Hlt,
         mpi: None,
+        passthrough: Vec::new(),
+        passthrough_irq_path: hv::irq::IrqPath::Generic,
     }
 }
 

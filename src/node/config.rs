@@ -113,6 +113,13 @@ pub struct DomainFile {
     /// How the guest's threads sleep at barriers: `hlt` (default) or `pv` (blocked
     /// in kumo through the paravirtual wait page).
     pub barrier_wait: Option<String>,
+    /// PCI devices assigned to the domain, as `--passthrough` (`vfio-user:PATH` or a
+    /// host PCI address). In the MPI job: its ranks' NICs, one per vCPU, instead of
+    /// the node's.
+    #[serde(default)]
+    pub passthrough: Vec<String>,
+    /// Their interrupt path (default: `[network]`'s, else generic).
+    pub passthrough_irq_path: Option<String>,
 }
 
 fn one() -> u32 {
@@ -143,6 +150,9 @@ pub struct Domain {
     pub barrier_wait: guest::BarrierWait,
     /// The domain's part of the node's MPI job, if it is in it.
     pub mpi: Option<MpiPart>,
+    /// Its assigned devices (its ranks' NICs if it is in the MPI job).
+    pub passthrough: Vec<hv::passthrough::PassthroughSpec>,
+    pub passthrough_irq_path: hv::irq::IrqPath,
 }
 
 /// A domain's ranks in the node's MPI job: one per vCPU from `first`, each with a NIC.
@@ -350,6 +360,28 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
             Some("pv") => guest::BarrierWait::Pv,
             Some(other) => bail!("domain '{name}': barrier_wait '{other}' is not 'pv' or 'hlt'"),
         };
+        let passthrough = d
+            .passthrough
+            .iter()
+            .map(|text| crate::run::passthrough_spec(text))
+            .collect::<Result<Vec<_>>>()
+            .with_context(|| format!("domain '{name}'"))?;
+        if d.mpi && !passthrough.is_empty() && passthrough.len() != d.vcpus as usize {
+            bail!(
+                "domain '{name}': its passthrough devices are its ranks' NICs: give one per \
+                 vCPU ({}), not {}",
+                d.vcpus,
+                passthrough.len()
+            );
+        }
+        let network_path = file.network.as_ref().and_then(|n| n.irq_path.clone());
+        let passthrough_irq_path = d
+            .passthrough_irq_path
+            .or(network_path)
+            .map(|path| path.parse::<hv::irq::IrqPath>())
+            .transpose()
+            .map_err(|e| anyhow::anyhow!("domain '{name}': passthrough_irq_path: {e}"))?
+            .unwrap_or(hv::irq::IrqPath::Generic);
         domains.push(Domain {
             name,
             vcpus: d.vcpus,
@@ -364,6 +396,8 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
             spin_us: 0,
             barrier_wait,
             mpi: d.mpi.then(MpiPart::default),
+            passthrough,
+            passthrough_irq_path,
         });
     }
     let network = file.network.map(validate_network).transpose()?;
@@ -569,6 +603,53 @@ npb = "ep.S"
         assert!(
             error("irq = \"check\"\nirq_path = \"posted\"\n")
                 .contains("unknown interrupt path 'posted'")
+        );
+    }
+
+    #[test]
+    fn assigned_devices_are_checked_and_are_an_mpi_domains_nics() {
+        let net = "pcpus = [0]\n[network]\nirq_path = \"fast\"\n";
+        let two = "[[domain]]\nname = \"b\"\nmpi = true\n";
+        let own = node(&format!(
+            "{net}[[domain]]\nname = \"a\"\nmpi = true\nvcpus = 2\n\
+             passthrough = [\"vfio-user:/tmp/p0.sock\", \"vfio-user:/tmp/p1.sock\"]\n{two}"
+        ))
+        .unwrap();
+        let a = &own.domains[0];
+        assert_eq!(a.passthrough.len(), 2);
+        assert_eq!(a.passthrough[1].to_string(), "vfio-user:/tmp/p1.sock");
+        assert_eq!(
+            a.passthrough_irq_path,
+            hv::irq::IrqPath::Fast,
+            "[network]'s path"
+        );
+        assert!(own.domains[1].passthrough.is_empty());
+        let alone = node(
+            "pcpus = [0]\n[[domain]]\nname = \"a\"\nnpb = \"ep.S\"\n\
+             passthrough = [\"vfio-user:/x\"]\n",
+        )
+        .unwrap();
+        assert_eq!(
+            alone.domains[0].passthrough_irq_path,
+            hv::irq::IrqPath::Generic
+        );
+        let error = |text: &str| format!("{:#}", node(text).unwrap_err());
+        let one_of_two = format!(
+            "{net}[[domain]]\nname = \"a\"\nmpi = true\nvcpus = 2\n\
+             passthrough = [\"vfio-user:/tmp/p0.sock\"]\n{two}"
+        );
+        assert!(error(&one_of_two).contains("give one per vCPU (2), not 1"));
+        let base = "pcpus = [0]\n[[domain]]\nname = \"a\"\nnpb = \"ep.S\"\n";
+        assert!(
+            error(&format!("{base}passthrough = [\"vfio-user:\"]\n"))
+                .contains("domain 'a': --passthrough vfio-user: needs a socket path")
+        );
+        assert!(error(&format!("{base}passthrough = [\"0000:3:00.0\"]\n")).contains("domain 'a'"));
+        assert!(
+            error(&format!(
+                "{base}passthrough = [\"vfio-user:/x\"]\npassthrough_irq_path = \"posted\"\n"
+            ))
+            .contains("passthrough_irq_path: unknown interrupt path 'posted'")
         );
     }
 

@@ -135,6 +135,18 @@ pub fn run(
         }
         vms.push(vm);
     }
+    // Devices assigned to domains in the file (a domain in the MPI job: its ranks'
+    // NICs, so the node's NICs below skip it), kept until every VM has ended.
+    let mut assigned = Vec::new();
+    for (vm, domain) in vms.iter_mut().zip(&node.domains) {
+        for spec in &domain.passthrough {
+            assigned.push(
+                hv::passthrough::attach(vm, spec, domain.passthrough_irq_path, Some(&dom0))
+                    .with_context(|| format!("domain '{}'", domain.name))?,
+            );
+        }
+    }
+    let has_own_nics = |domain: &Domain| !domain.passthrough.is_empty();
     // Passthrough NICs: a port each of a NIC server (the hardware, another process,
     // outside the scheduler), kept until every VM has ended; kumo's generic-path
     // interrupt threads stay domain 0's. The switch below then carries nothing.
@@ -144,6 +156,9 @@ pub fn run(
             let server = crate::nic_server::ServerProcess::start(ranks, 0, cpus)?;
             let mut attached = Vec::new();
             for (vm, domain) in vms.iter_mut().zip(&node.domains) {
+                if has_own_nics(domain) {
+                    continue;
+                }
                 for rank in domain.ranks() {
                     let spec = hv::passthrough::PassthroughSpec::VfioUser(server.socket(rank));
                     attached.push(
@@ -161,7 +176,7 @@ pub fn run(
         Some(net) => {
             let network = hv::net::Network::new(devices::net::switch::SwitchConfig::default())?;
             for (vm, domain) in vms.iter_mut().zip(&node.domains) {
-                if passthrough.is_some() {
+                if passthrough.is_some() || has_own_nics(domain) {
                     continue;
                 }
                 for rank in domain.ranks() {
