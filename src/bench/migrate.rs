@@ -47,6 +47,20 @@ fn token() -> Result<Vec<u8>> {
     Ok(t.to_vec())
 }
 
+/// Waits until the guest's console (as `read` gives it so far) says its ring 3 has
+/// started (`@kumo boot`): `--after-ms` counts from there on kumo and on QEMU alike,
+/// whose boots take different times.
+pub(crate) fn wait_for_boot(read: impl Fn() -> Result<Vec<u8>>) -> Result<()> {
+    let started = Instant::now();
+    while !String::from_utf8_lossy(&read()?).contains("@kumo boot") {
+        if started.elapsed() > Duration::from_secs(120) {
+            anyhow::bail!("the guest did not start within 120 s");
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Ok(())
+}
+
 /// The guest's command line: `--npb`'s benchmarks, or the TSC gap probe.
 fn guest_cmdline(args: &MigrateBenchArgs) -> Result<(String, Option<Vec<npb::Spec>>)> {
     let probe_ms = args.after_ms * 2 + 2000;
@@ -94,6 +108,8 @@ fn one_run(args: &MigrateBenchArgs, dirty: DirtyLogMode, epoch: Instant) -> Resu
     let record = console.clone();
     let source =
         std::thread::spawn(move || run::run_collecting_recorded(vm, epoch, Some(record), &[]));
+    // From the guest's start, not the VM's: QEMU's side is timed the same way.
+    wait_for_boot(|| Ok(console.lock().unwrap_or_else(|e| e.into_inner()).clone()))?;
     std::thread::sleep(Duration::from_millis(args.after_ms));
     let sent = migrate::send_vm(
         &hub,

@@ -38,7 +38,16 @@ impl Drop for Pair {
     }
 }
 
-fn qemu(guest: &Path, vcpus: u32, memory_mib: u64, cmdline: &str, tsc_khz: u32) -> Command {
+/// QEMU booting `guest`; its serial console goes to the file `console`, if given.
+fn qemu(
+    guest: &Path,
+    vcpus: u32,
+    memory_mib: u64,
+    cmdline: &str,
+    tsc_khz: u32,
+    console: Option<&Path>,
+) -> Command {
+    let serial = console.map_or("null".to_string(), |c| format!("file:{}", c.display()));
     let mut command = Command::new("qemu-system-x86_64");
     command
         .args(["-M", "microvm", "-accel", "kvm"])
@@ -49,7 +58,7 @@ fn qemu(guest: &Path, vcpus: u32, memory_mib: u64, cmdline: &str, tsc_khz: u32) 
         ))
         .args(["-smp", &vcpus.to_string(), "-m", &memory_mib.to_string()])
         .args(["-nographic", "-nodefaults", "-no-user-config", "-no-reboot"])
-        .args(["-serial", "null"])
+        .args(["-serial", &serial])
         .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=4"])
         .arg("-kernel")
         .arg(guest)
@@ -141,22 +150,30 @@ pub fn migrate_once(
         .local_addr()?
         .port();
     let qmp_arg = |name: &str| format!("unix:{},server=on,wait=off", dir.join(name).display());
-    let start_qemu = |extra: &[String]| -> Result<Child> {
-        qemu(&guest, vcpus, memory_mib, cmdline, khz)
+    let console = dir.join("src.console");
+    let start_qemu = |extra: &[String], console: Option<&Path>| -> Result<Child> {
+        qemu(&guest, vcpus, memory_mib, cmdline, khz, console)
             .args(extra)
             .spawn()
             .context("cannot start qemu-system-x86_64 (apt-get install qemu-system-x86)")
     };
-    pair.children.push(start_qemu(&[
-        "-qmp".into(),
-        qmp_arg("dst.qmp"),
-        "-incoming".into(),
-        format!("tcp:127.0.0.1:{port}"),
-    ])?);
+    pair.children.push(start_qemu(
+        &[
+            "-qmp".into(),
+            qmp_arg("dst.qmp"),
+            "-incoming".into(),
+            format!("tcp:127.0.0.1:{port}"),
+        ],
+        None,
+    )?);
     let mut dst = Qmp::connect(&dir.join("dst.qmp"))?;
-    pair.children
-        .push(start_qemu(&["-qmp".into(), qmp_arg("src.qmp")])?);
+    pair.children.push(start_qemu(
+        &["-qmp".into(), qmp_arg("src.qmp")],
+        Some(&console),
+    )?);
     let mut src = Qmp::connect(&dir.join("src.qmp"))?;
+    // `after` counts from the guest's start, as on kumo's side.
+    super::migrate::wait_for_boot(|| Ok(std::fs::read(&console).unwrap_or_default()))?;
     std::thread::sleep(after);
     src.execute(
         "migrate-set-parameters",
