@@ -293,6 +293,18 @@ pub mod asm {
     }
 }
 
+/// A VM of `vcpus` vCPUs and `memory_mib` of RAM that runs `code` (a [`PvhImage`]).
+pub fn code_vm(vcpus: u32, memory_mib: u64, code: &[u8]) -> crate::VmConfig {
+    crate::VmConfig {
+        vcpus,
+        memory_mib,
+        kernel: PvhImage::new(code).build(),
+        cmdline: "test".into(),
+        modules: Vec::new(),
+        kvm_device: "/dev/kvm".into(),
+    }
+}
+
 /// True if tests that need KVM can run. Without /dev/kvm they are skipped loudly, except
 /// in CI (`CI=true`), where a missing KVM must fail the run instead of passing it
 /// vacuously.

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use hv::irq::IrqPath;
 use hv::irq_device::{self, IrqDeviceSetup};
-use hv::testing::{PvhImage, asm, kvm_available};
-use hv::{GuestExit, Vm, VmConfig};
+use hv::testing::{asm, code_vm, kvm_available};
+use hv::{GuestExit, Vm};
 
 /// The test device is the first device kumo plugs in: slot 1 (the host bridge is 0),
 /// its BAR 0 the first address of the PCI window.
@@ -47,15 +47,7 @@ fn doorbells_follow_memory_enable_and_bar_moves() {
         asm::debug_exit(0),
     ]
     .concat();
-    let config = VmConfig {
-        vcpus: 1,
-        memory_mib: 64,
-        kernel: PvhImage::new(&code).build(),
-        cmdline: String::new(),
-        modules: Vec::new(),
-        kvm_device: "/dev/kvm".into(),
-    };
-    let mut vm = Vm::new(config).expect("VM");
+    let mut vm = Vm::new(code_vm(1, 64, &code)).expect("VM");
     let setup = IrqDeviceSetup {
         path: IrqPath::Generic,
         delay: Duration::ZERO,

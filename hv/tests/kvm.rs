@@ -35,12 +35,8 @@ impl Console {
 
 fn config(vcpus: u32, kernel: Vec<u8>) -> VmConfig {
     VmConfig {
-        vcpus,
-        memory_mib: 16,
         kernel,
-        cmdline: "test".into(),
-        modules: Vec::new(),
-        kvm_device: "/dev/kvm".into(),
+        ..hv::testing::code_vm(vcpus, 16, &[])
     }
 }
 

@@ -318,59 +318,51 @@ impl VfioDevice {
         Ok(opened)
     }
 
-    fn raw_device_info(&self) -> Result<DeviceInfo, String> {
+    /// An ioctl on the device descriptor whose argument the kernel reads (and fills).
+    ///
+    /// # Safety
+    /// `arg` points to a live, writable buffer at least as long as the `argsz` in it
+    /// (the structure `request` takes), for the duration of the call.
+    unsafe fn device_ioctl(&self, request: u64, arg: *mut u8, what: &str) -> Result<(), String> {
         use std::os::fd::AsRawFd;
-        let mut raw = [16u32, 0, 0, 0];
-        // SAFETY: `raw` is a live vfio_device_info (argsz 16) the kernel fills.
-        if unsafe {
-            libc::ioctl(
-                self.device.as_raw_fd(),
-                sys::DEVICE_GET_INFO as _,
-                raw.as_mut_ptr(),
-            )
-        } < 0
-        {
-            return Err(format!(
-                "VFIO_DEVICE_GET_INFO: {}",
-                std::io::Error::last_os_error()
-            ));
+        // SAFETY: the caller vouches for `arg`; the descriptor is this device's.
+        if unsafe { libc::ioctl(self.device.as_raw_fd(), request as _, arg) } < 0 {
+            return Err(format!("{what}: {}", std::io::Error::last_os_error()));
         }
+        Ok(())
+    }
+
+    fn raw_device_info(&self) -> Result<DeviceInfo, String> {
+        let mut raw = [0u8; 16];
+        raw[0..4].copy_from_slice(&16u32.to_le_bytes());
+        // SAFETY: `raw` is a live vfio_device_info of argsz 16.
+        unsafe {
+            self.device_ioctl(
+                sys::DEVICE_GET_INFO,
+                raw.as_mut_ptr(),
+                "VFIO_DEVICE_GET_INFO",
+            )?
+        };
+        let word = |at| le32(&raw, at).unwrap_or(0);
         Ok(DeviceInfo {
-            flags: raw[1],
-            regions: raw[2],
-            irqs: raw[3],
+            flags: word(4),
+            regions: word(8),
+            irqs: word(12),
         })
     }
 
     fn raw_region_info(&self, index: u32) -> Result<RegionInfo, String> {
-        use std::os::fd::AsRawFd;
-        // argsz, flags, index, cap_offset, size (2 words), offset (2 words).
-        let mut raw = [32u32, 0, index, 0, 0, 0, 0, 0];
-        // SAFETY: `raw` is a live vfio_region_info (argsz 32) the kernel fills.
-        if unsafe {
-            libc::ioctl(
-                self.device.as_raw_fd(),
-                sys::DEVICE_GET_REGION_INFO as _,
-                raw.as_mut_ptr(),
-            )
-        } < 0
-        {
-            return Err(format!(
-                "VFIO_DEVICE_GET_REGION_INFO {index}: {}",
-                std::io::Error::last_os_error()
-            ));
-        }
+        let raw = self.region_info_bytes(index)?;
         Ok(RegionInfo {
-            flags: raw[1],
-            index: raw[2],
-            size: u64::from(raw[4]) | (u64::from(raw[5]) << 32),
-            offset: u64::from(raw[6]) | (u64::from(raw[7]) << 32),
+            flags: le32(&raw, 4).unwrap_or(0),
+            index: le32(&raw, 8).unwrap_or(0),
+            size: le64(&raw, 16).unwrap_or(0),
+            offset: le64(&raw, 24).unwrap_or(0),
         })
     }
 
     /// Region `index`'s `vfio_region_info` with its capability chain, as bytes.
     fn region_info_bytes(&self, index: u32) -> Result<Vec<u8>, String> {
-        use std::os::fd::AsRawFd;
         let mut argsz = 32u32;
         for _ in 0..2 {
             // The kernel copies the structure in and out: no alignment needed.
@@ -379,19 +371,13 @@ impl VfioDevice {
             raw[8..12].copy_from_slice(&index.to_le_bytes());
             // SAFETY: `raw` is a live buffer of `argsz` bytes the kernel fills with a
             // vfio_region_info and its capabilities (never more than argsz).
-            if unsafe {
-                libc::ioctl(
-                    self.device.as_raw_fd(),
-                    sys::DEVICE_GET_REGION_INFO as _,
+            unsafe {
+                self.device_ioctl(
+                    sys::DEVICE_GET_REGION_INFO,
                     raw.as_mut_ptr(),
-                )
-            } < 0
-            {
-                return Err(format!(
-                    "VFIO_DEVICE_GET_REGION_INFO {index}: {}",
-                    std::io::Error::last_os_error()
-                ));
-            }
+                    &format!("VFIO_DEVICE_GET_REGION_INFO {index}"),
+                )?
+            };
             let wanted = le32(&raw, 0).unwrap_or(0);
             if wanted <= argsz || wanted > MAX_REGION_INFO {
                 return Ok(raw);
@@ -478,26 +464,22 @@ impl Backend for VfioDevice {
     }
 
     fn irq_info(&self, index: u32) -> Result<IrqInfo, String> {
-        use std::os::fd::AsRawFd;
-        let mut raw = [16u32, 0, index, 0];
-        // SAFETY: `raw` is a live vfio_irq_info (argsz 16) the kernel fills.
-        if unsafe {
-            libc::ioctl(
-                self.device.as_raw_fd(),
-                sys::DEVICE_GET_IRQ_INFO as _,
+        let mut raw = [0u8; 16];
+        raw[0..4].copy_from_slice(&16u32.to_le_bytes());
+        raw[8..12].copy_from_slice(&index.to_le_bytes());
+        // SAFETY: `raw` is a live vfio_irq_info of argsz 16.
+        unsafe {
+            self.device_ioctl(
+                sys::DEVICE_GET_IRQ_INFO,
                 raw.as_mut_ptr(),
-            )
-        } < 0
-        {
-            return Err(format!(
-                "VFIO_DEVICE_GET_IRQ_INFO: {}",
-                std::io::Error::last_os_error()
-            ));
-        }
+                "VFIO_DEVICE_GET_IRQ_INFO",
+            )?
+        };
+        let word = |at| le32(&raw, at).unwrap_or(0);
         Ok(IrqInfo {
-            flags: raw[1],
-            index: raw[2],
-            count: raw[3],
+            flags: word(4),
+            index: word(8),
+            count: word(12),
         })
     }
 
@@ -507,23 +489,15 @@ impl Backend for VfioDevice {
     }
 
     fn set_msix(&self, fds: &[RawFd]) -> Result<(), String> {
-        use std::os::fd::AsRawFd;
-        let raw = irq_set_msix(fds);
+        let mut raw = irq_set_msix(fds);
         // SAFETY: `raw` is a live vfio_irq_set with its eventfd array, argsz covering it.
-        if unsafe {
-            libc::ioctl(
-                self.device.as_raw_fd(),
-                sys::DEVICE_SET_IRQS as _,
-                raw.as_ptr(),
+        unsafe {
+            self.device_ioctl(
+                sys::DEVICE_SET_IRQS,
+                raw.as_mut_ptr().cast(),
+                "VFIO_DEVICE_SET_IRQS",
             )
-        } < 0
-        {
-            return Err(format!(
-                "VFIO_DEVICE_SET_IRQS: {}",
-                std::io::Error::last_os_error()
-            ));
         }
-        Ok(())
     }
 
     fn hangup_fd(&self) -> Option<RawFd> {
