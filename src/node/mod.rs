@@ -510,12 +510,14 @@ fn print(
     for change in changes {
         let p = sched_params::view(change.params);
         crate::outln!(
-            "scheduler changed at {:.3} s: slice {} ms, tick {} ms, ratelimit {} us, {:?} accounting",
+            "scheduler changed at {:.3} s: slice {} ms, tick {} ms, ratelimit {} us, {:?} accounting, \
+             directed yield {}",
             change.at.as_secs_f64(),
             p.tslice_ms,
             p.tick_ms,
             p.ratelimit_us,
-            p.accounting
+            p.accounting,
+            if p.directed_yield { "on" } else { "off" }
         );
     }
     Ok(())
