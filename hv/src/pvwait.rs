@@ -239,35 +239,17 @@ mod tests {
     fn malformed_requests_are_ignored() {
         let (memory, counters) = (memory(), Counters::default());
         // Unaligned, far outside RAM, just past its end, short, unknown register.
-        write(
-            &memory,
-            &counters,
-            &AtomicU64::new(0),
-            BASE + WAIT,
-            &request(0, 0x102),
-        );
-        write(
-            &memory,
-            &counters,
-            &AtomicU64::new(0),
-            BASE + WAIT,
-            &request(0, 0x10_0000),
-        );
-        write(
-            &memory,
-            &counters,
-            &AtomicU64::new(0),
-            BASE + WAIT,
-            &request(0, 0x2000),
-        );
-        write(&memory, &counters, &AtomicU64::new(0), BASE + WAIT, &[0; 4]);
-        write(
-            &memory,
-            &counters,
-            &AtomicU64::new(0),
-            BASE + 0x10,
-            &request(0, 0x100),
-        );
+        let waiting_on = AtomicU64::new(0);
+        for (addr, data) in [
+            (BASE + WAIT, &request(0, 0x102)[..]),
+            (BASE + WAIT, &request(0, 0x10_0000)[..]),
+            (BASE + WAIT, &request(0, 0x2000)[..]),
+            (BASE + WAIT, &[0; 4][..]),
+            (BASE + 0x10, &request(0, 0x100)[..]),
+        ] {
+            write(&memory, &counters, &waiting_on, addr, data);
+        }
+        assert_eq!(waiting_on.load(Ordering::Relaxed), 0);
         assert_eq!(counters.snapshot(), Snapshot::default());
         assert!(claims(BASE) && claims(BASE + SIZE - 1));
         assert!(!claims(BASE + SIZE) && !claims(BASE - 1));

@@ -270,6 +270,18 @@ proptest! {
     }
 }
 
+/// The first internal inconsistency at this instant: a broken invariant, or the driver
+/// and the scheduler disagreeing on what a pCPU runs.
+fn inconsistency(sim: &Sim) -> Option<String> {
+    let s = sim.scheduler();
+    if let Err(e) = s.check_invariants() {
+        return Some(format!("t={}: {e}", sim.now()));
+    }
+    (0..s.pcpus())
+        .find(|p| s.current(PcpuId(*p)) != sim.running(PcpuId(*p)))
+        .map(|p| format!("t={}: driver and scheduler disagree on p{p}", sim.now()))
+}
+
 /// A control operation applied at run time.
 #[derive(Clone, Debug)]
 enum Op {
@@ -316,17 +328,8 @@ proptest! {
         ops.sort_by_key(|(t, _)| *t);
         let mut failure = None;
         let mut check = |sim: &Sim| {
-            if failure.is_some() {
-                return;
-            }
-            let s = sim.scheduler();
-            if let Err(e) = s.check_invariants() {
-                failure = Some(format!("t={}: {e}", sim.now()));
-            }
-            for p in 0..s.pcpus() {
-                if s.current(PcpuId(p)) != sim.running(PcpuId(p)) {
-                    failure = Some(format!("t={}: driver and scheduler disagree on p{p}", sim.now()));
-                }
+            if failure.is_none() {
+                failure = inconsistency(sim);
             }
         };
         for (at, op) in ops {
@@ -397,20 +400,8 @@ fn run_with_hints(
     }
     let mut failure = None;
     let mut check = |sim: &Sim| {
-        if failure.is_some() {
-            return;
-        }
-        let s = sim.scheduler();
-        if let Err(e) = s.check_invariants() {
-            failure = Some(format!("t={}: {e}", sim.now()));
-        }
-        for p in 0..s.pcpus() {
-            if s.current(PcpuId(p)) != sim.running(PcpuId(p)) {
-                failure = Some(format!(
-                    "t={}: driver and scheduler disagree on p{p}",
-                    sim.now()
-                ));
-            }
+        if failure.is_none() {
+            failure = inconsistency(sim);
         }
     };
     let mut at = 0;
