@@ -132,6 +132,19 @@ impl NicKind {
     }
 }
 
+/// A switch: `on` or `off`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnOff {
+    On,
+    Off,
+}
+
+impl OnOff {
+    pub fn is_on(self) -> bool {
+        self == OnOff::On
+    }
+}
+
 /// How a guest's MPI rank waits for the network.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Wait {
@@ -282,6 +295,10 @@ pub enum CtlCommand {
         /// finds running; no ratelimit).
         #[arg(long, value_name = "MODE")]
         accounting: Option<sched::Accounting>,
+        /// on: a vCPU blocked at a barrier (paravirtual wait page) BOOSTs its
+        /// domain's queued vCPUs that have not arrived; off (default): ignore it.
+        #[arg(long, value_name = "on|off")]
+        directed_yield: Option<OnOff>,
     },
     /// Domains of the node.
     #[command(subcommand)]

@@ -36,6 +36,9 @@ pub struct SchedParams {
     /// "exact" or "tick" (Xen 3.4).
     #[serde(default = "exact")]
     pub accounting: Accounting,
+    /// Directed yield at barriers (`sched::Params::directed_yield`).
+    #[serde(default)]
+    pub directed_yield: bool,
 }
 
 fn exact() -> Accounting {
@@ -76,6 +79,7 @@ pub struct SchedUpdate {
     pub tick_ms: Option<f64>,
     pub ratelimit_us: Option<u64>,
     pub accounting: Option<Accounting>,
+    pub directed_yield: Option<bool>,
 }
 
 /// A domain as `domain list` shows it.
@@ -135,6 +139,7 @@ enum Request {
         tick_ms: Option<f64>,
         ratelimit_us: Option<u64>,
         accounting: Option<Accounting>,
+        directed_yield: Option<bool>,
     },
     DomainList {},
     DomainSet {
@@ -162,18 +167,21 @@ pub fn answer(target: &dyn Controlled, line: &str) -> Value {
             tick_ms: None,
             ratelimit_us: None,
             accounting: None,
+            directed_yield: None,
         } => Ok(json!(target.sched_params())),
         Request::SchedCredit {
             tslice_ms,
             tick_ms,
             ratelimit_us,
             accounting,
+            directed_yield,
         } => target
             .set_sched_params(SchedUpdate {
                 tslice_ms,
                 tick_ms,
                 ratelimit_us,
                 accounting,
+                directed_yield,
             })
             .map(|p| json!(p)),
         Request::DomainList {} => Ok(json!({"domains": target.domains()})),
@@ -363,6 +371,7 @@ pub fn run_ctl(args: &CtlArgs) -> Result<u8> {
             tick_ms,
             ratelimit_us,
             accounting,
+            directed_yield,
         } => {
             let mut req = json!({"cmd": "sched-credit"});
             for (key, value) in [
@@ -370,6 +379,7 @@ pub fn run_ctl(args: &CtlArgs) -> Result<u8> {
                 ("tick_ms", tick_ms.map(|v| json!(v))),
                 ("ratelimit_us", ratelimit_us.map(|v| json!(v))),
                 ("accounting", accounting.map(|a| json!(Accounting::from(a)))),
+                ("directed_yield", directed_yield.map(|on| json!(on.is_on()))),
             ] {
                 if let Some(value) = value {
                     req[key] = value;
@@ -423,11 +433,16 @@ pub fn run_ctl(args: &CtlArgs) -> Result<u8> {
     }
     match &args.command {
         CtlCommand::SchedCredit { .. } => crate::outln!(
-            "credit: tslice {} ms, tick {} ms, ratelimit {} us, accounting {}",
+            "credit: tslice {} ms, tick {} ms, ratelimit {} us, accounting {}, directed yield {}",
             reply["tslice_ms"],
             reply["tick_ms"],
             reply["ratelimit_us"],
-            reply["accounting"].as_str().unwrap_or("?")
+            reply["accounting"].as_str().unwrap_or("?"),
+            if reply["directed_yield"] == json!(true) {
+                "on"
+            } else {
+                "off"
+            }
         ),
         CtlCommand::Domain(DomainCommand::List) => {
             crate::outln!(
@@ -548,6 +563,7 @@ mod tests {
                 tick_ms: 10.0,
                 ratelimit_us: 1000,
                 accounting: Accounting::Exact,
+                directed_yield: false,
             }),
             weight: Mutex::new(256),
         })

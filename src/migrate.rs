@@ -75,6 +75,7 @@ impl AppState {
                     tick_ms: Some(p.tick_ms),
                     ratelimit_us: Some(p.ratelimit_us),
                     accounting: Some(p.accounting),
+                    directed_yield: Some(p.directed_yield),
                 })
                 .context("the stream's scheduler parameters")
             })

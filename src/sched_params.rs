@@ -38,6 +38,9 @@ pub fn apply(current: Params, update: SchedUpdate) -> Result<Params> {
             .checked_mul(NS_PER_US)
             .ok_or_else(|| anyhow!("ratelimit {us} us is too large"))?;
     }
+    if let Some(on) = update.directed_yield {
+        p.directed_yield = on;
+    }
     if let Some(accounting) = update.accounting {
         p.accounting = accounting.into();
         // Xen 3.4 had no ratelimit: off unless given (then validation refuses it).
@@ -61,6 +64,7 @@ pub fn view(p: Params) -> SchedParams {
         tick_ms: p.tick_ns as f64 / NS_PER_MS as f64,
         ratelimit_us: p.ratelimit_ns / NS_PER_US,
         accounting: p.accounting.into(),
+        directed_yield: p.directed_yield,
     }
 }
 
@@ -85,6 +89,15 @@ pub fn parse_spec(spec: &str) -> Result<Params> {
         let (key, value) = item
             .split_once('=')
             .ok_or_else(|| anyhow!("--sched: '{item}' is not key=value"))?;
+        if key == "directed_yield" {
+            let on = match value {
+                "on" => true,
+                "off" => false,
+                _ => return Err(anyhow!("--sched: directed_yield={value}: give on or off")),
+            };
+            update.directed_yield = Some(on);
+            continue;
+        }
         if key == "accounting" {
             let mode: sched::Accounting = value.parse().map_err(|e| anyhow!("--sched: {e}"))?;
             update.accounting = Some(mode.into());
@@ -99,7 +112,7 @@ pub fn parse_spec(spec: &str) -> Result<Params> {
             "ratelimit" => update.ratelimit_us = Some(ns / NS_PER_US),
             _ => {
                 return Err(anyhow!(
-                    "--sched: unknown parameter '{key}' (known: tslice, tick, ratelimit, accounting)"
+                    "--sched: unknown parameter '{key}' (known: tslice, tick, ratelimit, accounting, directed_yield)"
                 ));
             }
         }
@@ -133,6 +146,7 @@ mod tests {
                 tick_ms: 10.0,
                 ratelimit_us: 1000,
                 accounting: crate::ctl::Accounting::Exact,
+                directed_yield: false,
             }
         );
         // S1's setting: 1 ms slice; the tick follows, the ratelimit no longer fits.
@@ -151,6 +165,7 @@ mod tests {
                 tick_ms: 1.0,
                 ratelimit_us: 0,
                 accounting: crate::ctl::Accounting::Exact,
+                directed_yield: false,
             }
         );
         // The tick is independent when given.
@@ -161,6 +176,7 @@ mod tests {
                 tick_ms: Some(1.0),
                 ratelimit_us: None,
                 accounting: None,
+                directed_yield: None,
             },
         )
         .unwrap();
@@ -245,5 +261,27 @@ mod tests {
             .to_string();
         assert!(err.contains("no ratelimit"), "{err}");
         assert!(parse_spec("credit:accounting=xen").is_err());
+        // Directed yield is off unless asked for, and kept by later updates.
+        assert!(!parse_spec("credit").unwrap().directed_yield);
+        let p = parse_spec("credit:tslice=1ms,directed_yield=on").unwrap();
+        assert!(p.directed_yield && view(p).directed_yield);
+        let p = apply(
+            p,
+            SchedUpdate {
+                tick_ms: Some(1.0),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert!(p.directed_yield);
+        let off = SchedUpdate {
+            directed_yield: Some(false),
+            ..Default::default()
+        };
+        assert!(!apply(p, off).unwrap().directed_yield);
+        let err = parse_spec("credit:directed_yield=yes")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("on or off"), "{err}");
     }
 }

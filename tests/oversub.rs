@@ -55,6 +55,16 @@ fn every_kernel_verifies_on_12_vcpus_under_the_credit_scheduler() {
 }
 
 #[test]
+fn every_kernel_verifies_on_12_vcpus_under_the_credit_scheduler_with_directed_yield() {
+    if kvm_available() {
+        every_kernel_s_verifies_on_12_vcpus(&[
+            "--sched",
+            "credit:tslice=1ms,tick=1ms,directed_yield=on",
+        ]);
+    }
+}
+
+#[test]
 fn a_bad_barrier_wait_is_refused() {
     let out = kumo(&["--barrier-wait", "yield", "--npb", "ep.S"]);
     assert_eq!(out.status.code(), Some(2));
@@ -120,6 +130,42 @@ fn a_node_domain_of_12_vcpus_verifies_blocking_in_kumo_under_the_credit_schedule
         "{}",
         lines[0]
     );
+}
+
+/// Directed yield in a node: a 12-vCPU domain blocking at barriers in kumo beside a
+/// domain that never blocks. Off, no vCPU is ever boosted by it; on, the barrier's
+/// laggards are (the hint reaches the scheduler), and every result still verifies.
+#[test]
+fn directed_yield_boosts_a_barriers_laggards_in_a_node_only_when_on() {
+    if !kvm_available() {
+        return;
+    }
+    for on in [false, true] {
+        let path = scratch(&format!("oversub-directed-{on}.toml"));
+        std::fs::write(
+            &path,
+            format!(
+                "pcpus = [0, 1]\n[scheduler]\nkind = \"credit\"\ntslice_ms = 1\ntick_ms = 1\n\
+                 directed_yield = {on}\n\
+                 [[domain]]\nname = \"a\"\nvcpus = 12\nnpb = \"cg.S,mg.S\"\nbarrier_wait = \"pv\"\n\
+                 [[domain]]\nname = \"hog\"\nvcpus = 2\nprobe = \"busy:1500\"\n"
+            ),
+        )
+        .unwrap();
+        let out = kumo(&["node", "--config", path.to_str().unwrap(), "--json"]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let lines = json_lines(&out);
+        let a = &lines[0];
+        assert_eq!(a["ok"], true, "{a}");
+        let results = a["results"].as_array().unwrap();
+        assert_eq!(results.len(), 2, "{a}");
+        assert!(results.iter().all(|r| r["verified"] == true), "{a}");
+        let boosts = a["directed_boosts"].as_u64().unwrap();
+        assert_eq!(boosts > 0, on, "directed yield {on}: {boosts} boosts: {a}");
+        assert_eq!(lines[1]["directed_boosts"], 0, "{}", lines[1]);
+        let node = lines.last().unwrap();
+        assert_eq!(node["sched"]["directed_yield"], on, "{node}");
+    }
 }
 
 /// Most of an oversubscribed VM's vCPUs are blocked in kumo at any moment: a snapshot

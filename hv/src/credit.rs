@@ -11,7 +11,16 @@
 //! - a halted vCPU that would wake UNDER gets [`RANK_BOOST`], above the running one:
 //!   its wake-up preempts at once, which is Xen's BOOST (the kernel does not apply the
 //!   ratelimit here; the scheduler does from the next decision on);
-//! - a vCPU the scheduler parks (cap) is held at its gate, outside KVM_RUN.
+//! - a vCPU the scheduler parks (cap) is held at its gate, outside KVM_RUN;
+//! - with directed yield on (`Params::directed_yield`), a queued vCPU the scheduler
+//!   BOOSTed gets [`RANK_HURRIED`], above the other queued ones: between two runs of
+//!   the driver, whenever a running vCPU blocks, the kernel runs the vCPUs a barrier
+//!   waits for before other domains' queued ones.
+//!
+//! Directed yield's hint is the paravirtual wait page: a vCPU blocked there on a word
+//! (a barrier's generation, `VcpuControl::pv_waiting_on`) waits for its siblings that
+//! are runnable and not blocked on that word; the driver hands that to
+//! `Scheduler::yield_to` at each run.
 //!
 //! The driver runs every tick (and at every slice end and accounting): it reads which
 //! vCPU threads are runnable or halted (`/proc`), reports wake-ups and blocks, runs
@@ -29,6 +38,8 @@ use crate::placement::{self, Policy, ThreadGroup, VcpuControl};
 
 /// SCHED_FIFO priorities, low to high.
 pub const RANK_QUEUED: u8 = 2;
+/// A queued vCPU a directed yield BOOSTed (only with `Params::directed_yield`).
+pub const RANK_HURRIED: u8 = 3;
 pub const RANK_RUNNING: u8 = 4;
 pub const RANK_BOOST: u8 = 6;
 /// The driver itself, above every vCPU so that it runs when due.
@@ -123,6 +134,14 @@ impl Runner {
         }
     }
 
+    /// The word it is blocked on in the paravirtual wait page (a barrier).
+    fn pv_waiting_on(&self) -> Option<u64> {
+        match self {
+            Runner::Vcpu { control, index } => control.pv_waiting_on(*index),
+            Runner::Dom0(_) => None,
+        }
+    }
+
     fn cpu_time(&self) -> Duration {
         match self {
             Runner::Vcpu { control, index } => control.cpu_time(*index).unwrap_or_default(),
@@ -143,6 +162,8 @@ pub struct DomainView {
     pub vcpus: u32,
     /// Host CPU time its vCPU threads used so far.
     pub cpu: Duration,
+    /// Times a directed yield BOOSTed one of its vCPUs (`Params::directed_yield`).
+    pub directed_boosts: u64,
 }
 
 struct Dom {
@@ -387,6 +408,11 @@ impl State {
                 .iter()
                 .map(|v| self.vcpus[v.0 as usize].runner.cpu_time())
                 .sum(),
+            directed_boosts: d
+                .vcpus
+                .iter()
+                .map(|v| self.sched.vcpu_stats(*v).directed_boosts)
+                .sum(),
         }
     }
 
@@ -433,6 +459,45 @@ impl State {
                 self.vcpus[v].blocked = true;
             }
         }
+        if self.sched.params().directed_yield {
+            tickles.extend(self.hint_barriers(now));
+        }
+        tickles
+    }
+
+    /// Directed yield's hints: in each domain, the first vCPU found blocked on a word
+    /// of the paravirtual wait page waits for its siblings that are runnable and not
+    /// blocked on that word (the barrier's laggards). One hint per word and pass:
+    /// further waiters at the same barrier would name the same laggards.
+    fn hint_barriers(&mut self, now: u64) -> Tickles {
+        let mut tickles = Tickles::new();
+        let mut words = Vec::new();
+        for d in &self.doms {
+            words.clear();
+            for &waiter in &d.vcpus {
+                let r = &self.vcpus[waiter.0 as usize];
+                if r.removed || !r.blocked {
+                    continue;
+                }
+                let Some(word) = r.runner.pv_waiting_on() else {
+                    continue;
+                };
+                if words.contains(&word) {
+                    continue;
+                }
+                words.push(word);
+                let laggards: Vec<VcpuId> = d
+                    .vcpus
+                    .iter()
+                    .copied()
+                    .filter(|v| {
+                        let r = &self.vcpus[v.0 as usize];
+                        !r.removed && !r.blocked && r.runner.pv_waiting_on() != Some(word)
+                    })
+                    .collect();
+                tickles.extend(self.sched.yield_to(now, waiter, &laggards));
+            }
+        }
         tickles
     }
 
@@ -450,6 +515,7 @@ impl State {
 
     /// Makes the threads follow the scheduler: pin, rank, park.
     fn apply(&mut self) {
+        let hurry = self.sched.params().directed_yield;
         for v in 0..self.vcpus.len() {
             let stats = self.sched.vcpu_stats(VcpuId(v as u32));
             let want = Applied {
@@ -457,6 +523,9 @@ impl State {
                 rank: match stats.state {
                     VcpuState::Running => RANK_RUNNING,
                     VcpuState::Blocked if stats.priority >= Priority::Under => RANK_BOOST,
+                    VcpuState::Runnable if hurry && stats.priority == Priority::Boost => {
+                        RANK_HURRIED
+                    }
                     _ => RANK_QUEUED,
                 },
                 parked: stats.state == VcpuState::Parked,

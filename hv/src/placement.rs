@@ -42,6 +42,10 @@ struct Slot {
     /// Time the thread spent runnable but waiting for a host CPU (schedstat's
     /// run_delay), recorded as it ends.
     final_run_delay_ns: AtomicU64,
+    /// Guest-physical address + 1 of the word the vCPU is blocked on through the
+    /// paravirtual wait page (`pvwait`), 0 when it is not: a scheduler's hint that the
+    /// vCPU waits at a barrier for its siblings.
+    pv_word: AtomicU64,
     /// `/proc/self/task/<tid>/stat`, kept open: a scheduler reads it every tick, and
     /// one `pread` is much cheaper than open-read-close.
     stat: Mutex<Option<std::fs::File>>,
@@ -64,6 +68,7 @@ impl VcpuControl {
                     tid: AtomicI32::new(0),
                     final_cpu_ns: AtomicU64::new(u64::MAX),
                     final_run_delay_ns: AtomicU64::new(0),
+                    pv_word: AtomicU64::new(0),
                     stat: Mutex::new(None),
                     gate: Gate {
                         open: AtomicBool::new(true),
@@ -196,6 +201,20 @@ impl VcpuControl {
         self.slots
             .get(vcpu)
             .is_some_and(|s| s.final_cpu_ns.load(Ordering::Acquire) != u64::MAX)
+    }
+
+    /// The guest-physical word vCPU `vcpu` is blocked on in the paravirtual wait page
+    /// (a barrier's generation: its siblings that are not blocked on it are the ones
+    /// it waits for), `None` when it is not blocked there.
+    pub fn pv_waiting_on(&self, vcpu: usize) -> Option<u64> {
+        let word = self.slots.get(vcpu)?.pv_word.load(Ordering::Acquire);
+        word.checked_sub(1)
+    }
+
+    /// Where vCPU `vcpu`'s thread records the word it blocks on (see
+    /// [`Self::pv_waiting_on`]).
+    pub(crate) fn pv_word(&self, vcpu: usize) -> &AtomicU64 {
+        &self.slots[vcpu].pv_word
     }
 
     /// Whether vCPU `vcpu` is held at its gate (parked).

@@ -72,8 +72,15 @@ pub fn claims(addr: u64) -> bool {
 
 /// Handles a guest write to the page. Malformed requests (a word outside RAM or
 /// unaligned, a short write, an unknown register) are ignored: the guest's wait loop
-/// then simply polls.
-pub fn write(memory: &GuestMemoryMmap, counters: &Counters, addr: u64, data: &[u8]) {
+/// then simply polls. While the vCPU blocks, `waiting_on` holds the word's address + 1
+/// (the credit scheduler's directed-yield hint, `VcpuControl::pv_waiting_on`).
+pub fn write(
+    memory: &GuestMemoryMmap,
+    counters: &Counters,
+    waiting_on: &AtomicU64,
+    addr: u64,
+    data: &[u8],
+) {
     let Ok(bytes) = <[u8; 8]>::try_from(data) else {
         return;
     };
@@ -88,9 +95,11 @@ pub fn write(memory: &GuestMemoryMmap, counters: &Counters, addr: u64, data: &[u
             if word.load(Ordering::SeqCst) != expected {
                 return;
             }
+            waiting_on.store((value & 0xffff_ffff) + 1, Ordering::Release);
             counters.blocks.fetch_add(1, Ordering::Relaxed);
             let start = Instant::now();
             futex_wait(word, expected, MAX_BLOCK);
+            waiting_on.store(0, Ordering::Release);
             counters
                 .blocked_ns
                 .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
@@ -171,7 +180,13 @@ mod tests {
     fn a_changed_word_does_not_block() {
         let (memory, counters) = (memory(), Counters::default());
         word(&memory, 0x100).unwrap().store(7, Ordering::SeqCst);
-        write(&memory, &counters, BASE + WAIT, &request(6, 0x100));
+        write(
+            &memory,
+            &counters,
+            &AtomicU64::new(0),
+            BASE + WAIT,
+            &request(6, 0x100),
+        );
         let seen = counters.snapshot();
         assert_eq!((seen.waits, seen.blocks), (1, 0));
     }
@@ -180,22 +195,41 @@ mod tests {
     fn a_waiter_blocks_until_woken() {
         let memory = memory();
         let counters = Arc::new(Counters::default());
+        let waiting_on = Arc::new(AtomicU64::new(0));
         let waiter = {
-            let (memory, counters) = (memory.clone(), counters.clone());
+            let (memory, counters, waiting_on) =
+                (memory.clone(), counters.clone(), waiting_on.clone());
             std::thread::spawn(move || {
                 // Wait until the word changes: each block ends at MAX_BLOCK at the
                 // latest, as the guest's loop would retry.
                 while word(&memory, 0x200).unwrap().load(Ordering::SeqCst) == 0 {
-                    write(&memory, &counters, BASE + WAIT, &request(0, 0x200));
+                    write(
+                        &memory,
+                        &counters,
+                        &waiting_on,
+                        BASE + WAIT,
+                        &request(0, 0x200),
+                    );
                 }
             })
         };
-        while counters.snapshot().blocks == 0 {
+        // While blocked, the vCPU's slot names the word (+ 1) for the scheduler.
+        let mut seen = 0;
+        while seen == 0 {
+            seen = waiting_on.load(Ordering::Acquire);
             std::thread::yield_now();
         }
+        assert_eq!(seen, 0x201);
         word(&memory, 0x200).unwrap().store(1, Ordering::SeqCst);
-        write(&memory, &counters, BASE + WAKE, &0x200u64.to_le_bytes());
+        write(
+            &memory,
+            &counters,
+            &AtomicU64::new(0),
+            BASE + WAKE,
+            &0x200u64.to_le_bytes(),
+        );
         waiter.join().unwrap();
+        assert_eq!(waiting_on.load(Ordering::Acquire), 0);
         let seen = counters.snapshot();
         assert_eq!(seen.wakes, 1);
         assert!(seen.blocks >= 1 && seen.waits >= seen.blocks, "{seen:?}");
@@ -205,11 +239,17 @@ mod tests {
     fn malformed_requests_are_ignored() {
         let (memory, counters) = (memory(), Counters::default());
         // Unaligned, far outside RAM, just past its end, short, unknown register.
-        write(&memory, &counters, BASE + WAIT, &request(0, 0x102));
-        write(&memory, &counters, BASE + WAIT, &request(0, 0x10_0000));
-        write(&memory, &counters, BASE + WAIT, &request(0, 0x2000));
-        write(&memory, &counters, BASE + WAIT, &[0; 4]);
-        write(&memory, &counters, BASE + 0x10, &request(0, 0x100));
+        let waiting_on = AtomicU64::new(0);
+        for (addr, data) in [
+            (BASE + WAIT, &request(0, 0x102)[..]),
+            (BASE + WAIT, &request(0, 0x10_0000)[..]),
+            (BASE + WAIT, &request(0, 0x2000)[..]),
+            (BASE + WAIT, &[0; 4][..]),
+            (BASE + 0x10, &request(0, 0x100)[..]),
+        ] {
+            write(&memory, &counters, &waiting_on, addr, data);
+        }
+        assert_eq!(waiting_on.load(Ordering::Relaxed), 0);
         assert_eq!(counters.snapshot(), Snapshot::default());
         assert!(claims(BASE) && claims(BASE + SIZE - 1));
         assert!(!claims(BASE + SIZE) && !claims(BASE - 1));

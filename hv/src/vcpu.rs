@@ -166,7 +166,13 @@ fn run_loop(index: u32, vcpu: &mut VcpuFd, shared: &Shared) -> VcpuEnd {
             }
             Ok(VcpuExit::MmioWrite(addr, data)) => {
                 if crate::pvwait::claims(addr) {
-                    crate::pvwait::write(&shared.memory, &shared.pvwait, addr, data);
+                    crate::pvwait::write(
+                        &shared.memory,
+                        &shared.pvwait,
+                        shared.control.pv_word(index as usize),
+                        addr,
+                        data,
+                    );
                 } else if !shared.pci.mmio_write(addr, data) {
                     tracing::debug!(
                         vcpu = index,

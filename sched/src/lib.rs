@@ -65,6 +65,7 @@
 mod accounting;
 pub mod drive;
 mod error;
+mod hints;
 mod ids;
 mod invariants;
 mod params;

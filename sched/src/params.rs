@@ -56,6 +56,11 @@ pub struct Params {
     pub sync_accounting: bool,
     /// How run time becomes debited credit.
     pub accounting: Accounting,
+    /// Answer [`crate::Scheduler::yield_to`] hints (a vCPU waiting at a barrier names
+    /// the vCPUs of its domain it waits for) with a directed yield: those still
+    /// queued UNDER are BOOSTed ahead of other domains. Off by default (Xen has no
+    /// such hint); hints are then ignored.
+    pub directed_yield: bool,
 }
 
 /// How run time becomes debited credit.
@@ -114,6 +119,7 @@ impl Params {
             migration_delay_ns: 0,
             sync_accounting: true,
             accounting: Accounting::Exact,
+            directed_yield: false,
         }
     }
 

@@ -63,6 +63,8 @@ pub(crate) struct Vcpu {
     pub(crate) run_ns: u64,
     /// Removed: never runs again; its id is not reused.
     pub(crate) removed: bool,
+    /// Times a directed yield BOOSTed it (`hints.rs`).
+    pub(crate) directed_boosts: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -174,6 +176,7 @@ impl Scheduler {
             descheduled_ns: now,
             run_ns: 0,
             removed: false,
+            directed_boosts: 0,
         });
         Ok(id)
     }
@@ -265,11 +268,11 @@ impl Scheduler {
         &mut self.vcpus[v.0 as usize]
     }
 
-    fn pcpu_mut(&mut self, p: PcpuId) -> &mut Pcpu {
+    pub(crate) fn pcpu_mut(&mut self, p: PcpuId) -> &mut Pcpu {
         &mut self.pcpus[p.0 as usize]
     }
 
-    fn tickle(&mut self, p: PcpuId, t: &mut Tickles) {
+    pub(crate) fn tickle(&mut self, p: PcpuId, t: &mut Tickles) {
         self.pcpu_mut(p).tickled = true;
         t.insert(p);
     }
@@ -314,25 +317,37 @@ impl Scheduler {
     /// pCPU if there is one (its home first), else on the pCPU whose current
     /// vCPU has the lowest priority below its own (preemption; the ratelimit is
     /// enforced by that pCPU's `schedule`), else at home without a tickle.
-    fn enqueue_and_tickle(&mut self, v: VcpuId, t: &mut Tickles) {
+    pub(crate) fn enqueue_and_tickle(&mut self, v: VcpuId, t: &mut Tickles) {
+        self.enqueue_sparing(v, None, t);
+    }
+
+    /// [`Self::enqueue_and_tickle`] that never preempts a vCPU of `spare` (a directed
+    /// yield must not preempt one vCPU its waiter needs for another).
+    pub(crate) fn enqueue_sparing(&mut self, v: VcpuId, spare: Option<DomainId>, t: &mut Tickles) {
         let home = self.vcpu(v).pcpu;
         let pri = self.vcpu(v).pri;
         let (target, tickle) = if let Some(p) = self.find_free(home) {
             (p, true)
         } else {
             let n = self.pcpus.len() as u32;
-            let mut best = (home, self.current_priority(home));
-            for i in 1..n {
+            let spared = |p: PcpuId| {
+                spare.is_some()
+                    && self.pcpus[p.0 as usize].current.map(|c| self.vcpu(c).dom) == spare
+            };
+            let mut best: Option<(PcpuId, Priority)> = None;
+            for i in 0..n {
                 let p = PcpuId((home.0 + i) % n);
+                if spared(p) {
+                    continue;
+                }
                 let cp = self.current_priority(p);
-                if cp < best.1 {
-                    best = (p, cp);
+                if best.is_none_or(|(_, b)| cp < b) {
+                    best = Some((p, cp));
                 }
             }
-            if best.1 < pri {
-                (best.0, true)
-            } else {
-                (home, false)
+            match best {
+                Some((p, cp)) if cp < pri => (p, true),
+                _ => (home, false),
             }
         };
         let vc = self.vcpu_mut(v);
@@ -680,6 +695,7 @@ impl Scheduler {
             parked: vc.parked,
             active: vc.active,
             run_ns: vc.run_ns,
+            directed_boosts: vc.directed_boosts,
         }
     }
 

@@ -70,6 +70,8 @@ pub struct VcpuStats {
     pub active: bool,
     /// Total run time burnt.
     pub run_ns: u64,
+    /// Times a directed yield ([`crate::Scheduler::yield_to`]) BOOSTed it.
+    pub directed_boosts: u64,
 }
 
 /// Snapshot of one domain.

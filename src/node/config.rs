@@ -79,6 +79,8 @@ pub struct SchedulerFile {
     pub ratelimit_us: Option<u64>,
     /// "exact" (default) or "tick" (Xen 3.4).
     pub accounting: Option<crate::ctl::Accounting>,
+    /// Directed yield at barriers (default false).
+    pub directed_yield: Option<bool>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -273,6 +275,7 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
         tick_ms: file.scheduler.tick_ms,
         ratelimit_us: file.scheduler.ratelimit_us,
         accounting: file.scheduler.accounting,
+        directed_yield: file.scheduler.directed_yield,
     })
     .context("[scheduler]")?;
     let dom0_weight = file.dom0.weight.unwrap_or(DEFAULT_WEIGHT);

@@ -52,6 +52,7 @@ impl Controlled for SchedControl {
                 tick_ms: 0.0,
                 ratelimit_us: 0,
                 accounting: crate::ctl::Accounting::Exact,
+                directed_yield: false,
             },
         }
     }

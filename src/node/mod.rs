@@ -36,6 +36,8 @@ pub struct DomainReport {
     /// The same, up to the moment the first domain finished: the window in which every
     /// domain competed, where shares show what the scheduler decided.
     pub cpu_contended: Duration,
+    /// Times the credit scheduler's directed yield BOOSTed one of its vCPUs.
+    pub directed_boosts: u64,
     /// Probe results the guest printed (`@kumo wakeprobe ...`), by kind.
     pub measurements: Vec<(String, std::collections::BTreeMap<String, String>)>,
 }
@@ -306,7 +308,8 @@ pub fn run(
     {
         let run = run.with_context(|| format!("domain '{}'", domain.name))?;
         let mut domain = domain.clone();
-        if let Some(view) = final_views.iter().find(|v| v.name == domain.name) {
+        let view = final_views.iter().find(|v| v.name == domain.name);
+        if let Some(view) = view {
             domain.weight = u32::from(view.weight);
             domain.cap = view.cap;
         }
@@ -321,6 +324,7 @@ pub fn run(
             },
             cpu,
             cpu_contended,
+            directed_boosts: view.map_or(0, |v| v.directed_boosts),
             measurements: run
                 .events
                 .iter()
@@ -395,6 +399,7 @@ pub fn json_lines(
                 "vcpus": r.domain.vcpus,
                 "cpu_s": r.cpu.as_secs_f64(),
                 "cpu_contended_s": r.cpu_contended.as_secs_f64(),
+                "directed_boosts": r.directed_boosts,
                 "ok": r.verdict.problems.is_empty(),
                 "problems": r.verdict.problems,
                 "results": results,
@@ -520,12 +525,14 @@ fn print(
     for change in changes {
         let p = sched_params::view(change.params);
         crate::outln!(
-            "scheduler changed at {:.3} s: slice {} ms, tick {} ms, ratelimit {} us, {:?} accounting",
+            "scheduler changed at {:.3} s: slice {} ms, tick {} ms, ratelimit {} us, {:?} accounting, \
+             directed yield {}",
             change.at.as_secs_f64(),
             p.tslice_ms,
             p.tick_ms,
             p.ratelimit_us,
-            p.accounting
+            p.accounting,
+            if p.directed_yield { "on" } else { "off" }
         );
     }
     Ok(())

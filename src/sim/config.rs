@@ -54,6 +54,8 @@ struct SchedulerFile {
     ratelimit_us: Option<u64>,
     /// "exact" (default) or "tick" (Xen 3.4's per-tick debit, no ratelimit).
     accounting: Option<crate::ctl::Accounting>,
+    /// Directed yield (see the scenario's key of that name).
+    directed_yield: Option<bool>,
 }
 
 /// What things cost, in microseconds (of CPU, or of latency for the wire). The
@@ -165,6 +167,9 @@ struct ScenarioFile {
     ratelimit_us: Option<u64>,
     /// "exact" (default) or "tick" (Xen 3.4's per-tick debit, no ratelimit).
     accounting: Option<crate::ctl::Accounting>,
+    /// Directed yield: a rank waiting for a message BOOSTs the sender's vCPU when it
+    /// is a queued sibling in its own domain (`sched::Params::directed_yield`).
+    directed_yield: Option<bool>,
     /// Domain 0's weight on every node.
     dom0_weight: Option<u32>,
     /// Overrides every program's way of waiting.
@@ -320,6 +325,7 @@ fn validate(file: SimFile) -> Result<Sim> {
         tick_ms: file.scheduler.tick_ms,
         ratelimit_us: file.scheduler.ratelimit_us,
         accounting: file.scheduler.accounting,
+        directed_yield: file.scheduler.directed_yield,
     })
     .context("[scheduler]")?;
     let (nodes, ranks) = check_nodes(file.nodes)?;
@@ -583,6 +589,7 @@ fn check_scenarios(
                 tick_ms: s.tick_ms,
                 ratelimit_us: s.ratelimit_us,
                 accounting: s.accounting,
+                directed_yield: s.directed_yield,
             },
         )
         .with_context(|| what.clone())?;

@@ -84,6 +84,8 @@ pub struct Outcome {
     pub switches: Vec<u64>,
     pub messages: u64,
     pub events: u64,
+    /// Times a directed yield BOOSTed a rank's vCPU (`directed_yield`), all nodes.
+    pub directed_boosts: u64,
 }
 
 /// CPU a vCPU (or domain) received, split by what it did with it.
@@ -695,6 +697,31 @@ impl<'a> Model<'a> {
                 self.block(v);
             }
         }
+        self.hint_sender(v);
+    }
+
+    /// Directed yield's hint (the scheduler ignores it unless
+    /// `sched::Params::directed_yield`): a rank that starts waiting for a message
+    /// names the sender's vCPU if it still works towards the message, which the
+    /// scheduler hurries when it is a queued sibling of the same domain (a guest's
+    /// "waiting for vCPU k").
+    fn hint_sender(&mut self, v: usize) {
+        let Role::Rank(r) = self.vcpus[v].role else {
+            return;
+        };
+        let Some(Phase::Recv { from }) = self.phase(r as usize) else {
+            return;
+        };
+        let sender = self.ranks[from as usize].vcpu;
+        let n = self.vcpus[v].node;
+        // Only a sender still working is a laggard: one that waits itself (for its
+        // own message, or for domain 0 to carry what it sent) would only spin sooner.
+        if self.vcpus[sender].node != n || !matches!(self.vcpus[sender].act, Act::Work(_)) {
+            return;
+        }
+        let (waiter, target) = (self.vcpus[v].id, self.vcpus[sender].id);
+        let t = self.nodes[n].sched.yield_to(self.now, waiter, &[target]);
+        self.nodes[n].tickles.extend(t);
     }
 
     /// Moves rank `r` (running, its activity complete) through its phases until it
@@ -851,6 +878,11 @@ impl<'a> Model<'a> {
             switches: self.nodes.iter().map(|n| n.switches).collect(),
             messages: self.messages,
             events: self.events,
+            directed_boosts: self
+                .vcpus
+                .iter()
+                .map(|vc| self.nodes[vc.node].sched.vcpu_stats(vc.id).directed_boosts)
+                .sum(),
         }
     }
 }

@@ -27,6 +27,7 @@ pub struct Run {
     pub tslice_ms: f64,
     pub tick_ms: f64,
     pub ratelimit_us: u64,
+    pub directed_yield: bool,
     pub wait: &'static str,
     /// Every rank finished before `duration_s`.
     pub finished: bool,
@@ -41,6 +42,7 @@ pub struct Run {
     pub switches: u64,
     pub messages: u64,
     pub events: u64,
+    pub directed_boosts: u64,
     pub domains: Vec<DomainRow>,
     pub ranks: Vec<RankRow>,
 }
@@ -115,6 +117,7 @@ impl Run {
             tslice_ms: view.tslice_ms,
             tick_ms: view.tick_ms,
             ratelimit_us: view.ratelimit_us,
+            directed_yield: view.directed_yield,
             wait: scenario.wait.unwrap_or(program.wait).name(),
             finished: o.finished,
             time_s: o.finished.then(|| secs(o.end_ns)),
@@ -125,6 +128,7 @@ impl Run {
             switches: o.switches.iter().sum(),
             messages: o.messages,
             events: o.events,
+            directed_boosts: o.directed_boosts,
             domains,
             ranks,
         }
