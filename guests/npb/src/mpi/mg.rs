@@ -763,8 +763,8 @@ mod tests {
             // none, take_ex the other way round; nothing on other levels or axes.
             let fine = p[2].axes[2];
             assert_eq!((fine.give, fine.take), (live, !live));
-            for k in 1..=5 {
-                assert!(k == 2 || !p[k].expands(), "level {k}");
+            for (k, level) in p.iter().enumerate() {
+                assert!(k == 2 || !level.expands(), "level {k}");
             }
             assert!(!p[2].axes[0].give && !p[2].axes[1].take);
             if live {
