@@ -289,11 +289,8 @@ fn shift<C: Comm + ?Sized>(
     (from, recv): (usize, &mut [f64]),
     tag: u32,
 ) -> Result<(), Error> {
-    let want = core::mem::size_of_val(recv);
-    if comm.sendrecv(to, tag, bytes(send), from, tag, bytes_mut(recv))? != want {
-        return Err(Error("mg-ghost-layer"));
-    }
-    Ok(())
+    let got = comm.sendrecv(to, tag, bytes(send), from, tag, bytes_mut(recv))?;
+    filled(got, recv)
 }
 
 /// Receives exactly `buf.len()` values from `from`.
@@ -303,11 +300,17 @@ fn receive<C: Comm + ?Sized>(
     tag: u32,
     buf: &mut [f64],
 ) -> Result<(), Error> {
-    let want = core::mem::size_of_val(buf);
-    if comm.recv(from, tag, bytes_mut(buf))? != want {
-        return Err(Error("mg-ghost-layer"));
+    let got = comm.recv(from, tag, bytes_mut(buf))?;
+    filled(got, buf)
+}
+
+/// Whether a message of `got` bytes filled `buf` (a peer's layer has this rank's shape).
+fn filled(got: usize, buf: &[f64]) -> Result<(), Error> {
+    if got == core::mem::size_of_val(buf) {
+        Ok(())
+    } else {
+        Err(Error("mg-ghost-layer"))
     }
-    Ok(())
 }
 
 /// `comm3`: fills the ghosts of `f` from the neighbours' faces, axis by axis; a dead
@@ -322,36 +325,37 @@ fn exchange<C: Comm + ?Sized>(
         f.fill(0.0);
         return Ok(());
     }
-    let me = comm.rank();
     for (axis, span) in level.axes.iter().enumerate() {
         let n = span.count;
         // My last layer is the upper neighbour's lower ghost; the lower one's is mine.
-        let len = gather(f, level, axis, n..n + 1, false, b.send);
-        if span.up == me {
-            scatter(&b.send[..len], level, axis, 0..1, false, f);
-        } else {
-            shift(
-                comm,
-                (span.up, &b.send[..len]),
-                (span.down, &mut b.recv[..len]),
-                TAG_UP,
-            )?;
-            scatter(&b.recv[..len], level, axis, 0..1, false, f);
-        }
+        let (up, down) = (span.up, span.down);
+        pass_layer(comm, (level, axis), f, b, (n, up), (0, down), TAG_UP)?;
         // My first layer is the lower neighbour's upper ghost; the upper one's is mine.
-        let len = gather(f, level, axis, 1..2, false, b.send);
-        if span.down == me {
-            scatter(&b.send[..len], level, axis, n + 1..n + 2, false, f);
-        } else {
-            shift(
-                comm,
-                (span.down, &b.send[..len]),
-                (span.up, &mut b.recv[..len]),
-                TAG_DOWN,
-            )?;
-            scatter(&b.recv[..len], level, axis, n + 1..n + 2, false, f);
-        }
+        pass_layer(comm, (level, axis), f, b, (1, down), (n + 1, up), TAG_DOWN)?;
     }
+    Ok(())
+}
+
+/// Half of one axis's `comm3`: layer `layer` of `f` (across the interior, see
+/// [`for_each_run`]) to rank `to`, and the layer rank `from` sends into layer `ghost`
+/// (a copy when this rank is alone along the axis, so `to` is itself).
+fn pass_layer<C: Comm + ?Sized>(
+    comm: &mut C,
+    (level, axis): (&Level, usize),
+    f: &mut [f64],
+    b: &mut Buffers,
+    (layer, to): (usize, usize),
+    (ghost, from): (usize, usize),
+    tag: u32,
+) -> Result<(), Error> {
+    let len = gather(f, level, axis, layer..layer + 1, false, b.send);
+    let arrived = if to == comm.rank() {
+        &b.send[..len]
+    } else {
+        shift(comm, (to, &b.send[..len]), (from, &mut b.recv[..len]), tag)?;
+        &b.recv[..len]
+    };
+    scatter(arrived, level, axis, ghost..ghost + 1, false, f);
     Ok(())
 }
 
@@ -504,32 +508,8 @@ impl Grids<'_> {
         k: usize,
         c: &[f64; 4],
     ) -> Result<(), Error> {
-        psinv(
-            comm,
-            &self.levels[k],
-            self.r[k],
-            self.u[k],
-            c,
-            &mut self.buffers,
-        )
-    }
-
-    /// `r[k] = r[k] - A u[k]`, then `u[k] += C r[k]`.
-    fn resid_and_smooth<C: Comm + ?Sized>(
-        &mut self,
-        comm: &mut C,
-        k: usize,
-        c: &[f64; 4],
-    ) -> Result<(), Error> {
-        resid(
-            comm,
-            &self.levels[k],
-            self.u[k],
-            None,
-            self.r[k],
-            &mut self.buffers,
-        )?;
-        self.smooth(comm, k, c)
+        let (level, b) = (&self.levels[k], &mut self.buffers);
+        psinv(comm, level, self.r[k], self.u[k], c, b)
     }
 
     /// One V-cycle (`mg3P`), as the shared-memory MG's.
@@ -542,7 +522,10 @@ impl Grids<'_> {
         self.smooth(comm, 1, c)?;
         for k in 2..lt {
             self.prolong::<false, C>(comm, k)?;
-            self.resid_and_smooth(comm, k, c)?;
+            // r[k] = r[k] - A u[k], then u[k] += C r[k].
+            let (level, b) = (&self.levels[k], &mut self.buffers);
+            resid(comm, level, self.u[k], None, self.r[k], b)?;
+            self.smooth(comm, k, c)?;
         }
         self.prolong::<true, C>(comm, lt)?;
         self.residual(comm)?;
