@@ -259,7 +259,12 @@ fn gather(
 ) -> usize {
     let mut len = 0;
     for_each_run(level, axis, layers, full, |run| {
-        buf[len..len + run.len()].copy_from_slice(&f[run.clone()]);
+        // Single values (an x face) without a call per value.
+        if run.len() == 1 {
+            buf[len] = f[run.start];
+        } else {
+            buf[len..len + run.len()].copy_from_slice(&f[run.clone()]);
+        }
         len += run.len();
     });
     len
@@ -276,7 +281,11 @@ fn scatter(
 ) {
     let mut at = 0;
     for_each_run(level, axis, layers, full, |run| {
-        f[run.clone()].copy_from_slice(&buf[at..at + run.len()]);
+        if run.len() == 1 {
+            f[run.start] = buf[at];
+        } else {
+            f[run.clone()].copy_from_slice(&buf[at..at + run.len()]);
+        }
         at += run.len();
     });
 }
@@ -338,7 +347,7 @@ fn exchange<C: Comm + ?Sized>(
 
 /// Half of one axis's `comm3`: layer `layer` of `f` (across the interior, see
 /// [`for_each_run`]) to rank `to`, and the layer rank `from` sends into layer `ghost`
-/// (a copy when this rank is alone along the axis, so `to` is itself).
+/// (a copy in place when this rank is alone along the axis, so `to` is itself).
 fn pass_layer<C: Comm + ?Sized>(
     comm: &mut C,
     (level, axis): (&Level, usize),
@@ -348,14 +357,23 @@ fn pass_layer<C: Comm + ?Sized>(
     (ghost, from): (usize, usize),
     tag: u32,
 ) -> Result<(), Error> {
+    if to == comm.rank() {
+        // Alone along the axis: the ghost layer is a copy of this rank's own layer.
+        let [m1, m2, _] = level.dims();
+        let step = [1, m1, m1 * m2][axis];
+        for_each_run(level, axis, layer..layer + 1, false, |run| {
+            let to = run.start - layer * step + ghost * step;
+            if run.len() == 1 {
+                f[to] = f[run.start];
+            } else {
+                f.copy_within(run, to);
+            }
+        });
+        return Ok(());
+    }
     let len = gather(f, level, axis, layer..layer + 1, false, b.send);
-    let arrived = if to == comm.rank() {
-        &b.send[..len]
-    } else {
-        shift(comm, (to, &b.send[..len]), (from, &mut b.recv[..len]), tag)?;
-        &b.recv[..len]
-    };
-    scatter(arrived, level, axis, ghost..ghost + 1, false, f);
+    shift(comm, (to, &b.send[..len]), (from, &mut b.recv[..len]), tag)?;
+    scatter(&b.recv[..len], level, axis, ghost..ghost + 1, false, f);
     Ok(())
 }
 
