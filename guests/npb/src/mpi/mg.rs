@@ -30,9 +30,11 @@
 //!
 //! Norms are local sums and maxima allreduced; `zran3`'s charges are the ten largest
 //! and smallest of every rank's candidates (found in its block, then allgathered and
-//! merged alike everywhere). Same verification (`rnm2`). Up to 64 ranks, that is at
-//! most 4 along an axis: one level of dead ranks, below a level where every rank holds
-//! a point (what the give/take exchange here covers).
+//! merged alike everywhere). Same verification (`rnm2`). `mg.f` takes any power of two;
+//! this MPI has at most 64 ranks ([`MAX_RANKS`]), which is at most 4 along an axis:
+//! one level of dead ranks, below a level where every rank holds a point (all the
+//! give/take exchange here covers; more ranks a side would leave dead ranks on two
+//! levels, untested here).
 
 use core::ops::Range;
 
