@@ -178,15 +178,56 @@ fn own_planes(team: &Team, n: usize) -> Range<usize> {
     share.start + 1..share.end + 1
 }
 
-/// Periodic `x` and `y` ghosts of one plane: interior rows first, then whole rows.
-pub(crate) fn fill_xy_ghosts(plane: &mut [f64], m: usize) {
-    let n = m - 2;
-    for row in plane[m..(n + 1) * m].chunks_exact_mut(m) {
-        row[0] = row[n];
-        row[n + 1] = row[1];
+/// The shape of one plane of a grid level, or of an MPI rank's block of one: `m1`
+/// values a row (`x`), `m2` rows (`y`), ghosts included.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Plane {
+    pub(crate) m1: usize,
+    pub(crate) m2: usize,
+}
+
+impl Plane {
+    /// A whole level's plane: `m` values a side.
+    pub(crate) const fn square(m: usize) -> Plane {
+        Plane { m1: m, m2: m }
     }
-    plane.copy_within(n * m..(n + 1) * m, 0);
-    plane.copy_within(m..2 * m, (n + 1) * m);
+
+    /// Values in the plane.
+    pub(crate) const fn len(&self) -> usize {
+        self.m1 * self.m2
+    }
+}
+
+/// Where a block of interior points lies in a grid `n` a side: along each axis
+/// (`x`, `y`, `z`), the grid index of its first point (1-based, as the ghost-padded
+/// arrays count) and how many it holds. A thread's block is whole planes; an MPI
+/// rank's is a 3-D box.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Block {
+    pub(crate) n: usize,
+    pub(crate) first: [usize; 3],
+    pub(crate) count: [usize; 3],
+}
+
+impl Block {
+    /// The shape of the block's planes, ghosts included.
+    pub(crate) fn plane(&self) -> Plane {
+        Plane {
+            m1: self.count[0] + 2,
+            m2: self.count[1] + 2,
+        }
+    }
+}
+
+/// Periodic `x` and `y` ghosts of one plane: interior rows first, then whole rows.
+pub(crate) fn fill_xy_ghosts(plane: &mut [f64], p: Plane) {
+    let (m1, n1, n2) = (p.m1, p.m1 - 2, p.m2 - 2);
+    for row in plane[m1..(n2 + 1) * m1].chunks_exact_mut(m1) {
+        row[0] = row[n1];
+        row[n1 + 1] = row[1];
+    }
+    plane.copy_within(n2 * m1..(n2 + 1) * m1, 0);
+    plane.copy_within(m1..2 * m1, (n2 + 1) * m1);
 }
 
 /// Periodic `z` ghosts: the owner of plane `n` fills plane 0, the owner of plane 1
@@ -246,11 +287,11 @@ fn four_sums(s1: &mut [f64], s2: &mut [f64], f: [&[f64]; 4], e: [&[f64]; 4]) {
 }
 
 /// The neighbour sums of `resid` and `psinv` along row `i2` of plane `i3` of `g`
-/// (planes of `m * m` values): `s1` of the four rows sharing a face with it, `s2` of
-/// the four sharing an edge.
+/// (planes of shape `p`): `s1` of the four rows sharing a face with it, `s2` of the
+/// four sharing an edge.
 #[inline(always)]
-fn cross_sums(s1: &mut [f64], s2: &mut [f64], g: &[f64], m: usize, i2: usize, i3: usize) {
-    let row = |j2: usize, j3: usize| &g[(j3 * m + j2) * m..][..m];
+fn cross_sums(s1: &mut [f64], s2: &mut [f64], g: &[f64], p: Plane, i2: usize, i3: usize) {
+    let row = |j2: usize, j3: usize| &g[(j3 * p.m2 + j2) * p.m1..][..p.m1];
     four_sums(
         s1,
         s2,
@@ -285,30 +326,32 @@ fn resid(team: &Team, u: Field, v: Option<Field>, r: Field, a: &[f64; 4]) {
             .map(|v| unsafe { v.data.slice(v.planes(own.clone())) });
         for (p, i3) in own.clone().enumerate() {
             let v_plane = v_own.map(|v| &v[p * pl..(p + 1) * pl]);
-            resid_plane(u_all, i3, v_plane, &mut out[p * pl..(p + 1) * pl], m, a);
+            let out = &mut out[p * pl..(p + 1) * pl];
+            resid_plane(u_all, i3, v_plane, out, Plane::square(m), a);
         }
     }
     fill_z_ghosts(&own, r);
 }
 
 /// `r = v - A u` on one plane of `r` (`out`, its `x`/`y` ghosts filled too). `u` holds
-/// planes of `m * m` values and `i3` is the one under `out` (planes `i3 ± 1` are read);
-/// `v` is that plane of `v`, or `out` itself when `None`. The MPI form runs it on slabs.
+/// planes of shape `p` and `i3` is the one under `out` (planes `i3 ± 1` are read);
+/// `v` is that plane of `v`, or `out` itself when `None`. The MPI form runs it on its
+/// blocks' planes.
 pub(crate) fn resid_plane(
     u: &[f64],
     i3: usize,
     v: Option<&[f64]>,
     out: &mut [f64],
-    m: usize,
+    p: Plane,
     a: &[f64; 4],
 ) {
-    let n = m - 2;
+    let m = p.m1;
     let mut u1 = [0.0; MAX_ROW];
     let mut u2 = [0.0; MAX_ROW];
     let (u1, u2) = (&mut u1[..m], &mut u2[..m]);
-    for i2 in 1..=n {
-        cross_sums(u1, u2, u, m, i2, i3);
-        let u0 = &u[(i3 * m + i2) * m..][..m];
+    for i2 in 1..=p.m2 - 2 {
+        cross_sums(u1, u2, u, p, i2, i3);
+        let u0 = &u[(i3 * p.m2 + i2) * m..][..m];
         let o = &mut out[i2 * m..(i2 + 1) * m];
         match v {
             Some(v) => {
@@ -330,7 +373,7 @@ pub(crate) fn resid_plane(
             }
         }
     }
-    fill_xy_ghosts(out, m);
+    fill_xy_ghosts(out, p);
 }
 
 /// The smoother `u = u + C r` on this thread's planes of `u`.
@@ -344,22 +387,28 @@ fn psinv(team: &Team, r: Field, u: Field, c: &[f64; 4]) {
         // SAFETY: u's owned planes are written (and read) only by this thread here.
         let out = unsafe { u.data.slice_mut(u.planes(own.clone())) };
         for (p, i3) in own.clone().enumerate() {
-            psinv_plane(r_all, i3, &mut out[p * pl..(p + 1) * pl], m, c);
+            psinv_plane(
+                r_all,
+                i3,
+                &mut out[p * pl..(p + 1) * pl],
+                Plane::square(m),
+                c,
+            );
         }
     }
     fill_z_ghosts(&own, u);
 }
 
 /// `u = u + C r` on one plane of `u` (`out`, `x`/`y` ghosts filled too); `r` holds
-/// planes of `m * m` values and `i3` is the one under `out`.
-pub(crate) fn psinv_plane(r: &[f64], i3: usize, out: &mut [f64], m: usize, c: &[f64; 4]) {
-    let n = m - 2;
+/// planes of shape `p` and `i3` is the one under `out`.
+pub(crate) fn psinv_plane(r: &[f64], i3: usize, out: &mut [f64], p: Plane, c: &[f64; 4]) {
+    let m = p.m1;
     let mut r1 = [0.0; MAX_ROW];
     let mut r2 = [0.0; MAX_ROW];
     let (r1, r2) = (&mut r1[..m], &mut r2[..m]);
-    for i2 in 1..=n {
-        cross_sums(r1, r2, r, m, i2, i3);
-        let r0 = &r[(i3 * m + i2) * m..][..m];
+    for i2 in 1..=p.m2 - 2 {
+        cross_sums(r1, r2, r, p, i2, i3);
+        let r0 = &r[(i3 * p.m2 + i2) * m..][..m];
         let o = &mut out[i2 * m..(i2 + 1) * m];
         for i in 1..m - 1 {
             o[i] = o[i]
@@ -368,7 +417,7 @@ pub(crate) fn psinv_plane(r: &[f64], i3: usize, out: &mut [f64], m: usize, c: &[
                 + c[2] * (r2[i] + r1[i - 1] + r1[i + 1]);
         }
     }
-    fill_xy_ghosts(out, m);
+    fill_xy_ghosts(out, p);
 }
 
 /// Restriction `s = P r` from `fine` to `coarse` (trilinear full weighting) on this
@@ -386,27 +435,37 @@ fn rprj3(team: &Team, fine: Field, coarse: Field) {
         for (p, j3) in own.clone().enumerate() {
             rprj3_plane(
                 r_all,
-                fine.m(),
+                Plane::square(fine.m()),
                 2 * j3,
                 &mut out[p * plc..(p + 1) * plc],
-                mc,
+                Plane::square(mc),
+                [0, 0],
             );
         }
     }
     fill_z_ghosts(&own, coarse);
 }
 
-/// One coarse plane (`out`, `mc` values a row, `x`/`y` ghosts filled too) restricted
-/// from `fine` (planes of `mf * mf` values), whose plane `i3` lies under it (planes
-/// `i3 ± 1` are read).
-pub(crate) fn rprj3_plane(fine: &[f64], mf: usize, i3: usize, out: &mut [f64], mc: usize) {
-    let nc = mc - 2;
+/// One coarse plane (`out`, of shape `pc`, `x`/`y` ghosts filled too) restricted from
+/// `fine` (planes of shape `pf`), whose plane `i3` lies under it (planes `i3 ± 1` are
+/// read). Coarse point `j` of a row or column lies on fine point `2j - shift` (`x`,
+/// `y`): 0 for whole levels; an MPI rank holding one fine point of a level whose
+/// coarser one it shares with a rank holding none has it at 1.
+pub(crate) fn rprj3_plane(
+    fine: &[f64],
+    pf: Plane,
+    i3: usize,
+    out: &mut [f64],
+    pc: Plane,
+    shift: [usize; 2],
+) {
+    let (mf, mc) = (pf.m1, pc.m1);
     let mut x = [0.0; MAX_ROW];
     let mut y = [0.0; MAX_ROW];
     let (x, y) = (&mut x[..mf], &mut y[..mf]);
-    for j2 in 1..=nc {
-        let i2 = 2 * j2;
-        let row = |k2: usize, k3: usize| &fine[(k3 * mf + k2) * mf..][..mf];
+    for j2 in 1..=pc.m2 - 2 {
+        let i2 = 2 * j2 - shift[1];
+        let row = |k2: usize, k3: usize| &fine[(k3 * pf.m2 + k2) * mf..][..mf];
         four_sums(
             x,
             y,
@@ -425,15 +484,15 @@ pub(crate) fn rprj3_plane(fine: &[f64], mf: usize, i3: usize, out: &mut [f64], m
         );
         let r0 = row(i2, i3);
         let s = &mut out[j2 * mc..(j2 + 1) * mc];
-        for (j1, s) in s[1..=nc].iter_mut().enumerate() {
-            let q = 2 * j1 + 2;
+        for (j1, s) in s[1..mc - 1].iter_mut().enumerate() {
+            let q = 2 * j1 + 2 - shift[0];
             *s = 0.5 * r0[q]
                 + 0.25 * (r0[q - 1] + r0[q + 1] + x[q])
                 + 0.125 * (x[q - 1] + x[q + 1] + y[q])
                 + 0.0625 * (y[q - 1] + y[q + 1]);
         }
     }
-    fill_xy_ghosts(out, mc);
+    fill_xy_ghosts(out, pc);
 }
 
 /// One fine row from one coarse row: even points get `even * src[c]`, odd points
@@ -453,6 +512,29 @@ fn spread<const ADD: bool>(row: &mut [f64], src: &[f64], even: f64, odd: f64) {
     }
 }
 
+/// [`spread`] into a row whose points lie `shift` (0 or 1) places earlier: with 1,
+/// point 0 lies between coarse points 0 and 1, and coarse point 0 makes no other.
+#[inline(always)]
+fn spread_shifted<const ADD: bool>(
+    row: &mut [f64],
+    src: &[f64],
+    even: f64,
+    odd: f64,
+    shift: usize,
+) {
+    if shift == 0 {
+        spread::<ADD>(row, src, even, odd);
+    } else {
+        let o = odd * (src[0] + src[1]);
+        if ADD {
+            row[0] += o;
+        } else {
+            row[0] = o;
+        }
+        spread::<ADD>(&mut row[1..], &src[1..], even, odd);
+    }
+}
+
 /// Prolongation `u = u + Q z` (`ADD`) or `u = Q z` from `coarse` to `fine`, on every
 /// fine point, ghosts included (as the reference, no exchange afterwards). Coarse
 /// planes `0..=nc` are split among threads; coarse plane `c` makes fine planes `2c`
@@ -464,29 +546,35 @@ fn interp<const ADD: bool>(team: &Team, coarse: Field, fine: Field) {
     let z_all = unsafe { coarse.data.slice(coarse.whole()) };
     // SAFETY: fine planes 2c, 2c+1 of owned coarse planes c are this thread's alone.
     let out = unsafe { fine.data.slice_mut(fine.planes(2 * own.start..2 * own.end)) };
+    let (pc, pf) = (Plane::square(coarse.m()), Plane::square(fine.m()));
     for (pair, c3) in out.chunks_exact_mut(2 * plf).zip(own) {
-        interp_plane::<ADD>(z_all, coarse.m(), c3, pair, fine.m());
+        let (on, between) = pair.split_at_mut(plf);
+        interp_plane::<ADD>(z_all, pc, c3, Some(on), between, pf, [0, 0]);
     }
 }
 
-/// The two fine planes (`pair`, `mf * mf` values each) that coarse plane `c3` of `z`
-/// (planes of `mc * mc` values; planes `c3` and `c3 + 1` are read) makes: set to, or
-/// (`ADD`) added to, its trilinear interpolation, ghosts included.
+/// The two fine planes (of shape `pf`) that coarse plane `c3` of `z` (planes of shape
+/// `pc`; planes `c3` and `c3 + 1` are read) makes: `on` the plane lying on it (none
+/// when that is outside the fine array) and `between` the one between it and the next;
+/// set to, or (`ADD`) added to, their trilinear interpolation, ghosts included. Coarse
+/// point `c` of a row or column makes fine points `2c - shift` and `2c + 1 - shift`
+/// (see [`rprj3_plane`]).
 pub(crate) fn interp_plane<const ADD: bool>(
     z: &[f64],
-    mc: usize,
+    pc: Plane,
     c3: usize,
-    pair: &mut [f64],
-    mf: usize,
+    mut on: Option<&mut [f64]>,
+    between: &mut [f64],
+    pf: Plane,
+    shift: [usize; 2],
 ) {
-    let nc = mc - 2;
+    let (mc, mf) = (pc.m1, pf.m1);
     let mut z1 = [0.0; MAX_ROW];
     let mut z2 = [0.0; MAX_ROW];
     let mut z3 = [0.0; MAX_ROW];
     let (z1, z2, z3) = (&mut z1[..mc], &mut z2[..mc], &mut z3[..mc]);
-    let (lower, upper) = pair.split_at_mut(mf * mf);
-    for c2 in 0..=nc {
-        let zr = |a2: usize, a3: usize| &z[(a3 * mc + a2) * mc..][..mc];
+    for c2 in 0..pc.m2 - 1 {
+        let zr = |a2: usize, a3: usize| &z[(a3 * pc.m2 + a2) * mc..][..mc];
         let (z00, z10, z01, z11) = (
             zr(c2, c3),
             zr(c2 + 1, c3),
@@ -498,12 +586,20 @@ pub(crate) fn interp_plane<const ADD: bool>(
             z2[i] = z01[i] + z00[i];
             z3[i] = z11[i] + z01[i] + z1[i];
         }
-        let (even, odd) = lower[2 * c2 * mf..(2 * c2 + 2) * mf].split_at_mut(mf);
-        spread::<ADD>(even, z00, 1.0, 0.5);
-        spread::<ADD>(odd, z1, 0.5, 0.25);
-        let (even, odd) = upper[2 * c2 * mf..(2 * c2 + 2) * mf].split_at_mut(mf);
-        spread::<ADD>(even, z2, 0.5, 0.25);
-        spread::<ADD>(odd, z3, 0.25, 0.125);
+        // Fine rows on coarse row c2 (if inside) and between it and the next.
+        let on_row = (2 * c2).checked_sub(shift[1]).map(|r| r * mf..(r + 1) * mf);
+        let next_row = (2 * c2 + 1 - shift[1]) * mf..(2 * c2 + 2 - shift[1]) * mf;
+        let sx = shift[0];
+        if let Some(plane) = on.as_deref_mut() {
+            if let Some(row) = on_row.clone() {
+                spread_shifted::<ADD>(&mut plane[row], z00, 1.0, 0.5, sx);
+            }
+            spread_shifted::<ADD>(&mut plane[next_row.clone()], z1, 0.5, 0.25, sx);
+        }
+        if let Some(row) = on_row {
+            spread_shifted::<ADD>(&mut between[row], z2, 0.5, 0.25, sx);
+        }
+        spread_shifted::<ADD>(&mut between[next_row], z3, 0.25, 0.125, sx);
     }
 }
 
@@ -514,7 +610,7 @@ fn norm2u3(team: &Team, r: Field, sums: &Reduction, maxes: Shared<f64>) -> (f64,
     let m = n + 2;
     let own = own_planes(team, n);
     // SAFETY: nobody writes r while norms are taken.
-    let (s, max) = squares_and_max(unsafe { r.data.slice(r.planes(own)) }, m);
+    let (s, max) = squares_and_max(unsafe { r.data.slice(r.planes(own)) }, Plane::square(m));
     // SAFETY: slot `rank` is this thread's; read by others only after the barriers
     // inside the sum, and not rewritten before the final barrier below.
     unsafe { maxes.set(team.rank() * MAX_SLOT, max) };
@@ -528,15 +624,15 @@ fn norm2u3(team: &Team, r: Field, sums: &Reduction, maxes: Shared<f64>) -> (f64,
     (libm::sqrt(total / (n * n * n) as f64), max)
 }
 
-/// `(sum x^2, max |x|)` over the interior points of `planes` (whole planes of `m * m`
-/// values, ghosts ignored).
-pub(crate) fn squares_and_max(planes: &[f64], m: usize) -> (f64, f64) {
-    let n = m - 2;
+/// `(sum x^2, max |x|)` over the interior points of `planes` (whole planes of shape
+/// `p`, ghosts ignored).
+pub(crate) fn squares_and_max(planes: &[f64], p: Plane) -> (f64, f64) {
+    let (m1, n1, n2) = (p.m1, p.m1 - 2, p.m2 - 2);
     let mut s = 0.0;
     let mut max = 0.0f64;
-    for plane in planes.chunks_exact(m * m) {
-        for row in plane[m..(n + 1) * m].chunks_exact(m) {
-            for &x in &row[1..=n] {
+    for plane in planes.chunks_exact(p.len()) {
+        for row in plane[m1..(n2 + 1) * m1].chunks_exact(m1) {
+            for &x in &row[1..=n1] {
                 s += x * x;
                 max = max.max(libm::fabs(x));
             }
@@ -610,12 +706,14 @@ impl Extremes {
 /// elsewhere, ghosts filled. Contains one barrier (not at the end).
 fn zran3(team: &Team, v: Field, candidates: Shared<Candidate>) {
     let own = own_planes(team, v.n);
+    let block = Block {
+        n: v.n,
+        first: [1, 1, own.start],
+        count: [v.n, v.n, own.len()],
+    };
     // SAFETY: owned planes of v are this thread's alone until the barrier.
-    let (largest, smallest) = zran3_scan(
-        unsafe { v.data.slice_mut(v.planes(own.clone())) },
-        own.clone(),
-        v.n,
-    );
+    let (largest, smallest) =
+        zran3_scan(unsafe { v.data.slice_mut(v.planes(own.clone())) }, &block);
     let slot = team.rank() * 2 * CHARGES;
     {
         // SAFETY: this thread's candidate slot, read by others only after the barrier.
@@ -630,29 +728,37 @@ fn zran3(team: &Team, v: Field, candidates: Shared<Candidate>) {
     let (largest, smallest) = merge_extremes(all);
     // SAFETY: owned planes of v, as above.
     let out = unsafe { v.data.slice_mut(v.planes(own.clone())) };
-    place_charges(out, own.start, v.m(), &largest, &smallest);
+    place_charges(out, &block, &largest, &smallest);
     fill_z_ghosts(&own, v);
 }
 
-/// Zeroes `out` (whole planes of `v`: its interior planes `planes` of a grid `n` a
-/// side) and returns the [`CHARGES`] largest and smallest random values of their
-/// points (zran3's first half, on one thread's or one rank's planes).
-pub(crate) fn zran3_scan(out: &mut [f64], planes: Range<usize>, n: usize) -> (Extremes, Extremes) {
-    let m = n + 2;
-    let pl = m * m;
-    let a1 = random::pow_mod(A, n as u64);
-    let a2 = random::pow_mod(A, (n * n) as u64);
+/// Zeroes `out` (the interior planes of `block`, whole planes of its shape) and returns
+/// the [`CHARGES`] largest and smallest random values of the block's points (zran3's
+/// first half, on one thread's planes or one rank's block). Each point's candidate
+/// carries its index in the whole grid, ghosts counted (scan order, for ties).
+pub(crate) fn zran3_scan(out: &mut [f64], block: &Block) -> (Extremes, Extremes) {
+    let m = block.n + 2;
+    let [f1, f2, f3] = block.first;
+    let a1 = random::pow_mod(A, block.n as u64);
+    let a2 = random::pow_mod(A, (block.n * block.n) as u64);
+    // The stream's state before the block's first point of each row of its first plane.
+    let row_start = random::mul_mod(
+        random::pow_mod(a1, (f2 - 1) as u64),
+        random::pow_mod(A, (f1 - 1) as u64),
+    );
     let mut largest = Extremes::new(true);
     let mut smallest = Extremes::new(false);
     let mut row = [0.0; MAX_ROW];
-    let row = &mut row[..n];
-    for (plane, i3) in out.chunks_exact_mut(pl).zip(planes) {
+    let row = &mut row[..block.count[0]];
+    let planes = out.chunks_exact_mut(block.plane().len());
+    for (plane, i3) in planes.zip(f3..f3 + block.count[2]) {
         plane.fill(0.0);
-        let mut x1 = random::mul_mod(SEED, random::pow_mod(a2, (i3 - 1) as u64));
-        for i2 in 1..=n {
+        let x3 = random::mul_mod(SEED, random::pow_mod(a2, (i3 - 1) as u64));
+        let mut x1 = random::mul_mod(x3, row_start);
+        for i2 in f2..f2 + block.count[1] {
             let mut x = x1;
             random::vranlc(row, &mut x, A);
-            let base = ((i3 * m + i2) * m + 1) as u64;
+            let base = ((i3 * m + i2) * m + f1) as u64;
             for (i1, &value) in row.iter().enumerate() {
                 let c = Candidate {
                     value,
@@ -679,25 +785,37 @@ pub(crate) fn merge_extremes(all: &[Candidate]) -> (Extremes, Extremes) {
     (largest, smallest)
 }
 
-/// The charges that fall in `out` (whole planes of `m * m` values from plane `first`
-/// of the grid, zeroed by [`zran3_scan`]), then the planes' `x`/`y` ghosts.
+/// The charges that fall in `block` into `out` (its interior planes, zeroed by
+/// [`zran3_scan`]), then the planes' `x`/`y` ghosts.
 pub(crate) fn place_charges(
     out: &mut [f64],
-    first: usize,
-    m: usize,
+    block: &Block,
     largest: &Extremes,
     smallest: &Extremes,
 ) {
-    let pl = m * m;
-    let mine = (first * pl) as u64..(first * pl + out.len()) as u64;
+    let m = (block.n + 2) as u64;
+    let p = block.plane();
+    // The grid index of a candidate along each axis, and its place in `out` if held.
+    let local = |index: u64| -> Option<usize> {
+        let at = [index % m, index / m % m, index / (m * m)];
+        let mut offset = [0; 3];
+        for axis in 0..3 {
+            let held = block.first[axis]..block.first[axis] + block.count[axis];
+            offset[axis] = at[axis].checked_sub(block.first[axis] as u64)? as usize;
+            if !held.contains(&(at[axis] as usize)) {
+                return None;
+            }
+        }
+        Some((offset[2] * p.m2 + offset[1] + 1) * p.m1 + offset[0] + 1)
+    };
     // -1 first, then +1, as the reference.
     for (list, charge) in [(&smallest.list, -1.0), (&largest.list, 1.0)] {
-        for c in list.iter().filter(|c| mine.contains(&c.index)) {
-            out[(c.index - mine.start) as usize] = charge;
+        for place in list.iter().filter_map(|c| local(c.index)) {
+            out[place] = charge;
         }
     }
-    for plane in out.chunks_exact_mut(pl) {
-        fill_xy_ghosts(plane, m);
+    for plane in out.chunks_exact_mut(p.len()) {
+        fill_xy_ghosts(plane, p);
     }
 }
 

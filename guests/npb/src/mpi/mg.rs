@@ -1,148 +1,591 @@
-//! MG on a z-slab decomposition: rank `r` of `s` (a power of two no larger than the
-//! finest grid's side) holds, on every level with at least `s` planes, the `n / s`
-//! contiguous interior z planes from `r * n / s + 1` with one ghost plane below and
-//! above (periodic, as the shared-memory MG's planes), and after each operator sends
-//! its edge planes to its two z neighbours. The levels with fewer planes than ranks
-//! are held whole by every rank and computed alike everywhere: the restriction into
-//! the finest of them allgathers the level above, and the prolongation out of them
-//! interpolates the whole level above and keeps this rank's planes.
+//! MG on `mg.f`'s 3-D process grid.
 //!
-//! The operators are the shared-memory MG's own per-plane kernels (`resid`, `psinv`,
-//! `rprj3`, `interp`), so every point gets the same arithmetic as the reference;
-//! the norms are local sums and maxima allreduced, and `zran3`'s charges are the ten
-//! largest and smallest of every rank's candidates (found on its own planes, then
-//! allgathered). Same verification (`rnm2`). This is not `mg.f`'s 3-D process grid
-//! (which exchanges faces along all three axes): slabs exchange whole planes along z
-//! only.
+//! The ranks (a power of two) form a `px × py × pz` grid as `mg.f`'s `setup` builds
+//! it: of `log2(ranks)` doublings, `x` gets a third (rounded down), `y` half of the
+//! rest (rounded down), `z` the remainder; rank `r` sits at `(r mod px, r / px mod py,
+//! r / (px py))`. On every level of `n` points a side, the rank at coordinate `i` of
+//! an axis of `p` ranks holds grid points `i n / p .. (i + 1) n / p` (integer division)
+//! of that axis: a 3-D block, stored with one ghost layer on each face.
+//!
+//! After each operator (`resid`, `psinv`, `rprj3`, and `zran3`) the ghosts are filled
+//! as `comm3` does: along `x`, then `y`, then `z`, each rank sends its first and last
+//! layer to its two neighbours of that axis (periodic) and takes theirs into its ghost
+//! layers; an axis's exchange includes the ghosts the earlier axes filled, which
+//! carries edges and corners. A rank alone along an axis copies its own layers.
+//!
+//! Levels with fewer points along an axis than ranks (level 1 when an axis has 4
+//! ranks, from 16 ranks on) are handled as `mg.f` does: a rank holding no point of
+//! such a level is "dead" there (computes nothing, its arrays zero); the live ranks
+//! exchange with the nearest live ones (`mg.f`'s doubled `next`). A live rank's one
+//! coarse point then lies on the fine point after its block's first, so `rprj3` and
+//! `interp` address the fine level one place shifted along that axis (`mg.f`'s
+//! `d = 2` branches); `interp` fills the live rank's fine point and both ghosts, and
+//! `comm3_ex` hands them on (`give3_ex`/`take3_ex`): along each axis, a rank with no
+//! coarse point takes its lower neighbour's last layer and ghost as its ghost and
+//! point, and its upper neighbour's first layer as its upper ghost. The per-point
+//! arithmetic stays the shared-memory MG's (`resid_plane`, `psinv_plane`,
+//! `rprj3_plane`, `interp_plane`: `mg.f`'s special interpolation branch orders its
+//! sums differently; here every point is summed as in the serial code), so every
+//! rank count computes the same bits at every point.
+//!
+//! Norms are local sums and maxima allreduced; `zran3`'s charges are the ten largest
+//! and smallest of every rank's candidates (found in its block, then allgathered and
+//! merged alike everywhere). Same verification (`rnm2`). `mg.f` takes any power of two;
+//! this MPI has at most 64 ranks ([`MAX_RANKS`]), which is at most 4 along an axis:
+//! one level of dead ranks, below a level where every rank holds a point (all the
+//! give/take exchange here covers; more ranks a side would leave dead ranks on two
+//! levels, untested here).
+
+use core::ops::Range;
 
 use super::{Comm, Error, MAX_RANKS, Op, bytes, bytes_mut, max_seconds, take};
-use crate::mg::{self, CHARGES, Candidate, RESIDUAL};
+use crate::mg::{self, Block, CHARGES, Candidate, Plane, RESIDUAL};
 use crate::team::Arena;
 use crate::{Class, Outcome, Values};
 
-/// Whether MG runs on `ranks` ranks: a power of two no larger than the finest grid's
-/// side (every rank owns at least one plane of the finest level).
-pub fn fits(class: Class, ranks: usize) -> bool {
-    ranks.is_power_of_two() && ranks <= mg::size(class)
+/// Most ranks along one axis: level 1 (2 points) then has dead ranks, level 2 none.
+const MAX_SIDE: usize = 4;
+
+/// The process grid `mg.f`'s `setup` makes of `ranks` (a power of two): ranks along
+/// `x`, `y`, `z`.
+pub(crate) fn process_grid(ranks: usize) -> [usize; 3] {
+    let log_p = ranks.trailing_zeros() as usize;
+    let dx = log_p / 3;
+    let dy = (log_p - dx) / 2;
+    let (px, py) = (1 << dx, 1 << dy);
+    [px, py, ranks / (px * py)]
 }
 
-/// Tags of the ghost-plane exchanges: a rank's top plane going up, its bottom down.
+/// Whether MG runs on `ranks` ranks: a power of two (as `mg.f`) whose process grid has
+/// at most [`MAX_SIDE`] ranks a side (every count up to 64, [`MAX_RANKS`]).
+pub fn fits(class: Class, ranks: usize) -> bool {
+    ranks.is_power_of_two()
+        && ranks <= MAX_RANKS
+        && process_grid(ranks)
+            .iter()
+            .all(|&p| p <= MAX_SIDE && p <= mg::size(class))
+}
+
+/// Tags: a rank's last layer going up, its first going down (`comm3`); its last layer
+/// and ghost going up, its first layer going down (`comm3_ex`).
 const TAG_UP: u32 = 401;
 const TAG_DOWN: u32 = 402;
+const TAG_EX_UP: u32 = 403;
+const TAG_EX_DOWN: u32 = 404;
 
-/// What one rank holds of one level.
-#[derive(Clone, Copy, Debug, Default)]
-struct Shape {
-    /// Interior points a side.
-    n: usize,
-    /// Interior planes held (`n / ranks`, or all `n` when whole).
-    planes: usize,
-    /// The level's plane that is local plane 0 (the ghost below the first held).
+/// What this rank holds of one level along one axis, and whom it talks to there.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Span {
+    /// First point held (0-based grid index) and how many (0: dead on this level).
     first: usize,
-    /// Every rank holds every plane (a level with fewer planes than ranks).
-    whole: bool,
+    count: usize,
+    /// Ranks of the nearest live neighbours below and above (periodic).
+    down: usize,
+    up: usize,
+    /// After interpolating into this level: hands its layers to neighbours holding no
+    /// point of the level below (`give_ex`), or is such a rank (`take_ex`).
+    give: bool,
+    take: bool,
 }
 
-impl Shape {
-    fn of_level(n: usize, rank: usize, ranks: usize) -> Shape {
-        if n >= ranks {
-            let planes = n / ranks;
-            Shape {
-                n,
-                planes,
-                first: rank * planes,
-                whole: false,
-            }
-        } else {
-            Shape::whole(n)
-        }
+/// What this rank holds of one level.
+#[derive(Clone, Copy, Debug, Default)]
+struct Level {
+    /// Points a side of the whole level.
+    n: usize,
+    axes: [Span; 3],
+}
+
+impl Level {
+    /// Holds no point (`mg.f`'s `dead`).
+    fn dead(&self) -> bool {
+        self.axes.iter().any(|a| a.count == 0)
     }
 
-    fn whole(n: usize) -> Shape {
-        Shape {
-            n,
-            planes: n,
-            first: 0,
-            whole: true,
-        }
+    /// Values a row, rows, planes (ghosts included).
+    fn dims(&self) -> [usize; 3] {
+        self.axes.map(|a| a.count + 2)
     }
 
-    fn m(&self) -> usize {
-        self.n + 2
+    fn plane(&self) -> Plane {
+        let [m1, m2, _] = self.dims();
+        Plane { m1, m2 }
     }
 
-    fn plane(&self) -> usize {
-        self.m() * self.m()
-    }
-
-    /// Values held, ghost planes included.
+    /// Values held, ghosts included.
     fn len(&self) -> usize {
-        (self.planes + 2) * self.plane()
+        self.dims().iter().product()
+    }
+
+    /// The block in the grid (1-based, as the ghost-padded arrays count).
+    fn block(&self) -> Block {
+        Block {
+            n: self.n,
+            first: self.axes.map(|a| a.first + 1),
+            count: self.axes.map(|a| a.count),
+        }
+    }
+
+    /// Along each axis, how far from `2j` the fine point under this level's point `j`
+    /// lies in `fine`'s array (0, or 1 where `fine` has one point and this level's
+    /// lies on the one after its block's start).
+    fn shift_in(&self, fine: &Level) -> [usize; 3] {
+        core::array::from_fn(|a| fine.axes[a].first - 2 * self.axes[a].first)
+    }
+
+    /// Interpolating into this level ends with `comm3_ex`.
+    fn expands(&self) -> bool {
+        self.axes.iter().any(|a| a.give || a.take)
     }
 }
 
-/// Every level's shape on this rank (entry `k` is level `k`, entry 0 unused), and the
-/// whole shape of the finest level split among ranks when coarser levels are whole
-/// (the allgather/interpolation buffer between the two kinds).
-fn plan(class: Class, rank: usize, ranks: usize) -> ([Shape; 16], Option<Shape>) {
-    let lt = mg::levels(class);
-    let shapes = core::array::from_fn(|k| {
-        if (1..=lt).contains(&k) {
-            Shape::of_level(1 << k, rank, ranks)
-        } else {
-            Shape::default()
-        }
-    });
-    let lowest_split = (1..=lt).find(|&k| !shapes[k].whole).unwrap_or(lt);
-    let boundary = (lowest_split > 1).then(|| Shape::whole(1 << lowest_split));
-    (shapes, boundary)
+/// Where `rank` sits in the process grid `grid` (`x` fastest).
+fn coordinates(rank: usize, grid: [usize; 3]) -> [usize; 3] {
+    [
+        rank % grid[0],
+        rank / grid[0] % grid[1],
+        rank / (grid[0] * grid[1]),
+    ]
 }
 
-/// Arena bytes of one rank: `u` and `r` on every level, `v` on the finest, the
-/// boundary level whole (when there is one), the candidate charges, and alignment.
+/// This rank's share of every level (entry `k` is level `k`, entry 0 unused), as
+/// `mg.f`'s `setup`.
+fn plan(class: Class, rank: usize, ranks: usize) -> [Level; 16] {
+    let lt = mg::levels(class);
+    let grid = process_grid(ranks);
+    let coords = coordinates(rank, grid);
+    let rank_at = |axis: usize, c: usize| {
+        let mut at = coords;
+        at[axis] = c;
+        at[0] + grid[0] * (at[1] + grid[1] * at[2])
+    };
+    let mut levels = [Level::default(); 16];
+    for (axis, (&p, &i)) in grid.iter().zip(&coords).enumerate() {
+        // Points of an `n`-point level held by coordinate `j` (beyond `p` too, as
+        // `mg.f`'s `mip`).
+        let count = |j: usize, n: usize| (j + 1) * n / p - j * n / p;
+        // Distance to the nearest live neighbour: doubles whenever this rank or the
+        // one `next` above holds nothing, and stays doubled on coarser levels.
+        let mut next = 1;
+        for k in (1..=lt).rev() {
+            let n = 1 << k;
+            let (mine, beyond) = (count(i, n), count(i + next, n));
+            if mine == 0 || beyond == 0 {
+                next *= 2;
+            }
+            if k < lt {
+                let finer = &mut levels[k + 1].axes[axis];
+                finer.give = beyond == 0 && mine == 1;
+                finer.take = beyond == 1 && mine == 0;
+            }
+            levels[k].n = n;
+            levels[k].axes[axis] = Span {
+                first: i * n / p,
+                count: mine,
+                down: rank_at(axis, (i + p - next % p) % p),
+                up: rank_at(axis, (i + next) % p),
+                give: false,
+                take: false,
+            };
+        }
+    }
+    levels
+}
+
+/// Values of the largest message: two layers of the finest level across all of it.
+fn buffer_len(level: &Level) -> usize {
+    let [m1, m2, m3] = level.dims();
+    2 * (m2 * m3).max(m1 * m3).max(m1 * m2)
+}
+
+/// Arena bytes of one rank: `u` and `r` on every level, `v` on the finest, two message
+/// buffers, the candidate charges, and alignment. The most any rank needs (ranks dead
+/// on a level hold less of it).
 pub fn heap_bytes(class: Class, ranks: usize) -> usize {
-    let (shapes, boundary) = plan(class, 0, ranks);
     let lt = mg::levels(class);
     let f64s = |len: usize| len * 8 + 64;
-    let levels: usize = shapes[1..=lt].iter().map(|s| f64s(s.len())).sum();
     let candidates = (ranks + 1) * 2 * CHARGES * core::mem::size_of::<Candidate>() + 2 * 64;
-    2 * levels + f64s(shapes[lt].len()) + boundary.map_or(0, |b| f64s(b.len())) + candidates
+    (0..ranks)
+        .map(|rank| {
+            let levels = plan(class, rank, ranks);
+            let all: usize = levels[1..=lt].iter().map(|l| f64s(l.len())).sum();
+            let finest = &levels[lt];
+            2 * all + f64s(finest.len()) + 2 * f64s(buffer_len(finest))
+        })
+        .max()
+        .unwrap_or(0)
+        + candidates
+}
+
+/// Calls `f` with each run of consecutive indices of a level's array that make layers
+/// `layers` along `axis`. Across the other axes: with `full`, everything (`give3_ex`);
+/// otherwise as `give3`: for `x`, interior `y` and `z`; for `y`, all `x` and interior
+/// `z`; for `z`, all of the plane.
+fn for_each_run(
+    level: &Level,
+    axis: usize,
+    layers: Range<usize>,
+    full: bool,
+    mut f: impl FnMut(Range<usize>),
+) {
+    let [m1, m2, m3] = level.dims();
+    let across = |m: usize, whole: bool| if full || whole { 0..m } else { 1..m - 1 };
+    let (xs, ys, zs) = match axis {
+        0 => (layers, across(m2, false), across(m3, false)),
+        1 => (0..m1, layers, across(m3, false)),
+        _ => (0..m1, 0..m2, layers),
+    };
+    for z in zs {
+        for y in ys.clone() {
+            let row = (z * m2 + y) * m1;
+            f(row + xs.start..row + xs.end);
+        }
+    }
+}
+
+/// The two message buffers.
+struct Buffers<'a> {
+    send: &'a mut [f64],
+    recv: &'a mut [f64],
+}
+
+/// Copies layers `layers` (along `axis`, see [`for_each_run`]) of `f` into `buf`;
+/// returns how many values.
+fn gather(
+    f: &[f64],
+    level: &Level,
+    axis: usize,
+    layers: Range<usize>,
+    full: bool,
+    buf: &mut [f64],
+) -> usize {
+    let mut len = 0;
+    for_each_run(level, axis, layers, full, |run| {
+        // Single values (an x face) without a call per value.
+        if run.len() == 1 {
+            buf[len] = f[run.start];
+        } else {
+            buf[len..len + run.len()].copy_from_slice(&f[run.clone()]);
+        }
+        len += run.len();
+    });
+    len
+}
+
+/// The inverse of [`gather`]: `buf` into layers `layers` of `f`.
+fn scatter(
+    buf: &[f64],
+    level: &Level,
+    axis: usize,
+    layers: Range<usize>,
+    full: bool,
+    f: &mut [f64],
+) {
+    let mut at = 0;
+    for_each_run(level, axis, layers, full, |run| {
+        if run.len() == 1 {
+            f[run.start] = buf[at];
+        } else {
+            f[run.clone()].copy_from_slice(&buf[at..at + run.len()]);
+        }
+        at += run.len();
+    });
 }
 
 /// Sends `send` to `to` and receives exactly `recv.len()` values from `from`, at once
-/// (`sendrecv`: around the ring no rank waits for another's receive to be posted).
+/// (`sendrecv`: around a ring no rank waits for another's receive to be posted).
 fn shift<C: Comm + ?Sized>(
     comm: &mut C,
     (to, send): (usize, &[f64]),
     (from, recv): (usize, &mut [f64]),
     tag: u32,
 ) -> Result<(), Error> {
-    let want = core::mem::size_of_val(recv);
-    if comm.sendrecv(to, tag, bytes(send), from, tag, bytes_mut(recv))? != want {
-        return Err(Error("mg-ghost-plane"));
+    let got = comm.sendrecv(to, tag, bytes(send), from, tag, bytes_mut(recv))?;
+    filled(got, recv)
+}
+
+/// Receives exactly `buf.len()` values from `from`.
+fn receive<C: Comm + ?Sized>(
+    comm: &mut C,
+    from: usize,
+    tag: u32,
+    buf: &mut [f64],
+) -> Result<(), Error> {
+    let got = comm.recv(from, tag, bytes_mut(buf))?;
+    filled(got, buf)
+}
+
+/// Whether a message of `got` bytes filled `buf` (a peer's layer has this rank's shape).
+fn filled(got: usize, buf: &[f64]) -> Result<(), Error> {
+    if got == core::mem::size_of_val(buf) {
+        Ok(())
+    } else {
+        Err(Error("mg-ghost-layer"))
+    }
+}
+
+/// `comm3`: fills the ghosts of `f` from the neighbours' faces, axis by axis; a dead
+/// rank zeroes its array instead.
+fn exchange<C: Comm + ?Sized>(
+    comm: &mut C,
+    level: &Level,
+    f: &mut [f64],
+    b: &mut Buffers,
+) -> Result<(), Error> {
+    if level.dead() {
+        f.fill(0.0);
+        return Ok(());
+    }
+    for (axis, span) in level.axes.iter().enumerate() {
+        let n = span.count;
+        // My last layer is the upper neighbour's lower ghost; the lower one's is mine.
+        let (up, down) = (span.up, span.down);
+        pass_layer(comm, (level, axis), f, b, (n, up), (0, down), TAG_UP)?;
+        // My first layer is the lower neighbour's upper ghost; the upper one's is mine.
+        pass_layer(comm, (level, axis), f, b, (1, down), (n + 1, up), TAG_DOWN)?;
     }
     Ok(())
 }
 
-/// Fills the ghost planes of `f`: from the z neighbours' edge planes, or, when this
-/// rank holds every plane, from its own (periodic).
-fn exchange<C: Comm + ?Sized>(comm: &mut C, s: &Shape, f: &mut [f64]) -> Result<(), Error> {
-    let (pl, top) = (s.plane(), s.planes);
-    let size = comm.size();
-    if s.whole || size == 1 {
-        f.copy_within(top * pl..(top + 1) * pl, 0);
-        f.copy_within(pl..2 * pl, (top + 1) * pl);
+/// Half of one axis's `comm3`: layer `layer` of `f` (across the interior, see
+/// [`for_each_run`]) to rank `to`, and the layer rank `from` sends into layer `ghost`
+/// (a copy in place when this rank is alone along the axis, so `to` is itself).
+fn pass_layer<C: Comm + ?Sized>(
+    comm: &mut C,
+    (level, axis): (&Level, usize),
+    f: &mut [f64],
+    b: &mut Buffers,
+    (layer, to): (usize, usize),
+    (ghost, from): (usize, usize),
+    tag: u32,
+) -> Result<(), Error> {
+    if to == comm.rank() {
+        // Alone along the axis: the ghost layer is a copy of this rank's own layer.
+        let [m1, m2, _] = level.dims();
+        let step = [1, m1, m1 * m2][axis];
+        for_each_run(level, axis, layer..layer + 1, false, |run| {
+            let to = run.start - layer * step + ghost * step;
+            if run.len() == 1 {
+                f[to] = f[run.start];
+            } else {
+                f.copy_within(run, to);
+            }
+        });
         return Ok(());
     }
-    let me = comm.rank();
-    let (up, down) = ((me + 1) % size, (me + size - 1) % size);
-    // My top plane is the upper neighbour's ghost below; the lower one's is mine.
-    let (below, rest) = f.split_at_mut(pl);
-    let top_plane = &rest[(top - 1) * pl..top * pl];
-    shift(comm, (up, top_plane), (down, below), TAG_UP)?;
-    // My bottom plane is the lower neighbour's ghost above; the upper one's is mine.
-    let (held, above) = f.split_at_mut((top + 1) * pl);
-    shift(comm, (down, &held[pl..2 * pl]), (up, above), TAG_DOWN)
+    let len = gather(f, level, axis, layer..layer + 1, false, b.send);
+    shift(comm, (to, &b.send[..len]), (from, &mut b.recv[..len]), tag)?;
+    scatter(&b.recv[..len], level, axis, ghost..ghost + 1, false, f);
+    Ok(())
+}
+
+/// `comm3_ex`, after interpolating into `level`: along each axis, a rank that had no
+/// coarse point takes its point and ghosts from the neighbours that computed them
+/// (their last layer and upper ghost from below, their first layer from above).
+/// Receives go in the order the lower and upper neighbours send them.
+fn expand<C: Comm + ?Sized>(
+    comm: &mut C,
+    level: &Level,
+    f: &mut [f64],
+    b: &mut Buffers,
+) -> Result<(), Error> {
+    for (axis, span) in level.axes.iter().enumerate() {
+        let n = span.count;
+        if span.take {
+            let mut len = 0;
+            for_each_run(level, axis, 0..2, true, |run| len += run.len());
+            receive(comm, span.down, TAG_EX_UP, &mut b.recv[..len])?;
+            scatter(&b.recv[..len], level, axis, 0..2, true, f);
+            receive(comm, span.up, TAG_EX_DOWN, &mut b.recv[..len / 2])?;
+            scatter(&b.recv[..len / 2], level, axis, n + 1..n + 2, true, f);
+        }
+        if span.give {
+            let len = gather(f, level, axis, n..n + 2, true, b.send);
+            comm.send(span.up, TAG_EX_UP, bytes(&b.send[..len]))?;
+            let len = gather(f, level, axis, 1..2, true, b.send);
+            comm.send(span.down, TAG_EX_DOWN, bytes(&b.send[..len]))?;
+        }
+    }
+    Ok(())
+}
+
+/// `r = v - A u` on this rank's block of `r` (`v` is `r` itself when `None`).
+fn resid<C: Comm + ?Sized>(
+    comm: &mut C,
+    level: &Level,
+    u: &[f64],
+    v: Option<&[f64]>,
+    r: &mut [f64],
+    b: &mut Buffers,
+) -> Result<(), Error> {
+    let p = level.plane();
+    let pl = p.len();
+    if !level.dead() {
+        for i3 in 1..=level.axes[2].count {
+            let v_plane = v.map(|v| &v[i3 * pl..(i3 + 1) * pl]);
+            let out = &mut r[i3 * pl..(i3 + 1) * pl];
+            mg::resid_plane(u, i3, v_plane, out, p, &RESIDUAL);
+        }
+    }
+    exchange(comm, level, r, b)
+}
+
+/// The smoother `u = u + C r` on this rank's block of `u`.
+fn psinv<C: Comm + ?Sized>(
+    comm: &mut C,
+    level: &Level,
+    r: &[f64],
+    u: &mut [f64],
+    c: &[f64; 4],
+    b: &mut Buffers,
+) -> Result<(), Error> {
+    let p = level.plane();
+    let pl = p.len();
+    if !level.dead() {
+        for i3 in 1..=level.axes[2].count {
+            mg::psinv_plane(r, i3, &mut u[i3 * pl..(i3 + 1) * pl], p, c);
+        }
+    }
+    exchange(comm, level, u, b)
+}
+
+/// This rank's arrays and their levels.
+struct Grids<'a> {
+    lt: usize,
+    levels: [Level; 16],
+    u: [&'a mut [f64]; 16],
+    r: [&'a mut [f64]; 16],
+    v: &'a mut [f64],
+    buffers: Buffers<'a>,
+}
+
+/// Levels `k - 1` and `k` of `levels`, both writable.
+fn pair<'s>(levels: &'s mut [&mut [f64]; 16], k: usize) -> (&'s mut [f64], &'s mut [f64]) {
+    let (lower, upper) = levels.split_at_mut(k);
+    (&mut *lower[k - 1], &mut *upper[0])
+}
+
+impl Grids<'_> {
+    /// `r[k - 1] = P r[k]` (`rprj3`).
+    fn restrict<C: Comm + ?Sized>(&mut self, comm: &mut C, k: usize) -> Result<(), Error> {
+        let (fl, cl) = (self.levels[k], self.levels[k - 1]);
+        let (coarse, fine) = pair(&mut self.r, k);
+        if !cl.dead() {
+            let s = cl.shift_in(&fl);
+            let pc = cl.plane();
+            let plc = pc.len();
+            for j3 in 1..=cl.axes[2].count {
+                let out = &mut coarse[j3 * plc..(j3 + 1) * plc];
+                mg::rprj3_plane(fine, fl.plane(), 2 * j3 - s[2], out, pc, [s[0], s[1]]);
+            }
+        }
+        exchange(comm, &cl, coarse, &mut self.buffers)
+    }
+
+    /// `u[k] = Q u[k - 1]`, or `u[k] += Q u[k - 1]` (`ADD`) (`interp`, then `comm3_ex`).
+    fn prolong<const ADD: bool, C: Comm + ?Sized>(
+        &mut self,
+        comm: &mut C,
+        k: usize,
+    ) -> Result<(), Error> {
+        let (cl, fl) = (self.levels[k - 1], self.levels[k]);
+        let (coarse, fine) = pair(&mut self.u, k);
+        if cl.dead() {
+            // Nothing to interpolate from: the points come from neighbours below.
+            if !ADD {
+                fine.fill(0.0);
+            }
+        } else {
+            let s = cl.shift_in(&fl);
+            let plf = fl.plane().len();
+            // Coarse plane c3 makes the fine planes 2 c3 - s and 2 c3 + 1 - s.
+            for c3 in 0..=cl.axes[2].count {
+                let between = 2 * c3 + 1 - s[2];
+                let (below, rest) = fine.split_at_mut(between * plf);
+                let on = (between > 0).then(|| &mut below[(between - 1) * plf..]);
+                let (pc, pf) = (cl.plane(), fl.plane());
+                let next = &mut rest[..plf];
+                mg::interp_plane::<ADD>(coarse, pc, c3, on, next, pf, [s[0], s[1]]);
+            }
+        }
+        if fl.expands() {
+            expand(comm, &fl, fine, &mut self.buffers)?;
+        }
+        Ok(())
+    }
+
+    /// `r = v - A u` on the finest level.
+    fn residual<C: Comm + ?Sized>(&mut self, comm: &mut C) -> Result<(), Error> {
+        let lt = self.lt;
+        let (level, b) = (&self.levels[lt], &mut self.buffers);
+        resid(comm, level, self.u[lt], Some(self.v), self.r[lt], b)
+    }
+
+    /// `u[k] = u[k] + C r[k]`.
+    fn smooth<C: Comm + ?Sized>(
+        &mut self,
+        comm: &mut C,
+        k: usize,
+        c: &[f64; 4],
+    ) -> Result<(), Error> {
+        let (level, b) = (&self.levels[k], &mut self.buffers);
+        psinv(comm, level, self.r[k], self.u[k], c, b)
+    }
+
+    /// One V-cycle (`mg3P`), as the shared-memory MG's.
+    fn mg3p<C: Comm + ?Sized>(&mut self, comm: &mut C, c: &[f64; 4]) -> Result<(), Error> {
+        let lt = self.lt;
+        for k in (2..=lt).rev() {
+            self.restrict(comm, k)?;
+        }
+        self.u[1].fill(0.0);
+        self.smooth(comm, 1, c)?;
+        for k in 2..lt {
+            self.prolong::<false, C>(comm, k)?;
+            // r[k] = r[k] - A u[k], then u[k] += C r[k].
+            let (level, b) = (&self.levels[k], &mut self.buffers);
+            resid(comm, level, self.u[k], None, self.r[k], b)?;
+            self.smooth(comm, k, c)?;
+        }
+        self.prolong::<true, C>(comm, lt)?;
+        self.residual(comm)?;
+        self.smooth(comm, lt, c)
+    }
+
+    /// `(sqrt(sum r^2 / n^3), max |r|)` over the finest level's interior.
+    fn norm<C: Comm + ?Sized>(&self, comm: &mut C) -> Result<(f64, f64), Error> {
+        let level = &self.levels[self.lt];
+        let p = level.plane();
+        let interior = &self.r[self.lt][p.len()..(level.axes[2].count + 1) * p.len()];
+        let (sum, max) = mg::squares_and_max(interior, p);
+        let (mut sum, mut max) = ([sum], [max]);
+        comm.allreduce_f64(&mut sum, Op::Sum)?;
+        comm.allreduce_f64(&mut max, Op::Max)?;
+        let n = level.n as f64;
+        Ok((libm::sqrt(sum[0] / (n * n * n)), max[0]))
+    }
+
+    /// Zeroes `u` on the finest level and makes the right-hand side `v` (`zran3`):
+    /// every rank's best candidates in its block, allgathered and merged alike.
+    fn reset<C: Comm + ?Sized>(
+        &mut self,
+        comm: &mut C,
+        candidates: &mut [Candidate],
+    ) -> Result<(), Error> {
+        let level = self.levels[self.lt];
+        self.u[self.lt].fill(0.0);
+        let block = level.block();
+        let pl = level.plane().len();
+        let held = &mut self.v[pl..(level.axes[2].count + 1) * pl];
+        let (largest, smallest) = mg::zran3_scan(held, &block);
+        let (mine, all) = candidates.split_at_mut(2 * CHARGES);
+        mine[..CHARGES].copy_from_slice(&largest.list);
+        mine[CHARGES..].copy_from_slice(&smallest.list);
+        allgather(comm, bytes(mine), bytes_mut(all))?;
+        let (largest, smallest) = mg::merge_extremes(all);
+        mg::place_charges(held, &block, &largest, &smallest);
+        exchange(comm, &level, self.v, &mut self.buffers)
+    }
 }
 
 /// Every rank's `mine` (the same length on each) into its place in `all`, in rank order.
@@ -161,215 +604,6 @@ fn allgather<C: Comm + ?Sized>(comm: &mut C, mine: &[u8], all: &mut [u8]) -> Res
     )
 }
 
-/// The held planes of `slab` (shape `s`) from every rank into `whole` (shape `w`, the
-/// same level whole), ghosts filled.
-fn gather_level<C: Comm + ?Sized>(
-    comm: &mut C,
-    s: &Shape,
-    slab: &[f64],
-    w: &Shape,
-    whole: &mut [f64],
-) -> Result<(), Error> {
-    let pl = s.plane();
-    allgather(
-        comm,
-        bytes(&slab[pl..(s.planes + 1) * pl]),
-        bytes_mut(&mut whole[pl..(w.planes + 1) * pl]),
-    )?;
-    exchange(comm, w, whole)
-}
-
-/// `r = v - A u` on the held planes of `r` (`v` is `r` itself when `None`).
-fn resid<C: Comm + ?Sized>(
-    comm: &mut C,
-    s: &Shape,
-    u: &[f64],
-    v: Option<&[f64]>,
-    r: &mut [f64],
-) -> Result<(), Error> {
-    let pl = s.plane();
-    for p in 1..=s.planes {
-        let v_plane = v.map(|v| &v[p * pl..(p + 1) * pl]);
-        mg::resid_plane(
-            u,
-            p,
-            v_plane,
-            &mut r[p * pl..(p + 1) * pl],
-            s.m(),
-            &RESIDUAL,
-        );
-    }
-    exchange(comm, s, r)
-}
-
-/// The smoother `u = u + C r` on the held planes of `u`.
-fn psinv<C: Comm + ?Sized>(
-    comm: &mut C,
-    s: &Shape,
-    r: &[f64],
-    u: &mut [f64],
-    c: &[f64; 4],
-) -> Result<(), Error> {
-    let pl = s.plane();
-    for p in 1..=s.planes {
-        mg::psinv_plane(r, p, &mut u[p * pl..(p + 1) * pl], s.m(), c);
-    }
-    exchange(comm, s, u)
-}
-
-/// Restriction from `fine` (shape `fs`) to the held planes of `coarse` (shape `cs`).
-/// Coarse local plane `j` lies on fine local plane `2j` when both are split (rank `r`'s
-/// coarse planes from `r * nc/s`, its fine ones from `2 r * nc/s`) or both whole.
-fn rprj3<C: Comm + ?Sized>(
-    comm: &mut C,
-    fs: &Shape,
-    fine: &[f64],
-    cs: &Shape,
-    coarse: &mut [f64],
-) -> Result<(), Error> {
-    let pl = cs.plane();
-    for j in 1..=cs.planes {
-        mg::rprj3_plane(
-            fine,
-            fs.m(),
-            2 * j,
-            &mut coarse[j * pl..(j + 1) * pl],
-            cs.m(),
-        );
-    }
-    exchange(comm, cs, coarse)
-}
-
-/// Prolongation from `coarse` (shape `cs`) to every plane of `fine` (shape `fs`, ghosts
-/// included, no exchange): coarse local plane `c` makes fine local planes `2c` and
-/// `2c + 1` (aligned as in [`rprj3`]).
-fn interp<const ADD: bool>(cs: &Shape, coarse: &[f64], fs: &Shape, fine: &mut [f64]) {
-    let plf = fs.plane();
-    for (c, pair) in fine.chunks_exact_mut(2 * plf).enumerate() {
-        mg::interp_plane::<ADD>(coarse, cs.m(), c, pair, fs.m());
-    }
-}
-
-/// This rank's arrays and their shapes.
-struct Grids<'a> {
-    lt: usize,
-    shapes: [Shape; 16],
-    u: [&'a mut [f64]; 16],
-    r: [&'a mut [f64]; 16],
-    v: &'a mut [f64],
-    /// The finest level split among ranks, whole, when coarser levels are whole.
-    boundary: Option<(Shape, &'a mut [f64])>,
-}
-
-/// Levels `k - 1` and `k` of `levels`, both writable.
-fn pair<'s>(levels: &'s mut [&mut [f64]; 16], k: usize) -> (&'s mut [f64], &'s mut [f64]) {
-    let (lower, upper) = levels.split_at_mut(k);
-    (&mut *lower[k - 1], &mut *upper[0])
-}
-
-impl Grids<'_> {
-    /// `r[k - 1] = P r[k]`.
-    fn restrict<C: Comm + ?Sized>(&mut self, comm: &mut C, k: usize) -> Result<(), Error> {
-        let (fs, cs) = (self.shapes[k], self.shapes[k - 1]);
-        let (coarse, fine) = pair(&mut self.r, k);
-        match &mut self.boundary {
-            // The finest whole level: from the split level above, gathered whole.
-            Some((w, whole)) if cs.whole && !fs.whole => {
-                gather_level(comm, &fs, fine, w, whole)?;
-                rprj3(comm, w, whole, &cs, coarse)
-            }
-            _ => rprj3(comm, &fs, fine, &cs, coarse),
-        }
-    }
-
-    /// `u[k] = Q u[k - 1]`, or `u[k] += Q u[k - 1]` (`ADD`).
-    fn prolong<const ADD: bool>(&mut self, k: usize) {
-        let (cs, fs) = (self.shapes[k - 1], self.shapes[k]);
-        let (coarse, fine) = pair(&mut self.u, k);
-        match &mut self.boundary {
-            // Out of the whole levels: interpolate the level whole, keep my planes.
-            Some((w, whole)) if cs.whole && !fs.whole => {
-                interp::<false>(&cs, coarse, w, whole);
-                let pl = fs.plane();
-                let mine = &whole[fs.first * pl..][..fine.len()];
-                if ADD {
-                    fine.iter_mut().zip(mine).for_each(|(f, q)| *f += q);
-                } else {
-                    fine.copy_from_slice(mine);
-                }
-            }
-            _ => interp::<ADD>(&cs, coarse, &fs, fine),
-        }
-    }
-
-    /// `r = v - A u` on the finest level.
-    fn residual<C: Comm + ?Sized>(&mut self, comm: &mut C) -> Result<(), Error> {
-        let lt = self.lt;
-        resid(comm, &self.shapes[lt], self.u[lt], Some(self.v), self.r[lt])
-    }
-
-    /// `r[k] = r[k] - A u[k]`, then `u[k] += C r[k]`.
-    fn resid_and_smooth<C: Comm + ?Sized>(
-        &mut self,
-        comm: &mut C,
-        k: usize,
-        c: &[f64; 4],
-    ) -> Result<(), Error> {
-        let s = self.shapes[k];
-        resid(comm, &s, self.u[k], None, self.r[k])?;
-        psinv(comm, &s, self.r[k], self.u[k], c)
-    }
-
-    /// One V-cycle (`mg3P`), as the shared-memory MG's.
-    fn mg3p<C: Comm + ?Sized>(&mut self, comm: &mut C, c: &[f64; 4]) -> Result<(), Error> {
-        let lt = self.lt;
-        for k in (2..=lt).rev() {
-            self.restrict(comm, k)?;
-        }
-        self.u[1].fill(0.0);
-        psinv(comm, &self.shapes[1], self.r[1], self.u[1], c)?;
-        for k in 2..lt {
-            self.prolong::<false>(k);
-            self.resid_and_smooth(comm, k, c)?;
-        }
-        self.prolong::<true>(lt);
-        self.residual(comm)?;
-        psinv(comm, &self.shapes[lt], self.r[lt], self.u[lt], c)
-    }
-
-    /// `(sqrt(sum r^2 / n^3), max |r|)` over the finest level's interior.
-    fn norm<C: Comm + ?Sized>(&self, comm: &mut C) -> Result<(f64, f64), Error> {
-        let s = &self.shapes[self.lt];
-        let pl = s.plane();
-        let (sum, max) = mg::squares_and_max(&self.r[self.lt][pl..(s.planes + 1) * pl], s.m());
-        let (mut sum, mut max) = ([sum], [max]);
-        comm.allreduce_f64(&mut sum, Op::Sum)?;
-        comm.allreduce_f64(&mut max, Op::Max)?;
-        Ok((libm::sqrt(sum[0] / (s.n * s.n * s.n) as f64), max[0]))
-    }
-
-    /// Zeroes `u` on the finest level and makes the right-hand side `v` (`zran3`):
-    /// every rank's best candidates on its planes, allgathered and merged alike.
-    fn reset<C: Comm + ?Sized>(
-        &mut self,
-        comm: &mut C,
-        candidates: &mut [Candidate],
-    ) -> Result<(), Error> {
-        let s = self.shapes[self.lt];
-        self.u[self.lt].fill(0.0);
-        let pl = s.plane();
-        let held = &mut self.v[pl..(s.planes + 1) * pl];
-        let (largest, smallest) = mg::zran3_scan(held, s.first + 1..s.first + 1 + s.planes, s.n);
-        let (mine, all) = candidates.split_at_mut(2 * CHARGES);
-        mine[..CHARGES].copy_from_slice(&largest.list);
-        mine[CHARGES..].copy_from_slice(&smallest.list);
-        allgather(comm, bytes(mine), bytes_mut(all))?;
-        let (largest, smallest) = mg::merge_extremes(all);
-        mg::place_charges(held, s.first + 1, s.m(), &largest, &smallest);
-        exchange(comm, &s, self.v)
-    }
-}
-
 pub fn run<C: Comm + ?Sized>(
     class: Class,
     comm: &mut C,
@@ -379,14 +613,14 @@ pub fn run<C: Comm + ?Sized>(
     let lt = mg::levels(class);
     let nit = mg::iterations(class);
     let c = mg::smoother(class);
-    let (shapes, boundary) = plan(class, me, size);
+    let levels = plan(class, me, size);
     let mut carve = |len: usize| -> &mut [f64] {
         // SAFETY: the arena is this rank's alone and outlives this run.
         unsafe { take(arena, len) }
     };
     let mut level = |k: usize| -> &mut [f64] {
         if (1..=lt).contains(&k) {
-            carve(shapes[k].len())
+            carve(levels[k].len())
         } else {
             &mut []
         }
@@ -395,11 +629,14 @@ pub fn run<C: Comm + ?Sized>(
     let r = core::array::from_fn(&mut level);
     let mut g = Grids {
         lt,
-        shapes,
+        levels,
         u,
         r,
-        v: carve(shapes[lt].len()),
-        boundary: boundary.map(|w| (w, carve(w.len()))),
+        v: carve(levels[lt].len()),
+        buffers: Buffers {
+            send: carve(buffer_len(&levels[lt])),
+            recv: carve(buffer_len(&levels[lt])),
+        },
     };
     // SAFETY: as `carve`.
     let candidates = unsafe { take::<Candidate>(arena, (size + 1) * 2 * CHARGES) };
@@ -448,25 +685,98 @@ mod tests {
     }
 
     #[test]
-    fn rank_counts_must_be_powers_of_two_within_the_finest_side() {
-        assert!(fits(Class::S, 32) && fits(Class::W, 64) && fits(Class::S, 1));
-        assert!(!fits(Class::S, 64) && !fits(Class::S, 3) && !fits(Class::A, 6));
+    fn rank_counts_must_be_powers_of_two_up_to_64() {
+        for ranks in [1, 2, 4, 8, 16, 32, 64] {
+            assert!(fits(Class::S, ranks) && fits(Class::A, ranks), "{ranks}");
+        }
+        assert!(!fits(Class::S, 128) && !fits(Class::S, 3) && !fits(Class::A, 6));
     }
 
     #[test]
-    fn split_levels_align_with_the_levels_below_and_whole_ones_start_at_the_boundary() {
-        let (shapes, boundary) = plan(Class::S, 3, 8);
-        // Level 3 (8 planes) and up are split: rank 3 holds planes 3·n/8 + 1 ..
-        for s in &shapes[3..=5] {
-            assert!(!s.whole && s.planes == s.n / 8 && s.first == 3 * s.planes);
+    fn the_process_grid_is_mg_f_s() {
+        // log2(ranks) split x: a third, y: half the rest, z: the remainder.
+        let grids = [1, 2, 4, 8, 16, 32, 64].map(process_grid);
+        assert_eq!(
+            grids,
+            [
+                [1, 1, 1],
+                [1, 1, 2],
+                [1, 2, 2],
+                [2, 2, 2],
+                [2, 2, 4],
+                [2, 4, 4],
+                [4, 4, 4]
+            ]
+        );
+    }
+
+    /// `(first, count, down, up)` of one axis of one level.
+    fn span(levels: &[Level; 16], k: usize, axis: usize) -> (usize, usize, usize, usize) {
+        let s = levels[k].axes[axis];
+        (s.first, s.count, s.down, s.up)
+    }
+
+    #[test]
+    fn blocks_and_neighbours_are_mg_f_s() {
+        // 8 ranks, 2 x 2 x 2: rank 5 is at (1, 0, 1); the finest level (32) in halves,
+        // each axis's two neighbours the same rank.
+        let p = plan(Class::S, 5, 8);
+        assert_eq!(coordinates(5, process_grid(8)), [1, 0, 1]);
+        assert_eq!(span(&p, 5, 0), (16, 16, 4, 4));
+        assert_eq!(span(&p, 5, 1), (0, 16, 7, 7));
+        assert_eq!(span(&p, 5, 2), (16, 16, 1, 1));
+        assert_eq!(span(&p, 1, 2), (1, 1, 1, 1));
+        // mg.f's finest-level bounds: is = 2 + n - ((p - i) n) / p, ie = 1 + n - ((p - 1
+        // - i) n) / p (1-based, ghost first), for every rank of 2, 4 and 8.
+        for ranks in [2, 4, 8] {
+            for rank in 0..ranks {
+                let p = plan(Class::W, rank, ranks);
+                let (grid, coords) = (process_grid(ranks), coordinates(rank, process_grid(ranks)));
+                for axis in 0..3 {
+                    let (n, pi, i) = (128, grid[axis], coords[axis]);
+                    let is = 2 + n - ((pi - i) * n) / pi;
+                    let ie = 1 + n - ((pi - 1 - i) * n) / pi;
+                    let (first, count, _, _) = span(&p, 7, axis);
+                    assert_eq!((first + 2, first + count + 1), (is, ie));
+                }
+            }
         }
-        // A coarse local plane j lies on fine local plane 2j.
-        assert_eq!(2 * shapes[4].first, shapes[5].first);
-        assert!(shapes[1].whole && shapes[2].whole && shapes[2].planes == 4);
-        assert_eq!(boundary.map(|b| (b.n, b.whole)), Some((8, true)));
-        // Two ranks split every level, down to level 1's two planes.
-        let (shapes, boundary) = plan(Class::S, 1, 2);
-        assert!(boundary.is_none() && !shapes[1].whole && shapes[1].first == 1);
+        // 4 ranks, 1 x 2 x 2: rank 3 at (0, 1, 1), alone along x.
+        let p = plan(Class::S, 3, 4);
+        assert_eq!(coordinates(3, process_grid(4)), [0, 1, 1]);
+        assert_eq!(span(&p, 5, 0), (0, 32, 3, 3));
+        assert_eq!(span(&p, 5, 1), (16, 16, 2, 2));
+        assert_eq!(span(&p, 5, 2), (16, 16, 1, 1));
+    }
+
+    #[test]
+    fn four_ranks_along_an_axis_leave_dead_ranks_on_level_1_as_mg_f() {
+        // 16 ranks, 2 x 2 x 4: along z, level 2 (4 points) one point each; level 1
+        // (2 points) only at z = 1 and 3 (points 0 and 1), neighbours 2 apart.
+        let at = |z: usize| plan(Class::S, 4 * z, 16);
+        for z in 0..4 {
+            let p = at(z);
+            assert_eq!(coordinates(4 * z, process_grid(16)), [0, 0, z]);
+            assert_eq!(span(&p, 2, 2), (z, 1, 4 * ((z + 3) % 4), 4 * ((z + 1) % 4)));
+            let live = z % 2 == 1;
+            assert_eq!(p[1].dead(), !live);
+            let coarse = p[1].axes[2];
+            assert_eq!((coarse.first, coarse.count), (z * 2 / 4, live as usize));
+            // mg.f: give_ex on level 2 where level 1 has a point and the next rank up
+            // none, take_ex the other way round; nothing on other levels or axes.
+            let fine = p[2].axes[2];
+            assert_eq!((fine.give, fine.take), (live, !live));
+            for (k, level) in p.iter().enumerate() {
+                assert!(k == 2 || !level.expands(), "level {k}");
+            }
+            assert!(!p[2].axes[0].give && !p[2].axes[1].take);
+            if live {
+                let other = 4 * ((z + 2) % 4);
+                assert_eq!((coarse.down, coarse.up), (other, other));
+                // Its coarse point lies on its fine point, one after 2 j.
+                assert_eq!(p[1].shift_in(&p[2]), [0, 0, 1]);
+            }
+        }
     }
 
     /// Runs MG on `ranks` host threads; every rank's outcome.
@@ -479,50 +789,49 @@ mod tests {
         })
     }
 
-    /// Asserts that MG `class` verifies on each of `ranks`, every rank alike.
-    fn verifies_on(class: Class, ranks: &[usize]) {
+    /// Asserts that MG `class` verifies on each of `ranks`, every rank alike, with the
+    /// shared-memory MG's residual norms (the maximum, one point's value, to the bit).
+    fn matches_shared_memory(class: Class, ranks: &[usize]) {
+        let team = crate::host::run(
+            crate::Spec {
+                kernel: crate::Kernel::Mg,
+                class,
+            },
+            2,
+        );
+        assert!(team.verified);
         for &ranks in ranks {
             let outcomes = run_on(class, ranks);
             for outcome in &outcomes {
                 assert!(outcome.verified, "{class:?} on {ranks} ranks: {outcome:?}");
                 assert_eq!(outcome.values, outcomes[0].values);
             }
+            for name in ["rnm2", "initial"] {
+                let (a, b) = (value(&team, name), value(&outcomes[0], name));
+                assert!((a - b).abs() <= 1e-12 * a.abs(), "{name}: {a} vs {b}");
+            }
+            assert_eq!(value(&team, "rnmu"), value(&outcomes[0], "rnmu"), "{ranks}");
         }
     }
 
     #[test]
-    fn verifies_at_s_with_whole_coarse_levels_and_one_finest_plane_per_rank() {
-        // 8 and 16 ranks: levels below 8 (16) planes are whole on every rank; 32
-        // ranks: one plane of the finest level each, prolonged into from whole levels.
-        verifies_on(Class::S, &[8, 16, 32]);
+    fn s_on_1_to_8_ranks_matches_the_shared_memory_mg() {
+        matches_shared_memory(Class::S, &[1, 2, 4, 8]);
     }
 
     #[test]
-    fn verifies_at_w_on_1_2_4_ranks() {
-        verifies_on(Class::W, &[1, 2, 4]);
+    fn s_on_16_32_64_ranks_with_dead_ranks_on_level_1_matches_too() {
+        matches_shared_memory(Class::S, &[16, 32, 64]);
+    }
+
+    #[test]
+    fn w_on_1_to_8_ranks_matches_the_shared_memory_mg() {
+        matches_shared_memory(Class::W, &[1, 2, 4, 8]);
     }
 
     #[test]
     #[ignore = "class A: seconds per run and up to ~450 MiB per rank; run with --release --include-ignored"]
-    fn verifies_at_a_on_1_2_4_ranks() {
-        verifies_on(Class::A, &[1, 2, 4]);
-    }
-
-    #[test]
-    fn finds_the_same_residual_norms_as_the_shared_memory_mg() {
-        let team = crate::host::run(
-            crate::Spec {
-                kernel: crate::Kernel::Mg,
-                class: Class::S,
-            },
-            2,
-        );
-        let split = &run_on(Class::S, 4)[0];
-        for name in ["rnm2", "initial"] {
-            let (a, b) = (value(&team, name), value(split, name));
-            assert!((a - b).abs() <= 1e-12 * a.abs(), "{name}: {a} vs {b}");
-        }
-        // The maximum is a single point's value: the same bits.
-        assert_eq!(value(&team, "rnmu"), value(split, "rnmu"));
+    fn a_on_1_to_8_ranks_matches_the_shared_memory_mg() {
+        matches_shared_memory(Class::A, &[1, 2, 4, 8]);
     }
 }
