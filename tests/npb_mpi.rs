@@ -109,6 +109,33 @@ fn mg_class_s_and_w_verify_on_two_vms_with_the_official_norms() {
     assert_eq!(lines[2]["ok"], serde_json::json!(true));
 }
 
+/// LU's SSOR sweeps are wavefronts across its process grid, 2 x 1 ranks and then 2 x
+/// 2 (two per VM, halting while they wait): for every plane a rank waits for its
+/// north and west neighbours' edges, then passes its own on.
+#[test]
+fn lu_class_s_verifies_on_two_vms_of_one_and_two_vcpus() {
+    if !kvm_available() {
+        return;
+    }
+    for (args, ranks) in [
+        (&["--vms", "2"][..], 2),
+        (&["--vms", "2", "--vcpus", "2", "--wait", "block"][..], 4),
+    ] {
+        let lines = npb_job("lu.S", args);
+        let line = &lines[0];
+        assert_eq!(line["benchmark"], serde_json::json!("lu"), "{line}");
+        assert_eq!(line["ranks"], serde_json::json!(ranks), "{line}");
+        assert_eq!(line["verified"], serde_json::json!(true), "{line}");
+        // NPB 3.3's published surface integral of class S.
+        let xci = line["xci"].as_f64().unwrap();
+        assert!(
+            (xci - 7.841_892_886_593_708_3).abs() <= 1e-8 * xci,
+            "{line}"
+        );
+        assert_eq!(lines[1]["ok"], serde_json::json!(true));
+    }
+}
+
 #[test]
 fn ft_class_s_verifies_on_four_vms() {
     if !kvm_available() {
@@ -149,6 +176,8 @@ fn rank_counts_a_kernel_cannot_use_are_refused_in_one_line() {
         ("ep.S,cg.S", "3"),
         ("ft.S", "6"),
         ("mg.S", "3"),
+        // LU's 8 x 4 process grid would leave 12 / 8 points along x.
+        ("lu.S", "32"),
     ] {
         let out = kumo(&["mpi", "--npb", list, "--vms", vms]);
         assert_eq!(out.status.code(), Some(2), "{list} on {vms}");

@@ -128,7 +128,7 @@ pub fn supports(spec: Spec, ranks: usize) -> Result<(), &'static str> {
         Kernel::Mg => Err("needs a power-of-two number of ranks no larger than the grid's side"),
         Kernel::Lu if lu::fits(spec.class, ranks) => Ok(()),
         Kernel::Lu => Err(
-            "needs a power-of-two number of ranks whose process grid leaves each at least 2x2 points",
+            "needs a power-of-two number of ranks, each left at least 2 x 2 points of the x-y plane",
         ),
         Kernel::Sp | Kernel::Bt => Err("has no MPI form yet"),
     }
