@@ -131,11 +131,13 @@ impl Block {
     }
 
     /// Points per stored row: the owned ones and the ghosts on both sides.
+    #[inline(always)]
     fn row(&self) -> usize {
         self.xs.len() + 2 * GHOST
     }
 
     /// Points per stored plane.
+    #[inline(always)]
     fn plane(&self) -> usize {
         self.row() * (self.ys.len() + 2 * GHOST)
     }
@@ -146,12 +148,14 @@ impl Block {
     }
 
     /// Storage index of grid point `(i, j, k)`, which must be owned or a ghost.
+    #[inline(always)]
     fn at(&self, i: usize, j: usize, k: usize) -> usize {
         (k * (self.ys.len() + 2 * GHOST) + j + GHOST - self.ys.start) * self.row() + i + GHOST
             - self.xs.start
     }
 
     /// Storage strides along x, y and z.
+    #[inline(always)]
     fn strides(&self) -> [usize; 3] {
         [1, self.row(), self.plane()]
     }
@@ -256,25 +260,34 @@ impl Fields<'_> {
     }
 }
 
-/// Every stored grid point of the block that exists in the grid, ghosts included:
-/// `(i, j, k)`.
-fn stored(b: &Block) -> impl Iterator<Item = (usize, usize, usize)> {
-    let (xs, ys) = (b.stored_x(), b.stored_y());
-    (0..b.n).flat_map(move |k| {
-        let xs = xs.clone();
-        ys.clone()
-            .flat_map(move |j| xs.clone().map(move |i| (i, j, k)))
-    })
+/// Calls `f` on every stored grid point `(i, j, k)` of the block that exists in the
+/// grid, ghosts included.
+#[inline(always)]
+fn stored(b: &Block, f: impl FnMut(usize, usize, usize)) {
+    each(b.stored_x(), b.stored_y(), 0..b.n, f);
 }
 
-/// Every owned interior grid point, `i` fastest.
-fn interior(b: &Block) -> impl Iterator<Item = (usize, usize, usize)> {
-    let (xs, ys) = (b.inner_x(), b.inner_y());
-    (1..b.n - 1).flat_map(move |k| {
-        let xs = xs.clone();
-        ys.clone()
-            .flat_map(move |j| xs.clone().map(move |i| (i, j, k)))
-    })
+/// Calls `f` on every owned interior grid point.
+#[inline(always)]
+fn interior(b: &Block, f: impl FnMut(usize, usize, usize)) {
+    each(b.inner_x(), b.inner_y(), 1..b.n - 1, f);
+}
+
+/// Calls `f` on the points `xs` x `ys` x `ks`, `i` fastest.
+#[inline(always)]
+fn each(
+    xs: Range<usize>,
+    ys: Range<usize>,
+    ks: Range<usize>,
+    mut f: impl FnMut(usize, usize, usize),
+) {
+    for k in ks {
+        for j in ys.clone() {
+            for i in xs.clone() {
+                f(i, j, k);
+            }
+        }
+    }
 }
 
 /// Copies `f` at the grid points `xs` x `ys` of planes `ks` into `buf` (`i` fastest);
@@ -287,14 +300,10 @@ fn pack(
     buf: &mut [f64],
 ) -> usize {
     let mut at = 0;
-    for k in ks {
-        for j in ys.clone() {
-            for i in xs.clone() {
-                buf[at..at + 5].copy_from_slice(&f[b.at(i, j, k)]);
-                at += 5;
-            }
-        }
-    }
+    each(xs, ys, ks, |i, j, k| {
+        buf[at..at + 5].copy_from_slice(&f[b.at(i, j, k)]);
+        at += 5;
+    });
     at
 }
 
@@ -307,14 +316,10 @@ fn unpack(
     buf: &[f64],
 ) {
     let mut at = 0;
-    for k in ks {
-        for j in ys.clone() {
-            for i in xs.clone() {
-                f[b.at(i, j, k)].copy_from_slice(&buf[at..at + 5]);
-                at += 5;
-            }
-        }
-    }
+    each(xs, ys, ks, |i, j, k| {
+        f[b.at(i, j, k)].copy_from_slice(&buf[at..at + 5]);
+        at += 5;
+    });
 }
 
 /// `recv` must have come whole.
@@ -404,28 +409,28 @@ fn recv_ghosts<C: Comm + ?Sized>(
 
 /// `setbv` and `setiv` on every stored point.
 fn initialize(b: &Block, c: &Constants, f: &mut Fields) {
-    for (i, j, k) in stored(b) {
+    stored(b, |i, j, k| {
         f.u[b.at(i, j, k)] = lu::initial(c, i, j, k);
-    }
+    });
 }
 
 /// `erhs`: the forcing term on the owned interior, from the exact solution put in
 /// `rsd` on every stored point (so no ghosts need trading).
 fn erhs(b: &Block, c: &Constants, f: &mut Fields) {
-    for (i, j, k) in stored(b) {
+    stored(b, |i, j, k| {
         let at = b.at(i, j, k);
         f.frct[at] = [0.0; 5];
         f.rsd[at] = c.exact(i, j, k);
-    }
+    });
     let flow = Flow::<true> {
         v: f.rsd,
         rho_i: &[],
         qs: &[],
     };
-    for (i, j, k) in interior(b) {
+    interior(b, |i, j, k| {
         let at = b.at(i, j, k);
         flow.point(c, &mut f.frct[at], at, [i, j, k], b.strides());
-    }
+    });
 }
 
 /// `rhs`: the ghosts of `u` from the neighbours, then the steady-state residual.
@@ -447,20 +452,20 @@ fn rhs<C: Comm + ?Sized>(
             TAG_GHOSTS,
         )?;
     }
-    for (i, j, k) in stored(b) {
+    stored(b, |i, j, k| {
         let at = b.at(i, j, k);
         f.rsd[at] = f.frct[at].map(|x| -x);
         (f.rho_i[at], f.qs[at]) = lu::derived(&f.u[at]);
-    }
+    });
     let flow = Flow::<false> {
         v: f.u,
         rho_i: f.rho_i,
         qs: f.qs,
     };
-    for (i, j, k) in interior(b) {
+    interior(b, |i, j, k| {
         let at = b.at(i, j, k);
         flow.point(c, &mut f.rsd[at], at, [i, j, k], b.strides());
-    }
+    });
     Ok(())
 }
 
@@ -515,20 +520,20 @@ fn iterate<C: Comm + ?Sized>(
     c: &Constants,
     f: &mut Fields,
 ) -> Result<(), Error> {
-    for (i, j, k) in interior(b) {
+    interior(b, |i, j, k| {
         let x = &mut f.rsd[b.at(i, j, k)];
         for m in 0..5 {
             x[m] = c.dt * x[m];
         }
-    }
+    });
     sweeps(comm, b, c, f)?;
     let tmp = 1.0 / (OMEGA * (2.0 - OMEGA));
-    for (i, j, k) in interior(b) {
+    interior(b, |i, j, k| {
         let at = b.at(i, j, k);
         for m in 0..5 {
             f.u[at][m] = f.u[at][m] + tmp * f.rsd[at][m];
         }
-    }
+    });
     rhs(comm, b, c, f)
 }
 
@@ -540,12 +545,12 @@ fn norms<C: Comm + ?Sized>(
     squares: impl Fn(usize, usize, usize) -> [f64; 5],
 ) -> Result<[f64; 5], Error> {
     let mut sums = [0.0; 5];
-    for (i, j, k) in interior(b) {
+    interior(b, |i, j, k| {
         let sq = squares(i, j, k);
         for m in 0..5 {
             sums[m] = sums[m] + sq[m];
         }
-    }
+    });
     comm.allreduce_f64(&mut sums, Op::Sum)?;
     Ok(lu::rms(b.n, sums))
 }
