@@ -679,11 +679,7 @@ mod tests {
     use std::vec::Vec;
 
     use super::*;
-    use crate::mpi::host;
-
-    fn value(outcome: &Outcome, name: &str) -> f64 {
-        outcome.values.iter().find(|(k, _)| *k == name).unwrap().1
-    }
+    use crate::testing::value;
 
     #[test]
     fn the_process_grid_is_proc_grids_and_blocks_need_two_points_a_side() {
@@ -722,12 +718,8 @@ mod tests {
 
     /// Runs LU on `ranks` host threads; every rank's outcome.
     fn run_on(class: Class, ranks: usize) -> Vec<Outcome> {
-        let bytes = heap_bytes(class, ranks);
-        host::run_ranks(ranks, bytes, |comm, arena| {
-            let outcome = run(class, comm, arena).unwrap();
-            assert!(arena.used() <= bytes, "{} of {bytes}", arena.used());
-            outcome
-        })
+        let kernel = crate::Kernel::Lu;
+        crate::testing::on_mpi_ranks(crate::Spec { kernel, class }, ranks)
     }
 
     /// LU `class` verifies on each of `ranks`, every rank alike, with the norms and
