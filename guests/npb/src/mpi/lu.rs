@@ -60,7 +60,7 @@ fn split(n: usize, parts: usize, p: usize) -> Range<usize> {
 }
 
 /// Whether LU runs on `ranks` ranks: a power of two whose process grid leaves every
-/// block at least [`GHOST`] points a side.
+/// block at least `GHOST` (2) points a side.
 pub fn fits(class: Class, ranks: usize) -> bool {
     if !ranks.is_power_of_two() {
         return false;
