@@ -63,10 +63,10 @@ fn every_mpi_kernel_verifies_on_two_vms_of_two_vcpus() {
         return;
     }
     let lines = npb_job(
-        "ep.S,is.S,cg.S,ft.S,cg.W,mg.S",
+        "ep.S,is.S,cg.S,ft.S,cg.W,mg.S,lu.S",
         &["--vms", "2", "--vcpus", "2", "--wait", "block"],
     );
-    let names: Vec<String> = lines[..6]
+    let names: Vec<String> = lines[..7]
         .iter()
         .map(|l| {
             format!(
@@ -76,14 +76,17 @@ fn every_mpi_kernel_verifies_on_two_vms_of_two_vcpus() {
             )
         })
         .collect();
-    assert_eq!(names, ["ep.S", "is.S", "cg.S", "ft.S", "cg.W", "mg.S"]);
-    for line in &lines[..6] {
+    assert_eq!(
+        names,
+        ["ep.S", "is.S", "cg.S", "ft.S", "cg.W", "mg.S", "lu.S"]
+    );
+    for line in &lines[..7] {
         assert_eq!(line["ranks"], serde_json::json!(4), "{line}");
         assert_eq!(line["vms"], serde_json::json!(2), "{line}");
         assert_eq!(line["vcpus"], serde_json::json!(2), "{line}");
         assert_eq!(line["verified"], serde_json::json!(true), "{line}");
     }
-    assert_eq!(lines[6]["ok"], serde_json::json!(true));
+    assert_eq!(lines[7]["ok"], serde_json::json!(true));
 }
 
 /// MG's blocks swap ghost faces with both neighbours of each axis after every
@@ -161,6 +164,25 @@ fn ft_class_s_verifies_on_four_vms() {
     assert!(lines[0]["error"].as_f64().unwrap() <= 1e-12, "{}", lines[0]);
 }
 
+/// LU's SSOR sweeps are wavefronts across its process grid (here 2 x 1 spinning ranks;
+/// 2 x 2 in the test of every kernel above): for every plane a rank waits for its
+/// north neighbour's edge, then passes its own on.
+#[test]
+fn lu_class_s_verifies_on_two_vms_with_the_official_integral() {
+    if !kvm_available() {
+        return;
+    }
+    let lines = npb_job("lu.S", &["--vms", "2"]);
+    let line = &lines[0];
+    assert_eq!(line["benchmark"], serde_json::json!("lu"), "{line}");
+    assert_eq!(line["ranks"], serde_json::json!(2), "{line}");
+    assert_eq!(line["verified"], serde_json::json!(true), "{line}");
+    // NPB 3.3's published surface integral of class S.
+    let xci = line["xci"].as_f64().unwrap();
+    assert!((xci - 7.841_892_886_593_708).abs() <= 1e-8 * xci, "{line}");
+    assert_eq!(lines[1]["ok"], serde_json::json!(true));
+}
+
 #[test]
 fn ep_verifies_on_three_vms_where_is_and_cg_are_refused() {
     if !kvm_available() {
@@ -184,6 +206,8 @@ fn rank_counts_a_kernel_cannot_use_are_refused_in_one_line() {
         ("ep.S,cg.S", "3"),
         ("ft.S", "6"),
         ("mg.S", "3"),
+        // LU's 8 x 4 process grid would leave 12 / 8 points along x.
+        ("lu.S", "32"),
     ] {
         let out = kumo(&["mpi", "--npb", list, "--vms", vms]);
         assert_eq!(out.status.code(), Some(2), "{list} on {vms}");

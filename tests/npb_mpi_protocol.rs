@@ -1,8 +1,8 @@
 //! The NPB-MPI kernels over the guest's own MPI (`guests/user/src/mpi.rs`) and its
 //! `Comm` adapter (`guests/user/src/comm.rs`), the same source files, on the host:
 //! ranks are threads, the wire is in memory (as `tests/mpi_protocol.rs`) and may drop
-//! frames. Every MPI kernel (EP, IS, CG, FT) must verify at class S on 1, 2 and 4 ranks, and on a lossy
-//! wire, with every rank agreeing.
+//! frames. EP, IS, CG, FT and LU must verify at class S on 1, 2 and 4 ranks, and IS,
+//! CG and LU on a lossy wire, with every rank agreeing.
 
 use kumo::guest_mpi as mpi;
 
@@ -85,6 +85,17 @@ fn ft_class_s_verifies_on_1_2_4_ranks() {
     for ranks in [1, 2, 4] {
         assert_eq!(assert_verified(spec(Kernel::Ft), ranks, 0), 0);
     }
+}
+
+/// LU's sweeps send a plane's edge to each downstream neighbour per plane: many
+/// small messages between fixed pairs, in pipeline order.
+#[test]
+fn lu_class_s_verifies_on_1_2_4_ranks_and_on_a_lossy_wire() {
+    for ranks in [1, 2, 4] {
+        assert_eq!(assert_verified(spec(Kernel::Lu), ranks, 0), 0);
+    }
+    // One frame in 40 lost: the pipeline's edges resent underneath.
+    assert!(assert_verified(spec(Kernel::Lu), 4, 40) > 0);
 }
 
 #[test]

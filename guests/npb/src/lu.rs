@@ -23,6 +23,9 @@
 //! does not depend on the thread count except through the norms' rank-ordered sums.
 //!
 //! Every expression keeps the reference's operation order: verification is at 1e-8.
+//! The MPI form (`mpi::lu`) calls the same per-point functions (`Flow::point`, `lower`,
+//! `upper`, `initial`, `derived`, `pressure`) on its blocks, which have their own
+//! layout (hence the strides in `State` and `Flow::point`).
 
 // Statements are written as the reference's (`a = a - b * c`, indexed loops over the
 // five components) so that each one's operation order can be checked against it.
@@ -39,7 +42,7 @@ use crate::{Class, Outcome};
 pub const EPSILON: f64 = 1.0e-8;
 
 /// The over-relaxation factor (`omega_default`).
-const OMEGA: f64 = 1.2;
+pub(crate) const OMEGA: f64 = 1.2;
 
 const C1: f64 = 1.40;
 const C2: f64 = 0.40;
@@ -182,12 +185,12 @@ pub fn heap_bytes(class: Class, threads: usize) -> usize {
 /// The reference's `setcoeff` values LU reads (its dissipation coefficients `dx1..dx5`
 /// are all `dx`, and likewise `dy`, `dz`).
 #[derive(Clone, Copy, Debug)]
-struct Constants {
-    n: usize,
-    dt: f64,
-    dxi: f64,
-    deta: f64,
-    dzeta: f64,
+pub(crate) struct Constants {
+    pub(crate) n: usize,
+    pub(crate) dt: f64,
+    pub(crate) dxi: f64,
+    pub(crate) deta: f64,
+    pub(crate) dzeta: f64,
     tx1: f64,
     tx2: f64,
     tx3: f64,
@@ -205,7 +208,7 @@ struct Constants {
 
 impl Constants {
     /// `setcoeff` for a cubic grid of `n` points and time step `dt`.
-    fn new(n: usize, dt: f64) -> Constants {
+    pub(crate) fn new(n: usize, dt: f64) -> Constants {
         let d = 1.0 / (n - 1) as f64;
         let (dx, dy, dz) = (0.75, 0.75, 1.0);
         Constants {
@@ -232,7 +235,7 @@ impl Constants {
 
     /// `exact`: the exact solution at grid point `(i, j, k)` (coordinates by division,
     /// as the reference).
-    fn exact(&self, i: usize, j: usize, k: usize) -> [f64; 5] {
+    pub(crate) fn exact(&self, i: usize, j: usize, k: usize) -> [f64; 5] {
         let m = (self.n - 1) as f64;
         cfd::polynomial(&cfd::CE, i as f64 / m, j as f64 / m, k as f64 / m)
     }
@@ -299,10 +302,10 @@ unsafe fn row5_mut<'a>(data: &'a Shared<f64>, g: &Grid, j: usize, k: usize) -> &
 /// (`u`, or in `erhs` the exact solution) and, for `rhs`, their stored `rho_i` and
 /// `qs`. `EXACT` selects `erhs`'s forms, which divide where `rhs` multiplies by the
 /// stored inverse (different roundings, kept as the reference).
-struct Flow<'a, const EXACT: bool> {
-    v: &'a [[f64; 5]],
-    rho_i: &'a [f64],
-    qs: &'a [f64],
+pub(crate) struct Flow<'a, const EXACT: bool> {
+    pub(crate) v: &'a [[f64; 5]],
+    pub(crate) rho_i: &'a [f64],
+    pub(crate) qs: &'a [f64],
 }
 
 impl<const EXACT: bool> Flow<'_, EXACT> {
@@ -400,29 +403,44 @@ impl<const EXACT: bool> Flow<'_, EXACT> {
         for m in 1..5 {
             out[m] = out[m] + t3 * C3 * C4 * (gp[m] - g0[m]) + d * t1 * second(m);
         }
-        let first = at - p * stride;
+        // Position q of the line is `q - p` strides from `at` (asked only within two).
         for m in 0..5 {
-            out[m] = out[m] - dssp * cfd::dissipation(p, n, |q| self.v[first + q * stride][m]);
+            out[m] =
+                out[m] - dssp * cfd::dissipation(p, n, |q| self.v[at + q * stride - p * stride][m]);
         }
     }
 
     /// The xi, eta and zeta terms of interior plane `k`, added to `out` (that plane of
     /// `rsd` or `frct`, five values per point).
     fn plane(&self, g: &Grid, c: &Constants, out: &mut [[f64; 5]], k: usize) {
-        let n = g.n;
         let base = g.at(0, 0, k);
         for j in g.interior() {
             for i in g.interior() {
                 let at = g.at(i, j, k);
-                let o = &mut out[at - base];
-                let tx = (c.tx1, c.tx2, c.tx3);
-                let ty = (c.ty1, c.ty2, c.ty3);
-                let tz = (c.tz1, c.tz2, c.tz3);
-                self.direction(o, at, i, n, 1, 1, tx, c.dx, c.dssp);
-                self.direction(o, at, j, n, g.ip, 2, ty, c.dy, c.dssp);
-                self.direction(o, at, k, n, g.plane(), 3, tz, c.dz, c.dssp);
+                self.point(c, &mut out[at - base], at, [i, j, k], [1, g.ip, g.plane()]);
             }
         }
+    }
+
+    /// The xi, eta and zeta terms of the interior grid point `(i, j, k)` = `pos`,
+    /// stored at `at` with its neighbours along the three axes `strides` apart (at
+    /// least two on each side stored), added to `out` (its value of `rsd` or `frct`).
+    #[inline(always)]
+    pub(crate) fn point(
+        &self,
+        c: &Constants,
+        out: &mut [f64; 5],
+        at: usize,
+        pos: [usize; 3],
+        strides: [usize; 3],
+    ) {
+        let n = c.n;
+        let tx = (c.tx1, c.tx2, c.tx3);
+        let ty = (c.ty1, c.ty2, c.ty3);
+        let tz = (c.tz1, c.tz2, c.tz3);
+        self.direction(out, at, pos[0], n, strides[0], 1, tx, c.dx, c.dssp);
+        self.direction(out, at, pos[1], n, strides[1], 2, ty, c.dy, c.dssp);
+        self.direction(out, at, pos[2], n, strides[2], 3, tz, c.dz, c.dssp);
     }
 }
 
@@ -482,10 +500,7 @@ fn rhs(team: &Team, g: &Grid, f: &Fields, c: &Constants) {
                     for m in 0..5 {
                         rsd[5 * at + m] = -frct[5 * at + m];
                     }
-                    let u = &u[5 * at..5 * at + 5];
-                    let tmp = 1.0 / u[0];
-                    rho_i[at] = tmp;
-                    qs[at] = 0.50 * (u[1] * u[1] + u[2] * u[2] + u[3] * u[3]) * tmp;
+                    (rho_i[at], qs[at]) = derived(&u[5 * at..5 * at + 5]);
                 }
             }
         }
@@ -509,32 +524,41 @@ fn rhs(team: &Team, g: &Grid, f: &Fields, c: &Constants) {
     team.barrier();
 }
 
-/// `setbv` and `setiv` on plane `k` (`u` is that plane): the exact solution on the
-/// boundary, transfinite interpolation of it inside.
+/// `rhs`'s `rho_i` and `qs` of a point's five values `u`.
+#[inline(always)]
+pub(crate) fn derived(u: &[f64]) -> (f64, f64) {
+    let tmp = 1.0 / u[0];
+    (tmp, 0.50 * (u[1] * u[1] + u[2] * u[2] + u[3] * u[3]) * tmp)
+}
+
+/// `setbv` and `setiv` on plane `k` (`u` is that plane).
 fn setbv_setiv(g: &Grid, c: &Constants, u: &mut [[f64; 5]], k: usize) {
-    let n = g.n;
-    let last = n - 1;
-    for j in 0..n {
-        for i in 0..n {
-            let boundary = k == 0 || k == last || j == 0 || j == last || i == 0 || i == last;
-            u[j * g.ip + i] = if boundary {
-                c.exact(i, j, k)
-            } else {
-                let m = last as f64;
-                let (xi, eta, zeta) = (i as f64 / m, j as f64 / m, k as f64 / m);
-                let (ue_1jk, ue_nx0jk) = (c.exact(0, j, k), c.exact(last, j, k));
-                let (ue_i1k, ue_iny0k) = (c.exact(i, 0, k), c.exact(i, last, k));
-                let (ue_ij1, ue_ijnz) = (c.exact(i, j, 0), c.exact(i, j, last));
-                core::array::from_fn(|m| {
-                    let pxi = (1.0 - xi) * ue_1jk[m] + xi * ue_nx0jk[m];
-                    let peta = (1.0 - eta) * ue_i1k[m] + eta * ue_iny0k[m];
-                    let pzeta = (1.0 - zeta) * ue_ij1[m] + zeta * ue_ijnz[m];
-                    pxi + peta + pzeta - pxi * peta - peta * pzeta - pzeta * pxi
-                        + pxi * peta * pzeta
-                })
-            };
+    for j in 0..g.n {
+        for i in 0..g.n {
+            u[j * g.ip + i] = initial(c, i, j, k);
         }
     }
+}
+
+/// `setbv` and `setiv` at grid point `(i, j, k)`: the exact solution on the boundary,
+/// transfinite interpolation of it inside.
+pub(crate) fn initial(c: &Constants, i: usize, j: usize, k: usize) -> [f64; 5] {
+    let last = c.n - 1;
+    let boundary = k == 0 || k == last || j == 0 || j == last || i == 0 || i == last;
+    if boundary {
+        return c.exact(i, j, k);
+    }
+    let m = last as f64;
+    let (xi, eta, zeta) = (i as f64 / m, j as f64 / m, k as f64 / m);
+    let (ue_1jk, ue_nx0jk) = (c.exact(0, j, k), c.exact(last, j, k));
+    let (ue_i1k, ue_iny0k) = (c.exact(i, 0, k), c.exact(i, last, k));
+    let (ue_ij1, ue_ijnz) = (c.exact(i, j, 0), c.exact(i, j, last));
+    core::array::from_fn(|m| {
+        let pxi = (1.0 - xi) * ue_1jk[m] + xi * ue_nx0jk[m];
+        let peta = (1.0 - eta) * ue_i1k[m] + eta * ue_iny0k[m];
+        let pzeta = (1.0 - zeta) * ue_ij1[m] + zeta * ue_ijnz[m];
+        pxi + peta + pzeta - pxi * peta - peta * pzeta - pzeta * pxi + pxi * peta * pzeta
+    })
 }
 
 /// `setbv` then `setiv`, in parallel by plane. Ends with a barrier.
@@ -550,11 +574,14 @@ fn initialize(team: &Team, g: &Grid, c: &Constants, f: &Fields) {
 /// A 5x5 block, `[row][column]` (the reference's `(m, n)`).
 type Block = [[f64; 5]; 5];
 
-/// What `jacld` and `jacu` read: `u`, `rho_i` and `qs` of every point.
-struct State<'a> {
-    u: &'a [[f64; 5]],
-    rho_i: &'a [f64],
-    qs: &'a [f64],
+/// What `jacld` and `jacu` read: `u`, `rho_i` and `qs` of every point, and the
+/// storage's strides between rows (`j`) and planes (`k`).
+pub(crate) struct State<'a> {
+    pub(crate) u: &'a [[f64; 5]],
+    pub(crate) rho_i: &'a [f64],
+    pub(crate) qs: &'a [f64],
+    pub(crate) row: usize,
+    pub(crate) plane: usize,
 }
 
 /// The diagonal block's shared diffusion term `dt * 2 * (tx1 * dx + ty1 * dy + tz1 * dz)`.
@@ -565,7 +592,7 @@ fn diffusion(c: &Constants) -> f64 {
 /// `jacld` at point `at`: the diagonal block `d` and the lower blocks `a` (from
 /// `k - 1`), `b` (`j - 1`) and `c` (`i - 1`) of the implicit operator.
 #[inline(always)]
-fn jacld(c: &Constants, s: &State, at: usize, g: &Grid) -> (Block, Block, Block, Block) {
+fn jacld(c: &Constants, s: &State, at: usize) -> (Block, Block, Block, Block) {
     let (dt, tx1, tx2, ty1, ty2, tz1, tz2) = (c.dt, c.tx1, c.tx2, c.ty1, c.ty2, c.tz1, c.tz2);
     let (dx, dy, dz) = (c.dx, c.dy, c.dz);
     let diff = diffusion(c);
@@ -615,7 +642,7 @@ fn jacld(c: &Constants, s: &State, at: usize, g: &Grid) -> (Block, Block, Block,
         ],
     ];
 
-    let b_at = at - g.plane();
+    let b_at = at - s.plane;
     let tmp1 = s.rho_i[b_at];
     let tmp2 = tmp1 * tmp1;
     let tmp3 = tmp1 * tmp2;
@@ -660,7 +687,7 @@ fn jacld(c: &Constants, s: &State, at: usize, g: &Grid) -> (Block, Block, Block,
         ],
     ];
 
-    let s_at = at - g.ip;
+    let s_at = at - s.row;
     let tmp1 = s.rho_i[s_at];
     let tmp2 = tmp1 * tmp1;
     let tmp3 = tmp1 * tmp2;
@@ -773,7 +800,7 @@ fn d55(c: &Constants, tmp1: f64) -> f64 {
 /// `jacu` at point `at`: the diagonal block `d` and the upper blocks `a` (from
 /// `i + 1`), `b` (`j + 1`) and `c` (`k + 1`) of the implicit operator.
 #[inline(always)]
-fn jacu(c: &Constants, s: &State, at: usize, g: &Grid) -> (Block, Block, Block, Block) {
+fn jacu(c: &Constants, s: &State, at: usize) -> (Block, Block, Block, Block) {
     let (dt, tx1, tx2, ty1, ty2, tz1, tz2) = (c.dt, c.tx1, c.tx2, c.ty1, c.ty2, c.tz1, c.tz2);
     let (dx, dy, dz) = (c.dx, c.dy, c.dz);
     let diff = diffusion(c);
@@ -868,7 +895,7 @@ fn jacu(c: &Constants, s: &State, at: usize, g: &Grid) -> (Block, Block, Block, 
         ],
     ];
 
-    let n_at = at + g.ip;
+    let n_at = at + s.row;
     let tmp1 = s.rho_i[n_at];
     let tmp2 = tmp1 * tmp1;
     let tmp3 = tmp1 * tmp2;
@@ -913,7 +940,7 @@ fn jacu(c: &Constants, s: &State, at: usize, g: &Grid) -> (Block, Block, Block, 
         ],
     ];
 
-    let t_at = at + g.plane();
+    let t_at = at + s.plane;
     let tmp1 = s.rho_i[t_at];
     let tmp2 = tmp1 * tmp1;
     let tmp3 = tmp1 * tmp2;
@@ -1023,16 +1050,31 @@ unsafe fn blts(g: &Grid, c: &Constants, f: &Fields, s: &State, j: usize, k: usiz
         )
     };
     for i in g.interior() {
-        let (d, ldz, ldy, ldx) = jacld(c, s, g.at(i, j, k), g);
-        let mut vk = v[i];
-        for m in 0..5 {
-            vk[m] = vk[m] - OMEGA * dot5(&ldz[m], &below[i]);
-        }
-        let west = v[i - 1];
-        let tv: [f64; 5] =
-            core::array::from_fn(|m| vk[m] - OMEGA * dot10(&ldy[m], &south[i], &ldx[m], &west));
-        v[i] = solve5(d, tv);
+        v[i] = lower(c, s, g.at(i, j, k), v[i], &below[i], &south[i], &v[i - 1]);
     }
+}
+
+/// `blts` at the interior point stored at `at`, with `jacld` computed there: the
+/// point's new value of the correction from its old one (`here`) and the finished
+/// values of its neighbours at `k - 1`, `j - 1` and `i - 1`.
+#[inline(always)]
+pub(crate) fn lower(
+    c: &Constants,
+    s: &State,
+    at: usize,
+    here: [f64; 5],
+    below: &[f64; 5],
+    south: &[f64; 5],
+    west: &[f64; 5],
+) -> [f64; 5] {
+    let (d, ldz, ldy, ldx) = jacld(c, s, at);
+    let mut vk = here;
+    for m in 0..5 {
+        vk[m] = vk[m] - OMEGA * dot5(&ldz[m], below);
+    }
+    let tv: [f64; 5] =
+        core::array::from_fn(|m| vk[m] - OMEGA * dot10(&ldy[m], south, &ldx[m], west));
+    solve5(d, tv)
 }
 
 /// `buts`, with `jacu` computed per point, on the interior points of row `j` of plane
@@ -1051,17 +1093,30 @@ unsafe fn buts(g: &Grid, c: &Constants, f: &Fields, s: &State, j: usize, k: usiz
         )
     };
     for i in g.interior().rev() {
-        let (d, udx, udy, udz) = jacu(c, s, g.at(i, j, k), g);
-        let mut tv: [f64; 5] = core::array::from_fn(|m| OMEGA * dot5(&udz[m], &above[i]));
-        let east = v[i + 1];
-        for m in 0..5 {
-            tv[m] = tv[m] + OMEGA * dot10(&udy[m], &north[i], &udx[m], &east);
-        }
-        let tv = solve5(d, tv);
-        for m in 0..5 {
-            v[i][m] = v[i][m] - tv[m];
-        }
+        v[i] = upper(c, s, g.at(i, j, k), v[i], &above[i], &north[i], &v[i + 1]);
     }
+}
+
+/// `buts` at the interior point stored at `at`, with `jacu` computed there: the
+/// point's new value of the correction from its old one (`here`) and the finished
+/// values of its neighbours at `k + 1`, `j + 1` and `i + 1`.
+#[inline(always)]
+pub(crate) fn upper(
+    c: &Constants,
+    s: &State,
+    at: usize,
+    here: [f64; 5],
+    above: &[f64; 5],
+    north: &[f64; 5],
+    east: &[f64; 5],
+) -> [f64; 5] {
+    let (d, udx, udy, udz) = jacu(c, s, at);
+    let mut tv: [f64; 5] = core::array::from_fn(|m| OMEGA * dot5(&udz[m], above));
+    for m in 0..5 {
+        tv[m] = tv[m] + OMEGA * dot10(&udy[m], north, &udx[m], east);
+    }
+    let tv = solve5(d, tv);
+    core::array::from_fn(|m| here[m] - tv[m])
 }
 
 /// The lower then the upper triangular sweep over the interior, pipelined over the
@@ -1075,6 +1130,8 @@ fn sweeps(team: &Team, g: &Grid, c: &Constants, f: &Fields, rows: Range<usize>) 
             u: f.u.all().as_chunks().0,
             rho_i: f.rho_i.all(),
             qs: f.qs.all(),
+            row: g.ip,
+            plane: g.plane(),
         }
     };
     let (rank, size) = (team.rank(), team.size());
@@ -1191,11 +1248,25 @@ unsafe fn error_sums(team: &Team, g: &Grid, c: &Constants, f: &Fields) -> [f64; 
     sum
 }
 
-/// The root-mean-square norms from the sums over the `(n - 2)^3` interior points, as
-/// `l2norm` and `error` finish.
-fn rms(g: &Grid, sums: [f64; 5]) -> [f64; 5] {
-    let count = ((g.n - 2) * (g.n - 2) * (g.n - 2)) as f64;
+/// The root-mean-square norms from the sums over the `(n - 2)^3` interior points of a
+/// grid of `n` a side, as `l2norm` and `error` finish.
+pub(crate) fn rms(n: usize, sums: [f64; 5]) -> [f64; 5] {
+    let count = ((n - 2) * (n - 2) * (n - 2)) as f64;
     sums.map(|s| libm::sqrt(s / count))
+}
+
+/// `pintgr`'s integrand at a point of `u` values: the pressure, `C2` times the
+/// internal energy.
+#[inline(always)]
+pub(crate) fn pressure(u: &[f64; 5]) -> f64 {
+    let [u1, u2, u3, u4, u5] = *u;
+    C2 * (u5 - 0.50 * (u2 * u2 + u3 * u3 + u4 * u4) / u1)
+}
+
+/// `pintgr`'s box on a grid of `n` a side: its first and last point along each axis
+/// (the reference's `ii1, ii2`, `ji1, ji2`, `ki1, ki2`, 0-based).
+pub(crate) fn integration_box(n: usize) -> [(usize, usize); 3] {
+    [(1, n - 2), (1, n - 3), (2, n - 2)]
 }
 
 /// `pintgr`: the surface integral of the pressure over three faces of the box inside
@@ -1206,15 +1277,9 @@ fn rms(g: &Grid, sums: [f64; 5]) -> [f64; 5] {
 unsafe fn pintgr(g: &Grid, c: &Constants, f: &Fields) -> f64 {
     // SAFETY: the caller's contract.
     let u = unsafe { f.u.all() }.as_chunks::<5>().0;
-    let phi = |i: usize, j: usize, k: usize| {
-        let [u1, u2, u3, u4, u5] = u[g.at(i, j, k)];
-        C2 * (u5 - 0.50 * (u2 * u2 + u3 * u3 + u4 * u4) / u1)
-    };
+    let phi = |i: usize, j: usize, k: usize| pressure(&u[g.at(i, j, k)]);
     let n = g.n;
-    // The reference's ii1..ii2, ji1..ji2 and ki1..ki2, 0-based.
-    let (ibeg, ifin) = (1, n - 2);
-    let (jbeg, jfin) = (1, n - 3);
-    let (kbeg, kfin) = (2, n - 2);
+    let [(ibeg, ifin), (jbeg, jfin), (kbeg, kfin)] = integration_box(n);
     // Eight corners of each cell of a face, summed in the reference's order.
     let cell = |p: &dyn Fn(usize, usize) -> f64, q: &dyn Fn(usize, usize) -> f64, a, b| {
         p(a, b)
@@ -1271,7 +1336,7 @@ fn ssor(
     // which no class meets before its last iteration).
     // SAFETY: nobody writes rsd now.
     let part = unsafe { l2norm_sums(team, g, &f.rsd) };
-    let rsdnm = rms(g, sums.sums(team, part));
+    let rsdnm = rms(g.n, sums.sums(team, part));
     (team.seconds() - start, rsdnm)
 }
 
@@ -1294,7 +1359,7 @@ pub fn run(class: Class, team: &Team, arena: &mut Arena) -> Outcome {
 
     // SAFETY: nobody writes u now (ssor ends with the norm's barriers).
     let part = unsafe { error_sums(team, &g, &c, &f) };
-    let xce = rms(&g, sums.sums(team, part));
+    let xce = rms(g.n, sums.sums(team, part));
     // Only the master's outcome counts, so only it integrates.
     let xci = if team.is_master() {
         // SAFETY: as above: nobody writes u now.

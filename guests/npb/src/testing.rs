@@ -8,6 +8,7 @@ use std::vec;
 use std::vec::Vec;
 
 use crate::team::{Arena, Runtime, Team};
+use crate::{Outcome, Spec};
 
 /// A plain barrier runtime, so a kernel's phases can be run on a team directly.
 struct TestRuntime {
@@ -67,4 +68,20 @@ pub fn noise(len: usize, seed: u64) -> Vec<f64> {
             (x >> 11) as f64 / (1u64 << 52) as f64 - 1.0
         })
         .collect()
+}
+
+/// The result value `name` of `outcome` (which must have it).
+pub fn value(outcome: &Outcome, name: &str) -> f64 {
+    outcome.values.iter().find(|(k, _)| *k == name).unwrap().1
+}
+
+/// Runs the MPI form of `spec` on `ranks` host threads, each rank within its
+/// `mpi::heap_bytes`; every rank's outcome.
+pub fn on_mpi_ranks(spec: Spec, ranks: usize) -> Vec<Outcome> {
+    let bytes = crate::mpi::heap_bytes(spec, ranks);
+    crate::mpi::host::run_ranks(ranks, bytes, |comm, arena| {
+        let outcome = crate::mpi::run(spec, comm, arena).unwrap();
+        assert!(arena.used() <= bytes, "{spec}: {} of {bytes}", arena.used());
+        outcome
+    })
 }

@@ -678,11 +678,7 @@ mod tests {
     use std::vec::Vec;
 
     use super::*;
-    use crate::mpi::host;
-
-    fn value(outcome: &Outcome, name: &str) -> f64 {
-        outcome.values.iter().find(|(k, _)| *k == name).unwrap().1
-    }
+    use crate::testing::value;
 
     #[test]
     fn rank_counts_must_be_powers_of_two_up_to_64() {
@@ -781,12 +777,8 @@ mod tests {
 
     /// Runs MG on `ranks` host threads; every rank's outcome.
     fn run_on(class: Class, ranks: usize) -> Vec<Outcome> {
-        let bytes = heap_bytes(class, ranks);
-        host::run_ranks(ranks, bytes, |comm, arena| {
-            let outcome = run(class, comm, arena).unwrap();
-            assert!(arena.used() <= bytes, "{} of {bytes}", arena.used());
-            outcome
-        })
+        let kernel = crate::Kernel::Mg;
+        crate::testing::on_mpi_ranks(crate::Spec { kernel, class }, ranks)
     }
 
     /// Asserts that MG `class` verifies on each of `ranks`, every rank alike, with the

@@ -11,6 +11,9 @@
 //! alltoall transposes. MG splits every level into 3-D blocks on `mg.f`'s process grid,
 //! exchanging ghost faces along x, y and z in turn after every operator, with ranks
 //! that hold no point of a coarse level idle there as in `mg.f`.
+//! LU splits the x-y plane over `lu.f`'s 2-D process grid, every rank holding all
+//! of z, with ghosts two deep traded for `rhs` and its SSOR sweeps pipelined as
+//! wavefronts across the grid.
 
 pub mod cg;
 pub mod ep;
@@ -18,6 +21,7 @@ pub mod ft;
 #[cfg(any(test, feature = "host"))]
 pub mod host;
 pub mod is;
+pub mod lu;
 pub mod mg;
 
 use core::fmt;
@@ -123,7 +127,11 @@ pub fn supports(spec: Spec, ranks: usize) -> Result<(), &'static str> {
         Kernel::Ft => Err("needs a power-of-two number of ranks dividing the grid's planes"),
         Kernel::Mg if mg::fits(spec.class, ranks) => Ok(()),
         Kernel::Mg => Err("needs a power-of-two number of ranks (mg.f's process grid)"),
-        Kernel::Sp | Kernel::Bt | Kernel::Lu => Err("has no MPI form yet"),
+        Kernel::Lu if lu::fits(spec.class, ranks) => Ok(()),
+        Kernel::Lu => Err(
+            "needs a power-of-two number of ranks, each left at least 2 x 2 points of the x-y plane",
+        ),
+        Kernel::Sp | Kernel::Bt => Err("has no MPI form yet"),
     }
 }
 
@@ -136,7 +144,8 @@ pub fn heap_bytes(spec: Spec, ranks: usize) -> usize {
         Kernel::Cg => cg::heap_bytes(spec.class, ranks),
         Kernel::Ft => ft::heap_bytes(spec.class, ranks),
         Kernel::Mg => mg::heap_bytes(spec.class, ranks),
-        Kernel::Sp | Kernel::Bt | Kernel::Lu => 0,
+        Kernel::Lu => lu::heap_bytes(spec.class, ranks),
+        Kernel::Sp | Kernel::Bt => 0,
     }
 }
 
@@ -157,7 +166,8 @@ pub fn run<C: Comm + ?Sized>(
         Kernel::Cg => cg::run(spec.class, comm, arena),
         Kernel::Ft => ft::run(spec.class, comm, arena),
         Kernel::Mg => mg::run(spec.class, comm, arena),
-        Kernel::Sp | Kernel::Bt | Kernel::Lu => Err(Error("no-mpi-form")),
+        Kernel::Lu => lu::run(spec.class, comm, arena),
+        Kernel::Sp | Kernel::Bt => Err(Error("no-mpi-form")),
     }
 }
 
@@ -199,6 +209,9 @@ mod tests {
         assert!(supports(s(Kernel::Mg, Class::S), 12).is_err());
         assert_eq!(supports(s(Kernel::Mg, Class::S), 64), Ok(()));
         assert!(supports(s(Kernel::Sp, Class::S), 2).is_err());
+        assert_eq!(supports(s(Kernel::Lu, Class::S), 16), Ok(()));
+        assert!(supports(s(Kernel::Lu, Class::S), 32).is_err());
+        assert!(supports(s(Kernel::Lu, Class::W), 6).is_err());
         assert_eq!(supports(s(Kernel::Ft, Class::S), 64), Ok(()));
         assert!(supports(s(Kernel::Ft, Class::W), 64).is_err());
         assert!(supports(s(Kernel::Ep, Class::S), 0).is_err());
@@ -217,7 +230,14 @@ mod tests {
     }
 
     /// The kernels that have an MPI form.
-    const MPI_KERNELS: [Kernel; 5] = [Kernel::Ep, Kernel::Is, Kernel::Cg, Kernel::Ft, Kernel::Mg];
+    const MPI_KERNELS: [Kernel; 6] = [
+        Kernel::Ep,
+        Kernel::Is,
+        Kernel::Cg,
+        Kernel::Ft,
+        Kernel::Mg,
+        Kernel::Lu,
+    ];
 
     #[test]
     fn every_mpi_kernel_verifies_at_s_on_1_2_4_ranks_alike_within_its_heap() {
