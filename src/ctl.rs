@@ -125,6 +125,9 @@ pub struct MigrateRequest {
     pub token_file: Option<PathBuf>,
     /// Stop iterating once the last round would take at most this long.
     pub max_downtime_ms: Option<u64>,
+    /// Give up (the VM runs on) if a round is not acknowledged within this long.
+    #[serde(default)]
+    pub ack_timeout_ms: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -401,6 +404,7 @@ pub fn run_ctl(args: &CtlArgs) -> Result<u8> {
             target,
             token_file,
             max_downtime_ms,
+            ack_timeout_ms,
         } => {
             let token_file = token_file
                 .as_ref()
@@ -412,6 +416,7 @@ pub fn run_ctl(args: &CtlArgs) -> Result<u8> {
                 "target": target,
                 "token_file": token_file,
                 "max_downtime_ms": max_downtime_ms,
+                "ack_timeout_ms": ack_timeout_ms,
             })
         }
     };

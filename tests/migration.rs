@@ -89,8 +89,13 @@ fn destination(port: u16, token: &Path) -> Background {
 
 /// `kumo ctl --json migrate`, retried while the source VM has not started yet.
 fn migrate(socket: &Path, port: u16, token: &Path) -> std::process::Output {
+    migrate_with(socket, port, token, &[])
+}
+
+/// [`migrate`] with more options.
+fn migrate_with(socket: &Path, port: u16, token: &Path, extra: &[&str]) -> std::process::Output {
     let target = format!("tcp:127.0.0.1:{port}");
-    let args = [
+    let mut args = vec![
         "ctl",
         "--socket",
         socket.to_str().unwrap(),
@@ -102,6 +107,7 @@ fn migrate(socket: &Path, port: u16, token: &Path) -> std::process::Output {
         "--max-downtime-ms",
         "5",
     ];
+    args.extend_from_slice(extra);
     loop {
         let out = kumo(&args);
         if out.status.success() || !text(&out.stderr).contains("not running yet") {
@@ -259,6 +265,33 @@ fn a_bad_token_is_refused_and_the_source_runs_on() {
     let ctl = migrate(&socket, port, &token("src.token", "a guess"));
     assert_one_line_error(&ctl, "kumo ctl", "authentication failed");
     assert_one_line_error(&dst.finish(), "destination", "authentication failed");
+    assert_verified(&src.finish(), "source");
+}
+
+#[test]
+fn a_destination_that_never_acknowledges_a_round_is_given_up_on_and_the_source_runs_on() {
+    if !kvm_available() {
+        return;
+    }
+    let secret = token("silent.token", "shared");
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    // A destination that proves the token and takes the stream but never replies.
+    let key = std::fs::read(&secret).unwrap();
+    let silent = std::thread::spawn(move || {
+        let (stream, _) = listener.accept().unwrap();
+        hv::migration::auth::destination(&mut &stream, Some(&key)).unwrap();
+        std::io::copy(&mut &stream, &mut std::io::sink()).unwrap_or(0)
+    });
+    let socket = scratch("silent.sock");
+    let src = source(&socket);
+    let ctl = migrate_with(&socket, port, &secret, &["--ack-timeout-ms", "300"]);
+    assert_one_line_error(
+        &ctl,
+        "kumo ctl",
+        "did not acknowledge round 0: no reply in time",
+    );
+    assert!(silent.join().unwrap() > 0, "the first round was sent");
     assert_verified(&src.finish(), "source");
 }
 

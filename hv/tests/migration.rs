@@ -4,6 +4,7 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use hv::migration::stream::Reply;
 use hv::migration::{self, live, stream};
 use hv::testing::{PvhImage, asm, kvm_available};
 use hv::{GuestExit, Vm, VmConfig};
@@ -177,17 +178,21 @@ fn a_corrupted_snapshot_is_refused() {
     assert!(err.contains("truncated"), "{err}");
 }
 
-/// Runs the destination side on a thread: restore from `b`, confirm, run.
+/// Runs the destination side on a thread: receive from `b` (acknowledging each
+/// round), confirm, run.
 fn destination(
     b: std::os::unix::net::UnixStream,
     console: Console,
 ) -> std::thread::JoinHandle<Result<(String, u32, GuestExit), String>> {
     std::thread::spawn(move || {
         let mut r = std::io::BufReader::new(b.try_clone().unwrap());
-        let (vm, meta) = migration::restore_from(&mut r, std::path::Path::new("/dev/kvm"))
+        let (vm, meta) =
+            migration::receive_from(&mut r, std::path::Path::new("/dev/kvm"), |round| {
+                stream::write_reply(&mut &b, Reply::Applied(round)).map_err(hv::Error::from)
+            })
             .map_err(|e| e.to_string())?;
         let restored_count = counter(vm.memory());
-        (&b).write_all(b"R").map_err(|e| e.to_string())?;
+        stream::write_reply(&mut &b, Reply::Running).map_err(|e| e.to_string())?;
         let outcome = vm
             .run(Box::new(console), Instant::now())
             .map_err(|e| e.to_string())?;
@@ -195,14 +200,17 @@ fn destination(
     })
 }
 
-fn confirmed(a: &std::os::unix::net::UnixStream) -> Result<(), hv::Error> {
-    let mut byte = [0u8; 1];
-    std::io::Read::read_exact(&mut &*a, &mut byte)
-        .map_err(|e| hv::Error::Migration(format!("no confirmation: {e}")))?;
-    if byte != *b"R" {
-        return Err(hv::Error::Migration("bad confirmation".into()));
+/// The destination's replies as the source reads them from `a` (its read timeout
+/// bounds each wait).
+struct Replies(std::os::unix::net::UnixStream);
+
+impl live::Destination for Replies {
+    fn applied(&mut self, round: u32) -> Result<(), hv::Error> {
+        live::await_applied(&mut &self.0, round)
     }
-    Ok(())
+    fn running(&mut self) -> Result<(), hv::Error> {
+        live::await_running(&mut &self.0)
+    }
 }
 
 #[test]
@@ -230,7 +238,7 @@ fn a_running_vm_migrates_with_dirty_rounds_and_finishes_on_the_destination() {
         "start".into(),
         || "final".into(),
         &options,
-        || confirmed(&a),
+        &mut Replies(a.try_clone().unwrap()),
     )
     .unwrap();
     assert_eq!(runner.join().unwrap().unwrap().exit, GuestExit::HandedOff);
@@ -256,6 +264,16 @@ fn without_confirmation_the_source_runs_on() {
     let memory = vm.memory().clone();
     let runner = std::thread::spawn(move || vm.run(Box::new(std::io::sink()), Instant::now()));
     wait_for_count(&memory, 100);
+    /// Applies every round, then is gone before it runs the VM.
+    struct GoneAtTheEnd;
+    impl live::Destination for GoneAtTheEnd {
+        fn applied(&mut self, _: u32) -> Result<(), hv::Error> {
+            Ok(())
+        }
+        fn running(&mut self) -> Result<(), hv::Error> {
+            Err(hv::Error::Migration("the destination went away".into()))
+        }
+    }
     let mut sink = Vec::new();
     let err = live::send(
         &hub,
@@ -263,7 +281,7 @@ fn without_confirmation_the_source_runs_on() {
         String::new(),
         String::new,
         &live::Options::default(),
-        || Err(hv::Error::Migration("the destination went away".into())),
+        &mut GoneAtTheEnd,
     )
     .unwrap_err();
     assert!(err.to_string().contains("went away"));
@@ -272,6 +290,49 @@ fn without_confirmation_the_source_runs_on() {
         runner.join().unwrap().unwrap().exit,
         GuestExit::DebugExit(ITERATIONS),
         "the source resumed and finished"
+    );
+}
+
+#[test]
+fn a_destination_that_never_acknowledges_a_round_leaves_the_source_running() {
+    if !kvm_available() {
+        return;
+    }
+    let vm = Vm::new(config(1)).unwrap();
+    let hub = vm.migration_hub();
+    let memory = vm.memory().clone();
+    let runner = std::thread::spawn(move || vm.run(Box::new(std::io::sink()), Instant::now()));
+    wait_for_count(&memory, 100);
+    let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+    // Reads everything, answers nothing.
+    let silent = std::thread::spawn(move || std::io::copy(&mut &b, &mut std::io::sink()));
+    a.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let mut w = std::io::BufWriter::new(a.try_clone().unwrap());
+    let err = live::send(
+        &hub,
+        &mut w,
+        String::new(),
+        String::new,
+        &live::Options::default(),
+        &mut Replies(a.try_clone().unwrap()),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("did not acknowledge round 0: no reply in time"),
+        "{err}"
+    );
+    drop(w);
+    drop(a);
+    assert!(
+        silent.join().unwrap().unwrap() > 0,
+        "the first round was sent"
+    );
+    assert_eq!(
+        runner.join().unwrap().unwrap().exit,
+        GuestExit::DebugExit(ITERATIONS),
+        "the source never paused and finished"
     );
 }
 

@@ -27,7 +27,7 @@ use kvm_bindings::{KVM_MAX_CPUID_ENTRIES, kvm_cpuid_entry2};
 use kvm_ioctls::{VcpuFd, VmFd};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-pub use restore::restore_from;
+pub use restore::{receive_from, restore_from};
 pub use state::{DeviceStates, VcpuState, VmState};
 pub use stream::{Meta, StreamError};
 

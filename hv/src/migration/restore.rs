@@ -17,8 +17,8 @@ use super::Hub;
 use super::dirty::DirtyLogMode;
 use super::state::{self, DeviceStates, VcpuState, VmState};
 use super::stream::{
-    self, Meta, StreamError, TAG_APP, TAG_DEVICES, TAG_END, TAG_META, TAG_RAM, TAG_VCPU, TAG_VM,
-    tag_name,
+    self, Meta, StreamError, TAG_APP, TAG_DEVICES, TAG_END, TAG_META, TAG_RAM, TAG_SYNC, TAG_VCPU,
+    TAG_VM, tag_name,
 };
 use crate::kvm::ioctl;
 use crate::layout::{PCI_ECAM_BASE, PCI_MMIO_END, PCI_MMIO_START};
@@ -29,6 +29,16 @@ use crate::{Error, Vm};
 /// Reads a whole stream (header first) from `r` and builds the VM it describes.
 /// Returns the VM, ready to run, and the stream's META (with the program's `app`).
 pub fn restore_from(r: &mut impl Read, kvm_device: &Path) -> Result<(Vm, Meta), Error> {
+    receive_from(r, kvm_device, |_| Ok(()))
+}
+
+/// [`restore_from`] for a migration: `applied(round)` is called at each `SYNC`, once
+/// every page before it is in RAM, to acknowledge the round to the source.
+pub fn receive_from(
+    r: &mut impl Read,
+    kvm_device: &Path,
+    mut applied: impl FnMut(u32) -> Result<(), Error>,
+) -> Result<(Vm, Meta), Error> {
     stream::read_header(r)?;
     let first = stream::read_section(r)?;
     if first.tag != TAG_META {
@@ -41,6 +51,7 @@ pub fn restore_from(r: &mut impl Read, kvm_device: &Path) -> Result<(Vm, Meta), 
     let mut vm_state: Option<VmState> = None;
     let mut devices: Option<DeviceStates> = None;
     let mut app: Option<String> = None;
+    let mut last_sync: Option<u32> = None;
     loop {
         let section = stream::read_section(r)?;
         match section.tag {
@@ -54,6 +65,11 @@ pub fn restore_from(r: &mut impl Read, kvm_device: &Path) -> Result<(Vm, Meta), 
                         (gpa, None) => zero_page(&vm.memory, gpa)?,
                     }
                 }
+            }
+            TAG_SYNC if vcpus.is_none() => {
+                let round = stream::next_sync(&section, last_sync)?;
+                last_sync = Some(round);
+                applied(round)?;
             }
             TAG_VCPU if vcpus.is_none() => {
                 tracing::debug!("VCPU section ({} bytes)", section.payload.len());
