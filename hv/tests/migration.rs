@@ -69,6 +69,23 @@ fn wait_for_count(memory: &vm_memory::GuestMemoryMmap, at_least: u32) {
     }
 }
 
+/// A VM of `vcpus` running the counting guest on a thread (console discarded),
+/// once it has counted a little: its hub, its RAM and its run.
+fn counting(
+    vcpus: u32,
+) -> (
+    Arc<migration::Hub>,
+    vm_memory::GuestMemoryMmap,
+    std::thread::JoinHandle<Result<hv::RunOutcome, hv::Error>>,
+) {
+    let vm = Vm::new(config(vcpus)).unwrap();
+    let hub = vm.migration_hub();
+    let memory = vm.memory().clone();
+    let runner = std::thread::spawn(move || vm.run(Box::new(std::io::sink()), Instant::now()));
+    wait_for_count(&memory, 100);
+    (hub, memory, runner)
+}
+
 #[test]
 fn a_paused_vm_resumes_and_finishes() {
     if !kvm_available() {
@@ -153,11 +170,7 @@ fn a_corrupted_snapshot_is_refused() {
     if !kvm_available() {
         return;
     }
-    let vm = Vm::new(config(1)).unwrap();
-    let hub = vm.migration_hub();
-    let memory = vm.memory().clone();
-    let runner = std::thread::spawn(move || vm.run(Box::new(std::io::sink()), Instant::now()));
-    wait_for_count(&memory, 100);
+    let (hub, _, runner) = counting(1);
     let mut bytes = Vec::new();
     let (paused, _) = migration::write_snapshot(&hub, &mut bytes, String::new).unwrap();
     drop(paused); // resumes: the source finishes on its own
@@ -218,11 +231,7 @@ fn a_running_vm_migrates_with_dirty_rounds_and_finishes_on_the_destination() {
     if !kvm_available() {
         return;
     }
-    let vm = Vm::new(config(2)).unwrap();
-    let hub = vm.migration_hub();
-    let memory = vm.memory().clone();
-    let runner = std::thread::spawn(move || vm.run(Box::new(std::io::sink()), Instant::now()));
-    wait_for_count(&memory, 100);
+    let (hub, memory, runner) = counting(2);
     let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
     let console = Console::default();
     let dest = destination(b, console.clone());
@@ -259,11 +268,7 @@ fn without_confirmation_the_source_runs_on() {
     if !kvm_available() {
         return;
     }
-    let vm = Vm::new(config(1)).unwrap();
-    let hub = vm.migration_hub();
-    let memory = vm.memory().clone();
-    let runner = std::thread::spawn(move || vm.run(Box::new(std::io::sink()), Instant::now()));
-    wait_for_count(&memory, 100);
+    let (hub, _, runner) = counting(1);
     /// Applies every round, then is gone before it runs the VM.
     struct GoneAtTheEnd;
     impl live::Destination for GoneAtTheEnd {
@@ -298,11 +303,7 @@ fn a_destination_that_never_acknowledges_a_round_leaves_the_source_running() {
     if !kvm_available() {
         return;
     }
-    let vm = Vm::new(config(1)).unwrap();
-    let hub = vm.migration_hub();
-    let memory = vm.memory().clone();
-    let runner = std::thread::spawn(move || vm.run(Box::new(std::io::sink()), Instant::now()));
-    wait_for_count(&memory, 100);
+    let (hub, _, runner) = counting(1);
     let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
     // Reads everything, answers nothing.
     let silent = std::thread::spawn(move || std::io::copy(&mut &b, &mut std::io::sink()));

@@ -259,7 +259,9 @@ mod tests {
         zeros.flush(&memory).unwrap();
         for p in 0..6 {
             let mut bytes = [0u8; stream::PAGE_SIZE];
-            memory.read_slice(&mut bytes, GuestAddress(p * page)).unwrap();
+            memory
+                .read_slice(&mut bytes, GuestAddress(p * page))
+                .unwrap();
             let want = if [1, 2, 4].contains(&p) { 0 } else { 0xab };
             assert!(bytes.iter().all(|&b| b == want), "page {p}");
         }
