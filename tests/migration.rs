@@ -295,11 +295,13 @@ fn a_destination_that_never_acknowledges_a_round_is_given_up_on_and_the_source_r
     assert_verified(&src.finish(), "source");
 }
 
-/// What the proxy does to the source's stream at a byte offset.
+/// What the proxy does to the source's stream at a byte offset, or
+/// (`FlipReply`) to the destination's replies.
 #[derive(Clone, Copy)]
 enum Damage {
     Flip(usize),
     Cut(usize),
+    FlipReply(usize),
 }
 
 /// Forwards one connection from `listener` to `to`, damaging the source's stream;
@@ -330,6 +332,9 @@ fn proxy(listener: TcpListener, to: u16, damage: Damage) -> std::thread::JoinHan
                                     n = at.saturating_sub(start);
                                     cut = true;
                                 }
+                                Damage::FlipReply(at) if (start..start + n).contains(&at) => {
+                                    buf[at - start] ^= 0x01;
+                                }
                                 _ => {}
                             }
                         }
@@ -341,12 +346,16 @@ fn proxy(listener: TcpListener, to: u16, damage: Damage) -> std::thread::JoinHan
                     let _ = w.shutdown(Shutdown::Both);
                 })
             };
+        let (forward, back) = match damage {
+            Damage::FlipReply(_) => (None, Some((damage, seen))),
+            _ => (Some((damage, seen)), None),
+        };
         let a = pipe(
             from_src.try_clone().unwrap(),
             to_dst.try_clone().unwrap(),
-            Some((damage, seen)),
+            forward,
         );
-        let b = pipe(to_dst, from_src, None);
+        let b = pipe(to_dst, from_src, back);
         let _ = a.join();
         let _ = b.join();
     })
@@ -369,6 +378,32 @@ fn a_corrupted_stream_is_refused_with_one_line_and_the_source_runs_on() {
     let ctl = migrate(&socket, proxy_port, &secret);
     assert_eq!(ctl.status.code(), Some(2), "{}", text(&ctl.stderr));
     assert_one_line_error(&dst.finish(), "destination", "checksum mismatch");
+    assert_verified(&src.finish(), "source");
+    proxy.join().unwrap();
+}
+
+#[test]
+fn a_corrupted_acknowledgement_is_refused_and_the_source_runs_on() {
+    if !kvm_available() {
+        return;
+    }
+    let port = free_port();
+    let secret = token("badack.token", "shared");
+    let dst = destination(port, &secret);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let proxy_port = listener.local_addr().unwrap().port();
+    // The destination's bytes: 74 of authentication, then round 0's ACK (12 bytes of
+    // tag, length and checksum, then the round number).
+    let proxy = proxy(listener, port, Damage::FlipReply(74 + 12));
+    let socket = scratch("badack.sock");
+    let src = source(&socket);
+    let ctl = migrate(&socket, proxy_port, &secret);
+    assert_one_line_error(
+        &ctl,
+        "kumo ctl",
+        "did not acknowledge round 0: section ACK: checksum mismatch",
+    );
+    assert_eq!(dst.finish().status.code(), Some(2), "nothing runs there");
     assert_verified(&src.finish(), "source");
     proxy.join().unwrap();
 }
