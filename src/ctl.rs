@@ -420,7 +420,12 @@ pub fn run_ctl(args: &CtlArgs) -> Result<u8> {
             })
         }
     };
-    let long = matches!(args.command, CtlCommand::Snapshot { .. });
+    // Snapshots and migrations take as long as they take (a migration waits up to
+    // its acknowledgement timeout per round): no idle limit on their reply.
+    let long = matches!(
+        args.command,
+        CtlCommand::Snapshot { .. } | CtlCommand::Migrate { .. }
+    );
     let reply = request_waiting(&args.socket, &req, (!long).then_some(IDLE_TIMEOUT))?;
     if args.json {
         crate::outln!("{reply}");

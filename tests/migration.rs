@@ -361,25 +361,36 @@ fn proxy(listener: TcpListener, to: u16, damage: Damage) -> std::thread::JoinHan
     })
 }
 
+/// A migration through a proxy that does `damage`: the outputs of `kumo ctl migrate`
+/// and of the destination, and the source (running on).
+fn migrate_damaged(
+    name: &str,
+    damage: Damage,
+) -> (std::process::Output, std::process::Output, Background) {
+    let port = free_port();
+    let secret = token(&format!("{name}.token"), "shared");
+    let dst = destination(port, &secret);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let proxy_port = listener.local_addr().unwrap().port();
+    let proxy = proxy(listener, port, damage);
+    let socket = scratch(&format!("{name}.sock"));
+    let src = source(&socket);
+    let ctl = migrate(&socket, proxy_port, &secret);
+    let dst = dst.finish();
+    proxy.join().unwrap();
+    (ctl, dst, src)
+}
+
 #[test]
 fn a_corrupted_stream_is_refused_with_one_line_and_the_source_runs_on() {
     if !kvm_available() {
         return;
     }
-    let port = free_port();
-    let secret = token("corrupt.token", "shared");
-    let dst = destination(port, &secret);
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let proxy_port = listener.local_addr().unwrap().port();
     // Well past the handshake and header: inside the first RAM round.
-    let proxy = proxy(listener, port, Damage::Flip(300_000));
-    let socket = scratch("corrupt.sock");
-    let src = source(&socket);
-    let ctl = migrate(&socket, proxy_port, &secret);
+    let (ctl, dst, src) = migrate_damaged("corrupt", Damage::Flip(300_000));
     assert_eq!(ctl.status.code(), Some(2), "{}", text(&ctl.stderr));
-    assert_one_line_error(&dst.finish(), "destination", "checksum mismatch");
+    assert_one_line_error(&dst, "destination", "checksum mismatch");
     assert_verified(&src.finish(), "source");
-    proxy.join().unwrap();
 }
 
 #[test]
@@ -387,25 +398,16 @@ fn a_corrupted_acknowledgement_is_refused_and_the_source_runs_on() {
     if !kvm_available() {
         return;
     }
-    let port = free_port();
-    let secret = token("badack.token", "shared");
-    let dst = destination(port, &secret);
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let proxy_port = listener.local_addr().unwrap().port();
     // The destination's bytes: 74 of authentication, then round 0's ACK (12 bytes of
     // tag, length and checksum, then the round number).
-    let proxy = proxy(listener, port, Damage::FlipReply(74 + 12));
-    let socket = scratch("badack.sock");
-    let src = source(&socket);
-    let ctl = migrate(&socket, proxy_port, &secret);
+    let (ctl, dst, src) = migrate_damaged("badack", Damage::FlipReply(74 + 12));
     assert_one_line_error(
         &ctl,
         "kumo ctl",
         "did not acknowledge round 0: section ACK: checksum mismatch",
     );
-    assert_eq!(dst.finish().status.code(), Some(2), "nothing runs there");
+    assert_eq!(dst.status.code(), Some(2), "nothing runs there");
     assert_verified(&src.finish(), "source");
-    proxy.join().unwrap();
 }
 
 #[test]

@@ -157,6 +157,26 @@ pub trait VirtioDevice: Send + Sync {
     /// The driver reset the device: drop the queues and anything in flight that
     /// belongs to the old driver instance.
     fn reset(&self);
+    /// For a snapshot of a live device (its backend quiesced): its place in each
+    /// queue and its own state words. `None`: this device cannot be saved live.
+    fn live_state(&self) -> Option<LiveState> {
+        None
+    }
+    /// After an activation from a snapshot (whose queues already stand at the saved
+    /// places): the device's own words back. An error is a state that does not fit.
+    fn restore_live_state(&self, _words: &[u64]) -> Result<(), String> {
+        Err("this device cannot be restored live".into())
+    }
+}
+
+/// A live device's place in its queues and its own state (see
+/// [`VirtioDevice::live_state`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveState {
+    /// (next_avail, next_used) of each queue, in order.
+    pub positions: Vec<(u16, u16)>,
+    /// The device's own words (virtio-net: the queue pairs in use).
+    pub words: Vec<u64>,
 }
 
 /// Whether the driver wants an interrupt for what was just added to `queue`'s used

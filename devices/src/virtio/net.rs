@@ -817,6 +817,38 @@ impl<M: GuestMemory + Send + Sync> VirtioDevice for VirtioNet<M> {
         Ok(())
     }
 
+    /// Each queue's place and the pairs in use; the steering table is not kept (it
+    /// is learnt again from the next transmissions; until then frames go to pair 0).
+    fn live_state(&self) -> Option<super::LiveState> {
+        let active = self.active()?;
+        let positions = active
+            .queues
+            .iter()
+            .map(|q| {
+                let q = q.lock().unwrap_or_else(|e| e.into_inner());
+                (q.next_avail(), q.next_used())
+            })
+            .collect();
+        Some(super::LiveState {
+            positions,
+            words: vec![u64::from(active.pairs_in_use.load(Ordering::SeqCst))],
+        })
+    }
+
+    fn restore_live_state(&self, words: &[u64]) -> Result<(), String> {
+        let active = self.active().ok_or("the NIC is not active")?;
+        match words {
+            &[pairs] if (1..=u64::from(self.config.queue_pairs)).contains(&pairs) => {
+                active.pairs_in_use.store(pairs as u16, Ordering::SeqCst);
+                Ok(())
+            }
+            _ => Err(format!(
+                "{words:?} where the pairs in use (1..={}) belong",
+                self.config.queue_pairs
+            )),
+        }
+    }
+
     /// Quiesces: once this returns, no backend thread touches the old rings (one in
     /// the middle of a pass finishes it first; any later one finds the queues dead).
     fn reset(&self) {
