@@ -263,6 +263,85 @@ fn a_running_vm_migrates_with_dirty_rounds_and_finishes_on_the_destination() {
     assert_eq!(&*console.0.lock().unwrap(), b"done\n");
 }
 
+/// A stand-in for a NIC's receive path: it writes guest RAM from a host thread
+/// (unseen by KVM's dirty log) while tracking is on — once, when asked the second
+/// time (the first is when tracking starts; the second follows the full pass, so
+/// only the record can bring the page across) — and reports the page.
+struct HostWriter {
+    memory: vm_memory::GuestMemoryMmap,
+    tracking: Mutex<bool>,
+    asked: Mutex<u32>,
+}
+
+/// Where the host writer writes (a page the counting guest never touches).
+const DEVICE_PAGE: u64 = 0x30_0000;
+
+impl migration::DeviceWrites for HostWriter {
+    fn track(&self, on: bool) {
+        *self.tracking.lock().unwrap() = on;
+    }
+    fn take_written(&self) -> Vec<u64> {
+        let mut asked = self.asked.lock().unwrap();
+        *asked += 1;
+        if !*self.tracking.lock().unwrap() || *asked != 2 {
+            return Vec::new();
+        }
+        self.memory
+            .write_obj(0xfeed_f00du32, GuestAddress(DEVICE_PAGE + 8))
+            .unwrap();
+        vec![DEVICE_PAGE + 8]
+    }
+}
+
+#[test]
+fn pages_a_device_writes_during_the_rounds_reach_the_destination() {
+    if !kvm_available() {
+        return;
+    }
+    let (hub, memory, runner) = counting(1);
+    let writer = Arc::new(HostWriter {
+        memory: memory.clone(),
+        tracking: Mutex::new(false),
+        asked: Mutex::new(0),
+    });
+    hub.add_device_writes(writer.clone());
+    let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+    let dest = std::thread::spawn(move || {
+        let mut r = std::io::BufReader::new(b.try_clone().unwrap());
+        let (vm, _) = migration::receive_from(&mut r, std::path::Path::new("/dev/kvm"), |round| {
+            stream::write_reply(&mut &b, Reply::Applied(round)).map_err(hv::Error::from)
+        })
+        .unwrap();
+        let seen: u32 = vm.memory().read_obj(GuestAddress(DEVICE_PAGE + 8)).unwrap();
+        stream::write_reply(&mut &b, Reply::Running).unwrap();
+        seen
+    });
+    let mut w = std::io::BufWriter::new(a.try_clone().unwrap());
+    live::send(
+        &hub,
+        &mut w,
+        String::new(),
+        String::new,
+        &live::Options::default(),
+        &mut Replies(a.try_clone().unwrap()),
+    )
+    .unwrap();
+    assert!(
+        *writer.asked.lock().unwrap() >= 2,
+        "the device wrote during the migration"
+    );
+    assert!(
+        !*writer.tracking.lock().unwrap(),
+        "tracking ends with the migration"
+    );
+    assert_eq!(
+        dest.join().unwrap(),
+        0xfeed_f00d,
+        "the device's page was sent again"
+    );
+    assert_eq!(runner.join().unwrap().unwrap().exit, GuestExit::HandedOff);
+}
+
 #[test]
 fn without_confirmation_the_source_runs_on() {
     if !kvm_available() {

@@ -18,9 +18,9 @@
 //! Any error before the confirmation (the peer going away, a write failing, a wrong
 //! reply, no acknowledgement in time) resumes the VM here as if nothing happened.
 //!
-//! Only vCPU writes are tracked: kumo's devices never write guest RAM from host
-//! threads. A device that does (virtio RX, a vfio-user server) must mark its pages
-//! dirty too before it may be migrated.
+//! KVM tracks the vCPUs' writes; a device that writes guest RAM from a host thread
+//! (virtio RX, a vfio-user server) records its own ([`super::DeviceWrites`], merged by
+//! `Hub::take_dirty`) and must be registered before it may be migrated.
 
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
@@ -168,6 +168,7 @@ impl<'a> DirtyLog<'a> {
     fn enable(hub: &'a Hub) -> Result<Self, Error> {
         let regions = ram_regions(memory_bytes(hub.memory()));
         Self::set(hub, &regions, KVM_MEM_LOG_DIRTY_PAGES)?;
+        hub.track_device_writes(true);
         let log = DirtyLog { hub, regions };
         // Whatever an earlier, abandoned migration left in the rings predates the
         // full pass that follows.
@@ -183,6 +184,7 @@ impl<'a> DirtyLog<'a> {
 
 impl Drop for DirtyLog<'_> {
     fn drop(&mut self) {
+        self.hub.track_device_writes(false);
         if let Err(e) = Self::set(self.hub, &self.regions, 0) {
             tracing::warn!("turning dirty logging off failed: {e}");
         }
