@@ -64,6 +64,19 @@ struct Nic {
     _in_vm: Option<(Arc<VirtioPciDevice>, EventLoop)>,
 }
 
+/// A NIC in a VM: its receive path writes guest RAM from the switch thread, so a
+/// migration of the VM sends the pages it wrote again.
+struct NicWrites(Arc<VirtioNet<GuestMemoryMmap>>);
+
+impl crate::migration::DeviceWrites for NicWrites {
+    fn track(&self, on: bool) {
+        self.0.track_writes(on);
+    }
+    fn take_written(&self) -> Vec<u64> {
+        self.0.take_written()
+    }
+}
+
 impl Nic {
     fn model(&self) -> Option<Arc<VirtioNet<GuestMemoryMmap>>> {
         self.net.lock().unwrap_or_else(|e| e.into_inner()).clone()
@@ -227,6 +240,8 @@ impl Network {
         );
         transport.place_bar(vm.allocate_bar(devices::virtio::transport::BAR_SIZE)?);
         vm.add_pci_device_with_doorbells(transport.clone(), duplicate(&notify)?)?;
+        vm.migration_hub()
+            .add_device_writes(Arc::new(NicWrites(net.clone())));
         let mut ports = self.shared.ports();
         debug_assert_eq!(ports.len(), port, "ports are numbered in attach order");
         ports.push(Endpoint::Nic(Arc::new(Nic {

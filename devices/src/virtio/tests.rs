@@ -1693,3 +1693,53 @@ fn a_state_that_does_not_fit_is_refused_and_changes_nothing() {
     let err = d.dev.restore_state(&saved).unwrap_err().to_string();
     assert!(err.contains("already uses"), "{err}");
 }
+
+#[test]
+fn while_tracking_the_nic_records_the_pages_it_writes() {
+    let mem = memory();
+    let (n, mut rings, _) = active_net(1, &mem);
+    // The second RX buffer crosses a page boundary: both pages count.
+    rings[0].desc(&mem, 0, 0x30000, 2048, WRITE, 0);
+    rings[0].offer(&mem, 0);
+    rings[0].desc(&mem, 1, 0x20f00, 2048, WRITE, 0);
+    rings[0].offer(&mem, 1);
+    assert_eq!(
+        n.receive(&frame(mac(1), mac(9), 100, 1)),
+        RxOutcome::Delivered
+    );
+    assert!(
+        n.take_written().is_empty(),
+        "nothing recorded before tracking"
+    );
+
+    n.track_writes(true);
+    assert_eq!(
+        n.receive(&frame(mac(1), mac(9), 100, 2)),
+        RxOutcome::Delivered
+    );
+    // The RX used ring's page (0x10800, in page 0x10000) and the buffer's two.
+    assert_eq!(n.take_written(), [0x10000, 0x20000, 0x21000]);
+    assert!(n.take_written().is_empty(), "taken");
+    // TX writes only its used ring (0x11800).
+    post_tx(
+        &mem,
+        &mut rings[1],
+        0,
+        0x22000,
+        &frame(mac(9), mac(1), 60, 3),
+    );
+    assert_eq!(sent_by(&n).len(), 1);
+    assert_eq!(n.take_written(), [0x11000]);
+
+    n.track_writes(false);
+    rings[0].desc(&mem, 2, 0x32000, 2048, WRITE, 0);
+    rings[0].offer(&mem, 2);
+    assert_eq!(
+        n.receive(&frame(mac(1), mac(9), 100, 4)),
+        RxOutcome::Delivered
+    );
+    assert!(
+        n.take_written().is_empty(),
+        "nothing recorded after tracking"
+    );
+}
