@@ -198,18 +198,38 @@ fn destination(
     console: Console,
 ) -> std::thread::JoinHandle<Result<(String, u32, GuestExit), String>> {
     std::thread::spawn(move || {
-        let mut r = std::io::BufReader::new(b.try_clone().unwrap());
-        let (vm, meta) =
-            migration::receive_from(&mut r, std::path::Path::new("/dev/kvm"), |round| {
-                stream::write_reply(&mut &b, Reply::Applied(round)).map_err(hv::Error::from)
-            })
-            .map_err(|e| e.to_string())?;
+        let (vm, meta) = receive_acking(&b).map_err(|e| e.to_string())?;
         let restored_count = counter(vm.memory());
         stream::write_reply(&mut &b, Reply::Running).map_err(|e| e.to_string())?;
         let outcome = vm
             .run(Box::new(console), Instant::now())
             .map_err(|e| e.to_string())?;
         Ok((meta.app, restored_count, outcome.exit))
+    })
+}
+
+/// Migrates the VM behind `hub` over `a` with the default options (the program's
+/// descriptions empty).
+fn send_over(
+    hub: &migration::Hub,
+    a: &std::os::unix::net::UnixStream,
+) -> Result<live::Report, hv::Error> {
+    let mut w = std::io::BufWriter::new(a.try_clone().unwrap());
+    live::send(
+        hub,
+        &mut w,
+        String::new(),
+        String::new,
+        &live::Options::default(),
+        &mut Replies(a.try_clone().unwrap()),
+    )
+}
+
+/// Receives a VM from `b`, acknowledging each round as a destination does.
+fn receive_acking(b: &std::os::unix::net::UnixStream) -> Result<(Vm, migration::Meta), hv::Error> {
+    let mut r = std::io::BufReader::new(b.try_clone().unwrap());
+    migration::receive_from(&mut r, std::path::Path::new("/dev/kvm"), |round| {
+        stream::write_reply(&mut &*b, Reply::Applied(round)).map_err(hv::Error::from)
     })
 }
 
@@ -307,25 +327,12 @@ fn pages_a_device_writes_during_the_rounds_reach_the_destination() {
     hub.add_device_writes(writer.clone());
     let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
     let dest = std::thread::spawn(move || {
-        let mut r = std::io::BufReader::new(b.try_clone().unwrap());
-        let (vm, _) = migration::receive_from(&mut r, std::path::Path::new("/dev/kvm"), |round| {
-            stream::write_reply(&mut &b, Reply::Applied(round)).map_err(hv::Error::from)
-        })
-        .unwrap();
+        let (vm, _) = receive_acking(&b).unwrap();
         let seen: u32 = vm.memory().read_obj(GuestAddress(DEVICE_PAGE + 8)).unwrap();
         stream::write_reply(&mut &b, Reply::Running).unwrap();
         seen
     });
-    let mut w = std::io::BufWriter::new(a.try_clone().unwrap());
-    live::send(
-        &hub,
-        &mut w,
-        String::new(),
-        String::new,
-        &live::Options::default(),
-        &mut Replies(a.try_clone().unwrap()),
-    )
-    .unwrap();
+    send_over(&hub, &a).unwrap();
     assert!(
         *writer.asked.lock().unwrap() >= 2,
         "the device wrote during the migration"
@@ -388,22 +395,11 @@ fn a_destination_that_never_acknowledges_a_round_leaves_the_source_running() {
     let silent = std::thread::spawn(move || std::io::copy(&mut &b, &mut std::io::sink()));
     a.set_read_timeout(Some(Duration::from_millis(200)))
         .unwrap();
-    let mut w = std::io::BufWriter::new(a.try_clone().unwrap());
-    let err = live::send(
-        &hub,
-        &mut w,
-        String::new(),
-        String::new,
-        &live::Options::default(),
-        &mut Replies(a.try_clone().unwrap()),
-    )
-    .unwrap_err()
-    .to_string();
+    let err = send_over(&hub, &a).unwrap_err().to_string();
     assert!(
         err.contains("did not acknowledge round 0: no reply in time"),
         "{err}"
     );
-    drop(w);
     drop(a);
     assert!(
         silent.join().unwrap().unwrap() > 0,
