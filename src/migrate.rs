@@ -162,7 +162,7 @@ const PEER_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long the source waits for a copy round's acknowledgement unless told
 /// (`kumo ctl migrate --ack-timeout-ms`): a destination silent this long is given up
 /// on like one that vanished, and the VM runs on here.
-pub const ACK_TIMEOUT: Duration = PEER_TIMEOUT;
+const ACK_TIMEOUT: Duration = PEER_TIMEOUT;
 /// The destination gives up on a source that stops sending for this long.
 const STREAM_TIMEOUT: Duration = Duration::from_secs(60);
 
