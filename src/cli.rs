@@ -322,6 +322,10 @@ pub enum CtlCommand {
         /// Iterate copy rounds until the last one would take at most this long.
         #[arg(long, value_name = "MS")]
         max_downtime_ms: Option<u64>,
+        /// Give up, the VM running on here, if the destination does not acknowledge
+        /// a copy round within this long (default 30000).
+        #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
+        ack_timeout_ms: Option<u64>,
     },
 }
 

@@ -129,6 +129,9 @@ pub struct MigrateRequest {
     pub token_file: Option<PathBuf>,
     /// Stop iterating once the last round would take at most this long.
     pub max_downtime_ms: Option<u64>,
+    /// Give up (the VM runs on) if a round is not acknowledged within this long.
+    #[serde(default)]
+    pub ack_timeout_ms: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -411,6 +414,7 @@ pub fn run_ctl(args: &CtlArgs) -> Result<u8> {
             target,
             token_file,
             max_downtime_ms,
+            ack_timeout_ms,
         } => {
             let token_file = token_file
                 .as_ref()
@@ -422,10 +426,16 @@ pub fn run_ctl(args: &CtlArgs) -> Result<u8> {
                 "target": target,
                 "token_file": token_file,
                 "max_downtime_ms": max_downtime_ms,
+                "ack_timeout_ms": ack_timeout_ms,
             })
         }
     };
-    let long = matches!(args.command, CtlCommand::Snapshot { .. });
+    // Snapshots and migrations take as long as they take (a migration waits up to
+    // its acknowledgement timeout per round): no idle limit on their reply.
+    let long = matches!(
+        args.command,
+        CtlCommand::Snapshot { .. } | CtlCommand::Migrate { .. }
+    );
     let reply = request_waiting(&args.socket, &req, (!long).then_some(IDLE_TIMEOUT))?;
     if args.json {
         crate::outln!("{reply}");

@@ -5,7 +5,7 @@
 //! is judged like one that never moved.
 
 use std::fs::OpenOptions;
-use std::io::{BufReader, BufWriter, Read, Write};
+use std::io::{BufReader, BufWriter};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use hv::migration::Hub;
+use hv::migration::stream::Reply;
 use hv::{GuestExit, Vm};
 use npb::Spec;
 use serde::{Deserialize, Serialize};
@@ -157,10 +158,12 @@ impl VmTarget {
     }
 }
 
-/// What the destination sends once the VM's vCPUs run there.
-const RUNNING: &[u8; 8] = b"RUNNING\n";
 /// Connecting, authenticating, and waiting for the destination's confirmation.
 const PEER_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the source waits for a copy round's acknowledgement unless told
+/// (`kumo ctl migrate --ack-timeout-ms`): a destination silent this long is given up
+/// on like one that vanished, and the VM runs on here.
+const ACK_TIMEOUT: Duration = PEER_TIMEOUT;
 /// The destination gives up on a source that stops sending for this long.
 const STREAM_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -201,10 +204,37 @@ impl VmTarget {
             address,
             token.as_deref(),
             request.max_downtime_ms.map(Duration::from_millis),
+            request.ack_timeout_ms.map(Duration::from_millis),
         )?;
         let mut value = json!(report);
         value["target"] = json!(request.target);
         Ok(value)
+    }
+}
+
+/// The destination's replies on the migration's connection: each round's
+/// acknowledgement within `ack_timeout`, the confirmation within [`PEER_TIMEOUT`].
+struct Replies<'a> {
+    stream: &'a TcpStream,
+    ack_timeout: Duration,
+}
+
+impl Replies<'_> {
+    fn timeout(&self, timeout: Duration) -> Result<(), hv::Error> {
+        self.stream
+            .set_read_timeout(Some(timeout))
+            .map_err(|e| hv::Error::Migration(format!("setting the reply timeout: {e}")))
+    }
+}
+
+impl hv::migration::live::Destination for Replies<'_> {
+    fn applied(&mut self, round: u32) -> Result<(), hv::Error> {
+        self.timeout(self.ack_timeout)?;
+        hv::migration::live::await_applied(&mut &*self.stream, round)
+    }
+    fn running(&mut self) -> Result<(), hv::Error> {
+        self.timeout(PEER_TIMEOUT)?;
+        hv::migration::live::await_running(&mut &*self.stream)
     }
 }
 
@@ -217,6 +247,7 @@ pub fn send_vm(
     address: &str,
     token: Option<&[u8]>,
     max_downtime: Option<Duration>,
+    ack_timeout: Option<Duration>,
 ) -> Result<hv::migration::live::Report> {
     let peer = address
         .to_socket_addrs()
@@ -236,19 +267,12 @@ pub fn send_vm(
         ..defaults
     };
     let mut w = BufWriter::with_capacity(1 << 20, &stream);
-    hv::migration::live::send(hub, &mut w, app(), &app, &options, || {
-        let mut ack = [0u8; RUNNING.len()];
-        match (&stream).read_exact(&mut ack) {
-            Ok(()) if &ack == RUNNING => Ok(()),
-            Ok(()) => Err(hv::Error::Migration(
-                "the destination sent a wrong confirmation".into(),
-            )),
-            Err(e) => Err(hv::Error::Migration(format!(
-                "the destination did not confirm it runs the VM: {e}"
-            ))),
-        }
-    })
-    .with_context(|| format!("migration to {address}"))
+    let mut replies = Replies {
+        stream: &stream,
+        ack_timeout: ack_timeout.unwrap_or(ACK_TIMEOUT),
+    };
+    hv::migration::live::send(hub, &mut w, app(), &app, &options, &mut replies)
+        .with_context(|| format!("migration to {address}"))
 }
 
 /// `kumo ctl ... migrate` without --json.
@@ -294,9 +318,17 @@ pub fn receive_vm(
     hv::migration::auth::destination(&mut &stream, token)
         .with_context(|| format!("incoming migration from {peer}"))?;
     stream.set_read_timeout(Some(STREAM_TIMEOUT))?;
-    let (vm, meta) =
-        hv::migration::restore_from(&mut BufReader::with_capacity(1 << 20, &stream), kvm_device)
-            .with_context(|| format!("incoming migration from {peer}"))?;
+    // Each round is acknowledged as soon as it is in RAM: the source pauses the VM
+    // only once this side has caught up.
+    let (vm, meta) = hv::migration::receive_from(
+        &mut BufReader::with_capacity(1 << 20, &stream),
+        kvm_device,
+        |round| {
+            hv::migration::stream::write_reply(&mut &stream, Reply::Applied(round))
+                .map_err(hv::Error::from)
+        },
+    )
+    .with_context(|| format!("incoming migration from {peer}"))?;
     tracing::debug!("incoming VM restored");
     let control = vm.control();
     // Confirmed only once every vCPU thread runs (the devices took their state).
@@ -304,8 +336,7 @@ pub fn receive_vm(
         .name("migrate-ack".into())
         .spawn(move || {
             if control.wait_started(PEER_TIMEOUT)
-                && let Err(e) = (&stream)
-                    .write_all(RUNNING)
+                && let Err(e) = hv::migration::stream::write_reply(&mut &stream, Reply::Running)
                     .inspect(|()| tracing::debug!("incoming VM runs; source told"))
             {
                 tracing::warn!("telling the source the VM runs failed: {e}");

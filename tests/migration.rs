@@ -89,8 +89,13 @@ fn destination(port: u16, token: &Path) -> Background {
 
 /// `kumo ctl --json migrate`, retried while the source VM has not started yet.
 fn migrate(socket: &Path, port: u16, token: &Path) -> std::process::Output {
+    migrate_with(socket, port, token, &[])
+}
+
+/// [`migrate`] with more options.
+fn migrate_with(socket: &Path, port: u16, token: &Path, extra: &[&str]) -> std::process::Output {
     let target = format!("tcp:127.0.0.1:{port}");
-    let args = [
+    let mut args = vec![
         "ctl",
         "--socket",
         socket.to_str().unwrap(),
@@ -102,6 +107,7 @@ fn migrate(socket: &Path, port: u16, token: &Path) -> std::process::Output {
         "--max-downtime-ms",
         "5",
     ];
+    args.extend_from_slice(extra);
     loop {
         let out = kumo(&args);
         if out.status.success() || !text(&out.stderr).contains("not running yet") {
@@ -262,11 +268,40 @@ fn a_bad_token_is_refused_and_the_source_runs_on() {
     assert_verified(&src.finish(), "source");
 }
 
-/// What the proxy does to the source's stream at a byte offset.
+#[test]
+fn a_destination_that_never_acknowledges_a_round_is_given_up_on_and_the_source_runs_on() {
+    if !kvm_available() {
+        return;
+    }
+    let secret = token("silent.token", "shared");
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    // A destination that proves the token and takes the stream but never replies.
+    let key = std::fs::read(&secret).unwrap();
+    let silent = std::thread::spawn(move || {
+        let (stream, _) = listener.accept().unwrap();
+        hv::migration::auth::destination(&mut &stream, Some(&key)).unwrap();
+        std::io::copy(&mut &stream, &mut std::io::sink()).unwrap_or(0)
+    });
+    let socket = scratch("silent.sock");
+    let src = source(&socket);
+    let ctl = migrate_with(&socket, port, &secret, &["--ack-timeout-ms", "300"]);
+    assert_one_line_error(
+        &ctl,
+        "kumo ctl",
+        "did not acknowledge round 0: no reply in time",
+    );
+    assert!(silent.join().unwrap() > 0, "the first round was sent");
+    assert_verified(&src.finish(), "source");
+}
+
+/// What the proxy does to the source's stream at a byte offset, or
+/// (`FlipReply`) to the destination's replies.
 #[derive(Clone, Copy)]
 enum Damage {
     Flip(usize),
     Cut(usize),
+    FlipReply(usize),
 }
 
 /// Forwards one connection from `listener` to `to`, damaging the source's stream;
@@ -297,6 +332,9 @@ fn proxy(listener: TcpListener, to: u16, damage: Damage) -> std::thread::JoinHan
                                     n = at.saturating_sub(start);
                                     cut = true;
                                 }
+                                Damage::FlipReply(at) if (start..start + n).contains(&at) => {
+                                    buf[at - start] ^= 0x01;
+                                }
                                 _ => {}
                             }
                         }
@@ -308,15 +346,39 @@ fn proxy(listener: TcpListener, to: u16, damage: Damage) -> std::thread::JoinHan
                     let _ = w.shutdown(Shutdown::Both);
                 })
             };
+        let (forward, back) = match damage {
+            Damage::FlipReply(_) => (None, Some((damage, seen))),
+            _ => (Some((damage, seen)), None),
+        };
         let a = pipe(
             from_src.try_clone().unwrap(),
             to_dst.try_clone().unwrap(),
-            Some((damage, seen)),
+            forward,
         );
-        let b = pipe(to_dst, from_src, None);
+        let b = pipe(to_dst, from_src, back);
         let _ = a.join();
         let _ = b.join();
     })
+}
+
+/// A migration through a proxy that does `damage`: the outputs of `kumo ctl migrate`
+/// and of the destination, and the source (running on).
+fn migrate_damaged(
+    name: &str,
+    damage: Damage,
+) -> (std::process::Output, std::process::Output, Background) {
+    let port = free_port();
+    let secret = token(&format!("{name}.token"), "shared");
+    let dst = destination(port, &secret);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let proxy_port = listener.local_addr().unwrap().port();
+    let proxy = proxy(listener, port, damage);
+    let socket = scratch(&format!("{name}.sock"));
+    let src = source(&socket);
+    let ctl = migrate(&socket, proxy_port, &secret);
+    let dst = dst.finish();
+    proxy.join().unwrap();
+    (ctl, dst, src)
 }
 
 #[test]
@@ -324,20 +386,28 @@ fn a_corrupted_stream_is_refused_with_one_line_and_the_source_runs_on() {
     if !kvm_available() {
         return;
     }
-    let port = free_port();
-    let secret = token("corrupt.token", "shared");
-    let dst = destination(port, &secret);
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let proxy_port = listener.local_addr().unwrap().port();
     // Well past the handshake and header: inside the first RAM round.
-    let proxy = proxy(listener, port, Damage::Flip(300_000));
-    let socket = scratch("corrupt.sock");
-    let src = source(&socket);
-    let ctl = migrate(&socket, proxy_port, &secret);
+    let (ctl, dst, src) = migrate_damaged("corrupt", Damage::Flip(300_000));
     assert_eq!(ctl.status.code(), Some(2), "{}", text(&ctl.stderr));
-    assert_one_line_error(&dst.finish(), "destination", "checksum mismatch");
+    assert_one_line_error(&dst, "destination", "checksum mismatch");
     assert_verified(&src.finish(), "source");
-    proxy.join().unwrap();
+}
+
+#[test]
+fn a_corrupted_acknowledgement_is_refused_and_the_source_runs_on() {
+    if !kvm_available() {
+        return;
+    }
+    // The destination's bytes: 74 of authentication, then round 0's ACK (12 bytes of
+    // tag, length and checksum, then the round number).
+    let (ctl, dst, src) = migrate_damaged("badack", Damage::FlipReply(74 + 12));
+    assert_one_line_error(
+        &ctl,
+        "kumo ctl",
+        "did not acknowledge round 0: section ACK: checksum mismatch",
+    );
+    assert_eq!(dst.status.code(), Some(2), "nothing runs there");
+    assert_verified(&src.finish(), "source");
 }
 
 #[test]

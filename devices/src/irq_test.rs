@@ -134,13 +134,18 @@ impl PciDevice for IrqTestDevice {
             kind: KIND.into(),
             config: state.config.state(),
             msix: Some(state.msix.state()),
+            virtio: None,
         })
     }
 
     /// Registers, table and PBA back; then every vector's route is told to the sink
     /// (a restored VM's irqfd routes are rebuilt from the table, not saved).
     fn restore_state(&self, saved: &PciDeviceState) -> Result<(), DeviceStateError> {
-        let Some(msix_state) = saved.msix.as_ref().filter(|_| saved.kind == KIND) else {
+        let Some(msix_state) = saved
+            .msix
+            .as_ref()
+            .filter(|_| saved.kind == KIND && saved.virtio.is_none())
+        else {
             return Err(DeviceStateError::mismatch(
                 "interrupt test device",
                 format!("the state is a '{}'s", saved.kind),

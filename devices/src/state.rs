@@ -35,4 +35,7 @@ pub struct PciDeviceState {
     pub config: ConfigSpaceState,
     #[serde(default)]
     pub msix: Option<MsixState>,
+    /// A virtio function's transport registers and its device's place in the queues.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub virtio: Option<crate::virtio::transport::VirtioState>,
 }

@@ -64,6 +64,19 @@ struct Nic {
     _in_vm: Option<(Arc<VirtioPciDevice>, EventLoop)>,
 }
 
+/// A NIC in a VM: its receive path writes guest RAM from the switch thread, so a
+/// migration of the VM sends the pages it wrote again.
+struct NicWrites(Arc<VirtioNet<GuestMemoryMmap>>);
+
+impl crate::migration::DeviceWrites for NicWrites {
+    fn track(&self, on: bool) {
+        self.0.track_writes(on);
+    }
+    fn take_written(&self) -> Vec<u64> {
+        self.0.take_written()
+    }
+}
+
 impl Nic {
     fn model(&self) -> Option<Arc<VirtioNet<GuestMemoryMmap>>> {
         self.net.lock().unwrap_or_else(|e| e.into_inner()).clone()
@@ -106,6 +119,92 @@ struct Shared {
     ports: Mutex<Vec<Endpoint>>,
     changes: Mutex<VecDeque<Change>>,
     control: EventFd,
+    gate: Gate,
+}
+
+/// Holds the switch thread still while a VM of the network is paused (a snapshot or
+/// a migration): it writes no guest RAM and raises no interrupt from then on.
+#[derive(Default)]
+struct Gate {
+    state: Mutex<GateState>,
+    changed: std::sync::Condvar,
+}
+
+#[derive(Default)]
+struct GateState {
+    /// Pauses under way that hold the switch.
+    holds: u32,
+    /// The switch thread is held (between two passes).
+    parked: bool,
+    /// The switch thread runs (it parks only then).
+    running: bool,
+    /// The network is ending: nothing parks or waits any more.
+    stopping: bool,
+}
+
+impl Gate {
+    fn lock(&self) -> MutexGuard<'_, GateState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Holds the switch thread; returns once it is parked (at once if it does not run).
+    fn hold(&self, wake: &EventFd) {
+        let mut st = self.lock();
+        st.holds += 1;
+        if !st.running || st.stopping {
+            return;
+        }
+        drop(st);
+        let _ = wake.write(1);
+        let mut st = self.lock();
+        while st.running && !st.parked && !st.stopping {
+            st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    fn release(&self) {
+        let mut st = self.lock();
+        st.holds = st.holds.saturating_sub(1);
+        drop(st);
+        self.changed.notify_all();
+    }
+
+    /// The switch thread's side, between passes: parks while held.
+    fn park_if_held(&self) {
+        let mut st = self.lock();
+        if st.holds == 0 || st.stopping {
+            return;
+        }
+        st.parked = true;
+        self.changed.notify_all();
+        while st.holds > 0 && !st.stopping {
+            st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        st.parked = false;
+    }
+
+    fn set(&self, update: impl FnOnce(&mut GateState)) {
+        update(&mut self.lock());
+        self.changed.notify_all();
+    }
+}
+
+/// A NIC's part in pausing its VM: the switch thread held between passes, then the
+/// NIC's interrupts still queued on the generic path delivered into KVM (so the
+/// vCPUs' saved LAPICs hold them).
+struct NicQuiesce {
+    shared: Arc<Shared>,
+    event_loop: crate::irq::LoopFlush,
+}
+
+impl crate::migration::Quiesce for NicQuiesce {
+    fn quiesce(&self) {
+        self.shared.gate.hold(&self.shared.control);
+        self.event_loop.flush();
+    }
+    fn resume(&self) {
+        self.shared.gate.release();
+    }
 }
 
 impl Shared {
@@ -187,6 +286,7 @@ impl Network {
                 ports: Mutex::new(Vec::new()),
                 changes: Mutex::new(VecDeque::new()),
                 control: EventFd::new(EFD_NONBLOCK).map_err(os("creating an eventfd"))?,
+                gate: Gate::default(),
             }),
         })
     }
@@ -227,6 +327,12 @@ impl Network {
         );
         transport.place_bar(vm.allocate_bar(devices::virtio::transport::BAR_SIZE)?);
         vm.add_pci_device_with_doorbells(transport.clone(), duplicate(&notify)?)?;
+        vm.migration_hub()
+            .add_device_writes(Arc::new(NicWrites(net.clone())));
+        vm.migration_hub().add_quiescer(Arc::new(NicQuiesce {
+            shared: self.shared.clone(),
+            event_loop: event_loop.flusher(),
+        }));
         let mut ports = self.shared.ports();
         debug_assert_eq!(ports.len(), port, "ports are numbered in attach order");
         ports.push(Endpoint::Nic(Arc::new(Nic {
@@ -333,6 +439,7 @@ impl Network {
         }
         let shared = self.shared.clone();
         let thread_stop = stop.try_clone().map_err(os("duplicating an eventfd"))?;
+        self.shared.gate.set(|g| g.running = true);
         let thread = std::thread::Builder::new()
             .name("net-switch".into())
             .spawn(move || {
@@ -340,14 +447,19 @@ impl Network {
                 if dom0.is_none() {
                     boost_current_thread();
                 }
+                let gate = shared.clone();
                 Worker {
                     shared,
                     work: VecDeque::new(),
                     queued: Vec::new(),
                 }
-                .run(&epoll, &thread_stop)
+                .run(&epoll, &thread_stop);
+                gate.gate.set(|g| g.running = false);
             })
-            .map_err(os("spawning the switch thread"))?;
+            .map_err(|e| {
+                self.shared.gate.set(|g| g.running = false);
+                os("spawning the switch thread")(e)
+            })?;
         Ok(RunningNetwork {
             shared: self.shared.clone(),
             stop,
@@ -436,6 +548,7 @@ impl RunningNetwork {
 
 impl Drop for RunningNetwork {
     fn drop(&mut self) {
+        self.shared.gate.set(|g| g.stopping = true);
         let _ = self.stop.write(1);
         if let Some(thread) = self.thread.take()
             && thread.join().is_err()
@@ -527,6 +640,7 @@ impl Worker {
             self.shared
                 .busy_ns
                 .fetch_add(woke.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            self.shared.gate.park_if_held();
         }
     }
 
@@ -651,5 +765,69 @@ impl Worker {
         for source in egress.unblocked {
             self.push(Work::Transmit(source));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
+    use std::time::Duration;
+
+    /// A broadcast frame (flooded to every other port) in the wire's framing.
+    fn framed() -> (Vec<u8>, Vec<u8>) {
+        let mut frame = vec![0xff; 6];
+        frame.extend_from_slice(&[2, 0, 0, 0, 0, 1, 0x88, 0xb5]);
+        frame.extend_from_slice(&[7; 50]);
+        let mut bytes = (frame.len() as u32).to_be_bytes().to_vec();
+        bytes.extend_from_slice(&frame);
+        (frame, bytes)
+    }
+
+    #[test]
+    fn a_held_switch_forwards_nothing_until_released() {
+        let network = Network::new(SwitchConfig::default()).unwrap();
+        // Not running yet: holding returns at once.
+        network.shared.gate.hold(&network.shared.control);
+        network.shared.gate.release();
+        let (a_near, mut a_far) = UnixStream::pair().unwrap();
+        let (b_near, mut b_far) = UnixStream::pair().unwrap();
+        network.attach_wire(a_near, None).unwrap();
+        network.attach_wire(b_near, None).unwrap();
+        let running = network.start(None).unwrap();
+        let gate = &network.shared.gate;
+        gate.hold(&network.shared.control);
+        assert!(
+            gate.lock().parked,
+            "hold returns once the switch thread is parked"
+        );
+        let (frame, bytes) = framed();
+        a_far.write_all(&bytes).unwrap();
+        // Parked, the switch thread cannot forward it (the wire's reader takes it in).
+        b_far
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let mut length = [0u8; 4];
+        let err = b_far.read_exact(&mut length).unwrap_err();
+        assert!(
+            matches!(
+                err.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+            "{err}"
+        );
+        gate.release();
+        b_far
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        b_far.read_exact(&mut length).unwrap();
+        let mut got = vec![0u8; u32::from_be_bytes(length) as usize];
+        b_far.read_exact(&mut got).unwrap();
+        assert_eq!(got, frame, "forwarded once released");
+        // A network dropped while held still ends.
+        gate.hold(&network.shared.control);
+        drop(running);
+        assert!(!gate.lock().running);
     }
 }

@@ -723,7 +723,7 @@ pub(crate) fn set_memory_slot(
 /// Guest RAM of `size` bytes on one memfd, mapped region by region as
 /// [`memory_map::ram_regions`] lays it out (zero-filled, untouched: pages appear when
 /// used, so a large guest costs only what it touches).
-fn create_memory(size: u64) -> Result<(GuestMemoryMmap, File), Error> {
+pub(crate) fn create_memory(size: u64) -> Result<(GuestMemoryMmap, File), Error> {
     // SAFETY: the name is a valid NUL-terminated string; the return value is checked.
     let fd = unsafe { libc::memfd_create(c"kumo-guest-ram".as_ptr(), libc::MFD_CLOEXEC) };
     if fd < 0 {

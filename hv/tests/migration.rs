@@ -4,6 +4,7 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use hv::migration::stream::Reply;
 use hv::migration::{self, live, stream};
 use hv::testing::{PvhImage, asm, kvm_available};
 use hv::{GuestExit, Vm, VmConfig};
@@ -66,6 +67,23 @@ fn wait_for_count(memory: &vm_memory::GuestMemoryMmap, at_least: u32) {
         assert!(Instant::now() < deadline, "the guest never counted");
         std::thread::sleep(Duration::from_millis(1));
     }
+}
+
+/// A VM of `vcpus` running the counting guest on a thread (console discarded),
+/// once it has counted a little: its hub, its RAM and its run.
+fn counting(
+    vcpus: u32,
+) -> (
+    Arc<migration::Hub>,
+    vm_memory::GuestMemoryMmap,
+    std::thread::JoinHandle<Result<hv::RunOutcome, hv::Error>>,
+) {
+    let vm = Vm::new(config(vcpus)).unwrap();
+    let hub = vm.migration_hub();
+    let memory = vm.memory().clone();
+    let runner = std::thread::spawn(move || vm.run(Box::new(std::io::sink()), Instant::now()));
+    wait_for_count(&memory, 100);
+    (hub, memory, runner)
 }
 
 #[test]
@@ -152,11 +170,7 @@ fn a_corrupted_snapshot_is_refused() {
     if !kvm_available() {
         return;
     }
-    let vm = Vm::new(config(1)).unwrap();
-    let hub = vm.migration_hub();
-    let memory = vm.memory().clone();
-    let runner = std::thread::spawn(move || vm.run(Box::new(std::io::sink()), Instant::now()));
-    wait_for_count(&memory, 100);
+    let (hub, _, runner) = counting(1);
     let mut bytes = Vec::new();
     let (paused, _) = migration::write_snapshot(&hub, &mut bytes, String::new).unwrap();
     drop(paused); // resumes: the source finishes on its own
@@ -177,17 +191,16 @@ fn a_corrupted_snapshot_is_refused() {
     assert!(err.contains("truncated"), "{err}");
 }
 
-/// Runs the destination side on a thread: restore from `b`, confirm, run.
+/// Runs the destination side on a thread: receive from `b` (acknowledging each
+/// round), confirm, run.
 fn destination(
     b: std::os::unix::net::UnixStream,
     console: Console,
 ) -> std::thread::JoinHandle<Result<(String, u32, GuestExit), String>> {
     std::thread::spawn(move || {
-        let mut r = std::io::BufReader::new(b.try_clone().unwrap());
-        let (vm, meta) = migration::restore_from(&mut r, std::path::Path::new("/dev/kvm"))
-            .map_err(|e| e.to_string())?;
+        let (vm, meta) = receive_acking(&b).map_err(|e| e.to_string())?;
         let restored_count = counter(vm.memory());
-        (&b).write_all(b"R").map_err(|e| e.to_string())?;
+        stream::write_reply(&mut &b, Reply::Running).map_err(|e| e.to_string())?;
         let outcome = vm
             .run(Box::new(console), Instant::now())
             .map_err(|e| e.to_string())?;
@@ -195,14 +208,42 @@ fn destination(
     })
 }
 
-fn confirmed(a: &std::os::unix::net::UnixStream) -> Result<(), hv::Error> {
-    let mut byte = [0u8; 1];
-    std::io::Read::read_exact(&mut &*a, &mut byte)
-        .map_err(|e| hv::Error::Migration(format!("no confirmation: {e}")))?;
-    if byte != *b"R" {
-        return Err(hv::Error::Migration("bad confirmation".into()));
+/// Migrates the VM behind `hub` over `a` with the default options (the program's
+/// descriptions empty).
+fn send_over(
+    hub: &migration::Hub,
+    a: &std::os::unix::net::UnixStream,
+) -> Result<live::Report, hv::Error> {
+    let mut w = std::io::BufWriter::new(a.try_clone().unwrap());
+    live::send(
+        hub,
+        &mut w,
+        String::new(),
+        String::new,
+        &live::Options::default(),
+        &mut Replies(a.try_clone().unwrap()),
+    )
+}
+
+/// Receives a VM from `b`, acknowledging each round as a destination does.
+fn receive_acking(b: &std::os::unix::net::UnixStream) -> Result<(Vm, migration::Meta), hv::Error> {
+    let mut r = std::io::BufReader::new(b.try_clone().unwrap());
+    migration::receive_from(&mut r, std::path::Path::new("/dev/kvm"), |round| {
+        stream::write_reply(&mut &*b, Reply::Applied(round)).map_err(hv::Error::from)
+    })
+}
+
+/// The destination's replies as the source reads them from `a` (its read timeout
+/// bounds each wait).
+struct Replies(std::os::unix::net::UnixStream);
+
+impl live::Destination for Replies {
+    fn applied(&mut self, round: u32) -> Result<(), hv::Error> {
+        live::await_applied(&mut &self.0, round)
     }
-    Ok(())
+    fn running(&mut self) -> Result<(), hv::Error> {
+        live::await_running(&mut &self.0)
+    }
 }
 
 #[test]
@@ -210,11 +251,7 @@ fn a_running_vm_migrates_with_dirty_rounds_and_finishes_on_the_destination() {
     if !kvm_available() {
         return;
     }
-    let vm = Vm::new(config(2)).unwrap();
-    let hub = vm.migration_hub();
-    let memory = vm.memory().clone();
-    let runner = std::thread::spawn(move || vm.run(Box::new(std::io::sink()), Instant::now()));
-    wait_for_count(&memory, 100);
+    let (hub, memory, runner) = counting(2);
     let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
     let console = Console::default();
     let dest = destination(b, console.clone());
@@ -230,7 +267,7 @@ fn a_running_vm_migrates_with_dirty_rounds_and_finishes_on_the_destination() {
         "start".into(),
         || "final".into(),
         &options,
-        || confirmed(&a),
+        &mut Replies(a.try_clone().unwrap()),
     )
     .unwrap();
     assert_eq!(runner.join().unwrap().unwrap().exit, GuestExit::HandedOff);
@@ -246,16 +283,88 @@ fn a_running_vm_migrates_with_dirty_rounds_and_finishes_on_the_destination() {
     assert_eq!(&*console.0.lock().unwrap(), b"done\n");
 }
 
+/// A stand-in for a NIC's receive path: it writes guest RAM from a host thread
+/// (unseen by KVM's dirty log) while tracking is on — once, when asked the second
+/// time (the first is when tracking starts; the second follows the full pass, so
+/// only the record can bring the page across) — and reports the page.
+struct HostWriter {
+    memory: vm_memory::GuestMemoryMmap,
+    tracking: Mutex<bool>,
+    asked: Mutex<u32>,
+}
+
+/// Where the host writer writes (a page the counting guest never touches).
+const DEVICE_PAGE: u64 = 0x30_0000;
+
+impl migration::DeviceWrites for HostWriter {
+    fn track(&self, on: bool) {
+        *self.tracking.lock().unwrap() = on;
+    }
+    fn take_written(&self) -> Vec<u64> {
+        let mut asked = self.asked.lock().unwrap();
+        *asked += 1;
+        if !*self.tracking.lock().unwrap() || *asked != 2 {
+            return Vec::new();
+        }
+        self.memory
+            .write_obj(0xfeed_f00du32, GuestAddress(DEVICE_PAGE + 8))
+            .unwrap();
+        vec![DEVICE_PAGE + 8]
+    }
+}
+
+#[test]
+fn pages_a_device_writes_during_the_rounds_reach_the_destination() {
+    if !kvm_available() {
+        return;
+    }
+    let (hub, memory, runner) = counting(1);
+    let writer = Arc::new(HostWriter {
+        memory: memory.clone(),
+        tracking: Mutex::new(false),
+        asked: Mutex::new(0),
+    });
+    hub.add_device_writes(writer.clone());
+    let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+    let dest = std::thread::spawn(move || {
+        let (vm, _) = receive_acking(&b).unwrap();
+        let seen: u32 = vm.memory().read_obj(GuestAddress(DEVICE_PAGE + 8)).unwrap();
+        stream::write_reply(&mut &b, Reply::Running).unwrap();
+        seen
+    });
+    send_over(&hub, &a).unwrap();
+    assert!(
+        *writer.asked.lock().unwrap() >= 2,
+        "the device wrote during the migration"
+    );
+    assert!(
+        !*writer.tracking.lock().unwrap(),
+        "tracking ends with the migration"
+    );
+    assert_eq!(
+        dest.join().unwrap(),
+        0xfeed_f00d,
+        "the device's page was sent again"
+    );
+    assert_eq!(runner.join().unwrap().unwrap().exit, GuestExit::HandedOff);
+}
+
 #[test]
 fn without_confirmation_the_source_runs_on() {
     if !kvm_available() {
         return;
     }
-    let vm = Vm::new(config(1)).unwrap();
-    let hub = vm.migration_hub();
-    let memory = vm.memory().clone();
-    let runner = std::thread::spawn(move || vm.run(Box::new(std::io::sink()), Instant::now()));
-    wait_for_count(&memory, 100);
+    let (hub, _, runner) = counting(1);
+    /// Applies every round, then is gone before it runs the VM.
+    struct GoneAtTheEnd;
+    impl live::Destination for GoneAtTheEnd {
+        fn applied(&mut self, _: u32) -> Result<(), hv::Error> {
+            Ok(())
+        }
+        fn running(&mut self) -> Result<(), hv::Error> {
+            Err(hv::Error::Migration("the destination went away".into()))
+        }
+    }
     let mut sink = Vec::new();
     let err = live::send(
         &hub,
@@ -263,7 +372,7 @@ fn without_confirmation_the_source_runs_on() {
         String::new(),
         String::new,
         &live::Options::default(),
-        || Err(hv::Error::Migration("the destination went away".into())),
+        &mut GoneAtTheEnd,
     )
     .unwrap_err();
     assert!(err.to_string().contains("went away"));
@@ -272,6 +381,34 @@ fn without_confirmation_the_source_runs_on() {
         runner.join().unwrap().unwrap().exit,
         GuestExit::DebugExit(ITERATIONS),
         "the source resumed and finished"
+    );
+}
+
+#[test]
+fn a_destination_that_never_acknowledges_a_round_leaves_the_source_running() {
+    if !kvm_available() {
+        return;
+    }
+    let (hub, _, runner) = counting(1);
+    let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+    // Reads everything, answers nothing.
+    let silent = std::thread::spawn(move || std::io::copy(&mut &b, &mut std::io::sink()));
+    a.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let err = send_over(&hub, &a).unwrap_err().to_string();
+    assert!(
+        err.contains("did not acknowledge round 0: no reply in time"),
+        "{err}"
+    );
+    drop(a);
+    assert!(
+        silent.join().unwrap().unwrap() > 0,
+        "the first round was sent"
+    );
+    assert_eq!(
+        runner.join().unwrap().unwrap().exit,
+        GuestExit::DebugExit(ITERATIONS),
+        "the source never paused and finished"
     );
 }
 

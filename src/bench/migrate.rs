@@ -117,6 +117,7 @@ fn one_run(args: &MigrateBenchArgs, dirty: DirtyLogMode, epoch: Instant) -> Resu
         &address,
         Some(&token),
         args.max_downtime_ms.map(Duration::from_millis),
+        None,
     );
     let source_run = source
         .join()
@@ -321,7 +322,7 @@ fn print_summary(args: &MigrateBenchArgs, mode: DirtyLogMode, samples: &[&Sample
             .collect();
         spread(v)
     };
-    let rows: [(&str, &str, (f64, f64, f64)); 12] = [
+    let rows: [(&str, &str, (f64, f64, f64)); 13] = [
         ("total", "total", pick(&|s| s.report.total_ms)),
         (
             "downtime (host)",
@@ -353,6 +354,11 @@ fn print_summary(args: &MigrateBenchArgs, mode: DirtyLogMode, samples: &[&Sample
             "live rounds' harvest+copy",
             "rounds",
             pick(&|s| s.report.rounds.iter().map(|r| r.ms).sum()),
+        ),
+        (
+            "  of it waiting for the destination's acks",
+            "ack_wait",
+            pick(&|s| s.report.rounds.iter().map(|r| r.ack_wait_ms).sum()),
         ),
         (
             "downtime (guest: its longest gap)",

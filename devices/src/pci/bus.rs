@@ -168,10 +168,11 @@ impl PciDevice for HostBridge {
             kind: HOST_BRIDGE_KIND.into(),
             config: self.config.state(),
             msix: None,
+            virtio: None,
         })
     }
     fn restore_state(&self, state: &PciDeviceState) -> Result<(), DeviceStateError> {
-        if state.kind != HOST_BRIDGE_KIND || state.msix.is_some() {
+        if state.kind != HOST_BRIDGE_KIND || state.msix.is_some() || state.virtio.is_some() {
             return Err(DeviceStateError::mismatch(
                 "host bridge",
                 format!("the state is a '{}'s", state.kind),

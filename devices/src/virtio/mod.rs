@@ -49,8 +49,8 @@
 //!    Interrupts are raised inside these calls, through the transport, at most once
 //!    per queue per call.
 
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use virtio_queue::{DescriptorChain, Queue, QueueT};
 use vm_memory::GuestMemory;
@@ -157,6 +157,72 @@ pub trait VirtioDevice: Send + Sync {
     /// The driver reset the device: drop the queues and anything in flight that
     /// belongs to the old driver instance.
     fn reset(&self);
+    /// For a snapshot of a live device (its backend quiesced): its place in each
+    /// queue and its own state words. `None`: this device cannot be saved live.
+    fn live_state(&self) -> Option<LiveState> {
+        None
+    }
+    /// After an activation from a snapshot (whose queues already stand at the saved
+    /// places): the device's own words back. An error is a state that does not fit.
+    fn restore_live_state(&self, _words: &[u64]) -> Result<(), String> {
+        Err("this device cannot be restored live".into())
+    }
+}
+
+/// A live device's place in its queues and its own state (see
+/// [`VirtioDevice::live_state`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveState {
+    /// (next_avail, next_used) of each queue, in order.
+    pub positions: Vec<(u16, u16)>,
+    /// The device's own words (virtio-net: the queue pairs in use).
+    pub words: Vec<u64>,
+}
+
+/// The guest pages a device wrote (buffers, used rings) while a migration tracks
+/// them: KVM's dirty log sees only vCPU writes, not a backend thread's. Off, a
+/// record costs one atomic load.
+#[derive(Debug, Default)]
+pub struct WriteLog {
+    on: AtomicBool,
+    pages: Mutex<Vec<u64>>,
+}
+
+impl WriteLog {
+    /// Start or stop recording (stopping forgets what was not taken).
+    pub fn track(&self, on: bool) {
+        let mut pages = self.pages.lock().unwrap_or_else(|e| e.into_inner());
+        self.on.store(on, Ordering::SeqCst);
+        if !on {
+            pages.clear();
+        }
+    }
+
+    /// `len` bytes were written at guest address `addr`.
+    pub fn record(&self, addr: u64, len: u64) {
+        if len == 0 || !self.on.load(Ordering::Acquire) {
+            return;
+        }
+        const PAGE: u64 = 4096;
+        let first = addr / PAGE;
+        let last = addr.saturating_add(len - 1) / PAGE;
+        let mut pages = self.pages.lock().unwrap_or_else(|e| e.into_inner());
+        pages.extend((first..=last).map(|p| p * PAGE));
+    }
+
+    /// The device may have written `queue`'s used ring (entries, index, and its
+    /// flags or event field).
+    pub fn record_used_ring(&self, queue: &Queue) {
+        self.record(queue.used_ring(), 6 + 8 * u64::from(queue.size()) + 2);
+    }
+
+    /// The pages written since the last call, in order, each once.
+    pub fn take(&self) -> Vec<u64> {
+        let mut pages = std::mem::take(&mut *self.pages.lock().unwrap_or_else(|e| e.into_inner()));
+        pages.sort_unstable();
+        pages.dedup();
+        pages
+    }
 }
 
 /// Whether the driver wants an interrupt for what was just added to `queue`'s used

@@ -49,8 +49,8 @@ use vm_memory::GuestMemory;
 
 use super::chain::{self, ChainError, Direction, Segment};
 use super::{
-    ActivateError, Activation, InterruptCause, TYPE_NET, VirtioDevice, VirtioInterrupt, features,
-    read_config_window, serve_chains, wants_interrupt,
+    ActivateError, Activation, InterruptCause, TYPE_NET, VirtioDevice, VirtioInterrupt, WriteLog,
+    features, read_config_window, serve_chains, wants_interrupt,
 };
 
 /// Bytes of `virtio_net_hdr_v1`.
@@ -248,6 +248,7 @@ pub struct VirtioNet<M> {
     mem: M,
     active: RwLock<Option<Arc<Active>>>,
     counters: Counters,
+    writes: WriteLog,
 }
 
 impl<M: GuestMemory + Send + Sync> VirtioNet<M> {
@@ -264,11 +265,23 @@ impl<M: GuestMemory + Send + Sync> VirtioNet<M> {
             mem,
             active: RwLock::new(None),
             counters: Counters::default(),
+            writes: WriteLog::default(),
         })
     }
 
     pub fn mac(&self) -> [u8; 6] {
         self.config.mac
+    }
+
+    /// Start or stop recording the guest pages this NIC writes (for a migration:
+    /// see [`WriteLog`]).
+    pub fn track_writes(&self, on: bool) {
+        self.writes.track(on);
+    }
+
+    /// The guest pages this NIC wrote since the last call, while tracking.
+    pub fn take_written(&self) -> Vec<u64> {
+        self.writes.take()
     }
 
     /// Queue pairs the device has.
@@ -429,6 +442,7 @@ impl<M: GuestMemory + Send + Sync> VirtioNet<M> {
                 _ => break,
             }
         }
+        self.writes.record_used_ring(&queue);
         if used > 0 && wants_interrupt(&mut queue, mem) {
             drop(queue);
             active.interrupt.trigger(InterruptCause::Queue(index));
@@ -479,6 +493,9 @@ impl<M: GuestMemory + Send + Sync> VirtioNet<M> {
             let written = match chain::walk_split(chain, 4096) {
                 Ok((readable, writable)) => {
                     let ack = self.ctrl_command(&active, &readable);
+                    for segment in &writable {
+                        self.writes.record(segment.addr.0, segment.len as u64);
+                    }
                     chain::scatter(mem, &writable, &[&[ack]]).unwrap_or(0)
                 }
                 Err(_) => 0,
@@ -491,6 +508,7 @@ impl<M: GuestMemory + Send + Sync> VirtioNet<M> {
             }
             written as u32
         });
+        self.writes.record_used_ring(&queue);
         if served > 0 && wants_interrupt(&mut queue, mem) {
             drop(queue);
             active.interrupt.trigger(InterruptCause::Queue(index));
@@ -695,6 +713,9 @@ impl<M: GuestMemory + Send + Sync> RxBatch<'_, M> {
                 counters.rx_too_big.fetch_add(1, Ordering::Relaxed);
                 return RxOutcome::TooBig;
             }
+            for segment in &segments {
+                self.net.writes.record(segment.addr.0, segment.len as u64);
+            }
             let written = match write(mem, &segments) {
                 Ok(n) => n,
                 Err(_) => {
@@ -721,6 +742,9 @@ impl<M: GuestMemory + Send + Sync> RxBatch<'_, M> {
         let mem = &self.net.mem;
         let mut notify = Vec::new();
         for (index, guard) in self.guards.into_iter().enumerate() {
+            if let Some(queue) = &guard {
+                self.net.writes.record_used_ring(queue);
+            }
             if let Some(mut queue) = guard
                 && self.used[index]
                 && wants_interrupt(&mut queue, mem)
@@ -815,6 +839,38 @@ impl<M: GuestMemory + Send + Sync> VirtioDevice for VirtioNet<M> {
         };
         *self.active.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(active));
         Ok(())
+    }
+
+    /// Each queue's place and the pairs in use; the steering table is not kept (it
+    /// is learnt again from the next transmissions; until then frames go to pair 0).
+    fn live_state(&self) -> Option<super::LiveState> {
+        let active = self.active()?;
+        let positions = active
+            .queues
+            .iter()
+            .map(|q| {
+                let q = q.lock().unwrap_or_else(|e| e.into_inner());
+                (q.next_avail(), q.next_used())
+            })
+            .collect();
+        Some(super::LiveState {
+            positions,
+            words: vec![u64::from(active.pairs_in_use.load(Ordering::SeqCst))],
+        })
+    }
+
+    fn restore_live_state(&self, words: &[u64]) -> Result<(), String> {
+        let active = self.active().ok_or("the NIC is not active")?;
+        match words {
+            &[pairs] if (1..=u64::from(self.config.queue_pairs)).contains(&pairs) => {
+                active.pairs_in_use.store(pairs as u16, Ordering::SeqCst);
+                Ok(())
+            }
+            _ => Err(format!(
+                "{words:?} where the pairs in use (1..={}) belong",
+                self.config.queue_pairs
+            )),
+        }
     }
 
     /// Quiesces: once this returns, no backend thread touches the old rings (one in

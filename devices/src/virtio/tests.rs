@@ -1589,3 +1589,157 @@ fn without_the_event_index_the_no_interrupt_flag_is_honoured() {
     assert_eq!(n.transmit(0, |_| true).frames, 1);
     assert_eq!(*rec.causes.lock().unwrap(), [InterruptCause::Queue(1)]);
 }
+
+// ---------------------------------------------------------------- snapshots
+
+/// Posts `f` (with its virtio header) on TX `ring` as a one-descriptor chain `head`
+/// at guest address `at`.
+fn post_tx(mem: &Mem, ring: &mut Ring, head: u16, at: u64, f: &[u8]) {
+    let mut bytes = vec![0u8; HEADER_LEN];
+    bytes.extend_from_slice(f);
+    mem.write_slice(&bytes, GuestAddress(at)).unwrap();
+    ring.desc(mem, head, at, bytes.len() as u32, 0, 0);
+    ring.offer(mem, head);
+}
+
+fn sent_by(n: &VirtioNet<Mem>) -> Vec<Vec<u8>> {
+    let mut sent = Vec::new();
+    n.transmit(0, |f| {
+        sent.push(f.to_vec());
+        true
+    });
+    sent
+}
+
+/// A fresh NIC and transport on `mem`, as a destination builds them.
+fn fresh(mem: &Mem) -> (VirtioPciDevice, Arc<VirtioNet<Mem>>, Arc<Recorder>) {
+    let n = net(1, mem);
+    let rec = Arc::new(Recorder::default());
+    let dev = VirtioPciDevice::new(n.clone(), rec.clone(), rec.clone()).unwrap();
+    dev.place_bar(0xc000_0000);
+    (dev, n, rec)
+}
+
+#[test]
+fn a_live_nic_restored_into_a_fresh_transport_goes_on_where_it_stopped() {
+    use crate::pci::PciDevice;
+    let d = Driver::new(1);
+    let (_, mut rings) = d.bring_up(features::VERSION_1 | feature::MAC);
+    let f = frame(mac(9), mac(1), 100, 1);
+    post_tx(&d.mem, &mut rings[1], 0, 0x20000, &f);
+    assert_eq!(sent_by(&d.net), [f]);
+    let saved = d.dev.save_state().unwrap();
+    let v = saved.virtio.as_ref().unwrap();
+    assert_eq!((v.queues[1].next_avail, v.queues[1].next_used), (1, 1));
+    assert_eq!(v.device, [1], "one pair in use");
+
+    // The same RAM (a migration carries it), a new NIC and transport.
+    let (dev, n, rec) = fresh(&d.mem);
+    dev.restore_state(&saved).unwrap();
+    assert!(n.is_active());
+    assert_eq!(n.negotiated_features(), features::VERSION_1 | feature::MAC);
+    assert_eq!(*rec.actions.lock().unwrap(), [TransportAction::Activated]);
+    assert_eq!(dev.save_state().unwrap(), saved, "nothing lost on the way");
+    let routes = rec.routes.lock().unwrap().clone();
+    assert_eq!(routes.len(), 3, "every vector re-routed: {routes:?}");
+    assert!(routes.iter().all(|(_, r)| r.is_some()), "{routes:?}");
+
+    // The next frame the driver posts is the only one sent: the first is not again.
+    let g = frame(mac(9), mac(1), 60, 2);
+    post_tx(&d.mem, &mut rings[1], 1, 0x21000, &g);
+    assert_eq!(sent_by(&n), [g]);
+    assert_eq!(rings[1].used_idx(&d.mem), 2);
+    // Its TX interrupt goes out on the vector the driver chose (queue 1: vector 2).
+    assert_eq!(rec.sent.lock().unwrap().last().map(|s| s.0), Some(2));
+}
+
+#[test]
+fn a_state_that_does_not_fit_is_refused_and_changes_nothing() {
+    use crate::pci::PciDevice;
+    let d = Driver::new(1);
+    let _ = d.bring_up(features::VERSION_1);
+    let saved = d.dev.save_state().unwrap();
+    let refused = |state: &crate::state::PciDeviceState, want: &str| {
+        let (dev, n, rec) = fresh(&d.mem);
+        let err = dev.restore_state(state).unwrap_err().to_string();
+        assert!(err.contains(want), "{err} (wanted {want})");
+        assert!(!n.is_active());
+        assert_eq!(dev.status(), 0);
+        assert!(rec.actions.lock().unwrap().is_empty());
+    };
+    let mut bad = saved.clone();
+    bad.virtio.as_mut().unwrap().queues[0].size = 3;
+    refused(&bad, "queue 0: size 3");
+    let mut bad = saved.clone();
+    bad.virtio.as_mut().unwrap().queue_vectors[1] = 7;
+    refused(&bad, "a vector the function does not have");
+    let mut bad = saved.clone();
+    bad.virtio.as_mut().unwrap().driver_features |= 1 << 40;
+    refused(&bad, "beyond the offered");
+    let mut bad = saved.clone();
+    bad.virtio.as_mut().unwrap().device = vec![5];
+    refused(&bad, "pairs in use");
+    let mut bad = saved.clone();
+    bad.virtio.as_mut().unwrap().queues[1].desc = MEM_SIZE as u64;
+    refused(&bad, "activating on the saved rings");
+    let mut bad = saved.clone();
+    bad.virtio = None;
+    refused(&bad, "the state is a");
+    // A NIC with more queues (another MSI-X table size) is another device.
+    let mut bad = Driver::new(2).dev.save_state().unwrap();
+    bad.kind = saved.kind.clone();
+    refused(&bad, "does not fit");
+    // And a device the driver already uses takes no state.
+    let err = d.dev.restore_state(&saved).unwrap_err().to_string();
+    assert!(err.contains("already uses"), "{err}");
+}
+
+#[test]
+fn while_tracking_the_nic_records_the_pages_it_writes() {
+    let mem = memory();
+    let (n, mut rings, _) = active_net(1, &mem);
+    // The second RX buffer crosses a page boundary: both pages count.
+    rings[0].desc(&mem, 0, 0x30000, 2048, WRITE, 0);
+    rings[0].offer(&mem, 0);
+    rings[0].desc(&mem, 1, 0x20f00, 2048, WRITE, 0);
+    rings[0].offer(&mem, 1);
+    assert_eq!(
+        n.receive(&frame(mac(1), mac(9), 100, 1)),
+        RxOutcome::Delivered
+    );
+    assert!(
+        n.take_written().is_empty(),
+        "nothing recorded before tracking"
+    );
+
+    n.track_writes(true);
+    assert_eq!(
+        n.receive(&frame(mac(1), mac(9), 100, 2)),
+        RxOutcome::Delivered
+    );
+    // The RX used ring's page (0x10800, in page 0x10000) and the buffer's two.
+    assert_eq!(n.take_written(), [0x10000, 0x20000, 0x21000]);
+    assert!(n.take_written().is_empty(), "taken");
+    // TX writes only its used ring (0x11800).
+    post_tx(
+        &mem,
+        &mut rings[1],
+        0,
+        0x22000,
+        &frame(mac(9), mac(1), 60, 3),
+    );
+    assert_eq!(sent_by(&n).len(), 1);
+    assert_eq!(n.take_written(), [0x11000]);
+
+    n.track_writes(false);
+    rings[0].desc(&mem, 2, 0x32000, 2048, WRITE, 0);
+    rings[0].offer(&mem, 2);
+    assert_eq!(
+        n.receive(&frame(mac(1), mac(9), 100, 4)),
+        RxOutcome::Delivered
+    );
+    assert!(
+        n.take_written().is_empty(),
+        "nothing recorded after tracking"
+    );
+}

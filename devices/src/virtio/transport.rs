@@ -30,14 +30,17 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use serde::{Deserialize, Serialize};
+
 use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestAddress;
 
-use super::{Activation, InterruptCause, VirtioDevice, VirtioInterrupt, features};
+use super::{Activation, InterruptCause, LiveState, VirtioDevice, VirtioInterrupt, features};
 use super::{VIRTIO_DEVICE_ID_BASE, VIRTIO_VENDOR_ID, status};
 use crate::pci::PciDevice;
 use crate::pci::config::{self, Bar, BarKind, BarRegion, ConfigError, ConfigSpace};
 use crate::pci::msix::{self, Msix, MsixSink, Update};
+use crate::state::{DeviceStateError, PciDeviceState};
 
 /// Size of BAR 0.
 pub const BAR_SIZE: u64 = 0x8000;
@@ -183,6 +186,38 @@ impl QueueConfig {
         queue.set_ready(valid);
         queue
     }
+}
+
+/// One queue in a snapshot: the driver's setup and the device's place in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueState {
+    pub size: u16,
+    pub enabled: bool,
+    pub desc: u64,
+    pub driver: u64,
+    pub device: u64,
+    /// The device's next avail and used indices (0 unless the device was live).
+    pub next_avail: u16,
+    pub next_used: u16,
+}
+
+/// A virtio function's transport registers, and the live device's own state, in a
+/// snapshot ([`PciDeviceState::virtio`]); the configuration space and MSI-X are
+/// saved beside it as for any PCI function.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VirtioState {
+    pub device_feature_select: u32,
+    pub driver_feature_select: u32,
+    pub driver_features: u64,
+    pub status: u8,
+    pub config_generation: u8,
+    pub queue_select: u16,
+    pub queues: Vec<QueueState>,
+    pub isr: u8,
+    pub config_vector: u16,
+    pub queue_vectors: Vec<u16>,
+    /// [`crate::virtio::LiveState::words`] (empty unless the device was live).
+    pub device: Vec<u64>,
 }
 
 /// Interrupt state shared with the device's [`VirtioInterrupt`] handle.
@@ -387,6 +422,11 @@ impl VirtioPciDevice {
 
     fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The device kind in a snapshot: the transport and the virtio device type.
+    fn kind(&self) -> String {
+        format!("virtio-pci:{}", self.device.device_type())
     }
 
     /// Places BAR 0 before the guest runs, as firmware does.
@@ -759,6 +799,11 @@ impl VirtioPciDevice {
     }
 }
 
+/// The device runs: the driver set DRIVER_OK and the activation took.
+fn is_live(status: u8) -> bool {
+    status & status::DRIVER_OK != 0 && status & status::DEVICE_NEEDS_RESET == 0
+}
+
 /// `vector` if the function has it, else [`NO_VECTOR`] (what the driver reads back
 /// to learn the mapping failed).
 fn valid_vector(msix: &Msix, vector: u16) -> u16 {
@@ -794,6 +839,172 @@ impl PciDevice for VirtioPciDevice {
         if action != TransportAction::None {
             self.actions.act(action);
         }
+    }
+
+    /// The registers, and with DRIVER_OK the device's place in its queues (call with
+    /// its backend quiesced: nothing may move the rings meanwhile).
+    fn save_state(&self) -> Result<PciDeviceState, DeviceStateError> {
+        let state = self.state();
+        let irq = self.irq.lock();
+        let count = state.queues.len();
+        let live = if is_live(state.status) {
+            let live = self
+                .device
+                .live_state()
+                .ok_or(DeviceStateError::Unsupported {
+                    device: "this virtio device (while the driver uses it)",
+                })?;
+            if live.positions.len() != count {
+                return Err(DeviceStateError::mismatch(
+                    "virtio device",
+                    format!("{} queue places for {count} queues", live.positions.len()),
+                ));
+            }
+            live
+        } else {
+            LiveState {
+                positions: vec![(0, 0); count],
+                words: Vec::new(),
+            }
+        };
+        let queues = state
+            .queues
+            .iter()
+            .zip(&live.positions)
+            .map(|(q, &(next_avail, next_used))| QueueState {
+                size: q.size,
+                enabled: q.enabled,
+                desc: q.desc,
+                driver: q.driver,
+                device: q.device,
+                next_avail,
+                next_used,
+            })
+            .collect();
+        Ok(PciDeviceState {
+            kind: self.kind(),
+            config: state.config.state(),
+            msix: Some(irq.msix.state()),
+            virtio: Some(VirtioState {
+                device_feature_select: state.device_feature_select,
+                driver_feature_select: state.driver_feature_select,
+                driver_features: state.driver_features,
+                status: state.status,
+                config_generation: state.config_generation,
+                queue_select: state.queue_select,
+                queues,
+                isr: irq.isr,
+                config_vector: irq.config_vector,
+                queue_vectors: irq.queue_vectors.clone(),
+                device: live.words,
+            }),
+        })
+    }
+
+    /// Into a device the driver has not touched: registers, MSI-X (every vector
+    /// re-routed), and with DRIVER_OK the device activated on the saved rings at the
+    /// saved places. Everything is checked first; a state that does not fit changes
+    /// nothing.
+    fn restore_state(&self, saved: &PciDeviceState) -> Result<(), DeviceStateError> {
+        let bad = |why: String| DeviceStateError::mismatch("virtio device", why);
+        let (Some(msix_state), Some(v)) = (&saved.msix, &saved.virtio) else {
+            return Err(bad(format!("the state is a '{}'s", saved.kind)));
+        };
+        if saved.kind != self.kind() {
+            return Err(bad(format!(
+                "the state is a '{}'s, this is a '{}'",
+                saved.kind,
+                self.kind()
+            )));
+        }
+        let mut state = self.state();
+        if state.status != 0 {
+            return Err(bad("the driver already uses this device".into()));
+        }
+        let mut config = state.config.clone();
+        config.restore_state(&saved.config)?;
+        let mut irq = self.irq.lock();
+        let mut msix = irq.msix.clone();
+        msix.restore_state(msix_state)?;
+        let count = state.queues.len();
+        if v.queues.len() != count || v.queue_vectors.len() != count {
+            return Err(bad(format!(
+                "{} queues and {} queue vectors saved, the device has {count}",
+                v.queues.len(),
+                v.queue_vectors.len()
+            )));
+        }
+        let vector_ok = |vector: u16| vector == NO_VECTOR || vector < msix.vectors();
+        if !vector_ok(v.config_vector) || !v.queue_vectors.iter().all(|&q| vector_ok(q)) {
+            return Err(bad("a vector the function does not have".into()));
+        }
+        if v.driver_features & !self.device.features() != 0 {
+            return Err(bad(format!(
+                "driver features {:#x} beyond the offered {:#x}",
+                v.driver_features,
+                self.device.features()
+            )));
+        }
+        let mut queues = Vec::with_capacity(count);
+        for (i, (now, q)) in state.queues.iter().zip(&v.queues).enumerate() {
+            if !q.size.is_power_of_two() || q.size > now.max_size {
+                return Err(bad(format!("queue {i}: size {}", q.size)));
+            }
+            queues.push(QueueConfig {
+                max_size: now.max_size,
+                size: q.size,
+                enabled: q.enabled,
+                desc: q.desc,
+                driver: q.driver,
+                device: q.device,
+            });
+        }
+        if is_live(v.status) {
+            let event_idx = v.driver_features & features::RING_EVENT_IDX != 0;
+            let built = queues
+                .iter()
+                .zip(&v.queues)
+                .map(|(config, q)| {
+                    let mut queue = config.build(event_idx);
+                    queue.set_next_avail(q.next_avail);
+                    queue.set_next_used(q.next_used);
+                    queue
+                })
+                .collect();
+            self.device
+                .activate(Activation {
+                    features: v.driver_features,
+                    queues: built,
+                    interrupt: self.irq.clone(),
+                })
+                .map_err(|e| bad(format!("activating on the saved rings: {e}")))?;
+            if let Err(why) = self.device.restore_live_state(&v.device) {
+                self.device.reset();
+                return Err(bad(why));
+            }
+        }
+        state.config = config;
+        state.device_feature_select = v.device_feature_select;
+        state.driver_feature_select = v.driver_feature_select;
+        state.driver_features = v.driver_features;
+        state.status = v.status;
+        state.config_generation = v.config_generation;
+        state.queue_select = v.queue_select;
+        state.queues = queues;
+        irq.msix = msix;
+        irq.isr = v.isr;
+        irq.config_vector = v.config_vector;
+        irq.queue_vectors.clone_from(&v.queue_vectors);
+        for vector in 0..irq.msix.vectors() {
+            self.irq.sink.reroute(vector, irq.msix.route(vector));
+        }
+        drop(irq);
+        drop(state);
+        // The VMM starts serving a restored live device as one the driver activated.
+        if is_live(v.status) {
+            self.actions.act(TransportAction::Activated);
+        }
+        Ok(())
     }
 
     /// The queues' notify doorbells (doorbell id = queue index), served by the VMM

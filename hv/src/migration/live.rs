@@ -9,21 +9,27 @@
 //! 4. pause every vCPU, send the last dirty pages and all state, wait for the
 //!    destination to confirm it runs the VM; only then does the VM end here.
 //!
-//! Any error before the confirmation (the peer going away, a write failing, a wrong
-//! reply) resumes the VM here as if nothing happened.
+//! Every round ends with a `SYNC` and waits (bounded) for the destination's
+//! acknowledgement that it applied it. So a round's rate is what reached the
+//! destination's RAM, not what fitted in the socket's buffers, and the pause comes
+//! only when the destination has caught up: the downtime holds the last pages and the
+//! state, not a backlog of earlier rounds still being applied over there.
 //!
-//! Only vCPU writes are tracked: kumo's devices never write guest RAM from host
-//! threads. A device that does (virtio RX, a vfio-user server) must mark its pages
-//! dirty too before it may be migrated.
+//! Any error before the confirmation (the peer going away, a write failing, a wrong
+//! reply, no acknowledgement in time) resumes the VM here as if nothing happened.
+//!
+//! KVM tracks the vCPUs' writes; a device that writes guest RAM from a host thread
+//! (virtio RX, a vfio-user server) records its own ([`super::DeviceWrites`], merged by
+//! `Hub::take_dirty`) and must be registered before it may be migrated.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
 use kvm_bindings::KVM_MEM_LOG_DIRTY_PAGES;
 use serde::Serialize;
 use vm_memory::{Bytes, GuestAddress};
 
-use super::stream::{self, PAGE_SIZE, RamWriter};
+use super::stream::{self, PAGE_SIZE, RamWriter, Reply, StreamError};
 use super::{Hub, memory_bytes, write_all_ram};
 use crate::Error;
 use crate::memory_map::{RamRegion, ram_regions};
@@ -53,7 +59,63 @@ impl Default for Options {
 pub struct Round {
     pub pages: u64,
     pub bytes: u64,
+    /// From the round's first page read until the destination acknowledged it.
     pub ms: f64,
+    /// Of that, waiting for the acknowledgement after the last byte was sent (how
+    /// far the destination was behind).
+    pub ack_wait_ms: f64,
+}
+
+/// The destination as the source sees it: its replies, each wait bounded by the
+/// implementation (a socket's read timeout).
+pub trait Destination {
+    /// Returns once the destination has applied every page up to round `round`.
+    fn applied(&mut self, round: u32) -> Result<(), Error>;
+    /// Returns once the destination runs the VM.
+    fn running(&mut self) -> Result<(), Error>;
+}
+
+fn reply_error(waiting_for: &str, e: StreamError) -> Error {
+    let why = match e {
+        StreamError::Io(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) =>
+        {
+            "no reply in time".to_string()
+        }
+        StreamError::Truncated => "the connection closed".to_string(),
+        e => e.to_string(),
+    };
+    Error::Migration(format!("the destination did not {waiting_for}: {why}"))
+}
+
+/// Reads replies from `r` until round `round` is acknowledged (earlier rounds'
+/// acknowledgements are passed over).
+pub fn await_applied(r: &mut impl Read, round: u32) -> Result<(), Error> {
+    let waiting_for = format!("acknowledge round {round}");
+    loop {
+        match stream::read_reply(r).map_err(|e| reply_error(&waiting_for, e))? {
+            Reply::Applied(n) if n == round => return Ok(()),
+            Reply::Applied(n) if n < round => continue,
+            other => {
+                return Err(Error::Migration(format!(
+                    "the destination replied {other:?} while round {round} was awaited"
+                )));
+            }
+        }
+    }
+}
+
+/// Reads replies from `r` until the destination says it runs the VM.
+pub fn await_running(r: &mut impl Read) -> Result<(), Error> {
+    loop {
+        match stream::read_reply(r).map_err(|e| reply_error("confirm it runs the VM", e))? {
+            Reply::Running => return Ok(()),
+            Reply::Applied(_) => continue,
+        }
+    }
 }
 
 /// What a migration did and how long it took (host view).
@@ -106,6 +168,7 @@ impl<'a> DirtyLog<'a> {
     fn enable(hub: &'a Hub) -> Result<Self, Error> {
         let regions = ram_regions(memory_bytes(hub.memory()));
         Self::set(hub, &regions, KVM_MEM_LOG_DIRTY_PAGES)?;
+        hub.track_device_writes(true);
         let log = DirtyLog { hub, regions };
         // Whatever an earlier, abandoned migration left in the rings predates the
         // full pass that follows.
@@ -121,6 +184,7 @@ impl<'a> DirtyLog<'a> {
 
 impl Drop for DirtyLog<'_> {
     fn drop(&mut self) {
+        self.hub.track_device_writes(false);
         if let Err(e) = Self::set(self.hub, &self.regions, 0) {
             tracing::warn!("turning dirty logging off failed: {e}");
         }
@@ -144,7 +208,28 @@ fn io(e: std::io::Error) -> Error {
     Error::Stream(e.into())
 }
 
-/// Sends the running VM to `w` and, once `confirm` says the destination runs it,
+/// Ends copy round `number`, begun at `began` with `pages` pages in `bytes`: its
+/// `SYNC`, then the destination's acknowledgement.
+fn end_round(
+    w: &mut impl Write,
+    peer: &mut impl Destination,
+    number: u32,
+    began: Instant,
+    (pages, bytes): (u64, u64),
+) -> Result<Round, Error> {
+    stream::write_sync(w, number)?;
+    w.flush().map_err(io)?;
+    let sent = Instant::now();
+    peer.applied(number)?;
+    Ok(Round {
+        pages,
+        bytes,
+        ms: began.elapsed().as_secs_f64() * 1e3,
+        ack_wait_ms: sent.elapsed().as_secs_f64() * 1e3,
+    })
+}
+
+/// Sends the running VM to `w` and, once `peer` says the destination runs it,
 /// hands it off. `app_start` goes in META; `app_final` is asked for with the vCPUs
 /// stopped and goes in the final APPS section. On any error the VM runs on here.
 pub fn send(
@@ -153,7 +238,7 @@ pub fn send(
     app_start: String,
     app_final: impl FnOnce() -> String,
     options: &Options,
-    confirm: impl FnOnce() -> Result<(), Error>,
+    peer: &mut impl Destination,
 ) -> Result<Report, Error> {
     let start = Instant::now();
     stream::write_header(w)?;
@@ -164,33 +249,23 @@ pub fn send(
 
     let t = Instant::now();
     let first = write_all_ram(hub.memory(), hub.memfd(), w)?;
-    w.flush().map_err(io)?;
-    let mut last = Round {
-        pages: first.pages,
-        bytes: first.bytes,
-        ms: t.elapsed().as_secs_f64() * 1e3,
-    };
+    let mut last = end_round(w, peer, 0, t, (first.pages, first.bytes))?;
     total_bytes += first.bytes;
     rounds.push(last);
 
     let mut pending = log.take()?;
     while (rounds.len() as u32) <= options.max_rounds {
-        // Bytes per ms the last round achieved (a round of a few pages says little:
-        // at least 1 ms is assumed).
+        // Bytes per ms the last round achieved into the destination's RAM (a round of
+        // a few pages says little: at least 1 ms is assumed).
         let rate = last.bytes as f64 / last.ms.max(1.0);
         let predicted_ms = pending.len() as f64 * (PAGE_SIZE + 21) as f64 / rate.max(1.0);
         if predicted_ms <= options.max_downtime.as_secs_f64() * 1e3 {
             break;
         }
         let t = Instant::now();
-        let (pages, bytes) = send_pages(hub, w, &pending)?;
-        w.flush().map_err(io)?;
-        last = Round {
-            pages,
-            bytes,
-            ms: t.elapsed().as_secs_f64() * 1e3,
-        };
-        total_bytes += bytes;
+        let sent = send_pages(hub, w, &pending)?;
+        last = end_round(w, peer, rounds.len() as u32, t, sent)?;
+        total_bytes += last.bytes;
         rounds.push(last);
         pending = log.take()?;
     }
@@ -215,7 +290,7 @@ pub fn send(
     w.flush().map_err(io)?;
     let state_ms = ms_since(t);
     let sent_ms = ms_since(down);
-    confirm()?;
+    peer.running()?;
     let downtime_ms = down.elapsed().as_secs_f64() * 1e3;
     paused.hand_off();
     drop(log);

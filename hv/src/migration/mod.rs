@@ -27,7 +27,7 @@ use kvm_bindings::{KVM_MAX_CPUID_ENTRIES, kvm_cpuid_entry2};
 use kvm_ioctls::{VcpuFd, VmFd};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-pub use restore::restore_from;
+pub use restore::{receive_from, restore_from};
 pub use state::{DeviceStates, VcpuState, VmState};
 pub use stream::{Meta, StreamError};
 
@@ -51,6 +51,17 @@ pub trait Quiesce: Send + Sync {
     fn quiesce(&self);
     /// Work on (the VM resumes, or ends here after a hand-off).
     fn resume(&self);
+}
+
+/// A device that writes guest RAM from a host thread (a NIC's receive path): KVM's
+/// dirty log sees only vCPU writes, so while a migration tracks, the device records
+/// the pages it writes and the copy rounds send them again. Its writes must stop at
+/// the pause ([`Quiesce`]), before the last harvest.
+pub trait DeviceWrites: Send + Sync {
+    /// Start (a migration's dirty logging begins) or stop recording.
+    fn track(&self, on: bool);
+    /// The guest-physical addresses of the pages written since the last call.
+    fn take_written(&self) -> Vec<u64>;
 }
 
 /// The devices a running VM has, given to the hub by `Vm::run`.
@@ -93,6 +104,7 @@ pub struct Hub {
     control: Arc<VcpuControl>,
     devices: Mutex<Option<Arc<Devices>>>,
     quiescers: Mutex<Vec<Arc<dyn Quiesce>>>,
+    device_writers: Mutex<Vec<Arc<dyn DeviceWrites>>>,
     /// The vCPUs' dirty rings, if the VM tracks writes with them (else the bitmap).
     rings: Option<dirty::Rings>,
 }
@@ -138,6 +150,7 @@ impl Hub {
             control,
             devices: Mutex::new(None),
             quiescers: Mutex::new(Vec::new()),
+            device_writers: Mutex::new(Vec::new()),
             rings,
         })
     }
@@ -158,6 +171,26 @@ impl Hub {
             .push(device);
     }
 
+    /// Has migrations send again the pages `device` writes (see [`DeviceWrites`]).
+    pub fn add_device_writes(&self, device: Arc<dyn DeviceWrites>) {
+        self.device_writers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(device);
+    }
+
+    /// Tells every device that writes RAM to start or stop recording.
+    pub(crate) fn track_device_writes(&self, on: bool) {
+        for device in self
+            .device_writers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            device.track(on);
+        }
+    }
+
     fn quiescers(&self) -> Vec<Arc<dyn Quiesce>> {
         self.quiescers
             .lock()
@@ -173,22 +206,45 @@ impl Hub {
         }
     }
 
-    /// The pages written since the last call (dirty logging must be on).
+    /// The pages written since the last call (dirty logging must be on), by the
+    /// vCPUs and by devices that write RAM, in address order.
     pub(crate) fn take_dirty(&self) -> Result<Vec<u64>, Error> {
-        match &self.rings {
-            Some(rings) => rings.take(&self.vm),
+        let regions = crate::memory_map::ram_regions(memory_bytes(&self.memory));
+        let mut pages = match &self.rings {
+            Some(rings) => rings.take(&self.vm)?,
             None => {
                 let mut pages = Vec::new();
-                for region in crate::memory_map::ram_regions(memory_bytes(&self.memory)) {
+                for region in &regions {
                     let bitmap = self
                         .vm
                         .get_dirty_log(region.slot, region.size as usize)
                         .map_err(crate::kvm::ioctl("KVM_GET_DIRTY_LOG"))?;
                     pages.extend(dirty::bitmap_pages(&bitmap, region.gpa));
                 }
-                Ok(pages)
+                pages
             }
+        };
+        let before = pages.len();
+        for device in self
+            .device_writers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            // Page-aligned, and only RAM: the stream carries nothing else.
+            pages.extend(
+                device
+                    .take_written()
+                    .into_iter()
+                    .map(|gpa| gpa & !(stream::PAGE_SIZE as u64 - 1))
+                    .filter(|&gpa| crate::memory_map::is_ram_page(&regions, gpa)),
+            );
         }
+        if pages.len() != before {
+            pages.sort_unstable();
+            pages.dedup();
+        }
+        Ok(pages)
     }
 
     /// A vCPU left the guest because its dirty ring is full: harvest before it

@@ -17,8 +17,8 @@ use super::Hub;
 use super::dirty::DirtyLogMode;
 use super::state::{self, DeviceStates, VcpuState, VmState};
 use super::stream::{
-    self, Meta, StreamError, TAG_APP, TAG_DEVICES, TAG_END, TAG_META, TAG_RAM, TAG_VCPU, TAG_VM,
-    tag_name,
+    self, Meta, StreamError, TAG_APP, TAG_DEVICES, TAG_END, TAG_META, TAG_RAM, TAG_SYNC, TAG_VCPU,
+    TAG_VM, tag_name,
 };
 use crate::kvm::ioctl;
 use crate::placement::VcpuControl;
@@ -28,6 +28,16 @@ use crate::{Error, Vm};
 /// Reads a whole stream (header first) from `r` and builds the VM it describes.
 /// Returns the VM, ready to run, and the stream's META (with the program's `app`).
 pub fn restore_from(r: &mut impl Read, kvm_device: &Path) -> Result<(Vm, Meta), Error> {
+    receive_from(r, kvm_device, |_| Ok(()))
+}
+
+/// [`restore_from`] for a migration: `applied(round)` is called at each `SYNC`, once
+/// every page before it is in RAM, to acknowledge the round to the source.
+pub fn receive_from(
+    r: &mut impl Read,
+    kvm_device: &Path,
+    mut applied: impl FnMut(u32) -> Result<(), Error>,
+) -> Result<(Vm, Meta), Error> {
     stream::read_header(r)?;
     let first = stream::read_section(r)?;
     if first.tag != TAG_META {
@@ -40,19 +50,31 @@ pub fn restore_from(r: &mut impl Read, kvm_device: &Path) -> Result<(Vm, Meta), 
     let mut vm_state: Option<VmState> = None;
     let mut devices: Option<DeviceStates> = None;
     let mut app: Option<String> = None;
+    let mut last_sync: Option<u32> = None;
     loop {
         let section = stream::read_section(r)?;
         match section.tag {
             TAG_RAM if vcpus.is_none() => {
+                // Runs of zero pages (rounds list pages in address order) are zeroed
+                // with one call each.
+                let mut zeros = ZeroRun::default();
                 for page in section.pages(meta.memory_bytes) {
                     match page? {
-                        (gpa, Some(bytes)) => vm
-                            .memory
-                            .write_slice(bytes, GuestAddress(gpa))
-                            .map_err(|e| Error::GuestMemory(e.to_string()))?,
-                        (gpa, None) => zero_page(&vm.memory, gpa)?,
+                        (gpa, Some(bytes)) => {
+                            zeros.flush(&vm.memory)?;
+                            vm.memory
+                                .write_slice(bytes, GuestAddress(gpa))
+                                .map_err(|e| Error::GuestMemory(e.to_string()))?
+                        }
+                        (gpa, None) => zeros.add(&vm.memory, gpa)?,
                     }
                 }
+                zeros.flush(&vm.memory)?;
+            }
+            TAG_SYNC if vcpus.is_none() => {
+                let round = stream::next_sync(&section, last_sync)?;
+                last_sync = Some(round);
+                applied(round)?;
             }
             TAG_VCPU if vcpus.is_none() => {
                 tracing::debug!("VCPU section ({} bytes)", section.payload.len());
@@ -86,33 +108,68 @@ pub fn restore_from(r: &mut impl Read, kvm_device: &Path) -> Result<(Vm, Meta), 
     }
 }
 
-/// Makes the page at `gpa` zero without touching it: a hole punched in its
-/// region's file (nothing to do where it is one already, as everywhere in a fresh
+/// Zero pages of a RAM section waiting to be zeroed together: `pages` pages from
+/// `start`.
+#[derive(Default)]
+struct ZeroRun {
+    start: u64,
+    pages: u64,
+}
+
+impl ZeroRun {
+    fn add(&mut self, memory: &GuestMemoryMmap, gpa: u64) -> Result<(), Error> {
+        if self.pages > 0 && gpa != self.start + self.pages * stream::PAGE_SIZE as u64 {
+            self.flush(memory)?;
+        }
+        if self.pages == 0 {
+            self.start = gpa;
+        }
+        self.pages += 1;
+        Ok(())
+    }
+
+    fn flush(&mut self, memory: &GuestMemoryMmap) -> Result<(), Error> {
+        if self.pages > 0 {
+            zero_range(memory, self.start, self.pages * stream::PAGE_SIZE as u64)?;
+            self.pages = 0;
+        }
+        Ok(())
+    }
+}
+
+/// Makes `len` bytes of RAM from `gpa` zero without touching them: a hole punched in
+/// the region's file (nothing to do where it is one already, as everywhere in a fresh
 /// VM; writing zeros instead would allocate every zero page the source sends, and a
 /// destination doing that falls behind the stream). Zeros are written where the
-/// region has no file.
-fn zero_page(memory: &GuestMemoryMmap, gpa: u64) -> Result<(), Error> {
+/// range has no file or spans regions.
+fn zero_range(memory: &GuestMemoryMmap, gpa: u64, len: u64) -> Result<(), Error> {
     if let Some((region, at)) = memory.to_region_addr(GuestAddress(gpa))
         && let Some(file) = region.file_offset()
+        && region.len() - at.raw_value() >= len
     {
         let offset = file.start() + at.raw_value();
-        // SAFETY: fallocate on the region's own file, one page inside the range the
-        // region maps; the mapping stays valid and reads zeros there afterwards.
+        // SAFETY: fallocate on the region's own file, inside the range the region
+        // maps (checked above); the mapping stays valid and reads zeros there
+        // afterwards.
         let r = unsafe {
             libc::fallocate(
                 file.file().as_raw_fd(),
                 libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
                 offset as libc::off_t,
-                stream::PAGE_SIZE as libc::off_t,
+                len as libc::off_t,
             )
         };
         if r == 0 {
             return Ok(());
         }
     }
-    memory
-        .write_slice(&[0u8; stream::PAGE_SIZE], GuestAddress(gpa))
-        .map_err(|e| Error::GuestMemory(e.to_string()))
+    let zeros = [0u8; stream::PAGE_SIZE];
+    for page in 0..len / stream::PAGE_SIZE as u64 {
+        memory
+            .write_slice(&zeros, GuestAddress(gpa + page * stream::PAGE_SIZE as u64))
+            .map_err(|e| Error::GuestMemory(e.to_string()))?;
+    }
+    Ok(())
 }
 
 /// A VM of META's shape with nothing loaded: RAM, irqchip, vCPUs with their CPUID.
@@ -160,4 +217,34 @@ fn apply(
     tracing::debug!("vCPUs restored");
     vm.restored = Some(devices);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_of_zero_pages_are_zeroed_and_nothing_else() {
+        let (memory, _memfd) = crate::vm::create_memory(1 << 20).unwrap();
+        let page = stream::PAGE_SIZE as u64;
+        for p in 0..6 {
+            memory
+                .write_slice(&[0xab; stream::PAGE_SIZE], GuestAddress(p * page))
+                .unwrap();
+        }
+        let mut zeros = ZeroRun::default();
+        // Pages 1 and 2 are one run; page 4 starts another.
+        for p in [1, 2, 4] {
+            zeros.add(&memory, p * page).unwrap();
+        }
+        zeros.flush(&memory).unwrap();
+        for p in 0..6 {
+            let mut bytes = [0u8; stream::PAGE_SIZE];
+            memory
+                .read_slice(&mut bytes, GuestAddress(p * page))
+                .unwrap();
+            let want = if [1, 2, 4].contains(&p) { 0 } else { 0xab };
+            assert!(bytes.iter().all(|&b| b == want), "page {p}");
+        }
+    }
 }

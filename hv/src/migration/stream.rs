@@ -11,7 +11,15 @@
 //! `END\0` (empty); an `APPS` section (JSON string) may come after `VCPU` and
 //! replaces META's `app`. A page record is `gpa: u64 LE`, `kind: u8` (0: the page is all
 //! zeros, 1: 4096 bytes follow). A migration sends `RAM ` sections once per round;
-//! a later record for a page replaces the earlier one.
+//! a later record for a page replaces the earlier one. It ends each round with a
+//! `SYNC` section (the round's number, u32 LE, counting from 0); snapshot files have
+//! none.
+//!
+//! The destination of a migration answers on the same connection with replies framed
+//! like sections: `ACK ` (a round's number, u32 LE) once it has applied every page up
+//! to that round's `SYNC`, and `RUN ` (empty) once the VM runs there. The source
+//! pauses the VM only after the last round was acknowledged, so the destination is
+//! not still applying earlier rounds while the VM is down.
 //!
 //! Everything read is checked before use: an unknown tag, a section over
 //! [`MAX_SECTION`], a checksum that does not match, a record outside RAM or a
@@ -25,7 +33,8 @@ use super::state::{DeviceStates, VcpuState, VmState};
 
 pub const MAGIC: [u8; 8] = *b"KUMOVM\r\n";
 /// Bumped on any incompatible change of the sections or their JSON.
-pub const VERSION: u32 = 1;
+/// 2: `SYNC` sections and the destination's `ACK `/`RUN ` replies.
+pub const VERSION: u32 = 2;
 /// Largest section accepted (a RAM section holds at most [`PAGES_PER_SECTION`] pages).
 pub const MAX_SECTION: u32 = 8 << 20;
 pub const PAGE_SIZE: usize = 4096;
@@ -41,6 +50,24 @@ pub const TAG_END: [u8; 4] = *b"END\0";
 /// The program's description again, as it is once the VM stopped (a migration
 /// sends META before the copy rounds, while the guest still runs).
 pub const TAG_APP: [u8; 4] = *b"APPS";
+/// The end of a copy round (its number): the destination acknowledges it.
+pub const TAG_SYNC: [u8; 4] = *b"SYNC";
+/// The sections a stream may hold.
+const STREAM_TAGS: [[u8; 4]; 8] = [
+    TAG_META,
+    TAG_RAM,
+    TAG_VCPU,
+    TAG_VM,
+    TAG_DEVICES,
+    TAG_APP,
+    TAG_SYNC,
+    TAG_END,
+];
+
+/// Replies (destination to source): a round applied, the VM runs.
+pub const TAG_ACK: [u8; 4] = *b"ACK ";
+pub const TAG_RUNNING: [u8; 4] = *b"RUN ";
+const REPLY_TAGS: [[u8; 4]; 2] = [TAG_ACK, TAG_RUNNING];
 
 /// What a stream's reader or writer found wrong.
 #[derive(Debug, thiserror::Error)]
@@ -164,6 +191,22 @@ pub struct Section {
 }
 
 impl Section {
+    /// The round number a `SYNC` section or an `ACK ` reply carries.
+    pub fn round(&self) -> Result<u32, StreamError> {
+        let bytes: [u8; 4] =
+            self.payload
+                .as_slice()
+                .try_into()
+                .map_err(|_| StreamError::Malformed {
+                    tag: tag_name(&self.tag),
+                    why: format!(
+                        "{} bytes where a round number (4) belongs",
+                        self.payload.len()
+                    ),
+                })?;
+        Ok(u32::from_le_bytes(bytes))
+    }
+
     pub fn json<T: for<'de> Deserialize<'de>>(&self) -> Result<T, StreamError> {
         serde_json::from_slice(&self.payload).map_err(|e| StreamError::Malformed {
             tag: tag_name(&self.tag),
@@ -183,25 +226,21 @@ impl Section {
 
 /// Reads the next section (tag, length, checksum verified).
 pub fn read_section(r: &mut impl Read) -> Result<Section, StreamError> {
+    read_framed(r, &STREAM_TAGS, MAX_SECTION)
+}
+
+/// Reads one frame whose tag must be one of `tags` and whose payload is at most
+/// `max` bytes, checking its checksum.
+fn read_framed(r: &mut impl Read, tags: &[[u8; 4]], max: u32) -> Result<Section, StreamError> {
     let mut head = [0u8; 12];
     read_exact(r, &mut head)?;
     let tag: [u8; 4] = [head[0], head[1], head[2], head[3]];
-    if ![
-        TAG_META,
-        TAG_RAM,
-        TAG_VCPU,
-        TAG_VM,
-        TAG_DEVICES,
-        TAG_APP,
-        TAG_END,
-    ]
-    .contains(&tag)
-    {
+    if !tags.contains(&tag) {
         return Err(StreamError::UnknownSection(tag_name(&tag)));
     }
     let len = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
     let crc = u32::from_le_bytes([head[8], head[9], head[10], head[11]]);
-    if len > MAX_SECTION {
+    if len > max {
         return Err(StreamError::TooLong {
             tag: tag_name(&tag),
             len,
@@ -215,6 +254,53 @@ pub fn read_section(r: &mut impl Read) -> Result<Section, StreamError> {
         });
     }
     Ok(Section { tag, payload })
+}
+
+/// Ends copy round `round` (see the module comment).
+pub fn write_sync(w: &mut impl Write, round: u32) -> Result<(), StreamError> {
+    write_section(w, TAG_SYNC, &round.to_le_bytes())
+}
+
+/// What a migration's destination tells its source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reply {
+    /// Every page up to this round's `SYNC` is in the destination's RAM.
+    Applied(u32),
+    /// The VM's vCPU threads run at the destination.
+    Running,
+}
+
+pub fn write_reply(w: &mut impl Write, reply: Reply) -> Result<(), StreamError> {
+    match reply {
+        Reply::Applied(round) => write_section(w, TAG_ACK, &round.to_le_bytes()),
+        Reply::Running => write_section(w, TAG_RUNNING, &[]),
+    }
+}
+
+/// Reads one reply, checked like a section (tag, length, checksum).
+pub fn read_reply(r: &mut impl Read) -> Result<Reply, StreamError> {
+    let reply = read_framed(r, &REPLY_TAGS, 4)?;
+    match reply.tag {
+        TAG_ACK => reply.round().map(Reply::Applied),
+        _ if reply.payload.is_empty() => Ok(Reply::Running),
+        _ => Err(StreamError::Malformed {
+            tag: tag_name(&reply.tag),
+            why: "a RUN reply carries nothing".into(),
+        }),
+    }
+}
+
+/// Checks that a stream's `SYNC` sections count 0, 1, 2, ... (`last`: the previous one).
+pub fn next_sync(section: &Section, last: Option<u32>) -> Result<u32, StreamError> {
+    let round = section.round()?;
+    let expected = last.map_or(0, |l| l.wrapping_add(1));
+    if round != expected {
+        return Err(StreamError::Malformed {
+            tag: "SYNC".into(),
+            why: format!("round {round} where round {expected} belongs"),
+        });
+    }
+    Ok(round)
 }
 
 /// A page of a RAM section: its guest-physical address and its bytes (`None`: zeros).
@@ -334,6 +420,8 @@ pub struct Parsed {
     pub vcpus: Vec<VcpuState>,
     pub vm: VmState,
     pub devices: DeviceStates,
+    /// The copy rounds the stream marked (`SYNC`), in order.
+    pub syncs: Vec<u32>,
 }
 
 /// Reads a whole stream from `r`, checking order and contents.
@@ -348,6 +436,7 @@ pub fn parse(r: &mut impl Read) -> Result<Parsed, StreamError> {
     let mut pages = Vec::new();
     let (mut vcpus, mut vm, mut devices) = (None, None, None);
     let mut app = None;
+    let mut syncs = Vec::new();
     loop {
         let section = read_section(r)?;
         match section.tag {
@@ -357,6 +446,7 @@ pub fn parse(r: &mut impl Read) -> Result<Parsed, StreamError> {
                     pages.push((gpa, bytes.map(<[u8]>::to_vec)));
                 }
             }
+            TAG_SYNC if vcpus.is_none() => syncs.push(next_sync(&section, syncs.last().copied())?),
             TAG_VCPU if vcpus.is_none() => {
                 let v: Vec<VcpuState> = section.json()?;
                 if v.len() != meta.vcpus as usize {
@@ -381,6 +471,7 @@ pub fn parse(r: &mut impl Read) -> Result<Parsed, StreamError> {
                         vcpus,
                         vm,
                         devices,
+                        syncs,
                     }),
                     _ => Err(StreamError::Order("END".into())),
                 };

@@ -3,7 +3,7 @@
 use proptest::prelude::*;
 
 use super::state::{DeviceStates, VcpuState, VmState};
-use super::stream::{self, Meta, RamWriter, StreamError};
+use super::stream::{self, Meta, RamWriter, Reply, StreamError};
 
 fn meta() -> Meta {
     Meta {
@@ -50,7 +50,7 @@ fn devices() -> DeviceStates {
     }
 }
 
-/// A small valid stream: two data pages and a zero page.
+/// A small valid stream: two data pages and a zero page, in two rounds.
 fn sample() -> Vec<u8> {
     let mut w = Vec::new();
     stream::write_header(&mut w).unwrap();
@@ -58,8 +58,11 @@ fn sample() -> Vec<u8> {
     let mut ram = RamWriter::new();
     ram.page(&mut w, 0, &[1u8; 4096]).unwrap();
     ram.page(&mut w, 0x1000, &[0u8; 4096]).unwrap();
+    ram.flush(&mut w).unwrap();
+    stream::write_sync(&mut w, 0).unwrap();
     ram.page(&mut w, 0xf_f000, &[0xab; 4096]).unwrap();
     ram.flush(&mut w).unwrap();
+    stream::write_sync(&mut w, 1).unwrap();
     stream::write_json(&mut w, stream::TAG_VCPU, &vec![vcpu()]).unwrap();
     stream::write_json(
         &mut w,
@@ -92,6 +95,70 @@ fn a_stream_round_trips() {
     assert_eq!(parsed.vcpus[0].regs.rip, 0x10_0000);
     assert_eq!(parsed.vcpus[0].msrs[0].data, 12345);
     assert_eq!(parsed.devices, devices());
+    assert_eq!(parsed.syncs, [0, 1], "each round's end is marked");
+}
+
+/// A stream whose META is followed by SYNC sections with these payloads.
+fn with_syncs(rounds: &[&[u8]]) -> Vec<u8> {
+    let mut w = Vec::new();
+    stream::write_header(&mut w).unwrap();
+    stream::write_json(&mut w, stream::TAG_META, &meta()).unwrap();
+    for payload in rounds {
+        stream::write_section(&mut w, stream::TAG_SYNC, payload).unwrap();
+    }
+    w
+}
+
+#[test]
+fn sync_sections_must_count_up_from_zero_and_hold_four_bytes() {
+    let err = |rounds: &[&[u8]]| stream::parse(&mut &with_syncs(rounds)[..]).unwrap_err();
+    let msg = err(&[&1u32.to_le_bytes()]).to_string();
+    assert!(msg.contains("round 1 where round 0 belongs"), "{msg}");
+    let msg = err(&[&0u32.to_le_bytes(), &0u32.to_le_bytes()]).to_string();
+    assert!(msg.contains("round 0 where round 1 belongs"), "{msg}");
+    let msg = err(&[&[0, 0, 0]]).to_string();
+    assert!(msg.contains("3 bytes where a round number"), "{msg}");
+    // Well-formed syncs and then the stream just ends: truncated, not accepted.
+    assert!(matches!(
+        err(&[&0u32.to_le_bytes(), &1u32.to_le_bytes()]),
+        StreamError::Truncated
+    ));
+}
+
+#[test]
+fn replies_round_trip_and_damage_is_refused() {
+    let mut w = Vec::new();
+    stream::write_reply(&mut w, Reply::Applied(7)).unwrap();
+    stream::write_reply(&mut w, Reply::Running).unwrap();
+    let mut r = &w[..];
+    assert_eq!(stream::read_reply(&mut r).unwrap(), Reply::Applied(7));
+    assert_eq!(stream::read_reply(&mut r).unwrap(), Reply::Running);
+    assert!(matches!(
+        stream::read_reply(&mut r),
+        Err(StreamError::Truncated)
+    ));
+    let mut bad = w.clone();
+    bad[12] ^= 1; // the round number, under the checksum
+    assert!(matches!(
+        stream::read_reply(&mut &bad[..]),
+        Err(StreamError::Checksum { .. })
+    ));
+    // A stream section is not a reply, and a reply may not be long.
+    let mut section = Vec::new();
+    stream::write_sync(&mut section, 0).unwrap();
+    assert!(matches!(
+        stream::read_reply(&mut &section[..]),
+        Err(StreamError::UnknownSection(_))
+    ));
+    let mut long = Vec::new();
+    stream::write_section(&mut long, stream::TAG_ACK, &[0; 5]).unwrap();
+    assert!(matches!(
+        stream::read_reply(&mut &long[..]),
+        Err(StreamError::TooLong { .. })
+    ));
+    let mut running = Vec::new();
+    stream::write_section(&mut running, stream::TAG_RUNNING, &[1]).unwrap();
+    assert!(stream::read_reply(&mut &running[..]).is_err());
 }
 
 #[test]
@@ -152,6 +219,12 @@ proptest! {
     }
 
     #[test]
+    fn arbitrary_reply_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
+        let mut r = &bytes[..];
+        while stream::read_reply(&mut r).is_ok() {}
+    }
+
+    #[test]
     fn any_flipped_byte_is_refused(at in any::<prop::sample::Index>(), bit in 0u8..8) {
         let mut bytes = sample();
         let i = at.index(bytes.len());
@@ -163,7 +236,7 @@ proptest! {
     fn any_section_payload_never_panics(
         tag in prop::sample::select(vec![
             stream::TAG_META, stream::TAG_RAM, stream::TAG_VCPU,
-            stream::TAG_VM, stream::TAG_DEVICES, stream::TAG_END,
+            stream::TAG_VM, stream::TAG_DEVICES, stream::TAG_END, stream::TAG_SYNC,
         ]),
         payload in proptest::collection::vec(any::<u8>(), 0..9000),
     ) {
