@@ -10,8 +10,11 @@
 //! pieces traded with transpose partners). FT uses `ft.f`'s 1-D slab layout with
 //! alltoall transposes. MG splits every level into z slabs exchanging ghost planes with
 //! their z neighbours, the coarsest levels whole on every rank (not `mg.f`'s 3-D
-//! process grid).
+//! process grid). SP uses NPB3.3-MPI's multi-partition on square rank counts
+//! ([`cfd`]): `q` diagonal cells per rank, ghost faces exchanged before the
+//! right-hand side, each line solve pipelined cell by cell across the ranks.
 
+pub mod cfd;
 pub mod cg;
 pub mod ep;
 pub mod ft;
@@ -19,6 +22,7 @@ pub mod ft;
 pub mod host;
 pub mod is;
 pub mod mg;
+pub mod sp;
 
 use core::fmt;
 
@@ -123,7 +127,11 @@ pub fn supports(spec: Spec, ranks: usize) -> Result<(), &'static str> {
         Kernel::Ft => Err("needs a power-of-two number of ranks dividing the grid's planes"),
         Kernel::Mg if mg::fits(spec.class, ranks) => Ok(()),
         Kernel::Mg => Err("needs a power-of-two number of ranks no larger than the grid's side"),
-        Kernel::Sp | Kernel::Bt | Kernel::Lu => Err("has no MPI form yet"),
+        Kernel::Sp if sp::fits(spec.class, ranks) => Ok(()),
+        Kernel::Sp => {
+            Err("needs a square number of ranks (4, 9, 16...) with cells of 2 points or more")
+        }
+        Kernel::Bt | Kernel::Lu => Err("has no MPI form yet"),
     }
 }
 
@@ -136,7 +144,8 @@ pub fn heap_bytes(spec: Spec, ranks: usize) -> usize {
         Kernel::Cg => cg::heap_bytes(spec.class, ranks),
         Kernel::Ft => ft::heap_bytes(spec.class, ranks),
         Kernel::Mg => mg::heap_bytes(spec.class, ranks),
-        Kernel::Sp | Kernel::Bt | Kernel::Lu => 0,
+        Kernel::Sp => sp::heap_bytes(spec.class, ranks),
+        Kernel::Bt | Kernel::Lu => 0,
     }
 }
 
@@ -157,7 +166,8 @@ pub fn run<C: Comm + ?Sized>(
         Kernel::Cg => cg::run(spec.class, comm, arena),
         Kernel::Ft => ft::run(spec.class, comm, arena),
         Kernel::Mg => mg::run(spec.class, comm, arena),
-        Kernel::Sp | Kernel::Bt | Kernel::Lu => Err(Error("no-mpi-form")),
+        Kernel::Sp => sp::run(spec.class, comm, arena),
+        Kernel::Bt | Kernel::Lu => Err(Error("no-mpi-form")),
     }
 }
 
@@ -198,6 +208,7 @@ mod tests {
         assert!(supports(s(Kernel::Mg, Class::S), 3).is_err());
         assert!(supports(s(Kernel::Mg, Class::S), 64).is_err());
         assert!(supports(s(Kernel::Sp, Class::S), 2).is_err());
+        assert_eq!(supports(s(Kernel::Sp, Class::S), 4), Ok(()));
         assert_eq!(supports(s(Kernel::Ft, Class::S), 64), Ok(()));
         assert!(supports(s(Kernel::Ft, Class::W), 64).is_err());
         assert!(supports(s(Kernel::Ep, Class::S), 0).is_err());
@@ -216,17 +227,27 @@ mod tests {
     }
 
     /// The kernels that have an MPI form.
-    const MPI_KERNELS: [Kernel; 5] = [Kernel::Ep, Kernel::Is, Kernel::Cg, Kernel::Ft, Kernel::Mg];
+    const MPI_KERNELS: [Kernel; 6] = [
+        Kernel::Ep,
+        Kernel::Is,
+        Kernel::Cg,
+        Kernel::Ft,
+        Kernel::Mg,
+        Kernel::Sp,
+    ];
 
     #[test]
     fn every_mpi_kernel_verifies_at_s_on_1_2_4_ranks_alike_within_its_heap() {
-        // The arena panics if a kernel takes more than heap_bytes.
+        // The arena panics if a kernel takes more than heap_bytes. (SP: 1 and 4.)
         for kernel in MPI_KERNELS {
             for ranks in [1, 2, 4] {
                 let spec = Spec {
                     kernel,
                     class: Class::S,
                 };
+                if supports(spec, ranks).is_err() {
+                    continue;
+                }
                 let bytes = heap_bytes(spec, ranks);
                 let runs = host::run_ranks(ranks, bytes, |comm, arena| {
                     (run(spec, comm, arena).unwrap(), arena.used())
