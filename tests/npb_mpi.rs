@@ -109,27 +109,32 @@ fn mg_class_s_and_w_verify_on_two_vms_with_the_official_norms() {
     assert_eq!(lines[2]["ok"], serde_json::json!(true));
 }
 
-/// SP's multi-partition form on 4 ranks (q = 2: two cells each, every line solve
-/// passing rows between the VMs and within each), with the official norms.
+/// SP's and BT's multi-partition forms on 4 ranks (q = 2: two cells each, every line
+/// solve passing rows between the VMs and within each), with the official norms.
 #[test]
-fn sp_class_s_verifies_on_two_vms_of_two_vcpus_with_the_official_norms() {
+fn sp_and_bt_class_s_verify_on_two_vms_of_two_vcpus_with_the_official_norms() {
     if !kvm_available() {
         return;
     }
-    let lines = npb_job("sp.S", &["--vms", "2", "--vcpus", "2", "--wait", "block"]);
-    let line = &lines[0];
-    assert_eq!(line["benchmark"], serde_json::json!("sp"), "{line}");
-    assert_eq!(line["ranks"], serde_json::json!(4), "{line}");
-    assert_eq!(line["verified"], serde_json::json!(true), "{line}");
+    let lines = npb_job(
+        "sp.S,bt.S",
+        &["--vms", "2", "--vcpus", "2", "--wait", "block"],
+    );
     // NPB 3.3's published first residual and error norms of class S.
-    for (key, want) in [
-        ("xcr1", 2.747_031_545_133_948e-2),
-        ("xce1", 2.728_925_855_737_723e-5),
-    ] {
-        let got = line[key].as_f64().unwrap();
-        assert!((got - want).abs() <= 1e-8 * want, "{key}: {line}");
+    let official = [
+        ("sp", 2.747_031_545_133_948e-2, 2.728_925_855_737_723e-5),
+        ("bt", 1.703_428_370_954_131e-1, 4.997_691_334_581_158e-4),
+    ];
+    for (line, (name, xcr1, xce1)) in lines[..2].iter().zip(official) {
+        assert_eq!(line["benchmark"], serde_json::json!(name), "{line}");
+        assert_eq!(line["ranks"], serde_json::json!(4), "{line}");
+        assert_eq!(line["verified"], serde_json::json!(true), "{line}");
+        for (key, want) in [("xcr1", xcr1), ("xce1", xce1)] {
+            let got = line[key].as_f64().unwrap();
+            assert!((got - want).abs() <= 1e-8 * want, "{key}: {line}");
+        }
     }
-    assert_eq!(lines[1]["ok"], serde_json::json!(true));
+    assert_eq!(lines[2]["ok"], serde_json::json!(true));
 }
 
 #[test]
@@ -173,6 +178,7 @@ fn rank_counts_a_kernel_cannot_use_are_refused_in_one_line() {
         ("ft.S", "6"),
         ("mg.S", "3"),
         ("sp.S", "2"),
+        ("bt.S", "8"),
     ] {
         let out = kumo(&["mpi", "--npb", list, "--vms", vms]);
         assert_eq!(out.status.code(), Some(2), "{list} on {vms}");

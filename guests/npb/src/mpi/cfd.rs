@@ -53,6 +53,12 @@ impl Cell {
         })
     }
 
+    /// Lines of a solve along `axis` through the cell.
+    pub fn lines(&self, axis: usize, n: usize) -> usize {
+        let r = self.lines_across(axis, n);
+        (0..3).filter(|&a| a != axis).map(|a| r[a].len()).product()
+    }
+
     /// The ranges clipped to the grid's interior (where `rhs` changes).
     pub fn interior(&self, n: usize) -> [Range<usize>; 3] {
         self.ranges
@@ -262,6 +268,101 @@ pub fn compute_rhs(l: &Layout, g: &Grid, c: &Constants, f: &Fields) {
     }
 }
 
+/// Tags of the solves' carried rows (plus the axis).
+const TAG_FORWARD: u32 = 511;
+const TAG_BACK: u32 = 521;
+
+/// The rows a pipelined line solve carries between cells: in and out, forward and
+/// back, `forward` and `back` `f64`s per line.
+pub struct Carried<'a> {
+    forward: [&'a mut [f64]; 2],
+    back: [&'a mut [f64]; 2],
+    per_line: (usize, usize),
+}
+
+impl<'a> Carried<'a> {
+    fn lens(l: &Layout, (forward, back): (usize, usize)) -> (usize, usize) {
+        let lines = l.max_span() * l.max_span();
+        (lines * forward, lines * back)
+    }
+
+    /// Arena bytes of [`Carried::carve`].
+    pub fn bytes(l: &Layout, per_line: (usize, usize)) -> usize {
+        let (forward, back) = Carried::lens(l, per_line);
+        2 * (forward + back) * 8 + 4 * ALIGN_SLACK
+    }
+
+    pub fn carve(arena: &mut Arena, l: &Layout, per_line: (usize, usize)) -> Carried<'a> {
+        let (forward, back) = Carried::lens(l, per_line);
+        // SAFETY: the arena is this rank's alone and outlives the run.
+        unsafe {
+            Carried {
+                forward: [take(arena, forward), take(arena, forward)],
+                back: [take(arena, back), take(arena, back)],
+                per_line,
+            }
+        }
+    }
+}
+
+/// A line solve along `axis` pipelined over the cells (`x_solve`'s stages): `q` stages
+/// forward, at stage `s` every rank running `forward(cell, carried_in, out)` on its
+/// cell at coordinate `s` with the rows the rank below left in `out` at stage `s - 1`
+/// (none at stage 0); then `q` stages back, `backward` likewise with the rows the rank
+/// above left. Each stage's rows go up (down) as the next stage's come in, in one
+/// `sendrecv`, so no rank waits on a send.
+pub fn pipeline<C: Comm + ?Sized>(
+    comm: &mut C,
+    l: &Layout,
+    axis: usize,
+    carried: &mut Carried,
+    mut forward: impl FnMut(usize, Option<&[f64]>, &mut [f64]),
+    mut backward: impl FnMut(usize, Option<&[f64]>, &mut [f64]),
+) -> Result<(), Error> {
+    let (up, down) = (l.neighbour(axis, true), l.neighbour(axis, false));
+    let lines = |cell: usize| l.cell(cell).lines(axis, l.n);
+    let tag = axis as u32;
+    let (per_forward, per_back) = carried.per_line;
+    let stages = [
+        (true, TAG_FORWARD + tag, up, down, per_forward),
+        (false, TAG_BACK + tag, down, up, per_back),
+    ];
+    for (ahead, tag, to, from_rank, per_line) in stages {
+        let [into, out] = if ahead {
+            &mut carried.forward
+        } else {
+            &mut carried.back
+        };
+        let mut sent = 0;
+        for step in 0..l.q {
+            let coord = if ahead { step } else { l.q - 1 - step };
+            let cell = l.cell_at(axis, coord);
+            let want = lines(cell) * per_line;
+            if step > 0 {
+                let got = comm.sendrecv(
+                    to,
+                    tag,
+                    bytes(&out[..sent]),
+                    from_rank,
+                    tag,
+                    bytes_mut(&mut into[..want]),
+                )?;
+                if got != 8 * want {
+                    return Err(Error("cfd-carried-rows"));
+                }
+            }
+            let carried_in = (step > 0).then_some(&into[..want]);
+            if ahead {
+                forward(cell, carried_in, &mut out[..want]);
+            } else {
+                backward(cell, carried_in, &mut out[..want]);
+            }
+            sent = want;
+        }
+    }
+    Ok(())
+}
+
 /// A pseudo-application's MPI run: its fields, layout and exchange buffers.
 pub struct Run<'a> {
     pub l: Layout,
@@ -381,8 +482,38 @@ pub fn drive<C: Comm + ?Sized>(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
+    extern crate std;
+    use std::vec::Vec;
+
+    use super::super::host::{self, ThreadComm};
     use super::*;
+
+    /// Every point of `u` at the end of `simulate` on `ranks` (each with `bytes`), from
+    /// the rank owning it: (storage index, the five values' bits), sorted.
+    pub(crate) fn final_field<'a>(
+        ranks: usize,
+        bytes: usize,
+        simulate: impl Fn(&mut ThreadComm, &mut Arena) -> Run<'a> + Sync,
+    ) -> Vec<(usize, [u64; 5])> {
+        let mut points: Vec<(usize, [u64; 5])> = host::run_ranks(ranks, bytes, |comm, arena| {
+            let run = simulate(comm, arena);
+            let mut mine = Vec::new();
+            for cell in 0..run.l.q {
+                each_row(&run.g, &run.l.cell(cell).ranges, |first, len| {
+                    for at in first..first + len {
+                        // SAFETY: the run is over; this thread's arena.
+                        let u = unsafe { run.f.u.slice(5 * at..5 * at + 5) };
+                        mine.push((at, core::array::from_fn(|m| u[m].to_bits())));
+                    }
+                });
+            }
+            mine
+        })
+        .concat();
+        points.sort_unstable_by_key(|p| p.0);
+        points
+    }
 
     #[test]
     fn every_rank_owns_one_cell_of_every_slab_and_the_cells_tile_the_cube() {

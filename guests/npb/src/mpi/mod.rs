@@ -10,10 +10,11 @@
 //! pieces traded with transpose partners). FT uses `ft.f`'s 1-D slab layout with
 //! alltoall transposes. MG splits every level into z slabs exchanging ghost planes with
 //! their z neighbours, the coarsest levels whole on every rank (not `mg.f`'s 3-D
-//! process grid). SP uses NPB3.3-MPI's multi-partition on square rank counts
+//! process grid). SP and BT use NPB3.3-MPI's multi-partition on square rank counts
 //! ([`cfd`]): `q` diagonal cells per rank, ghost faces exchanged before the
 //! right-hand side, each line solve pipelined cell by cell across the ranks.
 
+pub mod bt;
 pub mod cfd;
 pub mod cg;
 pub mod ep;
@@ -131,7 +132,11 @@ pub fn supports(spec: Spec, ranks: usize) -> Result<(), &'static str> {
         Kernel::Sp => {
             Err("needs a square number of ranks (4, 9, 16...) with cells of 2 points or more")
         }
-        Kernel::Bt | Kernel::Lu => Err("has no MPI form yet"),
+        Kernel::Bt if bt::fits(spec.class, ranks) => Ok(()),
+        Kernel::Bt => {
+            Err("needs a square number of ranks (4, 9, 16...) with cells of 2 points or more")
+        }
+        Kernel::Lu => Err("has no MPI form yet"),
     }
 }
 
@@ -145,7 +150,8 @@ pub fn heap_bytes(spec: Spec, ranks: usize) -> usize {
         Kernel::Ft => ft::heap_bytes(spec.class, ranks),
         Kernel::Mg => mg::heap_bytes(spec.class, ranks),
         Kernel::Sp => sp::heap_bytes(spec.class, ranks),
-        Kernel::Bt | Kernel::Lu => 0,
+        Kernel::Bt => bt::heap_bytes(spec.class, ranks),
+        Kernel::Lu => 0,
     }
 }
 
@@ -167,7 +173,8 @@ pub fn run<C: Comm + ?Sized>(
         Kernel::Ft => ft::run(spec.class, comm, arena),
         Kernel::Mg => mg::run(spec.class, comm, arena),
         Kernel::Sp => sp::run(spec.class, comm, arena),
-        Kernel::Bt | Kernel::Lu => Err(Error("no-mpi-form")),
+        Kernel::Bt => bt::run(spec.class, comm, arena),
+        Kernel::Lu => Err(Error("no-mpi-form")),
     }
 }
 
@@ -209,6 +216,8 @@ mod tests {
         assert!(supports(s(Kernel::Mg, Class::S), 64).is_err());
         assert!(supports(s(Kernel::Sp, Class::S), 2).is_err());
         assert_eq!(supports(s(Kernel::Sp, Class::S), 4), Ok(()));
+        assert!(supports(s(Kernel::Bt, Class::W), 8).is_err());
+        assert_eq!(supports(s(Kernel::Bt, Class::W), 9), Ok(()));
         assert_eq!(supports(s(Kernel::Ft, Class::S), 64), Ok(()));
         assert!(supports(s(Kernel::Ft, Class::W), 64).is_err());
         assert!(supports(s(Kernel::Ep, Class::S), 0).is_err());
@@ -227,18 +236,19 @@ mod tests {
     }
 
     /// The kernels that have an MPI form.
-    const MPI_KERNELS: [Kernel; 6] = [
+    const MPI_KERNELS: [Kernel; 7] = [
         Kernel::Ep,
         Kernel::Is,
         Kernel::Cg,
         Kernel::Ft,
         Kernel::Mg,
         Kernel::Sp,
+        Kernel::Bt,
     ];
 
     #[test]
     fn every_mpi_kernel_verifies_at_s_on_1_2_4_ranks_alike_within_its_heap() {
-        // The arena panics if a kernel takes more than heap_bytes. (SP: 1 and 4.)
+        // The arena panics if a kernel takes more than heap_bytes. (SP, BT: 1 and 4.)
         for kernel in MPI_KERNELS {
             for ranks in [1, 2, 4] {
                 let spec = Spec {

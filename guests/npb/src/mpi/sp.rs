@@ -21,8 +21,8 @@
 
 use core::ops::Range;
 
-use super::cfd::{self as mpicfd, Cell, Layout, Run};
-use super::{Comm, Error, bytes, bytes_mut, take};
+use super::cfd::{self as mpicfd, Carried, Cell, Layout, Run};
+use super::{Comm, Error, take};
 use crate::cfd::{self, ALIGN_SLACK, Grid};
 use crate::sp::{self, Direction, Lines, Scalars, Work};
 use crate::team::{Arena, Shared};
@@ -45,50 +45,38 @@ const KEPT: usize = 6;
 /// The right-hand side components each factor solves (`lhs`, `lhsp`, `lhsm`).
 const COMPONENTS: [Range<usize>; 3] = [0..3, 3..4, 4..5];
 
-/// Tags of the solves' carried rows (plus the axis).
-const TAG_FORWARD: u32 = 511;
-const TAG_BACK: u32 = 521;
-
 /// One rank's solver memory.
 struct Solver<'a> {
     /// The shared-memory SP's per-line-set work arrays (factors of one set of lines).
     work: &'a mut [f64],
-    /// Each cell's factors' upper coefficients, line by line, position by position.
-    kept: &'a mut [f64],
-    /// Rows carried in and out of the current cell.
-    forward: [&'a mut [f64]; 2],
-    back: [&'a mut [f64]; 2],
+    /// Each cell's factors' upper coefficients, line by line, position by position
+    /// (written forward, read back).
+    kept: Shared<f64>,
+    /// Rows carried between cells.
+    carried: Carried<'a>,
     /// `f64`s of `kept` per cell.
     per_cell: usize,
 }
 
 impl<'a> Solver<'a> {
-    fn lens(l: &Layout) -> [usize; 4] {
+    fn lens(l: &Layout) -> [usize; 2] {
         let side = l.max_span();
-        [
-            sp::work_len(l.n),
-            l.q * side * side * side * KEPT,
-            side * side * FORWARD,
-            side * side * BACK,
-        ]
+        [sp::work_len(l.n), l.q * side * side * side * KEPT]
     }
 
     fn bytes(l: &Layout) -> usize {
-        let [work, kept, forward, back] = Solver::lens(l);
-        (work + kept + 2 * forward + 2 * back) * 8 + 6 * ALIGN_SLACK
+        let [work, kept] = Solver::lens(l);
+        (work + kept) * 8 + 2 * ALIGN_SLACK + Carried::bytes(l, (FORWARD, BACK))
     }
 
     fn carve(arena: &mut Arena, l: &Layout) -> Solver<'a> {
-        let [work, kept, forward, back] = Solver::lens(l);
-        // SAFETY: the arena is this rank's alone and outlives the run.
-        unsafe {
-            Solver {
-                work: take(arena, work),
-                kept: take(arena, kept),
-                forward: [take(arena, forward), take(arena, forward)],
-                back: [take(arena, back), take(arena, back)],
-                per_cell: kept / l.q,
-            }
+        let [work, kept] = Solver::lens(l);
+        Solver {
+            // SAFETY: the arena is this rank's alone and outlives the run.
+            work: unsafe { take(arena, work) },
+            kept: arena.alloc(kept),
+            carried: Carried::carve(arena, l, (FORWARD, BACK)),
+            per_cell: kept / l.q,
         }
     }
 }
@@ -135,12 +123,6 @@ fn each_set(g: &Grid, cell: &Cell, axis: usize, mut each: impl FnMut(Lines)) {
             }
         }
     }
-}
-
-/// Lines of a solve along `axis` through `cell`.
-fn lines_in(g: &Grid, cell: &Cell, axis: usize) -> usize {
-    let r = cell.lines_across(axis, g.n);
-    (0..3).filter(|&a| a != axis).map(|a| r[a].len()).product()
 }
 
 /// Forward elimination of row `p` (of `n`) of one line: `x` its three factors' rows,
@@ -299,8 +281,7 @@ unsafe fn backward_cell(
     });
 }
 
-/// A solve along `axis` (`vel` the velocity along it): `q` stages forward, passing
-/// each line's last two rows up the axis, then `q` back, passing the first two down.
+/// A solve along `axis` (`vel` the velocity along it), pipelined over the cells.
 fn solve<C: Comm + ?Sized>(
     comm: &mut C,
     run: &Run,
@@ -308,60 +289,31 @@ fn solve<C: Comm + ?Sized>(
     axis: usize,
     (dir, vel): (&Direction, Shared<f64>),
 ) -> Result<(), Error> {
-    let (l, g) = (&run.l, &run.g);
-    let (up, down) = (l.neighbour(axis, true), l.neighbour(axis, false));
-    let cell_at = |coord: usize| l.cell_at(axis, coord);
-    let lines = |cell: usize| lines_in(g, &l.cell(cell), axis);
-    let tag = axis as u32;
-    let [into, from] = &mut s.forward;
-    let mut sent = 0;
-    for stage in 0..l.q {
-        let cell = cell_at(stage);
-        let want = lines(cell) * FORWARD;
-        // The previous stage's rows go up as this stage's come from below.
-        if stage > 0 {
-            let got = comm.sendrecv(
-                up,
-                TAG_FORWARD + tag,
-                bytes(&from[..sent]),
-                down,
-                TAG_FORWARD + tag,
-                bytes_mut(&mut into[..want]),
-            )?;
-            if got != 8 * want {
-                return Err(Error("sp-carried-rows"));
-            }
-        }
-        let kept = &mut s.kept[cell * s.per_cell..(cell + 1) * s.per_cell];
-        let carried = (stage > 0).then_some(&into[..want]);
-        // SAFETY: this rank's arena, used by this thread alone.
-        unsafe { forward_cell(run, (axis, dir, vel), cell, s.work, kept, carried, from) };
-        sent = want;
-    }
-    let [into, from] = &mut s.back;
-    for stage in (0..l.q).rev() {
-        let cell = cell_at(stage);
-        let want = lines(cell) * BACK;
-        if stage + 1 < l.q {
-            let got = comm.sendrecv(
-                down,
-                TAG_BACK + tag,
-                bytes(&from[..sent]),
-                up,
-                TAG_BACK + tag,
-                bytes_mut(&mut into[..want]),
-            )?;
-            if got != 8 * want {
-                return Err(Error("sp-carried-rows"));
-            }
-        }
-        let kept = &s.kept[cell * s.per_cell..(cell + 1) * s.per_cell];
-        let carried = (stage + 1 < l.q).then_some(&into[..want]);
-        // SAFETY: as above.
-        unsafe { backward_cell(run, axis, cell, kept, carried, from) };
-        sent = want;
-    }
-    Ok(())
+    let Solver {
+        work,
+        kept,
+        carried,
+        per_cell,
+    } = s;
+    let (per_cell, kept) = (*per_cell, *kept);
+    mpicfd::pipeline(
+        comm,
+        &run.l,
+        axis,
+        carried,
+        |cell, carried, out| {
+            // SAFETY: this rank's arena, used by this thread alone.
+            let kept = unsafe { kept.slice_mut(cell * per_cell..(cell + 1) * per_cell) };
+            // SAFETY: as above.
+            unsafe { forward_cell(run, (axis, dir, vel), cell, work, kept, carried, out) }
+        },
+        |cell, carried, out| {
+            // SAFETY: as above.
+            let kept = unsafe { kept.slice(cell * per_cell..(cell + 1) * per_cell) };
+            // SAFETY: as above.
+            unsafe { backward_cell(run, axis, cell, kept, carried, out) }
+        },
+    )
 }
 
 /// Applies `op` to every interior plane `k` of each of this rank's cells with the
@@ -465,35 +417,18 @@ mod tests {
         }
     }
 
-    /// Every point of `u` after class S on `ranks`, from the rank owning it: (storage
-    /// index, the five values' bits), sorted.
-    fn final_field(ranks: usize) -> Vec<(usize, [u64; 5])> {
-        let bytes = heap_bytes(Class::S, ranks);
-        let mut points: Vec<(usize, [u64; 5])> = host::run_ranks(ranks, bytes, |comm, arena| {
-            let (run, ..) = simulate(Class::S, comm, arena).unwrap();
-            let mut mine = Vec::new();
-            for cell in 0..run.l.q {
-                mpicfd::each_row(&run.g, &run.l.cell(cell).ranges, |first, len| {
-                    for at in first..first + len {
-                        // SAFETY: the run is over; this thread's arena.
-                        let u = unsafe { run.f.u.slice(5 * at..5 * at + 5) };
-                        mine.push((at, core::array::from_fn(|m| u[m].to_bits())));
-                    }
-                });
-            }
-            mine
-        })
-        .concat();
-        points.sort_unstable_by_key(|p| p.0);
-        points
-    }
-
     #[test]
     fn every_point_gets_the_same_bits_on_4_and_9_ranks_as_on_one() {
-        let one = final_field(1);
+        let field = |ranks| {
+            let bytes = heap_bytes(Class::S, ranks);
+            mpicfd::tests::final_field(ranks, bytes, |comm, arena| {
+                simulate(Class::S, comm, arena).unwrap().0
+            })
+        };
+        let one = field(1);
         assert_eq!(one.len(), 12 * 12 * 12);
-        assert_eq!(final_field(4), one);
-        assert_eq!(final_field(9), one);
+        assert_eq!(field(4), one);
+        assert_eq!(field(9), one);
     }
 
     #[test]
