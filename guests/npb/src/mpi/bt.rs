@@ -2,7 +2,7 @@
 //! `q` cells each. A step is `copy_faces` and the right-hand side of every cell, the
 //! x, y and z solves, then `add`.
 //!
-//! A solve along an axis is pipelined over the cells as SP's ([`super::cfd::pipeline`]):
+//! A solve along an axis is pipelined over the cells as SP's ([`super::cfd::solve`]):
 //! at each forward stage a rank eliminates the lines of one cell, having received from
 //! the rank below each line's last finished row (its `cc` block and right-hand side,
 //! as `x_solve`'s `out_buffer`); back substitution returns each line's first solved
@@ -12,12 +12,12 @@
 //! order ([`bt::eliminate_row`], [`bt::substitute_row`]), so every point computes what
 //! the reference computes.
 
-use super::cfd::{self as mpicfd, Carried, Cell, Layout, Run};
-use super::{Comm, Error, take};
+use super::cfd::{self as mpicfd, Cell, Problem, Run, Shape, Solver};
+use super::{Comm, Error};
 use crate::bt::{self, Axis, Block, Point, Work};
-use crate::cfd::{self, ALIGN_SLACK, Grid};
+use crate::cfd::Grid;
 use crate::sp;
-use crate::team::{Arena, Shared};
+use crate::team::Arena;
 use crate::{Class, Outcome};
 
 /// Whether BT `class` runs on `ranks`: a square with cells of two points or more.
@@ -32,47 +32,29 @@ const BACK: usize = 5;
 /// Kept per point for the back substitution: its `cc` block.
 const KEPT: usize = 25;
 
-/// One rank's solver memory.
-struct Solver<'a> {
-    /// The shared-memory BT's per-line work arrays.
-    work: &'a mut [f64],
-    /// Each cell's `cc` blocks, line by line, position by position (written forward,
-    /// read back).
-    kept: Shared<f64>,
-    /// Rows carried between cells.
-    carried: Carried<'a>,
-    /// `f64`s of `kept` per cell.
-    per_cell: usize,
-}
-
-impl<'a> Solver<'a> {
-    fn lens(l: &Layout) -> [usize; 2] {
-        let side = l.max_span();
-        [bt::work_len(l.n), l.q * side * side * side * KEPT]
-    }
-
-    fn bytes(l: &Layout) -> usize {
-        let [work, kept] = Solver::lens(l);
-        (work + kept) * 8 + 2 * ALIGN_SLACK + Carried::bytes(l, (FORWARD, BACK))
-    }
-
-    fn carve(arena: &mut Arena, l: &Layout) -> Solver<'a> {
-        let [work, kept] = Solver::lens(l);
-        Solver {
-            // SAFETY: the arena is this rank's alone and outlives the run.
-            work: unsafe { take(arena, work) },
-            kept: arena.alloc(kept),
-            carried: Carried::carve(arena, l, (FORWARD, BACK)),
-            per_cell: kept / l.q,
-        }
+/// BT `class` as an MPI problem.
+pub(crate) fn problem(class: Class) -> Problem {
+    let (n, niter, dt) = bt::params(class);
+    Problem {
+        class,
+        mops: bt::mops,
+        verify: bt::verify,
+        n,
+        niter,
+        dt,
+        with_speed: false,
+        shape: Shape {
+            work: bt::work_len(n),
+            kept: KEPT,
+            forward: FORWARD,
+            back: BACK,
+        },
     }
 }
 
 /// Arena bytes of one rank of BT `class` on `ranks`.
 pub fn heap_bytes(class: Class, ranks: usize) -> usize {
-    let n = bt::params(class).0;
-    let q = mpicfd::cells_a_side(n, ranks).unwrap_or(1);
-    mpicfd::run_bytes(n, false, ranks) + Solver::bytes(&Layout::new(n, 0, q))
+    mpicfd::heap_bytes(&problem(class), ranks)
 }
 
 /// Calls `each(first, stride)` for the lines a solve along `axis` works on in `cell`
@@ -184,10 +166,7 @@ unsafe fn backward_cell(
     let mut line = 0;
     each_line(g, &the_cell, axis, |first, stride| {
         let next = &mut out[line * BACK..(line + 1) * BACK];
-        match carried {
-            Some(rows) => next.copy_from_slice(&rows[line * BACK..(line + 1) * BACK]),
-            None => next.fill(0.0),
-        }
+        mpicfd::carry_in(next, carried, line..line + 1, BACK);
         for p in span.clone().rev() {
             let a = first + p * stride;
             // SAFETY: the caller's contract.
@@ -210,27 +189,16 @@ fn solve<C: Comm + ?Sized>(
     s: &mut Solver,
     axis: usize,
 ) -> Result<(), Error> {
-    let Solver {
-        work,
-        kept,
-        carried,
-        per_cell,
-    } = s;
-    let (per_cell, kept) = (*per_cell, *kept);
-    mpicfd::pipeline(
+    mpicfd::solve(
         comm,
         &run.l,
+        s,
         axis,
-        carried,
-        |cell, carried, out| {
+        |cell, work, kept, carried, out| {
             // SAFETY: this rank's arena, used by this thread alone.
-            let kept = unsafe { kept.slice_mut(cell * per_cell..(cell + 1) * per_cell) };
-            // SAFETY: as above.
             unsafe { forward_cell(run, axis, cell, work, kept, carried, out) }
         },
-        |cell, carried, out| {
-            // SAFETY: as above.
-            let kept = unsafe { kept.slice(cell * per_cell..(cell + 1) * per_cell) };
+        |cell, kept, carried, out| {
             // SAFETY: as above.
             unsafe { backward_cell(run, axis, cell, kept, carried, out) }
         },
@@ -238,7 +206,11 @@ fn solve<C: Comm + ?Sized>(
 }
 
 /// One time step (`adi`).
-fn adi<C: Comm + ?Sized>(comm: &mut C, run: &mut Run, s: &mut Solver) -> Result<(), Error> {
+pub(crate) fn adi<C: Comm + ?Sized>(
+    comm: &mut C,
+    run: &mut Run,
+    s: &mut Solver,
+) -> Result<(), Error> {
     run.rhs(comm)?;
     for axis in 0..3 {
         solve(comm, run, s, axis)?;
@@ -264,76 +236,5 @@ pub fn run<C: Comm + ?Sized>(
     comm: &mut C,
     arena: &mut Arena,
 ) -> Result<Outcome, Error> {
-    let (_, seconds, xcr, xce) = simulate(class, comm, arena)?;
-    Ok(Outcome {
-        seconds,
-        mops: bt::mops(class, seconds),
-        verified: bt::verify(class, &xcr, &xce),
-        values: cfd::values(&xcr, &xce),
-    })
-}
-
-/// The run behind [`run`]: its final state, the slowest rank's seconds and the norms.
-fn simulate<'a, C: Comm + ?Sized>(
-    class: Class,
-    comm: &mut C,
-    arena: &mut Arena,
-) -> Result<(Run<'a>, f64, [f64; 5], [f64; 5]), Error> {
-    let (n, niter, dt) = bt::params(class);
-    let q = mpicfd::cells_a_side(n, comm.size()).ok_or(Error("bt-ranks"))?;
-    let mut run = Run::carve(arena, n, dt, false, comm.rank(), q);
-    let mut solver = Solver::carve(arena, &run.l);
-    let (seconds, xcr, xce) = mpicfd::drive(comm, &mut run, niter, |comm, run| {
-        adi(comm, run, &mut solver)
-    })?;
-    Ok((run, seconds, xcr, xce))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::super::host;
-    use super::*;
-
-    #[test]
-    fn class_s_verifies_on_1_4_and_9_ranks_every_rank_alike() {
-        for ranks in [1, 4, 9] {
-            let bytes = heap_bytes(Class::S, ranks);
-            let outcomes = host::run_ranks(ranks, bytes, |comm, arena| {
-                let outcome = run(Class::S, comm, arena).unwrap();
-                assert!(arena.used() <= bytes, "{} of {bytes}", arena.used());
-                outcome
-            });
-            for outcome in &outcomes {
-                assert!(outcome.verified, "S on {ranks}: {outcome:?}");
-                assert_eq!(outcome.values, outcomes[0].values);
-            }
-        }
-    }
-
-    #[test]
-    fn every_point_gets_the_same_bits_on_4_and_9_ranks_as_on_one() {
-        let field = |ranks| {
-            let bytes = heap_bytes(Class::S, ranks);
-            mpicfd::tests::final_field(ranks, bytes, |comm, arena| {
-                simulate(Class::S, comm, arena).unwrap().0
-            })
-        };
-        let one = field(1);
-        assert_eq!(one.len(), 12 * 12 * 12);
-        assert_eq!(field(4), one);
-        assert_eq!(field(9), one);
-    }
-
-    #[test]
-    fn class_w_verifies_on_4_ranks() {
-        let bytes = heap_bytes(Class::W, 4);
-        let outcomes = host::run_ranks(4, bytes, |comm, arena| run(Class::W, comm, arena).unwrap());
-        assert!(outcomes[0].verified, "{:?}", outcomes[0]);
-    }
-
-    #[test]
-    fn only_squares_with_cells_of_two_points_fit() {
-        assert!(fits(Class::S, 1) && fits(Class::S, 4) && fits(Class::W, 64));
-        assert!(!fits(Class::S, 2) && !fits(Class::S, 8) && !fits(Class::S, 49));
-    }
+    mpicfd::run(comm, arena, &problem(class), adi)
 }

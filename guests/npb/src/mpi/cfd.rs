@@ -24,6 +24,7 @@ use core::ops::Range;
 use super::{Comm, Error, Op, bytes, bytes_mut, max_seconds, take};
 use crate::cfd::{self, ALIGN_SLACK, Constants, Fields, Grid};
 use crate::team::{Arena, Shared};
+use crate::{Class, Outcome};
 
 /// The cells of one rank of a `q * q` job on a grid of `n` points a side.
 #[derive(Clone, Copy, Debug)]
@@ -274,7 +275,7 @@ const TAG_BACK: u32 = 521;
 
 /// The rows a pipelined line solve carries between cells: in and out, forward and
 /// back, `forward` and `back` `f64`s per line.
-pub struct Carried<'a> {
+struct Carried<'a> {
     forward: [&'a mut [f64]; 2],
     back: [&'a mut [f64]; 2],
     per_line: (usize, usize),
@@ -286,13 +287,12 @@ impl<'a> Carried<'a> {
         (lines * forward, lines * back)
     }
 
-    /// Arena bytes of [`Carried::carve`].
-    pub fn bytes(l: &Layout, per_line: (usize, usize)) -> usize {
+    fn bytes(l: &Layout, per_line: (usize, usize)) -> usize {
         let (forward, back) = Carried::lens(l, per_line);
         2 * (forward + back) * 8 + 4 * ALIGN_SLACK
     }
 
-    pub fn carve(arena: &mut Arena, l: &Layout, per_line: (usize, usize)) -> Carried<'a> {
+    fn carve(arena: &mut Arena, l: &Layout, per_line: (usize, usize)) -> Carried<'a> {
         let (forward, back) = Carried::lens(l, per_line);
         // SAFETY: the arena is this rank's alone and outlives the run.
         unsafe {
@@ -311,7 +311,7 @@ impl<'a> Carried<'a> {
 /// (none at stage 0); then `q` stages back, `backward` likewise with the rows the rank
 /// above left. Each stage's rows go up (down) as the next stage's come in, in one
 /// `sendrecv`, so no rank waits on a send.
-pub fn pipeline<C: Comm + ?Sized>(
+fn pipeline<C: Comm + ?Sized>(
     comm: &mut C,
     l: &Layout,
     axis: usize,
@@ -361,6 +361,157 @@ pub fn pipeline<C: Comm + ?Sized>(
         }
     }
     Ok(())
+}
+
+/// What a pseudo-application's solver keeps: `f64`s of the shared-memory form's
+/// per-thread work arrays, and per point kept from the forward stages for the back
+/// substitution, and per line carried forward and back between cells.
+#[derive(Clone, Copy, Debug)]
+pub struct Shape {
+    pub work: usize,
+    pub kept: usize,
+    pub forward: usize,
+    pub back: usize,
+}
+
+/// One MPI pseudo-application at one class: grid points a side, steps, time step,
+/// whether it needs the speed of sound, its solver's shape, and its Mop/s and
+/// verification.
+pub struct Problem {
+    pub class: Class,
+    pub mops: fn(Class, f64) -> f64,
+    pub verify: fn(Class, &[f64; 5], &[f64; 5]) -> bool,
+    pub n: usize,
+    pub niter: usize,
+    pub dt: f64,
+    pub with_speed: bool,
+    pub shape: Shape,
+}
+
+/// One rank's solver memory.
+pub struct Solver<'a> {
+    /// The shared-memory form's work arrays.
+    work: &'a mut [f64],
+    /// What each cell's forward stages keep for its back substitution, line by line,
+    /// position by position.
+    kept: Shared<f64>,
+    /// Rows carried between cells.
+    carried: Carried<'a>,
+    /// `f64`s of `kept` per cell.
+    per_cell: usize,
+}
+
+impl<'a> Solver<'a> {
+    fn lens(l: &Layout, shape: Shape) -> [usize; 2] {
+        let side = l.max_span();
+        [shape.work, l.q * side * side * side * shape.kept]
+    }
+
+    fn bytes(l: &Layout, shape: Shape) -> usize {
+        let [work, kept] = Solver::lens(l, shape);
+        (work + kept) * 8 + 2 * ALIGN_SLACK + Carried::bytes(l, (shape.forward, shape.back))
+    }
+
+    fn carve(arena: &mut Arena, l: &Layout, shape: Shape) -> Solver<'a> {
+        let [work, kept] = Solver::lens(l, shape);
+        Solver {
+            // SAFETY: the arena is this rank's alone and outlives the run.
+            work: unsafe { take(arena, work) },
+            kept: arena.alloc(kept),
+            carried: Carried::carve(arena, l, (shape.forward, shape.back)),
+            per_cell: kept / l.q,
+        }
+    }
+}
+
+/// A line solve along `axis` over this rank's cells, pipelined across the ranks:
+/// `forward(cell, work, kept, carried_in, out)` eliminates a cell's lines (keeping
+/// what the back substitution needs in `kept`, leaving the rows to carry in `out`),
+/// `backward(cell, kept, carried_in, out)` substitutes back.
+pub fn solve<C: Comm + ?Sized>(
+    comm: &mut C,
+    l: &Layout,
+    s: &mut Solver,
+    axis: usize,
+    mut forward: impl FnMut(usize, &mut [f64], &mut [f64], Option<&[f64]>, &mut [f64]),
+    mut backward: impl FnMut(usize, &[f64], Option<&[f64]>, &mut [f64]),
+) -> Result<(), Error> {
+    let Solver {
+        work,
+        kept,
+        carried,
+        per_cell,
+    } = s;
+    let (per_cell, kept) = (*per_cell, *kept);
+    let cell_kept = |cell: usize| cell * per_cell..(cell + 1) * per_cell;
+    pipeline(
+        comm,
+        l,
+        axis,
+        carried,
+        |cell, carried, out| {
+            // SAFETY: this rank's arena, used by this thread alone; the stages run one
+            // at a time.
+            let kept = unsafe { kept.slice_mut(cell_kept(cell)) };
+            forward(cell, work, kept, carried, out)
+        },
+        |cell, carried, out| {
+            // SAFETY: as above.
+            let kept = unsafe { kept.slice(cell_kept(cell)) };
+            backward(cell, kept, carried, out)
+        },
+    )
+}
+
+/// Copies the rows carried in for lines `lines` (`per_line` values each) into `carry`,
+/// or zeroes it when nothing was carried (the first cell of a line).
+pub fn carry_in(carry: &mut [f64], carried: Option<&[f64]>, lines: Range<usize>, per_line: usize) {
+    match carried {
+        Some(rows) => carry.copy_from_slice(&rows[lines.start * per_line..lines.end * per_line]),
+        None => carry.fill(0.0),
+    }
+}
+
+/// Arena bytes of one rank of `problem` on `ranks`.
+pub fn heap_bytes(problem: &Problem, ranks: usize) -> usize {
+    let q = cells_a_side(problem.n, ranks).unwrap_or(1);
+    let l = Layout::new(problem.n, 0, q);
+    run_bytes(problem.n, problem.with_speed, ranks) + Solver::bytes(&l, problem.shape)
+}
+
+/// Runs `problem` with the time step `adi`: the final state, the slowest rank's
+/// seconds, and the residual and error norms.
+pub fn simulate<'a, C: Comm + ?Sized>(
+    comm: &mut C,
+    arena: &mut Arena,
+    problem: &Problem,
+    mut adi: impl FnMut(&mut C, &mut Run, &mut Solver) -> Result<(), Error>,
+) -> Result<(Run<'a>, f64, [f64; 5], [f64; 5]), Error> {
+    let q = cells_a_side(problem.n, comm.size()).ok_or(Error("cfd-ranks"))?;
+    let p = problem;
+    let mut run = Run::carve(arena, p.n, p.dt, p.with_speed, comm.rank(), q);
+    let mut solver = Solver::carve(arena, &run.l, p.shape);
+    let (seconds, xcr, xce) = drive(comm, &mut run, p.niter, |comm, run| {
+        adi(comm, run, &mut solver)
+    })?;
+    Ok((run, seconds, xcr, xce))
+}
+
+/// Runs `problem` with the time step `adi` (see [`simulate`]); every rank returns
+/// the same outcome.
+pub fn run<C: Comm + ?Sized>(
+    comm: &mut C,
+    arena: &mut Arena,
+    problem: &Problem,
+    adi: impl FnMut(&mut C, &mut Run, &mut Solver) -> Result<(), Error>,
+) -> Result<Outcome, Error> {
+    let (_, seconds, xcr, xce) = simulate(comm, arena, problem, adi)?;
+    Ok(Outcome {
+        seconds,
+        mops: (problem.mops)(problem.class, seconds),
+        verified: (problem.verify)(problem.class, &xcr, &xce),
+        values: cfd::values(&xcr, &xce),
+    })
 }
 
 /// A pseudo-application's MPI run: its fields, layout and exchange buffers.
@@ -482,19 +633,54 @@ pub fn drive<C: Comm + ?Sized>(
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     extern crate std;
     use std::vec::Vec;
 
     use super::super::host::{self, ThreadComm};
     use super::*;
+    use crate::{Kernel, Spec};
+
+    /// Asserts that `spec`'s MPI form verifies on each of `ranks` within its heap,
+    /// every rank alike.
+    fn verifies_alike(spec: Spec, ranks: &[usize]) {
+        for &ranks in ranks {
+            let bytes = super::super::heap_bytes(spec, ranks);
+            let outcomes = host::run_ranks(ranks, bytes, |comm, arena| {
+                let outcome = super::super::run(spec, comm, arena).unwrap();
+                assert!(arena.used() <= bytes, "{} of {bytes}", arena.used());
+                outcome
+            });
+            for outcome in &outcomes {
+                assert!(outcome.verified, "{spec} on {ranks}: {outcome:?}");
+                assert_eq!(outcome.values, outcomes[0].values);
+            }
+        }
+    }
+
+    /// Asserts that every point of `u` at the end of `simulate` (class S) on each of
+    /// `ranks` has the same bits as on one rank; `bytes(ranks)` is a rank's heap.
+    fn same_bits_as_one_rank<'a>(
+        ranks: &[usize],
+        bytes: impl Fn(usize) -> usize,
+        simulate: impl Fn(&mut ThreadComm, &mut Arena) -> Run<'a> + Sync,
+    ) {
+        let one = final_field(1, bytes(1), &simulate);
+        assert_eq!(one.len(), 12 * 12 * 12);
+        for &ranks in ranks {
+            assert!(
+                final_field(ranks, bytes(ranks), &simulate) == one,
+                "{ranks} ranks"
+            );
+        }
+    }
 
     /// Every point of `u` at the end of `simulate` on `ranks` (each with `bytes`), from
     /// the rank owning it: (storage index, the five values' bits), sorted.
-    pub(crate) fn final_field<'a>(
+    fn final_field<'a>(
         ranks: usize,
         bytes: usize,
-        simulate: impl Fn(&mut ThreadComm, &mut Arena) -> Run<'a> + Sync,
+        simulate: &(impl Fn(&mut ThreadComm, &mut Arena) -> Run<'a> + Sync),
     ) -> Vec<(usize, [u64; 5])> {
         let mut points: Vec<(usize, [u64; 5])> = host::run_ranks(ranks, bytes, |comm, arena| {
             let run = simulate(comm, arena);
@@ -513,6 +699,57 @@ pub(crate) mod tests {
         .concat();
         points.sort_unstable_by_key(|p| p.0);
         points
+    }
+
+    const SP_BT: [Kernel; 2] = [Kernel::Sp, Kernel::Bt];
+
+    #[test]
+    fn sp_and_bt_verify_at_s_on_1_4_and_9_ranks_every_rank_alike() {
+        for kernel in SP_BT {
+            verifies_alike(
+                Spec {
+                    kernel,
+                    class: Class::S,
+                },
+                &[1, 4, 9],
+            );
+        }
+    }
+
+    #[test]
+    fn sp_and_bt_verify_at_w_on_4_ranks() {
+        for kernel in SP_BT {
+            verifies_alike(
+                Spec {
+                    kernel,
+                    class: Class::W,
+                },
+                &[4],
+            );
+        }
+    }
+
+    #[test]
+    fn sp_and_bt_give_every_point_the_same_bits_on_4_and_9_ranks_as_on_one() {
+        use super::super::{bt, sp};
+        same_bits_as_one_rank(
+            &[4, 9],
+            |ranks| sp::heap_bytes(Class::S, ranks),
+            |comm, arena| {
+                simulate(comm, arena, &sp::problem(Class::S), sp::adi)
+                    .unwrap()
+                    .0
+            },
+        );
+        same_bits_as_one_rank(
+            &[4, 9],
+            |ranks| bt::heap_bytes(Class::S, ranks),
+            |comm, arena| {
+                simulate(comm, arena, &bt::problem(Class::S), bt::adi)
+                    .unwrap()
+                    .0
+            },
+        );
     }
 
     #[test]

@@ -21,9 +21,8 @@
 
 use core::ops::Range;
 
-use super::cfd::{self as mpicfd, Carried, Cell, Layout, Run};
-use super::{Comm, Error, take};
-use crate::cfd::{self, ALIGN_SLACK, Grid};
+use super::cfd::{self as mpicfd, Problem, Run, Shape, Solver};
+use super::{Comm, Error};
 use crate::sp::{self, Direction, Lines, Scalars, Work};
 use crate::team::{Arena, Shared};
 use crate::{Class, Outcome};
@@ -45,81 +44,65 @@ const KEPT: usize = 6;
 /// The right-hand side components each factor solves (`lhs`, `lhsp`, `lhsm`).
 const COMPONENTS: [Range<usize>; 3] = [0..3, 3..4, 4..5];
 
-/// One rank's solver memory.
-struct Solver<'a> {
-    /// The shared-memory SP's per-line-set work arrays (factors of one set of lines).
-    work: &'a mut [f64],
-    /// Each cell's factors' upper coefficients, line by line, position by position
-    /// (written forward, read back).
-    kept: Shared<f64>,
-    /// Rows carried between cells.
-    carried: Carried<'a>,
-    /// `f64`s of `kept` per cell.
-    per_cell: usize,
-}
-
-impl<'a> Solver<'a> {
-    fn lens(l: &Layout) -> [usize; 2] {
-        let side = l.max_span();
-        [sp::work_len(l.n), l.q * side * side * side * KEPT]
-    }
-
-    fn bytes(l: &Layout) -> usize {
-        let [work, kept] = Solver::lens(l);
-        (work + kept) * 8 + 2 * ALIGN_SLACK + Carried::bytes(l, (FORWARD, BACK))
-    }
-
-    fn carve(arena: &mut Arena, l: &Layout) -> Solver<'a> {
-        let [work, kept] = Solver::lens(l);
-        Solver {
-            // SAFETY: the arena is this rank's alone and outlives the run.
-            work: unsafe { take(arena, work) },
-            kept: arena.alloc(kept),
-            carried: Carried::carve(arena, l, (FORWARD, BACK)),
-            per_cell: kept / l.q,
-        }
+/// SP `class` as an MPI problem.
+pub(crate) fn problem(class: Class) -> Problem {
+    let (n, niter, dt) = sp::params(class);
+    Problem {
+        class,
+        mops: sp::mops,
+        verify: sp::verify,
+        n,
+        niter,
+        dt,
+        with_speed: true,
+        shape: Shape {
+            work: sp::work_len(n),
+            kept: KEPT,
+            forward: FORWARD,
+            back: BACK,
+        },
     }
 }
 
 /// Arena bytes of one rank of SP `class` on `ranks`.
 pub fn heap_bytes(class: Class, ranks: usize) -> usize {
-    let n = sp::params(class).0;
-    let q = mpicfd::cells_a_side(n, ranks).unwrap_or(1);
-    mpicfd::run_bytes(n, true, ranks) + Solver::bytes(&Layout::new(n, 0, q))
+    mpicfd::heap_bytes(&problem(class), ranks)
 }
 
-/// Calls `each(lines)` for the sets of lines a solve along `axis` works on in `cell`
-/// (interior across the axis; the shared-memory SP's sets, cut to the cell).
-fn each_set(g: &Grid, cell: &Cell, axis: usize, mut each: impl FnMut(Lines)) {
-    let r = cell.lines_across(axis, g.n);
+/// Calls `each(lines, line)` for the sets of lines a solve along `axis` works on in
+/// this rank's cell `cell` (interior across the axis; the shared-memory SP's sets, cut
+/// to the cell), `line` the index of the set's first line among the cell's.
+fn each_set(run: &Run, cell: usize, axis: usize, mut each: impl FnMut(Lines, usize)) {
+    let g = &run.g;
+    let r = run.l.cell(cell).lines_across(axis, g.n);
+    let mut line = 0;
+    let mut set = |first: usize, stride: usize, count: usize| {
+        each(
+            Lines {
+                first,
+                stride,
+                count,
+            },
+            line,
+        );
+        line += count;
+    };
     match axis {
         0 => {
             for k in r[2].clone() {
                 for j in r[1].clone() {
-                    each(Lines {
-                        first: g.at(0, j, k),
-                        stride: 1,
-                        count: 1,
-                    });
+                    set(g.at(0, j, k), 1, 1);
                 }
             }
         }
         1 => {
             for k in r[2].clone() {
-                each(Lines {
-                    first: g.at(r[0].start, 0, k),
-                    stride: g.ip,
-                    count: r[0].len(),
-                });
+                set(g.at(r[0].start, 0, k), g.ip, r[0].len());
             }
         }
         _ => {
             for j in r[1].clone() {
-                each(Lines {
-                    first: g.at(r[0].start, j, 0),
-                    stride: g.plane(),
-                    count: r[0].len(),
-                });
+                set(g.at(r[0].start, j, 0), g.plane(), r[0].len());
             }
         }
     }
@@ -213,19 +196,14 @@ unsafe fn forward_cell(
     out: &mut [f64],
 ) {
     let (g, n) = (&run.g, run.g.n);
-    let the_cell = run.l.cell(cell);
-    let span = the_cell.ranges[axis].clone();
-    let mut line = 0;
-    each_set(g, &the_cell, axis, |lines| {
+    let span = run.l.cell(cell).ranges[axis].clone();
+    each_set(run, cell, axis, |lines, line| {
         let nb = lines.count;
         let mut w = Work::carve(n, work);
         // SAFETY: the caller's contract.
         let x = unsafe { sp::factors(g, &run.c, &run.f, dir, vel, lines, span.clone(), &mut w) };
         let carry = &mut out[line * FORWARD..(line + nb) * FORWARD];
-        match carried {
-            Some(rows) => carry.copy_from_slice(&rows[line * FORWARD..(line + nb) * FORWARD]),
-            None => carry.fill(0.0),
-        }
+        mpicfd::carry_in(carry, carried, line..line + nb, FORWARD);
         for p in span.clone() {
             let local = p - span.start;
             // SAFETY: the caller's contract.
@@ -239,7 +217,6 @@ unsafe fn forward_cell(
                 kept[at..at + KEPT].copy_from_slice(&[a[3], a[4], ap[3], ap[4], am[3], am[4]]);
             }
         }
-        line += nb;
     });
 }
 
@@ -256,17 +233,12 @@ unsafe fn backward_cell(
     carried: Option<&[f64]>,
     out: &mut [f64],
 ) {
-    let (g, n) = (&run.g, run.g.n);
-    let the_cell = run.l.cell(cell);
-    let span = the_cell.ranges[axis].clone();
-    let mut line = 0;
-    each_set(g, &the_cell, axis, |lines| {
+    let n = run.g.n;
+    let span = run.l.cell(cell).ranges[axis].clone();
+    each_set(run, cell, axis, |lines, line| {
         let nb = lines.count;
         let carry = &mut out[line * BACK..(line + nb) * BACK];
-        match carried {
-            Some(rows) => carry.copy_from_slice(&rows[line * BACK..(line + nb) * BACK]),
-            None => carry.fill(0.0),
-        }
+        mpicfd::carry_in(carry, carried, line..line + nb, BACK);
         for p in span.clone().rev() {
             let local = p - span.start;
             // SAFETY: the caller's contract.
@@ -277,7 +249,6 @@ unsafe fn backward_cell(
                 substitute_row(p, n, &kept[at..at + KEPT], &mut r[b], carry);
             }
         }
-        line += nb;
     });
 }
 
@@ -289,27 +260,16 @@ fn solve<C: Comm + ?Sized>(
     axis: usize,
     (dir, vel): (&Direction, Shared<f64>),
 ) -> Result<(), Error> {
-    let Solver {
-        work,
-        kept,
-        carried,
-        per_cell,
-    } = s;
-    let (per_cell, kept) = (*per_cell, *kept);
-    mpicfd::pipeline(
+    mpicfd::solve(
         comm,
         &run.l,
+        s,
         axis,
-        carried,
-        |cell, carried, out| {
+        |cell, work, kept, carried, out| {
             // SAFETY: this rank's arena, used by this thread alone.
-            let kept = unsafe { kept.slice_mut(cell * per_cell..(cell + 1) * per_cell) };
-            // SAFETY: as above.
             unsafe { forward_cell(run, (axis, dir, vel), cell, work, kept, carried, out) }
         },
-        |cell, carried, out| {
-            // SAFETY: as above.
-            let kept = unsafe { kept.slice(cell * per_cell..(cell + 1) * per_cell) };
+        |cell, kept, carried, out| {
             // SAFETY: as above.
             unsafe { backward_cell(run, axis, cell, kept, carried, out) }
         },
@@ -328,7 +288,11 @@ fn each_cell_plane(run: &Run, mut op: impl FnMut(usize, (Range<usize>, Range<usi
 }
 
 /// One time step (`adi`).
-fn adi<C: Comm + ?Sized>(comm: &mut C, run: &mut Run, s: &mut Solver) -> Result<(), Error> {
+pub(crate) fn adi<C: Comm + ?Sized>(
+    comm: &mut C,
+    run: &mut Run,
+    s: &mut Solver,
+) -> Result<(), Error> {
     run.rhs(comm)?;
     let (g, c, f) = (&run.g, &run.c, &run.f);
     // SAFETY: this rank's arena, used by this thread alone; the scalars are not
@@ -364,82 +328,5 @@ pub fn run<C: Comm + ?Sized>(
     comm: &mut C,
     arena: &mut Arena,
 ) -> Result<Outcome, Error> {
-    let (_, seconds, xcr, xce) = simulate(class, comm, arena)?;
-    Ok(Outcome {
-        seconds,
-        mops: sp::mops(class, seconds),
-        verified: sp::verify(class, &xcr, &xce),
-        values: cfd::values(&xcr, &xce),
-    })
-}
-
-/// The run behind [`run`]: its final state, the slowest rank's seconds and the norms.
-fn simulate<'a, C: Comm + ?Sized>(
-    class: Class,
-    comm: &mut C,
-    arena: &mut Arena,
-) -> Result<(Run<'a>, f64, [f64; 5], [f64; 5]), Error> {
-    let (n, niter, dt) = sp::params(class);
-    let q = mpicfd::cells_a_side(n, comm.size()).ok_or(Error("sp-ranks"))?;
-    let mut run = Run::carve(arena, n, dt, true, comm.rank(), q);
-    let mut solver = Solver::carve(arena, &run.l);
-    let (seconds, xcr, xce) = mpicfd::drive(comm, &mut run, niter, |comm, run| {
-        adi(comm, run, &mut solver)
-    })?;
-    Ok((run, seconds, xcr, xce))
-}
-
-#[cfg(test)]
-mod tests {
-    extern crate std;
-    use std::vec::Vec;
-
-    use super::super::host;
-    use super::*;
-
-    fn run_on(class: Class, ranks: usize) -> Vec<Outcome> {
-        let bytes = heap_bytes(class, ranks);
-        host::run_ranks(ranks, bytes, |comm, arena| {
-            let outcome = run(class, comm, arena).unwrap();
-            assert!(arena.used() <= bytes, "{} of {bytes}", arena.used());
-            outcome
-        })
-    }
-
-    #[test]
-    fn class_s_verifies_on_1_4_and_9_ranks_every_rank_alike() {
-        for ranks in [1, 4, 9] {
-            let outcomes = run_on(Class::S, ranks);
-            for outcome in &outcomes {
-                assert!(outcome.verified, "S on {ranks}: {outcome:?}");
-                assert_eq!(outcome.values, outcomes[0].values);
-            }
-        }
-    }
-
-    #[test]
-    fn every_point_gets_the_same_bits_on_4_and_9_ranks_as_on_one() {
-        let field = |ranks| {
-            let bytes = heap_bytes(Class::S, ranks);
-            mpicfd::tests::final_field(ranks, bytes, |comm, arena| {
-                simulate(Class::S, comm, arena).unwrap().0
-            })
-        };
-        let one = field(1);
-        assert_eq!(one.len(), 12 * 12 * 12);
-        assert_eq!(field(4), one);
-        assert_eq!(field(9), one);
-    }
-
-    #[test]
-    fn class_w_verifies_on_4_ranks() {
-        let outcomes = run_on(Class::W, 4);
-        assert!(outcomes[0].verified, "{:?}", outcomes[0]);
-    }
-
-    #[test]
-    fn only_squares_with_cells_of_two_points_fit() {
-        assert!(fits(Class::S, 1) && fits(Class::S, 4) && fits(Class::S, 36));
-        assert!(!fits(Class::S, 2) && !fits(Class::S, 8) && !fits(Class::S, 49));
-    }
+    mpicfd::run(comm, arena, &problem(class), adi)
 }
