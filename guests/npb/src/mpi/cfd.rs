@@ -730,6 +730,21 @@ mod tests {
     }
 
     #[test]
+    fn sp_and_bt_on_one_rank_give_the_shared_memory_forms_norms_bit_for_bit() {
+        for kernel in SP_BT {
+            let spec = Spec {
+                kernel,
+                class: Class::S,
+            };
+            let bytes = super::super::heap_bytes(spec, 1);
+            let mpi = host::run_ranks(1, bytes, |comm, arena| {
+                super::super::run(spec, comm, arena).unwrap()
+            });
+            assert_eq!(mpi[0].values, crate::host::run(spec, 1).values, "{spec}");
+        }
+    }
+
+    #[test]
     fn sp_and_bt_give_every_point_the_same_bits_on_4_and_9_ranks_as_on_one() {
         use super::super::{bt, sp};
         same_bits_as_one_rank(
