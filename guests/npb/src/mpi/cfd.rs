@@ -392,8 +392,8 @@ pub struct Problem {
 pub struct Solver<'a> {
     /// The shared-memory form's work arrays.
     work: &'a mut [f64],
-    /// What each cell's forward stages keep for its back substitution, line by line,
-    /// position by position.
+    /// What each cell's forward stages keep for its back substitution (laid out as the
+    /// kernel visits its points).
     kept: Shared<f64>,
     /// Rows carried between cells.
     carried: Carried<'a>,

@@ -41,8 +41,8 @@ const FORWARD: usize = 2 * ROW;
 const BACK: usize = 10;
 /// Kept per point for the back substitution: each factor's two upper coefficients.
 const KEPT: usize = 6;
-/// The right-hand side components each factor solves (`lhs`, `lhsp`, `lhsm`).
-const COMPONENTS: [Range<usize>; 3] = [0..3, 3..4, 4..5];
+/// The factor solving each right-hand side component (`lhs` for 0-2, `lhsp`, `lhsm`).
+const COMPONENT_FACTOR: [usize; 5] = [0, 0, 0, 1, 2];
 
 /// SP `class` as an MPI problem.
 pub(crate) fn problem(class: Class) -> Problem {
@@ -108,72 +108,104 @@ fn each_set(run: &Run, cell: usize, axis: usize, mut each: impl FnMut(Lines, usi
     }
 }
 
-/// Forward elimination of row `p` (of `n`) of one line: `x` its three factors' rows,
-/// `r` its right-hand side, `carry` the line's two previous finished rows (replaced by
-/// the last two). The Thomas algorithm's operations on this row, in its order: the
-/// elimination by row `p - 2`, by row `p - 1`, then the scaling (the last row's
-/// right-hand side alone).
-#[inline(always)]
-fn eliminate_row(p: usize, n: usize, x: [&mut [f64; 5]; 3], r: &mut [f64; 5], carry: &mut [f64]) {
-    let (two_up, one_up) = carry.split_at(ROW);
-    let mut finished = [0.0; ROW];
-    for (factor, x) in x.into_iter().enumerate() {
-        let (c3, c4) = (2 * factor, 2 * factor + 1);
-        if p >= 2 {
-            x[1] = x[1] - x[0] * two_up[c3];
-            x[2] = x[2] - x[0] * two_up[c4];
-            for m in COMPONENTS[factor].clone() {
-                r[m] = r[m] - x[0] * two_up[6 + m];
-            }
-        }
-        if p >= 1 {
-            x[2] = x[2] - x[1] * one_up[c3];
-            x[3] = x[3] - x[1] * one_up[c4];
-            for m in COMPONENTS[factor].clone() {
-                r[m] = r[m] - x[1] * one_up[6 + m];
-            }
-        }
-        if p + 1 < n {
-            let fac1 = 1.0 / x[2];
-            x[3] = fac1 * x[3];
-            x[4] = fac1 * x[4];
-            for m in COMPONENTS[factor].clone() {
-                r[m] = fac1 * r[m];
-            }
-        } else if factor == 0 {
-            let fac2 = 1.0 / x[2];
-            for m in COMPONENTS[factor].clone() {
-                r[m] = fac2 * r[m];
-            }
-        } else {
-            for m in COMPONENTS[factor].clone() {
-                r[m] /= x[2];
-            }
-        }
-        finished[c3] = x[3];
-        finished[c4] = x[4];
+/// A finished row of a line: each factor's two upper coefficients, then the
+/// right-hand side (what the rows below it read, and what a cell carries forward).
+#[derive(Clone, Copy)]
+struct Finished([f64; ROW]);
+
+impl Finished {
+    fn of(x: [&[f64; 5]; 3], r: &[f64; 5]) -> Finished {
+        let [a, ap, am] = x;
+        Finished([
+            a[3], a[4], ap[3], ap[4], am[3], am[4], r[0], r[1], r[2], r[3], r[4],
+        ])
     }
-    finished[6..].copy_from_slice(r);
-    carry.copy_within(ROW.., 0);
-    carry[ROW..].copy_from_slice(&finished);
+
+    fn read(values: &[f64]) -> Finished {
+        Finished(values[..ROW].try_into().expect("a row"))
+    }
+}
+
+/// Forward elimination of row `p` (of `n`) of one line: `x` its three factors' rows,
+/// `r` its right-hand side, `two_up` and `one_up` the finished rows `p - 2` and
+/// `p - 1` (read only where they exist). The Thomas algorithm's operations on this
+/// row, in its order: the elimination by row `p - 2`, by row `p - 1`, then the
+/// scaling (the last row's right-hand side alone).
+#[inline(always)]
+fn eliminate_row(
+    p: usize,
+    n: usize,
+    [a, ap, am]: [&mut [f64; 5]; 3],
+    r: &mut [f64; 5],
+    (two_up, one_up): (&Finished, &Finished),
+) {
+    let rows = (p, n, &two_up.0, &one_up.0);
+    eliminate_factor::<0, 0, 3>(rows, a, r);
+    eliminate_factor::<1, 3, 4>(rows, ap, r);
+    eliminate_factor::<2, 4, 5>(rows, am, r);
+}
+
+/// [`eliminate_row`] for factor `F`, which solves components `LO..HI`.
+#[inline(always)]
+fn eliminate_factor<const F: usize, const LO: usize, const HI: usize>(
+    (p, n, two_up, one_up): (usize, usize, &[f64; ROW], &[f64; ROW]),
+    x: &mut [f64; 5],
+    r: &mut [f64; 5],
+) {
+    let (c3, c4) = (2 * F, 2 * F + 1);
+    if p >= 2 {
+        x[1] = x[1] - x[0] * two_up[c3];
+        x[2] = x[2] - x[0] * two_up[c4];
+        for m in LO..HI {
+            r[m] = r[m] - x[0] * two_up[6 + m];
+        }
+    }
+    if p >= 1 {
+        x[2] = x[2] - x[1] * one_up[c3];
+        x[3] = x[3] - x[1] * one_up[c4];
+        for m in LO..HI {
+            r[m] = r[m] - x[1] * one_up[6 + m];
+        }
+    }
+    if p + 1 < n {
+        let fac1 = 1.0 / x[2];
+        x[3] = fac1 * x[3];
+        x[4] = fac1 * x[4];
+        for m in LO..HI {
+            r[m] = fac1 * r[m];
+        }
+    } else if F == 0 {
+        let fac2 = 1.0 / x[2];
+        for m in LO..HI {
+            r[m] = fac2 * r[m];
+        }
+    } else {
+        for m in LO..HI {
+            r[m] /= x[2];
+        }
+    }
 }
 
 /// Back substitution of row `p` (of `n`) of one line: `kept` its factors' upper
 /// coefficients, `carry` the line's next two solved right-hand sides (replaced by
 /// this one and the next).
 #[inline(always)]
-fn substitute_row(p: usize, n: usize, kept: &[f64], r: &mut [f64; 5], carry: &mut [f64]) {
+fn substitute_row(
+    p: usize,
+    n: usize,
+    kept: &[f64; KEPT],
+    r: &mut [f64; 5],
+    carry: &mut [f64; BACK],
+) {
     if p + 2 == n {
-        for (factor, ms) in COMPONENTS.into_iter().enumerate() {
-            for m in ms {
-                r[m] -= kept[2 * factor] * carry[m];
-            }
+        for m in 0..5 {
+            let factor = COMPONENT_FACTOR[m];
+            r[m] -= kept[2 * factor] * carry[m];
         }
     } else if p + 2 < n {
-        for (factor, ms) in COMPONENTS.into_iter().enumerate() {
-            for m in ms {
-                r[m] = r[m] - kept[2 * factor] * carry[m] - kept[2 * factor + 1] * carry[5 + m];
-            }
+        for m in 0..5 {
+            let factor = COMPONENT_FACTOR[m];
+            r[m] = r[m] - kept[2 * factor] * carry[m] - kept[2 * factor + 1] * carry[5 + m];
         }
     }
     carry.copy_within(..5, 5);
@@ -197,24 +229,58 @@ unsafe fn forward_cell(
 ) {
     let (g, n) = (&run.g, run.g.n);
     let span = run.l.cell(cell).ranges[axis].clone();
+    // `kept` holds position by position, line by line (as the lines are visited).
+    let lines_in_cell = run.l.cell(cell).lines(axis, n);
     each_set(run, cell, axis, |lines, line| {
         let nb = lines.count;
         let mut w = Work::carve(n, work);
         // SAFETY: the caller's contract.
         let x = unsafe { sp::factors(g, &run.c, &run.f, dir, vel, lines, span.clone(), &mut w) };
-        let carry = &mut out[line * FORWARD..(line + nb) * FORWARD];
-        mpicfd::carry_in(carry, carried, line..line + nb, FORWARD);
+        // Row `local - back` of line `b`: this cell's, or one carried in.
+        let carried_row = |b: usize, slot: usize| match carried {
+            Some(rows) => Finished::read(&rows[(line + b) * FORWARD + slot * ROW..]),
+            None => Finished([0.0; ROW]),
+        };
         for p in span.clone() {
             let local = p - span.start;
-            // SAFETY: the caller's contract.
-            let r = unsafe { sp::rows5(&run.f.rhs, lines.at5(p)) };
+            // SAFETY: the caller's contract; the three positions are distinct points.
+            let (r, r1, r2) = unsafe {
+                let rows = |p: usize| sp::rows5(&run.f.rhs, lines.at5(p));
+                let before = |back: usize| (local >= back).then(|| rows(p - back));
+                (rows(p), before(1), before(2))
+            };
             for b in 0..nb {
+                let finished = |back: usize, rows: &Option<&mut [[f64; 5]]>| match rows {
+                    Some(rhs) => {
+                        let row = (local - back) * nb + b;
+                        Finished::of([&x.lhs[row], &x.lhsp[row], &x.lhsm[row]], &rhs[b])
+                    }
+                    None => carried_row(b, 2 + local - back),
+                };
+                let above = (finished(2, &r2), finished(1, &r1));
                 let row = local * nb + b;
                 let (a, ap, am) = (&mut x.lhs[row], &mut x.lhsp[row], &mut x.lhsm[row]);
-                let carry = &mut carry[b * FORWARD..(b + 1) * FORWARD];
-                eliminate_row(p, n, [&mut *a, &mut *ap, &mut *am], &mut r[b], carry);
-                let at = ((line + b) * span.len() + local) * KEPT;
+                eliminate_row(
+                    p,
+                    n,
+                    [&mut *a, &mut *ap, &mut *am],
+                    &mut r[b],
+                    (&above.0, &above.1),
+                );
+                let at = (local * lines_in_cell + line + b) * KEPT;
                 kept[at..at + KEPT].copy_from_slice(&[a[3], a[4], ap[3], ap[4], am[3], am[4]]);
+            }
+        }
+        // Each line's last two rows go on to the next cell.
+        for back in [2, 1] {
+            let p = span.end - back;
+            // SAFETY: the caller's contract.
+            let rhs = unsafe { sp::rows5(&run.f.rhs, lines.at5(p)) };
+            for b in 0..nb {
+                let row = (p - span.start) * nb + b;
+                let done = Finished::of([&x.lhs[row], &x.lhsp[row], &x.lhsm[row]], &rhs[b]);
+                let at = (line + b) * FORWARD + (2 - back) * ROW;
+                out[at..at + ROW].copy_from_slice(&done.0);
             }
         }
     });
@@ -235,6 +301,8 @@ unsafe fn backward_cell(
 ) {
     let n = run.g.n;
     let span = run.l.cell(cell).ranges[axis].clone();
+    // `kept` holds position by position, line by line (as the lines are visited).
+    let lines_in_cell = run.l.cell(cell).lines(axis, n);
     each_set(run, cell, axis, |lines, line| {
         let nb = lines.count;
         let carry = &mut out[line * BACK..(line + nb) * BACK];
@@ -244,9 +312,12 @@ unsafe fn backward_cell(
             // SAFETY: the caller's contract.
             let r = unsafe { sp::rows5(&run.f.rhs, lines.at5(p)) };
             for b in 0..nb {
-                let at = ((line + b) * span.len() + local) * KEPT;
-                let carry = &mut carry[b * BACK..(b + 1) * BACK];
-                substitute_row(p, n, &kept[at..at + KEPT], &mut r[b], carry);
+                let at = (local * lines_in_cell + line + b) * KEPT;
+                let carry = (&mut carry[b * BACK..(b + 1) * BACK]).try_into();
+                let kept = kept[at..at + KEPT]
+                    .try_into()
+                    .expect("a point's coefficients");
+                substitute_row(p, n, kept, &mut r[b], carry.expect("a line's rows"));
             }
         }
     });
