@@ -126,47 +126,70 @@ impl Finished {
     }
 }
 
-/// Forward elimination of row `p` (of `n`) of one line: `x` its three factors' rows,
-/// `r` its right-hand side, `two_up` and `one_up` the finished rows `p - 2` and
-/// `p - 1` (read only where they exist). The Thomas algorithm's operations on this
-/// row, in its order: the elimination by row `p - 2`, by row `p - 1`, then the
-/// scaling (the last row's right-hand side alone).
+/// The three factors' rows of one point and its right-hand side.
+type Point<'x> = ([&'x mut [f64; 5]; 3], &'x mut [f64; 5]);
+
+/// The Thomas algorithm's elimination of row `p - 1` (finished, `above`) from row `p`:
+/// `x[2] -= x[1] * above[3]`, `x[3] -= x[1] * above[4]`, `r -= x[1] * above_r`, per
+/// factor and the components it solves.
 #[inline(always)]
-fn eliminate_row(
-    p: usize,
-    n: usize,
-    [a, ap, am]: [&mut [f64; 5]; 3],
-    r: &mut [f64; 5],
-    (two_up, one_up): (&Finished, &Finished),
-) {
-    let rows = (p, n, &two_up.0, &one_up.0);
-    eliminate_factor::<0, 0, 3>(rows, a, r);
-    eliminate_factor::<1, 3, 4>(rows, ap, r);
-    eliminate_factor::<2, 4, 5>(rows, am, r);
+fn eliminate_from_next(above: &Finished, ([a, ap, am], r): Point) {
+    next_factor::<0, 0, 3>(&above.0, a, r);
+    next_factor::<1, 3, 4>(&above.0, ap, r);
+    next_factor::<2, 4, 5>(&above.0, am, r);
 }
 
-/// [`eliminate_row`] for factor `F`, which solves components `LO..HI`.
 #[inline(always)]
-fn eliminate_factor<const F: usize, const LO: usize, const HI: usize>(
-    (p, n, two_up, one_up): (usize, usize, &[f64; ROW], &[f64; ROW]),
+fn next_factor<const F: usize, const LO: usize, const HI: usize>(
+    above: &[f64; ROW],
     x: &mut [f64; 5],
     r: &mut [f64; 5],
 ) {
-    let (c3, c4) = (2 * F, 2 * F + 1);
-    if p >= 2 {
-        x[1] = x[1] - x[0] * two_up[c3];
-        x[2] = x[2] - x[0] * two_up[c4];
-        for m in LO..HI {
-            r[m] = r[m] - x[0] * two_up[6 + m];
-        }
+    x[2] = x[2] - x[1] * above[2 * F];
+    x[3] = x[3] - x[1] * above[2 * F + 1];
+    for m in LO..HI {
+        r[m] = r[m] - x[1] * above[6 + m];
     }
-    if p >= 1 {
-        x[2] = x[2] - x[1] * one_up[c3];
-        x[3] = x[3] - x[1] * one_up[c4];
-        for m in LO..HI {
-            r[m] = r[m] - x[1] * one_up[6 + m];
-        }
+}
+
+/// The elimination of row `p - 2` (finished, `above`) from row `p`: `x[1] -= x[0] *
+/// above[3]`, `x[2] -= x[0] * above[4]`, `r -= x[0] * above_r`.
+#[inline(always)]
+fn eliminate_from_second(above: &Finished, ([a, ap, am], r): Point) {
+    second_factor::<0, 0, 3>(&above.0, a, r);
+    second_factor::<1, 3, 4>(&above.0, ap, r);
+    second_factor::<2, 4, 5>(&above.0, am, r);
+}
+
+#[inline(always)]
+fn second_factor<const F: usize, const LO: usize, const HI: usize>(
+    above: &[f64; ROW],
+    x: &mut [f64; 5],
+    r: &mut [f64; 5],
+) {
+    x[1] = x[1] - x[0] * above[2 * F];
+    x[2] = x[2] - x[0] * above[2 * F + 1];
+    for m in LO..HI {
+        r[m] = r[m] - x[0] * above[6 + m];
     }
+}
+
+/// The scaling that finishes row `p` of `n` (its eliminations done): by `1 / x[2]`;
+/// the last row's right-hand side alone, as the reference.
+#[inline(always)]
+fn finish_row(p: usize, n: usize, ([a, ap, am], r): Point) {
+    finish_factor::<0, 0, 3>(p, n, a, r);
+    finish_factor::<1, 3, 4>(p, n, ap, r);
+    finish_factor::<2, 4, 5>(p, n, am, r);
+}
+
+#[inline(always)]
+fn finish_factor<const F: usize, const LO: usize, const HI: usize>(
+    p: usize,
+    n: usize,
+    x: &mut [f64; 5],
+    r: &mut [f64; 5],
+) {
     if p + 1 < n {
         let fac1 = 1.0 / x[2];
         x[3] = fac1 * x[3];
@@ -236,39 +259,62 @@ unsafe fn forward_cell(
         let mut w = Work::carve(n, work);
         // SAFETY: the caller's contract.
         let x = unsafe { sp::factors(g, &run.c, &run.f, dir, vel, lines, span.clone(), &mut w) };
-        // Row `local - back` of line `b`: this cell's, or one carried in.
-        let carried_row = |b: usize, slot: usize| match carried {
-            Some(rows) => Finished::read(&rows[(line + b) * FORWARD + slot * ROW..]),
-            None => Finished([0.0; ROW]),
-        };
-        for p in span.clone() {
-            let local = p - span.start;
-            // SAFETY: the caller's contract; the three positions are distinct points.
-            let (r, r1, r2) = unsafe {
-                let rows = |p: usize| sp::rows5(&run.f.rhs, lines.at5(p));
-                let before = |back: usize| (local >= back).then(|| rows(p - back));
-                (rows(p), before(1), before(2))
-            };
+        // SAFETY: the caller's contract; distinct positions are distinct points.
+        let rhs = |p: usize| unsafe { sp::rows5(&run.f.rhs, lines.at5(p)) };
+        let len = span.len();
+        // As the shared-memory elimination, a pass per row: finish it, then eliminate
+        // it from the two rows below, so that each pass over the lines reads only what
+        // the pass before finished. The rows carried in start it.
+        if let Some(rows) = carried {
+            let (r0, r1) = (rhs(span.start), rhs(span.start + 1));
             for b in 0..nb {
-                let finished = |back: usize, rows: &Option<&mut [[f64; 5]]>| match rows {
-                    Some(rhs) => {
-                        let row = (local - back) * nb + b;
-                        Finished::of([&x.lhs[row], &x.lhsp[row], &x.lhsm[row]], &rhs[b])
-                    }
-                    None => carried_row(b, 2 + local - back),
-                };
-                let above = (finished(2, &r2), finished(1, &r1));
-                let row = local * nb + b;
-                let (a, ap, am) = (&mut x.lhs[row], &mut x.lhsp[row], &mut x.lhsm[row]);
-                eliminate_row(
-                    p,
-                    n,
-                    [&mut *a, &mut *ap, &mut *am],
-                    &mut r[b],
-                    (&above.0, &above.1),
+                let at = (line + b) * FORWARD;
+                let (two_up, one_up) = (
+                    Finished::read(&rows[at..]),
+                    Finished::read(&rows[at + ROW..]),
                 );
+                let (row0, row1) = (b, nb + b);
+                let (l0, l1) = x.lhs.split_at_mut(row1);
+                let (p0, p1) = x.lhsp.split_at_mut(row1);
+                let (m0, m1) = x.lhsm.split_at_mut(row1);
+                eliminate_from_second(
+                    &two_up,
+                    ([&mut l0[row0], &mut p0[row0], &mut m0[row0]], &mut r0[b]),
+                );
+                eliminate_from_next(
+                    &one_up,
+                    ([&mut l0[row0], &mut p0[row0], &mut m0[row0]], &mut r0[b]),
+                );
+                eliminate_from_second(&one_up, ([&mut l1[0], &mut p1[0], &mut m1[0]], &mut r1[b]));
+            }
+        }
+        for local in 0..len {
+            let p = span.start + local;
+            let r0 = rhs(p);
+            let (mut r1, mut r2) = (
+                (local + 1 < len).then(|| rhs(p + 1)),
+                (local + 2 < len).then(|| rhs(p + 2)),
+            );
+            let (l0, lr) = x.lhs[local * nb..].split_at_mut(nb);
+            let (p0, pr) = x.lhsp[local * nb..].split_at_mut(nb);
+            let (m0, mr) = x.lhsm[local * nb..].split_at_mut(nb);
+            for b in 0..nb {
+                let (a, ap, am) = (&mut l0[b], &mut p0[b], &mut m0[b]);
+                finish_row(p, n, ([&mut *a, &mut *ap, &mut *am], &mut r0[b]));
+                let done = Finished::of([&*a, &*ap, &*am], &r0[b]);
                 let at = (local * lines_in_cell + line + b) * KEPT;
-                kept[at..at + KEPT].copy_from_slice(&[a[3], a[4], ap[3], ap[4], am[3], am[4]]);
+                kept[at..at + KEPT].copy_from_slice(&done.0[..KEPT]);
+                if let Some(r1) = r1.as_deref_mut() {
+                    let row1 = ([&mut lr[b], &mut pr[b], &mut mr[b]], &mut r1[b]);
+                    eliminate_from_next(&done, row1);
+                }
+                if let Some(r2) = r2.as_deref_mut() {
+                    let row2 = (
+                        [&mut lr[nb + b], &mut pr[nb + b], &mut mr[nb + b]],
+                        &mut r2[b],
+                    );
+                    eliminate_from_second(&done, row2);
+                }
             }
         }
         // Each line's last two rows go on to the next cell.
