@@ -9,11 +9,11 @@
 //! factors' two upper coefficients and the right-hand side, as `x_solve`'s
 //! `lhs`/`rhs` pieces); back substitution returns each line's first two solved rows
 //! down. Each cell's coefficients come from the shared-memory SP ([`sp::factors`], on
-//! the cell's span of positions), and the elimination visits the rows of a line in
-//! order, applying to each exactly the shared-memory Thomas algorithm's operations
-//! (the two eliminations by the rows above, then its scaling), so every point gets the
-//! reference's arithmetic; the per-point products (`txinvr`, `ninvr`, `pinvr`,
-//! `tzetar`) are the shared-memory ones on the cell's box.
+//! the cell's span of positions), and the elimination makes the shared-memory Thomas
+//! algorithm's passes (finish a row, then eliminate it from the two below, over all
+//! the lines of a set), the rows carried in applied first, so every row gets the
+//! reference's operations in its order; the per-point products (`txinvr`, `ninvr`,
+//! `pinvr`, `tzetar`) are the shared-memory ones on the cell's box.
 
 // Statements are written as the reference's (`a = a - b * c`, indexed loops over the
 // five components) so that each one's operation order can be checked against it.
