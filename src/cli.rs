@@ -187,7 +187,8 @@ pub struct MpiArgs {
     pub wait: Wait,
 
     /// NPB-MPI kernels to run across the ranks, comma-separated (`ep.S,is.S,cg.S`;
-    /// kernels with an MPI form: ep, is, cg, ft, mg, lu). Without it: the MPI self-check.
+    /// kernels with an MPI form: ep, is, cg, ft, mg, lu, sp, bt). Without it: the MPI
+    /// self-check.
     #[arg(long, value_name = "LIST")]
     pub npb: Option<String>,
 

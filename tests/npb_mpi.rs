@@ -208,6 +208,8 @@ fn rank_counts_a_kernel_cannot_use_are_refused_in_one_line() {
         ("mg.S", "3"),
         // LU's 8 x 4 process grid would leave 12 / 8 points along x.
         ("lu.S", "32"),
+        ("sp.S", "2"),
+        ("bt.S", "8"),
     ] {
         let out = kumo(&["mpi", "--npb", list, "--vms", vms]);
         assert_eq!(out.status.code(), Some(2), "{list} on {vms}");
@@ -271,4 +273,32 @@ fn class_a_kernels_in_one_job_share_one_heap() {
         assert_eq!(line["class"], serde_json::json!("A"), "{line}");
         assert_eq!(line["verified"], serde_json::json!(true), "{line}");
     }
+}
+
+/// SP's and BT's multi-partition forms on 4 ranks (q = 2: two cells each, every line
+/// solve passing rows between the VMs and within each), with the official norms.
+#[test]
+fn sp_and_bt_class_s_verify_on_two_vms_of_two_vcpus_with_the_official_norms() {
+    if !kvm_available() {
+        return;
+    }
+    let lines = npb_job(
+        "sp.S,bt.S",
+        &["--vms", "2", "--vcpus", "2", "--wait", "block"],
+    );
+    // NPB 3.3's published first residual and error norms of class S.
+    let official = [
+        ("sp", 2.747_031_545_133_948e-2, 2.728_925_855_737_723e-5),
+        ("bt", 1.703_428_370_954_131e-1, 4.997_691_334_581_158e-4),
+    ];
+    for (line, (name, xcr1, xce1)) in lines[..2].iter().zip(official) {
+        assert_eq!(line["benchmark"], serde_json::json!(name), "{line}");
+        assert_eq!(line["ranks"], serde_json::json!(4), "{line}");
+        assert_eq!(line["verified"], serde_json::json!(true), "{line}");
+        for (key, want) in [("xcr1", xcr1), ("xce1", xce1)] {
+            let got = line[key].as_f64().unwrap();
+            assert!((got - want).abs() <= 1e-8 * want, "{key}: {line}");
+        }
+    }
+    assert_eq!(lines[2]["ok"], serde_json::json!(true));
 }

@@ -14,6 +14,8 @@
 // block entries) so that each one's operation order can be checked against it.
 #![allow(clippy::assign_op_pattern, clippy::needless_range_loop)]
 
+use core::ops::Range;
+
 use crate::cfd::{self, App, Constants, Fields, Grid};
 use crate::team::{Arena, Team};
 use crate::{Class, Outcome};
@@ -134,12 +136,13 @@ pub fn mops(class: Class, seconds: f64) -> f64 {
 }
 
 /// A 5x5 block, `[row][column]` (the reference's `(row, column)`).
-type Block = [[f64; 5]; 5];
+pub(crate) type Block = [[f64; 5]; 5];
 
-/// `f64`s of one thread's work arrays: per point of a line, `fjac`, `njac` and the
-/// three blocks `aa`, `bb`, `cc`, and the gathered right-hand side.
-fn work_len(n: usize) -> usize {
-    n * (5 * 25 + 5)
+/// `f64`s of one thread's work arrays: per point of a line, `fjac` and `njac` (with a
+/// point beyond each end), the three blocks `aa`, `bb`, `cc`, and the gathered
+/// right-hand side.
+pub(crate) fn work_len(n: usize) -> usize {
+    n * (5 * 25 + 5) + 2 * 2 * 25
 }
 
 /// Arena bytes [`run`] needs.
@@ -149,22 +152,22 @@ pub fn heap_bytes(class: Class, threads: usize) -> usize {
 }
 
 /// One thread's work arrays for one line (the reference's `fjac`, `njac` and `lhs`).
-struct Work<'a> {
+pub(crate) struct Work<'a> {
     fjac: &'a mut [Block],
     njac: &'a mut [Block],
-    aa: &'a mut [Block],
-    bb: &'a mut [Block],
-    cc: &'a mut [Block],
-    rhs: &'a mut [[f64; 5]],
+    pub(crate) aa: &'a mut [Block],
+    pub(crate) bb: &'a mut [Block],
+    pub(crate) cc: &'a mut [Block],
+    pub(crate) rhs: &'a mut [[f64; 5]],
 }
 
 impl<'a> Work<'a> {
-    fn carve(n: usize, all: &'a mut [f64]) -> Work<'a> {
-        let (blocks, rhs) = all.split_at_mut(5 * 25 * n);
+    pub(crate) fn carve(n: usize, all: &'a mut [f64]) -> Work<'a> {
+        let (blocks, rhs) = all.split_at_mut(25 * (5 * n + 4));
         let (blocks, _) = blocks.as_chunks_mut::<5>();
         let (blocks, _) = blocks.as_chunks_mut::<5>();
-        let (fjac, rest) = blocks.split_at_mut(n);
-        let (njac, rest) = rest.split_at_mut(n);
+        let (fjac, rest) = blocks.split_at_mut(n + 2);
+        let (njac, rest) = rest.split_at_mut(n + 2);
         let (aa, rest) = rest.split_at_mut(n);
         let (bb, cc) = rest.split_at_mut(n);
         Work {
@@ -180,18 +183,45 @@ impl<'a> Work<'a> {
 
 /// The direction of a line, which picks its flux Jacobian and constants.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Axis {
+pub(crate) enum Axis {
     X,
     Y,
     Z,
 }
 
+impl Axis {
+    /// The axis of index 0, 1 or 2.
+    pub(crate) fn of(index: usize) -> Axis {
+        [Axis::X, Axis::Y, Axis::Z][index]
+    }
+}
+
 /// What the Jacobians read at one point.
-struct Point {
+pub(crate) struct Point {
     u: [f64; 5],
     qs: f64,
     square: f64,
     rho_i: f64,
+}
+
+impl Point {
+    /// What the Jacobians read at storage index `a`.
+    ///
+    /// # Safety
+    /// Nobody writes `u` or the scalars at `a` meanwhile.
+    pub(crate) unsafe fn at(f: &Fields, a: usize) -> Point {
+        // SAFETY: the caller's contract.
+        unsafe {
+            let mut u = [0.0; 5];
+            u.copy_from_slice(f.u.slice(5 * a..5 * a + 5));
+            Point {
+                u,
+                qs: f.qs.get(a),
+                square: f.square.get(a),
+                rho_i: f.rho_i.get(a),
+            }
+        }
+    }
 }
 
 /// The flux Jacobian `fjac` and viscous Jacobian `njac` at a point, transcribed per
@@ -404,31 +434,69 @@ fn binvrhs(lhs: &mut Block, r: &mut [f64; 5]) {
 /// `points[p]` is what the Jacobians read at position `p`, the right-hand side is in
 /// `w.rhs`.
 fn solve_line(c: &Constants, axis: Axis, n: usize, point: impl Fn(usize) -> Point, w: &mut Work) {
+    blocks(c, axis, n, 0..n, point, w);
+    let r = &mut *w.rhs;
+    for p in 0..n {
+        let (before, at) = r.split_at_mut(p);
+        let (cc_before, cc_at) = w.cc.split_at_mut(p);
+        let above = (p > 0).then(|| (&cc_before[p - 1], &before[p - 1]));
+        eliminate_row(
+            p,
+            n,
+            (&w.aa[p], &mut w.bb[p], &mut cc_at[0]),
+            &mut at[0],
+            above,
+        );
+    }
+    for p in (0..n - 1).rev() {
+        let (at, after) = r.split_at_mut(p + 1);
+        substitute_row(&w.cc[p], &mut at[p], &after[0]);
+    }
+}
+
+/// The blocks `aa`, `bb`, `cc` of one line at positions `span` (of `0..n`; entry
+/// `p - span.start` of each) in `w`: `point(p)` is what the Jacobians read at position
+/// `p`, asked one position beyond each end of `span`.
+pub(crate) fn blocks(
+    c: &Constants,
+    axis: Axis,
+    n: usize,
+    span: Range<usize>,
+    point: impl Fn(usize) -> Point,
+    w: &mut Work,
+) {
     let (t1, t2, d) = match axis {
         Axis::X => (c.tx1, c.tx2, &c.dx),
         Axis::Y => (c.ty1, c.ty2, &c.dy),
         Axis::Z => (c.tz1, c.tz2, &c.dz),
     };
-    for p in 0..n {
-        (w.fjac[p], w.njac[p]) = jacobians(c, axis, &point(p));
-    }
-    // `lhsinit`: the end rows are zero blocks with the identity on the diagonal.
-    let isize = n - 1;
-    for p in [0, isize] {
-        w.aa[p] = [[0.0; 5]; 5];
-        w.bb[p] = [[0.0; 5]; 5];
-        w.cc[p] = [[0.0; 5]; 5];
-        for m in 0..5 {
-            w.bb[p][m][m] = 1.0;
-        }
+    // Jacobians at positions `reach`, position `p`'s at `p - reach.start`.
+    let reach = span.start.saturating_sub(1)..(span.end + 1).min(n);
+    for p in reach.clone() {
+        (w.fjac[p - reach.start], w.njac[p - reach.start]) = jacobians(c, axis, &point(p));
     }
     let tmp1 = c.dt * t1;
     let tmp2 = c.dt * t2;
-    for p in 1..isize {
-        let (fm, nm) = (&w.fjac[p - 1], &w.njac[p - 1]);
-        let n0 = &w.njac[p];
-        let (fp, np) = (&w.fjac[p + 1], &w.njac[p + 1]);
-        let (aa, bb, cc) = (&mut w.aa[p], &mut w.bb[p], &mut w.cc[p]);
+    for p in span.clone() {
+        let (aa, bb, cc) = (
+            &mut w.aa[p - span.start],
+            &mut w.bb[p - span.start],
+            &mut w.cc[p - span.start],
+        );
+        if p == 0 || p == n - 1 {
+            // `lhsinit`: the end rows are zero blocks with the identity on the diagonal.
+            *aa = [[0.0; 5]; 5];
+            *bb = [[0.0; 5]; 5];
+            *cc = [[0.0; 5]; 5];
+            for m in 0..5 {
+                bb[m][m] = 1.0;
+            }
+            continue;
+        }
+        let at = p - reach.start;
+        let (fm, nm) = (&w.fjac[at - 1], &w.njac[at - 1]);
+        let n0 = &w.njac[at];
+        let (fp, np) = (&w.fjac[at + 1], &w.njac[at + 1]);
         for m in 0..5 {
             for q in 0..5 {
                 aa[m][q] = -tmp2 * fm[m][q] - tmp1 * nm[m][q];
@@ -440,30 +508,36 @@ fn solve_line(c: &Constants, axis: Axis, n: usize, point: impl Fn(usize) -> Poin
             cc[m][m] = tmp2 * fp[m][m] - tmp1 * np[m][m] - tmp1 * d[m];
         }
     }
+}
 
-    let r = &mut *w.rhs;
-    binvcrhs(&mut w.bb[0], &mut w.cc[0], &mut r[0]);
-    for p in 1..isize {
-        let (before, at) = r.split_at_mut(p);
-        matvec_sub(&w.aa[p], &before[p - 1], &mut at[0]);
-        let (cc_before, cc_at) = w.cc.split_at_mut(p);
-        matmul_sub(&w.aa[p], &cc_before[p - 1], &mut w.bb[p]);
-        binvcrhs(&mut w.bb[p], &mut cc_at[0], &mut at[0]);
+/// Forward elimination of row `p` (of `n`) of a line, whose blocks are `aa`, `bb`,
+/// `cc` and right-hand side `r`, given the row above's finished `cc` and right-hand
+/// side (none for the first row): the reference's operations on this row, in order.
+#[inline(always)]
+pub(crate) fn eliminate_row(
+    p: usize,
+    n: usize,
+    (aa, bb, cc): (&Block, &mut Block, &mut Block),
+    r: &mut [f64; 5],
+    above: Option<(&Block, &[f64; 5])>,
+) {
+    if let Some((cc_above, r_above)) = above {
+        matvec_sub(aa, r_above, r);
+        matmul_sub(aa, cc_above, bb);
     }
-    {
-        let (before, at) = r.split_at_mut(isize);
-        matvec_sub(&w.aa[isize], &before[isize - 1], &mut at[0]);
-        matmul_sub(&w.aa[isize], &w.cc[isize - 1], &mut w.bb[isize]);
-        binvrhs(&mut w.bb[isize], &mut at[0]);
+    if p + 1 < n {
+        binvcrhs(bb, cc, r);
+    } else {
+        binvrhs(bb, r);
     }
-    for p in (0..isize).rev() {
-        let (at, after) = r.split_at_mut(p + 1);
-        let (x, next) = (&mut at[p], &after[0]);
-        let cc = &w.cc[p];
-        for m in 0..5 {
-            for q in 0..5 {
-                x[m] = x[m] - cc[m][q] * next[q];
-            }
+}
+
+/// Back substitution of a row: `x = x - cc * next`.
+#[inline(always)]
+pub(crate) fn substitute_row(cc: &Block, x: &mut [f64; 5], next: &[f64; 5]) {
+    for m in 0..5 {
+        for q in 0..5 {
+            x[m] = x[m] - cc[m][q] * next[q];
         }
     }
 }
@@ -488,20 +562,8 @@ unsafe fn solve(
         // SAFETY: this thread's point (the caller's contract).
         w.rhs[p].copy_from_slice(unsafe { f.rhs.slice(5 * a..5 * a + 5) });
     }
-    let point = |p: usize| {
-        let a = at(p);
-        // SAFETY: nobody writes u or the scalars here (the caller's contract).
-        unsafe {
-            let mut u = [0.0; 5];
-            u.copy_from_slice(f.u.slice(5 * a..5 * a + 5));
-            Point {
-                u,
-                qs: f.qs.get(a),
-                square: f.square.get(a),
-                rho_i: f.rho_i.get(a),
-            }
-        }
-    };
+    // SAFETY: nobody writes u or the scalars here (the caller's contract).
+    let point = |p: usize| unsafe { Point::at(f, at(p)) };
     solve_line(c, axis, g.n, point, w);
     for p in 0..g.n {
         let a = at(p);

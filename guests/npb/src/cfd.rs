@@ -559,6 +559,23 @@ impl LineSolution {
 /// # Safety
 /// This thread owns plane `k` of the derived scalars, and nobody writes plane `k` of `u`.
 pub unsafe fn derived_plane(g: &Grid, c: &Constants, f: &Fields, k: usize) {
+    // SAFETY: the caller's contract, for every point of the plane.
+    unsafe { derived_box(g, c, f, k, 0..g.n, 0..g.n) }
+}
+
+/// [`derived_plane`] for the points of plane `k` in rows `rows` and columns `cols`
+/// (an MPI rank's cell and its ghost points).
+///
+/// # Safety
+/// This thread owns plane `k` of the derived scalars, and nobody writes plane `k` of `u`.
+pub unsafe fn derived_box(
+    g: &Grid,
+    c: &Constants,
+    f: &Fields,
+    k: usize,
+    rows: Range<usize>,
+    cols: Range<usize>,
+) {
     let range = g.plane_range(k, 1);
     // SAFETY: the caller's contract.
     let (u, rho_i, us, vs, ws, square, qs) = unsafe {
@@ -576,7 +593,7 @@ pub unsafe fn derived_plane(g: &Grid, c: &Constants, f: &Fields, k: usize) {
         // SAFETY: as above.
         unsafe { s.slice_mut(range.clone()) }
     });
-    for j in 0..g.n {
+    for j in rows {
         let row = j * g.ip..j * g.ip + g.n;
         let (u, _) = u[row.start * 5..].as_chunks::<5>();
         let u = &u[..g.n];
@@ -586,7 +603,7 @@ pub unsafe fn derived_plane(g: &Grid, c: &Constants, f: &Fields, k: usize) {
         let ws = &mut ws[row.clone()];
         let square = &mut square[row.clone()];
         let qs = &mut qs[row.clone()];
-        for i in 0..g.n {
+        for i in cols.clone() {
             let u = &u[i];
             let rho_inv = 1.0 / u[0];
             rho_i[i] = rho_inv;
@@ -598,7 +615,7 @@ pub unsafe fn derived_plane(g: &Grid, c: &Constants, f: &Fields, k: usize) {
         }
         if let Some(speed) = speed.as_deref_mut() {
             let speed = &mut speed[row.clone()];
-            for i in 0..g.n {
+            for i in cols.clone() {
                 let aux = c.c1c2 * rho_i[i] * (u[i][4] - square[i]);
                 speed[i] = libm::sqrt(aux);
             }
@@ -624,14 +641,37 @@ struct Inputs<'a> {
 /// This thread owns plane `k` of `rhs`; nobody writes `u`, the derived scalars or the
 /// forcing meanwhile.
 pub unsafe fn rhs_plane(g: &Grid, c: &Constants, f: &Fields, k: usize) {
-    // SAFETY: the caller's contract.
+    // SAFETY: the caller's contract, for every point of the plane.
+    unsafe { rhs_box(g, c, f, k, 0..g.n, 0..g.n) }
+}
+
+/// [`rhs_plane`] for the points of plane `k` in rows `rows` and columns `cols` (an MPI
+/// rank's cell): boundary points get the forcing. Reads `u` up to two points and the
+/// derived scalars one point beyond the box along each axis.
+///
+/// # Safety
+/// This thread owns those points of `rhs`; nobody writes `u`, the derived scalars or
+/// the forcing meanwhile.
+pub unsafe fn rhs_box(
+    g: &Grid,
+    c: &Constants,
+    f: &Fields,
+    k: usize,
+    rows: Range<usize>,
+    cols: Range<usize>,
+) {
+    // SAFETY: the caller's contract (rows of the plane outside the box are not touched
+    // through this slice).
     let (rhs, forcing) = unsafe {
         (
             f.rhs.slice_mut(g.plane_range(k, 5)),
             f.forcing.slice(g.plane_range(k, 5)),
         )
     };
-    rhs.copy_from_slice(forcing);
+    for j in rows.clone() {
+        let at = (j * g.ip + cols.start) * 5..(j * g.ip + cols.end) * 5;
+        rhs[at.clone()].copy_from_slice(&forcing[at]);
+    }
     if !g.interior().contains(&k) {
         return;
     }
@@ -650,32 +690,43 @@ pub unsafe fn rhs_plane(g: &Grid, c: &Constants, f: &Fields, k: usize) {
     let (rhs, _) = rhs.as_chunks_mut::<5>();
     let base = g.at(0, 0, k);
     let n = g.n;
+    let rows = rows.start.max(1)..rows.end.min(n - 1);
+    let cols = cols.start.max(1)..cols.end.min(n - 1);
     let u_row = |at: usize| &inputs.u[at..at + n];
-    for j in g.interior() {
+    for j in rows.clone() {
         let row = &mut rhs[j * g.ip..j * g.ip + n];
         let at = base + j * g.ip;
-        flux_x(c, &inputs, row, at, n);
-        dissipate_along(row, u_row(at), c.dssp, n);
+        flux_x(c, &inputs, row, at, n, cols.clone());
+        dissipate_along(row, u_row(at), c.dssp, n, cols.clone());
     }
-    for j in g.interior() {
+    for j in rows.clone() {
         let row = &mut rhs[j * g.ip..j * g.ip + n];
-        flux_yz(c, &inputs, row, base + j * g.ip, g.ip, n, Axis::Y);
+        flux_yz(
+            c,
+            &inputs,
+            row,
+            base + j * g.ip,
+            g.ip,
+            n,
+            cols.clone(),
+            Axis::Y,
+        );
     }
-    for j in g.interior() {
+    for j in rows.clone() {
         let row = &mut rhs[j * g.ip..j * g.ip + n];
         let at = base + j * g.ip;
-        dissipate_across(row, c.dssp, j, n, |d| {
+        dissipate_across(row, c.dssp, j, n, cols.clone(), |d| {
             u_row(at.wrapping_add_signed(d * g.ip as isize))
         });
     }
-    for j in g.interior() {
+    for j in rows {
         let row = &mut rhs[j * g.ip..j * g.ip + n];
         let at = base + j * g.ip;
-        flux_yz(c, &inputs, row, at, g.plane(), n, Axis::Z);
-        dissipate_across(row, c.dssp, k, n, |d| {
+        flux_yz(c, &inputs, row, at, g.plane(), n, cols.clone(), Axis::Z);
+        dissipate_across(row, c.dssp, k, n, cols.clone(), |d| {
             u_row(at.wrapping_add_signed(d * g.plane() as isize))
         });
-        for v in &mut row[1..n - 1] {
+        for v in &mut row[cols.clone()] {
             for x in v.iter_mut() {
                 *x *= c.dt;
             }
@@ -684,22 +735,26 @@ pub unsafe fn rhs_plane(g: &Grid, c: &Constants, f: &Fields, k: usize) {
 }
 
 /// Subtracts the fourth-order dissipation along a row of `n` points (`u` is that row
-/// of `u`) from the row's interior.
-fn dissipate_along(row: &mut [[f64; 5]], u: &[[f64; 5]], dssp: f64, n: usize) {
+/// of `u`) from the row's points `cols` (interior ones).
+fn dissipate_along(row: &mut [[f64; 5]], u: &[[f64; 5]], dssp: f64, n: usize, cols: Range<usize>) {
     let (row, u) = (&mut row[..n], &u[..n]);
-    for m in 0..5 {
-        row[1][m] -= dssp * (5.0 * u[1][m] - 4.0 * u[2][m] + u[3][m]);
-        row[2][m] -= dssp * (-4.0 * u[1][m] + 6.0 * u[2][m] - 4.0 * u[3][m] + u[4][m]);
+    // The one-sided ends point by point, the five-point middle by windows.
+    let middle = cols.start.max(3)..cols.end.min(n - 3).max(cols.start.max(3));
+    for i in cols.start..middle.start.min(cols.end) {
+        for m in 0..5 {
+            row[i][m] -= dssp * dissipation(i, n, |q| u[q][m]);
+        }
     }
-    for (r, w) in row[3..n - 3].iter_mut().zip(u[1..n - 1].windows(5)) {
+    let windows = u[middle.start - 2..middle.end + 2].windows(5);
+    for (r, w) in row[middle.clone()].iter_mut().zip(windows) {
         for m in 0..5 {
             r[m] -= dssp * (w[0][m] - 4.0 * w[1][m] + 6.0 * w[2][m] - 4.0 * w[3][m] + w[4][m]);
         }
     }
-    let (i, j) = (n - 3, n - 2);
-    for m in 0..5 {
-        row[i][m] -= dssp * (u[i - 2][m] - 4.0 * u[i - 1][m] + 6.0 * u[i][m] - 4.0 * u[i + 1][m]);
-        row[j][m] -= dssp * (u[j - 2][m] - 4.0 * u[j - 1][m] + 5.0 * u[j][m]);
+    for i in middle.end.max(cols.start)..cols.end {
+        for m in 0..5 {
+            row[i][m] -= dssp * dissipation(i, n, |q| u[q][m]);
+        }
     }
 }
 
@@ -713,19 +768,19 @@ fn subtract_scaled(row: &mut [[f64; 5]], dssp: f64, f: impl Fn(usize, usize) -> 
     }
 }
 
-/// Subtracts the fourth-order dissipation across rows from a row's interior: the row
-/// is at position `p` of `n` along the axis, and `near(d)` is the row of `u` `d`
-/// positions away (asked only for rows that exist).
+/// Subtracts the fourth-order dissipation across rows from a row's points `cols`
+/// (interior ones): the row is at position `p` of `n` along the axis, and `near(d)` is
+/// the row of `u` `d` positions away (asked only for rows that exist).
 fn dissipate_across<'a>(
     row: &mut [[f64; 5]],
     dssp: f64,
     p: usize,
     n: usize,
+    cols: Range<usize>,
     near: impl Fn(isize) -> &'a [[f64; 5]],
 ) {
-    let row = &mut row[1..n - 1];
-    let len = row.len();
-    let r = |d: isize| &near(d)[1..1 + len];
+    let row = &mut row[cols.clone()];
+    let r = |d: isize| &near(d)[cols.clone()];
     if p == 1 {
         let (c0, c1, c2) = (r(0), r(1), r(2));
         subtract_scaled(row, dssp, |i, m| 5.0 * c0[i][m] - 4.0 * c1[i][m] + c2[i][m]);
@@ -750,8 +805,16 @@ fn dissipate_across<'a>(
     }
 }
 
-/// The xi-direction flux differences of one row (`at` is the row's first point).
-fn flux_x(c: &Constants, f: &Inputs, row: &mut [[f64; 5]], at: usize, n: usize) {
+/// The xi-direction flux differences of one row's points `cols` (interior ones; `at`
+/// is the row's first point).
+fn flux_x(
+    c: &Constants,
+    f: &Inputs,
+    row: &mut [[f64; 5]],
+    at: usize,
+    n: usize,
+    cols: Range<usize>,
+) {
     let u = &f.u[at..at + n];
     let us = &f.us[at..at + n];
     let vs = &f.vs[at..at + n];
@@ -761,7 +824,7 @@ fn flux_x(c: &Constants, f: &Inputs, row: &mut [[f64; 5]], at: usize, n: usize) 
     let square = &f.square[at..at + n];
     let row = &mut row[..n];
     let (d, con) = (&c.dxtx1, &c.xxcon);
-    for i in 1..n - 1 {
+    for i in cols {
         let (a, b) = (i + 1, i - 1);
         let uijk = us[i];
         let up1 = us[a];
@@ -808,8 +871,10 @@ fn window<T>(v: &[T], at: usize, stride: usize, n: usize) -> [&[T]; 3] {
     ]
 }
 
-/// The eta- or zeta-direction flux differences of one row (`at` is the row's first
-/// point; neighbours along the axis are `stride` points away).
+/// The eta- or zeta-direction flux differences of one row's points `cols` (interior
+/// ones; `at` is the row's first point; neighbours along the axis are `stride` points
+/// away).
+#[allow(clippy::too_many_arguments)]
 fn flux_yz<'a>(
     c: &Constants,
     f: &Inputs<'a>,
@@ -817,6 +882,7 @@ fn flux_yz<'a>(
     at: usize,
     stride: usize,
     n: usize,
+    cols: Range<usize>,
     axis: Axis,
 ) {
     let scalars = |v: &'a [f64]| window(v, at, stride, n);
@@ -834,7 +900,7 @@ fn flux_yz<'a>(
         Axis::Y => ((vsm, vso, vsp), c.ty2, &c.dyty1, &c.yycon, 2),
         Axis::Z => ((wsm, wso, wsp), c.tz2, &c.dztz1, &c.zzcon, 3),
     };
-    for i in 1..n - 1 {
+    for i in cols {
         let (vm1, vijk, vp1) = (vel.0[i], vel.1[i], vel.2[i]);
         let (a, o, b) = (&up[i], &uo[i], &um[i]);
         let r = &mut row[i];
@@ -871,11 +937,23 @@ fn flux_yz<'a>(
 /// `error_norm`'s sums for plane `k` (`u` is that plane): the squared difference from
 /// the exact solution over every point, per variable.
 pub fn error_sums_plane(g: &Grid, c: &Constants, u: &[f64], k: usize) -> [f64; 5] {
+    error_sums_box(g, c, u, k, 0..g.n, 0..g.n)
+}
+
+/// [`error_sums_plane`] over the points of plane `k` in rows `rows` and columns `cols`.
+pub fn error_sums_box(
+    g: &Grid,
+    c: &Constants,
+    u: &[f64],
+    k: usize,
+    rows: Range<usize>,
+    cols: Range<usize>,
+) -> [f64; 5] {
     let zeta = k as f64 * c.dnzm1;
     let mut rms = [0.0; 5];
-    for j in 0..g.n {
+    for j in rows {
         let eta = j as f64 * c.dnym1;
-        for i in 0..g.n {
+        for i in cols.clone() {
             let xi = i as f64 * c.dnxm1;
             let exact = c.exact(xi, eta, zeta);
             let at = (j * g.ip + i) * 5;
@@ -890,9 +968,15 @@ pub fn error_sums_plane(g: &Grid, c: &Constants, u: &[f64], k: usize) -> [f64; 5
 
 /// `rhs_norm`'s sums for interior plane `k` (`rhs` is that plane).
 pub fn rhs_sums_plane(g: &Grid, rhs: &[f64]) -> [f64; 5] {
+    rhs_sums_box(g, rhs, g.interior(), g.interior())
+}
+
+/// [`rhs_sums_plane`] over the points in rows `rows` and columns `cols` (interior
+/// ones).
+pub fn rhs_sums_box(g: &Grid, rhs: &[f64], rows: Range<usize>, cols: Range<usize>) -> [f64; 5] {
     let mut rms = [0.0; 5];
-    for j in g.interior() {
-        for i in g.interior() {
+    for j in rows {
+        for i in cols.clone() {
             let at = (j * g.ip + i) * 5;
             for m in 0..5 {
                 let add = rhs[at + m];

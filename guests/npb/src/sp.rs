@@ -140,9 +140,10 @@ pub fn mops(class: Class, seconds: f64) -> f64 {
 }
 
 /// `f64`s of one thread's solver work arrays: three factors (five per point) and two
-/// coefficient arrays, for up to `n - 2` lines of `n` points.
-fn work_len(n: usize) -> usize {
-    (3 * 5 + 2) * n * (n - 2)
+/// coefficient arrays (with a point beyond each end), for up to `n - 2` lines of `n`
+/// points.
+pub(crate) fn work_len(n: usize) -> usize {
+    (3 * 5 * n + 2 * (n + 2)) * (n - 2)
 }
 
 /// Arena bytes [`run`] needs.
@@ -153,7 +154,7 @@ pub fn heap_bytes(class: Class, threads: usize) -> usize {
 
 /// One thread's solver work arrays (the reference's `lhs`, `lhsp`, `lhsm`, `cv` and
 /// `rho?`), each laid out position by position, line by line.
-struct Work<'a> {
+pub(crate) struct Work<'a> {
     lhs: &'a mut [[f64; 5]],
     lhsp: &'a mut [[f64; 5]],
     lhsm: &'a mut [[f64; 5]],
@@ -162,18 +163,19 @@ struct Work<'a> {
 }
 
 impl<'a> Work<'a> {
-    fn carve(n: usize, all: &'a mut [f64]) -> Work<'a> {
+    pub(crate) fn carve(n: usize, all: &'a mut [f64]) -> Work<'a> {
         let rows = n * (n - 2);
+        let coefficients = (n + 2) * (n - 2);
         let (lhs, rest) = all.split_at_mut(5 * rows);
         let (lhsp, rest) = rest.split_at_mut(5 * rows);
         let (lhsm, rest) = rest.split_at_mut(5 * rows);
-        let (cv, rho) = rest.split_at_mut(rows);
+        let (cv, rho) = rest.split_at_mut(coefficients);
         Work {
             lhs: lhs.as_chunks_mut().0,
             lhsp: lhsp.as_chunks_mut().0,
             lhsm: lhsm.as_chunks_mut().0,
             cv,
-            rho: &mut rho[..rows],
+            rho: &mut rho[..coefficients],
         }
     }
 }
@@ -181,21 +183,21 @@ impl<'a> Work<'a> {
 /// A set of grid lines solved together: `count` lines side by side (one point apart),
 /// position `p` of line 0 at point `first + p * stride`.
 #[derive(Clone, Copy)]
-struct Lines {
-    first: usize,
-    stride: usize,
-    count: usize,
+pub(crate) struct Lines {
+    pub(crate) first: usize,
+    pub(crate) stride: usize,
+    pub(crate) count: usize,
 }
 
 impl Lines {
     /// The points at position `p` of every line.
-    fn at(&self, p: usize) -> Range<usize> {
+    pub(crate) fn at(&self, p: usize) -> Range<usize> {
         let start = self.first + p * self.stride;
         start..start + self.count
     }
 
     /// The same, five values per point.
-    fn at5(&self, p: usize) -> Range<usize> {
+    pub(crate) fn at5(&self, p: usize) -> Range<usize> {
         let r = self.at(p);
         5 * r.start..5 * r.end
     }
@@ -203,7 +205,7 @@ impl Lines {
 
 /// One direction's implicit factor coefficients.
 #[derive(Clone, Copy)]
-struct Direction {
+pub(crate) struct Direction {
     dtt1: f64,
     dtt2: f64,
     c2dtt1: f64,
@@ -213,7 +215,7 @@ struct Direction {
 }
 
 impl Direction {
-    fn x(c: &Constants) -> Direction {
+    pub(crate) fn x(c: &Constants) -> Direction {
         Direction {
             dtt1: c.dttx1,
             dtt2: c.dttx2,
@@ -222,7 +224,7 @@ impl Direction {
         }
     }
 
-    fn y(c: &Constants) -> Direction {
+    pub(crate) fn y(c: &Constants) -> Direction {
         Direction {
             dtt1: c.dtty1,
             dtt2: c.dtty2,
@@ -231,7 +233,7 @@ impl Direction {
         }
     }
 
-    fn z(c: &Constants) -> Direction {
+    pub(crate) fn z(c: &Constants) -> Direction {
         Direction {
             dtt1: c.dttz1,
             dtt2: c.dttz2,
@@ -304,7 +306,7 @@ fn forward_last<const LO: usize, const HI: usize>(
 /// # Safety
 /// As [`Shared::slice_mut`].
 #[allow(clippy::mut_from_ref)] // the caller's contract makes it exclusive
-unsafe fn rows5(data: &Shared<f64>, range: Range<usize>) -> &mut [[f64; 5]] {
+pub(crate) unsafe fn rows5(data: &Shared<f64>, range: Range<usize>) -> &mut [[f64; 5]] {
     // SAFETY: the caller's contract.
     unsafe { data.slice_mut(range) }.as_chunks_mut().0
 }
@@ -325,101 +327,9 @@ unsafe fn solve(
     lines: Lines,
     w: &mut Work,
 ) {
-    let n = g.n;
-    let nb = lines.count;
-    let rows = n * nb;
-    let (lhs, lhsp, lhsm) = (&mut w.lhs[..rows], &mut w.lhsp[..rows], &mut w.lhsm[..rows]);
-    let (cv, rho) = (&mut w.cv[..rows], &mut w.rho[..rows]);
-    let speed = f.speed.expect("SP carves the speed of sound");
-
-    // The eigenvalue coefficients along the lines.
-    for p in 0..n {
-        // SAFETY: nobody writes these (the caller's contract).
-        let (rho_i, vel) = unsafe { (f.rho_i.slice(lines.at(p)), vel.slice(lines.at(p))) };
-        let (cv, rho) = (
-            &mut cv[p * nb..(p + 1) * nb],
-            &mut rho[p * nb..(p + 1) * nb],
-        );
-        for b in 0..nb {
-            let ru1 = c.c3c4 * rho_i[b];
-            cv[b] = vel[b];
-            rho[b] = (dir.d[0] + c.con43 * ru1)
-                .max(dir.d[1] + c.c1c5 * ru1)
-                .max(dir.d[2] + ru1)
-                .max(dir.d[3]);
-        }
-    }
-
-    // `lhsinit`: the end rows are the identity.
-    for x in [&mut *lhs, &mut *lhsp, &mut *lhsm] {
-        for p in [0, n - 1] {
-            x[p * nb..(p + 1) * nb].fill([0.0, 0.0, 1.0, 0.0, 0.0]);
-        }
-    }
-    // The u factor.
-    for p in 1..n - 1 {
-        let (cm, rm) = (&cv[(p - 1) * nb..p * nb], &rho[(p - 1) * nb..p * nb]);
-        let r0 = &rho[p * nb..(p + 1) * nb];
-        let (cp, rp) = (
-            &cv[(p + 1) * nb..(p + 2) * nb],
-            &rho[(p + 1) * nb..(p + 2) * nb],
-        );
-        for (b, row) in lhs[p * nb..(p + 1) * nb].iter_mut().enumerate() {
-            *row = [
-                0.0,
-                -dir.dtt2 * cm[b] - dir.dtt1 * rm[b],
-                1.0 + dir.c2dtt1 * r0[b],
-                dir.dtt2 * cp[b] - dir.dtt1 * rp[b],
-                0.0,
-            ];
-        }
-    }
-    // Fourth-order dissipation.
-    let add = |x: &mut [[f64; 5]], p: usize, d: [f64; 5]| {
-        for row in &mut x[p * nb..(p + 1) * nb] {
-            for m in 0..5 {
-                row[m] += d[m];
-            }
-        }
-    };
-    let (z1, z4, z5, z6) = (c.comz1, c.comz4, c.comz5, c.comz6);
-    add(lhs, 1, [0.0, 0.0, z5, -z4, z1]);
-    add(lhs, 2, [0.0, -z4, z6, -z4, z1]);
-    for p in 3..n - 3 {
-        add(lhs, p, [z1, -z4, z6, -z4, z1]);
-    }
-    add(lhs, n - 3, [z1, -z4, z6, -z4, 0.0]);
-    add(lhs, n - 2, [z1, -z4, z5, 0.0, 0.0]);
-    // The u + c and u - c factors.
-    for p in 1..n - 1 {
-        // SAFETY: nobody writes the speed of sound (the caller's contract).
-        let (sm, sp) = unsafe { (speed.slice(lines.at(p - 1)), speed.slice(lines.at(p + 1))) };
-        let range = p * nb..(p + 1) * nb;
-        let (l, lp, lm) = (
-            &lhs[range.clone()],
-            &mut lhsp[range.clone()],
-            &mut lhsm[range],
-        );
-        for b in 0..nb {
-            let l = l[b];
-            lp[b] = [
-                l[0],
-                l[1] - dir.dtt2 * sm[b],
-                l[2],
-                l[3] + dir.dtt2 * sp[b],
-                l[4],
-            ];
-            lm[b] = [
-                l[0],
-                l[1] + dir.dtt2 * sm[b],
-                l[2],
-                l[3] - dir.dtt2 * sp[b],
-                l[4],
-            ];
-        }
-    }
-
-    let factors = Factors { lhs, lhsp, lhsm };
+    let (n, nb) = (g.n, lines.count);
+    // SAFETY: the caller's contract.
+    let factors = unsafe { factors(g, c, f, dir, vel, lines, 0..n, w) };
     if lines.stride == nb {
         // Consecutive positions (x lines): the lines' right-hand side is one slice.
         let first = lines.first;
@@ -431,11 +341,128 @@ unsafe fn solve(
     }
 }
 
+/// The fourth-order dissipation added to the u factor's row at interior position `p`
+/// of `n`.
+fn damping(c: &Constants, p: usize, n: usize) -> [f64; 5] {
+    let (z1, z4, z5, z6) = (c.comz1, c.comz4, c.comz5, c.comz6);
+    if p == 1 {
+        [0.0, 0.0, z5, -z4, z1]
+    } else if p == 2 {
+        [0.0, -z4, z6, -z4, z1]
+    } else if p == n - 3 {
+        [z1, -z4, z6, -z4, 0.0]
+    } else if p == n - 2 {
+        [z1, -z4, z5, 0.0, 0.0]
+    } else {
+        [z1, -z4, z6, -z4, z1]
+    }
+}
+
+/// The three factors' pentadiagonal matrices of `lines` at positions `span` (of
+/// `0..n`; row `p - span.start` of each), in `w`. `vel` is the velocity along the
+/// lines; the coefficients reach one position beyond each end of `span`.
+///
+/// # Safety
+/// Nobody writes `rho_i`, `vel` or `speed` at the lines' points meanwhile.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn factors<'w>(
+    g: &Grid,
+    c: &Constants,
+    f: &Fields,
+    dir: &Direction,
+    vel: Shared<f64>,
+    lines: Lines,
+    span: Range<usize>,
+    w: &'w mut Work,
+) -> Factors<'w> {
+    let n = g.n;
+    let nb = lines.count;
+    let rows = span.len() * nb;
+    let (lhs, lhsp, lhsm) = (&mut w.lhs[..rows], &mut w.lhsp[..rows], &mut w.lhsm[..rows]);
+    let speed = f.speed.expect("SP carves the speed of sound");
+    // Positions `reach` have coefficients, position `p`'s at `(p - reach.start) * nb`.
+    let reach = span.start.saturating_sub(1)..(span.end + 1).min(n);
+    let (cv, rho) = (
+        &mut w.cv[..reach.len() * nb],
+        &mut w.rho[..reach.len() * nb],
+    );
+
+    // The eigenvalue coefficients along the lines.
+    for p in reach.clone() {
+        // SAFETY: nobody writes these (the caller's contract).
+        let (rho_i, vel) = unsafe { (f.rho_i.slice(lines.at(p)), vel.slice(lines.at(p))) };
+        let at = (p - reach.start) * nb;
+        let (cv, rho) = (&mut cv[at..at + nb], &mut rho[at..at + nb]);
+        for b in 0..nb {
+            let ru1 = c.c3c4 * rho_i[b];
+            cv[b] = vel[b];
+            rho[b] = (dir.d[0] + c.con43 * ru1)
+                .max(dir.d[1] + c.c1c5 * ru1)
+                .max(dir.d[2] + ru1)
+                .max(dir.d[3]);
+        }
+    }
+    let coefficients = |p: usize| {
+        let at = (p - reach.start) * nb;
+        (&cv[at..at + nb], &rho[at..at + nb])
+    };
+
+    for p in span.clone() {
+        let range = (p - span.start) * nb..(p - span.start + 1) * nb;
+        let (l, lp, lm) = (
+            &mut lhs[range.clone()],
+            &mut lhsp[range.clone()],
+            &mut lhsm[range],
+        );
+        if p == 0 || p == n - 1 {
+            // `lhsinit`: the end rows are the identity.
+            for x in [l, lp, lm] {
+                x.fill([0.0, 0.0, 1.0, 0.0, 0.0]);
+            }
+            continue;
+        }
+        // The u factor, its dissipation, then the u + c and u - c factors.
+        let ((cm, rm), (_, r0), (cp, rp)) =
+            (coefficients(p - 1), coefficients(p), coefficients(p + 1));
+        let d = damping(c, p, n);
+        // SAFETY: nobody writes the speed of sound (the caller's contract).
+        let (sm, sp) = unsafe { (speed.slice(lines.at(p - 1)), speed.slice(lines.at(p + 1))) };
+        for b in 0..nb {
+            let mut row = [
+                0.0,
+                -dir.dtt2 * cm[b] - dir.dtt1 * rm[b],
+                1.0 + dir.c2dtt1 * r0[b],
+                dir.dtt2 * cp[b] - dir.dtt1 * rp[b],
+                0.0,
+            ];
+            for m in 0..5 {
+                row[m] += d[m];
+            }
+            l[b] = row;
+            lp[b] = [
+                row[0],
+                row[1] - dir.dtt2 * sm[b],
+                row[2],
+                row[3] + dir.dtt2 * sp[b],
+                row[4],
+            ];
+            lm[b] = [
+                row[0],
+                row[1] + dir.dtt2 * sm[b],
+                row[2],
+                row[3] - dir.dtt2 * sp[b],
+                row[4],
+            ];
+        }
+    }
+    Factors { lhs, lhsp, lhsm }
+}
+
 /// The three factors' matrices of a set of lines, position by position.
-struct Factors<'a> {
-    lhs: &'a mut [[f64; 5]],
-    lhsp: &'a mut [[f64; 5]],
-    lhsm: &'a mut [[f64; 5]],
+pub(crate) struct Factors<'a> {
+    pub(crate) lhs: &'a mut [[f64; 5]],
+    pub(crate) lhsp: &'a mut [[f64; 5]],
+    pub(crate) lhsm: &'a mut [[f64; 5]],
 }
 
 /// The right-hand side of a set of lines, position by position (`nb` points each).
@@ -542,21 +569,22 @@ fn eliminate(n: usize, nb: usize, x: Factors, rhs: &mut impl Positions) {
     }
 }
 
-/// Applies `op` to the interior points of row `j` of plane `k`: `op(rhs, point)` with
+/// Applies `op` to the points `cols` of row `j` of plane `k`: `op(rhs, point)` with
 /// the point's storage index.
 ///
 /// # Safety
-/// This thread owns the right-hand side of that row.
+/// This thread owns the right-hand side of those points.
 #[inline(always)]
-unsafe fn each_interior(
+unsafe fn each_point(
     g: &Grid,
     f: &Fields,
     j: usize,
     k: usize,
+    cols: Range<usize>,
     mut op: impl FnMut(&mut [f64; 5], usize),
 ) {
-    let first = g.at(1, j, k);
-    let points = first..first + g.n - 2;
+    let first = g.at(cols.start, j, k);
+    let points = first..first + cols.len();
     // SAFETY: the caller's contract.
     let rhs = unsafe { f.rhs.slice_mut(5 * points.start..5 * points.end) };
     for (r, at) in rhs.as_chunks_mut().0.iter_mut().zip(points) {
@@ -564,16 +592,23 @@ unsafe fn each_interior(
     }
 }
 
-/// `txinvr` on interior plane `k`: the block-diagonal product by the inverse of the
-/// x eigenvector matrix.
+/// `txinvr` on the points of interior plane `k` in interior rows `rows` and columns
+/// `cols`: the block-diagonal product by the inverse of the x eigenvector matrix.
 ///
 /// # Safety
-/// This thread owns plane `k` of the right-hand side; nobody writes the scalars.
-unsafe fn txinvr(g: &Grid, c: &Constants, f: &Fields, s: &Scalars, k: usize) {
-    for j in g.interior() {
+/// This thread owns those points of the right-hand side; nobody writes the scalars.
+pub(crate) unsafe fn txinvr(
+    g: &Grid,
+    c: &Constants,
+    f: &Fields,
+    s: &Scalars,
+    k: usize,
+    (rows, cols): (Range<usize>, Range<usize>),
+) {
+    for j in rows {
         // SAFETY: the caller's contract.
         unsafe {
-            each_interior(g, f, j, k, |r, at| {
+            each_point(g, f, j, k, cols.clone(), |r, at| {
                 let ru1 = s.rho_i[at];
                 let (uu, vv, ww) = (s.us[at], s.vs[at], s.ws[at]);
                 let ac = s.speed[at];
@@ -594,15 +629,22 @@ unsafe fn txinvr(g: &Grid, c: &Constants, f: &Fields, s: &Scalars, k: usize) {
     }
 }
 
-/// `ninvr` on interior plane `k`.
+/// `ninvr` on the points of interior plane `k` in interior rows `rows` and columns
+/// `cols`.
 ///
 /// # Safety
-/// This thread owns plane `k` of the right-hand side.
-unsafe fn ninvr(g: &Grid, c: &Constants, f: &Fields, k: usize) {
-    for j in g.interior() {
+/// This thread owns those points of the right-hand side.
+pub(crate) unsafe fn ninvr(
+    g: &Grid,
+    c: &Constants,
+    f: &Fields,
+    k: usize,
+    (rows, cols): (Range<usize>, Range<usize>),
+) {
+    for j in rows {
         // SAFETY: the caller's contract.
         unsafe {
-            each_interior(g, f, j, k, |r, _| {
+            each_point(g, f, j, k, cols.clone(), |r, _| {
                 let [r1, r2, r3, r4, r5] = *r;
                 let t1 = c.bt * r3;
                 let t2 = 0.5 * (r4 + r5);
@@ -612,15 +654,22 @@ unsafe fn ninvr(g: &Grid, c: &Constants, f: &Fields, k: usize) {
     }
 }
 
-/// `pinvr` on interior plane `k`.
+/// `pinvr` on the points of interior plane `k` in interior rows `rows` and columns
+/// `cols`.
 ///
 /// # Safety
-/// This thread owns plane `k` of the right-hand side.
-unsafe fn pinvr(g: &Grid, c: &Constants, f: &Fields, k: usize) {
-    for j in g.interior() {
+/// This thread owns those points of the right-hand side.
+pub(crate) unsafe fn pinvr(
+    g: &Grid,
+    c: &Constants,
+    f: &Fields,
+    k: usize,
+    (rows, cols): (Range<usize>, Range<usize>),
+) {
+    for j in rows {
         // SAFETY: the caller's contract.
         unsafe {
-            each_interior(g, f, j, k, |r, _| {
+            each_point(g, f, j, k, cols.clone(), |r, _| {
                 let [r1, r2, r3, r4, r5] = *r;
                 let t1 = c.bt * r1;
                 let t2 = 0.5 * (r4 + r5);
@@ -630,51 +679,54 @@ unsafe fn pinvr(g: &Grid, c: &Constants, f: &Fields, k: usize) {
     }
 }
 
-/// `tzetar` then `add` on the interior points of row `j` of every interior plane.
+/// `tzetar` then `add` on the points `cols` (interior ones) of interior row `j` of
+/// interior plane `k`.
 ///
 /// # Safety
-/// This thread owns row `j` of every plane of `u` and the right-hand side; nobody
-/// writes the scalars.
-unsafe fn tzetar_add(g: &Grid, c: &Constants, f: &Fields, s: &Scalars, j: usize) {
-    for k in g.interior() {
-        let first = g.at(1, j, k);
-        // SAFETY: the caller's contract.
-        let u = unsafe { f.u.slice_mut(5 * first..5 * (first + g.n - 2)) };
-        let u = u.as_chunks_mut::<5>().0;
-        // SAFETY: the caller's contract.
-        unsafe {
-            each_interior(g, f, j, k, |r, at| {
-                let (xvel, yvel, zvel) = (s.us[at], s.vs[at], s.ws[at]);
-                let ac = s.speed[at];
-                let ac2u = ac * ac;
-                let [r1, r2, r3, r4, r5] = *r;
-                let u = &mut u[at - first];
-                let uzik1 = u[0];
-                let btuz = c.bt * uzik1;
-                let t1 = btuz / ac * (r4 + r5);
-                let t2 = r3 + t1;
-                let t3 = btuz * (r4 - r5);
-                *r = [
-                    t2,
-                    -uzik1 * r2 + xvel * t2,
-                    uzik1 * r1 + yvel * t2,
-                    zvel * t2 + t3,
-                    uzik1 * (-xvel * r2 + yvel * r1)
-                        + s.qs[at] * t2
-                        + c.c2iv * ac2u * t1
-                        + zvel * t3,
-                ];
-                for m in 0..5 {
-                    u[m] += r[m];
-                }
-            })
-        }
+/// This thread owns those points of `u` and the right-hand side; nobody writes the
+/// scalars.
+pub(crate) unsafe fn tzetar_add(
+    g: &Grid,
+    c: &Constants,
+    f: &Fields,
+    s: &Scalars,
+    (j, k): (usize, usize),
+    cols: Range<usize>,
+) {
+    let first = g.at(cols.start, j, k);
+    // SAFETY: the caller's contract.
+    let u = unsafe { f.u.slice_mut(5 * first..5 * (first + cols.len())) };
+    let u = u.as_chunks_mut::<5>().0;
+    // SAFETY: the caller's contract.
+    unsafe {
+        each_point(g, f, j, k, cols, |r, at| {
+            let (xvel, yvel, zvel) = (s.us[at], s.vs[at], s.ws[at]);
+            let ac = s.speed[at];
+            let ac2u = ac * ac;
+            let [r1, r2, r3, r4, r5] = *r;
+            let u = &mut u[at - first];
+            let uzik1 = u[0];
+            let btuz = c.bt * uzik1;
+            let t1 = btuz / ac * (r4 + r5);
+            let t2 = r3 + t1;
+            let t3 = btuz * (r4 - r5);
+            *r = [
+                t2,
+                -uzik1 * r2 + xvel * t2,
+                uzik1 * r1 + yvel * t2,
+                zvel * t2 + t3,
+                uzik1 * (-xvel * r2 + yvel * r1) + s.qs[at] * t2 + c.c2iv * ac2u * t1 + zvel * t3,
+            ];
+            for m in 0..5 {
+                u[m] += r[m];
+            }
+        })
     }
 }
 
 /// Read-only views of the derived scalars (valid between the phase that writes them
 /// and the next).
-struct Scalars<'a> {
+pub(crate) struct Scalars<'a> {
     rho_i: &'a [f64],
     us: &'a [f64],
     vs: &'a [f64],
@@ -686,7 +738,7 @@ struct Scalars<'a> {
 impl<'a> Scalars<'a> {
     /// # Safety
     /// Nobody writes the scalars while the views are alive.
-    unsafe fn of(f: &'a Fields) -> Scalars<'a> {
+    pub(crate) unsafe fn of(f: &'a Fields) -> Scalars<'a> {
         // SAFETY: the caller's contract.
         unsafe {
             Scalars {
@@ -716,7 +768,8 @@ fn adi(team: &Team, g: &Grid, c: &Constants, f: &Fields, w: &mut Work) {
         // scalars.
         unsafe {
             let s = Scalars::of(f);
-            txinvr(g, c, f, &s, k);
+            let plane = (g.interior(), g.interior());
+            txinvr(g, c, f, &s, k, plane.clone());
             for j in g.interior() {
                 let lines = Lines {
                     first: g.at(0, j, k),
@@ -725,14 +778,14 @@ fn adi(team: &Team, g: &Grid, c: &Constants, f: &Fields, w: &mut Work) {
                 };
                 solve(g, c, f, &x, f.us, lines, w);
             }
-            ninvr(g, c, f, k);
+            ninvr(g, c, f, k, plane.clone());
             let lines = Lines {
                 first: g.at(1, 0, k),
                 stride: g.ip,
                 count: g.n - 2,
             };
             solve(g, c, f, &y, f.vs, lines, w);
-            pinvr(g, c, f, k);
+            pinvr(g, c, f, k, plane);
         }
     });
     team.barrier();
@@ -748,7 +801,9 @@ fn adi(team: &Team, g: &Grid, c: &Constants, f: &Fields, w: &mut Work) {
                 count: g.n - 2,
             };
             solve(g, c, f, &z, f.ws, lines, w);
-            tzetar_add(g, c, f, &s, j);
+            for k in g.interior() {
+                tzetar_add(g, c, f, &s, (j, k), g.interior());
+            }
         }
     }
     team.barrier();

@@ -14,7 +14,12 @@
 //! LU splits the x-y plane over `lu.f`'s 2-D process grid, every rank holding all
 //! of z, with ghosts two deep traded for `rhs` and its SSOR sweeps pipelined as
 //! wavefronts across the grid.
+//! SP and BT use NPB3.3-MPI's multi-partition on square rank counts ([`cfd`]): `q`
+//! diagonal cells per rank, ghost faces exchanged before the right-hand side, each
+//! line solve pipelined cell by cell across the ranks.
 
+pub mod bt;
+pub mod cfd;
 pub mod cg;
 pub mod ep;
 pub mod ft;
@@ -23,6 +28,7 @@ pub mod host;
 pub mod is;
 pub mod lu;
 pub mod mg;
+pub mod sp;
 
 use core::fmt;
 
@@ -131,7 +137,11 @@ pub fn supports(spec: Spec, ranks: usize) -> Result<(), &'static str> {
         Kernel::Lu => Err(
             "needs a power-of-two number of ranks, each left at least 2 x 2 points of the x-y plane",
         ),
-        Kernel::Sp | Kernel::Bt => Err("has no MPI form yet"),
+        Kernel::Sp if sp::fits(spec.class, ranks) => Ok(()),
+        Kernel::Bt if bt::fits(spec.class, ranks) => Ok(()),
+        Kernel::Sp | Kernel::Bt => {
+            Err("needs a square number of ranks (4, 9, 16...) with cells of 2 points or more")
+        }
     }
 }
 
@@ -145,7 +155,8 @@ pub fn heap_bytes(spec: Spec, ranks: usize) -> usize {
         Kernel::Ft => ft::heap_bytes(spec.class, ranks),
         Kernel::Mg => mg::heap_bytes(spec.class, ranks),
         Kernel::Lu => lu::heap_bytes(spec.class, ranks),
-        Kernel::Sp | Kernel::Bt => 0,
+        Kernel::Sp => sp::heap_bytes(spec.class, ranks),
+        Kernel::Bt => bt::heap_bytes(spec.class, ranks),
     }
 }
 
@@ -167,7 +178,8 @@ pub fn run<C: Comm + ?Sized>(
         Kernel::Ft => ft::run(spec.class, comm, arena),
         Kernel::Mg => mg::run(spec.class, comm, arena),
         Kernel::Lu => lu::run(spec.class, comm, arena),
-        Kernel::Sp | Kernel::Bt => Err(Error("no-mpi-form")),
+        Kernel::Sp => sp::run(spec.class, comm, arena),
+        Kernel::Bt => bt::run(spec.class, comm, arena),
     }
 }
 
@@ -212,6 +224,9 @@ mod tests {
         assert_eq!(supports(s(Kernel::Lu, Class::S), 16), Ok(()));
         assert!(supports(s(Kernel::Lu, Class::S), 32).is_err());
         assert!(supports(s(Kernel::Lu, Class::W), 6).is_err());
+        assert_eq!(supports(s(Kernel::Sp, Class::S), 4), Ok(()));
+        assert!(supports(s(Kernel::Bt, Class::W), 8).is_err());
+        assert_eq!(supports(s(Kernel::Bt, Class::W), 9), Ok(()));
         assert_eq!(supports(s(Kernel::Ft, Class::S), 64), Ok(()));
         assert!(supports(s(Kernel::Ft, Class::W), 64).is_err());
         assert!(supports(s(Kernel::Ep, Class::S), 0).is_err());
@@ -230,24 +245,29 @@ mod tests {
     }
 
     /// The kernels that have an MPI form.
-    const MPI_KERNELS: [Kernel; 6] = [
+    const MPI_KERNELS: [Kernel; 8] = [
         Kernel::Ep,
         Kernel::Is,
         Kernel::Cg,
         Kernel::Ft,
         Kernel::Mg,
         Kernel::Lu,
+        Kernel::Sp,
+        Kernel::Bt,
     ];
 
     #[test]
     fn every_mpi_kernel_verifies_at_s_on_1_2_4_ranks_alike_within_its_heap() {
-        // The arena panics if a kernel takes more than heap_bytes.
+        // The arena panics if a kernel takes more than heap_bytes. (SP, BT: 1 and 4.)
         for kernel in MPI_KERNELS {
             for ranks in [1, 2, 4] {
                 let spec = Spec {
                     kernel,
                     class: Class::S,
                 };
+                if supports(spec, ranks).is_err() {
+                    continue;
+                }
                 let bytes = heap_bytes(spec, ranks);
                 let runs = host::run_ranks(ranks, bytes, |comm, arena| {
                     (run(spec, comm, arena).unwrap(), arena.used())
