@@ -111,6 +111,11 @@ pub struct NicServerArgs {
     /// Host CPUs the server's threads may run on, comma-separated [default: any].
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     pub cpus: Vec<usize>,
+
+    /// Microseconds the switch thread polls for doorbells after its last frame before
+    /// it sleeps (hardware does not sleep; give it only with CPUs of its own).
+    #[arg(long, value_name = "US", default_value_t = 0)]
+    pub poll_us: u64,
 }
 
 /// Which NIC the VMs of an MPI job get.

@@ -63,6 +63,9 @@ pub fn run(args: &NicServerArgs) -> Result<u8> {
     if !args.dir.is_dir() {
         bail!("{}: not a directory", args.dir.display());
     }
+    if args.poll_us > 1_000_000 {
+        bail!("--poll-us {} is above 1000000 (one second)", args.poll_us);
+    }
     if !args.cpus.is_empty() {
         // Before any thread exists: every thread of the server inherits it.
         hv::placement::confine_thread(0, &args.cpus)
@@ -78,7 +81,7 @@ pub fn run(args: &NicServerArgs) -> Result<u8> {
         crate::signals::track_socket(path.clone());
         listeners.push((listener, served, crate::mpi::mac(args.first_rank + k), path));
     }
-    let _running = network.start(None)?;
+    let _running = network.start_polling(None, std::time::Duration::from_micros(args.poll_us))?;
     eprintln!(
         "kumo nic-server: {} port(s) at {}/port-K.sock",
         args.ports,
@@ -533,6 +536,11 @@ pub struct ServerProcess {
 /// How long a started server may take to open its sockets.
 const START_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// How long a server with CPUs of its own polls after its last frame (µs): longer
+/// than the gap between a message and its reply in the node's ping-pong (~90 µs half
+/// round trip), so a reply's doorbell finds it awake.
+pub const OWN_CPU_POLL_US: u64 = 200;
+
 impl ServerProcess {
     /// Starts `kumo nic-server` (this executable) with `ports` ports, port 0 with rank
     /// `first_rank`'s MAC, its threads on `cpus` (empty: any), in a fresh directory;
@@ -547,11 +555,12 @@ impl ServerProcess {
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let exe = std::env::current_exe().context("finding kumo's own executable")?;
         let mut command = std::process::Command::new(exe);
+        command.arg("nic-server");
         if !cpus.is_empty() {
+            // CPUs of its own: it polls as hardware would, taking none of the VMs'.
             let list: Vec<String> = cpus.iter().map(usize::to_string).collect();
-            command.arg("nic-server").arg("--cpus").arg(list.join(","));
-        } else {
-            command.arg("nic-server");
+            command.arg("--cpus").arg(list.join(","));
+            command.arg("--poll-us").arg(OWN_CPU_POLL_US.to_string());
         }
         let child = command
             .arg("--dir")

@@ -267,6 +267,14 @@ fn a_server_fed_garbage_drops_that_client_and_serves_the_next() {
 }
 
 #[test]
+fn a_nic_server_refuses_to_poll_longer_than_a_second() {
+    assert_refused(
+        &["nic-server", "--dir", "/tmp", "--poll-us", "2000000"],
+        "--poll-us 2000000 is above 1000000",
+    );
+}
+
+#[test]
 fn kernel_vfio_names_what_this_host_lacks() {
     assert_refused(
         &["--vcpus", "12", "--passthrough", "0000:03:00.0"],
