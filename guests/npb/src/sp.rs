@@ -569,8 +569,8 @@ fn eliminate(n: usize, nb: usize, x: Factors, rhs: &mut impl Positions) {
     }
 }
 
-/// Applies `op` to the points `cols` of row `j` of plane `k`: `op(rhs, point)` with
-/// the point's storage index.
+/// Applies `op` to the points of rows `rows` and columns `cols` of plane `k`:
+/// `op(rhs, point)` with the point's storage index.
 ///
 /// # Safety
 /// This thread owns the right-hand side of those points.
@@ -578,17 +578,18 @@ fn eliminate(n: usize, nb: usize, x: Factors, rhs: &mut impl Positions) {
 unsafe fn each_point(
     g: &Grid,
     f: &Fields,
-    j: usize,
     k: usize,
-    cols: Range<usize>,
+    (rows, cols): (Range<usize>, Range<usize>),
     mut op: impl FnMut(&mut [f64; 5], usize),
 ) {
-    let first = g.at(cols.start, j, k);
-    let points = first..first + cols.len();
-    // SAFETY: the caller's contract.
-    let rhs = unsafe { f.rhs.slice_mut(5 * points.start..5 * points.end) };
-    for (r, at) in rhs.as_chunks_mut().0.iter_mut().zip(points) {
-        op(r, at);
+    for j in rows {
+        let first = g.at(cols.start, j, k);
+        let points = first..first + cols.len();
+        // SAFETY: the caller's contract.
+        let rhs = unsafe { f.rhs.slice_mut(5 * points.start..5 * points.end) };
+        for (r, at) in rhs.as_chunks_mut().0.iter_mut().zip(points) {
+            op(r, at);
+        }
     }
 }
 
@@ -605,27 +606,25 @@ pub(crate) unsafe fn txinvr(
     k: usize,
     (rows, cols): (Range<usize>, Range<usize>),
 ) {
-    for j in rows {
-        // SAFETY: the caller's contract.
-        unsafe {
-            each_point(g, f, j, k, cols.clone(), |r, at| {
-                let ru1 = s.rho_i[at];
-                let (uu, vv, ww) = (s.us[at], s.vs[at], s.ws[at]);
-                let ac = s.speed[at];
-                let ac2inv = ac * ac;
-                let [r1, r2, r3, r4, r5] = *r;
-                let t1 = c.c2 / ac2inv * (s.qs[at] * r1 - uu * r2 - vv * r3 - ww * r4 + r5);
-                let t2 = c.bt * ru1 * (uu * r1 - r2);
-                let t3 = (c.bt * ru1 * ac) * t1;
-                *r = [
-                    r1 - t1,
-                    -ru1 * (ww * r1 - r4),
-                    ru1 * (vv * r1 - r3),
-                    -t2 + t3,
-                    t2 + t3,
-                ];
-            })
-        }
+    // SAFETY: the caller's contract.
+    unsafe {
+        each_point(g, f, k, (rows, cols), |r, at| {
+            let ru1 = s.rho_i[at];
+            let (uu, vv, ww) = (s.us[at], s.vs[at], s.ws[at]);
+            let ac = s.speed[at];
+            let ac2inv = ac * ac;
+            let [r1, r2, r3, r4, r5] = *r;
+            let t1 = c.c2 / ac2inv * (s.qs[at] * r1 - uu * r2 - vv * r3 - ww * r4 + r5);
+            let t2 = c.bt * ru1 * (uu * r1 - r2);
+            let t3 = (c.bt * ru1 * ac) * t1;
+            *r = [
+                r1 - t1,
+                -ru1 * (ww * r1 - r4),
+                ru1 * (vv * r1 - r3),
+                -t2 + t3,
+                t2 + t3,
+            ];
+        })
     }
 }
 
@@ -641,16 +640,14 @@ pub(crate) unsafe fn ninvr(
     k: usize,
     (rows, cols): (Range<usize>, Range<usize>),
 ) {
-    for j in rows {
-        // SAFETY: the caller's contract.
-        unsafe {
-            each_point(g, f, j, k, cols.clone(), |r, _| {
-                let [r1, r2, r3, r4, r5] = *r;
-                let t1 = c.bt * r3;
-                let t2 = 0.5 * (r4 + r5);
-                *r = [-r2, r1, c.bt * (r4 - r5), -t1 + t2, t1 + t2];
-            })
-        }
+    // SAFETY: the caller's contract.
+    unsafe {
+        each_point(g, f, k, (rows, cols), |r, _| {
+            let [r1, r2, r3, r4, r5] = *r;
+            let t1 = c.bt * r3;
+            let t2 = 0.5 * (r4 + r5);
+            *r = [-r2, r1, c.bt * (r4 - r5), -t1 + t2, t1 + t2];
+        })
     }
 }
 
@@ -666,16 +663,14 @@ pub(crate) unsafe fn pinvr(
     k: usize,
     (rows, cols): (Range<usize>, Range<usize>),
 ) {
-    for j in rows {
-        // SAFETY: the caller's contract.
-        unsafe {
-            each_point(g, f, j, k, cols.clone(), |r, _| {
-                let [r1, r2, r3, r4, r5] = *r;
-                let t1 = c.bt * r1;
-                let t2 = 0.5 * (r4 + r5);
-                *r = [c.bt * (r4 - r5), -r3, r2, -t1 + t2, t1 + t2];
-            })
-        }
+    // SAFETY: the caller's contract.
+    unsafe {
+        each_point(g, f, k, (rows, cols), |r, _| {
+            let [r1, r2, r3, r4, r5] = *r;
+            let t1 = c.bt * r1;
+            let t2 = 0.5 * (r4 + r5);
+            *r = [c.bt * (r4 - r5), -r3, r2, -t1 + t2, t1 + t2];
+        })
     }
 }
 
@@ -699,7 +694,7 @@ pub(crate) unsafe fn tzetar_add(
     let u = u.as_chunks_mut::<5>().0;
     // SAFETY: the caller's contract.
     unsafe {
-        each_point(g, f, j, k, cols, |r, at| {
+        each_point(g, f, k, (j..j + 1, cols), |r, at| {
             let (xvel, yvel, zvel) = (s.us[at], s.vs[at], s.ws[at]);
             let ac = s.speed[at];
             let ac2u = ac * ac;
