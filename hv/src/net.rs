@@ -660,7 +660,9 @@ impl Worker {
                 .busy_ns
                 .fetch_add(woke.elapsed().as_nanos() as u64, Ordering::Relaxed);
             self.shared.gate.park_if_held();
-            last_work = std::time::Instant::now();
+            if !self.poll.is_zero() {
+                last_work = std::time::Instant::now();
+            }
         }
     }
 
