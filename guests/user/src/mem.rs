@@ -1,19 +1,21 @@
 //! The memory functions the compiler calls. Built for a libc target, the runtime does
-//! not get compiler_builtins' versions, and there is no libc: these use `rep movsb` /
-//! `rep stosb` (fast-string microcode, native speed in ring 3).
+//! not get compiler_builtins' versions, and there is no libc. `memcpy` and `memset` are
+//! `mem.S` (16-byte moves up to 1 KiB, `rep movsb`/`rep stosb` above: see there why);
+//! `memmove` copies backwards with `rep movsb` when it must.
+
+core::arch::global_asm!(include_str!("mem.S"));
+core::arch::global_asm!(
+    ".globl memcpy",
+    ".set memcpy, kumo_memcpy",
+    ".globl memset",
+    ".set memset, kumo_memset",
+);
 
 use core::arch::asm;
 
-/// # Safety
-/// As C `memcpy`: valid, non-overlapping regions of `n` bytes.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn memcpy(dest: *mut u8, src: *const u8, n: usize) -> *mut u8 {
-    // SAFETY: the caller guarantees both regions; DF is clear (SysV ABI).
-    unsafe {
-        asm!("rep movsb", inout("rdi") dest => _, inout("rsi") src => _, inout("rcx") n => _,
-             options(nostack, preserves_flags))
-    };
-    dest
+unsafe extern "C" {
+    /// As C `memcpy` (mem.S); also a correct forward `memmove` when `dest < src`.
+    fn kumo_memcpy(dest: *mut u8, src: *const u8, n: usize) -> *mut u8;
 }
 
 /// # Safety
@@ -21,9 +23,10 @@ pub unsafe extern "C" fn memcpy(dest: *mut u8, src: *const u8, n: usize) -> *mut
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn memmove(dest: *mut u8, src: *const u8, n: usize) -> *mut u8 {
     if (dest as usize).wrapping_sub(src as usize) >= n {
-        // dest before src, or no overlap: copying forwards is safe.
-        // SAFETY: as above.
-        return unsafe { memcpy(dest, src, n) };
+        // dest before src, or no overlap: copying forwards is safe (mem.S reads all it
+        // copies before any store that could overlap it).
+        // SAFETY: the caller guarantees both regions of n bytes.
+        return unsafe { kumo_memcpy(dest, src, n) };
     }
     // SAFETY: overlapping with dest after src: copy backwards (DF set, then cleared).
     unsafe {
@@ -32,18 +35,6 @@ pub unsafe extern "C" fn memmove(dest: *mut u8, src: *const u8, n: usize) -> *mu
              inout("rsi") src.add(n).wrapping_sub(1) => _,
              inout("rcx") n => _,
              options(nostack))
-    };
-    dest
-}
-
-/// # Safety
-/// As C `memset`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn memset(dest: *mut u8, c: i32, n: usize) -> *mut u8 {
-    // SAFETY: the caller guarantees the region.
-    unsafe {
-        asm!("rep stosb", inout("rdi") dest => _, inout("rcx") n => _, in("al") c as u8,
-             options(nostack, preserves_flags))
     };
     dest
 }
