@@ -394,7 +394,22 @@ impl Network {
         socket: std::os::unix::net::UnixStream,
         dom0: Option<&Arc<ThreadGroup>>,
     ) -> Result<PortId, Error> {
-        let wire = Wire::start(socket, dom0.cloned())?;
+        self.plug_wire(Wire::start(socket, dom0.cloned())?)
+    }
+
+    /// As [`Network::attach_wire`] for `socket`, a connection `listener` accepted:
+    /// when that peer closes, the next connection on `listener` is the same port (a
+    /// VM of the other side moved to another process and connects again).
+    pub fn attach_listening_wire(
+        &self,
+        socket: std::os::unix::net::UnixStream,
+        listener: std::os::unix::net::UnixListener,
+        dom0: Option<&Arc<ThreadGroup>>,
+    ) -> Result<PortId, Error> {
+        self.plug_wire(Wire::start_listening(socket, listener, dom0.cloned())?)
+    }
+
+    fn plug_wire(&self, wire: Arc<Wire>) -> Result<PortId, Error> {
         let mut switch = self.shared.switch();
         let port = switch.add_port();
         switch.set_up(port, true);
