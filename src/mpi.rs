@@ -330,6 +330,9 @@ pub fn run_mpi(args: &MpiArgs, epoch: Instant) -> Result<u8> {
     if let Some(list) = &args.npb {
         return run_npb(args, list, epoch);
     }
+    if args.ctl_socket.is_some() {
+        bail!("--ctl-socket applies to --npb jobs (a rank VM that can move)");
+    }
     let extra = format!("wait={} net=check", wait_name(args.wait));
     let job = Job {
         size: args.job_size.unwrap_or(args.vms.saturating_mul(args.vcpus)),

@@ -625,3 +625,228 @@ fn bench_migrate_sets_qemus_migration_of_the_same_guest_beside() {
     assert_eq!(lines[2]["vmm"], "qemu");
     assert_eq!(lines[3]["dirty_log"], "bitmap");
 }
+
+/// The NPB-MPI job of the rank-migration tests: long enough (seconds, kernel after
+/// kernel) that the move lands mid-job on a busy 2-core host; a job that ended first
+/// would fail the migration ("not running"), never pass unmoved.
+const RANK_JOB: &str = "cg.A,cg.A,cg.A,cg.A,cg.A,cg.A";
+
+/// One VM of a 2-rank `kumo mpi --npb RANK_JOB` job on `wire`, with more options.
+fn rank_vm(rank: u32, wire: &str, extra: &[&str]) -> Background {
+    let rank = rank.to_string();
+    let mut args = vec![
+        "mpi",
+        "--vms",
+        "1",
+        "--job-size",
+        "2",
+        "--first-rank",
+        &rank,
+        "--wire",
+        wire,
+        "--npb",
+        RANK_JOB,
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    kumo_background(&args)
+}
+
+/// Rank 0's output: a verified row for every kernel of [`RANK_JOB`], then ok.
+fn assert_job_verified(out: &std::process::Output, who: &str) {
+    assert!(
+        out.status.success(),
+        "{who}: {:?}: {}",
+        out.status,
+        text(&out.stderr)
+    );
+    let lines = json_lines(out);
+    let kernels = RANK_JOB.split(',').count();
+    assert_eq!(lines.len(), kernels + 1, "{who}: {lines:?}");
+    for row in &lines[..kernels] {
+        assert_eq!(row["benchmark"], "cg", "{who}: {row}");
+        assert_eq!(row["ranks"], 2, "{who}: {row}");
+        assert_eq!(row["verified"], true, "{who}: {row}");
+    }
+    assert_eq!(lines[kernels]["ok"], true, "{who}");
+}
+
+/// Rank 1's output: no results of its own (rank 0 prints them), its run verified.
+fn assert_other_rank_ended_well(out: &std::process::Output, who: &str) {
+    assert!(
+        out.status.success(),
+        "{who}: {:?}: {}",
+        out.status,
+        text(&out.stderr)
+    );
+    let lines = json_lines(out);
+    assert_eq!(
+        lines.last().map(|l| l["ok"].clone()),
+        Some(true.into()),
+        "{who}"
+    );
+}
+
+#[test]
+fn a_rank_vm_of_a_running_mpi_job_migrates_and_the_job_verifies() {
+    if !kvm_available() {
+        return;
+    }
+    let wire = scratch("rank-move.wire");
+    let socket = scratch("rank-move.sock");
+    let secret = token("rank-move.token", "rank secret");
+    let port = free_port();
+    let dst = destination(port, &secret);
+    // Rank 1 listens; rank 0 (the one that prints the results) connects and moves.
+    let listening = rank_vm(1, &format!("listen:unix:{}", wire.display()), &[]);
+    let moving = rank_vm(
+        0,
+        &format!("unix:{}", wire.display()),
+        &["--ctl-socket", socket.to_str().unwrap()],
+    );
+    wait_for_path(&socket);
+    let target = format!("tcp:127.0.0.1:{port}");
+    let ctl = loop {
+        let out = kumo(&[
+            "ctl",
+            "--socket",
+            socket.to_str().unwrap(),
+            "--json",
+            "migrate",
+            &target,
+            "--token-file",
+            secret.to_str().unwrap(),
+        ]);
+        if out.status.success() || !text(&out.stderr).contains("not running yet") {
+            break out;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    assert!(ctl.status.success(), "kumo ctl: {}", text(&ctl.stderr));
+    let reply: serde_json::Value = serde_json::from_slice(&ctl.stdout).unwrap();
+    assert_eq!(reply["ok"], true, "{reply}");
+    assert!(reply["total_bytes"].as_u64().unwrap() > 0, "{reply}");
+    let src = moving.finish();
+    assert!(src.status.success(), "source: {}", text(&src.stderr));
+    assert!(
+        text(&src.stderr).contains("handed off"),
+        "{}",
+        text(&src.stderr)
+    );
+    assert!(json_lines(&src).is_empty(), "the source judged nothing");
+    // The moved rank finishes the job on the destination, on the same wire.
+    assert_job_verified(&dst.finish(), "destination (rank 0)");
+    assert_other_rank_ended_well(&listening.finish(), "rank 1");
+    assert!(!wire.exists(), "the listener's socket was left behind");
+}
+
+#[test]
+fn a_destination_that_vanishes_after_the_whole_stream_leaves_the_rank_running_and_the_job_verifies()
+{
+    if !kvm_available() {
+        return;
+    }
+    let wire = scratch("rank-vanish.wire");
+    let socket = scratch("rank-vanish.sock");
+    let secret = token("rank-vanish.token", "rank secret");
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    // A destination that takes every round and the paused VM's state, acknowledges
+    // the rounds, and closes the connection instead of running it: the source has
+    // paused the rank (its switch held) and must resume it.
+    let key = std::fs::read(&secret).unwrap();
+    let vanishing = std::thread::spawn(move || {
+        let (stream, _) = listener.accept().unwrap();
+        hv::migration::auth::destination(&mut &stream, Some(&key)).unwrap();
+        let received = hv::migration::receive_from(
+            &mut std::io::BufReader::new(&stream),
+            Path::new("/dev/kvm"),
+            |round| {
+                hv::migration::stream::write_reply(
+                    &mut &stream,
+                    hv::migration::stream::Reply::Applied(round),
+                )
+                .map_err(hv::Error::from)
+            },
+        );
+        let meta = received.map(|(_, meta)| meta).unwrap();
+        let _ = stream.shutdown(Shutdown::Both);
+        meta.app
+    });
+    // This time rank 0 listens and rank 1 moves (or fails to).
+    let listening = rank_vm(0, &format!("listen:unix:{}", wire.display()), &[]);
+    let moving = rank_vm(
+        1,
+        &format!("unix:{}", wire.display()),
+        &["--ctl-socket", socket.to_str().unwrap()],
+    );
+    wait_for_path(&socket);
+    let ctl = migrate_with(&socket, port, &secret, &[]);
+    assert_one_line_error(&ctl, "kumo ctl", "migration to");
+    let app: serde_json::Value = serde_json::from_str(&vanishing.join().unwrap()).unwrap();
+    assert_eq!(
+        app["rank"]["first_rank"], 1,
+        "the stream names the rank: {app}"
+    );
+    assert_eq!(app["rank"]["job_size"], 2, "{app}");
+    assert_job_verified(&listening.finish(), "rank 0");
+    let src = moving.finish();
+    assert_other_rank_ended_well(&src, "rank 1 (the source)");
+    assert!(!text(&src.stderr).contains("handed off"));
+}
+
+#[test]
+fn a_rank_vm_with_a_control_socket_is_refused_unless_it_is_one_movable_vm() {
+    for (args, needle) in [
+        (
+            &[
+                "mpi",
+                "--vms",
+                "2",
+                "--npb",
+                "cg.S",
+                "--ctl-socket",
+                "/tmp/x.sock",
+            ][..],
+            "--ctl-socket serves one VM: give --vms 1 (not 2)",
+        ),
+        (
+            &[
+                "mpi",
+                "--vms",
+                "1",
+                "--job-size",
+                "2",
+                "--wire",
+                "listen:unix:/tmp/x.wire",
+                "--npb",
+                "cg.S",
+                "--ctl-socket",
+                "/tmp/x.sock",
+            ][..],
+            "a listening wire cannot move with its VM",
+        ),
+        (
+            &[
+                "mpi",
+                "--vms",
+                "1",
+                "--nic",
+                "passthrough",
+                "--vcpus",
+                "2",
+                "--npb",
+                "cg.S",
+                "--ctl-socket",
+                "/tmp/x.sock",
+            ][..],
+            "moves emulated NICs only",
+        ),
+        (
+            &["mpi", "--vms", "1", "--ctl-socket", "/tmp/x.sock"][..],
+            "--ctl-socket applies to --npb jobs",
+        ),
+    ] {
+        assert_refused(args, needle);
+    }
+}
