@@ -206,6 +206,25 @@ impl crate::migration::Quiesce for NicQuiesce {
     fn resume(&self) {
         self.shared.gate.release();
     }
+    /// The VM runs elsewhere now: the network's wires close at once, so a listening
+    /// peer takes the destination's connection as the same port without waiting for
+    /// this process to tear the VM down. Closed before the switch moves again: frames
+    /// the guest queued before the pause leave from the destination only.
+    fn hand_off(&self) {
+        let wires: Vec<Arc<Wire>> = self
+            .shared
+            .ports()
+            .iter()
+            .filter_map(|endpoint| match endpoint {
+                Endpoint::Wire(wire) => Some(wire.clone()),
+                Endpoint::Nic(_) => None,
+            })
+            .collect();
+        for wire in wires {
+            wire.close();
+        }
+        self.shared.gate.release();
+    }
 }
 
 impl Shared {

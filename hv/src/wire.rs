@@ -24,7 +24,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use devices::virtio::net::MAX_FRAME_LEN;
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
@@ -163,10 +163,14 @@ impl Wire {
 
     /// The reader: frames from each peer in turn (one, unless the wire listens).
     fn read_frames(&self, mut stream: UnixStream) {
+        let mut previous_peer_last_frame = None;
         loop {
-            self.read_peer(&mut stream);
+            let last_frame = self.read_peer(&mut stream, previous_peer_last_frame);
             match self.next_peer() {
-                Some(next) => stream = next,
+                Some(next) => {
+                    stream = next;
+                    previous_peer_last_frame = last_frame;
+                }
                 None => break,
             }
         }
@@ -214,7 +218,15 @@ impl Wire {
     }
 
     /// Frames from one peer until it closes (or the wire does, or its framing breaks).
-    fn read_peer(&self, stream: &mut UnixStream) {
+    /// A listening wire returns when the last frame came, and logs how long the port
+    /// was silent between `previous_peer_last_frame` and this peer's first frame: a
+    /// moved VM's absence as the other side of the wire saw it.
+    fn read_peer(
+        &self,
+        stream: &mut UnixStream,
+        mut previous_peer_last_frame: Option<Instant>,
+    ) -> Option<Instant> {
+        let mut last_frame = None;
         let mut length = [0u8; 4];
         while !self.closed.load(Ordering::SeqCst) {
             if stream.read_exact(&mut length).is_err() {
@@ -232,6 +244,16 @@ impl Wire {
             if stream.read_exact(&mut frame).is_err() {
                 break;
             }
+            if self.listener.is_some() {
+                let now = Instant::now();
+                if let Some(before) = previous_peer_last_frame.take() {
+                    tracing::info!(
+                        "wire: a new peer's first frame, {:.1} ms after the previous peer's last",
+                        (now - before).as_secs_f64() * 1e3
+                    );
+                }
+                last_frame = Some(now);
+            }
             let mut inbox = lock(&self.inbox);
             while inbox.frames.len() >= QUEUE_FRAMES && !self.closed.load(Ordering::SeqCst) {
                 inbox = self
@@ -244,6 +266,7 @@ impl Wire {
             self.frames_in.fetch_add(1, Ordering::Relaxed);
             let _ = self.event.write(1);
         }
+        last_frame.or(previous_peer_last_frame)
     }
 
     fn write_frames(&self, mut stream: UnixStream) {

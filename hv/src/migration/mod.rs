@@ -49,8 +49,12 @@ pub trait Quiesce: Send + Sync {
     /// Finish what is in flight (into KVM or the device's state) and start nothing
     /// new until [`Quiesce::resume`].
     fn quiesce(&self);
-    /// Work on (the VM resumes, or ends here after a hand-off).
+    /// Work on (the VM resumes).
     fn resume(&self);
+    /// The VM ends here (it runs elsewhere now): by default, as [`Quiesce::resume`].
+    fn hand_off(&self) {
+        self.resume();
+    }
 }
 
 /// A device that writes guest RAM from a host thread (a NIC's receive path): KVM's
@@ -447,7 +451,11 @@ impl Hub {
         drop(st);
         self.changed.notify_all();
         for device in self.quiescers() {
-            device.resume();
+            if hand_off {
+                device.hand_off();
+            } else {
+                device.resume();
+            }
         }
     }
 
