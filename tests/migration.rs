@@ -121,14 +121,19 @@ fn assert_verified(out: &std::process::Output, who: &str) {
     assert_benchmark_verified(out, "ep", who);
 }
 
-fn assert_benchmark_verified(out: &std::process::Output, benchmark: &str, who: &str) {
+/// The JSON lines of a run that exited 0.
+fn succeeded(out: &std::process::Output, who: &str) -> Vec<serde_json::Value> {
     assert!(
         out.status.success(),
         "{who}: {:?}: {}",
         out.status,
         text(&out.stderr)
     );
-    let lines = json_lines(out);
+    json_lines(out)
+}
+
+fn assert_benchmark_verified(out: &std::process::Output, benchmark: &str, who: &str) {
+    let lines = succeeded(out, who);
     assert_eq!(lines.len(), 2, "{who}: {lines:?}");
     assert_eq!(lines[0]["benchmark"], benchmark, "{who}");
     assert_eq!(lines[0]["verified"], true, "{who}: {}", lines[0]);
@@ -274,13 +279,8 @@ fn a_destination_that_never_acknowledges_a_round_is_given_up_on_and_the_source_r
         return;
     }
     let secret = token("silent.token", "shared");
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
     // A destination that proves the token and takes the stream but never replies.
-    let key = std::fs::read(&secret).unwrap();
-    let silent = std::thread::spawn(move || {
-        let (stream, _) = listener.accept().unwrap();
-        hv::migration::auth::destination(&mut &stream, Some(&key)).unwrap();
+    let (port, silent) = fake_destination(&secret, |stream| {
         std::io::copy(&mut &stream, &mut std::io::sink()).unwrap_or(0)
     });
     let socket = scratch("silent.sock");
@@ -293,6 +293,23 @@ fn a_destination_that_never_acknowledges_a_round_is_given_up_on_and_the_source_r
     );
     assert!(silent.join().unwrap() > 0, "the first round was sent");
     assert_verified(&src.finish(), "source");
+}
+
+/// A destination played by this test: it listens on a free loopback port, accepts
+/// one source, proves `secret` and hands the connection to `serve`.
+fn fake_destination<T: Send + 'static>(
+    secret: &Path,
+    serve: impl FnOnce(TcpStream) -> T + Send + 'static,
+) -> (u16, std::thread::JoinHandle<T>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let key = std::fs::read(secret).unwrap();
+    let thread = std::thread::spawn(move || {
+        let (stream, _) = listener.accept().unwrap();
+        hv::migration::auth::destination(&mut &stream, Some(&key)).unwrap();
+        serve(stream)
+    });
+    (port, thread)
 }
 
 /// What the proxy does to the source's stream at a byte offset, or
@@ -536,13 +553,7 @@ fn irq_source(socket: &Path, path: &str, rounds: u32) -> Background {
 /// The destination's device answered the rounds after the move and the guest saw
 /// every round of its run answered (none lost across the move).
 fn assert_irq_rounds_delivered(out: &std::process::Output, rounds: u32, who: &str) {
-    assert!(
-        out.status.success(),
-        "{who}: {:?}: {}",
-        out.status,
-        text(&out.stderr)
-    );
-    let lines = json_lines(out);
+    let lines = succeeded(out, who);
     assert_eq!(lines.len(), 1, "{who}: {lines:?}");
     let row = &lines[0];
     assert_eq!(
@@ -654,13 +665,7 @@ fn rank_vm(rank: u32, wire: &str, extra: &[&str]) -> Background {
 
 /// Rank 0's output: a verified row for every kernel of [`RANK_JOB`], then ok.
 fn assert_job_verified(out: &std::process::Output, who: &str) {
-    assert!(
-        out.status.success(),
-        "{who}: {:?}: {}",
-        out.status,
-        text(&out.stderr)
-    );
-    let lines = json_lines(out);
+    let lines = succeeded(out, who);
     let kernels = RANK_JOB.split(',').count();
     assert_eq!(lines.len(), kernels + 1, "{who}: {lines:?}");
     for row in &lines[..kernels] {
@@ -673,13 +678,7 @@ fn assert_job_verified(out: &std::process::Output, who: &str) {
 
 /// Rank 1's output: no results of its own (rank 0 prints them), its run verified.
 fn assert_other_rank_ended_well(out: &std::process::Output, who: &str) {
-    assert!(
-        out.status.success(),
-        "{who}: {:?}: {}",
-        out.status,
-        text(&out.stderr)
-    );
-    let lines = json_lines(out);
+    let lines = succeeded(out, who);
     assert_eq!(
         lines.last().map(|l| l["ok"].clone()),
         Some(true.into()),
@@ -705,23 +704,7 @@ fn a_rank_vm_of_a_running_mpi_job_migrates_and_the_job_verifies() {
         &["--ctl-socket", socket.to_str().unwrap()],
     );
     wait_for_path(&socket);
-    let target = format!("tcp:127.0.0.1:{port}");
-    let ctl = loop {
-        let out = kumo(&[
-            "ctl",
-            "--socket",
-            socket.to_str().unwrap(),
-            "--json",
-            "migrate",
-            &target,
-            "--token-file",
-            secret.to_str().unwrap(),
-        ]);
-        if out.status.success() || !text(&out.stderr).contains("not running yet") {
-            break out;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    };
+    let ctl = migrate(&socket, port, &secret);
     assert!(ctl.status.success(), "kumo ctl: {}", text(&ctl.stderr));
     let reply: serde_json::Value = serde_json::from_slice(&ctl.stdout).unwrap();
     assert_eq!(reply["ok"], true, "{reply}");
@@ -749,15 +732,10 @@ fn a_destination_that_vanishes_after_the_whole_stream_leaves_the_rank_running_an
     let wire = scratch("rank-vanish.wire");
     let socket = scratch("rank-vanish.sock");
     let secret = token("rank-vanish.token", "rank secret");
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
     // A destination that takes every round and the paused VM's state, acknowledges
     // the rounds, and closes the connection instead of running it: the source has
     // paused the rank (its switch held) and must resume it.
-    let key = std::fs::read(&secret).unwrap();
-    let vanishing = std::thread::spawn(move || {
-        let (stream, _) = listener.accept().unwrap();
-        hv::migration::auth::destination(&mut &stream, Some(&key)).unwrap();
+    let (port, vanishing) = fake_destination(&secret, |stream| {
         let received = hv::migration::receive_from(
             &mut std::io::BufReader::new(&stream),
             Path::new("/dev/kvm"),
