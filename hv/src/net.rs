@@ -211,8 +211,15 @@ impl crate::migration::Quiesce for NicQuiesce {
     /// this process to tear the VM down. Closed before the switch moves again: frames
     /// the guest queued before the pause leave from the destination only.
     fn hand_off(&self) {
+        self.shared.close_wires_and_release();
+    }
+}
+
+impl Shared {
+    /// A paused VM of this network runs elsewhere now: close every wire, then let
+    /// the switch move again.
+    fn close_wires_and_release(&self) {
         let wires: Vec<Arc<Wire>> = self
-            .shared
             .ports()
             .iter()
             .filter_map(|endpoint| match endpoint {
@@ -223,11 +230,9 @@ impl crate::migration::Quiesce for NicQuiesce {
         for wire in wires {
             wire.close();
         }
-        self.shared.gate.release();
+        self.gate.release();
     }
-}
 
-impl Shared {
     fn switch(&self) -> MutexGuard<'_, Switch> {
         self.switch.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -880,6 +885,25 @@ mod tests {
         let mut got = vec![0u8; u32::from_be_bytes(length) as usize];
         b_far.read_exact(&mut got).unwrap();
         assert_eq!(got, frame, "forwarded once released");
+        // A hand-off closes the wires before the switch moves again: the far end
+        // sees the wire end, and nothing of what the held switch had.
+        let (c_near, mut c_far) = UnixStream::pair().unwrap();
+        let (d_near, d_far) = UnixStream::pair().unwrap();
+        let handed = Network::new(SwitchConfig::default()).unwrap();
+        handed.attach_wire(c_near, None).unwrap();
+        handed.attach_wire(d_near, None).unwrap();
+        let handed_running = handed.start(None).unwrap();
+        handed.shared.gate.hold(&handed.shared.control);
+        (&d_far).write_all(&bytes).unwrap();
+        handed.shared.close_wires_and_release();
+        c_far
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut rest = Vec::new();
+        c_far.read_to_end(&mut rest).unwrap();
+        assert!(rest.is_empty(), "the wire ended with nothing forwarded");
+        assert_eq!(handed.shared.gate.lock().holds, 0, "released");
+        drop(handed_running);
         // A network dropped while held still ends.
         gate.hold(&network.shared.control);
         drop(running);
