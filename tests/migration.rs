@@ -688,21 +688,31 @@ fn assert_other_rank_ended_well(out: &std::process::Output, who: &str) {
 
 #[test]
 fn a_rank_vm_of_a_running_mpi_job_migrates_and_the_job_verifies() {
+    move_a_rank_mid_job("spin", &[]);
+}
+
+#[test]
+fn a_blocking_rank_on_the_fast_interrupt_path_migrates_and_the_job_verifies() {
+    // The ranks halt until their NIC's interrupt: irqfd routes re-derived from the
+    // restored MSI-X table, and no interrupt lost at the pause.
+    move_a_rank_mid_job("block", &["--wait", "block", "--irq-path", "fast"]);
+}
+
+/// Rank 1 listens; rank 0 (the one that prints the results) connects and is moved
+/// mid-job to a `kumo --incoming`; both ranks run with `options`.
+fn move_a_rank_mid_job(name: &str, options: &[&str]) {
     if !kvm_available() {
         return;
     }
-    let wire = scratch("rank-move.wire");
-    let socket = scratch("rank-move.sock");
-    let secret = token("rank-move.token", "rank secret");
+    let wire = scratch(&format!("rank-move-{name}.wire"));
+    let socket = scratch(&format!("rank-move-{name}.sock"));
+    let secret = token(&format!("rank-move-{name}.token"), "rank secret");
     let port = free_port();
     let dst = destination(port, &secret);
-    // Rank 1 listens; rank 0 (the one that prints the results) connects and moves.
-    let listening = rank_vm(1, &format!("listen:unix:{}", wire.display()), &[]);
-    let moving = rank_vm(
-        0,
-        &format!("unix:{}", wire.display()),
-        &["--ctl-socket", socket.to_str().unwrap()],
-    );
+    let listening = rank_vm(1, &format!("listen:unix:{}", wire.display()), options);
+    let mut moving_options = options.to_vec();
+    moving_options.extend_from_slice(&["--ctl-socket", socket.to_str().unwrap()]);
+    let moving = rank_vm(0, &format!("unix:{}", wire.display()), &moving_options);
     wait_for_path(&socket);
     let ctl = migrate(&socket, port, &secret);
     assert!(ctl.status.success(), "kumo ctl: {}", text(&ctl.stderr));
