@@ -195,3 +195,86 @@ pub fn run_controlled(args: &MpiArgs, specs: &[Spec], epoch: Instant) -> Result<
     };
     migrate::run_vm(vm, app, Some(socket), epoch, args.json)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rank() -> RankApp {
+        RankApp {
+            first_rank: 1,
+            job_size: 2,
+            wait: Wait::Spin,
+            irq_path: IrqPath::Generic,
+            macs: vec![mpi::mac(1)],
+            wire: Some("/tmp/w.sock".into()),
+            wire_wait_s: 30.0,
+        }
+    }
+
+    #[test]
+    fn a_rank_travels_as_json_and_a_damaged_one_is_refused_before_anything_is_built() {
+        let app = AppState {
+            guest: GUEST_NAME.into(),
+            npb: "cg.W".into(),
+            vcpus: 1,
+            console: Vec::new(),
+            sched: None,
+            irq: None,
+            rank: Some(rank()),
+        };
+        let text = serde_json::to_string(&app).unwrap();
+        let back = AppState::parse(&text).unwrap();
+        assert_eq!(back, app);
+        assert_eq!(back.specs().unwrap()[0].to_string(), "cg.W");
+        assert!(rank().check(1).is_ok());
+        let refused = |r: RankApp, vcpus: u32, needle: &str| {
+            let e = format!("{:#}", r.check(vcpus).unwrap_err());
+            assert!(e.contains(needle), "{e} (wanted {needle})");
+        };
+        refused(rank(), 2, "1 NICs for 2 vCPUs");
+        for wait in [f64::NAN, -1.0, 1e9] {
+            refused(
+                RankApp {
+                    wire_wait_s: wait,
+                    ..rank()
+                },
+                1,
+                "wire wait",
+            );
+        }
+        refused(
+            RankApp {
+                first_rank: 2,
+                ..rank()
+            },
+            1,
+            "do not fit a job of 2 ranks",
+        );
+        refused(
+            RankApp {
+                wire: None,
+                ..rank()
+            },
+            1,
+            "give a --wire",
+        );
+        // A kernel the job's size cannot run, and fields that do not parse.
+        let bad_npb = AppState {
+            npb: "is.S".into(),
+            rank: Some(RankApp {
+                job_size: 3,
+                first_rank: 0,
+                macs: vec![mpi::mac(0); 3],
+                ..rank()
+            }),
+            vcpus: 3,
+            ..app.clone()
+        };
+        assert!(bad_npb.specs().is_err());
+        let bad_path = text.replace("\"generic\"", "\"sideways\"");
+        assert!(AppState::parse(&bad_path).is_err());
+        let bad_wait = text.replace("\"spin\"", "\"nap\"");
+        assert!(AppState::parse(&bad_wait).is_err());
+    }
+}
