@@ -462,10 +462,10 @@ pub fn run_vm(
         Some(_) => Vec::new(),
         None => app.specs()?,
     };
-    // The same device in the same slot as where the VM was made; a restored VM's
-    // device takes its saved registers and routes when the VM starts.
-    // A rank's NICs, wire and switch (before the ctl socket: the VM may move only
-    // once it is on the job's network).
+    // The same devices in the same slots as where the VM was made; a restored VM's
+    // devices take their saved registers and routes when the VM starts. A rank's
+    // NICs come with their switch and wire (before the ctl socket: the VM may move
+    // only once it is on the job's network).
     let _rank_network = app
         .rank
         .as_ref()

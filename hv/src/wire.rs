@@ -186,12 +186,13 @@ impl Wire {
             }
             match listener.accept() {
                 Ok((stream, _)) => {
-                    let ready = stream
-                        .set_nonblocking(false)
-                        .and_then(|()| stream.try_clone().map(|w| (w, stream.try_clone())));
-                    let (for_writer, for_close) = match ready {
-                        Ok((w, Ok(c))) => (w, c),
-                        Ok((_, Err(e))) | Err(e) => {
+                    let ready = || -> std::io::Result<(UnixStream, UnixStream)> {
+                        stream.set_nonblocking(false)?;
+                        Ok((stream.try_clone()?, stream.try_clone()?))
+                    };
+                    let (for_writer, for_close) = match ready() {
+                        Ok(clones) => clones,
+                        Err(e) => {
                             tracing::warn!("wire: taking a new peer: {e}");
                             continue;
                         }
