@@ -94,6 +94,19 @@ fn migrate(socket: &Path, port: u16, token: &Path) -> std::process::Output {
 
 /// [`migrate`] with more options.
 fn migrate_with(socket: &Path, port: u16, token: &Path, extra: &[&str]) -> std::process::Output {
+    let mut options = vec!["--max-downtime-ms", "5"];
+    options.extend_from_slice(extra);
+    migrate_once_running(socket, port, token, &options)
+}
+
+/// `kumo ctl --json migrate` with `options` (and kumo's default downtime target
+/// unless they set one), retried while the source VM has not started yet.
+fn migrate_once_running(
+    socket: &Path,
+    port: u16,
+    token: &Path,
+    options: &[&str],
+) -> std::process::Output {
     let target = format!("tcp:127.0.0.1:{port}");
     let mut args = vec![
         "ctl",
@@ -104,10 +117,8 @@ fn migrate_with(socket: &Path, port: u16, token: &Path, extra: &[&str]) -> std::
         &target,
         "--token-file",
         token.to_str().unwrap(),
-        "--max-downtime-ms",
-        "5",
     ];
-    args.extend_from_slice(extra);
+    args.extend_from_slice(options);
     loop {
         let out = kumo(&args);
         if out.status.success() || !text(&out.stderr).contains("not running yet") {
@@ -640,7 +651,7 @@ fn bench_migrate_sets_qemus_migration_of_the_same_guest_beside() {
 /// The NPB-MPI job of the rank-migration tests: long enough (seconds, kernel after
 /// kernel) that the move lands mid-job on a busy 2-core host; a job that ended first
 /// would fail the migration ("not running"), never pass unmoved.
-const RANK_JOB: &str = "cg.A,cg.A,cg.A,cg.A,cg.A,cg.A";
+const RANK_JOB: &str = "cg.A,cg.A,cg.A,cg.A,cg.A,cg.A,cg.A,cg.A";
 
 /// One VM of a 2-rank `kumo mpi --npb RANK_JOB` job on `wire`, with more options.
 fn rank_vm(rank: u32, wire: &str, extra: &[&str]) -> Background {
@@ -714,7 +725,9 @@ fn move_a_rank_mid_job(name: &str, options: &[&str]) {
     moving_options.extend_from_slice(&["--ctl-socket", socket.to_str().unwrap()]);
     let moving = rank_vm(0, &format!("unix:{}", wire.display()), &moving_options);
     wait_for_path(&socket);
-    let ctl = migrate(&socket, port, &secret);
+    // The default downtime target (300 ms): a round or two against CG's writes, so
+    // the move is over long before the job.
+    let ctl = migrate_once_running(&socket, port, &secret, &[]);
     assert!(ctl.status.success(), "kumo ctl: {}", text(&ctl.stderr));
     let reply: serde_json::Value = serde_json::from_slice(&ctl.stdout).unwrap();
     assert_eq!(reply["ok"], true, "{reply}");
@@ -769,7 +782,7 @@ fn a_destination_that_vanishes_after_the_whole_stream_leaves_the_rank_running_an
         &["--ctl-socket", socket.to_str().unwrap()],
     );
     wait_for_path(&socket);
-    let ctl = migrate_with(&socket, port, &secret, &[]);
+    let ctl = migrate_once_running(&socket, port, &secret, &[]);
     assert_one_line_error(&ctl, "kumo ctl", "migration to");
     let app: serde_json::Value = serde_json::from_str(&vanishing.join().unwrap()).unwrap();
     assert_eq!(
