@@ -257,6 +257,7 @@ pub fn send_vm(
     max_downtime: Option<Duration>,
     ack_timeout: Option<Duration>,
 ) -> Result<hv::migration::live::Report> {
+    hub.check_running()?;
     let peer = address
         .to_socket_addrs()
         .with_context(|| format!("cannot resolve {address}"))?

@@ -333,15 +333,25 @@ impl Hub {
         self.pause_within(PAUSE_TIMEOUT)
     }
 
-    /// As [`Hub::pause`], giving up after `timeout` if a vCPU does not stop.
-    pub fn pause_within(&self, timeout: Duration) -> Result<Paused<'_>, Error> {
-        let started = Instant::now();
-        let devices = self
-            .devices
+    /// The running VM's devices; fails if the VM has not started yet. A migration
+    /// checks this before it connects: a destination takes one source only, and one
+    /// consumed by a migration that could never pause would be lost to the retry.
+    pub fn check_running(&self) -> Result<(), Error> {
+        self.running_devices().map(drop)
+    }
+
+    fn running_devices(&self) -> Result<Arc<Devices>, Error> {
+        self.devices
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
-            .ok_or_else(|| Error::Migration("the VM is not running yet".into()))?;
+            .ok_or_else(|| Error::Migration("the VM is not running yet".into()))
+    }
+
+    /// As [`Hub::pause`], giving up after `timeout` if a vCPU does not stop.
+    pub fn pause_within(&self, timeout: Duration) -> Result<Paused<'_>, Error> {
+        let started = Instant::now();
+        let devices = self.running_devices()?;
         let mut st = self.lock();
         if st.busy {
             return Err(Error::Migration(
