@@ -151,7 +151,10 @@ impl OnOff {
 }
 
 /// How a guest's MPI rank waits for the network.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(
+    clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
 pub enum Wait {
     /// Busy-poll the NIC's rings (as MPI libraries do).
     Spin,
@@ -178,8 +181,9 @@ pub struct MpiArgs {
     pub first_rank: u32,
 
     /// A wire to VMs outside this process, in QEMU's `-netdev stream` framing:
-    /// `unix:PATH` connects (to QEMU's `server=on`), `listen:unix:PATH` waits for one
-    /// peer (QEMU's `server=off`, or another kumo's `unix:PATH`).
+    /// `unix:PATH` connects (to QEMU's `server=on`), `listen:unix:PATH` waits for a
+    /// peer (QEMU's `server=off`, or another kumo's `unix:PATH`) and, when it leaves,
+    /// takes the next one on the same port (a rank VM migrated elsewhere rejoining).
     #[arg(long, value_name = "SPEC")]
     pub wire: Option<crate::mpi::WireSpec>,
 
@@ -214,6 +218,12 @@ pub struct MpiArgs {
     /// Print one JSON object per rank, then one for the job.
     #[arg(long)]
     pub json: bool,
+
+    /// Serve the control socket (mode 0600) of this process's one VM (--vms 1, with
+    /// --npb): `kumo ctl ... migrate` moves the rank to a `kumo --incoming`, which
+    /// rejoins the job on the same wire (the VM's side must connect: --wire unix:PATH).
+    #[arg(long, value_name = "PATH")]
+    pub ctl_socket: Option<PathBuf>,
 
     /// The KVM device to open.
     #[arg(long, value_name = "PATH", default_value = "/dev/kvm")]

@@ -122,7 +122,8 @@ impl IrqRun {
 }
 
 /// `IrqPath` as its command-line name in a stream.
-mod path_name {
+/// An `IrqPath` in serde as its name (`generic`, `fast`).
+pub(crate) mod path_name {
     use hv::irq::IrqPath;
     use serde::{Deserialize, Deserializer, Serializer};
 

@@ -24,6 +24,7 @@ pub mod node;
 pub mod output;
 pub mod protocol;
 pub mod qemu;
+pub mod rank;
 pub mod report;
 pub mod run;
 pub mod sched_params;

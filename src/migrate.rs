@@ -25,6 +25,7 @@ use crate::ctl::{self, Controlled, DomainInfo, MigrateRequest, SchedParams, Sche
 use crate::guest;
 use crate::irq::IrqRun;
 use crate::node::control::SchedControl;
+use crate::rank::RankApp;
 use crate::report::{self, EXIT_OK};
 use crate::run::{self, HANDED_OFF};
 
@@ -46,6 +47,10 @@ pub struct AppState {
     /// where the VM goes (its state travels with the PCI bus's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub irq: Option<IrqRun>,
+    /// A rank VM of an MPI job (`kumo mpi --ctl-socket`): its NICs are rebuilt where
+    /// the VM goes (their state travels with the PCI bus's) and it rejoins the wire.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank: Option<RankApp>,
 }
 
 pub const GUEST_NAME: &str = "kumo-npb";
@@ -64,7 +69,10 @@ impl AppState {
     }
 
     pub fn specs(&self) -> Result<Vec<Spec>> {
-        guest::parse_specs(&self.npb)
+        match &self.rank {
+            Some(rank) => rank.specs(&self.npb),
+            None => guest::parse_specs(&self.npb),
+        }
     }
 
     /// The scheduler parameters the VM runs under (None: the host schedules it).
@@ -249,6 +257,7 @@ pub fn send_vm(
     max_downtime: Option<Duration>,
     ack_timeout: Option<Duration>,
 ) -> Result<hv::migration::live::Report> {
+    hub.check_running()?;
     let peer = address
         .to_socket_addrs()
         .with_context(|| format!("cannot resolve {address}"))?
@@ -417,6 +426,7 @@ pub fn run_controlled(args: &VmArgs, epoch: Instant) -> Result<u8> {
         console: Vec::new(),
         sched,
         irq,
+        rank: None,
     };
     run_vm(vm, app, args.ctl_socket.as_deref(), epoch, args.json)
 }
@@ -432,7 +442,7 @@ pub fn run_restore(args: &VmArgs, epoch: Instant) -> Result<u8> {
     run_vm(vm, app, args.ctl_socket.as_deref(), epoch, args.json)
 }
 
-fn npb_list(specs: &[Spec]) -> String {
+pub fn npb_list(specs: &[Spec]) -> String {
     specs
         .iter()
         .map(ToString::to_string)
@@ -453,8 +463,15 @@ pub fn run_vm(
         Some(_) => Vec::new(),
         None => app.specs()?,
     };
-    // The same device in the same slot as where the VM was made; a restored VM's
-    // device takes its saved registers and routes when the VM starts.
+    // The same devices in the same slots as where the VM was made; a restored VM's
+    // devices take their saved registers and routes when the VM starts. A rank's
+    // NICs come with their switch and wire (before the ctl socket: the VM may move
+    // only once it is on the job's network).
+    let _rank_network = app
+        .rank
+        .as_ref()
+        .map(|rank| crate::rank::attach(&mut vm, rank, app.vcpus))
+        .transpose()?;
     let irq_devices = app
         .irq
         .map(|irq| hv::irq_device::attach(&mut vm, &irq.setup(), None))
@@ -494,6 +511,9 @@ pub fn run_vm(
     if run.outcome.exit == GuestExit::HandedOff {
         eprintln!("kumo: {HANDED_OFF}");
         return Ok(EXIT_OK);
+    }
+    if let Some(rank) = &app.rank {
+        return Ok(rank.report(&specs, app.vcpus, &run, json));
     }
     if let (Some(irq), Some(devices)) = (app.irq, &irq_devices) {
         return irq.report(&run, app.vcpus, devices, json);

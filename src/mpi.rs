@@ -48,13 +48,42 @@ pub struct Job {
     pub nic_server: Option<PathBuf>,
 }
 
+impl Job {
+    /// Checks that `vms` VMs of `vcpus` ranks each fit the job; returns its size.
+    pub fn check_shape(&self, vms: u32, vcpus: u32) -> Result<u32> {
+        if !(1..=MAX_VMS).contains(&vms) {
+            bail!("--vms must be between 1 and {MAX_VMS}, not {vms}");
+        }
+        let here = vms.saturating_mul(vcpus);
+        let size = if self.size == 0 { here } else { self.size };
+        if !(2..=MAX_RANKS).contains(&size) {
+            bail!("an MPI job needs 2 to {MAX_RANKS} ranks (one per vCPU), not {size}");
+        }
+        if self.first_rank.saturating_add(here) > size {
+            bail!(
+                "ranks {}..{} ({vms} VMs x {vcpus} vCPUs) do not fit a job of {size} ranks",
+                self.first_rank,
+                self.first_rank.saturating_add(here)
+            );
+        }
+        if size > here && self.wire.is_none() {
+            bail!(
+                "{} of the job's {size} ranks run elsewhere: give a --wire to reach them",
+                size - here
+            );
+        }
+        Ok(size)
+    }
+}
+
 /// The other end of a wire: a UNIX socket in QEMU's stream framing.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WireSpec {
     /// Connect to a listener (QEMU's `-netdev stream,server=on`, another kumo's
     /// `listen:`), retrying while it is not there yet.
     Connect(PathBuf),
-    /// Listen and take one connection (QEMU's `server=off`, another kumo's `unix:`).
+    /// Listen (QEMU's `server=off`, another kumo's `unix:`): one peer at a time, the
+    /// next taking the port when one leaves.
     Listen(PathBuf),
 }
 
@@ -77,12 +106,19 @@ impl std::str::FromStr for WireSpec {
 }
 
 impl WireSpec {
-    fn open(&self, patience: Duration) -> Result<UnixStream> {
+    /// Opens the wire and plugs it into `network`: a connection to a listener, or the
+    /// first peer of this side's listener, which keeps listening (and its socket file
+    /// stays) until the returned guard is dropped: when that peer's connection closes
+    /// (its VM moved to another process), the next one takes the same switch port.
+    pub fn attach(&self, network: &Network, patience: Duration) -> Result<WireGuard> {
         let deadline = Instant::now() + patience;
         match self {
             WireSpec::Connect(path) => loop {
                 match UnixStream::connect(path) {
-                    Ok(stream) => return Ok(stream),
+                    Ok(stream) => {
+                        network.attach_wire(stream, None)?;
+                        return Ok(WireGuard { listening: None });
+                    }
                     Err(e) if Instant::now() < deadline => {
                         tracing::debug!("wire {}: {e}; retrying", path.display());
                         std::thread::sleep(Duration::from_millis(20));
@@ -98,10 +134,13 @@ impl WireSpec {
                 let listener = UnixListener::bind(path)
                     .with_context(|| format!("cannot listen on {}", path.display()))?;
                 crate::signals::track_socket(path.clone());
+                let guard = WireGuard {
+                    listening: Some(path.clone()),
+                };
                 listener.set_nonblocking(true)?;
-                let accepted = loop {
+                let stream = loop {
                     match listener.accept() {
-                        Ok((stream, _)) => break Ok(stream),
+                        Ok((stream, _)) => break stream,
                         Err(e)
                             if e.kind() == std::io::ErrorKind::WouldBlock
                                 && Instant::now() < deadline
@@ -109,21 +148,31 @@ impl WireSpec {
                         {
                             std::thread::sleep(Duration::from_millis(20));
                         }
-                        Err(e) => {
-                            break Err(anyhow::anyhow!(
-                                "no peer connected to {} within {:.1} s ({e})",
-                                path.display(),
-                                patience.as_secs_f64()
-                            ));
-                        }
+                        Err(e) => bail!(
+                            "no peer connected to {} within {:.1} s ({e})",
+                            path.display(),
+                            patience.as_secs_f64()
+                        ),
                     }
                 };
-                let _ = std::fs::remove_file(path);
-                crate::signals::untrack_socket(path);
-                let stream = accepted?;
                 stream.set_nonblocking(false)?;
-                Ok(stream)
+                network.attach_listening_wire(stream, listener, None)?;
+                Ok(guard)
             }
+        }
+    }
+}
+
+/// A listening wire's socket file, removed when the job ends.
+pub struct WireGuard {
+    listening: Option<PathBuf>,
+}
+
+impl Drop for WireGuard {
+    fn drop(&mut self) {
+        if let Some(path) = self.listening.take() {
+            let _ = std::fs::remove_file(&path);
+            crate::signals::untrack_socket(&path);
         }
     }
 }
@@ -171,28 +220,9 @@ fn run_job_in(
     epoch: Instant,
     memory_mib: u64,
 ) -> Result<JobRun> {
-    if !(1..=MAX_VMS).contains(&vms) {
-        bail!("--vms must be between 1 and {MAX_VMS}, not {vms}");
-    }
+    let size = job.check_shape(vms, vcpus)?;
     run::check_guest_vcpus(vcpus, kvm_device)?;
-    let here = vms.saturating_mul(vcpus);
-    let size = if job.size == 0 { here } else { job.size };
-    if !(2..=MAX_RANKS).contains(&size) {
-        bail!("an MPI job needs 2 to {MAX_RANKS} ranks (one per vCPU), not {size}");
-    }
-    if job.first_rank.saturating_add(here) > size {
-        bail!(
-            "ranks {}..{} ({vms} VMs x {vcpus} vCPUs) do not fit a job of {size} ranks",
-            job.first_rank,
-            job.first_rank.saturating_add(here)
-        );
-    }
-    if size > here && job.wire.is_none() {
-        bail!(
-            "{} of the job's {size} ranks run elsewhere: give a --wire to reach them",
-            size - here
-        );
-    }
+    let here = vms * vcpus;
     let network = Network::new(SwitchConfig::default())?;
     let server = match (job.nic, &job.nic_server) {
         (NicKind::Emulated, None) => None,
@@ -240,9 +270,11 @@ fn run_job_in(
         }
         machines.push(vm);
     }
-    if let Some(wire) = &job.wire {
-        network.attach_wire(wire.open(job.wire_patience)?, None)?;
-    }
+    let _wire = job
+        .wire
+        .as_ref()
+        .map(|wire| wire.attach(&network, job.wire_patience))
+        .transpose()?;
     let running = network.start(None)?;
     let runs: Vec<Result<GuestRun>> = std::thread::scope(|scope| {
         let handles: Vec<_> = machines
@@ -297,6 +329,9 @@ fn measurement<'a>(
 pub fn run_mpi(args: &MpiArgs, epoch: Instant) -> Result<u8> {
     if let Some(list) = &args.npb {
         return run_npb(args, list, epoch);
+    }
+    if args.ctl_socket.is_some() {
+        bail!("--ctl-socket applies to --npb jobs (a rank VM that can move)");
     }
     let extra = format!("wait={} net=check", wait_name(args.wait));
     let job = Job {
@@ -426,8 +461,9 @@ pub fn npb_memory_mib(specs: &[Spec], ranks: u32, local: u32) -> u64 {
 fn run_npb(args: &MpiArgs, list: &str, epoch: Instant) -> Result<u8> {
     let ranks = args.job_size.unwrap_or(args.vms.saturating_mul(args.vcpus));
     let specs = parse_npb(list, ranks)?;
-    let items: Vec<String> = specs.iter().map(Spec::to_string).collect();
-    let extra = format!("wait={} npb={}", wait_name(args.wait), items.join(","));
+    if args.ctl_socket.is_some() {
+        return crate::rank::run_controlled(args, &specs, epoch);
+    }
     let job = Job {
         size: ranks,
         first_rank: args.first_rank,
@@ -440,117 +476,155 @@ fn run_npb(args: &MpiArgs, list: &str, epoch: Instant) -> Result<u8> {
         args.vms,
         args.vcpus,
         args.irq_path,
-        &extra,
+        &npb_extra(&specs, args.wait),
         &job,
         &args.kvm_device,
         epoch,
         npb_memory_mib(&specs, ranks, args.vcpus),
     )?
     .runs;
-    // Rank 0 prints the results (if it runs here, on its VM's vCPU 0); every VM must end
-    // cleanly.
-    let mut code = crate::report::EXIT_OK;
-    let mut rows = Vec::new();
-    for (i, run) in runs.iter().enumerate() {
-        let first = job.first_rank + i as u32 * args.vcpus;
-        let verdict = if first == 0 {
-            run.judge_ranks(&specs, args.vcpus)
-        } else {
-            run.judge_ranks(&[], args.vcpus)
-        };
-        for problem in &verdict.problems {
-            let last = first + args.vcpus - 1;
-            if first == last {
-                eprintln!("kumo: rank {first}: {problem}");
+    let report = NpbReport {
+        specs: &specs,
+        ranks,
+        vms: args.vms,
+        vcpus: args.vcpus,
+        wait: args.wait,
+        irq_path: args.irq_path,
+        nic: args.nic,
+        json: args.json,
+    };
+    let firsts = (0..).map(|i: u32| job.first_rank + i * args.vcpus);
+    Ok(report.print(firsts.zip(&runs)))
+}
+
+/// The guest's command-line words for an NPB-MPI job (beside `mpi=`).
+pub fn npb_extra(specs: &[Spec], wait: Wait) -> String {
+    let items: Vec<String> = specs.iter().map(Spec::to_string).collect();
+    format!("wait={} npb={}", wait_name(wait), items.join(","))
+}
+
+/// How an NPB-MPI job's VMs of this process are judged and printed.
+pub struct NpbReport<'a> {
+    pub specs: &'a [Spec],
+    /// Ranks of the whole job.
+    pub ranks: u32,
+    pub vms: u32,
+    pub vcpus: u32,
+    pub wait: Wait,
+    pub irq_path: IrqPath,
+    pub nic: NicKind,
+    pub json: bool,
+}
+
+impl NpbReport<'_> {
+    /// Judges each VM's run (with its first rank): rank 0 prints the results (if it
+    /// runs here, on its VM's vCPU 0); every VM must end cleanly. Prints the table
+    /// (or JSON lines) and returns the exit status.
+    pub fn print<'r>(&self, runs: impl IntoIterator<Item = (u32, &'r GuestRun)>) -> u8 {
+        let ranks = self.ranks;
+        let specs = self.specs;
+        let mut code = crate::report::EXIT_OK;
+        let mut rows = Vec::new();
+        for (first, run) in runs {
+            let verdict = if first == 0 {
+                run.judge_ranks(specs, self.vcpus)
             } else {
-                eprintln!("kumo: ranks {first}-{last}: {problem}");
+                run.judge_ranks(&[], self.vcpus)
+            };
+            for problem in &verdict.problems {
+                let last = first + self.vcpus - 1;
+                if first == last {
+                    eprintln!("kumo: rank {first}: {problem}");
+                } else {
+                    eprintln!("kumo: ranks {first}-{last}: {problem}");
+                }
+            }
+            if code == crate::report::EXIT_OK {
+                code = verdict.exit_code();
+            }
+            if first == 0 {
+                rows = verdict.rows;
             }
         }
-        if code == crate::report::EXIT_OK {
-            code = verdict.exit_code();
-        }
-        if first == 0 {
-            rows = verdict.rows;
-        }
-    }
-    let ok = code == crate::report::EXIT_OK;
-    let objects: Vec<serde_json::Map<String, Value>> = rows
-        .iter()
-        .map(|row| {
-            let mut obj = serde_json::Map::new();
-            obj.insert("benchmark".into(), json!(row.spec.kernel.name()));
-            obj.insert("class".into(), json!(row.spec.class.letter().to_string()));
-            obj.insert("ranks".into(), json!(ranks));
-            obj.insert("vms".into(), json!(args.vms));
-            obj.insert("vcpus".into(), json!(args.vcpus));
-            obj.insert("nic".into(), json!(args.nic.name()));
-            match &row.result {
-                Some(r) => {
-                    obj.insert("time_s".into(), json!(r.time_s));
-                    obj.insert("mops".into(), json!(r.mops));
-                    obj.insert("verified".into(), json!(r.verified));
-                    for (k, v) in &r.extra {
-                        let value = v.parse::<f64>().map_or_else(|_| json!(v), |f| json!(f));
-                        obj.entry(k.clone()).or_insert(value);
+        let ok = code == crate::report::EXIT_OK;
+        let objects: Vec<serde_json::Map<String, Value>> = rows
+            .iter()
+            .map(|row| {
+                let mut obj = serde_json::Map::new();
+                obj.insert("benchmark".into(), json!(row.spec.kernel.name()));
+                obj.insert("class".into(), json!(row.spec.class.letter().to_string()));
+                obj.insert("ranks".into(), json!(ranks));
+                obj.insert("vms".into(), json!(self.vms));
+                obj.insert("vcpus".into(), json!(self.vcpus));
+                obj.insert("nic".into(), json!(self.nic.name()));
+                match &row.result {
+                    Some(r) => {
+                        obj.insert("time_s".into(), json!(r.time_s));
+                        obj.insert("mops".into(), json!(r.mops));
+                        obj.insert("verified".into(), json!(r.verified));
+                        for (k, v) in &r.extra {
+                            let value = v.parse::<f64>().map_or_else(|_| json!(v), |f| json!(f));
+                            obj.entry(k.clone()).or_insert(value);
+                        }
+                    }
+                    None => {
+                        obj.insert("time_s".into(), Value::Null);
+                        obj.insert("mops".into(), Value::Null);
+                        obj.insert("verified".into(), json!(false));
+                        obj.insert("error".into(), json!("no result"));
                     }
                 }
-                None => {
-                    obj.insert("time_s".into(), Value::Null);
-                    obj.insert("mops".into(), Value::Null);
-                    obj.insert("verified".into(), json!(false));
-                    obj.insert("error".into(), json!("no result"));
-                }
+                obj
+            })
+            .collect();
+        if self.json {
+            for obj in &objects {
+                crate::outln!("{}", Value::Object(obj.clone()));
             }
-            obj
-        })
-        .collect();
-    if args.json {
-        for obj in &objects {
-            crate::outln!("{}", Value::Object(obj.clone()));
-        }
-        crate::outln!("{}", json!({ "ok": ok }));
-    } else {
-        crate::outln!(
-            "{:<10} {:<5} {:>5} {:>4} {:>12} {:>12}  verified",
-            "benchmark",
-            "class",
-            "ranks",
-            "vms",
-            "time (s)",
-            "Mop/s"
-        );
-        for obj in &objects {
-            let number = |key: &str| {
-                obj[key]
-                    .as_f64()
-                    .map_or("-".to_string(), |v| format!("{v:.3}"))
-            };
+            crate::outln!("{}", json!({ "ok": ok }));
+        } else {
             crate::outln!(
-                "{:<10} {:<5} {:>5} {:>4} {:>12} {:>12}  {}",
-                obj["benchmark"].as_str().unwrap_or("-"),
-                obj["class"].as_str().unwrap_or("-"),
+                "{:<10} {:<5} {:>5} {:>4} {:>12} {:>12}  verified",
+                "benchmark",
+                "class",
+                "ranks",
+                "vms",
+                "time (s)",
+                "Mop/s"
+            );
+            for obj in &objects {
+                let number = |key: &str| {
+                    obj[key]
+                        .as_f64()
+                        .map_or("-".to_string(), |v| format!("{v:.3}"))
+                };
+                crate::outln!(
+                    "{:<10} {:<5} {:>5} {:>4} {:>12} {:>12}  {}",
+                    obj["benchmark"].as_str().unwrap_or("-"),
+                    obj["class"].as_str().unwrap_or("-"),
+                    ranks,
+                    self.vms,
+                    number("time_s"),
+                    number("mops"),
+                    if obj["verified"] == json!(true) {
+                        "yes"
+                    } else {
+                        "NO"
+                    }
+                );
+            }
+            crate::outln!(
+                "NPB-MPI: {} ranks, one per vCPU ({} VMs x {} here), wait={}, irq path {}, nic {}",
                 ranks,
-                args.vms,
-                number("time_s"),
-                number("mops"),
-                if obj["verified"] == json!(true) {
-                    "yes"
-                } else {
-                    "NO"
-                }
+                self.vms,
+                self.vcpus,
+                wait_name(self.wait),
+                self.irq_path.name(),
+                self.nic.name()
             );
         }
-        crate::outln!(
-            "NPB-MPI: {} ranks, one per vCPU ({} VMs x {} here), wait={}, irq path {}, nic {}",
-            ranks,
-            args.vms,
-            args.vcpus,
-            wait_name(args.wait),
-            args.irq_path.name(),
-            args.nic.name()
-        );
+        code
     }
-    Ok(code)
 }
 
 fn text<'a>(row: &'a serde_json::Map<String, Value>, key: &str) -> &'a str {

@@ -94,6 +94,19 @@ fn migrate(socket: &Path, port: u16, token: &Path) -> std::process::Output {
 
 /// [`migrate`] with more options.
 fn migrate_with(socket: &Path, port: u16, token: &Path, extra: &[&str]) -> std::process::Output {
+    let mut options = vec!["--max-downtime-ms", "5"];
+    options.extend_from_slice(extra);
+    migrate_once_running(socket, port, token, &options)
+}
+
+/// `kumo ctl --json migrate` with `options` (and kumo's default downtime target
+/// unless they set one), retried while the source VM has not started yet.
+fn migrate_once_running(
+    socket: &Path,
+    port: u16,
+    token: &Path,
+    options: &[&str],
+) -> std::process::Output {
     let target = format!("tcp:127.0.0.1:{port}");
     let mut args = vec![
         "ctl",
@@ -104,10 +117,8 @@ fn migrate_with(socket: &Path, port: u16, token: &Path, extra: &[&str]) -> std::
         &target,
         "--token-file",
         token.to_str().unwrap(),
-        "--max-downtime-ms",
-        "5",
     ];
-    args.extend_from_slice(extra);
+    args.extend_from_slice(options);
     loop {
         let out = kumo(&args);
         if out.status.success() || !text(&out.stderr).contains("not running yet") {
@@ -121,14 +132,19 @@ fn assert_verified(out: &std::process::Output, who: &str) {
     assert_benchmark_verified(out, "ep", who);
 }
 
-fn assert_benchmark_verified(out: &std::process::Output, benchmark: &str, who: &str) {
+/// The JSON lines of a run that exited 0.
+fn succeeded(out: &std::process::Output, who: &str) -> Vec<serde_json::Value> {
     assert!(
         out.status.success(),
         "{who}: {:?}: {}",
         out.status,
         text(&out.stderr)
     );
-    let lines = json_lines(out);
+    json_lines(out)
+}
+
+fn assert_benchmark_verified(out: &std::process::Output, benchmark: &str, who: &str) {
+    let lines = succeeded(out, who);
     assert_eq!(lines.len(), 2, "{who}: {lines:?}");
     assert_eq!(lines[0]["benchmark"], benchmark, "{who}");
     assert_eq!(lines[0]["verified"], true, "{who}: {}", lines[0]);
@@ -274,13 +290,8 @@ fn a_destination_that_never_acknowledges_a_round_is_given_up_on_and_the_source_r
         return;
     }
     let secret = token("silent.token", "shared");
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
     // A destination that proves the token and takes the stream but never replies.
-    let key = std::fs::read(&secret).unwrap();
-    let silent = std::thread::spawn(move || {
-        let (stream, _) = listener.accept().unwrap();
-        hv::migration::auth::destination(&mut &stream, Some(&key)).unwrap();
+    let (port, silent) = fake_destination(&secret, |stream| {
         std::io::copy(&mut &stream, &mut std::io::sink()).unwrap_or(0)
     });
     let socket = scratch("silent.sock");
@@ -293,6 +304,23 @@ fn a_destination_that_never_acknowledges_a_round_is_given_up_on_and_the_source_r
     );
     assert!(silent.join().unwrap() > 0, "the first round was sent");
     assert_verified(&src.finish(), "source");
+}
+
+/// A destination played by this test: it listens on a free loopback port, accepts
+/// one source, proves `secret` and hands the connection to `serve`.
+fn fake_destination<T: Send + 'static>(
+    secret: &Path,
+    serve: impl FnOnce(TcpStream) -> T + Send + 'static,
+) -> (u16, std::thread::JoinHandle<T>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let key = std::fs::read(secret).unwrap();
+    let thread = std::thread::spawn(move || {
+        let (stream, _) = listener.accept().unwrap();
+        hv::migration::auth::destination(&mut &stream, Some(&key)).unwrap();
+        serve(stream)
+    });
+    (port, thread)
 }
 
 /// What the proxy does to the source's stream at a byte offset, or
@@ -536,13 +564,7 @@ fn irq_source(socket: &Path, path: &str, rounds: u32) -> Background {
 /// The destination's device answered the rounds after the move and the guest saw
 /// every round of its run answered (none lost across the move).
 fn assert_irq_rounds_delivered(out: &std::process::Output, rounds: u32, who: &str) {
-    assert!(
-        out.status.success(),
-        "{who}: {:?}: {}",
-        out.status,
-        text(&out.stderr)
-    );
-    let lines = json_lines(out);
+    let lines = succeeded(out, who);
     assert_eq!(lines.len(), 1, "{who}: {lines:?}");
     let row = &lines[0];
     assert_eq!(
@@ -624,4 +646,208 @@ fn bench_migrate_sets_qemus_migration_of_the_same_guest_beside() {
     assert!(qemu["total_bytes"].as_u64().unwrap() > 0, "{qemu}");
     assert_eq!(lines[2]["vmm"], "qemu");
     assert_eq!(lines[3]["dirty_log"], "bitmap");
+}
+
+/// The NPB-MPI job of the rank-migration tests: long enough (seconds, kernel after
+/// kernel) that the move lands mid-job on a busy 2-core host; a job that ended first
+/// would fail the migration ("not running"), never pass unmoved.
+const RANK_JOB: &str = "cg.A,cg.A,cg.A,cg.A,cg.A,cg.A,cg.A,cg.A";
+
+/// One VM of a 2-rank `kumo mpi --npb RANK_JOB` job on `wire`, with more options.
+fn rank_vm(rank: u32, wire: &str, extra: &[&str]) -> Background {
+    let rank = rank.to_string();
+    let mut args = vec![
+        "mpi",
+        "--vms",
+        "1",
+        "--job-size",
+        "2",
+        "--first-rank",
+        &rank,
+        "--wire",
+        wire,
+        "--npb",
+        RANK_JOB,
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    kumo_background(&args)
+}
+
+/// Rank 0's output: a verified row for every kernel of [`RANK_JOB`], then ok.
+fn assert_job_verified(out: &std::process::Output, who: &str) {
+    let lines = succeeded(out, who);
+    let kernels = RANK_JOB.split(',').count();
+    assert_eq!(lines.len(), kernels + 1, "{who}: {lines:?}");
+    for row in &lines[..kernels] {
+        assert_eq!(row["benchmark"], "cg", "{who}: {row}");
+        assert_eq!(row["ranks"], 2, "{who}: {row}");
+        assert_eq!(row["verified"], true, "{who}: {row}");
+    }
+    assert_eq!(lines[kernels]["ok"], true, "{who}");
+}
+
+/// Rank 1's output: no results of its own (rank 0 prints them), its run verified.
+fn assert_other_rank_ended_well(out: &std::process::Output, who: &str) {
+    let lines = succeeded(out, who);
+    assert_eq!(
+        lines.last().map(|l| l["ok"].clone()),
+        Some(true.into()),
+        "{who}"
+    );
+}
+
+#[test]
+fn a_rank_vm_of_a_running_mpi_job_migrates_and_the_job_verifies() {
+    move_a_rank_mid_job("spin", &[]);
+}
+
+#[test]
+fn a_blocking_rank_on_the_fast_interrupt_path_migrates_and_the_job_verifies() {
+    // The ranks halt until their NIC's interrupt: irqfd routes re-derived from the
+    // restored MSI-X table, and no interrupt lost at the pause.
+    move_a_rank_mid_job("block", &["--wait", "block", "--irq-path", "fast"]);
+}
+
+/// Rank 1 listens; rank 0 (the one that prints the results) connects and is moved
+/// mid-job to a `kumo --incoming`; both ranks run with `options`.
+fn move_a_rank_mid_job(name: &str, options: &[&str]) {
+    if !kvm_available() {
+        return;
+    }
+    let wire = scratch(&format!("rank-move-{name}.wire"));
+    let socket = scratch(&format!("rank-move-{name}.sock"));
+    let secret = token(&format!("rank-move-{name}.token"), "rank secret");
+    let port = free_port();
+    let dst = destination(port, &secret);
+    let listening = rank_vm(1, &format!("listen:unix:{}", wire.display()), options);
+    let mut moving_options = options.to_vec();
+    moving_options.extend_from_slice(&["--ctl-socket", socket.to_str().unwrap()]);
+    let moving = rank_vm(0, &format!("unix:{}", wire.display()), &moving_options);
+    wait_for_path(&socket);
+    // The default downtime target (300 ms): a round or two against CG's writes, so
+    // the move is over long before the job.
+    let ctl = migrate_once_running(&socket, port, &secret, &[]);
+    assert!(ctl.status.success(), "kumo ctl: {}", text(&ctl.stderr));
+    let reply: serde_json::Value = serde_json::from_slice(&ctl.stdout).unwrap();
+    assert_eq!(reply["ok"], true, "{reply}");
+    assert!(reply["total_bytes"].as_u64().unwrap() > 0, "{reply}");
+    let src = moving.finish();
+    assert!(src.status.success(), "source: {}", text(&src.stderr));
+    assert!(
+        text(&src.stderr).contains("handed off"),
+        "{}",
+        text(&src.stderr)
+    );
+    assert!(json_lines(&src).is_empty(), "the source judged nothing");
+    // The moved rank finishes the job on the destination, on the same wire.
+    assert_job_verified(&dst.finish(), "destination (rank 0)");
+    assert_other_rank_ended_well(&listening.finish(), "rank 1");
+    assert!(!wire.exists(), "the listener's socket was left behind");
+}
+
+#[test]
+fn a_destination_that_vanishes_after_the_whole_stream_leaves_the_rank_running_and_the_job_verifies()
+{
+    if !kvm_available() {
+        return;
+    }
+    let wire = scratch("rank-vanish.wire");
+    let socket = scratch("rank-vanish.sock");
+    let secret = token("rank-vanish.token", "rank secret");
+    // A destination that takes every round and the paused VM's state, acknowledges
+    // the rounds, and closes the connection instead of running it: the source has
+    // paused the rank (its switch held) and must resume it.
+    let (port, vanishing) = fake_destination(&secret, |stream| {
+        let received = hv::migration::receive_from(
+            &mut std::io::BufReader::new(&stream),
+            Path::new("/dev/kvm"),
+            |round| {
+                hv::migration::stream::write_reply(
+                    &mut &stream,
+                    hv::migration::stream::Reply::Applied(round),
+                )
+                .map_err(hv::Error::from)
+            },
+        );
+        let meta = received.map(|(_, meta)| meta).unwrap();
+        let _ = stream.shutdown(Shutdown::Both);
+        meta.app
+    });
+    // This time rank 0 listens and rank 1 moves (or fails to).
+    let listening = rank_vm(0, &format!("listen:unix:{}", wire.display()), &[]);
+    let moving = rank_vm(
+        1,
+        &format!("unix:{}", wire.display()),
+        &["--ctl-socket", socket.to_str().unwrap()],
+    );
+    wait_for_path(&socket);
+    let ctl = migrate_once_running(&socket, port, &secret, &[]);
+    assert_one_line_error(&ctl, "kumo ctl", "migration to");
+    let app: serde_json::Value = serde_json::from_str(&vanishing.join().unwrap()).unwrap();
+    assert_eq!(
+        app["rank"]["first_rank"], 1,
+        "the stream names the rank: {app}"
+    );
+    assert_eq!(app["rank"]["job_size"], 2, "{app}");
+    assert_job_verified(&listening.finish(), "rank 0");
+    let src = moving.finish();
+    assert_other_rank_ended_well(&src, "rank 1 (the source)");
+    assert!(!text(&src.stderr).contains("handed off"));
+}
+
+#[test]
+fn a_rank_vm_with_a_control_socket_is_refused_unless_it_is_one_movable_vm() {
+    for (args, needle) in [
+        (
+            &[
+                "mpi",
+                "--vms",
+                "2",
+                "--npb",
+                "cg.S",
+                "--ctl-socket",
+                "/tmp/x.sock",
+            ][..],
+            "--ctl-socket serves one VM: give --vms 1 (not 2)",
+        ),
+        (
+            &[
+                "mpi",
+                "--vms",
+                "1",
+                "--job-size",
+                "2",
+                "--wire",
+                "listen:unix:/tmp/x.wire",
+                "--npb",
+                "cg.S",
+                "--ctl-socket",
+                "/tmp/x.sock",
+            ][..],
+            "a listening wire cannot move with its VM",
+        ),
+        (
+            &[
+                "mpi",
+                "--vms",
+                "1",
+                "--nic",
+                "passthrough",
+                "--vcpus",
+                "2",
+                "--npb",
+                "cg.S",
+                "--ctl-socket",
+                "/tmp/x.sock",
+            ][..],
+            "moves emulated NICs only",
+        ),
+        (
+            &["mpi", "--vms", "1", "--ctl-socket", "/tmp/x.sock"][..],
+            "--ctl-socket applies to --npb jobs",
+        ),
+    ] {
+        assert_refused(args, needle);
+    }
 }

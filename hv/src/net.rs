@@ -206,9 +206,33 @@ impl crate::migration::Quiesce for NicQuiesce {
     fn resume(&self) {
         self.shared.gate.release();
     }
+    /// The VM runs elsewhere now: the network's wires close at once, so a listening
+    /// peer takes the destination's connection as the same port without waiting for
+    /// this process to tear the VM down. Closed before the switch moves again: frames
+    /// the guest queued before the pause leave from the destination only.
+    fn hand_off(&self) {
+        self.shared.close_wires_and_release();
+    }
 }
 
 impl Shared {
+    /// A paused VM of this network runs elsewhere now: close every wire, then let
+    /// the switch move again.
+    fn close_wires_and_release(&self) {
+        let wires: Vec<Arc<Wire>> = self
+            .ports()
+            .iter()
+            .filter_map(|endpoint| match endpoint {
+                Endpoint::Wire(wire) => Some(wire.clone()),
+                Endpoint::Nic(_) => None,
+            })
+            .collect();
+        for wire in wires {
+            wire.close();
+        }
+        self.gate.release();
+    }
+
     fn switch(&self) -> MutexGuard<'_, Switch> {
         self.switch.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -394,7 +418,22 @@ impl Network {
         socket: std::os::unix::net::UnixStream,
         dom0: Option<&Arc<ThreadGroup>>,
     ) -> Result<PortId, Error> {
-        let wire = Wire::start(socket, dom0.cloned())?;
+        self.plug_wire(Wire::start(socket, dom0.cloned())?)
+    }
+
+    /// As [`Network::attach_wire`] for `socket`, a connection `listener` accepted:
+    /// when that peer closes, the next connection on `listener` is the same port (a
+    /// VM of the other side moved to another process and connects again).
+    pub fn attach_listening_wire(
+        &self,
+        socket: std::os::unix::net::UnixStream,
+        listener: std::os::unix::net::UnixListener,
+        dom0: Option<&Arc<ThreadGroup>>,
+    ) -> Result<PortId, Error> {
+        self.plug_wire(Wire::start_listening(socket, listener, dom0.cloned())?)
+    }
+
+    fn plug_wire(&self, wire: Arc<Wire>) -> Result<PortId, Error> {
         let mut switch = self.shared.switch();
         let port = switch.add_port();
         switch.set_up(port, true);
@@ -846,6 +885,25 @@ mod tests {
         let mut got = vec![0u8; u32::from_be_bytes(length) as usize];
         b_far.read_exact(&mut got).unwrap();
         assert_eq!(got, frame, "forwarded once released");
+        // A hand-off closes the wires before the switch moves again: the far end
+        // sees the wire end, and nothing of what the held switch had.
+        let (c_near, mut c_far) = UnixStream::pair().unwrap();
+        let (d_near, d_far) = UnixStream::pair().unwrap();
+        let handed = Network::new(SwitchConfig::default()).unwrap();
+        handed.attach_wire(c_near, None).unwrap();
+        handed.attach_wire(d_near, None).unwrap();
+        let handed_running = handed.start(None).unwrap();
+        handed.shared.gate.hold(&handed.shared.control);
+        (&d_far).write_all(&bytes).unwrap();
+        handed.shared.close_wires_and_release();
+        c_far
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut rest = Vec::new();
+        c_far.read_to_end(&mut rest).unwrap();
+        assert!(rest.is_empty(), "the wire ended with nothing forwarded");
+        assert_eq!(handed.shared.gate.lock().holds, 0, "released");
+        drop(handed_running);
         // A network dropped while held still ends.
         gate.hold(&network.shared.control);
         drop(running);

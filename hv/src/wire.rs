@@ -10,13 +10,21 @@
 //! stays queued in the switch. Each signals the switch thread's eventfd when it has
 //! frames or room. A malformed length ends the wire (counted, logged): the stream has
 //! lost its framing and nothing after it can be trusted.
+//!
+//! A wire that listens (`Wire::start_listening`) outlives its peer: when the peer's
+//! connection closes, the reader takes the next connection on the listener as the same
+//! port. That is how a VM moved to another process (a live migration) rejoins: the
+//! destination connects to the same path once the source's connection is gone. Frames
+//! in flight at the swap are lost (the guests' transport resends them); the stream
+//! framing has no handshake, so a new connection starts at a frame boundary.
 
 use std::collections::VecDeque;
 use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use devices::virtio::net::MAX_FRAME_LEN;
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
@@ -27,9 +35,14 @@ use crate::placement::ThreadGroup;
 /// Frames each direction holds.
 const QUEUE_FRAMES: usize = 256;
 
+/// How often a listening wire without a peer checks whether it is closing.
+const ACCEPT_POLL: Duration = Duration::from_millis(10);
+
 #[derive(Default)]
 struct Queue {
     frames: VecDeque<Vec<u8>>,
+    /// Outbox only: the next peer's connection, for the writer to take up.
+    next_peer: Option<UnixStream>,
 }
 
 /// Counters of one wire (monotonic).
@@ -39,6 +52,8 @@ pub struct WireStats {
     pub frames_out: u64,
     /// Frames whose length field was 0 or above the largest frame: the wire closed.
     pub malformed: u64,
+    /// Connections taken after the first (a listening wire whose peer came back).
+    pub reconnects: u64,
 }
 
 pub(crate) struct Wire {
@@ -52,7 +67,11 @@ pub(crate) struct Wire {
     frames_in: AtomicU64,
     frames_out: AtomicU64,
     malformed: AtomicU64,
-    socket: UnixStream,
+    reconnects: AtomicU64,
+    /// The current peer's connection (shut down to close the wire).
+    socket: Mutex<UnixStream>,
+    /// A listening wire's listener (non-blocking): the next peer after this one.
+    listener: Option<UnixListener>,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -61,9 +80,31 @@ fn lock(queue: &Mutex<Queue>) -> MutexGuard<'_, Queue> {
 }
 
 impl Wire {
-    /// Starts the wire's reader and writer on `socket`.
+    /// Starts the wire's reader and writer on `socket`; the wire ends with it.
     pub(crate) fn start(
         socket: UnixStream,
+        dom0: Option<Arc<ThreadGroup>>,
+    ) -> Result<Arc<Wire>, Error> {
+        Wire::start_on(socket, None, dom0)
+    }
+
+    /// Starts the wire on `socket`, a connection `listener` accepted; when that peer
+    /// closes, the next connection on `listener` takes its place.
+    pub(crate) fn start_listening(
+        socket: UnixStream,
+        listener: UnixListener,
+        dom0: Option<Arc<ThreadGroup>>,
+    ) -> Result<Arc<Wire>, Error> {
+        listener.set_nonblocking(true).map_err(|source| Error::Os {
+            what: "making the wire's listener non-blocking",
+            source,
+        })?;
+        Wire::start_on(socket, Some(listener), dom0)
+    }
+
+    fn start_on(
+        socket: UnixStream,
+        listener: Option<UnixListener>,
         dom0: Option<Arc<ThreadGroup>>,
     ) -> Result<Arc<Wire>, Error> {
         let os = |what| move |source| Error::Os { what, source };
@@ -77,9 +118,13 @@ impl Wire {
             frames_in: AtomicU64::new(0),
             frames_out: AtomicU64::new(0),
             malformed: AtomicU64::new(0),
-            socket: socket
-                .try_clone()
-                .map_err(os("duplicating the wire's socket"))?,
+            reconnects: AtomicU64::new(0),
+            socket: Mutex::new(
+                socket
+                    .try_clone()
+                    .map_err(os("duplicating the wire's socket"))?,
+            ),
+            listener,
             threads: Mutex::new(Vec::new()),
         });
         let mut threads = Vec::new();
@@ -112,10 +157,77 @@ impl Wire {
             frames_in: self.frames_in.load(Ordering::Relaxed),
             frames_out: self.frames_out.load(Ordering::Relaxed),
             malformed: self.malformed.load(Ordering::Relaxed),
+            reconnects: self.reconnects.load(Ordering::Relaxed),
         }
     }
 
+    /// The reader: frames from each peer in turn (one, unless the wire listens).
     fn read_frames(&self, mut stream: UnixStream) {
+        let mut previous_peer_last_frame = None;
+        loop {
+            let last_frame = self.read_peer(&mut stream, previous_peer_last_frame);
+            match self.next_peer() {
+                Some(next) => {
+                    stream = next;
+                    previous_peer_last_frame = last_frame;
+                }
+                None => break,
+            }
+        }
+    }
+
+    /// Waits for the next peer of a listening wire and hands it to the writer too;
+    /// None once the wire closes (or does not listen).
+    fn next_peer(&self) -> Option<UnixStream> {
+        let listener = self.listener.as_ref()?;
+        loop {
+            if self.closed.load(Ordering::SeqCst) {
+                return None;
+            }
+            match listener.accept() {
+                Ok((stream, _)) => {
+                    let ready = || -> std::io::Result<(UnixStream, UnixStream)> {
+                        stream.set_nonblocking(false)?;
+                        Ok((stream.try_clone()?, stream.try_clone()?))
+                    };
+                    let (for_writer, for_close) = match ready() {
+                        Ok(clones) => clones,
+                        Err(e) => {
+                            tracing::warn!("wire: taking a new peer: {e}");
+                            continue;
+                        }
+                    };
+                    *self.socket.lock().unwrap_or_else(|e| e.into_inner()) = for_close;
+                    if self.closed.load(Ordering::SeqCst) {
+                        return None; // close() may have shut the previous socket
+                    }
+                    lock(&self.outbox).next_peer = Some(for_writer);
+                    self.outbox_ready.notify_all();
+                    self.reconnects.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!("wire: a new peer took the port");
+                    return Some(stream);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(ACCEPT_POLL);
+                }
+                Err(e) => {
+                    tracing::warn!("wire: accepting the next peer: {e}; the wire ends");
+                    return None;
+                }
+            }
+        }
+    }
+
+    /// Frames from one peer until it closes (or the wire does, or its framing breaks).
+    /// A listening wire returns when the last frame came, and logs how long the port
+    /// was silent between `previous_peer_last_frame` and this peer's first frame: a
+    /// moved VM's absence as the other side of the wire saw it.
+    fn read_peer(
+        &self,
+        stream: &mut UnixStream,
+        mut previous_peer_last_frame: Option<Instant>,
+    ) -> Option<Instant> {
+        let mut last_frame = None;
         let mut length = [0u8; 4];
         while !self.closed.load(Ordering::SeqCst) {
             if stream.read_exact(&mut length).is_err() {
@@ -133,6 +245,16 @@ impl Wire {
             if stream.read_exact(&mut frame).is_err() {
                 break;
             }
+            if self.listener.is_some() {
+                let now = Instant::now();
+                if let Some(before) = previous_peer_last_frame.take() {
+                    tracing::info!(
+                        "wire: a new peer's first frame, {:.1} ms after the previous peer's last",
+                        (now - before).as_secs_f64() * 1e3
+                    );
+                }
+                last_frame = Some(now);
+            }
             let mut inbox = lock(&self.inbox);
             while inbox.frames.len() >= QUEUE_FRAMES && !self.closed.load(Ordering::SeqCst) {
                 inbox = self
@@ -145,16 +267,30 @@ impl Wire {
             self.frames_in.fetch_add(1, Ordering::Relaxed);
             let _ = self.event.write(1);
         }
+        last_frame.or(previous_peer_last_frame)
     }
 
     fn write_frames(&self, mut stream: UnixStream) {
+        // After a failed write: no peer until the reader takes the next one.
+        let mut lost_peer = false;
         loop {
             let mut outbox = lock(&self.outbox);
-            while outbox.frames.is_empty() && !self.closed.load(Ordering::SeqCst) {
+            loop {
+                if let Some(next) = outbox.next_peer.take() {
+                    stream = next;
+                    lost_peer = false;
+                }
+                let closed = self.closed.load(Ordering::SeqCst);
+                if closed || (!lost_peer && !outbox.frames.is_empty()) {
+                    break;
+                }
                 outbox = self
                     .outbox_ready
                     .wait(outbox)
                     .unwrap_or_else(|e| e.into_inner());
+            }
+            if lost_peer {
+                return; // closed while waiting for a peer
             }
             let Some(frame) = outbox.frames.pop_front() else {
                 return; // closed and empty
@@ -168,7 +304,12 @@ impl Wire {
                 .is_err()
             {
                 tracing::debug!("wire: the peer closed the stream");
-                return;
+                if self.listener.is_none() {
+                    return;
+                }
+                // The frame is lost with the peer; the next one gets what follows.
+                lost_peer = true;
+                continue;
             }
             self.frames_out.fetch_add(1, Ordering::Relaxed);
             if was_full {
@@ -209,7 +350,11 @@ impl Wire {
     /// Stops both threads and waits for them.
     pub(crate) fn close(&self) {
         self.closed.store(true, Ordering::SeqCst);
-        let _ = self.socket.shutdown(std::net::Shutdown::Both);
+        let _ = self
+            .socket
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .shutdown(std::net::Shutdown::Both);
         self.inbox_room.notify_all();
         self.outbox_ready.notify_all();
         let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
@@ -309,6 +454,69 @@ mod tests {
         }
         assert!(refused, "the outbox never refused");
         wire.close();
+    }
+
+    fn send_framed(peer: &mut UnixStream, f: &[u8]) {
+        peer.write_all(&(f.len() as u32).to_be_bytes()).unwrap();
+        peer.write_all(f).unwrap();
+    }
+
+    fn read_framed(peer: &mut UnixStream) -> Vec<u8> {
+        let mut length = [0u8; 4];
+        peer.read_exact(&mut length).unwrap();
+        let mut body = vec![0u8; u32::from_be_bytes(length) as usize];
+        peer.read_exact(&mut body).unwrap();
+        body
+    }
+
+    #[test]
+    fn a_listening_wire_takes_the_next_peer_as_the_same_port_once_the_first_closes() {
+        let dir = std::env::temp_dir().join(format!("kumo-wire-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        let path = dir.join("w.sock");
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path).unwrap();
+        let mut first = UnixStream::connect(&path).unwrap();
+        let (ours, _) = listener.accept().unwrap();
+        let wire = Wire::start_listening(ours, listener, None).unwrap();
+        send_framed(&mut first, &frame(64, 1));
+        eventually("the first peer's frame", || wire.stats().frames_in == 1);
+        // The next peer connects while the first still holds the port: it waits.
+        let mut second = UnixStream::connect(&path).unwrap();
+        send_framed(&mut second, &frame(64, 2));
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(
+            wire.stats().frames_in,
+            1,
+            "taken before the first peer left"
+        );
+        assert!(wire.send(&frame(80, 3)));
+        assert_eq!(read_framed(&mut first), frame(80, 3));
+        drop(first);
+        eventually("the second peer's frame", || wire.stats().frames_in == 2);
+        assert_eq!(wire.stats().reconnects, 1);
+        let mut got = Vec::new();
+        wire.take_frames(|f| {
+            got.push(f.to_vec());
+            true
+        });
+        assert_eq!(got, [frame(64, 1), frame(64, 2)]);
+        // Frames now go to the second peer (the first one sent to the gone peer may
+        // be lost: the writer learns of it by failing).
+        let mut seen = false;
+        second
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        for seed in 10..20u8 {
+            assert!(wire.send(&frame(90, seed)));
+            if read_framed(&mut second) == frame(90, seed) {
+                seen = true;
+                break;
+            }
+        }
+        assert!(seen, "the second peer receives the wire's frames");
+        wire.close();
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -93,11 +93,16 @@ fn a_paused_vm_resumes_and_finishes() {
     }
     let vm = Vm::new(config(2)).unwrap();
     let hub = vm.migration_hub();
+    // Not running yet: refused before anything (a migration checks this before it
+    // connects to its destination).
+    let refused = hub.check_running().unwrap_err().to_string();
+    assert!(refused.contains("not running yet"), "{refused}");
     let memory = vm.memory().clone();
     let console = Console::default();
     let out = console.clone();
     let runner = std::thread::spawn(move || vm.run(Box::new(out), Instant::now()));
     wait_for_count(&memory, 100);
+    hub.check_running().expect("running");
     let paused = hub.pause().expect("pause");
     assert_eq!(paused.vcpus().len(), 2);
     let frozen = counter(&memory);

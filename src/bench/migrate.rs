@@ -86,6 +86,7 @@ fn one_run(args: &MigrateBenchArgs, dirty: DirtyLogMode, epoch: Instant) -> Resu
         console: Vec::new(),
         sched: None,
         irq: None,
+        rank: None,
     };
     let app_json = || {
         let console = console.lock().unwrap_or_else(|e| e.into_inner()).clone();

@@ -49,8 +49,12 @@ pub trait Quiesce: Send + Sync {
     /// Finish what is in flight (into KVM or the device's state) and start nothing
     /// new until [`Quiesce::resume`].
     fn quiesce(&self);
-    /// Work on (the VM resumes, or ends here after a hand-off).
+    /// Work on (the VM resumes).
     fn resume(&self);
+    /// The VM ends here (it runs elsewhere now): by default, as [`Quiesce::resume`].
+    fn hand_off(&self) {
+        self.resume();
+    }
 }
 
 /// A device that writes guest RAM from a host thread (a NIC's receive path): KVM's
@@ -329,15 +333,25 @@ impl Hub {
         self.pause_within(PAUSE_TIMEOUT)
     }
 
-    /// As [`Hub::pause`], giving up after `timeout` if a vCPU does not stop.
-    pub fn pause_within(&self, timeout: Duration) -> Result<Paused<'_>, Error> {
-        let started = Instant::now();
-        let devices = self
-            .devices
+    /// The running VM's devices; fails if the VM has not started yet. A migration
+    /// checks this before it connects: a destination takes one source only, and one
+    /// consumed by a migration that could never pause would be lost to the retry.
+    pub fn check_running(&self) -> Result<(), Error> {
+        self.running_devices().map(drop)
+    }
+
+    fn running_devices(&self) -> Result<Arc<Devices>, Error> {
+        self.devices
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
-            .ok_or_else(|| Error::Migration("the VM is not running yet".into()))?;
+            .ok_or_else(|| Error::Migration("the VM is not running yet".into()))
+    }
+
+    /// As [`Hub::pause`], giving up after `timeout` if a vCPU does not stop.
+    pub fn pause_within(&self, timeout: Duration) -> Result<Paused<'_>, Error> {
+        let started = Instant::now();
+        let devices = self.running_devices()?;
         let mut st = self.lock();
         if st.busy {
             return Err(Error::Migration(
@@ -447,7 +461,11 @@ impl Hub {
         drop(st);
         self.changed.notify_all();
         for device in self.quiescers() {
-            device.resume();
+            if hand_off {
+                device.hand_off();
+            } else {
+                device.resume();
+            }
         }
     }
 

@@ -1,0 +1,280 @@
+//! One rank VM of an MPI job that can be moved: `kumo mpi --vms 1 --npb LIST
+//! --ctl-socket PATH` runs this process's VM of the job under a control socket, and
+//! `kumo ctl ... migrate` sends it to a `kumo --incoming`. What the destination needs
+//! to rebuild it travels in the stream's program state ([`RankApp`]): it plugs the
+//! NICs into the same PCI slots (their state, with the PCI bus's, goes in before the
+//! first `KVM_RUN`), starts a switch and connects to the same wire, whose listening
+//! side takes the new connection as the same port once the source's is gone
+//! (`hv::wire`). Frames lost in the move are resent by the guests' MPI.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use devices::net::switch::SwitchConfig;
+use hv::Vm;
+use hv::irq::IrqPath;
+use hv::net::{Network, NicSetup, RunningNetwork};
+use npb::Spec;
+use serde::{Deserialize, Serialize};
+
+use crate::cli::{MpiArgs, NicKind, Wait};
+use crate::migrate::{self, AppState, GUEST_NAME};
+use crate::mpi::{self, Job, NpbReport, WireGuard, WireSpec};
+use crate::run::GuestRun;
+
+/// What makes a VM one rank (or, with several vCPUs, several ranks) of a job: the
+/// program's state in a snapshot or migration stream beside the NPB list.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RankApp {
+    /// The rank of the VM's first vCPU (the others follow).
+    pub first_rank: u32,
+    /// Ranks of the whole job.
+    pub job_size: u32,
+    pub wait: Wait,
+    #[serde(with = "crate::irq::path_name")]
+    pub irq_path: IrqPath,
+    /// Each vCPU's rank's NIC, in slot order.
+    pub macs: Vec<[u8; 6]>,
+    /// The wire to the job's other ranks: the path this VM's side connects to (None:
+    /// the whole job runs in this VM).
+    pub wire: Option<PathBuf>,
+    /// How long to wait for the wire's other side, in seconds.
+    pub wire_wait_s: f64,
+}
+
+/// The longest wait for a wire a stream may ask for.
+const MAX_WIRE_WAIT_S: f64 = 3600.0;
+
+impl RankApp {
+    /// Checks a description that came from a stream (a file or a peer) against the
+    /// VM's `vcpus`.
+    fn check(&self, vcpus: u32) -> Result<()> {
+        if self.macs.len() != vcpus as usize {
+            bail!(
+                "the stream's rank has {} NICs for {vcpus} vCPUs",
+                self.macs.len()
+            );
+        }
+        if !(0.0..=MAX_WIRE_WAIT_S).contains(&self.wire_wait_s) {
+            bail!(
+                "the stream's wire wait ({} s) is not 0 to {MAX_WIRE_WAIT_S} s",
+                self.wire_wait_s
+            );
+        }
+        self.job().check_shape(1, vcpus).map(|_| ())
+    }
+
+    fn job(&self) -> Job {
+        Job {
+            size: self.job_size,
+            first_rank: self.first_rank,
+            wire: self.wire.clone().map(WireSpec::Connect),
+            wire_patience: Duration::from_secs_f64(self.wire_wait_s),
+            nic: NicKind::Emulated,
+            nic_server: None,
+        }
+    }
+
+    /// The kernels, checked against the job's size.
+    pub fn specs(&self, npb: &str) -> Result<Vec<Spec>> {
+        mpi::parse_npb(npb, self.job_size)
+    }
+
+    /// Judges and prints this VM's run as `kumo mpi` does its VMs'.
+    pub fn report(&self, specs: &[Spec], vcpus: u32, run: &GuestRun, json: bool) -> u8 {
+        NpbReport {
+            specs,
+            ranks: self.job_size,
+            vms: 1,
+            vcpus,
+            wait: self.wait,
+            irq_path: self.irq_path,
+            nic: NicKind::Emulated,
+            json,
+        }
+        .print([(self.first_rank, run)])
+    }
+}
+
+/// A rank VM's network: its NICs' switch, running, and the wire plugged into it.
+pub struct RankNetwork {
+    // Dropped in this order: the switch thread (and the wire's threads), the wire's
+    // socket file, the switch.
+    _running: RunningNetwork,
+    _wire: Option<WireGuard>,
+    _network: Network,
+}
+
+/// Plugs the rank's NICs into `vm` (before it runs; a restored VM's NICs take their
+/// saved state when it starts), connects the wire and starts the switch thread.
+pub fn attach(vm: &mut Vm, rank: &RankApp, vcpus: u32) -> Result<RankNetwork> {
+    rank.check(vcpus)?;
+    let network = Network::new(SwitchConfig::default())?;
+    for (k, &mac) in rank.macs.iter().enumerate() {
+        let setup = NicSetup {
+            mac,
+            irq_path: rank.irq_path,
+        };
+        network
+            .attach(vm, &setup, None)
+            .with_context(|| format!("attaching rank {}'s NIC", rank.first_rank + k as u32))?;
+    }
+    let job = rank.job();
+    let wire = job
+        .wire
+        .as_ref()
+        .map(|wire| wire.attach(&network, job.wire_patience))
+        .transpose()?;
+    let running = network.start(None)?;
+    Ok(RankNetwork {
+        _running: running,
+        _wire: wire,
+        _network: network,
+    })
+}
+
+/// `kumo mpi --vms 1 --npb LIST --ctl-socket PATH`: this process's VM of the job,
+/// saveable and movable while it runs.
+pub fn run_controlled(args: &MpiArgs, specs: &[Spec], epoch: Instant) -> Result<u8> {
+    let socket = args
+        .ctl_socket
+        .as_deref()
+        .context("--ctl-socket needs a path")?;
+    if args.vms != 1 {
+        bail!(
+            "--ctl-socket serves one VM: give --vms 1 (not {})",
+            args.vms
+        );
+    }
+    if args.nic != NicKind::Emulated || args.nic_server.is_some() {
+        bail!("--ctl-socket moves emulated NICs only: a passthrough NIC's server cannot move");
+    }
+    let wire = match &args.wire {
+        Some(WireSpec::Listen(_)) => bail!(
+            "--ctl-socket: a listening wire cannot move with its VM; give this side \
+             --wire unix:PATH (and the other side listen:unix:PATH)"
+        ),
+        Some(WireSpec::Connect(path)) => Some(path.clone()),
+        None => None,
+    };
+    let first = args.first_rank;
+    let rank = RankApp {
+        first_rank: first,
+        job_size: args.job_size.unwrap_or(args.vcpus),
+        wait: args.wait,
+        irq_path: args.irq_path,
+        macs: (first..first.saturating_add(args.vcpus))
+            .map(mpi::mac)
+            .collect(),
+        wire,
+        wire_wait_s: args.wire_wait.min(MAX_WIRE_WAIT_S),
+    };
+    rank.job().check_shape(1, args.vcpus)?;
+    crate::run::check_guest_vcpus(args.vcpus, &args.kvm_device)?;
+    let config = crate::run::embedded_config(
+        args.vcpus,
+        mpi::npb_memory_mib(specs, rank.job_size, args.vcpus),
+        format!(
+            "mpi={first}:{}:{} {}",
+            rank.job_size,
+            args.vcpus,
+            mpi::npb_extra(specs, args.wait)
+        ),
+        &args.kvm_device,
+    );
+    let vm = Vm::new(config)?;
+    let app = AppState {
+        guest: GUEST_NAME.into(),
+        npb: migrate::npb_list(specs),
+        vcpus: args.vcpus,
+        console: Vec::new(),
+        sched: None,
+        irq: None,
+        rank: Some(rank),
+    };
+    migrate::run_vm(vm, app, Some(socket), epoch, args.json)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rank() -> RankApp {
+        RankApp {
+            first_rank: 1,
+            job_size: 2,
+            wait: Wait::Spin,
+            irq_path: IrqPath::Generic,
+            macs: vec![mpi::mac(1)],
+            wire: Some("/tmp/w.sock".into()),
+            wire_wait_s: 30.0,
+        }
+    }
+
+    #[test]
+    fn a_rank_travels_as_json_and_a_damaged_one_is_refused_before_anything_is_built() {
+        let app = AppState {
+            guest: GUEST_NAME.into(),
+            npb: "cg.W".into(),
+            vcpus: 1,
+            console: Vec::new(),
+            sched: None,
+            irq: None,
+            rank: Some(rank()),
+        };
+        let text = serde_json::to_string(&app).unwrap();
+        let back = AppState::parse(&text).unwrap();
+        assert_eq!(back, app);
+        assert_eq!(back.specs().unwrap()[0].to_string(), "cg.W");
+        assert!(rank().check(1).is_ok());
+        let refused = |r: RankApp, vcpus: u32, needle: &str| {
+            let e = format!("{:#}", r.check(vcpus).unwrap_err());
+            assert!(e.contains(needle), "{e} (wanted {needle})");
+        };
+        refused(rank(), 2, "1 NICs for 2 vCPUs");
+        for wait in [f64::NAN, -1.0, 1e9] {
+            refused(
+                RankApp {
+                    wire_wait_s: wait,
+                    ..rank()
+                },
+                1,
+                "wire wait",
+            );
+        }
+        refused(
+            RankApp {
+                first_rank: 2,
+                ..rank()
+            },
+            1,
+            "do not fit a job of 2 ranks",
+        );
+        refused(
+            RankApp {
+                wire: None,
+                ..rank()
+            },
+            1,
+            "give a --wire",
+        );
+        // A kernel the job's size cannot run, and fields that do not parse.
+        let bad_npb = AppState {
+            npb: "is.S".into(),
+            rank: Some(RankApp {
+                job_size: 3,
+                first_rank: 0,
+                macs: vec![mpi::mac(0); 3],
+                ..rank()
+            }),
+            vcpus: 3,
+            ..app.clone()
+        };
+        assert!(bad_npb.specs().is_err());
+        let bad_path = text.replace("\"generic\"", "\"sideways\"");
+        assert!(AppState::parse(&bad_path).is_err());
+        let bad_wait = text.replace("\"spin\"", "\"nap\"");
+        assert!(AppState::parse(&bad_wait).is_err());
+    }
+}
