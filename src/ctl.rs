@@ -114,7 +114,14 @@ pub trait Controlled: Send + Sync {
     fn migrate(&self, _request: &MigrateRequest) -> Result<Value, String> {
         Err(NO_SINGLE_VM.into())
     }
+    /// The host CPUs the VM's guest is told it may use (vCPU ballooning), set to
+    /// `active` first if given.
+    fn vcpu_balloon(&self, _active: Option<u32>) -> Result<Value, String> {
+        Err(NO_BALLOON.into())
+    }
 }
+
+const NO_BALLOON: &str = "vcpu-balloon needs a kumo running one VM (started with --ctl-socket)";
 
 const NO_SINGLE_VM: &str =
     "snapshot and migrate need a kumo running one VM (started with --ctl-socket)";
@@ -156,6 +163,9 @@ enum Request {
         stop: bool,
     },
     Migrate(MigrateRequest),
+    VcpuBalloon {
+        active: Option<u32>,
+    },
 }
 
 /// Answers one request line.
@@ -193,6 +203,7 @@ pub fn answer(target: &dyn Controlled, line: &str) -> Value {
             .map(|d| json!({"domain": d})),
         Request::Snapshot { path, stop } => target.snapshot(&path, stop),
         Request::Migrate(request) => target.migrate(&request),
+        Request::VcpuBalloon { active } => target.vcpu_balloon(active),
     };
     match result {
         Ok(Value::Object(mut fields)) => {
@@ -429,6 +440,10 @@ pub fn run_ctl(args: &CtlArgs) -> Result<u8> {
                 "ack_timeout_ms": ack_timeout_ms,
             })
         }
+        CtlCommand::VcpuBalloon { active } => match active {
+            Some(n) => json!({"cmd": "vcpu-balloon", "active": n}),
+            None => json!({"cmd": "vcpu-balloon"}),
+        },
     };
     // Snapshots and migrations take as long as they take (a migration waits up to
     // its acknowledgement timeout per round): no idle limit on their reply.
@@ -491,6 +506,11 @@ pub fn run_ctl(args: &CtlArgs) -> Result<u8> {
             }
         ),
         CtlCommand::Migrate { .. } => crate::migrate::print_migration(&reply),
+        CtlCommand::VcpuBalloon { .. } => crate::outln!(
+            "vcpu-balloon: {} host CPUs for {} vCPUs",
+            reply["active"],
+            reply["vcpus"]
+        ),
         CtlCommand::Domain(DomainCommand::Set { .. }) => {
             let d = &reply["domain"];
             crate::outln!(

@@ -37,11 +37,54 @@ pub fn check_vcpus(vcpus: u32) -> anyhow::Result<()> {
 }
 
 /// The embedded guest's command line for `specs` on `vcpus` vCPUs on this host.
-pub fn npb_cmdline(specs: &[Spec], vcpus: u32, wait: BarrierWait) -> String {
+pub fn npb_cmdline(specs: &[Spec], vcpus: u32, wait: BarrierWait, balloon: VcpuBalloon) -> String {
     let names: Vec<String> = specs.iter().map(ToString::to_string).collect();
     let cpus = host_cpus();
     let keys = barrier_keys(team_spin_us(vcpus, cpus), wait.resolve(vcpus, cpus));
-    format!("npb={} {keys}", names.join(","))
+    let balloon = if balloon.resolve(vcpus, cpus) {
+        " balloon=1"
+    } else {
+        ""
+    };
+    format!("npb={} {keys}{balloon}", names.join(","))
+}
+
+/// vCPU ballooning (VCPU-Bal): whether the guest runs its team as green threads on
+/// only as many vCPUs as there are host CPUs for it, parking the others (`npb::green`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum VcpuBalloon {
+    /// On when the vCPUs outnumber the host CPUs kumo may use.
+    #[default]
+    Auto,
+    On,
+    Off,
+}
+
+impl VcpuBalloon {
+    pub fn name(self) -> &'static str {
+        match self {
+            VcpuBalloon::Auto => "auto",
+            VcpuBalloon::On => "on",
+            VcpuBalloon::Off => "off",
+        }
+    }
+
+    /// Whether the guest balloons with `vcpus` vCPUs on `host_cpus` CPUs. With a CPU
+    /// per vCPU there is nothing to gain, and every team keeps a thread per vCPU.
+    pub fn resolve(self, vcpus: u32, host_cpus: usize) -> bool {
+        match self {
+            VcpuBalloon::Auto => vcpus as usize > host_cpus,
+            VcpuBalloon::On => true,
+            VcpuBalloon::Off => false,
+        }
+    }
+}
+
+/// Tells `vm`'s guest how many host CPUs it may use (read by a ballooning guest;
+/// harmless to any other).
+pub fn tell_host_cpus(vm: &hv::Vm) {
+    let cpus = u32::try_from(host_cpus()).unwrap_or(u32::MAX);
+    vm.control().host_cpus().set(cpus);
 }
 
 /// How the embedded guest's threads sleep at a barrier once their spin is over.

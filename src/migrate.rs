@@ -93,6 +93,8 @@ pub struct VmTarget {
     /// The credit scheduler, if the VM runs under it, and its control.
     driver: Option<Arc<hv::credit::CreditDriver>>,
     sched: SchedControl,
+    /// The vCPU threads' control: the host CPU count the guest sees.
+    control: Arc<hv::placement::VcpuControl>,
 }
 
 impl VmTarget {
@@ -370,6 +372,19 @@ impl Controlled for VmTarget {
     fn migrate(&self, request: &MigrateRequest) -> Result<Value, String> {
         self.migrate_to(request).map_err(|e| format!("{e:#}"))
     }
+    fn vcpu_balloon(&self, active: Option<u32>) -> Result<Value, String> {
+        let vcpus = self.control.vcpus() as u32;
+        let host_cpus = self.control.host_cpus();
+        if let Some(n) = active {
+            if !(1..=vcpus).contains(&n) {
+                return Err(format!(
+                    "vcpu-balloon --active {n}: the VM has {vcpus} vCPUs (give 1 to {vcpus})"
+                ));
+            }
+            host_cpus.set(n);
+        }
+        Ok(serde_json::json!({"active": host_cpus.count(), "vcpus": vcpus}))
+    }
 }
 
 /// `kumo --ctl-socket PATH [--npb ...]` (or `--irq-check`): the embedded guest,
@@ -404,7 +419,7 @@ pub fn run_controlled(args: &VmArgs, epoch: Instant) -> Result<u8> {
         let config = run::embedded_config(
             args.vcpus,
             memory_mib,
-            guest::npb_cmdline(&specs, args.vcpus, args.barrier_wait),
+            guest::npb_cmdline(&specs, args.vcpus, args.barrier_wait, args.vcpu_balloon),
             &args.kvm_device,
         );
         (config, npb_list(&specs), None)
@@ -460,6 +475,8 @@ pub fn run_vm(
         .map(|irq| hv::irq_device::attach(&mut vm, &irq.setup(), None))
         .transpose()
         .context("attaching the interrupt test device")?;
+    // This host's CPUs, also for a VM saved or migrated from another.
+    guest::tell_host_cpus(&vm);
     let console = Arc::new(Mutex::new(app.console.clone()));
     let replay = app.console.clone();
     let credit = app
@@ -473,6 +490,7 @@ pub fn run_vm(
         console: console.clone(),
         driver: driver.clone(),
         sched: SchedControl::new(driver, Vec::new()),
+        control: vm.control(),
     });
     let dom0 = credit.as_ref().map(|c| c.dom0.clone());
     let server = socket

@@ -87,6 +87,11 @@ pub fn take_stats() -> Stats {
     }
 }
 
+/// One barrier passed (the green-thread balloon keeps its own barrier of vCPUs).
+pub fn count_barrier() {
+    add(&STATS.barriers, 1);
+}
+
 /// Returns once `word != value`.
 pub fn wait_while_eq(word: &AtomicU32, value: u32) {
     let spin_ticks = SPIN_TICKS.load(Ordering::Relaxed);
