@@ -35,8 +35,11 @@ const _: () = assert!(MAX_RANKS as u32 <= PLAN_MASK);
 /// What the balloon needs from the platform underneath: waiting on a word, waking its
 /// waiters, the host's CPU count and a clock.
 pub trait Carrier: Sync {
-    /// Returns once `word != value` (spin, then sleep as the platform does).
-    fn wait_while_eq(&self, word: &AtomicU32, value: u32);
+    /// Returns once `word != value`, at a barrier of carriers (spinning as long as
+    /// the platform finds worth it: the carriers have host CPUs, but maybe shared).
+    fn wait_at_barrier(&self, word: &AtomicU32, value: u32);
+    /// Returns once `word != value`, parked: it may be long, so sleep at once.
+    fn wait_parked(&self, word: &AtomicU32, value: u32);
     /// Stores `value` into `word` and wakes those waiting on it.
     fn store_and_wake(&self, word: &AtomicU32, value: u32);
     /// How many carriers the team should run on now; clamped to `1..=ranks`.
@@ -201,7 +204,7 @@ impl Balloon {
             if me < (word & PLAN_MASK) as usize {
                 return Some(word);
             }
-            self.platform().wait_while_eq(&self.seq, seq);
+            self.platform().wait_parked(&self.seq, seq);
         }
     }
 
@@ -220,7 +223,7 @@ impl Balloon {
                 self.bump_seq();
             }
         } else {
-            platform.wait_while_eq(&self.word, word);
+            platform.wait_at_barrier(&self.word, word);
         }
     }
 
@@ -432,10 +435,13 @@ mod tests {
     }
 
     impl Carrier for HostCarrier {
-        fn wait_while_eq(&self, word: &AtomicU32, value: u32) {
+        fn wait_at_barrier(&self, word: &AtomicU32, value: u32) {
             while word.load(Ordering::SeqCst) == value {
                 std::thread::yield_now();
             }
+        }
+        fn wait_parked(&self, word: &AtomicU32, value: u32) {
+            self.wait_at_barrier(word, value);
         }
         fn store_and_wake(&self, word: &AtomicU32, value: u32) {
             word.store(value, Ordering::SeqCst);

@@ -182,7 +182,7 @@ fn master(info: &BootInfo) -> ! {
     };
     sync::set_spin_ticks(info.tsc_khz * plan.spin_us / 1000);
     sync::use_pv_wait(plan.pv_wait);
-    if plan.balloon {
+    if plan.balloon.is_some() {
         sys::pv_host_cpus(HOST_CPUS.as_ptr());
     }
     if let Some(kind) = plan.fault {
@@ -292,10 +292,12 @@ fn end(status: u32) -> ! {
     sys::exit(status)
 }
 
-/// Forks `spec` over every CPU (as green threads of [`BALLOON`] with `green`), joins,
-/// and prints the master's result line.
-fn run_benchmark(info: &BootInfo, spec: Spec, green: bool) -> bool {
+/// Forks `spec` over every CPU (as green threads of [`BALLOON`] with `balloon`, whose
+/// carriers spin that long at their barriers), joins, and prints the master's result
+/// line.
+fn run_benchmark(info: &BootInfo, spec: Spec, balloon: Option<u64>) -> bool {
     let threads = info.cpus;
+    let green = balloon.is_some();
     let stacks = if green { green_stacks(info) } else { 0 };
     let Some((arena_start, arena_end)) = arena_range(info, spec, stacks) else {
         let mut line = Line::new();
@@ -304,8 +306,8 @@ fn run_benchmark(info: &BootInfo, spec: Spec, green: bool) -> bool {
         return false;
     };
     sync::take_stats();
-    let outcome = if green {
-        run_green(info, spec, (arena_start, arena_end))
+    let outcome = if let Some(spin_us) = balloon {
+        run_green(info, spec, (arena_start, arena_end), spin_us)
     } else {
         // SAFETY: the workers read JOB only after FORK.
         unsafe { *JOB.0.get() = Some(Job::Benchmark(spec)) };
@@ -419,11 +421,16 @@ fn green_stacks(info: &BootInfo) -> u64 {
 struct GuestCarrier {
     cpus: u32,
     tsc_khz: u64,
+    /// Spin at a barrier of carriers (`balloon_spin_us=`), in TSC ticks.
+    spin_ticks: u64,
 }
 
 impl Carrier for GuestCarrier {
-    fn wait_while_eq(&self, word: &AtomicU32, value: u32) {
-        sync::wait_while_eq(word, value);
+    fn wait_at_barrier(&self, word: &AtomicU32, value: u32) {
+        sync::wait_while_eq_spinning(word, value, self.spin_ticks);
+    }
+    fn wait_parked(&self, word: &AtomicU32, value: u32) {
+        sync::wait_while_eq_spinning(word, value, 0);
     }
     fn store_and_wake(&self, word: &AtomicU32, value: u32) {
         sync::store_and_wake(word, value);
@@ -445,10 +452,11 @@ impl Carrier for GuestCarrier {
 
 /// Runs `spec`'s ranks as green threads over every CPU (the master carries too) and
 /// returns rank 0's outcome.
-fn run_green(info: &BootInfo, spec: Spec, arena: (u64, u64)) -> npb::Outcome {
+fn run_green(info: &BootInfo, spec: Spec, arena: (u64, u64), spin_us: u64) -> npb::Outcome {
     let carrier = GuestCarrier {
         cpus: info.cpus,
         tsc_khz: info.tsc_khz,
+        spin_ticks: info.tsc_khz * spin_us / 1000,
     };
     let ranks = info.cpus as usize;
     let body = move |rank: usize, runtime: &dyn Runtime| {
@@ -515,8 +523,9 @@ struct Plan {
     /// `pvwait=1`: kumo's paravirtual wait page exists.
     pv_wait: bool,
     /// `balloon=1`: run teams as green threads on as many vCPUs as kumo says the
-    /// host has CPUs for.
-    balloon: bool,
+    /// host has CPUs for (`Some(spin)`: the spin of a barrier of those vCPUs,
+    /// `balloon_spin_us=`, by default `spin_us=`'s).
+    balloon: Option<u64>,
     /// `mpi=` was given: `npb=` items are NPB-MPI kernels.
     mpi: bool,
     /// `mpi=`, `wait=`, `net=`, `net_rounds=`, `net_seed=`, `net_drop=`.
@@ -582,13 +591,14 @@ fn parse_command_line(cmdline: &str) -> Result<Plan, ()> {
         idle: None,
         spin_us: DEFAULT_SPIN_MICROSECONDS,
         pv_wait: false,
-        balloon: false,
+        balloon: None,
         mpi: false,
         net: network::Plan::new(),
         blk: false,
     };
     let mut mpi_given = false;
     let mut npb_items = None;
+    let (mut balloon, mut balloon_spin_us) = (false, None);
     let mut ok = true;
     for word in cmdline.split_ascii_whitespace() {
         if let Some(items) = word.strip_prefix("npb=") {
@@ -611,9 +621,18 @@ fn parse_command_line(cmdline: &str) -> Result<Plan, ()> {
             }
         } else if let Some(flag) = word.strip_prefix("balloon=") {
             match flag {
-                "0" | "1" => plan.balloon = flag == "1",
+                "0" => balloon = false,
+                "1" => balloon = true,
                 _ => {
                     error("bad-balloon", flag);
+                    ok = false;
+                }
+            }
+        } else if let Some(micros) = word.strip_prefix("balloon_spin_us=") {
+            match micros.parse().ok().filter(|&us: &u64| us <= 1_000_000) {
+                Some(us) => balloon_spin_us = Some(us),
+                None => {
+                    error("bad-balloon-spin", micros);
                     ok = false;
                 }
             }
@@ -731,6 +750,7 @@ fn parse_command_line(cmdline: &str) -> Result<Plan, ()> {
         }
     }
     plan.mpi = mpi_given;
+    plan.balloon = balloon.then_some(balloon_spin_us.unwrap_or(plan.spin_us));
     if ok { Ok(plan) } else { Err(()) }
 }
 

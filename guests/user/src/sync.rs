@@ -94,7 +94,11 @@ pub fn count_barrier() {
 
 /// Returns once `word != value`.
 pub fn wait_while_eq(word: &AtomicU32, value: u32) {
-    let spin_ticks = SPIN_TICKS.load(Ordering::Relaxed);
+    wait_while_eq_spinning(word, value, SPIN_TICKS.load(Ordering::Relaxed));
+}
+
+/// As [`wait_while_eq`], spinning `spin_ticks` before sleeping.
+pub fn wait_while_eq_spinning(word: &AtomicU32, value: u32, spin_ticks: u64) {
     let start = sys::rdtsc();
     let mut slept = 0;
     while word.load(Ordering::Acquire) == value {
