@@ -314,7 +314,7 @@ pub enum CtlCommand {
     /// team on that many vCPUs from its next barrier and parks the others.
     VcpuBalloon {
         /// Host CPUs for the guest (1 up to its vCPU count).
-        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        #[arg(long, value_name = "N")]
         active: Option<u32>,
     },
     /// Save the running VM to a file (`kumo --restore PATH` runs it again).

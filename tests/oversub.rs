@@ -8,7 +8,10 @@ use common::*;
 
 const TWELVE: &str = "12";
 
-/// Every kernel at class S on 12 vCPUs with `extra` options: all verified.
+/// Every kernel at class S on 12 vCPUs with `extra` options: all verified; with
+/// `--vcpu-balloon on` as green threads (the guest reports the host CPUs it ran on),
+/// otherwise (these tests say `off` or `on`: 12 vCPUs on most hosts is `auto`'s on)
+/// one thread per vCPU.
 fn every_kernel_s_verifies_on_12_vcpus(extra: &[&str]) {
     let list: Vec<String> = npb::Kernel::ALL
         .iter()
@@ -30,21 +33,108 @@ fn every_kernel_s_verifies_on_12_vcpus(extra: &[&str]) {
         assert_eq!(line["benchmark"], kernel.name(), "{line}");
         assert_eq!(line["vcpus"], 12, "{line}");
         assert_eq!(line["verified"], true, "{line}");
+        let ballooned = extra.windows(2).any(|w| w == ["--vcpu-balloon", "on"]);
+        assert_eq!(line.get("balloon_host_cpus").is_some(), ballooned, "{line}");
     }
 }
 
 #[test]
 fn every_kernel_verifies_on_12_vcpus_blocking_in_kumo() {
     if kvm_available() {
-        every_kernel_s_verifies_on_12_vcpus(&["--barrier-wait", "pv"]);
+        every_kernel_s_verifies_on_12_vcpus(&["--barrier-wait", "pv", "--vcpu-balloon", "off"]);
     }
 }
 
 #[test]
 fn every_kernel_verifies_on_12_vcpus_halting() {
     if kvm_available() {
-        every_kernel_s_verifies_on_12_vcpus(&["--barrier-wait", "hlt"]);
+        every_kernel_s_verifies_on_12_vcpus(&["--barrier-wait", "hlt", "--vcpu-balloon", "off"]);
     }
+}
+
+#[test]
+fn every_kernel_verifies_on_12_vcpus_ballooned_blocking_in_kumo() {
+    if kvm_available() {
+        every_kernel_s_verifies_on_12_vcpus(&["--barrier-wait", "pv", "--vcpu-balloon", "on"]);
+    }
+}
+
+#[test]
+fn every_kernel_verifies_on_12_vcpus_ballooned_halting() {
+    if kvm_available() {
+        every_kernel_s_verifies_on_12_vcpus(&["--barrier-wait", "hlt", "--vcpu-balloon", "on"]);
+    }
+}
+
+/// `kumo ctl vcpu-balloon` moves a running VM's team between 4, 1 and 3 vCPUs; every
+/// benchmark still verifies, the last one ran with the last count, and counts the VM
+/// cannot take are refused with one line.
+#[test]
+fn the_ballooned_vcpu_count_changes_while_the_vm_runs() {
+    if !kvm_available() {
+        return;
+    }
+    let socket = scratch("balloon.sock");
+    let list = ["cg.W"; 8].join(",");
+    let vm = kumo_background(&[
+        "--npb",
+        &list,
+        "--vcpus",
+        "12",
+        "--vcpu-balloon",
+        "on",
+        "--json",
+        "--ctl-socket",
+        socket.to_str().unwrap(),
+    ]);
+    wait_for_path(&socket);
+    let path = socket.to_str().unwrap();
+    for active in ["4", "1", "3"] {
+        let out = kumo(&[
+            "ctl",
+            "--socket",
+            path,
+            "--json",
+            "vcpu-balloon",
+            "--active",
+            active,
+        ]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let reply: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(reply["active"], active.parse::<u32>().unwrap(), "{reply}");
+        assert_eq!(reply["vcpus"], 12, "{reply}");
+    }
+    assert_refused(
+        &["ctl", "--socket", path, "vcpu-balloon", "--active", "13"],
+        "the VM has 12 vCPUs (give 1 to 12)",
+    );
+    assert_refused(
+        &["ctl", "--socket", path, "vcpu-balloon", "--active", "0"],
+        "--active 0: the VM has 12 vCPUs",
+    );
+    let out = vm.finish();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let lines = json_lines(&out);
+    let results: Vec<_> = lines
+        .iter()
+        .filter(|l| l.get("benchmark").is_some())
+        .collect();
+    assert_eq!(results.len(), 8, "{lines:?}");
+    for line in &results {
+        assert_eq!(line["verified"], true, "{line}");
+    }
+    assert_eq!(results[7]["balloon_host_cpus"], 3.0, "{:?}", results[7]);
+}
+
+#[test]
+fn a_bad_vcpu_balloon_is_refused() {
+    let out = kumo(&["--vcpu-balloon", "maybe", "--npb", "ep.S"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("maybe"), "{}", text(&out.stderr));
+    assert_refused(
+        &["--kernel", "/nonexistent", "--vcpu-balloon", "on"],
+        "--vcpu-balloon does not apply to --kernel runs",
+    );
 }
 
 #[test]
