@@ -449,6 +449,11 @@ pub struct OversubArgs {
     #[arg(long, value_name = "R", default_value_t = 3)]
     pub runs: u32,
 
+    /// vCPU ballooning settings to compare for each guest run, comma-separated (off,
+    /// on, auto: on when the vCPUs outnumber the host CPUs).
+    #[arg(long, value_name = "LIST", default_value = "off,auto")]
+    pub balloon: String,
+
     /// Barrier spins to compare, comma-separated: `team` (kumo's for a VM alone:
     /// none when vCPUs outnumber host CPUs), `shared` (the spin before issue 16 and
     /// of nodes: 50 us when they do), or microseconds. Both with a CPU per thread:

@@ -41,12 +41,13 @@ pub fn npb_cmdline(specs: &[Spec], vcpus: u32, wait: BarrierWait, balloon: VcpuB
     let names: Vec<String> = specs.iter().map(ToString::to_string).collect();
     let cpus = host_cpus();
     let keys = barrier_keys(team_spin_us(vcpus, cpus), wait.resolve(vcpus, cpus));
-    let balloon = if balloon.resolve(vcpus, cpus) {
-        " balloon=1"
-    } else {
-        ""
-    };
+    let balloon = balloon_keys(balloon.resolve(vcpus, cpus));
     format!("npb={} {keys}{balloon}", names.join(","))
+}
+
+/// The guest's command-line key for vCPU ballooning (with a leading space), if on.
+pub fn balloon_keys(on: bool) -> &'static str {
+    if on { " balloon=1" } else { "" }
 }
 
 /// vCPU ballooning (VCPU-Bal): whether the guest runs its team as green threads on
