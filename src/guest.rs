@@ -45,9 +45,16 @@ pub fn npb_cmdline(specs: &[Spec], vcpus: u32, wait: BarrierWait, balloon: VcpuB
     format!("npb={} {keys}{balloon}", names.join(","))
 }
 
-/// The guest's command-line key for vCPU ballooning (with a leading space), if on.
-pub fn balloon_keys(on: bool) -> &'static str {
-    if on { " balloon=1" } else { "" }
+/// The guest's command-line keys for vCPU ballooning (with a leading space), if on.
+/// Its vCPUs at a barrier spin adaptively up to [`DEDICATED_SPIN_US`]: each has a host
+/// CPU unless something else takes it, and the spin halves whenever it was in vain
+/// (`npb::green::next_spin`); on the loaded 2-core host this beat no spin (README).
+pub fn balloon_keys(on: bool) -> String {
+    if on {
+        format!(" balloon=1 balloon_spin_us={DEDICATED_SPIN_US}")
+    } else {
+        String::new()
+    }
 }
 
 /// vCPU ballooning (VCPU-Bal): whether the guest runs its team as green threads on
@@ -300,6 +307,17 @@ mod tests {
         assert_eq!(team_spin_us(2, 2), DEDICATED_SPIN_US);
         assert_eq!(team_spin_us(12, 2), OVERSUBSCRIBED_SPIN_US);
         assert_eq!(barrier_keys(0, BarrierWait::Pv), "spin_us=0 pvwait=1");
+    }
+
+    #[test]
+    fn the_balloon_is_on_by_default_only_when_vcpus_outnumber_cpus() {
+        assert!(VcpuBalloon::Auto.resolve(12, 2));
+        assert!(!VcpuBalloon::Auto.resolve(2, 2));
+        assert!(!VcpuBalloon::Auto.resolve(1, 8));
+        assert!(VcpuBalloon::On.resolve(2, 2));
+        assert!(!VcpuBalloon::Off.resolve(12, 2));
+        assert_eq!(balloon_keys(false), "");
+        assert_eq!(balloon_keys(true), " balloon=1 balloon_spin_us=2000");
         assert_eq!(barrier_keys(50, BarrierWait::Hlt), "spin_us=50");
         assert_eq!(BarrierWait::Auto.resolve(12, 2), BarrierWait::Pv);
         assert_eq!(BarrierWait::Auto.resolve(2, 2), BarrierWait::Hlt);

@@ -295,6 +295,20 @@ pub fn ranks_of(me: usize, plan: usize, size: usize) -> impl Iterator<Item = usi
     (start..size).step_by(plan.max(1))
 }
 
+/// The next spin of an adaptive barrier wait (as adaptive mutexes do): the carriers
+/// have host CPUs of their own unless something else on the host takes them, and a
+/// spin pays only in the first case. After a wait that ended while spinning, double
+/// the spin (up to `max`); after one that had to sleep, halve it, down to `max / 64`
+/// (so that it can grow again when the CPUs are back).
+pub fn next_spin(spin: u64, slept: bool, max: u64) -> u64 {
+    let next = if slept {
+        spin / 2
+    } else {
+        spin.saturating_mul(2)
+    };
+    next.clamp(max / 64, max)
+}
+
 fn pack(generation: u32, plan: u32) -> u32 {
     (generation << PLAN_BITS) | plan
 }
@@ -475,6 +489,24 @@ mod tests {
             }
         });
         assert!(balloon.ended.load(Ordering::SeqCst));
+    }
+
+    #[test]
+    fn the_spin_halves_after_sleeps_and_doubles_back_within_its_bounds() {
+        let max = 6400;
+        let mut spin = max;
+        for _ in 0..20 {
+            spin = next_spin(spin, true, max);
+        }
+        assert_eq!(spin, 100, "floor is max / 64");
+        spin = next_spin(spin, false, max);
+        assert_eq!(spin, 200);
+        for _ in 0..20 {
+            spin = next_spin(spin, false, max);
+        }
+        assert_eq!(spin, max);
+        assert_eq!(next_spin(0, false, 0), 0, "no spin stays none");
+        assert_eq!(next_spin(u64::MAX, false, u64::MAX), u64::MAX);
     }
 
     #[test]

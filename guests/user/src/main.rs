@@ -24,7 +24,7 @@ mod virtio;
 use core::arch::global_asm;
 use core::cell::UnsafeCell;
 use core::fmt::{self, Write};
-use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use kumo_abi::{BootInfo, USER_MAGIC, fault};
 use npb::green::{Balloon, Carrier};
@@ -421,16 +421,21 @@ fn green_stacks(info: &BootInfo) -> u64 {
 struct GuestCarrier {
     cpus: u32,
     tsc_khz: u64,
-    /// Spin at a barrier of carriers (`balloon_spin_us=`), in TSC ticks.
-    spin_ticks: u64,
+    /// Longest spin at a barrier of carriers (`balloon_spin_us=`), and the spin now
+    /// (adaptive, `npb::green::next_spin`), in TSC ticks.
+    max_spin_ticks: u64,
+    spin_ticks: AtomicU64,
 }
 
 impl Carrier for GuestCarrier {
     fn wait_at_barrier(&self, word: &AtomicU32, value: u32) {
-        sync::wait_while_eq_spinning(word, value, self.spin_ticks);
+        let spin = self.spin_ticks.load(Ordering::Relaxed);
+        let slept = sync::wait_while_eq_spinning(word, value, spin);
+        let next = npb::green::next_spin(spin, slept, self.max_spin_ticks);
+        self.spin_ticks.store(next, Ordering::Relaxed);
     }
     fn wait_parked(&self, word: &AtomicU32, value: u32) {
-        sync::wait_while_eq_spinning(word, value, 0);
+        let _ = sync::wait_while_eq_spinning(word, value, 0);
     }
     fn store_and_wake(&self, word: &AtomicU32, value: u32) {
         sync::store_and_wake(word, value);
@@ -456,7 +461,8 @@ fn run_green(info: &BootInfo, spec: Spec, arena: (u64, u64), spin_us: u64) -> np
     let carrier = GuestCarrier {
         cpus: info.cpus,
         tsc_khz: info.tsc_khz,
-        spin_ticks: info.tsc_khz * spin_us / 1000,
+        max_spin_ticks: info.tsc_khz * spin_us / 1000,
+        spin_ticks: AtomicU64::new(info.tsc_khz * spin_us / 1000),
     };
     let ranks = info.cpus as usize;
     let body = move |rank: usize, runtime: &dyn Runtime| {

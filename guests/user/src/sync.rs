@@ -94,11 +94,11 @@ pub fn count_barrier() {
 
 /// Returns once `word != value`.
 pub fn wait_while_eq(word: &AtomicU32, value: u32) {
-    wait_while_eq_spinning(word, value, SPIN_TICKS.load(Ordering::Relaxed));
+    let _ = wait_while_eq_spinning(word, value, SPIN_TICKS.load(Ordering::Relaxed));
 }
 
-/// As [`wait_while_eq`], spinning `spin_ticks` before sleeping.
-pub fn wait_while_eq_spinning(word: &AtomicU32, value: u32, spin_ticks: u64) {
+/// As [`wait_while_eq`], spinning `spin_ticks` before sleeping; true if it slept.
+pub fn wait_while_eq_spinning(word: &AtomicU32, value: u32, spin_ticks: u64) -> bool {
     let start = sys::rdtsc();
     let mut slept = 0;
     while word.load(Ordering::Acquire) == value {
@@ -112,6 +112,7 @@ pub fn wait_while_eq_spinning(word: &AtomicU32, value: u32, spin_ticks: u64) {
     }
     add(&STATS.spin_ticks, (sys::rdtsc() - start).saturating_sub(slept));
     add(&STATS.sleep_ticks, slept);
+    slept > 0
 }
 
 /// Sleeps until `word` may have changed from `value` (may return spuriously). The
