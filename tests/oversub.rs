@@ -199,14 +199,28 @@ fn bench_oversub_reports_each_setting_and_consistent_counters() {
 
 #[test]
 fn a_node_domain_of_12_vcpus_verifies_blocking_in_kumo_under_the_credit_scheduler() {
-    if !kvm_available() {
-        return;
+    if kvm_available() {
+        node_domain_of_12_vcpus_verifies("oversub-node.toml", "");
     }
-    let path = scratch("oversub-node.toml");
+}
+
+#[test]
+fn a_ballooned_node_domain_of_12_vcpus_verifies_under_the_credit_scheduler() {
+    if kvm_available() {
+        node_domain_of_12_vcpus_verifies("balloon-node.toml", "vcpu_balloon = \"on\"\n");
+    }
+}
+
+/// A node of one 12-vCPU domain (with `extra` keys) on 2 pcpus under the credit
+/// scheduler: both benchmarks verify (ballooned if `extra` turns it on).
+fn node_domain_of_12_vcpus_verifies(file: &str, extra: &str) {
+    let path = scratch(file);
     std::fs::write(
         &path,
-        "pcpus = [0, 1]\n[scheduler]\nkind = \"credit\"\ntslice_ms = 1\ntick_ms = 1\n\
-         [[domain]]\nname = \"a\"\nvcpus = 12\nnpb = \"cg.S,mg.S\"\nbarrier_wait = \"pv\"\n",
+        format!(
+            "pcpus = [0, 1]\n[scheduler]\nkind = \"credit\"\ntslice_ms = 1\ntick_ms = 1\n\
+             [[domain]]\nname = \"a\"\nvcpus = 12\nnpb = \"cg.S,mg.S\"\nbarrier_wait = \"pv\"\n{extra}"
+        ),
     )
     .unwrap();
     let out = kumo(&["node", "--config", path.to_str().unwrap(), "--json"]);
@@ -220,6 +234,15 @@ fn a_node_domain_of_12_vcpus_verifies_blocking_in_kumo_under_the_credit_schedule
         "{}",
         lines[0]
     );
+    // A ballooning guest reports the host CPUs it was told of: the node's 2.
+    let ballooned = extra.contains("\"on\"");
+    for result in results {
+        assert_eq!(
+            result.get("balloon_host_cpus").is_some(),
+            ballooned,
+            "{result}"
+        );
+    }
 }
 
 /// Directed yield in a node: a 12-vCPU domain blocking at barriers in kumo beside a
