@@ -313,6 +313,9 @@ pub enum CtlCommand {
     /// VM's guest is told it has, or change it; a ballooning guest then runs its
     /// team on that many vCPUs from its next barrier and parks the others.
     VcpuBalloon {
+        /// The node's domain (a node has several VMs; a single VM needs none).
+        #[arg(long, value_name = "NAME")]
+        domain: Option<String>,
         /// Host CPUs for the guest (1 up to its vCPU count).
         #[arg(long, value_name = "N")]
         active: Option<u32>,

@@ -372,18 +372,13 @@ impl Controlled for VmTarget {
     fn migrate(&self, request: &MigrateRequest) -> Result<Value, String> {
         self.migrate_to(request).map_err(|e| format!("{e:#}"))
     }
-    fn vcpu_balloon(&self, active: Option<u32>) -> Result<Value, String> {
-        let vcpus = self.control.vcpus() as u32;
-        let host_cpus = self.control.host_cpus();
-        if let Some(n) = active {
-            if !(1..=vcpus).contains(&n) {
-                return Err(format!(
-                    "vcpu-balloon --active {n}: the VM has {vcpus} vCPUs (give 1 to {vcpus})"
-                ));
-            }
-            host_cpus.set(n);
+    fn vcpu_balloon(&self, domain: Option<&str>, active: Option<u32>) -> Result<Value, String> {
+        if let Some(name) = domain {
+            return Err(format!(
+                "vcpu-balloon --domain {name}: this kumo runs one VM, not a node"
+            ));
         }
-        Ok(serde_json::json!({"active": host_cpus.count(), "vcpus": vcpus}))
+        ctl::vcpu_balloon_of(&self.control, active)
     }
 }
 

@@ -126,6 +126,75 @@ fn the_ballooned_vcpu_count_changes_while_the_vm_runs() {
     assert_eq!(results[7]["balloon_host_cpus"], 3.0, "{:?}", results[7]);
 }
 
+/// In a node, `kumo ctl vcpu-balloon` names the domain; a missing or unknown one is
+/// refused, and the domain's benchmarks verify after its count changed.
+#[test]
+fn a_node_domains_ballooned_vcpu_count_changes_while_it_runs() {
+    if !kvm_available() {
+        return;
+    }
+    let (config, socket) = (
+        scratch("balloon-ctl-node.toml"),
+        scratch("balloon-node.sock"),
+    );
+    let list = ["cg.W"; 6].join(",");
+    std::fs::write(
+        &config,
+        format!(
+            "pcpus = [0, 1]\n[[domain]]\nname = \"a\"\nvcpus = 12\nnpb = \"{list}\"\n\
+             barrier_wait = \"pv\"\nvcpu_balloon = \"on\"\n"
+        ),
+    )
+    .unwrap();
+    let path = socket.to_str().unwrap();
+    let node = kumo_background(&[
+        "node",
+        "--config",
+        config.to_str().unwrap(),
+        "--ctl-socket",
+        path,
+        "--json",
+    ]);
+    wait_for_path(&socket);
+    let out = kumo(&[
+        "ctl",
+        "--socket",
+        path,
+        "--json",
+        "vcpu-balloon",
+        "--domain",
+        "a",
+        "--active",
+        "1",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let reply: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (reply["active"].as_u64(), reply["vcpus"].as_u64()),
+        (Some(1), Some(12)),
+        "{reply}"
+    );
+    assert_refused(
+        &["ctl", "--socket", path, "vcpu-balloon", "--active", "2"],
+        "name the node's domain with --domain (a)",
+    );
+    assert_refused(
+        &["ctl", "--socket", path, "vcpu-balloon", "--domain", "b"],
+        "no domain 'b' (the node has a)",
+    );
+    let out = node.finish();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let lines = json_lines(&out);
+    let results = lines[0]["results"].as_array().unwrap();
+    assert_eq!(results.len(), 6, "{}", lines[0]);
+    assert!(
+        results.iter().all(|r| r["verified"] == true),
+        "{}",
+        lines[0]
+    );
+    assert_eq!(results[5]["balloon_host_cpus"], 1.0, "{}", results[5]);
+}
+
 #[test]
 fn a_bad_vcpu_balloon_is_refused() {
     let out = kumo(&["--vcpu-balloon", "maybe", "--npb", "ep.S"]);
