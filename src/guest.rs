@@ -8,7 +8,8 @@ pub static EMBEDDED_GUEST: &[u8] = include_bytes!(env!("KUMO_GUEST_ELF"));
 /// Memory the guest needs besides its workload's heap: the image and boot data below
 /// the user image's end, plus slack for page-table and allocator rounding.
 const GUEST_BASE_MIB: u64 = 32;
-/// Per vCPU: a ring-0 stack and a ring-3 stack, rounded generously.
+/// Per vCPU: a ring-0 stack, a ring-3 stack and, ballooned, a ring-3 stack for its
+/// team rank's green thread (256 KiB each, from the low heap), rounded generously.
 const GUEST_PER_VCPU_MIB: u64 = 1;
 /// Memory is cheap when untouched (memfd pages are only allocated when the guest writes
 /// them), so the default leaves room rather than cutting it fine.

@@ -46,6 +46,10 @@ pub struct AppState {
     /// where the VM goes (its state travels with the PCI bus's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub irq: Option<IrqRun>,
+    /// Where the guest keeps the host CPU count (vCPU ballooning, `hv::pvwait`), if
+    /// it named a word: the restored VM is told its new host's count there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_cpus_word: Option<u64>,
 }
 
 pub const GUEST_NAME: &str = "kumo-npb";
@@ -112,6 +116,7 @@ impl VmTarget {
                 .driver
                 .as_ref()
                 .map(|d| crate::sched_params::view(d.params())),
+            host_cpus_word: self.control.host_cpus().word_gpa(),
             ..self.app.clone()
         };
         serde_json::to_string(&app).unwrap_or_default()
@@ -427,6 +432,7 @@ pub fn run_controlled(args: &VmArgs, epoch: Instant) -> Result<u8> {
         console: Vec::new(),
         sched,
         irq,
+        host_cpus_word: None,
     };
     run_vm(vm, app, args.ctl_socket.as_deref(), epoch, args.json)
 }
@@ -470,8 +476,12 @@ pub fn run_vm(
         .map(|irq| hv::irq_device::attach(&mut vm, &irq.setup(), None))
         .transpose()
         .context("attaching the interrupt test device")?;
-    // This host's CPUs, also for a VM saved or migrated from another.
+    // This host's CPUs, also for a VM saved or migrated from another (whose guest
+    // named its word there).
     guest::tell_host_cpus(&vm);
+    if let Some(gpa) = app.host_cpus_word {
+        vm.control().host_cpus().register(vm.memory(), gpa);
+    }
     let console = Arc::new(Mutex::new(app.console.clone()));
     let replay = app.console.clone();
     let credit = app

@@ -176,6 +176,71 @@ fn a_node_domains_ballooned_vcpu_count_changes_while_it_runs() {
     assert_eq!(results[5]["balloon_host_cpus"], 1.0, "{}", results[5]);
 }
 
+/// A ballooned VM saved and restored keeps following `kumo ctl vcpu-balloon`: the
+/// snapshot carries the guest's word for the count.
+#[test]
+fn a_restored_ballooned_vm_follows_a_new_count() {
+    if !kvm_available() {
+        return;
+    }
+    let (first, second, file) = (
+        scratch("balloon-src.sock"),
+        scratch("balloon-dst.sock"),
+        scratch("balloon.snap"),
+    );
+    let list = ["cg.W"; 6].join(",");
+    let source = kumo_background(&[
+        "--npb",
+        &list,
+        "--vcpus",
+        "6",
+        "--vcpu-balloon",
+        "on",
+        "--ctl-socket",
+        first.to_str().unwrap(),
+    ]);
+    wait_for_path(&first);
+    let save = [
+        "ctl",
+        "--socket",
+        first.to_str().unwrap(),
+        "snapshot",
+        file.to_str().unwrap(),
+        "--stop",
+    ];
+    // The guest names its word at boot, before the save (the snapshot carries it) or
+    // after it (on the restored side): either way the restored VM's kumo knows it.
+    loop {
+        let out = kumo(&save);
+        if out.status.success() {
+            break;
+        }
+        assert!(
+            text(&out.stderr).contains("not running yet"),
+            "{}",
+            text(&out.stderr)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert!(source.finish().status.success());
+    let restored = kumo_background(&[
+        "--restore",
+        file.to_str().unwrap(),
+        "--json",
+        "--ctl-socket",
+        second.to_str().unwrap(),
+    ]);
+    wait_for_path(&second);
+    set_vcpu_balloon(second.to_str().unwrap(), &["--active", "1"], 1, 6);
+    let out = restored.finish();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let lines = json_lines(&out);
+    let last = lines.iter().filter(|l| l.get("benchmark").is_some()).last();
+    let last = last.expect("the restored VM reported results");
+    assert_eq!(last["verified"], true, "{last}");
+    assert_eq!(last["balloon_host_cpus"], 1.0, "{last}");
+}
+
 #[test]
 fn a_bad_vcpu_balloon_is_refused() {
     let out = kumo(&["--vcpu-balloon", "maybe", "--npb", "ep.S"]);

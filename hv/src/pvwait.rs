@@ -95,8 +95,16 @@ impl HostCpus {
         }
     }
 
+    /// The guest word's address, once the guest has named one (a snapshot carries it,
+    /// so that the restored VM is told of its new host's CPUs: [`HostCpus::register`]).
+    pub fn word_gpa(&self) -> Option<u64> {
+        let guard = self.word.lock().unwrap_or_else(|e| e.into_inner());
+        guard.as_ref().map(|(_, gpa)| *gpa)
+    }
+
     /// The guest names its word at `gpa`: the count goes there now and on every change.
-    fn register(&self, memory: &GuestMemoryMmap, gpa: u64) {
+    /// Ignored unless `gpa` is an aligned u32 in RAM.
+    pub fn register(&self, memory: &GuestMemoryMmap, gpa: u64) {
         let Some(word) = word(memory, gpa) else {
             return;
         };
@@ -334,6 +342,7 @@ mod tests {
         assert_eq!(word(&memory, 0x300).unwrap().load(Ordering::SeqCst), 2);
         host_cpus.set(5);
         assert_eq!(word(&memory, 0x300).unwrap().load(Ordering::SeqCst), 5);
+        assert_eq!(host_cpus.word_gpa(), Some(0x300));
         assert_eq!(host_cpus.count(), 5);
         assert_eq!(counters.snapshot(), Snapshot::default());
     }

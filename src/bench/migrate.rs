@@ -91,6 +91,7 @@ fn one_run(args: &MigrateBenchArgs, dirty: DirtyLogMode, epoch: Instant) -> Resu
         console: Vec::new(),
         sched: None,
         irq: None,
+        host_cpus_word: None,
     };
     let app_json = || {
         let console = console.lock().unwrap_or_else(|e| e.into_inner()).clone();
