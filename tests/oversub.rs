@@ -235,10 +235,7 @@ fn a_restored_ballooned_vm_follows_a_new_count() {
     let out = restored.finish();
     assert!(out.status.success(), "{}", text(&out.stderr));
     let lines = json_lines(&out);
-    let last = lines
-        .iter()
-        .filter(|l| l.get("benchmark").is_some())
-        .next_back();
+    let last = lines.iter().rfind(|l| l.get("benchmark").is_some());
     let last = last.expect("the restored VM reported results");
     assert_eq!(last["verified"], true, "{last}");
     assert_eq!(last["balloon_host_cpus"], 1.0, "{last}");
