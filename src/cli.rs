@@ -319,6 +319,17 @@ pub enum CtlCommand {
     /// Domains of the node.
     #[command(subcommand)]
     Domain(DomainCommand),
+    /// vCPU ballooning (`kumo --vcpu-balloon`): show how many host CPUs the running
+    /// VM's guest is told it has, or change it; a ballooning guest then runs its
+    /// team on that many vCPUs from its next barrier and parks the others.
+    VcpuBalloon {
+        /// The node's domain (a node has several VMs; a single VM needs none).
+        #[arg(long, value_name = "NAME")]
+        domain: Option<String>,
+        /// Host CPUs for the guest (1 up to its vCPU count).
+        #[arg(long, value_name = "N")]
+        active: Option<u32>,
+    },
     /// Save the running VM to a file (`kumo --restore PATH` runs it again).
     Snapshot {
         /// The snapshot file to write (mode 0600).
@@ -450,6 +461,11 @@ pub struct OversubArgs {
     /// Rounds; each runs every setting once, in turn.
     #[arg(long, value_name = "R", default_value_t = 3)]
     pub runs: u32,
+
+    /// vCPU ballooning settings to compare for each guest run, comma-separated (off,
+    /// on, auto: on when the vCPUs outnumber the host CPUs).
+    #[arg(long, value_name = "LIST", default_value = "off,auto")]
+    pub balloon: String,
 
     /// Barrier spins to compare, comma-separated: `team` (kumo's for a VM alone:
     /// none when vCPUs outnumber host CPUs), `shared` (the spin before issue 16 and
@@ -720,6 +736,13 @@ pub struct VmArgs {
     #[arg(long, value_enum, default_value_t = crate::guest::BarrierWait::Auto)]
     pub barrier_wait: crate::guest::BarrierWait,
 
+    /// vCPU ballooning: the guest runs its team's threads as green threads on only as
+    /// many vCPUs as kumo may use host CPUs and parks the rest (same threads, same
+    /// results); on, off, or auto (on when the vCPUs outnumber those CPUs).
+    /// `kumo ctl vcpu-balloon` changes the count while it runs.
+    #[arg(long, value_enum, default_value_t = crate::guest::VcpuBalloon::Auto)]
+    pub vcpu_balloon: crate::guest::VcpuBalloon,
+
     /// Attach kumo's interrupt test device and run the guest's delivery check instead
     /// of NPB: every vector to every vCPU (re-targeted live), masking and the PBA.
     #[arg(long)]
@@ -880,6 +903,7 @@ impl Mode {
                 "passthrough",
                 "irq_path",
                 "barrier_wait",
+                "vcpu_balloon",
             ],
             Mode::Kernel => &[
                 "kernel",

@@ -114,6 +114,29 @@ pub trait Controlled: Send + Sync {
     fn migrate(&self, _request: &MigrateRequest) -> Result<Value, String> {
         Err(NO_SINGLE_VM.into())
     }
+    /// The host CPUs the guest of the VM (or of the node's `domain`) is told it may
+    /// use (vCPU ballooning), set to `active` first if given.
+    fn vcpu_balloon(&self, _domain: Option<&str>, _active: Option<u32>) -> Result<Value, String> {
+        Err("vcpu-balloon needs a kumo running a VM or a node (started with --ctl-socket)".into())
+    }
+}
+
+/// `vcpu-balloon` on one VM: checks `active` against its vCPUs, sets it, and replies
+/// with what is in force.
+pub fn vcpu_balloon_of(
+    control: &hv::placement::VcpuControl,
+    active: Option<u32>,
+) -> Result<Value, String> {
+    let vcpus = u32::try_from(control.vcpus()).unwrap_or(u32::MAX);
+    if let Some(n) = active {
+        if !(1..=vcpus).contains(&n) {
+            return Err(format!(
+                "vcpu-balloon --active {n}: the VM has {vcpus} vCPUs (give 1 to {vcpus})"
+            ));
+        }
+        control.host_cpus().set(n);
+    }
+    Ok(json!({"active": control.host_cpus().count(), "vcpus": vcpus}))
 }
 
 const NO_SINGLE_VM: &str =
@@ -156,6 +179,10 @@ enum Request {
         stop: bool,
     },
     Migrate(MigrateRequest),
+    VcpuBalloon {
+        domain: Option<String>,
+        active: Option<u32>,
+    },
 }
 
 /// Answers one request line.
@@ -193,6 +220,7 @@ pub fn answer(target: &dyn Controlled, line: &str) -> Value {
             .map(|d| json!({"domain": d})),
         Request::Snapshot { path, stop } => target.snapshot(&path, stop),
         Request::Migrate(request) => target.migrate(&request),
+        Request::VcpuBalloon { domain, active } => target.vcpu_balloon(domain.as_deref(), active),
     };
     match result {
         Ok(Value::Object(mut fields)) => {
@@ -429,6 +457,9 @@ pub fn run_ctl(args: &CtlArgs) -> Result<u8> {
                 "ack_timeout_ms": ack_timeout_ms,
             })
         }
+        CtlCommand::VcpuBalloon { domain, active } => {
+            json!({"cmd": "vcpu-balloon", "domain": domain, "active": active})
+        }
     };
     // Snapshots and migrations take as long as they take (a migration waits up to
     // its acknowledgement timeout per round): no idle limit on their reply.
@@ -491,6 +522,11 @@ pub fn run_ctl(args: &CtlArgs) -> Result<u8> {
             }
         ),
         CtlCommand::Migrate { .. } => crate::migrate::print_migration(&reply),
+        CtlCommand::VcpuBalloon { .. } => crate::outln!(
+            "vcpu-balloon: {} host CPUs for {} vCPUs",
+            reply["active"],
+            reply["vcpus"]
+        ),
         CtlCommand::Domain(DomainCommand::Set { .. }) => {
             let d = &reply["domain"];
             crate::outln!(

@@ -8,7 +8,8 @@ pub static EMBEDDED_GUEST: &[u8] = include_bytes!(env!("KUMO_GUEST_ELF"));
 /// Memory the guest needs besides its workload's heap: the image and boot data below
 /// the user image's end, plus slack for page-table and allocator rounding.
 const GUEST_BASE_MIB: u64 = 32;
-/// Per vCPU: a ring-0 stack and a ring-3 stack, rounded generously.
+/// Per vCPU: a ring-0 stack, a ring-3 stack and, ballooned, a ring-3 stack for its
+/// team rank's green thread (256 KiB each, from the low heap), rounded generously.
 const GUEST_PER_VCPU_MIB: u64 = 1;
 /// Memory is cheap when untouched (memfd pages are only allocated when the guest writes
 /// them), so the default leaves room rather than cutting it fine.
@@ -37,11 +38,62 @@ pub fn check_vcpus(vcpus: u32) -> anyhow::Result<()> {
 }
 
 /// The embedded guest's command line for `specs` on `vcpus` vCPUs on this host.
-pub fn npb_cmdline(specs: &[Spec], vcpus: u32, wait: BarrierWait) -> String {
+pub fn npb_cmdline(specs: &[Spec], vcpus: u32, wait: BarrierWait, balloon: VcpuBalloon) -> String {
     let names: Vec<String> = specs.iter().map(ToString::to_string).collect();
     let cpus = host_cpus();
     let keys = barrier_keys(team_spin_us(vcpus, cpus), wait.resolve(vcpus, cpus));
-    format!("npb={} {keys}", names.join(","))
+    let balloon = balloon_keys(balloon.resolve(vcpus, cpus));
+    format!("npb={} {keys}{balloon}", names.join(","))
+}
+
+/// The guest's command-line keys for vCPU ballooning (with a leading space), if on.
+/// Its vCPUs at a barrier spin adaptively up to [`DEDICATED_SPIN_US`]: each has a host
+/// CPU unless something else takes it, and the spin halves whenever it was in vain
+/// (`npb::green::next_spin`); on the loaded 2-core host this beat no spin (README).
+pub fn balloon_keys(on: bool) -> String {
+    if on {
+        format!(" balloon=1 balloon_spin_us={DEDICATED_SPIN_US}")
+    } else {
+        String::new()
+    }
+}
+
+/// vCPU ballooning (VCPU-Bal): whether the guest runs its team as green threads on
+/// only as many vCPUs as there are host CPUs for it, parking the others (`npb::green`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum VcpuBalloon {
+    /// On when the vCPUs outnumber the host CPUs kumo may use.
+    #[default]
+    Auto,
+    On,
+    Off,
+}
+
+impl VcpuBalloon {
+    pub fn name(self) -> &'static str {
+        match self {
+            VcpuBalloon::Auto => "auto",
+            VcpuBalloon::On => "on",
+            VcpuBalloon::Off => "off",
+        }
+    }
+
+    /// Whether the guest balloons with `vcpus` vCPUs on `host_cpus` CPUs. With a CPU
+    /// per vCPU there is nothing to gain, and every team keeps a thread per vCPU.
+    pub fn resolve(self, vcpus: u32, host_cpus: usize) -> bool {
+        match self {
+            VcpuBalloon::Auto => vcpus as usize > host_cpus,
+            VcpuBalloon::On => true,
+            VcpuBalloon::Off => false,
+        }
+    }
+}
+
+/// Tells `vm`'s guest how many host CPUs it may use (read by a ballooning guest;
+/// harmless to any other).
+pub fn tell_host_cpus(vm: &hv::Vm) {
+    let cpus = u32::try_from(host_cpus()).unwrap_or(u32::MAX);
+    vm.control().host_cpus().set(cpus);
 }
 
 /// How the embedded guest's threads sleep at a barrier once their spin is over.
@@ -256,6 +308,17 @@ mod tests {
         assert_eq!(team_spin_us(2, 2), DEDICATED_SPIN_US);
         assert_eq!(team_spin_us(12, 2), OVERSUBSCRIBED_SPIN_US);
         assert_eq!(barrier_keys(0, BarrierWait::Pv), "spin_us=0 pvwait=1");
+    }
+
+    #[test]
+    fn the_balloon_is_on_by_default_only_when_vcpus_outnumber_cpus() {
+        assert!(VcpuBalloon::Auto.resolve(12, 2));
+        assert!(!VcpuBalloon::Auto.resolve(2, 2));
+        assert!(!VcpuBalloon::Auto.resolve(1, 8));
+        assert!(VcpuBalloon::On.resolve(2, 2));
+        assert!(!VcpuBalloon::Off.resolve(12, 2));
+        assert_eq!(balloon_keys(false), "");
+        assert_eq!(balloon_keys(true), " balloon=1 balloon_spin_us=2000");
         assert_eq!(barrier_keys(50, BarrierWait::Hlt), "spin_us=50");
         assert_eq!(BarrierWait::Auto.resolve(12, 2), BarrierWait::Pv);
         assert_eq!(BarrierWait::Auto.resolve(2, 2), BarrierWait::Hlt);

@@ -51,6 +51,10 @@ pub struct AppState {
     /// the VM goes (their state travels with the PCI bus's) and it rejoins the wire.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rank: Option<RankApp>,
+    /// Where the guest keeps the host CPU count (vCPU ballooning, `hv::pvwait`), if
+    /// it named a word: the restored VM is told its new host's count there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_cpus_word: Option<u64>,
 }
 
 pub const GUEST_NAME: &str = "kumo-npb";
@@ -101,6 +105,8 @@ pub struct VmTarget {
     /// The credit scheduler, if the VM runs under it, and its control.
     driver: Option<Arc<hv::credit::CreditDriver>>,
     sched: SchedControl,
+    /// The vCPU threads' control: the host CPU count the guest sees.
+    control: Arc<hv::placement::VcpuControl>,
 }
 
 impl VmTarget {
@@ -118,6 +124,7 @@ impl VmTarget {
                 .driver
                 .as_ref()
                 .map(|d| crate::sched_params::view(d.params())),
+            host_cpus_word: self.control.host_cpus().word_gpa(),
             ..self.app.clone()
         };
         serde_json::to_string(&app).unwrap_or_default()
@@ -379,6 +386,14 @@ impl Controlled for VmTarget {
     fn migrate(&self, request: &MigrateRequest) -> Result<Value, String> {
         self.migrate_to(request).map_err(|e| format!("{e:#}"))
     }
+    fn vcpu_balloon(&self, domain: Option<&str>, active: Option<u32>) -> Result<Value, String> {
+        if let Some(name) = domain {
+            return Err(format!(
+                "vcpu-balloon --domain {name}: this kumo runs one VM, not a node"
+            ));
+        }
+        ctl::vcpu_balloon_of(&self.control, active)
+    }
 }
 
 /// `kumo --ctl-socket PATH [--npb ...]` (or `--irq-check`): the embedded guest,
@@ -413,7 +428,7 @@ pub fn run_controlled(args: &VmArgs, epoch: Instant) -> Result<u8> {
         let config = run::embedded_config(
             args.vcpus,
             memory_mib,
-            guest::npb_cmdline(&specs, args.vcpus, args.barrier_wait),
+            guest::npb_cmdline(&specs, args.vcpus, args.barrier_wait, args.vcpu_balloon),
             &args.kvm_device,
         );
         (config, npb_list(&specs), None)
@@ -427,6 +442,7 @@ pub fn run_controlled(args: &VmArgs, epoch: Instant) -> Result<u8> {
         sched,
         irq,
         rank: None,
+        host_cpus_word: None,
     };
     run_vm(vm, app, args.ctl_socket.as_deref(), epoch, args.json)
 }
@@ -477,6 +493,12 @@ pub fn run_vm(
         .map(|irq| hv::irq_device::attach(&mut vm, &irq.setup(), None))
         .transpose()
         .context("attaching the interrupt test device")?;
+    // This host's CPUs, also for a VM saved or migrated from another (whose guest
+    // named its word there).
+    guest::tell_host_cpus(&vm);
+    if let Some(gpa) = app.host_cpus_word {
+        vm.control().host_cpus().register(vm.memory(), gpa);
+    }
     let console = Arc::new(Mutex::new(app.console.clone()));
     let replay = app.console.clone();
     let credit = app
@@ -490,6 +512,7 @@ pub fn run_vm(
         console: console.clone(),
         driver: driver.clone(),
         sched: SchedControl::new(driver, Vec::new()),
+        control: vm.control(),
     });
     let dom0 = credit.as_ref().map(|c| c.dom0.clone());
     let server = socket

@@ -192,6 +192,7 @@ pub fn run_controlled(args: &MpiArgs, specs: &[Spec], epoch: Instant) -> Result<
         sched: None,
         irq: None,
         rank: Some(rank),
+        host_cpus_word: None,
     };
     migrate::run_vm(vm, app, Some(socket), epoch, args.json)
 }
@@ -222,6 +223,7 @@ mod tests {
             sched: None,
             irq: None,
             rank: Some(rank()),
+            host_cpus_word: None,
         };
         let text = serde_json::to_string(&app).unwrap();
         let back = AppState::parse(&text).unwrap();

@@ -33,6 +33,7 @@ pub fn run_embedded(args: &VmArgs, epoch: Instant) -> Result<u8> {
             irq_path: args.irq_path,
         },
         barrier_wait: args.barrier_wait,
+        vcpu_balloon: args.vcpu_balloon,
     };
     let verdict = run_guest_scheduled(
         &specs,
@@ -77,6 +78,7 @@ pub struct GuestOptions {
     pub sched: Option<sched::Params>,
     pub passthrough: Passthrough,
     pub barrier_wait: guest::BarrierWait,
+    pub vcpu_balloon: guest::VcpuBalloon,
 }
 
 /// The `--passthrough` devices of a VM and their interrupt path.
@@ -195,10 +197,11 @@ pub fn run_guest_scheduled(
     let config = embedded_config(
         vcpus,
         memory_mib,
-        guest::npb_cmdline(specs, vcpus, options.barrier_wait),
+        guest::npb_cmdline(specs, vcpus, options.barrier_wait, options.vcpu_balloon),
         kvm_device,
     );
     let mut vm = Vm::new(config)?;
+    guest::tell_host_cpus(&vm);
     let attached = options.passthrough.attach(&mut vm)?;
     let scheduler = options
         .sched

@@ -58,6 +58,8 @@ pub struct VcpuControl {
     all_started: Condvar,
     /// Set when the VM stops: gates no longer hold anyone.
     released: AtomicBool,
+    /// The host CPUs the guest is told it may use (vCPU ballooning, `pvwait`).
+    host_cpus: crate::pvwait::HostCpus,
 }
 
 impl VcpuControl {
@@ -80,6 +82,7 @@ impl VcpuControl {
             started: Mutex::new(0),
             all_started: Condvar::new(),
             released: AtomicBool::new(false),
+            host_cpus: crate::pvwait::HostCpus::default(),
         }
     }
 
@@ -213,6 +216,11 @@ impl VcpuControl {
 
     /// Where vCPU `vcpu`'s thread records the word it blocks on (see
     /// [`Self::pv_waiting_on`]).
+    /// The host CPU count the guest sees (`kumo --vcpu-balloon`, `kumo ctl vcpu-balloon`).
+    pub fn host_cpus(&self) -> &crate::pvwait::HostCpus {
+        &self.host_cpus
+    }
+
     pub(crate) fn pv_word(&self, vcpu: usize) -> &AtomicU64 {
         &self.slots[vcpu].pv_word
     }

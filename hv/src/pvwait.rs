@@ -11,8 +11,12 @@
 //! - [`WAIT`]: `value = expected << 32 | address`: block while the aligned u32 at guest
 //!   physical `address` equals `expected`, at most [`MAX_BLOCK`] (the guest re-checks
 //!   and waits again, so a stop or a pause is never held up longer);
-//! - [`WAKE`]: `value = address`: wake every vCPU blocked on that word.
+//! - [`WAKE`]: `value = address`: wake every vCPU blocked on that word;
+//! - [`HOST_CPUS`]: `value = address`: kumo stores the number of host CPUs the VM may
+//!   use in that word now and whenever it changes ([`HostCpus`]): vCPU ballooning,
+//!   where the guest runs its threads on that many vCPUs and parks the rest.
 
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -25,6 +29,7 @@ pub const SIZE: u64 = 0x1000;
 /// Register offsets.
 pub const WAIT: u64 = 0x0;
 pub const WAKE: u64 = 0x8;
+pub const HOST_CPUS: u64 = 0x10;
 /// Longest single block: the vCPU thread comes back to its loop (stop, pause, park
 /// checks) at least this often.
 pub const MAX_BLOCK: Duration = Duration::from_millis(10);
@@ -65,6 +70,50 @@ impl Counters {
     }
 }
 
+/// The host CPUs a VM may use, as its guest sees them: a count kumo sets (at start and
+/// from `kumo ctl vcpu-balloon`) and the guest word it is kept in, once the guest has
+/// named one ([`HOST_CPUS`]). 0 until kumo sets it (the guest then uses every vCPU).
+#[derive(Default)]
+pub struct HostCpus {
+    count: AtomicU32,
+    /// The guest's word: RAM (kept mapped by this clone) and its address.
+    word: Mutex<Option<(GuestMemoryMmap, u64)>>,
+}
+
+impl HostCpus {
+    pub fn count(&self) -> u32 {
+        self.count.load(Ordering::SeqCst)
+    }
+
+    /// Sets the count and, if the guest named its word, writes it there (the guest
+    /// reads it at its next barrier).
+    pub fn set(&self, count: u32) {
+        let guard = self.word.lock().unwrap_or_else(|e| e.into_inner());
+        self.count.store(count, Ordering::SeqCst);
+        if let Some(word) = guard.as_ref().and_then(|(memory, gpa)| word(memory, *gpa)) {
+            word.store(count, Ordering::SeqCst);
+        }
+    }
+
+    /// The guest word's address, once the guest has named one (a snapshot carries it,
+    /// so that the restored VM is told of its new host's CPUs: [`HostCpus::register`]).
+    pub fn word_gpa(&self) -> Option<u64> {
+        let guard = self.word.lock().unwrap_or_else(|e| e.into_inner());
+        guard.as_ref().map(|(_, gpa)| *gpa)
+    }
+
+    /// The guest names its word at `gpa`: the count goes there now and on every change.
+    /// Ignored unless `gpa` is an aligned u32 in RAM.
+    pub fn register(&self, memory: &GuestMemoryMmap, gpa: u64) {
+        let Some(word) = word(memory, gpa) else {
+            return;
+        };
+        let mut guard = self.word.lock().unwrap_or_else(|e| e.into_inner());
+        word.store(self.count.load(Ordering::SeqCst), Ordering::SeqCst);
+        *guard = Some((memory.clone(), gpa));
+    }
+}
+
 /// Whether an MMIO access at `addr` is the page's.
 pub fn claims(addr: u64) -> bool {
     (BASE..BASE + SIZE).contains(&addr)
@@ -78,6 +127,7 @@ pub fn write(
     memory: &GuestMemoryMmap,
     counters: &Counters,
     waiting_on: &AtomicU64,
+    host_cpus: &HostCpus,
     addr: u64,
     data: &[u8],
 ) {
@@ -85,6 +135,10 @@ pub fn write(
         return;
     };
     let value = u64::from_le_bytes(bytes);
+    if addr - BASE == HOST_CPUS {
+        host_cpus.register(memory, value);
+        return;
+    }
     let Some(word) = word(memory, value & 0xffff_ffff) else {
         return;
     };
@@ -184,6 +238,7 @@ mod tests {
             &memory,
             &counters,
             &AtomicU64::new(0),
+            &HostCpus::default(),
             BASE + WAIT,
             &request(6, 0x100),
         );
@@ -207,6 +262,7 @@ mod tests {
                         &memory,
                         &counters,
                         &waiting_on,
+                        &HostCpus::default(),
                         BASE + WAIT,
                         &request(0, 0x200),
                     );
@@ -225,6 +281,7 @@ mod tests {
             &memory,
             &counters,
             &AtomicU64::new(0),
+            &HostCpus::default(),
             BASE + WAKE,
             &0x200u64.to_le_bytes(),
         );
@@ -247,11 +304,46 @@ mod tests {
             (BASE + WAIT, &[0; 4][..]),
             (BASE + 0x10, &request(0, 0x100)[..]),
         ] {
-            write(&memory, &counters, &waiting_on, addr, data);
+            write(
+                &memory,
+                &counters,
+                &waiting_on,
+                &HostCpus::default(),
+                addr,
+                data,
+            );
         }
         assert_eq!(waiting_on.load(Ordering::Relaxed), 0);
         assert_eq!(counters.snapshot(), Snapshot::default());
         assert!(claims(BASE) && claims(BASE + SIZE - 1));
         assert!(!claims(BASE + SIZE) && !claims(BASE - 1));
+    }
+
+    #[test]
+    fn the_host_cpu_count_reaches_the_named_word_now_and_on_change() {
+        let (memory, counters, host_cpus) = (memory(), Counters::default(), HostCpus::default());
+        host_cpus.set(2);
+        let name = |gpa: u64| {
+            let data = gpa.to_le_bytes();
+            write(
+                &memory,
+                &counters,
+                &AtomicU64::new(0),
+                &host_cpus,
+                BASE + HOST_CPUS,
+                &data,
+            );
+        };
+        // Unaligned and outside RAM: ignored, nothing written.
+        name(0x302);
+        name(0x10_0000);
+        assert_eq!(word(&memory, 0x300).unwrap().load(Ordering::SeqCst), 0);
+        name(0x300);
+        assert_eq!(word(&memory, 0x300).unwrap().load(Ordering::SeqCst), 2);
+        host_cpus.set(5);
+        assert_eq!(word(&memory, 0x300).unwrap().load(Ordering::SeqCst), 5);
+        assert_eq!(host_cpus.word_gpa(), Some(0x300));
+        assert_eq!(host_cpus.count(), 5);
+        assert_eq!(counters.snapshot(), Snapshot::default());
     }
 }

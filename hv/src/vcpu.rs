@@ -170,6 +170,7 @@ fn run_loop(index: u32, vcpu: &mut VcpuFd, shared: &Shared) -> VcpuEnd {
                         &shared.memory,
                         &shared.pvwait,
                         shared.control.pv_word(index as usize),
+                        shared.control.host_cpus(),
                         addr,
                         data,
                     );

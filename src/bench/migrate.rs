@@ -66,7 +66,12 @@ fn guest_cmdline(args: &MigrateBenchArgs) -> Result<(String, Option<Vec<npb::Spe
     let probe_ms = args.after_ms * 2 + 2000;
     let specs = args.npb.as_deref().map(guest::parse_specs).transpose()?;
     let cmdline = match &specs {
-        Some(specs) => guest::npb_cmdline(specs, args.vcpus, guest::BarrierWait::Auto),
+        Some(specs) => guest::npb_cmdline(
+            specs,
+            args.vcpus,
+            guest::BarrierWait::Auto,
+            guest::VcpuBalloon::Off,
+        ),
         None => format!("npb= probe=gap:{probe_ms}"),
     };
     Ok((cmdline, specs))
@@ -87,6 +92,7 @@ fn one_run(args: &MigrateBenchArgs, dirty: DirtyLogMode, epoch: Instant) -> Resu
         sched: None,
         irq: None,
         rank: None,
+        host_cpus_word: None,
     };
     let app_json = || {
         let console = console.lock().unwrap_or_else(|e| e.into_inner()).clone();

@@ -15,7 +15,7 @@ use serde_json::json;
 
 use crate::bench::overhead::median;
 use crate::cli::OversubArgs;
-use crate::guest::{self, BarrierWait};
+use crate::guest::{self, BarrierWait, VcpuBalloon};
 use crate::{native, run};
 
 /// One guest run's figures.
@@ -76,13 +76,16 @@ struct Setting {
     /// `None`: the native twin.
     wait: Option<BarrierWait>,
     spin: Spin,
+    /// Whether the guest balloons (resolved for `vcpus` on this host).
+    balloon: bool,
     samples: Vec<GuestSample>,
 }
 
 impl Setting {
     fn name(&self) -> String {
         let wait = self.wait.map_or("native", BarrierWait::name);
-        format!("{wait}/{}us", self.spin.micros(self.vcpus))
+        let balloon = if self.balloon { "+bal" } else { "" };
+        format!("{wait}/{}us{balloon}", self.spin.micros(self.vcpus))
     }
 }
 
@@ -95,6 +98,9 @@ pub fn run(args: &OversubArgs) -> Result<u8> {
         BarrierWait::from_str(t, false).ok()
     })?;
     let spins = parse_list(&args.spin, "--spin", Spin::parse)?;
+    let balloons = parse_list(&args.balloon, "--balloon", |t| {
+        VcpuBalloon::from_str(t, false).ok()
+    })?;
     ensure!(args.runs >= 1, "--runs must be at least 1");
     for &vcpus in &counts {
         run::check_guest_vcpus(vcpus, &args.kvm_device)?;
@@ -103,12 +109,23 @@ pub fn run(args: &OversubArgs) -> Result<u8> {
     for &spec in &specs {
         for &vcpus in &counts {
             for &spin in &spins {
-                for wait in std::iter::once(None).chain(waits.iter().copied().map(Some)) {
+                let native = (None, false);
+                // Each resolved balloon setting once (auto is off or on here).
+                let mut ballooned: Vec<bool> = balloons
+                    .iter()
+                    .map(|b| b.resolve(vcpus, guest::host_cpus()))
+                    .collect();
+                ballooned.dedup();
+                let guests = waits
+                    .iter()
+                    .flat_map(|&w| ballooned.iter().map(move |&b| (Some(w), b)));
+                for (wait, balloon) in std::iter::once(native).chain(guests) {
                     settings.push(Setting {
                         spec,
                         vcpus,
                         wait,
                         spin,
+                        balloon,
                         samples: Vec::new(),
                     });
                 }
@@ -122,7 +139,8 @@ pub fn run(args: &OversubArgs) -> Result<u8> {
                 None => native_sample(setting.spec, setting.vcpus, spin)?,
                 Some(wait) => {
                     let wait = wait.resolve(setting.vcpus, guest::host_cpus());
-                    guest_sample(setting.spec, setting.vcpus, wait, spin, args)?
+                    let keys = (wait, spin, setting.balloon);
+                    guest_sample(setting.spec, setting.vcpus, keys, args)?
                 }
             };
             eprintln!(
@@ -162,17 +180,21 @@ fn native_sample(spec: Spec, threads: u32, spin_us: u64) -> Result<GuestSample> 
     })
 }
 
+/// One guest run of `spec` with `(wait, spin_us, balloon)`.
 fn guest_sample(
     spec: Spec,
     vcpus: u32,
-    wait: BarrierWait,
-    spin_us: u64,
+    (wait, spin_us, balloon): (BarrierWait, u64, bool),
     args: &OversubArgs,
 ) -> Result<GuestSample> {
     let memory_mib = guest::choose_memory_mib(None, &[spec], vcpus)?;
-    let cmdline = format!("npb={spec} {}", guest::barrier_keys(spin_us, wait));
+    let cmdline = format!(
+        "npb={spec} {}{}",
+        guest::barrier_keys(spin_us, wait),
+        guest::balloon_keys(balloon)
+    );
     let config = run::embedded_config(vcpus, memory_mib, cmdline, &args.kvm_device);
-    let (run, ()) = run::boot_embedded(config, Instant::now(), |_| ())?;
+    let (run, ()) = run::boot_embedded(config, Instant::now(), |vm| guest::tell_host_cpus(vm))?;
     let verdict = run.judge(&[spec], vcpus);
     if !verdict.problems.is_empty() {
         bail!("{spec} on {vcpus} vCPUs: {}", verdict.problems.join("; "));
@@ -278,7 +300,7 @@ fn print(settings: &[Setting], args: &OversubArgs) {
     };
     if !args.json {
         crate::outln!(
-            "{:<6} {:>5} {:<12} {:>8} {:>15} {:>7} | per barrier: {:>7} {:>7} {:>8} {:>7} {:>8} {:>8} {:>9}",
+            "{:<6} {:>5} {:<14} {:>8} {:>15} {:>7} | per barrier: {:>7} {:>7} {:>8} {:>7} {:>8} {:>8} {:>9}",
             "bench",
             "vCPUs",
             "wait/spin",
@@ -305,6 +327,7 @@ fn print(settings: &[Setting], args: &OversubArgs) {
                     "vcpus": setting.vcpus,
                     "wait": setting.wait.map_or("native", BarrierWait::name),
                     "spin_us": setting.spin.micros(setting.vcpus),
+                    "balloon": setting.balloon,
                     "runs": setting.samples.len(),
                     "times_s": setting.samples.iter().map(|x| x.time_s).collect::<Vec<_>>(),
                     "median_s": s.time_s,
@@ -329,7 +352,7 @@ fn print(settings: &[Setting], args: &OversubArgs) {
         let range = format!("{:.3}-{:.3}", s.min_s, s.max_s);
         if setting.wait.is_none() {
             crate::outln!(
-                "{:<6} {:>5} {:<12} {:>8.3} {:>15} {:>7} |",
+                "{:<6} {:>5} {:<14} {:>8.3} {:>15} {:>7} |",
                 setting.spec.to_string(),
                 setting.vcpus,
                 setting.name(),
@@ -340,7 +363,7 @@ fn print(settings: &[Setting], args: &OversubArgs) {
             continue;
         }
         crate::outln!(
-            "{:<6} {:>5} {:<12} {:>8.3} {:>15} {:>7} | {:>20.1} {:>7.0} {:>8.0} {:>7.0} {:>8.0} {:>8.0} {:>9.0}",
+            "{:<6} {:>5} {:<14} {:>8.3} {:>15} {:>7} | {:>20.1} {:>7.0} {:>8.0} {:>7.0} {:>8.0} {:>8.0} {:>9.0}",
             setting.spec.to_string(),
             setting.vcpus,
             setting.name(),

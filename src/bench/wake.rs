@@ -94,6 +94,7 @@ fn domain(name: &str, probe: String) -> Domain {
         irq_path: None,
         spin_us: crate::guest::SHARED_SPIN_US,
         barrier_wait: crate::guest::BarrierWait::Hlt,
+        vcpu_balloon: false,
         mpi: None,
         passthrough: Vec::new(),
         passthrough_irq_path: hv::irq::IrqPath::Generic,

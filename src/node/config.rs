@@ -115,6 +115,10 @@ pub struct DomainFile {
     /// How the guest's threads sleep at barriers: `hlt` (default) or `pv` (blocked
     /// in kumo through the paravirtual wait page).
     pub barrier_wait: Option<String>,
+    /// vCPU ballooning (`kumo --vcpu-balloon`): `on` runs the guest's teams on as
+    /// many vCPUs as the node has pcpus, `off` (default, as nodes were calibrated) one
+    /// thread per vCPU, `auto` on when the domain's vCPUs outnumber the pcpus.
+    pub vcpu_balloon: Option<String>,
     /// PCI devices assigned to the domain, as `--passthrough` (`vfio-user:PATH` or a
     /// host PCI address). In the MPI job: its ranks' NICs, one per vCPU, instead of
     /// the node's.
@@ -150,6 +154,8 @@ pub struct Domain {
     pub spin_us: u64,
     /// How the guest's threads sleep at barriers after the spin.
     pub barrier_wait: guest::BarrierWait,
+    /// Whether the guest balloons (resolved against the node's pcpus).
+    pub vcpu_balloon: bool,
     /// The domain's part of the node's MPI job, if it is in it.
     pub mpi: Option<MpiPart>,
     /// Its assigned devices (its ranks' NICs if it is in the MPI job).
@@ -184,9 +190,10 @@ impl Domain {
                 guest::barrier_keys(self.spin_us, self.barrier_wait)
             }
             _ => format!(
-                "npb={} {}",
+                "npb={} {}{}",
                 names.join(","),
-                guest::barrier_keys(self.spin_us, self.barrier_wait)
+                guest::barrier_keys(self.spin_us, self.barrier_wait),
+                guest::balloon_keys(self.vcpu_balloon)
             ),
         };
         if let Some(ms) = self.idle_ms {
@@ -363,6 +370,20 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
             Some("pv") => guest::BarrierWait::Pv,
             Some(other) => bail!("domain '{name}': barrier_wait '{other}' is not 'pv' or 'hlt'"),
         };
+        let vcpu_balloon = match d.vcpu_balloon.as_deref() {
+            None | Some("off") => false,
+            Some("on") => true,
+            Some("auto") => d.vcpus as usize > file.pcpus.len(),
+            Some(other) => {
+                bail!("domain '{name}': vcpu_balloon '{other}' is not 'on', 'off' or 'auto'")
+            }
+        };
+        if vcpu_balloon && d.mpi {
+            bail!(
+                "domain '{name}': vcpu_balloon is for its NPB teams; an MPI rank runs on each \
+                 vCPU (leave vcpu_balloon out)"
+            );
+        }
         let passthrough = d
             .passthrough
             .iter()
@@ -398,6 +419,7 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
             irq_path,
             spin_us: 0,
             barrier_wait,
+            vcpu_balloon,
             mpi: d.mpi.then(MpiPart::default),
             passthrough,
             passthrough_irq_path,
@@ -584,6 +606,24 @@ npb = "ep.S"
             node("pcpus = [0]\n[[domain]]\nname = \"a\"\nnpb = \"ep.S\"\nbarrier_wait = \"pv\"\n")
                 .unwrap();
         assert_eq!(pv.domains[0].cmdline(), "npb=ep.S spin_us=2000 pvwait=1");
+    }
+
+    #[test]
+    fn vcpu_balloon_keys() {
+        let domain = |key: &str| {
+            format!("pcpus = [0]\n[[domain]]\nname = \"a\"\nvcpus = 4\nnpb = \"ep.S\"\n{key}")
+        };
+        for (key, on) in [
+            ("", false),
+            ("vcpu_balloon = \"off\"\n", false),
+            ("vcpu_balloon = \"on\"\n", true),
+            ("vcpu_balloon = \"auto\"\n", true),
+        ] {
+            let line = node(&domain(key)).unwrap().domains[0].cmdline();
+            assert_eq!(line.contains(" balloon=1"), on, "{key}: {line}");
+        }
+        let bad = error(&domain("vcpu_balloon = \"yes\"\n"));
+        assert!(bad.contains("vcpu_balloon 'yes' is not"), "{bad}");
     }
 
     #[test]

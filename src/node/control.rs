@@ -9,6 +9,8 @@ use anyhow::Result;
 use hv::credit::CreditDriver;
 use hv::placement::{ThreadGroup, VcpuControl};
 
+use serde_json::Value;
+
 use crate::ctl::{self, Controlled, DomainInfo, SchedParams, SchedUpdate};
 use crate::node::config::{self, Domain};
 use crate::sched_params;
@@ -95,6 +97,30 @@ impl Controlled for SchedControl {
                 })
                 .collect(),
         }
+    }
+
+    fn vcpu_balloon(&self, domain: Option<&str>, active: Option<u32>) -> Result<Value, String> {
+        let names = || {
+            let names: Vec<&str> = self.domains.iter().map(|(d, _)| d.name.as_str()).collect();
+            names.join(", ")
+        };
+        let Some(name) = domain else {
+            return Err(format!(
+                "vcpu-balloon: name the node's domain with --domain ({})",
+                names()
+            ));
+        };
+        let (_, control) = self
+            .domains
+            .iter()
+            .find(|(d, _)| d.name == name)
+            .ok_or_else(|| {
+                format!(
+                    "vcpu-balloon: no domain '{name}' (the node has {})",
+                    names()
+                )
+            })?;
+        ctl::vcpu_balloon_of(control, active)
     }
 
     fn set_domain(

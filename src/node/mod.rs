@@ -125,6 +125,9 @@ pub fn run(
             kvm_device,
         );
         let mut vm = Vm::new(config).with_context(|| format!("domain '{}'", domain.name))?;
+        // What a ballooning guest runs its teams on: the node's CPUs.
+        let pcpus = u32::try_from(node.pcpus.len()).unwrap_or(u32::MAX);
+        vm.control().host_cpus().set(pcpus);
         if let Some(path) = domain.irq_path {
             let setup = hv::irq_device::IrqDeviceSetup {
                 path,

@@ -14,6 +14,8 @@ pub mod cfd;
 pub mod cg;
 pub mod ep;
 pub mod ft;
+#[cfg(target_arch = "x86_64")]
+pub mod green;
 #[cfg(any(test, feature = "host"))]
 pub mod host;
 pub mod is;

@@ -24,9 +24,10 @@ mod virtio;
 use core::arch::global_asm;
 use core::cell::UnsafeCell;
 use core::fmt::{self, Write};
-use core::sync::atomic::{AtomicBool, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use kumo_abi::{BootInfo, USER_MAGIC, fault};
+use npb::green::{Balloon, Carrier};
 use npb::team::{Arena, Runtime, Team};
 use npb::{Kernel, Spec};
 use sync::Barrier;
@@ -77,6 +78,8 @@ static JOB: Shared<Option<Job>> = Shared(UnsafeCell::new(None));
 #[derive(Clone, Copy)]
 enum Job {
     Benchmark(Spec),
+    /// A benchmark whose ranks are green threads of [`BALLOON`] (`balloon=1`).
+    Green,
     /// `probe=switch:MS`.
     SwitchProbe(u64),
     /// `probe=busy:MS`.
@@ -147,6 +150,7 @@ extern "C" fn user_main(info: &'static BootInfo, cpu: u32) -> ! {
             Some(Job::Benchmark(spec)) => {
                 let _ = run_share(info, spec, cpu);
             }
+            Some(Job::Green) => BALLOON.carry(cpu as usize),
             Some(Job::SwitchProbe(millis)) => probe::run_share(info, cpu, millis),
             Some(Job::Busy(millis)) => probe::busy(info, millis),
             Some(Job::Mpi(job)) => {
@@ -178,6 +182,9 @@ fn master(info: &BootInfo) -> ! {
     };
     sync::set_spin_ticks(info.tsc_khz * plan.spin_us / 1000);
     sync::use_pv_wait(plan.pv_wait);
+    if plan.balloon.is_some() {
+        sys::pv_host_cpus(HOST_CPUS.as_ptr());
+    }
     if let Some(kind) = plan.fault {
         sys::fault(kind);
     }
@@ -188,7 +195,7 @@ fn master(info: &BootInfo) -> ! {
         &plan.specs[..plan.count]
     } else {
         for &spec in &plan.specs[..plan.count] {
-            all_verified &= run_benchmark(info, spec);
+            all_verified &= run_benchmark(info, spec, plan.balloon);
         }
         &[]
     };
@@ -285,21 +292,30 @@ fn end(status: u32) -> ! {
     sys::exit(status)
 }
 
-/// Forks `spec` over every CPU, joins, and prints the master's result line.
-fn run_benchmark(info: &BootInfo, spec: Spec) -> bool {
+/// Forks `spec` over every CPU (as green threads of [`BALLOON`] with `balloon`, whose
+/// carriers spin that long at their barriers), joins, and prints the master's result
+/// line.
+fn run_benchmark(info: &BootInfo, spec: Spec, balloon: Option<u64>) -> bool {
     let threads = info.cpus;
-    let Some((arena_start, arena_end)) = arena_range(info, spec) else {
+    let green = balloon.is_some();
+    let stacks = if green { green_stacks(info) } else { 0 };
+    let Some((arena_start, arena_end)) = arena_range(info, spec, stacks) else {
         let mut line = Line::new();
         let _ = write!(line, "@kumo error what=out-of-memory item={spec}");
         line.emit();
         return false;
     };
-    // SAFETY: the workers read JOB only after FORK.
-    unsafe { *JOB.0.get() = Some(Job::Benchmark(spec)) };
     sync::take_stats();
-    FORK.wait(threads);
-    let outcome = run_share(info, spec, 0);
-    JOIN.wait(threads);
+    let outcome = if let Some(spin_us) = balloon {
+        run_green(info, spec, (arena_start, arena_end), spin_us)
+    } else {
+        // SAFETY: the workers read JOB only after FORK.
+        unsafe { *JOB.0.get() = Some(Job::Benchmark(spec)) };
+        FORK.wait(threads);
+        let outcome = run_share(info, spec, 0);
+        JOIN.wait(threads);
+        outcome
+    };
     let waits = sync::take_stats();
     let mut line = Line::new();
     let _ = write!(
@@ -319,6 +335,9 @@ fn run_benchmark(info: &BootInfo, spec: Spec) -> bool {
         line,
         " arena_start={arena_start:#x} arena_end={arena_end:#x}"
     );
+    if green {
+        let _ = write!(line, " balloon_host_cpus={}", HOST_CPUS.load(Ordering::Relaxed));
+    }
     line.emit();
     print_barrier_stats(info, spec, &waits);
     outcome.verified
@@ -356,20 +375,128 @@ fn run_share(info: &BootInfo, spec: Spec, cpu: u32) -> npb::Outcome {
     };
     let team = Team::new(cpu as usize, info.cpus as usize, &runtime);
     // The master checked before FORK that there is one.
-    let (start, end) = arena_range(info, spec).unwrap_or((info.heap_start, info.heap_start));
+    let range = arena_range(info, spec, 0).unwrap_or((info.heap_start, info.heap_start));
+    run_rank(spec, &team, range)
+}
+
+/// One rank of `spec` over the arena `[start, end)`.
+fn run_rank(spec: Spec, team: &Team, (start, end): (u64, u64)) -> npb::Outcome {
     // SAFETY: the range is identity-mapped free RAM, ours alone, large enough, and
-    // every CPU builds its arena over it in the same way.
+    // every rank builds its arena over it in the same way.
     let mut arena = unsafe { Arena::new(start as *mut u8, (end - start) as usize) };
-    npb::run(spec, &team, &mut arena)
+    npb::run(spec, team, &mut arena)
 }
 
 /// Where `spec` runs: RAM above 4 GiB if it fits there, else the heap below the 32-bit
-/// hole (which the network and device drivers use too); `None` if neither holds it.
-fn arena_range(info: &BootInfo, spec: Spec) -> Option<(u64, u64)> {
+/// hole (which the network and device drivers use too) past its first `reserved` bytes;
+/// `None` if neither holds it.
+fn arena_range(info: &BootInfo, spec: Spec, reserved: u64) -> Option<(u64, u64)> {
     let need = npb::workload_heap_bytes(spec, info.cpus);
+    let low = info.heap_start.checked_add(reserved)?;
+    (info.heap_end >= low).then_some(())?;
     highmem::room(info, need)
-        .or(Some((info.heap_start, info.heap_end)))
+        .or(Some((low, info.heap_end)))
         .filter(|&(start, end)| start < end && end - start >= need)
+}
+
+// ---------------------------------------------------------------------------------------
+// vCPU ballooning (`balloon=1`): the team's ranks as green threads on as many vCPUs as
+// the host has CPUs for; the other vCPUs park in kumo (npb::green).
+
+/// The green threads of the current benchmark.
+static BALLOON: Balloon = Balloon::new();
+/// Host CPUs this VM may use, kept up to date by kumo (`sys::pv_host_cpus`).
+static HOST_CPUS: AtomicU32 = AtomicU32::new(0);
+/// Each green thread's stack, as the supervisor gives each CPU.
+const GREEN_STACK_BYTES: u64 = 256 << 10;
+/// Rank 0's outcome of the current green run.
+static GREEN_OUTCOME: Shared<Option<npb::Outcome>> = Shared(UnsafeCell::new(None));
+
+/// Bytes of green stacks at the start of the heap.
+fn green_stacks(info: &BootInfo) -> u64 {
+    u64::from(info.cpus) * GREEN_STACK_BYTES
+}
+
+/// The balloon's view of this guest: its barrier waits, kumo's CPU count, the TSC.
+struct GuestCarrier {
+    cpus: u32,
+    tsc_khz: u64,
+    /// Longest spin at a barrier of carriers (`balloon_spin_us=`), and the spin now
+    /// (adaptive, `npb::green::next_spin`), in TSC ticks.
+    max_spin_ticks: u64,
+    spin_ticks: AtomicU64,
+}
+
+impl Carrier for GuestCarrier {
+    fn wait_at_barrier(&self, word: &AtomicU32, value: u32) {
+        let spin = self.spin_ticks.load(Ordering::Relaxed);
+        let slept = sync::wait_while_eq_spinning(word, value, spin);
+        let next = npb::green::next_spin(spin, slept, self.max_spin_ticks);
+        self.spin_ticks.store(next, Ordering::Relaxed);
+    }
+    fn wait_parked(&self, word: &AtomicU32, value: u32) {
+        let _ = sync::wait_while_eq_spinning(word, value, 0);
+    }
+    fn store_and_wake(&self, word: &AtomicU32, value: u32) {
+        sync::store_and_wake(word, value);
+    }
+    /// Before kumo has written it (an older kumo): every vCPU.
+    fn target(&self) -> u32 {
+        match HOST_CPUS.load(Ordering::Relaxed) {
+            0 => self.cpus,
+            cpus => cpus,
+        }
+    }
+    fn seconds(&self) -> f64 {
+        sys::rdtsc() as f64 / (self.tsc_khz as f64 * 1000.0)
+    }
+    fn released(&self) {
+        sync::count_barrier();
+    }
+}
+
+/// Runs `spec`'s ranks as green threads over every CPU (the master carries too) and
+/// returns rank 0's outcome.
+fn run_green(info: &BootInfo, spec: Spec, arena: (u64, u64), spin_us: u64) -> npb::Outcome {
+    let carrier = GuestCarrier {
+        cpus: info.cpus,
+        tsc_khz: info.tsc_khz,
+        max_spin_ticks: info.tsc_khz * spin_us / 1000,
+        spin_ticks: AtomicU64::new(info.tsc_khz * spin_us / 1000),
+    };
+    let ranks = info.cpus as usize;
+    let body = move |rank: usize, runtime: &dyn Runtime| {
+        let team = Team::new(rank, ranks, runtime);
+        let outcome = run_rank(spec, &team, arena);
+        if rank == 0 {
+            // SAFETY: only rank 0 writes it, and the master reads it after JOIN.
+            unsafe { *GREEN_OUTCOME.0.get() = Some(outcome) };
+        }
+    };
+    // SAFETY: the workers are in FORK, not carrying; the stacks are the heap's first
+    // `green_stacks` bytes, which the arena leaves out, and they, the carrier and the
+    // body (on this frame) outlive JOIN, after which no CPU carries.
+    unsafe {
+        BALLOON.prepare(
+            ranks,
+            ranks,
+            info.heap_start as *mut u8,
+            GREEN_STACK_BYTES as usize,
+            &carrier,
+            &body,
+        );
+        *JOB.0.get() = Some(Job::Green);
+    }
+    FORK.wait(info.cpus);
+    BALLOON.carry(0);
+    JOIN.wait(info.cpus);
+    // SAFETY: rank 0 wrote it before JOIN.
+    unsafe { (*GREEN_OUTCOME.0.get()).take() }.unwrap_or(npb::Outcome {
+        seconds: 0.0,
+        mops: 0.0,
+        verified: false,
+        values: npb::Values::new(),
+    })
 }
 
 /// The team barrier and clock of the guest: shared-memory barrier, TSC time.
@@ -401,6 +528,10 @@ struct Plan {
     spin_us: u64,
     /// `pvwait=1`: kumo's paravirtual wait page exists.
     pv_wait: bool,
+    /// `balloon=1`: run teams as green threads on as many vCPUs as kumo says the
+    /// host has CPUs for (`Some(spin)`: the spin of a barrier of those vCPUs,
+    /// `balloon_spin_us=`, by default `spin_us=`'s).
+    balloon: Option<u64>,
     /// `mpi=` was given: `npb=` items are NPB-MPI kernels.
     mpi: bool,
     /// `mpi=`, `wait=`, `net=`, `net_rounds=`, `net_seed=`, `net_drop=`.
@@ -466,12 +597,14 @@ fn parse_command_line(cmdline: &str) -> Result<Plan, ()> {
         idle: None,
         spin_us: DEFAULT_SPIN_MICROSECONDS,
         pv_wait: false,
+        balloon: None,
         mpi: false,
         net: network::Plan::new(),
         blk: false,
     };
     let mut mpi_given = false;
     let mut npb_items = None;
+    let (mut balloon, mut balloon_spin_us) = (false, None);
     let mut ok = true;
     for word in cmdline.split_ascii_whitespace() {
         if let Some(items) = word.strip_prefix("npb=") {
@@ -489,6 +622,23 @@ fn parse_command_line(cmdline: &str) -> Result<Plan, ()> {
                 "0" | "1" => plan.pv_wait = flag == "1",
                 _ => {
                     error("bad-pvwait", flag);
+                    ok = false;
+                }
+            }
+        } else if let Some(flag) = word.strip_prefix("balloon=") {
+            match flag {
+                "0" => balloon = false,
+                "1" => balloon = true,
+                _ => {
+                    error("bad-balloon", flag);
+                    ok = false;
+                }
+            }
+        } else if let Some(micros) = word.strip_prefix("balloon_spin_us=") {
+            match micros.parse().ok().filter(|&us: &u64| us <= 1_000_000) {
+                Some(us) => balloon_spin_us = Some(us),
+                None => {
+                    error("bad-balloon-spin", micros);
                     ok = false;
                 }
             }
@@ -606,6 +756,7 @@ fn parse_command_line(cmdline: &str) -> Result<Plan, ()> {
         }
     }
     plan.mpi = mpi_given;
+    plan.balloon = balloon.then_some(balloon_spin_us.unwrap_or(plan.spin_us));
     if ok { Ok(plan) } else { Err(()) }
 }
 

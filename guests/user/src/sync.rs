@@ -87,9 +87,18 @@ pub fn take_stats() -> Stats {
     }
 }
 
+/// One barrier passed (the green-thread balloon keeps its own barrier of vCPUs).
+pub fn count_barrier() {
+    add(&STATS.barriers, 1);
+}
+
 /// Returns once `word != value`.
 pub fn wait_while_eq(word: &AtomicU32, value: u32) {
-    let spin_ticks = SPIN_TICKS.load(Ordering::Relaxed);
+    let _ = wait_while_eq_spinning(word, value, SPIN_TICKS.load(Ordering::Relaxed));
+}
+
+/// As [`wait_while_eq`], spinning `spin_ticks` before sleeping; true if it slept.
+pub fn wait_while_eq_spinning(word: &AtomicU32, value: u32, spin_ticks: u64) -> bool {
     let start = sys::rdtsc();
     let mut slept = 0;
     while word.load(Ordering::Acquire) == value {
@@ -103,6 +112,7 @@ pub fn wait_while_eq(word: &AtomicU32, value: u32) {
     }
     add(&STATS.spin_ticks, (sys::rdtsc() - start).saturating_sub(slept));
     add(&STATS.sleep_ticks, slept);
+    slept > 0
 }
 
 /// Sleeps until `word` may have changed from `value` (may return spuriously). The

@@ -91,6 +91,13 @@ pub fn pv_wake(word: *const u32) {
     unsafe { core::ptr::write_volatile((PV_WAIT_PAGE + 8) as *mut u64, word as u64) };
 }
 
+/// Asks kumo to keep the number of host CPUs this VM may use in `word` (now and
+/// whenever it changes: `kumo ctl vcpu-balloon`).
+pub fn pv_host_cpus(word: *const u32) {
+    // SAFETY: as in `pv_wait`; the VMM writes only that aligned u32 of ours.
+    unsafe { core::ptr::write_volatile((PV_WAIT_PAGE + 0x10) as *mut u64, word as u64) };
+}
+
 pub fn mark_start() {
     // SAFETY: no pointers involved.
     unsafe { trap(call::MARK_START, 0, 0) };

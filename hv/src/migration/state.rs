@@ -154,7 +154,7 @@ pub(crate) fn restore_vcpu(
         vcpu.set_tsc_khz(state.tsc_khz)
             .map_err(ioctl("KVM_SET_TSC_KHZ"))?;
     }
-    vcpu.set_mp_state(state.mp_state)
+    vcpu.set_mp_state(resumed_mp_state(state.mp_state))
         .map_err(ioctl("KVM_SET_MP_STATE"))?;
     vcpu.set_regs(&state.regs).map_err(ioctl("KVM_SET_REGS"))?;
     vcpu.set_sregs(&state.sregs)
@@ -189,6 +189,24 @@ pub(crate) fn restore_vcpu(
         );
     }
     Ok(())
+}
+
+/// The state a saved vCPU resumes in: a halted one runnable, as if its `hlt` ended
+/// spuriously. A wake-up in flight while the VM was saved (an IPI sent just before the
+/// pause) can otherwise be lost, leaving it halted for good with its word already
+/// changed (seen: a ballooned VM saved as its master released the fork barrier, five
+/// vCPUs halted, restored: the release never reached them; cause not found, the saved
+/// LAPIC state is KVM's). The only guest kumo restores, its own, halts only in loops
+/// that re-check what they wait for (an interrupt can end a `hlt` for unrelated
+/// reasons), so the cost is one more check per halted vCPU.
+fn resumed_mp_state(saved: kvm_mp_state) -> kvm_mp_state {
+    if saved.mp_state == kvm_bindings::KVM_MP_STATE_HALTED {
+        kvm_mp_state {
+            mp_state: kvm_bindings::KVM_MP_STATE_RUNNABLE,
+        }
+    } else {
+        saved
+    }
 }
 
 fn irqchip(vm: &VmFd, chip_id: u32) -> Result<kvm_irqchip, Error> {
@@ -233,4 +251,26 @@ pub(crate) fn restore_vm(vm: &VmFd, state: &VmState) -> Result<(), Error> {
         vm.set_irqchip(chip).map_err(ioctl("KVM_SET_IRQCHIP"))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod resume_tests {
+    use super::*;
+
+    #[test]
+    fn a_halted_vcpu_resumes_runnable_and_other_states_are_kept() {
+        let state = |mp_state| kvm_mp_state { mp_state };
+        let halted = state(kvm_bindings::KVM_MP_STATE_HALTED);
+        assert_eq!(
+            resumed_mp_state(halted).mp_state,
+            kvm_bindings::KVM_MP_STATE_RUNNABLE
+        );
+        for kept in [
+            kvm_bindings::KVM_MP_STATE_RUNNABLE,
+            kvm_bindings::KVM_MP_STATE_UNINITIALIZED,
+            kvm_bindings::KVM_MP_STATE_INIT_RECEIVED,
+        ] {
+            assert_eq!(resumed_mp_state(state(kept)).mp_state, kept);
+        }
+    }
 }
