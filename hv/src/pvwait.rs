@@ -11,6 +11,9 @@
 //! - [`WAIT`]: `value = expected << 32 | address`: block while the aligned u32 at guest
 //!   physical `address` equals `expected`, at most [`MAX_BLOCK`] (the guest re-checks
 //!   and waits again, so a stop or a pause is never held up longer);
+//! - [`PARK`]: as `WAIT`, for a vCPU with nothing to do until the word changes (a
+//!   ballooned guest's parked vCPU): at most [`PARK_BLOCK`], so it costs an exit a
+//!   second instead of a hundred;
 //! - [`WAKE`]: `value = address`: wake every vCPU blocked on that word;
 //! - [`HOST_CPUS`]: `value = address`: kumo stores the number of host CPUs the VM may
 //!   use in that word now and whenever it changes ([`HostCpus`]): vCPU ballooning,
@@ -30,9 +33,14 @@ pub const SIZE: u64 = 0x1000;
 pub const WAIT: u64 = 0x0;
 pub const WAKE: u64 = 0x8;
 pub const HOST_CPUS: u64 = 0x10;
-/// Longest single block: the vCPU thread comes back to its loop (stop, pause, park
-/// checks) at least this often.
+pub const PARK: u64 = 0x18;
+/// Longest single `WAIT` block: the vCPU thread comes back to its loop (stop, pause,
+/// park checks) at least this often, and the guest's own timeouts run.
 pub const MAX_BLOCK: Duration = Duration::from_millis(10);
+/// Longest single `PARK` block. A stop or a pause does not wait for it: both kick the
+/// vCPU thread (a signal ends the futex wait at once) and kick again every few ms
+/// until it answers, which covers a kick that lands just before the wait begins.
+pub const PARK_BLOCK: Duration = Duration::from_secs(1);
 
 /// What the page has done for a VM, for `kumo bench oversub`.
 #[derive(Debug, Default)]
@@ -142,8 +150,9 @@ pub fn write(
     let Some(word) = word(memory, value & 0xffff_ffff) else {
         return;
     };
-    match addr - BASE {
-        WAIT => {
+    let register = addr - BASE;
+    match register {
+        WAIT | PARK => {
             counters.waits.fetch_add(1, Ordering::Relaxed);
             let expected = (value >> 32) as u32;
             if word.load(Ordering::SeqCst) != expected {
@@ -152,7 +161,12 @@ pub fn write(
             waiting_on.store((value & 0xffff_ffff) + 1, Ordering::Release);
             counters.blocks.fetch_add(1, Ordering::Relaxed);
             let start = Instant::now();
-            futex_wait(word, expected, MAX_BLOCK);
+            let limit = if register == PARK {
+                PARK_BLOCK
+            } else {
+                MAX_BLOCK
+            };
+            futex_wait(word, expected, limit);
             waiting_on.store(0, Ordering::Release);
             counters
                 .blocked_ns
@@ -221,6 +235,7 @@ fn futex_wake_all(word: &AtomicU32) -> u64 {
 mod tests {
     use super::*;
     use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
 
     fn memory() -> GuestMemoryMmap {
         GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x2000)]).unwrap()
@@ -290,6 +305,48 @@ mod tests {
         let seen = counters.snapshot();
         assert_eq!(seen.wakes, 1);
         assert!(seen.blocks >= 1 && seen.waits >= seen.blocks, "{seen:?}");
+    }
+
+    #[test]
+    fn a_parked_vcpu_outlasts_a_wait_block_and_ends_on_a_wake() {
+        let memory = memory();
+        let waiting_on = Arc::new(AtomicU64::new(0));
+        let done = Arc::new(AtomicBool::new(false));
+        let parked = {
+            let (memory, waiting_on, done) = (memory.clone(), waiting_on.clone(), done.clone());
+            std::thread::spawn(move || {
+                // One request, no retry loop: it must not come back by itself soon.
+                write(
+                    &memory,
+                    &Counters::default(),
+                    &waiting_on,
+                    &HostCpus::default(),
+                    BASE + PARK,
+                    &request(0, 0x300),
+                );
+                done.store(true, Ordering::SeqCst);
+            })
+        };
+        while waiting_on.load(Ordering::Acquire) == 0 {
+            std::thread::yield_now();
+        }
+        // Three WAIT blocks' worth: a WAIT would have returned by now, a PARK has not.
+        std::thread::sleep(3 * MAX_BLOCK);
+        assert!(
+            !done.load(Ordering::SeqCst),
+            "the park ended at a WAIT's limit"
+        );
+        word(&memory, 0x300).unwrap().store(1, Ordering::SeqCst);
+        write(
+            &memory,
+            &Counters::default(),
+            &AtomicU64::new(0),
+            &HostCpus::default(),
+            BASE + WAKE,
+            &0x300u64.to_le_bytes(),
+        );
+        parked.join().unwrap();
+        assert!(done.load(Ordering::SeqCst));
     }
 
     #[test]

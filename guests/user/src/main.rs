@@ -435,7 +435,7 @@ impl Carrier for GuestCarrier {
         self.spin_ticks.store(next, Ordering::Relaxed);
     }
     fn wait_parked(&self, word: &AtomicU32, value: u32) {
-        let _ = sync::wait_while_eq_spinning(word, value, 0);
+        sync::wait_parked(word, value);
     }
     fn store_and_wake(&self, word: &AtomicU32, value: u32) {
         sync::store_and_wake(word, value);

@@ -99,6 +99,17 @@ pub fn wait_while_eq(word: &AtomicU32, value: u32) {
 
 /// As [`wait_while_eq`], spinning `spin_ticks` before sleeping; true if it slept.
 pub fn wait_while_eq_spinning(word: &AtomicU32, value: u32, spin_ticks: u64) -> bool {
+    wait_loop(word, value, spin_ticks, false)
+}
+
+/// As [`wait_while_eq`] for a vCPU with nothing to do until `word` changes (a
+/// ballooned team's parked vCPU): no spin, and with kumo's wait page it blocks up to
+/// a second at a time instead of 10 ms (`sys::pv_park`).
+pub fn wait_parked(word: &AtomicU32, value: u32) {
+    let _ = wait_loop(word, value, 0, true);
+}
+
+fn wait_loop(word: &AtomicU32, value: u32, spin_ticks: u64, parked: bool) -> bool {
     let start = sys::rdtsc();
     let mut slept = 0;
     while word.load(Ordering::Acquire) == value {
@@ -107,7 +118,7 @@ pub fn wait_while_eq_spinning(word: &AtomicU32, value: u32, spin_ticks: u64) -> 
             continue;
         }
         let asleep = sys::rdtsc();
-        sleep(word, value);
+        sleep(word, value, parked);
         slept += sys::rdtsc() - asleep;
     }
     add(&STATS.spin_ticks, (sys::rdtsc() - start).saturating_sub(slept));
@@ -118,13 +129,15 @@ pub fn wait_while_eq_spinning(word: &AtomicU32, value: u32, spin_ticks: u64) -> 
 /// Sleeps until `word` may have changed from `value` (may return spuriously). The
 /// sleep is announced before the final check: a waker that stores after that check
 /// sees the count and wakes us (both sides SeqCst).
-fn sleep(word: &AtomicU32, value: u32) {
+fn sleep(word: &AtomicU32, value: u32, parked: bool) {
     let pv = PV_WAIT.load(Ordering::Relaxed);
     let count = if pv { &BLOCKED } else { &HALTED };
     count.fetch_add(1, Ordering::SeqCst);
     if word.load(Ordering::SeqCst) == value {
         add(&STATS.sleeps, 1);
-        if pv {
+        if pv && parked {
+            sys::pv_park(word.as_ptr(), value);
+        } else if pv {
             sys::pv_wait(word.as_ptr(), value);
         } else {
             sys::wait(word.as_ptr(), value);
