@@ -557,23 +557,7 @@ impl NpbReport<'_> {
                 obj.insert("vms".into(), json!(self.vms));
                 obj.insert("vcpus".into(), json!(self.vcpus));
                 obj.insert("nic".into(), json!(self.nic.name()));
-                match &row.result {
-                    Some(r) => {
-                        obj.insert("time_s".into(), json!(r.time_s));
-                        obj.insert("mops".into(), json!(r.mops));
-                        obj.insert("verified".into(), json!(r.verified));
-                        for (k, v) in &r.extra {
-                            let value = v.parse::<f64>().map_or_else(|_| json!(v), |f| json!(f));
-                            obj.entry(k.clone()).or_insert(value);
-                        }
-                    }
-                    None => {
-                        obj.insert("time_s".into(), Value::Null);
-                        obj.insert("mops".into(), Value::Null);
-                        obj.insert("verified".into(), json!(false));
-                        obj.insert("error".into(), json!("no result"));
-                    }
-                }
+                crate::report::insert_result(&mut obj, row.result.as_ref());
                 obj
             })
             .collect();

@@ -25,6 +25,28 @@ pub fn stop_status(cause: hv::StopCause) -> u8 {
     }
 }
 
+/// A benchmark's result fields of its JSON object: time, Mop/s, verdict and the
+/// guest's extra values, or nulls and an error when it printed none.
+pub(crate) fn insert_result(obj: &mut Map<String, Value>, result: Option<&BenchResult>) {
+    match result {
+        Some(r) => {
+            obj.insert("time_s".into(), json!(r.time_s));
+            obj.insert("mops".into(), json!(r.mops));
+            obj.insert("verified".into(), json!(r.verified));
+            for (k, v) in &r.extra {
+                let value = v.parse::<f64>().map_or_else(|_| json!(v), |f| json!(f));
+                obj.entry(k.clone()).or_insert(value);
+            }
+        }
+        None => {
+            obj.insert("time_s".into(), Value::Null);
+            obj.insert("mops".into(), Value::Null);
+            obj.insert("verified".into(), json!(false));
+            obj.insert("error".into(), json!("no result"));
+        }
+    }
+}
+
 /// One requested benchmark and what the guest said about it.
 #[derive(Debug)]
 pub struct Row {
@@ -233,25 +255,9 @@ impl Verdict {
                 let mut obj = Map::new();
                 obj.insert("benchmark".into(), json!(row.spec.kernel.name()));
                 obj.insert("class".into(), json!(row.spec.class.letter().to_string()));
-                match &row.result {
-                    Some(r) => {
-                        obj.insert("vcpus".into(), json!(r.threads));
-                        obj.insert("time_s".into(), json!(r.time_s));
-                        obj.insert("mops".into(), json!(r.mops));
-                        obj.insert("verified".into(), json!(r.verified));
-                        for (k, v) in &r.extra {
-                            let value = v.parse::<f64>().map_or_else(|_| json!(v), |f| json!(f));
-                            obj.entry(k.clone()).or_insert(value);
-                        }
-                    }
-                    None => {
-                        obj.insert("vcpus".into(), json!(self.vcpus));
-                        obj.insert("time_s".into(), Value::Null);
-                        obj.insert("mops".into(), Value::Null);
-                        obj.insert("verified".into(), json!(false));
-                        obj.insert("error".into(), json!("no result"));
-                    }
-                }
+                let vcpus = row.result.as_ref().map_or(self.vcpus, |r| r.threads);
+                obj.insert("vcpus".into(), json!(vcpus));
+                insert_result(&mut obj, row.result.as_ref());
                 Value::Object(obj)
             })
             .collect();
