@@ -353,6 +353,10 @@ pub enum CtlCommand {
         /// a copy round within this long (default 30000).
         #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
         ack_timeout_ms: Option<u64>,
+        /// Pause the VM first and copy it once (non-live): the downtime is the whole
+        /// transfer.
+        #[arg(long, conflicts_with = "max_downtime_ms")]
+        stop_and_copy: bool,
     },
 }
 

@@ -155,6 +155,9 @@ pub struct MigrateRequest {
     /// Give up (the VM runs on) if a round is not acknowledged within this long.
     #[serde(default)]
     pub ack_timeout_ms: Option<u64>,
+    /// Pause first and copy once (no live rounds).
+    #[serde(default)]
+    pub stop_and_copy: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -443,6 +446,7 @@ pub fn run_ctl(args: &CtlArgs) -> Result<u8> {
             token_file,
             max_downtime_ms,
             ack_timeout_ms,
+            stop_and_copy,
         } => {
             let token_file = token_file
                 .as_ref()
@@ -455,6 +459,7 @@ pub fn run_ctl(args: &CtlArgs) -> Result<u8> {
                 "token_file": token_file,
                 "max_downtime_ms": max_downtime_ms,
                 "ack_timeout_ms": ack_timeout_ms,
+                "stop_and_copy": stop_and_copy,
             })
         }
         CtlCommand::VcpuBalloon { domain, active } => {

@@ -218,7 +218,7 @@ impl VmTarget {
             || self.app_json(),
             address,
             token.as_deref(),
-            request.max_downtime_ms.map(Duration::from_millis),
+            pacing(request.max_downtime_ms, request.stop_and_copy),
             request.ack_timeout_ms.map(Duration::from_millis),
         )?;
         let mut value = json!(report);
@@ -253,6 +253,17 @@ impl hv::migration::live::Destination for Replies<'_> {
     }
 }
 
+/// How a migration is paced: its downtime target (QEMU's 300 ms unless given), or
+/// stop-and-copy.
+pub fn pacing(max_downtime_ms: Option<u64>, stop_and_copy: bool) -> hv::migration::live::Options {
+    let defaults = hv::migration::live::Options::default();
+    hv::migration::live::Options {
+        max_downtime: max_downtime_ms.map_or(defaults.max_downtime, Duration::from_millis),
+        stop_and_copy,
+        ..defaults
+    }
+}
+
 /// Moves the VM behind `hub` to the kumo listening at `address` (HOST:PORT):
 /// connect, authenticate, pre-copy, hand off once the destination runs it. `app`
 /// describes the program's side (asked for at the start and with the vCPUs stopped).
@@ -261,7 +272,7 @@ pub fn send_vm(
     app: impl Fn() -> String,
     address: &str,
     token: Option<&[u8]>,
-    max_downtime: Option<Duration>,
+    options: hv::migration::live::Options,
     ack_timeout: Option<Duration>,
 ) -> Result<hv::migration::live::Report> {
     hub.check_running()?;
@@ -277,11 +288,6 @@ pub fn send_vm(
     stream.set_write_timeout(Some(STREAM_TIMEOUT))?;
     hv::migration::auth::source(&mut &stream, token)
         .with_context(|| format!("migration to {address}"))?;
-    let defaults = hv::migration::live::Options::default();
-    let options = hv::migration::live::Options {
-        max_downtime: max_downtime.unwrap_or(defaults.max_downtime),
-        ..defaults
-    };
     let mut w = BufWriter::with_capacity(1 << 20, &stream);
     let mut replies = Replies {
         stream: &stream,

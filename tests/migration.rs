@@ -194,6 +194,44 @@ fn a_running_ep_guest_migrates_and_verifies_on_the_destination() {
     assert_verified(&dst.finish(), "destination");
 }
 
+#[test]
+fn a_stop_and_copy_migration_pauses_first_copies_once_and_verifies() {
+    if !kvm_available() {
+        return;
+    }
+    let port = free_port();
+    let secret = token("stop-copy.token", "stop and copy");
+    let dst = destination(port, &secret);
+    let socket = scratch("stop-copy.sock");
+    let src = source(&socket);
+    let ctl = migrate_once_running(&socket, port, &secret, &["--stop-and-copy"]);
+    assert!(ctl.status.success(), "migrate: {}", text(&ctl.stderr));
+    let report = &json_lines(&ctl)[0];
+    // One copy of everything, made with the VM paused: nothing is left dirty for a
+    // second pass, and the downtime holds the whole copy.
+    let rounds = report["rounds"].as_array().unwrap();
+    assert_eq!(rounds.len(), 1, "{report}");
+    assert!(rounds[0]["pages"].as_u64().unwrap() > 0, "{report}");
+    assert!(report["final_pages"].as_u64().unwrap() < 16, "{report}");
+    let downtime = report["downtime_ms"].as_f64().unwrap();
+    assert!(downtime >= rounds[0]["ms"].as_f64().unwrap(), "{report}");
+    assert!(src.finish().status.success());
+    assert_verified(&dst.finish(), "destination");
+    // A downtime target means nothing without live rounds.
+    let both = kumo(&[
+        "ctl",
+        "--socket",
+        socket.to_str().unwrap(),
+        "migrate",
+        "tcp:127.0.0.1:1",
+        "--stop-and-copy",
+        "--max-downtime-ms",
+        "5",
+    ]);
+    assert_eq!(both.status.code(), Some(2));
+    assert!(text(&both.stderr).contains("cannot be used with"));
+}
+
 /// With 1 vCPU, EP.A moves in the first test; here CG.A on 2 vCPUs (seconds of
 /// sparse-matrix work, its memory written throughout) and EP.A on 4 (more vCPUs
 /// than the host's 2 CPUs), one after the other to keep the load modest.

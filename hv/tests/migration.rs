@@ -265,6 +265,7 @@ fn a_running_vm_migrates_with_dirty_rounds_and_finishes_on_the_destination() {
     let options = live::Options {
         max_downtime: Duration::ZERO,
         max_rounds: 2,
+        stop_and_copy: false,
     };
     let report = live::send(
         &hub,

@@ -123,7 +123,7 @@ fn one_run(args: &MigrateBenchArgs, dirty: DirtyLogMode, epoch: Instant) -> Resu
         app_json,
         &address,
         Some(&token),
-        args.max_downtime_ms.map(Duration::from_millis),
+        migrate::pacing(args.max_downtime_ms, false),
         None,
     );
     let source_run = source

@@ -42,6 +42,9 @@ pub struct Options {
     pub max_downtime: Duration,
     /// Rounds after the first full pass before stopping regardless.
     pub max_rounds: u32,
+    /// Pause the vCPUs before the first page and copy everything once (Xen's and
+    /// QEMU's non-live migration): the downtime is the whole transfer.
+    pub stop_and_copy: bool,
 }
 
 impl Default for Options {
@@ -50,6 +53,7 @@ impl Default for Options {
         Options {
             max_downtime: Duration::from_millis(300),
             max_rounds: 30,
+            stop_and_copy: false,
         }
     }
 }
@@ -246,6 +250,15 @@ pub fn send(
     let log = DirtyLog::enable(hub)?;
     let mut rounds = Vec::new();
     let mut total_bytes = 0;
+    let ms_since = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
+    // Stop-and-copy pauses here; dropping `early` on an error resumes the VM.
+    let early = if options.stop_and_copy {
+        let down = Instant::now();
+        let paused = hub.pause()?;
+        Some((down, paused, ms_since(down)))
+    } else {
+        None
+    };
 
     let t = Instant::now();
     let first = write_all_ram(hub.memory(), hub.memfd(), w)?;
@@ -254,7 +267,7 @@ pub fn send(
     rounds.push(last);
 
     let mut pending = log.take()?;
-    while (rounds.len() as u32) <= options.max_rounds {
+    while early.is_none() && (rounds.len() as u32) <= options.max_rounds {
         // Bytes per ms the last round achieved into the destination's RAM (a round of
         // a few pages says little: at least 1 ms is assumed).
         let rate = last.bytes as f64 / last.ms.max(1.0);
@@ -270,10 +283,14 @@ pub fn send(
         pending = log.take()?;
     }
 
-    let down = Instant::now();
-    let ms_since = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
-    let paused = hub.pause()?;
-    let pause_ms = ms_since(down);
+    let (down, paused, pause_ms) = match early {
+        Some(early) => early,
+        None => {
+            let down = Instant::now();
+            let paused = hub.pause()?;
+            (down, paused, ms_since(down))
+        }
+    };
     let saved_tsc = paused.vcpus().first().and_then(|v| v.tsc());
     let tsc_khz = paused.vcpus().first().map_or(0, |v| v.tsc_khz);
     let t = Instant::now();
