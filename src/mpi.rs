@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -13,6 +14,7 @@ use devices::net::switch::SwitchConfig;
 use hv::irq::IrqPath;
 use hv::net::{Network, NicSetup, WorkerStats};
 use hv::passthrough::PassthroughSpec;
+use hv::placement::ThreadGroup;
 use npb::Spec;
 use serde_json::{Value, json};
 
@@ -110,13 +112,18 @@ impl WireSpec {
     /// first peer of this side's listener, which keeps listening (and its socket file
     /// stays) until the returned guard is dropped: when that peer's connection closes
     /// (its VM moved to another process), the next one takes the same switch port.
-    pub fn attach(&self, network: &Network, patience: Duration) -> Result<WireGuard> {
+    pub fn attach(
+        &self,
+        network: &Network,
+        patience: Duration,
+        dom0: Option<&Arc<ThreadGroup>>,
+    ) -> Result<WireGuard> {
         let deadline = Instant::now() + patience;
         match self {
             WireSpec::Connect(path) => loop {
                 match UnixStream::connect(path) {
                     Ok(stream) => {
-                        network.attach_wire(stream, None)?;
+                        network.attach_wire(stream, dom0)?;
                         return Ok(WireGuard { listening: None });
                     }
                     Err(e) if Instant::now() < deadline => {
@@ -156,7 +163,7 @@ impl WireSpec {
                     }
                 };
                 stream.set_nonblocking(false)?;
-                network.attach_listening_wire(stream, listener, None)?;
+                network.attach_listening_wire(stream, listener, dom0)?;
                 Ok(guard)
             }
         }
@@ -273,7 +280,7 @@ fn run_job_in(
     let _wire = job
         .wire
         .as_ref()
-        .map(|wire| wire.attach(&network, job.wire_patience))
+        .map(|wire| wire.attach(&network, job.wire_patience, None))
         .transpose()?;
     let running = network.start(None)?;
     let runs: Vec<Result<GuestRun>> = std::thread::scope(|scope| {

@@ -124,7 +124,7 @@ pub fn attach(vm: &mut Vm, rank: &RankApp, vcpus: u32) -> Result<RankNetwork> {
     let wire = job
         .wire
         .as_ref()
-        .map(|wire| wire.attach(&network, job.wire_patience))
+        .map(|wire| wire.attach(&network, job.wire_patience, None))
         .transpose()?;
     let running = network.start(None)?;
     Ok(RankNetwork {

@@ -50,6 +50,15 @@ pub struct NetworkFile {
     /// The NICs: "emulated" (default: domain 0's switch) or "passthrough" (a port each
     /// of a `kumo nic-server` the node starts: the hardware, outside the scheduler).
     pub nic: Option<String>,
+    /// Ranks of the whole job when some run outside the node (default: the node's).
+    pub job_size: Option<u32>,
+    /// The rank of the node's first MPI domain (default 0).
+    pub first_rank: Option<u32>,
+    /// The wire to the job's other ranks, as `kumo mpi --wire`: `unix:PATH` connects,
+    /// `listen:unix:PATH` listens and takes a rank VM that moved as the same port.
+    pub wire: Option<String>,
+    /// Seconds the wire waits for its peer (default 30).
+    pub wire_wait_s: Option<f64>,
 }
 
 /// The node's network, validated.
@@ -60,6 +69,11 @@ pub struct Network {
     pub wait: String,
     pub irq_path: hv::irq::IrqPath,
     pub nic: crate::cli::NicKind,
+    /// Ranks of the whole job (None: the node's own).
+    pub job_size: Option<u32>,
+    pub first_rank: u32,
+    pub wire: Option<crate::mpi::WireSpec>,
+    pub wire_wait: std::time::Duration,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -433,11 +447,27 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
             .filter(|d| d.mpi.is_some())
             .map(|d| d.vcpus)
             .sum();
+        let here = ranks;
+        let ranks = network
+            .job_size
+            .unwrap_or(network.first_rank.saturating_add(here));
         if !(2..=crate::mpi::MAX_RANKS).contains(&ranks) {
             bail!(
                 "[network]: the MPI job needs 2 to {} ranks (one per vCPU of the domains with \
-                 mpi = true), not {ranks}",
+                 mpi = true, or job_size), not {ranks}",
                 crate::mpi::MAX_RANKS
+            );
+        }
+        if network.first_rank.saturating_add(here) > ranks {
+            bail!(
+                "[network]: the node's {here} ranks from first_rank {} do not fit a job of {ranks}",
+                network.first_rank
+            );
+        }
+        if here < ranks && network.wire.is_none() {
+            bail!(
+                "[network]: {} of the job's {ranks} ranks run outside the node: give a wire",
+                ranks - here
             );
         }
         let (keys, npb) = match &network.npb {
@@ -451,7 +481,7 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
             }
             None => (format!("wait={} net={}", network.wait, network.net), None),
         };
-        let mut first = 0;
+        let mut first = network.first_rank;
         for d in domains.iter_mut().filter(|d| d.mpi.is_some()) {
             // The domain's memory: each rank's part of the largest kernel, or the MPI
             // runtime's rings and the check's 16 MiB exchange.
@@ -523,12 +553,30 @@ fn validate_network(file: NetworkFile) -> Result<Network> {
         Some("passthrough") => crate::cli::NicKind::Passthrough,
         Some(other) => bail!("[network]: nic '{other}' is not emulated or passthrough"),
     };
+    let wire = file
+        .wire
+        .map(|text| text.parse::<crate::mpi::WireSpec>())
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("[network]: wire: {e}"))?;
+    if wire.is_some() && nic == crate::cli::NicKind::Passthrough {
+        bail!(
+            "[network]: a wire joins domain 0's switch: it does not apply to nic = \"passthrough\""
+        );
+    }
+    let wire_wait_s = file.wire_wait_s.unwrap_or(30.0);
+    if !(0.0..=3600.0).contains(&wire_wait_s) {
+        bail!("[network]: wire_wait_s {wire_wait_s} is not 0 to 3600");
+    }
     Ok(Network {
         net,
         npb: file.npb,
         wait,
         irq_path,
         nic,
+        job_size: file.job_size,
+        first_rank: file.first_rank.unwrap_or(0),
+        wire,
+        wire_wait: std::time::Duration::from_secs_f64(wire_wait_s),
     })
 }
 
@@ -750,13 +798,57 @@ mpi = true
     }
 
     #[test]
+    fn a_node_can_hold_part_of_a_job_whose_other_ranks_are_across_a_wire() {
+        let two = "[[domain]]\nname = \"a\"\nmpi = true\n[[domain]]\nname = \"b\"\nmpi = true\n";
+        let net = "pcpus = [0]\n[network]\nnpb = \"cg.S\"\n";
+        let n = node(&format!(
+            "{net}job_size = 4\nfirst_rank = 1\nwire = \"unix:/tmp/w\"\nwire_wait_s = 5\n{two}"
+        ))
+        .unwrap();
+        let network = n.network.as_ref().unwrap();
+        assert_eq!(
+            network.wire,
+            Some(crate::mpi::WireSpec::Connect("/tmp/w".into()))
+        );
+        assert_eq!(network.wire_wait, std::time::Duration::from_secs(5));
+        assert!(n.domains[0].cmdline().contains("mpi=1:4:1"));
+        assert!(n.domains[1].cmdline().contains("mpi=2:4:1"));
+        // Rank 0 runs elsewhere: no domain here is judged on the job's results.
+        assert!(n.domains.iter().all(|d| d.specs.is_empty()));
+        for (extra, needle) in [
+            (
+                "job_size = 4\n",
+                "2 of the job's 4 ranks run outside the node: give a wire",
+            ),
+            (
+                "job_size = 2\nfirst_rank = 1\nwire = \"unix:/w\"\n",
+                "do not fit a job of 2",
+            ),
+            ("job_size = 99\nwire = \"unix:/w\"\n", "needs 2 to"),
+            (
+                "wire = \"tcp:x\"\n",
+                "a wire is unix:PATH or listen:unix:PATH",
+            ),
+            (
+                "wire = \"unix:/w\"\nwire_wait_s = -1\n",
+                "wire_wait_s -1 is not 0 to 3600",
+            ),
+            (
+                "wire = \"unix:/w\"\nnic = \"passthrough\"\n",
+                "it does not apply to nic = \"passthrough\"",
+            ),
+        ] {
+            let err = error(&format!("{net}{extra}{two}"));
+            assert!(err.contains(needle), "{extra}: {err}");
+        }
+    }
+
+    #[test]
     fn network_mistakes_are_named() {
         let one = "pcpus = [0]\n[network]\n[[domain]]\nname = \"a\"\nmpi = true\n";
-        assert!(
-            error(one).contains(
-                "needs 2 to 64 ranks (one per vCPU of the domains with mpi = true), not 1"
-            )
-        );
+        assert!(error(one).contains(
+            "needs 2 to 64 ranks (one per vCPU of the domains with mpi = true, or job_size), not 1"
+        ));
         let no_net = "pcpus = [0]\n[[domain]]\nname = \"a\"\nmpi = true\n";
         assert!(error(no_net).contains("mpi = true needs a [network]"));
         let wait = "pcpus = [0]\n[network]\nwait = \"nap\"\n[[domain]]\nname = \"a\"\nmpi = true\n";

@@ -176,8 +176,9 @@ pub fn run(
         }
         _ => None,
     };
-    // The node's switch: its thread is domain 0's work, as netback is Xen's.
-    let network = match &node.network {
+    // The node's switch: its thread is domain 0's work, as netback is Xen's; so are
+    // the wire's threads to ranks outside the node.
+    let (network, _wire) = match &node.network {
         Some(net) => {
             let network = hv::net::Network::new(devices::net::switch::SwitchConfig::default())?;
             for (vm, domain) in vms.iter_mut().zip(&node.domains) {
@@ -194,9 +195,14 @@ pub fn run(
                         .with_context(|| format!("domain '{}': NIC", domain.name))?;
                 }
             }
-            Some(network.start(Some(dom0.clone()))?)
+            let wire = net
+                .wire
+                .as_ref()
+                .map(|spec| spec.attach(&network, net.wire_wait, Some(&dom0)))
+                .transpose()?;
+            (Some(network.start(Some(dom0.clone()))?), wire)
         }
-        None => None,
+        None => (None, None),
     };
     let controls: Vec<Arc<VcpuControl>> = vms.iter().map(Vm::control).collect();
     let credit = node.uses_credit();
