@@ -67,13 +67,15 @@ pub struct DiskImageArgs {
 pub struct ExperimentArgs {
     /// The experiment: s1 (credit-scheduler slice, tick and domain-0 weight for MPI
     /// ranks that busy-wait), s2 (MPI latency and throughput through passthrough and
-    /// emulated NICs) or s4 (a passthrough NIC and its fast interrupt path).
+    /// emulated NICs), s4 (a passthrough NIC and its fast interrupt path) or migrate
+    /// (S1's migration of a VM of a running MPI job, default against tuned slice).
     #[arg(value_name = "NAME")]
     pub name: String,
 
     /// Shorter: s1 runs CG at class W instead of A and only Xen 3.4.2's baseline and
     /// the settings the paper gives numbers for; s2 runs 3 message sizes instead of 6;
-    /// s4 runs CG and IS at class S.
+    /// s4 runs CG and IS at class S; migrate runs CG.W instead of CG.A, and no
+    /// migration and one live one only.
     #[arg(long)]
     pub quick: bool,
 

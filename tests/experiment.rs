@@ -1,4 +1,5 @@
-//! `kumo experiment`: S1, S2 and S4 on real VMs end to end (quick forms), and bad input.
+//! `kumo experiment`: S1 (and its migration), S2 and S4 on real VMs end to end (quick
+//! forms), and bad input.
 
 mod common;
 
@@ -119,10 +120,52 @@ fn s2_quick_measures_every_configuration_and_size_and_draws_both_figures() {
 }
 
 #[test]
+fn migrate_quick_moves_a_vm_of_a_running_mpi_job_under_both_slices() {
+    if !kvm_available() {
+        return;
+    }
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (report, out_dir) = quick_run("migrate");
+    assert_eq!(report["experiment"], "migrate");
+    assert_eq!(report["ok"], true, "{report}");
+    let runs = report["runs"].as_array().unwrap();
+    // Both scenarios, each without and with one live migration.
+    assert_eq!(runs.len(), 2 * 2, "{report}");
+    for run in runs {
+        assert_eq!(run["verified"], true, "{run}");
+        let moved = run["migrations"].as_array().unwrap();
+        if run["mode"] == "no migration" {
+            assert!(moved.is_empty(), "{run}");
+        } else {
+            // Moved once, mid-job, by pre-copy: the job's time covers the move.
+            assert_eq!(moved.len(), 1, "{run}");
+            let m = &moved[0];
+            assert!(m["rounds"].as_u64().unwrap() >= 1, "{run}");
+            assert!(m["bytes"].as_u64().unwrap() > 0, "{run}");
+            assert!(
+                m["at_s"].as_f64().unwrap() < run["time_s"].as_f64().unwrap(),
+                "{run}"
+            );
+        }
+    }
+    let tuned_live = report["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["scenario"] == "xen3.4-1/1-dom0-1024" && r["mode"] == "1 live")
+        .expect("the tuned live row");
+    assert!(tuned_live["speedup_pct"].as_f64().is_some(), "{tuned_live}");
+    assert_eq!(tuned_live["paper_pct"], 9.0, "{tuned_live}");
+    let svg = std::fs::read_to_string(out_dir.join("migrate-speedup.svg")).unwrap();
+    roxmltree::Document::parse(&svg).expect("well-formed SVG");
+    let _ = std::fs::remove_dir_all(&out_dir);
+}
+
+#[test]
 fn bad_experiment_input_is_refused_in_one_line() {
     assert_refused(
         &["experiment", "s9"],
-        "unknown experiment 's9' (known: s1, s2, s4)",
+        "unknown experiment 's9' (known: s1, s2, s4, migrate)",
     );
     assert_refused(
         &["experiment", "s1", "--runs", "0"],

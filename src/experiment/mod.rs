@@ -5,6 +5,7 @@
 //! the output directory, repeated runs interleaved so host drift hits every scenario
 //! alike, summaries (median and range) and the progress bar.
 
+pub mod migrate;
 pub mod plot;
 pub mod s1;
 pub mod s2;
@@ -32,6 +33,10 @@ pub const EXPERIMENTS: &[(&str, &str)] = &[
         "s4",
         "a passthrough NIC and its fast interrupt path against an emulated NIC and bare metal",
     ),
+    (
+        "migrate",
+        "S1's migration: a VM of a running MPI job moved, under default and tuned credit slices",
+    ),
 ];
 
 pub fn run_experiment(args: &ExperimentArgs, epoch: Instant) -> Result<u8> {
@@ -46,6 +51,7 @@ pub fn run_experiment(args: &ExperimentArgs, epoch: Instant) -> Result<u8> {
         "s1" => s1::run(args, epoch),
         "s2" => s2::run(args, epoch),
         "s4" => s4::run(args, epoch),
+        "migrate" => migrate::run(args, epoch),
         other => {
             let known: Vec<&str> = EXPERIMENTS.iter().map(|(name, _)| *name).collect();
             bail!("unknown experiment '{other}' (known: {})", known.join(", "))

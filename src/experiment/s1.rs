@@ -53,7 +53,7 @@ pub struct Scenario {
 }
 
 const XEN4: &str = "xen4-30/10";
-const XEN34: &str = "xen3.4-30/10";
+pub const XEN34: &str = "xen3.4-30/10";
 
 const fn scenario(
     name: &'static str,
@@ -229,16 +229,30 @@ fn accounting_name(a: Accounting) -> &'static str {
 
 /// The node file of one real run.
 pub fn node_toml(scenario: &Scenario, spec: Spec, cpus: &[usize]) -> String {
+    rank_node_toml(scenario, spec, cpus, RANKS, "")
+}
+
+/// A node of `domains` single-vCPU rank VMs of `spec` under `scenario`'s credit
+/// parameters, with `network_extra` lines in its `[network]` (a wire to ranks
+/// outside the node).
+pub fn rank_node_toml(
+    scenario: &Scenario,
+    spec: Spec,
+    cpus: &[usize],
+    domains: usize,
+    network_extra: &str,
+) -> String {
     format!(
         "{}[scheduler]\nkind = \"credit\"\ntslice_ms = {}\ntick_ms = {}\nratelimit_us = {}\n\
-         accounting = \"{}\"\n[dom0]\nweight = {}\n[network]\nnpb = \"{spec}\"\nwait = \"spin\"\n{}",
+         accounting = \"{}\"\n[dom0]\nweight = {}\n[network]\nnpb = \"{spec}\"\nwait = \"spin\"\n\
+         {network_extra}{}",
         cpus_toml(cpus),
         scenario.tslice_ms,
         scenario.tick_ms,
         scenario.ratelimit_us,
         accounting_name(scenario.accounting),
         scenario.dom0_weight,
-        domains_toml(RANKS),
+        domains_toml(domains),
     )
 }
 
@@ -491,14 +505,14 @@ pub struct Report {
     pub ok: bool,
 }
 
-fn speedup_pct(base: Option<f64>, time: Option<f64>) -> Option<f64> {
+pub(super) fn speedup_pct(base: Option<f64>, time: Option<f64>) -> Option<f64> {
     match (base, time) {
         (Some(b), Some(t)) if t > 0.0 => Some((b / t - 1.0) * 100.0),
         _ => None,
     }
 }
 
-fn median_of(values: impl Iterator<Item = f64>) -> Option<f64> {
+pub(super) fn median_of(values: impl Iterator<Item = f64>) -> Option<f64> {
     Summary::of(&values.collect::<Vec<_>>()).map(|s| s.median)
 }
 
@@ -657,11 +671,11 @@ pub fn run(args: &ExperimentArgs, epoch: Instant) -> Result<u8> {
     })
 }
 
-fn pct(v: Option<f64>) -> String {
+pub(super) fn pct(v: Option<f64>) -> String {
     v.map_or("-".into(), |p| format!("{p:+.1} %"))
 }
 
-fn secs(v: Option<f64>) -> String {
+pub(super) fn secs(v: Option<f64>) -> String {
     v.map_or("-".into(), |s| format!("{s:.3}"))
 }
 

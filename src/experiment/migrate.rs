@@ -1,0 +1,807 @@
+//! S1's migration experiment on real VMs (`../shared/research/SEEDS.md`, S1): a VM of
+//! an MPI job whose ranks busy-wait is moved while the job runs, under Xen 3.4's
+//! default credit parameters (30/10 ms, domain 0 at 256) and under the tuned ones
+//! (1/1 ms, domain 0 at 1024); S1 reports the tuned run time 10.2 % better with one
+//! stop-and-copy migration, 9.0 % with one live migration, 35.9 % and 30.7 % with two,
+//! and a migration time (2.6–3.5 s) the slice did not change.
+//!
+//! The cluster, scaled to this host's two CPUs (one per "host"):
+//! - **the node** (host CPU 0): two single-vCPU VMs (ranks 0 and 1) and domain 0 (the
+//!   switch and the wire) under kumo's credit scheduler: two spinning vCPUs and
+//!   domain 0 on one CPU, the same crowding as `kumo experiment s1`'s four on two;
+//! - **the moving VM** (host CPU 1): ranks 2 and 3 on one 2-vCPU VM in a process of
+//!   its own (`kumo mpi --ctl-socket`), joined to the node's switch by a wire, moved
+//!   by `kumo ctl migrate` to a `kumo --incoming` (the standby host, the same CPU: the
+//!   source stops once the destination runs) and, for two migrations, on to a second.
+//!
+//! Per round every scenario runs first without a migration; that run's time places
+//! the migrations of the same round (at 25 % and 50 % of it, the second never before
+//! the first is done), as S1 moved its DomU ~10 s into SP.A.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use npb::{Class, Kernel, Spec};
+use serde::Serialize;
+
+use super::s1::{self, Scenario};
+use super::{Progress, Summary, node_problems, run_node_text};
+use crate::cli::ExperimentArgs;
+
+/// The node's host CPU and the moving VM's (and its destinations').
+const NODE_CPU: usize = 0;
+const STANDBY_CPU: usize = 1;
+/// Single-vCPU rank VMs on the node.
+const NODE_RANKS: u32 = 2;
+/// vCPUs (ranks) of the VM that moves.
+const MOVING_VCPUS: u32 = 2;
+/// Where the migrations fall, as fractions of the round's run without one.
+const MOMENTS: [f64; 2] = [0.25, 0.5];
+/// The longest wait for a process's control socket, and for the last rank process
+/// to end after the node's ranks did.
+const START_PATIENCE: Duration = Duration::from_secs(30);
+const END_PATIENCE: Duration = Duration::from_secs(60);
+
+/// How the VM is moved in a run.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Mode {
+    pub name: &'static str,
+    pub migrations: usize,
+    pub stop_and_copy: bool,
+    /// Run with `--quick` too.
+    #[serde(skip)]
+    quick: bool,
+    /// S1's improvement of the tuned run time over the defaults', in percent.
+    pub paper_pct: Option<f64>,
+}
+
+pub const MODES: &[Mode] = &[
+    Mode {
+        name: "no migration",
+        migrations: 0,
+        stop_and_copy: false,
+        quick: true,
+        paper_pct: None,
+    },
+    Mode {
+        name: "1 stop-and-copy",
+        migrations: 1,
+        stop_and_copy: true,
+        quick: false,
+        paper_pct: Some(10.2),
+    },
+    Mode {
+        name: "1 live",
+        migrations: 1,
+        stop_and_copy: false,
+        quick: true,
+        paper_pct: Some(9.0),
+    },
+    Mode {
+        name: "2 stop-and-copy",
+        migrations: 2,
+        stop_and_copy: true,
+        quick: false,
+        paper_pct: Some(35.9),
+    },
+    Mode {
+        name: "2 live",
+        migrations: 2,
+        stop_and_copy: false,
+        quick: false,
+        paper_pct: Some(30.7),
+    },
+];
+
+/// S1's two settings: Xen 3.4.2's defaults, and 1/1 ms with domain 0 at 1024.
+const DEFAULT: &str = s1::XEN34;
+const TUNED: &str = "xen3.4-1/1-dom0-1024";
+
+fn scenarios() -> Result<Vec<Scenario>> {
+    [DEFAULT, TUNED]
+        .iter()
+        .map(|name| {
+            s1::SCENARIOS
+                .iter()
+                .find(|s| s.name == *name)
+                .copied()
+                .with_context(|| format!("S1 has no scenario {name}"))
+        })
+        .collect()
+}
+
+pub fn modes(quick: bool) -> Vec<Mode> {
+    MODES
+        .iter()
+        .filter(|m| m.quick || !quick)
+        .copied()
+        .collect()
+}
+
+/// CG: it communicates every few milliseconds, so the slice decides its time (S1
+/// moved a VM running SP, whose run at 30/10 ms would take tens of minutes here).
+/// Class W with `--quick`.
+pub fn benchmark(quick: bool) -> Spec {
+    Spec {
+        kernel: Kernel::Cg,
+        class: if quick { Class::W } else { Class::A },
+    }
+}
+
+/// One migration as `kumo ctl ... migrate --json` reported it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Migration {
+    /// Seconds after the moving VM's process came up.
+    pub at_s: f64,
+    pub total_ms: f64,
+    pub downtime_ms: f64,
+    pub bytes: u64,
+    pub rounds: usize,
+}
+
+/// What one run measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct Run {
+    pub scenario: String,
+    pub mode: String,
+    pub round: u32,
+    /// The job's time as rank 0 reports it.
+    pub time_s: Option<f64>,
+    /// Rank 0 verified, every migration planned was made, every rank process ended
+    /// cleanly.
+    pub verified: bool,
+    pub migrations: Vec<Migration>,
+    pub wall_s: f64,
+    pub problems: Vec<String>,
+}
+
+/// The node file: ranks 0-1 on the node's CPU, the moving VM's across the wire.
+pub fn node_toml(scenario: &Scenario, spec: Spec, wire: &Path) -> String {
+    s1::rank_node_toml(
+        scenario,
+        spec,
+        &[NODE_CPU],
+        NODE_RANKS as usize,
+        &format!(
+            "job_size = {}\nwire = \"listen:unix:{}\"\nwire_wait_s = {}\n",
+            NODE_RANKS + MOVING_VCPUS,
+            wire.display(),
+            START_PATIENCE.as_secs()
+        ),
+    )
+}
+
+/// A child process killed (if still running) when dropped, its stderr in a file.
+struct Process {
+    child: Child,
+    name: String,
+    stderr: PathBuf,
+}
+
+impl Process {
+    fn start(name: &str, dir: &Path, args: &[String]) -> Result<Process> {
+        let exe = std::env::current_exe().context("finding kumo's own executable")?;
+        let stderr = dir.join(format!("{name}.err"));
+        let child = Command::new(exe)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&stderr)?)
+            .spawn()
+            .with_context(|| format!("starting {name}"))?;
+        Ok(Process {
+            child,
+            name: name.to_string(),
+            stderr,
+        })
+    }
+
+    /// Waits up to `patience` for the process to end; a problem unless it ended with
+    /// status 0.
+    fn finish(&mut self, patience: Duration) -> Option<String> {
+        let deadline = Instant::now() + patience;
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) if status.success() => return None,
+                Ok(Some(status)) => {
+                    return Some(format!("{} {status}: {}", self.name, self.last_line()));
+                }
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                Ok(None) => {
+                    return Some(format!(
+                        "{} did not end within {} s",
+                        self.name,
+                        patience.as_secs()
+                    ));
+                }
+                Err(e) => return Some(format!("{}: {e}", self.name)),
+            }
+        }
+    }
+
+    fn last_line(&self) -> String {
+        std::fs::read_to_string(&self.stderr)
+            .ok()
+            .and_then(|text| text.lines().last().map(str::to_string))
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+    }
+}
+
+/// A run's directory (sockets, token, logs), removed with it.
+struct RunDir(PathBuf);
+
+impl RunDir {
+    fn new() -> Result<RunDir> {
+        static RUNS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "kumo-migrate-{}-{}",
+            std::process::id(),
+            RUNS.fetch_add(1, Ordering::SeqCst)
+        ));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        Ok(RunDir(dir))
+    }
+}
+
+impl Drop for RunDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A loopback port free now, for a destination to listen on.
+fn free_port() -> Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
+    Ok(listener.local_addr()?.port())
+}
+
+fn wait_for(path: &Path, until: Instant, stop: &AtomicBool) -> bool {
+    while !path.exists() {
+        if Instant::now() >= until || stop.load(Ordering::SeqCst) {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    true
+}
+
+/// The moving VM's side of a run, on the standby CPU: its process, the destinations
+/// waiting for it, the migrations at `moments` (seconds after its process is up),
+/// then the end of whichever process holds the VM last.
+fn standby_side(
+    dir: &Path,
+    spec: Spec,
+    mode: &Mode,
+    moments: &[f64],
+    job_over: &AtomicBool,
+) -> Result<(Vec<Migration>, Vec<String>)> {
+    hv::placement::confine_thread(0, &[STANDBY_CPU])?;
+    let token = dir.join("token");
+    std::fs::write(
+        &token,
+        format!(
+            "kumo-experiment-{}-{:?}",
+            std::process::id(),
+            Instant::now()
+        ),
+    )?;
+    let ctl = |k: usize| dir.join(format!("ctl{k}.sock"));
+    let text = |p: &Path| p.display().to_string();
+    let words = |list: &[&str]| -> Vec<String> { list.iter().map(|w| w.to_string()).collect() };
+    // Children inherit this thread's CPU.
+    let mut processes = vec![Process::start(
+        "the moving VM's process",
+        dir,
+        &words(&[
+            "mpi",
+            "--vms",
+            "1",
+            "--vcpus",
+            &MOVING_VCPUS.to_string(),
+            "--first-rank",
+            &NODE_RANKS.to_string(),
+            "--job-size",
+            &(NODE_RANKS + MOVING_VCPUS).to_string(),
+            "--wire",
+            &format!("unix:{}", text(&dir.join("wire"))),
+            "--wire-wait",
+            &START_PATIENCE.as_secs().to_string(),
+            "--npb",
+            &spec.to_string(),
+            "--ctl-socket",
+            &text(&ctl(0)),
+        ]),
+    )?];
+    let mut targets = Vec::new();
+    for k in 1..=mode.migrations {
+        let target = format!("tcp:127.0.0.1:{}", free_port()?);
+        processes.push(Process::start(
+            &format!("destination {k}"),
+            dir,
+            &words(&[
+                "--incoming",
+                &target,
+                "--token-file",
+                &text(&token),
+                "--ctl-socket",
+                &text(&ctl(k)),
+            ]),
+        )?);
+        targets.push(target);
+    }
+    let mut problems = Vec::new();
+    let mut migrations = Vec::new();
+    if !wait_for(&ctl(0), Instant::now() + START_PATIENCE, job_over) {
+        bail!("the moving VM's control socket did not appear");
+    }
+    let up = Instant::now();
+    for (k, target) in targets.iter().enumerate() {
+        let at = up + Duration::from_secs_f64(moments[k]);
+        while Instant::now() < at && !job_over.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if job_over.load(Ordering::SeqCst) {
+            problems.push(format!("the job ended before migration {}", k + 1));
+            break;
+        }
+        let at_s = up.elapsed().as_secs_f64();
+        let mut args = words(&[
+            "ctl",
+            "--socket",
+            &text(&ctl(k)),
+            "--json",
+            "migrate",
+            target,
+            "--token-file",
+            &text(&token),
+        ]);
+        if mode.stop_and_copy {
+            args.push("--stop-and-copy".into());
+        }
+        match migrate(&args, at_s) {
+            Ok(m) => migrations.push(m),
+            Err(e) => {
+                problems.push(format!("migration {}: {e:#}", k + 1));
+                break;
+            }
+        }
+        // The next migration leaves from this destination once it serves its socket.
+        if k + 1 < targets.len()
+            && !wait_for(&ctl(k + 1), Instant::now() + START_PATIENCE, job_over)
+        {
+            problems.push(format!("destination {} served no control socket", k + 1));
+            break;
+        }
+    }
+    // Every process that held the VM must end cleanly; the unused ones are killed.
+    for process in processes.iter_mut().take(migrations.len() + 1) {
+        problems.extend(process.finish(END_PATIENCE));
+    }
+    Ok((migrations, problems))
+}
+
+/// One `kumo ctl ... migrate --json`, its reply read into a [`Migration`].
+fn migrate(args: &[String], at_s: f64) -> Result<Migration> {
+    let exe = std::env::current_exe().context("finding kumo's own executable")?;
+    let mut child = Command::new(exe)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting kumo ctl")?;
+    let mut out = String::new();
+    let mut err = String::new();
+    if let Some(mut stdout) = child.stdout.take() {
+        stdout.read_to_string(&mut out)?;
+    }
+    if let Some(mut stderr) = child.stderr.take() {
+        stderr.read_to_string(&mut err)?;
+    }
+    let status = child.wait()?;
+    if !status.success() {
+        bail!("{}", err.trim());
+    }
+    let reply: serde_json::Value =
+        serde_json::from_str(out.trim()).with_context(|| format!("kumo ctl printed {out:?}"))?;
+    let number = |key: &str| {
+        reply[key]
+            .as_f64()
+            .with_context(|| format!("no {key} in {out}"))
+    };
+    Ok(Migration {
+        at_s,
+        total_ms: number("total_ms")?,
+        downtime_ms: number("downtime_ms")?,
+        bytes: number("total_bytes")? as u64,
+        rounds: reply["rounds"].as_array().map_or(0, Vec::len),
+    })
+}
+
+fn one_run(
+    scenario: &Scenario,
+    mode: &Mode,
+    spec: Spec,
+    round: u32,
+    moments: &[f64],
+    kvm_device: &Path,
+    epoch: Instant,
+) -> Result<Run> {
+    let dir = RunDir::new()?;
+    let text = node_toml(scenario, spec, &dir.0.join("wire"));
+    let job_over = AtomicBool::new(false);
+    let start = Instant::now();
+    let (outcome, standby) = std::thread::scope(|scope| {
+        let standby = scope.spawn(|| standby_side(&dir.0, spec, mode, moments, &job_over));
+        let outcome = run_node_text(&text, kvm_device, epoch);
+        job_over.store(true, Ordering::SeqCst);
+        let standby = standby
+            .join()
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("the standby side's thread panicked")));
+        (outcome, standby)
+    });
+    let outcome = outcome.with_context(|| format!("{} {}", scenario.name, mode.name))?;
+    let (migrations, mut problems) = standby?;
+    problems.extend(node_problems(&outcome));
+    let result = outcome
+        .reports
+        .iter()
+        .flat_map(|r| r.verdict.rows.iter())
+        .find_map(|row| row.result.clone());
+    let verified = result.as_ref().is_some_and(|r| r.verified)
+        && migrations.len() == mode.migrations
+        && problems.is_empty();
+    Ok(Run {
+        scenario: scenario.name.to_string(),
+        mode: mode.name.to_string(),
+        round,
+        time_s: result.map(|r| r.time_s),
+        verified,
+        migrations,
+        wall_s: start.elapsed().as_secs_f64(),
+        problems,
+    })
+}
+
+/// One row: a scenario and a mode.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    pub scenario: String,
+    pub mode: String,
+    pub time_s: Option<Summary>,
+    /// The tuned scenario's rows: percent faster than the defaults' with the same
+    /// migrations (S1's "improved by").
+    pub speedup_pct: Option<f64>,
+    pub paper_pct: Option<f64>,
+    /// Medians over the runs' migrations.
+    pub migration_ms: Option<f64>,
+    pub downtime_ms: Option<f64>,
+    pub migrated_mib: Option<f64>,
+    pub verified: bool,
+}
+
+pub fn rows(scenarios: &[Scenario], modes: &[Mode], runs: &[Run]) -> Vec<Row> {
+    let of = |scenario: &str, mode: &str| -> Vec<&Run> {
+        runs.iter()
+            .filter(|r| r.scenario == scenario && r.mode == mode)
+            .collect()
+    };
+    let time = |mine: &[&Run]| {
+        let times: Vec<f64> = mine.iter().filter_map(|r| r.time_s).collect();
+        Summary::of(&times)
+    };
+    let mut out = Vec::new();
+    for mode in modes {
+        let base = time(&of(DEFAULT, mode.name)).map(|t| t.median);
+        for s in scenarios {
+            let mine = of(s.name, mode.name);
+            let moves = || mine.iter().flat_map(|r| r.migrations.iter());
+            let t = time(&mine);
+            let tuned = s.name != DEFAULT;
+            out.push(Row {
+                scenario: s.name.to_string(),
+                mode: mode.name.to_string(),
+                time_s: t,
+                speedup_pct: tuned
+                    .then(|| s1::speedup_pct(base, t.map(|t| t.median)))
+                    .flatten(),
+                paper_pct: mode.paper_pct.filter(|_| tuned),
+                migration_ms: s1::median_of(moves().map(|m| m.total_ms)),
+                downtime_ms: s1::median_of(moves().map(|m| m.downtime_ms)),
+                migrated_mib: s1::median_of(moves().map(|m| m.bytes as f64 / (1 << 20) as f64)),
+                verified: !mine.is_empty() && mine.iter().all(|r| r.verified),
+            });
+        }
+    }
+    out
+}
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub experiment: &'static str,
+    pub quick: bool,
+    pub benchmark: String,
+    pub runs_per_scenario: u32,
+    pub rows: Vec<Row>,
+    pub runs: Vec<Run>,
+    pub ok: bool,
+}
+
+pub fn run(args: &ExperimentArgs, epoch: Instant) -> Result<u8> {
+    let host = hv::placement::process_cpus();
+    if !host.contains(&NODE_CPU) || !host.contains(&STANDBY_CPU) {
+        bail!(
+            "the migration experiment needs host CPUs {NODE_CPU} and {STANDBY_CPU} (kumo may use {host:?})"
+        );
+    }
+    let scenarios = scenarios()?;
+    let modes = modes(args.quick);
+    let spec = benchmark(args.quick);
+    let progress = Progress::new(scenarios.len() * modes.len() * args.runs as usize);
+    let mut runs: Vec<Run> = Vec::new();
+    'rounds: for round in 0..args.runs {
+        for scenario in &scenarios {
+            // The first mode has no migration: its time places the others'.
+            let mut moments = Vec::new();
+            for mode in &modes {
+                if hv::stop::requested().is_some() {
+                    break 'rounds;
+                }
+                progress.step(&format!(
+                    "run {} of {}: {} {}",
+                    round + 1,
+                    args.runs,
+                    scenario.name,
+                    mode.name
+                ));
+                let run = one_run(
+                    scenario,
+                    mode,
+                    spec,
+                    round,
+                    &moments,
+                    &args.kvm_device,
+                    epoch,
+                )?;
+                if mode.migrations == 0 {
+                    let base = run.time_s.unwrap_or(0.0);
+                    moments = MOMENTS.iter().map(|f| f * base).collect();
+                }
+                runs.push(run);
+                progress.done_one();
+            }
+        }
+    }
+    progress.finish();
+    let rows = rows(&scenarios, &modes, &runs);
+    let complete = runs.len() == scenarios.len() * modes.len() * args.runs as usize;
+    let ok = complete && rows.iter().all(|r| r.verified);
+    let report = Report {
+        experiment: "migrate",
+        quick: args.quick,
+        benchmark: spec.to_string(),
+        runs_per_scenario: args.runs,
+        rows,
+        runs,
+        ok,
+    };
+    let json = serde_json::to_string(&report)?;
+    if let Some(dir) = &args.out {
+        let mut written = vec![super::write_out(dir, "migrate.json", json.as_bytes())?];
+        written.push(super::write_out(
+            dir,
+            "migrate-speedup.svg",
+            figure(&report)?.as_bytes(),
+        )?);
+        for path in written {
+            eprintln!("kumo: wrote {}", path.display());
+        }
+    }
+    if args.json {
+        crate::outln!("{json}");
+    } else {
+        crate::out!("{}", text(&report));
+    }
+    for run in report.runs.iter().filter(|r| !r.verified) {
+        eprintln!(
+            "kumo: {} {} (run {}) did not verify: {}",
+            run.scenario,
+            run.mode,
+            run.round + 1,
+            run.problems.join("; ")
+        );
+    }
+    Ok(if ok {
+        crate::report::EXIT_OK
+    } else {
+        crate::report::EXIT_UNVERIFIED
+    })
+}
+
+/// The tuned setting's speed-up over the defaults per mode, kumo's beside S1's.
+fn figure(report: &Report) -> Result<String> {
+    let tuned: Vec<&Row> = report.rows.iter().filter(|r| r.scenario == TUNED).collect();
+    let labels: Vec<String> = tuned.iter().map(|r| r.mode.clone()).collect();
+    let factor = |pct: Option<f64>| pct.map(|p| 1.0 + p / 100.0);
+    let series = [
+        super::plot::BarSeries {
+            name: "kumo, real VMs".into(),
+            values: tuned.iter().map(|r| factor(r.speedup_pct)).collect(),
+        },
+        super::plot::BarSeries {
+            name: "S1 paper (Xen 3.4.2, SP.A)".into(),
+            values: tuned.iter().map(|r| factor(r.paper_pct)).collect(),
+        },
+    ];
+    super::plot::bars(
+        &format!(
+            "S1 migration: {} at 1/1 ms + dom0 1024 over 30/10 ms (log scale)",
+            report.benchmark
+        ),
+        "speed-up (default time / tuned time)",
+        &labels,
+        &series,
+    )
+}
+
+/// The table beside S1's figures.
+pub fn text(report: &Report) -> String {
+    let mut out = format!(
+        "S1's migration experiment on real VMs: NPB-MPI {} on 4 ranks, spin-waiting; ranks \
+         0-1 in two 1-vCPU VMs on host CPU {NODE_CPU} under the credit scheduler with domain 0, \
+         ranks 2-3 in one 2-vCPU VM on host CPU {STANDBY_CPU} that moves (to a kumo --incoming \
+         on the same CPU); {} run(s) per row, medians [min-max]\n\n",
+        report.benchmark, report.runs_per_scenario,
+    );
+    let mut table = vec![
+        [
+            "migrations",
+            "scenario",
+            "time (s)",
+            "tuned speed-up",
+            "S1 paper",
+            "migration (ms)",
+            "downtime (ms)",
+            "sent (MiB)",
+        ]
+        .map(String::from)
+        .to_vec(),
+    ];
+    let ms = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.1}"));
+    for r in &report.rows {
+        table.push(vec![
+            r.mode.clone(),
+            r.scenario.clone(),
+            Summary::cell(r.time_s),
+            s1::pct(r.speedup_pct),
+            s1::pct(r.paper_pct),
+            ms(r.migration_ms),
+            ms(r.downtime_ms),
+            ms(r.migrated_mib),
+        ]);
+    }
+    out.push_str(&crate::output::table(&table, 2));
+    out.push_str(&format!(
+        "\ntuned speed-up: {TUNED} (1/1 ms, domain 0 at 1024) over {DEFAULT} with the same \
+         migrations. S1 paper: Xen 3.4.2, SP.A on 2 nodes x 4 processes, a DomU moved ~10 s in \
+         to a standby host; its migrations took 2.6-3.5 s (domain 0 at 256), 2.6-3.0 s (1024).\n"
+    ));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(scenario: &str, mode: &str, time: f64) -> Run {
+        Run {
+            scenario: scenario.into(),
+            mode: mode.into(),
+            round: 0,
+            time_s: Some(time),
+            verified: true,
+            migrations: vec![Migration {
+                at_s: 1.0,
+                total_ms: 900.0,
+                downtime_ms: 5.0,
+                bytes: 3 << 20,
+                rounds: 2,
+            }],
+            wall_s: time,
+            problems: vec![],
+        }
+    }
+
+    #[test]
+    fn the_node_file_is_a_valid_node_with_a_wire_to_two_more_ranks() {
+        for s in scenarios().unwrap() {
+            let text = node_toml(&s, benchmark(true), Path::new("/tmp/w.sock"));
+            let node =
+                crate::node::config::parse(&text).unwrap_or_else(|e| panic!("{text}\n{e:#}"));
+            assert_eq!(node.domains.len(), NODE_RANKS as usize);
+            assert_eq!(node.pcpus, [NODE_CPU]);
+            let net = node.network.unwrap();
+            assert_eq!(net.job_size, Some(NODE_RANKS + MOVING_VCPUS));
+            assert_eq!(
+                net.wire,
+                Some(crate::mpi::WireSpec::Listen("/tmp/w.sock".into()))
+            );
+            assert!(node.domains[1].cmdline().contains("mpi=1:4:1"));
+        }
+    }
+
+    #[test]
+    fn quick_keeps_a_run_without_and_with_a_live_migration() {
+        let quick = modes(true);
+        assert_eq!(quick[0].migrations, 0, "the first mode places the others");
+        assert!(quick.iter().any(|m| m.migrations == 1 && !m.stop_and_copy));
+        assert_eq!(modes(false).len(), MODES.len());
+        assert_eq!(modes(false)[0].migrations, 0);
+        assert!(MODES.iter().all(|m| m.migrations <= MOMENTS.len()));
+    }
+
+    #[test]
+    fn the_tuned_rows_take_their_speed_up_over_the_defaults_with_the_same_migrations() {
+        let runs = vec![
+            run(DEFAULT, "1 live", 30.0),
+            run(TUNED, "1 live", 3.0),
+            run(DEFAULT, "no migration", 20.0),
+            run(TUNED, "no migration", 4.0),
+        ];
+        let all = scenarios().unwrap();
+        let chosen: Vec<Mode> = MODES
+            .iter()
+            .filter(|m| m.name == "1 live" || m.name == "no migration")
+            .copied()
+            .collect();
+        let rows = rows(&all, &chosen, &runs);
+        let get = |s: &str, m: &str| {
+            rows.iter()
+                .find(|r| r.scenario == s && r.mode == m)
+                .unwrap()
+        };
+        assert_eq!(get(TUNED, "1 live").speedup_pct, Some(900.0));
+        assert_eq!(get(TUNED, "no migration").speedup_pct, Some(400.0));
+        assert_eq!(get(DEFAULT, "1 live").speedup_pct, None);
+        assert_eq!(get(TUNED, "1 live").paper_pct, Some(9.0));
+        assert_eq!(get(DEFAULT, "1 live").paper_pct, None);
+        assert_eq!(get(TUNED, "1 live").migration_ms, Some(900.0));
+        assert_eq!(get(TUNED, "1 live").migrated_mib, Some(3.0));
+        assert!(rows.iter().all(|r| r.verified));
+        let text = text(&Report {
+            experiment: "migrate",
+            quick: true,
+            benchmark: "cg.W".into(),
+            runs_per_scenario: 1,
+            rows: rows.clone(),
+            runs: runs.clone(),
+            ok: true,
+        });
+        assert!(text.contains("+900.0 %"), "{text}");
+    }
+
+    #[test]
+    fn a_run_without_its_migration_is_not_verified() {
+        let mut missed = run(TUNED, "1 live", 3.0);
+        missed.verified = false;
+        missed.migrations.clear();
+        let all = scenarios().unwrap();
+        let rows = rows(&all, &MODES[2..3], &[missed]);
+        assert!(!rows.iter().any(|r| r.verified));
+    }
+}
