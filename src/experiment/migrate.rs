@@ -600,37 +600,28 @@ pub fn run(args: &ExperimentArgs, epoch: Instant) -> Result<u8> {
         runs,
         ok,
     };
-    let json = serde_json::to_string(&report)?;
-    if let Some(dir) = &args.out {
-        let mut written = vec![super::write_out(dir, "migrate.json", json.as_bytes())?];
-        written.push(super::write_out(
-            dir,
-            "migrate-speedup.svg",
-            figure(&report)?.as_bytes(),
-        )?);
-        for path in written {
-            eprintln!("kumo: wrote {}", path.display());
-        }
-    }
-    if args.json {
-        crate::outln!("{json}");
-    } else {
-        crate::out!("{}", text(&report));
-    }
-    for run in report.runs.iter().filter(|r| !r.verified) {
-        eprintln!(
-            "kumo: {} {} (run {}) did not verify: {}",
-            run.scenario,
-            run.mode,
-            run.round + 1,
-            run.problems.join("; ")
-        );
-    }
-    Ok(if ok {
-        crate::report::EXIT_OK
-    } else {
-        crate::report::EXIT_UNVERIFIED
-    })
+    let problems: Vec<String> = report
+        .runs
+        .iter()
+        .filter(|r| !r.verified)
+        .map(|run| {
+            format!(
+                "{} {} (run {}) did not verify: {}",
+                run.scenario,
+                run.mode,
+                run.round + 1,
+                run.problems.join("; ")
+            )
+        })
+        .collect();
+    super::conclude(
+        args,
+        &report,
+        text,
+        |r| Ok(vec![("migrate-speedup.svg", figure(r)?)]),
+        &problems,
+        ok,
+    )
 }
 
 /// The tuned setting's speed-up over the defaults per mode, kumo's beside S1's.

@@ -77,6 +77,45 @@ pub fn write_out(dir: &Path, name: &str, contents: &[u8]) -> Result<PathBuf> {
     Ok(path)
 }
 
+/// How every experiment ends: with `--out`, `NAME.json` (the report) and the figures
+/// `figures` makes, each file named on stderr; the report on stdout (`--json`) or
+/// `table`; a line on stderr per problem; the exit status (1 unless `ok`).
+pub fn conclude<R: Serialize>(
+    args: &ExperimentArgs,
+    report: &R,
+    table: impl FnOnce(&R) -> String,
+    figures: impl FnOnce(&R) -> Result<Vec<(&'static str, String)>>,
+    problems: &[String],
+    ok: bool,
+) -> Result<u8> {
+    let json = serde_json::to_string(report)?;
+    if let Some(dir) = &args.out {
+        let mut files = vec![(format!("{}.json", args.name), json.clone())];
+        files.extend(
+            figures(report)?
+                .into_iter()
+                .map(|(name, text)| (name.to_string(), text)),
+        );
+        for (name, contents) in files {
+            let path = write_out(dir, &name, contents.as_bytes())?;
+            eprintln!("kumo: wrote {}", path.display());
+        }
+    }
+    if args.json {
+        crate::outln!("{json}");
+    } else {
+        crate::out!("{}", table(report));
+    }
+    for problem in problems {
+        eprintln!("kumo: {problem}");
+    }
+    Ok(if ok {
+        crate::report::EXIT_OK
+    } else {
+        crate::report::EXIT_UNVERIFIED
+    })
+}
+
 /// Runs one node file (text) on real VMs: what the experiments' runs are made of.
 pub fn run_node_text(
     text: &str,

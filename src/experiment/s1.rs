@@ -637,38 +637,34 @@ pub fn run(args: &ExperimentArgs, epoch: Instant) -> Result<u8> {
         real_runs,
         ok,
     };
-    let json = serde_json::to_string(&report)?;
-    if let Some(dir) = &args.out {
-        let mut written = vec![super::write_out(dir, "s1.json", json.as_bytes())?];
-        written.push(super::write_out(dir, "s1-sim.toml", sim_text.as_bytes())?);
-        let svg = super::plot::speedups(
-            "S1: speed-up over each family's 30/10 ms baseline (log scale)",
-            &report.rows,
-        )?;
-        written.push(super::write_out(dir, "s1-speedup.svg", svg.as_bytes())?);
-        for path in written {
-            eprintln!("kumo: wrote {}", path.display());
-        }
-    }
-    if args.json {
-        crate::outln!("{json}");
-    } else {
-        crate::out!("{}", text(&report));
-    }
-    for run in report.real_runs.iter().filter(|r| !r.verified) {
-        eprintln!(
-            "kumo: {} {} (run {}) did not verify: {}",
-            run.scenario,
-            run.benchmark,
-            run.round + 1,
-            run.problems.join("; ")
-        );
-    }
-    Ok(if ok {
-        crate::report::EXIT_OK
-    } else {
-        crate::report::EXIT_UNVERIFIED
-    })
+    let problems: Vec<String> = report
+        .real_runs
+        .iter()
+        .filter(|r| !r.verified)
+        .map(|run| {
+            format!(
+                "{} {} (run {}) did not verify: {}",
+                run.scenario,
+                run.benchmark,
+                run.round + 1,
+                run.problems.join("; ")
+            )
+        })
+        .collect();
+    super::conclude(
+        args,
+        &report,
+        text,
+        |r| {
+            let svg = super::plot::speedups(
+                "S1: speed-up over each family's 30/10 ms baseline (log scale)",
+                &r.rows,
+            )?;
+            Ok(vec![("s1-sim.toml", sim_text), ("s1-speedup.svg", svg)])
+        },
+        &problems,
+        ok,
+    )
 }
 
 pub(super) fn pct(v: Option<f64>) -> String {

@@ -309,33 +309,31 @@ pub fn run(args: &ExperimentArgs, epoch: Instant) -> Result<u8> {
         runs,
         ok: complete,
     };
-    let json = serde_json::to_string(&report)?;
-    if let Some(dir) = &args.out {
-        let path = super::write_out(dir, "s2.json", json.as_bytes())?;
-        eprintln!("kumo: wrote {}", path.display());
-        let svg = super::plot::lines(
-            "S2: one-way latency (half round trip), kumo's guest MPI, 2 ranks",
-            "message size (bytes)",
-            "latency (µs)",
-            &series(&report, |r| r.latency_us),
-        )?;
-        let path = super::write_out(dir, "s2-latency.svg", svg.as_bytes())?;
-        eprintln!("kumo: wrote {}", path.display());
-        let svg = super::plot::lines(
-            "S2: streaming throughput, kumo's guest MPI, 2 ranks",
-            "message size (bytes)",
-            "throughput (MB/s)",
-            &series(&report, |r| r.mbps),
-        )?;
-        let path = super::write_out(dir, "s2-throughput.svg", svg.as_bytes())?;
-        eprintln!("kumo: wrote {}", path.display());
-    }
-    if args.json {
-        crate::outln!("{json}");
-    } else {
-        crate::out!("{}", text(&report));
-    }
-    Ok(crate::report::EXIT_OK)
+    super::conclude(
+        args,
+        &report,
+        text,
+        |r| {
+            let latency = super::plot::lines(
+                "S2: one-way latency (half round trip), kumo's guest MPI, 2 ranks",
+                "message size (bytes)",
+                "latency (µs)",
+                &series(r, |r| r.latency_us),
+            )?;
+            let throughput = super::plot::lines(
+                "S2: streaming throughput, kumo's guest MPI, 2 ranks",
+                "message size (bytes)",
+                "throughput (MB/s)",
+                &series(r, |r| r.mbps),
+            )?;
+            Ok(vec![
+                ("s2-latency.svg", latency),
+                ("s2-throughput.svg", throughput),
+            ])
+        },
+        &[],
+        true,
+    )
 }
 
 /// One line per configuration: (size, median) points.

@@ -262,28 +262,23 @@ pub fn run(args: &ExperimentArgs, epoch: Instant) -> Result<u8> {
         runs,
         ok,
     };
-    let json = serde_json::to_string(&report)?;
-    if let Some(dir) = &args.out {
-        let path = super::write_out(dir, "s4.json", json.as_bytes())?;
-        eprintln!("kumo: wrote {}", path.display());
-        let path = super::write_out(dir, "s4.svg", figure(&report)?.as_bytes())?;
-        eprintln!("kumo: wrote {}", path.display());
-    }
-    if args.json {
-        crate::outln!("{json}");
-    } else {
-        crate::out!("{}", text(&report));
-    }
-    for run in &report.runs {
-        for problem in &run.problems {
-            eprintln!("kumo: {} (run {}): {problem}", run.config, run.round + 1);
-        }
-    }
-    Ok(if ok {
-        crate::report::EXIT_OK
-    } else {
-        crate::report::EXIT_UNVERIFIED
-    })
+    let problems: Vec<String> = report
+        .runs
+        .iter()
+        .flat_map(|run| {
+            run.problems
+                .iter()
+                .map(move |p| format!("{} (run {}): {p}", run.config, run.round + 1))
+        })
+        .collect();
+    super::conclude(
+        args,
+        &report,
+        text,
+        |r| Ok(vec![("s4.svg", figure(r)?)]),
+        &problems,
+        ok,
+    )
 }
 
 /// Run time relative to bare metal: a group per benchmark, a bar per configuration.
