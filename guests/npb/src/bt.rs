@@ -209,6 +209,7 @@ impl Point {
     ///
     /// # Safety
     /// Nobody writes `u` or the scalars at `a` meanwhile.
+    #[inline(always)]
     pub(crate) unsafe fn at(f: &Fields, a: usize) -> Point {
         // SAFETY: the caller's contract.
         unsafe {
@@ -226,8 +227,10 @@ impl Point {
 
 /// The flux Jacobian `fjac` and viscous Jacobian `njac` at a point, transcribed per
 /// direction from the reference's `x_solve`, `y_solve` and `z_solve` (their
-/// expressions differ in association, which the rounding follows).
-fn jacobians(c: &Constants, axis: Axis, p: &Point) -> (Block, Block) {
+/// expressions differ in association, which the rounding follows). Written in place:
+/// returned by value, the two blocks were copied with `memcpy` at every point.
+#[inline(always)]
+fn jacobians(c: &Constants, axis: Axis, p: &Point, fjac: &mut Block, njac: &mut Block) {
     let u = &p.u;
     let (c1, c2, c3c4, c1345, con43) = (c.c1, c.c2, c.c3c4, c.c1345, c.con43);
     let tmp1 = match axis {
@@ -239,8 +242,8 @@ fn jacobians(c: &Constants, axis: Axis, p: &Point) -> (Block, Block) {
     let (qs, square) = (p.qs, p.square);
     let z = 0.0;
     match axis {
-        Axis::X => (
-            [
+        Axis::X => {
+            *fjac = [
                 [z, 1.0, z, z, z],
                 [
                     -(u[1] * tmp2 * u[1]) + c2 * qs,
@@ -258,8 +261,8 @@ fn jacobians(c: &Constants, axis: Axis, p: &Point) -> (Block, Block) {
                     -c2 * (u[3] * u[1]) * tmp2,
                     c1 * (u[1] * tmp1),
                 ],
-            ],
-            [
+            ];
+            *njac = [
                 [z; 5],
                 [-con43 * c3c4 * tmp2 * u[1], con43 * c3c4 * tmp1, z, z, z],
                 [-c3c4 * tmp2 * u[2], z, c3c4 * tmp1, z, z],
@@ -274,10 +277,10 @@ fn jacobians(c: &Constants, axis: Axis, p: &Point) -> (Block, Block) {
                     (c3c4 - c1345) * tmp2 * u[3],
                     c1345 * tmp1,
                 ],
-            ],
-        ),
-        Axis::Y => (
-            [
+            ];
+        }
+        Axis::Y => {
+            *fjac = [
                 [z, z, 1.0, z, z],
                 [-(u[1] * u[2]) * tmp2, u[2] * tmp1, u[1] * tmp1, z, z],
                 [
@@ -295,8 +298,8 @@ fn jacobians(c: &Constants, axis: Axis, p: &Point) -> (Block, Block) {
                     -c2 * (u[2] * u[3]) * tmp2,
                     c1 * u[2] * tmp1,
                 ],
-            ],
-            [
+            ];
+            *njac = [
                 [z; 5],
                 [-c3c4 * tmp2 * u[1], c3c4 * tmp1, z, z, z],
                 [-con43 * c3c4 * tmp2 * u[2], z, con43 * c3c4 * tmp1, z, z],
@@ -311,10 +314,10 @@ fn jacobians(c: &Constants, axis: Axis, p: &Point) -> (Block, Block) {
                     (c3c4 - c1345) * tmp2 * u[3],
                     c1345 * tmp1,
                 ],
-            ],
-        ),
-        Axis::Z => (
-            [
+            ];
+        }
+        Axis::Z => {
+            *fjac = [
                 [z, z, z, 1.0, z],
                 [-(u[1] * u[3]) * tmp2, u[3] * tmp1, z, u[1] * tmp1, z],
                 [-(u[2] * u[3]) * tmp2, z, u[3] * tmp1, u[2] * tmp1, z],
@@ -332,8 +335,8 @@ fn jacobians(c: &Constants, axis: Axis, p: &Point) -> (Block, Block) {
                     c1 * (u[4] * tmp1) - c2 * (qs + u[3] * u[3] * tmp2),
                     c1 * u[3] * tmp1,
                 ],
-            ],
-            [
+            ];
+            *njac = [
                 [z; 5],
                 [-c3c4 * tmp2 * u[1], c3c4 * tmp1, z, z, z],
                 [-c3c4 * tmp2 * u[2], z, c3c4 * tmp1, z, z],
@@ -354,8 +357,8 @@ fn jacobians(c: &Constants, axis: Axis, p: &Point) -> (Block, Block) {
                     (con43 * c3c4 - c1345) * tmp2 * u[3],
                     c1345 * tmp1,
                 ],
-            ],
-        ),
+            ];
+        }
     }
 }
 
@@ -431,26 +434,101 @@ fn binvrhs(lhs: &mut Block, r: &mut [f64; 5]) {
 }
 
 /// Solves one line (the reference's loop body of `x_solve`, `y_solve`, `z_solve`):
-/// `points[p]` is what the Jacobians read at position `p`, the right-hand side is in
-/// `w.rhs`.
+/// `point(p)` is what the Jacobians read at position `p`, the right-hand side is in
+/// `w.rhs`; positions 0 and `n - 1` of the right-hand side are left as they are.
+///
+/// The reference's operations on the interior rows, in its order, but fused: each row's
+/// blocks are made just before the row is eliminated, from the Jacobians of its
+/// position and its two neighbours (kept in three rotating slots), so a line's working
+/// set is its `cc` and right-hand side instead of all five arrays of blocks. The end
+/// rows (`lhsinit`'s identity, zero `aa` and `cc`) are not computed: eliminating them
+/// multiplies by 1 and subtracts products with 0, which leaves every value as it is,
+/// and so does the `matmul_sub` of row 1 (its `cc` above is zero).
 fn solve_line(c: &Constants, axis: Axis, n: usize, point: impl Fn(usize) -> Point, w: &mut Work) {
-    blocks(c, axis, n, 0..n, point, w);
-    let r = &mut *w.rhs;
-    for p in 0..n {
-        let (before, at) = r.split_at_mut(p);
-        let (cc_before, cc_at) = w.cc.split_at_mut(p);
-        let above = (p > 0).then(|| (&cc_before[p - 1], &before[p - 1]));
-        eliminate_row(
-            p,
-            n,
-            (&w.aa[p], &mut w.bb[p], &mut cc_at[0]),
-            &mut at[0],
-            above,
-        );
+    let k = Coefficients::of(c, axis);
+    for p in 0..2 {
+        jacobians(c, axis, &point(p), &mut w.fjac[p], &mut w.njac[p]);
     }
-    for p in (0..n - 1).rev() {
-        let (at, after) = r.split_at_mut(p + 1);
+    // Slots of the Jacobians at positions p - 1, p and p + 1.
+    let mut slots = [0, 1, 2];
+    let (aa, bb) = (&mut w.aa[0], &mut w.bb[0]);
+    for p in 1..n - 1 {
+        let [before, at, after] = slots;
+        jacobians(
+            c,
+            axis,
+            &point(p + 1),
+            &mut w.fjac[after],
+            &mut w.njac[after],
+        );
+        let (cc_before, cc_at) = w.cc.split_at_mut(p);
+        let cc = &mut cc_at[0];
+        row_blocks(
+            &k,
+            (&w.fjac[before], &w.njac[before]),
+            &w.njac[at],
+            (&w.fjac[after], &w.njac[after]),
+            (aa, bb, cc),
+        );
+        let (r_before, r_at) = w.rhs.split_at_mut(p);
+        let r = &mut r_at[0];
+        matvec_sub(aa, &r_before[p - 1], r);
+        if p > 1 {
+            matmul_sub(aa, &cc_before[p - 1], bb);
+        }
+        binvcrhs(bb, cc, r);
+        slots = [at, after, before];
+    }
+    for p in (1..n - 1).rev() {
+        let (at, after) = w.rhs.split_at_mut(p + 1);
         substitute_row(&w.cc[p], &mut at[p], &after[0]);
+    }
+}
+
+/// What a line's blocks along one axis take besides the Jacobians: `dt` times the
+/// axis's `t1` and `t2`, and its dissipation constants.
+struct Coefficients {
+    tmp1: f64,
+    tmp2: f64,
+    d: [f64; 5],
+}
+
+impl Coefficients {
+    fn of(c: &Constants, axis: Axis) -> Coefficients {
+        let (t1, t2, d) = match axis {
+            Axis::X => (c.tx1, c.tx2, c.dx),
+            Axis::Y => (c.ty1, c.ty2, c.dy),
+            Axis::Z => (c.tz1, c.tz2, c.dz),
+        };
+        Coefficients {
+            tmp1: c.dt * t1,
+            tmp2: c.dt * t2,
+            d,
+        }
+    }
+}
+
+/// The blocks `aa`, `bb`, `cc` of an interior row from the flux and viscous Jacobians
+/// of the position before it (`fm`, `nm`), its own viscous one (`n0`) and the one after
+/// (`fp`, `np`).
+#[inline(always)]
+fn row_blocks(
+    k: &Coefficients,
+    (fm, nm): (&Block, &Block),
+    n0: &Block,
+    (fp, np): (&Block, &Block),
+    (aa, bb, cc): (&mut Block, &mut Block, &mut Block),
+) {
+    let (tmp1, tmp2, d) = (k.tmp1, k.tmp2, &k.d);
+    for m in 0..5 {
+        for q in 0..5 {
+            aa[m][q] = -tmp2 * fm[m][q] - tmp1 * nm[m][q];
+            bb[m][q] = tmp1 * 2.0 * n0[m][q];
+            cc[m][q] = tmp2 * fp[m][q] - tmp1 * np[m][q];
+        }
+        aa[m][m] = -tmp2 * fm[m][m] - tmp1 * nm[m][m] - tmp1 * d[m];
+        bb[m][m] = 1.0 + tmp1 * 2.0 * n0[m][m] + tmp1 * 2.0 * d[m];
+        cc[m][m] = tmp2 * fp[m][m] - tmp1 * np[m][m] - tmp1 * d[m];
     }
 }
 
@@ -465,18 +543,13 @@ pub(crate) fn blocks(
     point: impl Fn(usize) -> Point,
     w: &mut Work,
 ) {
-    let (t1, t2, d) = match axis {
-        Axis::X => (c.tx1, c.tx2, &c.dx),
-        Axis::Y => (c.ty1, c.ty2, &c.dy),
-        Axis::Z => (c.tz1, c.tz2, &c.dz),
-    };
+    let k = Coefficients::of(c, axis);
     // Jacobians at positions `reach`, position `p`'s at `p - reach.start`.
     let reach = span.start.saturating_sub(1)..(span.end + 1).min(n);
     for p in reach.clone() {
-        (w.fjac[p - reach.start], w.njac[p - reach.start]) = jacobians(c, axis, &point(p));
+        let at = p - reach.start;
+        jacobians(c, axis, &point(p), &mut w.fjac[at], &mut w.njac[at]);
     }
-    let tmp1 = c.dt * t1;
-    let tmp2 = c.dt * t2;
     for p in span.clone() {
         let (aa, bb, cc) = (
             &mut w.aa[p - span.start],
@@ -494,19 +567,13 @@ pub(crate) fn blocks(
             continue;
         }
         let at = p - reach.start;
-        let (fm, nm) = (&w.fjac[at - 1], &w.njac[at - 1]);
-        let n0 = &w.njac[at];
-        let (fp, np) = (&w.fjac[at + 1], &w.njac[at + 1]);
-        for m in 0..5 {
-            for q in 0..5 {
-                aa[m][q] = -tmp2 * fm[m][q] - tmp1 * nm[m][q];
-                bb[m][q] = tmp1 * 2.0 * n0[m][q];
-                cc[m][q] = tmp2 * fp[m][q] - tmp1 * np[m][q];
-            }
-            aa[m][m] = -tmp2 * fm[m][m] - tmp1 * nm[m][m] - tmp1 * d[m];
-            bb[m][m] = 1.0 + tmp1 * 2.0 * n0[m][m] + tmp1 * 2.0 * d[m];
-            cc[m][m] = tmp2 * fp[m][m] - tmp1 * np[m][m] - tmp1 * d[m];
-        }
+        row_blocks(
+            &k,
+            (&w.fjac[at - 1], &w.njac[at - 1]),
+            &w.njac[at],
+            (&w.fjac[at + 1], &w.njac[at + 1]),
+            (aa, bb, cc),
+        );
     }
 }
 
@@ -565,7 +632,7 @@ unsafe fn solve(
     // SAFETY: nobody writes u or the scalars here (the caller's contract).
     let point = |p: usize| unsafe { Point::at(f, at(p)) };
     solve_line(c, axis, g.n, point, w);
-    for p in 0..g.n {
+    for p in 1..g.n - 1 {
         let a = at(p);
         // SAFETY: this thread's point (the caller's contract).
         unsafe { f.rhs.slice_mut(5 * a..5 * a + 5) }.copy_from_slice(&w.rhs[p]);
