@@ -375,11 +375,13 @@ fn matvec_sub(a: &Block, v: &[f64; 5], b: &mut [f64; 5]) {
     }
 }
 
-/// `cblock = cblock - ablock * bblock` (`matmul_sub`).
+/// `cblock = cblock - ablock * bblock` (`matmul_sub`). Row by row, unlike the
+/// reference's column loop: our blocks are stored by row, so a row's entries lie side
+/// by side and are computed two at a time; each entry's operations are the same.
 #[inline(always)]
 fn matmul_sub(a: &Block, b: &Block, c: &mut Block) {
-    for j in 0..5 {
-        for i in 0..5 {
+    for i in 0..5 {
+        for j in 0..5 {
             c[i][j] = c[i][j]
                 - a[i][0] * b[0][j]
                 - a[i][1] * b[1][j]
