@@ -140,7 +140,8 @@ pub(crate) type Block = [[f64; 5]; 5];
 
 /// `f64`s of one thread's work arrays: per point of a line, `fjac` and `njac` (with a
 /// point beyond each end), the three blocks `aa`, `bb`, `cc`, and the gathered
-/// right-hand side.
+/// right-hand side (the MPI form's [`Work::carve`]). The shared-memory form carves
+/// [`LINES`] smaller ones from the same space ([`Work::carve_line`]).
 pub(crate) fn work_len(n: usize) -> usize {
     n * (5 * 25 + 5) + 2 * 2 * 25
 }
@@ -162,22 +163,43 @@ pub(crate) struct Work<'a> {
 }
 
 impl<'a> Work<'a> {
+    /// The work arrays of a line split in parts (the MPI form's): Jacobians for every
+    /// position and one beyond each end, blocks for every position.
     pub(crate) fn carve(n: usize, all: &'a mut [f64]) -> Work<'a> {
-        let (blocks, rhs) = all.split_at_mut(25 * (5 * n + 4));
+        Work::carve_with(n, n + 2, n, all).0
+    }
+
+    /// The work arrays of a whole line solved by [`solve_lines`] (three Jacobian slots,
+    /// one `aa` and `bb`), and what is left of `all`.
+    fn carve_line(n: usize, all: &'a mut [f64]) -> (Work<'a>, &'a mut [f64]) {
+        Work::carve_with(n, 3, 1, all)
+    }
+
+    /// `jacobians` Jacobian slots of each kind, `scratch` blocks `aa` and `bb`, `n`
+    /// blocks `cc` and right-hand sides.
+    fn carve_with(
+        n: usize,
+        jacobians: usize,
+        scratch: usize,
+        all: &'a mut [f64],
+    ) -> (Work<'a>, &'a mut [f64]) {
+        let (blocks, rest) = all.split_at_mut(25 * (2 * jacobians + 2 * scratch + n));
+        let (rhs, left) = rest.split_at_mut(5 * n);
         let (blocks, _) = blocks.as_chunks_mut::<5>();
         let (blocks, _) = blocks.as_chunks_mut::<5>();
-        let (fjac, rest) = blocks.split_at_mut(n + 2);
-        let (njac, rest) = rest.split_at_mut(n + 2);
-        let (aa, rest) = rest.split_at_mut(n);
-        let (bb, cc) = rest.split_at_mut(n);
-        Work {
+        let (fjac, rest) = blocks.split_at_mut(jacobians);
+        let (njac, rest) = rest.split_at_mut(jacobians);
+        let (aa, rest) = rest.split_at_mut(scratch);
+        let (bb, cc) = rest.split_at_mut(scratch);
+        let work = Work {
             fjac,
             njac,
             aa,
             bb,
-            cc: &mut cc[..n],
-            rhs: &mut rhs.as_chunks_mut().0[..n],
-        }
+            cc,
+            rhs: rhs.as_chunks_mut().0,
+        };
+        (work, left)
     }
 }
 
@@ -435,55 +457,77 @@ fn binvrhs(lhs: &mut Block, r: &mut [f64; 5]) {
     gauss_jordan::<false>(lhs, &mut [[0.0; 5]; 5], r);
 }
 
-/// Solves one line (the reference's loop body of `x_solve`, `y_solve`, `z_solve`):
-/// `point(p)` is what the Jacobians read at position `p`, the right-hand side is in
-/// `w.rhs`; positions 0 and `n - 1` of the right-hand side are left as they are.
+/// Lines [`adi`] solves side by side.
+const LINES: usize = 2;
+
+/// Solves `L` lines (the reference's loop body of `x_solve`, `y_solve`, `z_solve`),
+/// line `l` in `ws[l]`, its right-hand side gathered there: `point(l, p)` is what the
+/// Jacobians read at position `p` of line `l`. Positions 0 and `n - 1` of the
+/// right-hand side are left as they are.
 ///
-/// The reference's operations on the interior rows, in its order, but fused: each row's
-/// blocks are made just before the row is eliminated, from the Jacobians of its
-/// position and its two neighbours (kept in three rotating slots), so a line's working
-/// set is its `cc` and right-hand side instead of all five arrays of blocks. The end
-/// rows (`lhsinit`'s identity, zero `aa` and `cc`) are not computed: eliminating them
-/// multiplies by 1 and subtracts products with 0, which leaves every value as it is,
-/// and so does the `matmul_sub` of row 1 (its `cc` above is zero).
-fn solve_line(c: &Constants, axis: Axis, n: usize, point: impl Fn(usize) -> Point, w: &mut Work) {
+/// The reference's operations on the interior rows of each line, in its order, but
+/// fused: each row's blocks are made just before the row is eliminated, from the
+/// Jacobians of its position and its two neighbours (kept in three rotating slots), so
+/// a line's working set is its `cc` and right-hand side instead of all five arrays of
+/// blocks. The end rows (`lhsinit`'s identity, zero `aa` and `cc`) are not computed:
+/// eliminating them multiplies by 1 and subtracts products with 0, which leaves every
+/// value as it is, and so does the `matmul_sub` of row 1 (its `cc` above is zero).
+///
+/// A line's rows form one chain (each row's elimination needs the row above), so the
+/// lines are interleaved row by row: the processor overlaps one line's chain with the
+/// other's.
+#[inline(always)]
+fn solve_lines<const L: usize>(
+    c: &Constants,
+    axis: Axis,
+    n: usize,
+    point: impl Fn(usize, usize) -> Point,
+    ws: &mut [Work],
+) {
+    let ws = &mut ws[..L];
     let k = Coefficients::of(c, axis);
-    for p in 0..2 {
-        jacobians(c, axis, &point(p), &mut w.fjac[p], &mut w.njac[p]);
+    for (l, w) in ws.iter_mut().enumerate() {
+        for p in 0..2 {
+            jacobians(c, axis, &point(l, p), &mut w.fjac[p], &mut w.njac[p]);
+        }
     }
     // Slots of the Jacobians at positions p - 1, p and p + 1.
     let mut slots = [0, 1, 2];
-    let (aa, bb) = (&mut w.aa[0], &mut w.bb[0]);
     for p in 1..n - 1 {
         let [before, at, after] = slots;
-        jacobians(
-            c,
-            axis,
-            &point(p + 1),
-            &mut w.fjac[after],
-            &mut w.njac[after],
-        );
-        let (cc_before, cc_at) = w.cc.split_at_mut(p);
-        let cc = &mut cc_at[0];
-        row_blocks(
-            &k,
-            (&w.fjac[before], &w.njac[before]),
-            &w.njac[at],
-            (&w.fjac[after], &w.njac[after]),
-            (aa, bb, cc),
-        );
-        let (r_before, r_at) = w.rhs.split_at_mut(p);
-        let r = &mut r_at[0];
-        matvec_sub(aa, &r_before[p - 1], r);
-        if p > 1 {
-            matmul_sub(aa, &cc_before[p - 1], bb);
+        for (l, w) in ws.iter_mut().enumerate() {
+            jacobians(
+                c,
+                axis,
+                &point(l, p + 1),
+                &mut w.fjac[after],
+                &mut w.njac[after],
+            );
+            let (aa, bb) = (&mut w.aa[0], &mut w.bb[0]);
+            let (cc_before, cc_at) = w.cc.split_at_mut(p);
+            let cc = &mut cc_at[0];
+            row_blocks(
+                &k,
+                (&w.fjac[before], &w.njac[before]),
+                &w.njac[at],
+                (&w.fjac[after], &w.njac[after]),
+                (aa, bb, cc),
+            );
+            let (r_before, r_at) = w.rhs.split_at_mut(p);
+            let r = &mut r_at[0];
+            matvec_sub(aa, &r_before[p - 1], r);
+            if p > 1 {
+                matmul_sub(aa, &cc_before[p - 1], bb);
+            }
+            binvcrhs(bb, cc, r);
         }
-        binvcrhs(bb, cc, r);
         slots = [at, after, before];
     }
     for p in (1..n - 1).rev() {
-        let (at, after) = w.rhs.split_at_mut(p + 1);
-        substitute_row(&w.cc[p], &mut at[p], &after[0]);
+        for w in ws.iter_mut() {
+            let (at, after) = w.rhs[..n].split_at_mut(p + 1);
+            substitute_row(&w.cc[p], &mut at[p], &after[0]);
+        }
     }
 }
 
@@ -611,60 +655,88 @@ pub(crate) fn substitute_row(cc: &Block, x: &mut [f64; 5], next: &[f64; 5]) {
     }
 }
 
-/// Solves the line of `n` points starting at point `first`, `stride` points apart.
+/// Solves `count` lines of `n` points, `stride` points apart, the first starting at
+/// point `first` and each next one `across` points further, [`LINES`] at a time.
 ///
 /// # Safety
-/// This thread owns the right-hand side at the line's points; nobody writes `u` or
+/// This thread owns the right-hand side at the lines' points; nobody writes `u` or
 /// the scalars there meanwhile.
+#[allow(clippy::too_many_arguments)]
 unsafe fn solve(
     g: &Grid,
     c: &Constants,
     f: &Fields,
     axis: Axis,
-    first: usize,
+    (first, across, count): (usize, usize, usize),
     stride: usize,
-    w: &mut Work,
+    ws: &mut [Work; LINES],
 ) {
-    let at = |p: usize| first + p * stride;
-    for p in 0..g.n {
-        let a = at(p);
-        // SAFETY: this thread's point (the caller's contract).
-        w.rhs[p].copy_from_slice(unsafe { f.rhs.slice(5 * a..5 * a + 5) });
+    let batches = count / LINES;
+    for b in 0..batches {
+        let firsts = core::array::from_fn(|l| first + (b * LINES + l) * across);
+        // SAFETY: the caller's contract.
+        unsafe { solve_batch::<LINES>(g, c, f, axis, &firsts, stride, ws) };
+    }
+    for line in batches * LINES..count {
+        // SAFETY: the caller's contract.
+        unsafe { solve_batch::<1>(g, c, f, axis, &[first + line * across], stride, ws) };
+    }
+}
+
+/// Gathers the right-hand sides of `L` lines (as [`solve`]), solves them and writes
+/// their interior back.
+///
+/// # Safety
+/// As [`solve`].
+unsafe fn solve_batch<const L: usize>(
+    g: &Grid,
+    c: &Constants,
+    f: &Fields,
+    axis: Axis,
+    firsts: &[usize; L],
+    stride: usize,
+    ws: &mut [Work],
+) {
+    let at = |l: usize, p: usize| firsts[l] + p * stride;
+    for (l, w) in ws[..L].iter_mut().enumerate() {
+        for p in 0..g.n {
+            let a = at(l, p);
+            // SAFETY: this thread's point (the caller's contract).
+            w.rhs[p].copy_from_slice(unsafe { f.rhs.slice(5 * a..5 * a + 5) });
+        }
     }
     // SAFETY: nobody writes u or the scalars here (the caller's contract).
-    let point = |p: usize| unsafe { Point::at(f, at(p)) };
-    solve_line(c, axis, g.n, point, w);
-    for p in 1..g.n - 1 {
-        let a = at(p);
-        // SAFETY: this thread's point (the caller's contract).
-        unsafe { f.rhs.slice_mut(5 * a..5 * a + 5) }.copy_from_slice(&w.rhs[p]);
+    let point = |l: usize, p: usize| unsafe { Point::at(f, at(l, p)) };
+    solve_lines::<L>(c, axis, g.n, point, ws);
+    for (l, w) in ws[..L].iter_mut().enumerate() {
+        for p in 1..g.n - 1 {
+            let a = at(l, p);
+            // SAFETY: this thread's point (the caller's contract).
+            unsafe { f.rhs.slice_mut(5 * a..5 * a + 5) }.copy_from_slice(&w.rhs[p]);
+        }
     }
 }
 
 /// One time step (`adi`). Ends with a barrier.
-fn adi(team: &Team, g: &Grid, c: &Constants, f: &Fields, w: &mut Work) {
+fn adi(team: &Team, g: &Grid, c: &Constants, f: &Fields, ws: &mut [Work; LINES]) {
     cfd::compute_rhs(team, g, c, f, |k| {
         if !g.interior().contains(&k) {
             return;
         }
-        for j in g.interior() {
-            // SAFETY: plane k of rhs is this thread's in this phase; nobody writes u
-            // or the scalars.
-            unsafe { solve(g, c, f, Axis::X, g.at(0, j, k), 1, w) };
-        }
-        for i in g.interior() {
-            // SAFETY: as above.
-            unsafe { solve(g, c, f, Axis::Y, g.at(i, 0, k), g.ip, w) };
-        }
+        let lines = g.n - 2;
+        // SAFETY: plane k of rhs is this thread's in this phase; nobody writes u or the
+        // scalars.
+        unsafe { solve(g, c, f, Axis::X, (g.at(0, 1, k), g.ip, lines), 1, ws) };
+        // SAFETY: as above.
+        unsafe { solve(g, c, f, Axis::Y, (g.at(1, 0, k), 1, lines), g.ip, ws) };
     });
     team.barrier();
     let rows = team.share(g.n - 2);
     for j in rows.start + 1..rows.end + 1 {
-        for i in g.interior() {
-            // SAFETY: row j of every plane of rhs and u is this thread's in this
-            // phase; nobody writes the scalars, and u only after this row's solves.
-            unsafe { solve(g, c, f, Axis::Z, g.at(i, j, 0), g.plane(), w) };
-        }
+        let z_lines = (g.at(1, j, 0), 1, g.n - 2);
+        // SAFETY: row j of every plane of rhs and u is this thread's in this phase;
+        // nobody writes the scalars, and u only after this row's solves.
+        unsafe { solve(g, c, f, Axis::Z, z_lines, g.plane(), ws) };
         for k in g.interior() {
             let first = g.at(1, j, k);
             let range = 5 * first..5 * (first + g.n - 2);
@@ -689,7 +761,8 @@ pub fn run(class: Class, team: &Team, arena: &mut Arena) -> Outcome {
         work_len: work_len(n),
     };
     let (seconds, xcr, xce) = cfd::drive(team, arena, &app, |team, g, c, f, work| {
-        adi(team, g, c, f, &mut Work::carve(g.n, work))
+        let (first, rest) = Work::carve_line(g.n, work);
+        adi(team, g, c, f, &mut [first, Work::carve_line(g.n, rest).0])
     });
     Outcome {
         seconds,
@@ -701,7 +774,9 @@ pub fn run(class: Class, team: &Team, arena: &mut Arena) -> Outcome {
 
 #[cfg(test)]
 mod tests {
+    extern crate std;
     use super::*;
+    use std::vec;
 
     #[test]
     fn mops_is_the_reference_formula() {
@@ -718,6 +793,21 @@ mod tests {
             let mut off = xce;
             off[4] *= 1.0 - 2e-8;
             assert!(!verify(class, &xcr, &off), "{class:?}");
+        }
+    }
+
+    #[test]
+    fn a_threads_work_holds_its_lines_side_by_side() {
+        for &class in crate::Kernel::Bt.classes() {
+            let n = params(class).0;
+            let mut all = vec![0.0; work_len(n)];
+            let (first, rest) = Work::carve_line(n, &mut all);
+            let (second, _) = Work::carve_line(n, rest);
+            for w in [first, second] {
+                assert_eq!((w.fjac.len(), w.njac.len()), (3, 3));
+                assert_eq!((w.aa.len(), w.bb.len()), (1, 1));
+                assert_eq!((w.cc.len(), w.rhs.len()), (n, n));
+            }
         }
     }
 
