@@ -414,47 +414,71 @@ fn matmul_sub(a: &Block, b: &Block, c: &mut Block) {
     }
 }
 
-/// Gauss-Jordan elimination of `lhs` without pivoting, applied to `c` (if `WITH_C`)
-/// and `r`: `binvcrhs` (`c = lhs^-1 c`, `r = lhs^-1 r`) and, without `c`, `binvrhs`.
+/// Gauss-Jordan elimination without pivoting of `L` independent systems, each `lhs`
+/// applied to its `c` (if `WITH_C`) and `r`: `binvcrhs` (`c = lhs^-1 c`,
+/// `r = lhs^-1 r`) and, without `c`, `binvrhs`. Each system's operations are the
+/// reference's, in its order.
+///
+/// The systems advance together, pivot by pivot, so that the processor overlaps their
+/// chains of dependent operations (each pivot's inverse waits for the step before). A
+/// step is straight-line code, as the reference's hand-unrolled one, and a function of
+/// its own: with all five inlined together the compiler kept too many values live and
+/// spilled them.
 #[inline(always)]
-fn gauss_jordan<const WITH_C: bool>(lhs: &mut Block, c: &mut Block, r: &mut [f64; 5]) {
-    for p in 0..5 {
-        let pivot = 1.0 / lhs[p][p];
-        for q in p + 1..5 {
-            lhs[p][q] = lhs[p][q] * pivot;
+fn gauss_jordan<const L: usize, const WITH_C: bool>(s: &mut [System; L]) {
+    eliminate_column::<0, L, WITH_C>(s);
+    eliminate_column::<1, L, WITH_C>(s);
+    eliminate_column::<2, L, WITH_C>(s);
+    eliminate_column::<3, L, WITH_C>(s);
+    eliminate_column::<4, L, WITH_C>(s);
+}
+
+/// Step `P` of [`gauss_jordan`] on every system: scales row `P` by its pivot's inverse
+/// and subtracts it from the other rows.
+#[inline(never)]
+fn eliminate_column<const P: usize, const L: usize, const WITH_C: bool>(s: &mut [System; L]) {
+    for (lhs, c, r) in s.iter_mut() {
+        let pivot = 1.0 / lhs[P][P];
+        for q in P + 1..5 {
+            lhs[P][q] = lhs[P][q] * pivot;
         }
         if WITH_C {
             for q in 0..5 {
-                c[p][q] = c[p][q] * pivot;
+                c[P][q] = c[P][q] * pivot;
             }
         }
-        r[p] = r[p] * pivot;
-        for i in 0..5 {
-            if i == p {
-                continue;
-            }
-            let coeff = lhs[i][p];
-            for q in p + 1..5 {
-                lhs[i][q] = lhs[i][q] - coeff * lhs[p][q];
+        r[P] = r[P] * pivot;
+    }
+    for i in 0..5 {
+        if i == P {
+            continue;
+        }
+        for (lhs, c, r) in s.iter_mut() {
+            let coeff = lhs[i][P];
+            for q in P + 1..5 {
+                lhs[i][q] = lhs[i][q] - coeff * lhs[P][q];
             }
             if WITH_C {
                 for q in 0..5 {
-                    c[i][q] = c[i][q] - coeff * c[p][q];
+                    c[i][q] = c[i][q] - coeff * c[P][q];
                 }
             }
-            r[i] = r[i] - coeff * r[p];
+            r[i] = r[i] - coeff * r[P];
         }
     }
 }
 
-/// `binvcrhs`.
-fn binvcrhs(lhs: &mut Block, c: &mut Block, r: &mut [f64; 5]) {
-    gauss_jordan::<true>(lhs, c, r);
+/// A system for [`gauss_jordan`]: `lhs`, `c` and `r`.
+type System<'a> = (&'a mut Block, &'a mut Block, &'a mut [f64; 5]);
+
+/// `binvcrhs` of `L` systems.
+fn binvcrhs<const L: usize>(mut systems: [System; L]) {
+    gauss_jordan::<L, true>(&mut systems);
 }
 
 /// `binvrhs`.
 fn binvrhs(lhs: &mut Block, r: &mut [f64; 5]) {
-    gauss_jordan::<false>(lhs, &mut [[0.0; 5]; 5], r);
+    gauss_jordan::<1, false>(&mut [(lhs, &mut [[0.0; 5]; 5], r)]);
 }
 
 /// Lines [`adi`] solves side by side.
@@ -474,8 +498,8 @@ const LINES: usize = 2;
 /// value as it is, and so does the `matmul_sub` of row 1 (its `cc` above is zero).
 ///
 /// A line's rows form one chain (each row's elimination needs the row above), so the
-/// lines are interleaved row by row: the processor overlaps one line's chain with the
-/// other's.
+/// lines are interleaved row by row, their rows' eliminations done together
+/// ([`gauss_jordan`]): the processor overlaps one line's chain with the other's.
 #[inline(always)]
 fn solve_lines<const L: usize>(
     c: &Constants,
@@ -484,7 +508,7 @@ fn solve_lines<const L: usize>(
     point: impl Fn(usize, usize) -> Point,
     ws: &mut [Work],
 ) {
-    let ws = &mut ws[..L];
+    let ws: &mut [Work; L] = (&mut ws[..L]).try_into().expect("L lines' work");
     let k = Coefficients::of(c, axis);
     for (l, w) in ws.iter_mut().enumerate() {
         for p in 0..2 {
@@ -505,22 +529,23 @@ fn solve_lines<const L: usize>(
             );
             let (aa, bb) = (&mut w.aa[0], &mut w.bb[0]);
             let (cc_before, cc_at) = w.cc.split_at_mut(p);
-            let cc = &mut cc_at[0];
             row_blocks(
                 &k,
                 (&w.fjac[before], &w.njac[before]),
                 &w.njac[at],
                 (&w.fjac[after], &w.njac[after]),
-                (aa, bb, cc),
+                (aa, bb, &mut cc_at[0]),
             );
             let (r_before, r_at) = w.rhs.split_at_mut(p);
-            let r = &mut r_at[0];
-            matvec_sub(aa, &r_before[p - 1], r);
+            matvec_sub(aa, &r_before[p - 1], &mut r_at[0]);
             if p > 1 {
                 matmul_sub(aa, &cc_before[p - 1], bb);
             }
-            binvcrhs(bb, cc, r);
         }
+        binvcrhs(
+            ws.each_mut()
+                .map(|w| (&mut w.bb[0], &mut w.cc[p], &mut w.rhs[p])),
+        );
         slots = [at, after, before];
     }
     for p in (1..n - 1).rev() {
@@ -639,7 +664,7 @@ pub(crate) fn eliminate_row(
         matmul_sub(aa, cc_above, bb);
     }
     if p + 1 < n {
-        binvcrhs(bb, cc, r);
+        binvcrhs([(bb, cc, r)]);
     } else {
         binvrhs(bb, r);
     }
@@ -808,6 +833,30 @@ mod tests {
                 assert_eq!((w.aa.len(), w.bb.len()), (1, 1));
                 assert_eq!((w.cc.len(), w.rhs.len()), (n, n));
             }
+        }
+    }
+
+    #[test]
+    fn two_systems_eliminated_together_give_each_ones_bits() {
+        let system = |seed: f64| -> (Block, Block, [f64; 5]) {
+            let entry = |m: usize, q: usize| (seed + (3 * m + 7 * q) as f64).sin();
+            let mut lhs: Block = core::array::from_fn(|m| core::array::from_fn(|q| entry(m, q)));
+            for m in 0..5 {
+                lhs[m][m] += 4.0;
+            }
+            let c = core::array::from_fn(|m| core::array::from_fn(|q| entry(q, m) / 3.0));
+            (lhs, c, core::array::from_fn(|m| entry(m, m) * 2.0))
+        };
+        let (mut a, mut b) = (system(0.25), system(1.5));
+        binvcrhs([
+            (&mut a.0, &mut a.1, &mut a.2),
+            (&mut b.0, &mut b.1, &mut b.2),
+        ]);
+        for (seed, together) in [(0.25, a), (1.5, b)] {
+            let mut alone = system(seed);
+            binvcrhs([(&mut alone.0, &mut alone.1, &mut alone.2)]);
+            assert_eq!(alone, together);
+            assert_ne!(alone, system(seed));
         }
     }
 
