@@ -590,16 +590,34 @@ fn row_blocks(
     (fp, np): (&Block, &Block),
     (aa, bb, cc): (&mut Block, &mut Block, &mut Block),
 ) {
+    fn entries(b: &Block) -> &[f64; 25] {
+        b.as_flattened().try_into().expect("a block is 25 values")
+    }
     let (tmp1, tmp2, d) = (k.tmp1, k.tmp2, &k.d);
+    // The 25 entries as one run (vectorised), then the diagonal's own formula.
+    let (fm, nm, n0f, fp, np) = (
+        entries(fm),
+        entries(nm),
+        entries(n0),
+        entries(fp),
+        entries(np),
+    );
+    let (aaf, bbf, ccf) = (
+        aa.as_flattened_mut(),
+        bb.as_flattened_mut(),
+        cc.as_flattened_mut(),
+    );
+    for e in 0..25 {
+        aaf[e] = -tmp2 * fm[e] - tmp1 * nm[e];
+        bbf[e] = tmp1 * 2.0 * n0f[e];
+        ccf[e] = tmp2 * fp[e] - tmp1 * np[e];
+    }
     for m in 0..5 {
-        for q in 0..5 {
-            aa[m][q] = -tmp2 * fm[m][q] - tmp1 * nm[m][q];
-            bb[m][q] = tmp1 * 2.0 * n0[m][q];
-            cc[m][q] = tmp2 * fp[m][q] - tmp1 * np[m][q];
-        }
-        aa[m][m] = -tmp2 * fm[m][m] - tmp1 * nm[m][m] - tmp1 * d[m];
-        bb[m][m] = 1.0 + tmp1 * 2.0 * n0[m][m] + tmp1 * 2.0 * d[m];
-        cc[m][m] = tmp2 * fp[m][m] - tmp1 * np[m][m] - tmp1 * d[m];
+        let e = 5 * m + m;
+        let (fm, nm, n0, fp, np) = (fm[e], nm[e], n0f[e], fp[e], np[e]);
+        aa[m][m] = -tmp2 * fm - tmp1 * nm - tmp1 * d[m];
+        bb[m][m] = 1.0 + tmp1 * 2.0 * n0 + tmp1 * 2.0 * d[m];
+        cc[m][m] = tmp2 * fp - tmp1 * np - tmp1 * d[m];
     }
 }
 
