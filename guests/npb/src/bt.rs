@@ -140,7 +140,8 @@ pub(crate) type Block = [[f64; 5]; 5];
 
 /// `f64`s of one thread's work arrays: per point of a line, `fjac` and `njac` (with a
 /// point beyond each end), the three blocks `aa`, `bb`, `cc`, and the gathered
-/// right-hand side.
+/// right-hand side (the MPI form's [`Work::carve`]). The shared-memory form carves
+/// [`LINES`] smaller ones from the same space ([`Work::carve_line`]).
 pub(crate) fn work_len(n: usize) -> usize {
     n * (5 * 25 + 5) + 2 * 2 * 25
 }
@@ -162,22 +163,43 @@ pub(crate) struct Work<'a> {
 }
 
 impl<'a> Work<'a> {
+    /// The work arrays of a line split in parts (the MPI form's): Jacobians for every
+    /// position and one beyond each end, blocks for every position.
     pub(crate) fn carve(n: usize, all: &'a mut [f64]) -> Work<'a> {
-        let (blocks, rhs) = all.split_at_mut(25 * (5 * n + 4));
+        Work::carve_with(n, n + 2, n, all).0
+    }
+
+    /// The work arrays of a whole line solved by [`solve_lines`] (three Jacobian slots,
+    /// one `aa` and `bb`), and what is left of `all`.
+    fn carve_line(n: usize, all: &'a mut [f64]) -> (Work<'a>, &'a mut [f64]) {
+        Work::carve_with(n, 3, 1, all)
+    }
+
+    /// `jacobians` Jacobian slots of each kind, `scratch` blocks `aa` and `bb`, `n`
+    /// blocks `cc` and right-hand sides.
+    fn carve_with(
+        n: usize,
+        jacobians: usize,
+        scratch: usize,
+        all: &'a mut [f64],
+    ) -> (Work<'a>, &'a mut [f64]) {
+        let (blocks, rest) = all.split_at_mut(25 * (2 * jacobians + 2 * scratch + n));
+        let (rhs, left) = rest.split_at_mut(5 * n);
         let (blocks, _) = blocks.as_chunks_mut::<5>();
         let (blocks, _) = blocks.as_chunks_mut::<5>();
-        let (fjac, rest) = blocks.split_at_mut(n + 2);
-        let (njac, rest) = rest.split_at_mut(n + 2);
-        let (aa, rest) = rest.split_at_mut(n);
-        let (bb, cc) = rest.split_at_mut(n);
-        Work {
+        let (fjac, rest) = blocks.split_at_mut(jacobians);
+        let (njac, rest) = rest.split_at_mut(jacobians);
+        let (aa, rest) = rest.split_at_mut(scratch);
+        let (bb, cc) = rest.split_at_mut(scratch);
+        let work = Work {
             fjac,
             njac,
             aa,
             bb,
-            cc: &mut cc[..n],
-            rhs: &mut rhs.as_chunks_mut().0[..n],
-        }
+            cc,
+            rhs: rhs.as_chunks_mut().0,
+        };
+        (work, left)
     }
 }
 
@@ -209,6 +231,7 @@ impl Point {
     ///
     /// # Safety
     /// Nobody writes `u` or the scalars at `a` meanwhile.
+    #[inline(always)]
     pub(crate) unsafe fn at(f: &Fields, a: usize) -> Point {
         // SAFETY: the caller's contract.
         unsafe {
@@ -226,8 +249,10 @@ impl Point {
 
 /// The flux Jacobian `fjac` and viscous Jacobian `njac` at a point, transcribed per
 /// direction from the reference's `x_solve`, `y_solve` and `z_solve` (their
-/// expressions differ in association, which the rounding follows).
-fn jacobians(c: &Constants, axis: Axis, p: &Point) -> (Block, Block) {
+/// expressions differ in association, which the rounding follows). Written in place:
+/// returned by value, the two blocks were copied with `memcpy` at every point.
+#[inline(always)]
+fn jacobians(c: &Constants, axis: Axis, p: &Point, fjac: &mut Block, njac: &mut Block) {
     let u = &p.u;
     let (c1, c2, c3c4, c1345, con43) = (c.c1, c.c2, c.c3c4, c.c1345, c.con43);
     let tmp1 = match axis {
@@ -239,8 +264,8 @@ fn jacobians(c: &Constants, axis: Axis, p: &Point) -> (Block, Block) {
     let (qs, square) = (p.qs, p.square);
     let z = 0.0;
     match axis {
-        Axis::X => (
-            [
+        Axis::X => {
+            *fjac = [
                 [z, 1.0, z, z, z],
                 [
                     -(u[1] * tmp2 * u[1]) + c2 * qs,
@@ -258,8 +283,8 @@ fn jacobians(c: &Constants, axis: Axis, p: &Point) -> (Block, Block) {
                     -c2 * (u[3] * u[1]) * tmp2,
                     c1 * (u[1] * tmp1),
                 ],
-            ],
-            [
+            ];
+            *njac = [
                 [z; 5],
                 [-con43 * c3c4 * tmp2 * u[1], con43 * c3c4 * tmp1, z, z, z],
                 [-c3c4 * tmp2 * u[2], z, c3c4 * tmp1, z, z],
@@ -274,10 +299,10 @@ fn jacobians(c: &Constants, axis: Axis, p: &Point) -> (Block, Block) {
                     (c3c4 - c1345) * tmp2 * u[3],
                     c1345 * tmp1,
                 ],
-            ],
-        ),
-        Axis::Y => (
-            [
+            ];
+        }
+        Axis::Y => {
+            *fjac = [
                 [z, z, 1.0, z, z],
                 [-(u[1] * u[2]) * tmp2, u[2] * tmp1, u[1] * tmp1, z, z],
                 [
@@ -295,8 +320,8 @@ fn jacobians(c: &Constants, axis: Axis, p: &Point) -> (Block, Block) {
                     -c2 * (u[2] * u[3]) * tmp2,
                     c1 * u[2] * tmp1,
                 ],
-            ],
-            [
+            ];
+            *njac = [
                 [z; 5],
                 [-c3c4 * tmp2 * u[1], c3c4 * tmp1, z, z, z],
                 [-con43 * c3c4 * tmp2 * u[2], z, con43 * c3c4 * tmp1, z, z],
@@ -311,10 +336,10 @@ fn jacobians(c: &Constants, axis: Axis, p: &Point) -> (Block, Block) {
                     (c3c4 - c1345) * tmp2 * u[3],
                     c1345 * tmp1,
                 ],
-            ],
-        ),
-        Axis::Z => (
-            [
+            ];
+        }
+        Axis::Z => {
+            *fjac = [
                 [z, z, z, 1.0, z],
                 [-(u[1] * u[3]) * tmp2, u[3] * tmp1, z, u[1] * tmp1, z],
                 [-(u[2] * u[3]) * tmp2, z, u[3] * tmp1, u[2] * tmp1, z],
@@ -332,8 +357,8 @@ fn jacobians(c: &Constants, axis: Axis, p: &Point) -> (Block, Block) {
                     c1 * (u[4] * tmp1) - c2 * (qs + u[3] * u[3] * tmp2),
                     c1 * u[3] * tmp1,
                 ],
-            ],
-            [
+            ];
+            *njac = [
                 [z; 5],
                 [-c3c4 * tmp2 * u[1], c3c4 * tmp1, z, z, z],
                 [-c3c4 * tmp2 * u[2], z, c3c4 * tmp1, z, z],
@@ -354,8 +379,8 @@ fn jacobians(c: &Constants, axis: Axis, p: &Point) -> (Block, Block) {
                     (con43 * c3c4 - c1345) * tmp2 * u[3],
                     c1345 * tmp1,
                 ],
-            ],
-        ),
+            ];
+        }
     }
 }
 
@@ -372,11 +397,13 @@ fn matvec_sub(a: &Block, v: &[f64; 5], b: &mut [f64; 5]) {
     }
 }
 
-/// `cblock = cblock - ablock * bblock` (`matmul_sub`).
+/// `cblock = cblock - ablock * bblock` (`matmul_sub`). Row by row, unlike the
+/// reference's column loop: our blocks are stored by row, so a row's entries lie side
+/// by side and are computed two at a time; each entry's operations are the same.
 #[inline(always)]
 fn matmul_sub(a: &Block, b: &Block, c: &mut Block) {
-    for j in 0..5 {
-        for i in 0..5 {
+    for i in 0..5 {
+        for j in 0..5 {
             c[i][j] = c[i][j]
                 - a[i][0] * b[0][j]
                 - a[i][1] * b[1][j]
@@ -387,70 +414,210 @@ fn matmul_sub(a: &Block, b: &Block, c: &mut Block) {
     }
 }
 
-/// Gauss-Jordan elimination of `lhs` without pivoting, applied to `c` (if `WITH_C`)
-/// and `r`: `binvcrhs` (`c = lhs^-1 c`, `r = lhs^-1 r`) and, without `c`, `binvrhs`.
+/// Gauss-Jordan elimination without pivoting of `L` independent systems, each `lhs`
+/// applied to its `c` (if `WITH_C`) and `r`: `binvcrhs` (`c = lhs^-1 c`,
+/// `r = lhs^-1 r`) and, without `c`, `binvrhs`. Each system's operations are the
+/// reference's, in its order.
+///
+/// The systems advance together, pivot by pivot, so that the processor overlaps their
+/// chains of dependent operations (each pivot's inverse waits for the step before). A
+/// step is straight-line code, as the reference's hand-unrolled one, and a function of
+/// its own: with all five inlined together the compiler kept too many values live and
+/// spilled them.
 #[inline(always)]
-fn gauss_jordan<const WITH_C: bool>(lhs: &mut Block, c: &mut Block, r: &mut [f64; 5]) {
-    for p in 0..5 {
-        let pivot = 1.0 / lhs[p][p];
-        for q in p + 1..5 {
-            lhs[p][q] = lhs[p][q] * pivot;
+fn gauss_jordan<const L: usize, const WITH_C: bool>(s: &mut [System; L]) {
+    eliminate_column::<0, L, WITH_C>(s);
+    eliminate_column::<1, L, WITH_C>(s);
+    eliminate_column::<2, L, WITH_C>(s);
+    eliminate_column::<3, L, WITH_C>(s);
+    eliminate_column::<4, L, WITH_C>(s);
+}
+
+/// Step `P` of [`gauss_jordan`] on every system: scales row `P` by its pivot's inverse
+/// and subtracts it from the other rows.
+#[inline(never)]
+fn eliminate_column<const P: usize, const L: usize, const WITH_C: bool>(s: &mut [System; L]) {
+    for (lhs, c, r) in s.iter_mut() {
+        let pivot = 1.0 / lhs[P][P];
+        for q in P + 1..5 {
+            lhs[P][q] = lhs[P][q] * pivot;
         }
         if WITH_C {
             for q in 0..5 {
-                c[p][q] = c[p][q] * pivot;
+                c[P][q] = c[P][q] * pivot;
             }
         }
-        r[p] = r[p] * pivot;
-        for i in 0..5 {
-            if i == p {
-                continue;
-            }
-            let coeff = lhs[i][p];
-            for q in p + 1..5 {
-                lhs[i][q] = lhs[i][q] - coeff * lhs[p][q];
+        r[P] = r[P] * pivot;
+    }
+    for i in 0..5 {
+        if i == P {
+            continue;
+        }
+        for (lhs, c, r) in s.iter_mut() {
+            let coeff = lhs[i][P];
+            for q in P + 1..5 {
+                lhs[i][q] = lhs[i][q] - coeff * lhs[P][q];
             }
             if WITH_C {
                 for q in 0..5 {
-                    c[i][q] = c[i][q] - coeff * c[p][q];
+                    c[i][q] = c[i][q] - coeff * c[P][q];
                 }
             }
-            r[i] = r[i] - coeff * r[p];
+            r[i] = r[i] - coeff * r[P];
         }
     }
 }
 
-/// `binvcrhs`.
-fn binvcrhs(lhs: &mut Block, c: &mut Block, r: &mut [f64; 5]) {
-    gauss_jordan::<true>(lhs, c, r);
+/// A system for [`gauss_jordan`]: `lhs`, `c` and `r`.
+type System<'a> = (&'a mut Block, &'a mut Block, &'a mut [f64; 5]);
+
+/// `binvcrhs` of `L` systems.
+fn binvcrhs<const L: usize>(mut systems: [System; L]) {
+    gauss_jordan::<L, true>(&mut systems);
 }
 
 /// `binvrhs`.
 fn binvrhs(lhs: &mut Block, r: &mut [f64; 5]) {
-    gauss_jordan::<false>(lhs, &mut [[0.0; 5]; 5], r);
+    gauss_jordan::<1, false>(&mut [(lhs, &mut [[0.0; 5]; 5], r)]);
 }
 
-/// Solves one line (the reference's loop body of `x_solve`, `y_solve`, `z_solve`):
-/// `points[p]` is what the Jacobians read at position `p`, the right-hand side is in
-/// `w.rhs`.
-fn solve_line(c: &Constants, axis: Axis, n: usize, point: impl Fn(usize) -> Point, w: &mut Work) {
-    blocks(c, axis, n, 0..n, point, w);
-    let r = &mut *w.rhs;
-    for p in 0..n {
-        let (before, at) = r.split_at_mut(p);
-        let (cc_before, cc_at) = w.cc.split_at_mut(p);
-        let above = (p > 0).then(|| (&cc_before[p - 1], &before[p - 1]));
-        eliminate_row(
-            p,
-            n,
-            (&w.aa[p], &mut w.bb[p], &mut cc_at[0]),
-            &mut at[0],
-            above,
-        );
+/// Lines [`adi`] solves side by side.
+const LINES: usize = 2;
+
+/// Solves `L` lines (the reference's loop body of `x_solve`, `y_solve`, `z_solve`),
+/// line `l` in `ws[l]`, its right-hand side gathered there: `point(l, p)` is what the
+/// Jacobians read at position `p` of line `l`. Positions 0 and `n - 1` of the
+/// right-hand side are left as they are.
+///
+/// The reference's operations on the interior rows of each line, in its order, but
+/// fused: each row's blocks are made just before the row is eliminated, from the
+/// Jacobians of its position and its two neighbours (kept in three rotating slots), so
+/// a line's working set is its `cc` and right-hand side instead of all five arrays of
+/// blocks. The end rows (`lhsinit`'s identity, zero `aa` and `cc`) are not computed:
+/// eliminating them multiplies by 1 and subtracts products with 0, which leaves every
+/// value as it is, and so does the `matmul_sub` of row 1 (its `cc` above is zero).
+///
+/// A line's rows form one chain (each row's elimination needs the row above), so the
+/// lines are interleaved row by row, their rows' eliminations done together
+/// ([`gauss_jordan`]): the processor overlaps one line's chain with the other's.
+#[inline(always)]
+fn solve_lines<const L: usize>(
+    c: &Constants,
+    axis: Axis,
+    n: usize,
+    point: impl Fn(usize, usize) -> Point,
+    ws: &mut [Work],
+) {
+    let ws: &mut [Work; L] = (&mut ws[..L]).try_into().expect("L lines' work");
+    let k = Coefficients::of(c, axis);
+    for (l, w) in ws.iter_mut().enumerate() {
+        for p in 0..2 {
+            jacobians(c, axis, &point(l, p), &mut w.fjac[p], &mut w.njac[p]);
+        }
     }
-    for p in (0..n - 1).rev() {
-        let (at, after) = r.split_at_mut(p + 1);
-        substitute_row(&w.cc[p], &mut at[p], &after[0]);
+    // Slots of the Jacobians at positions p - 1, p and p + 1.
+    let mut slots = [0, 1, 2];
+    for p in 1..n - 1 {
+        let [before, at, after] = slots;
+        for (l, w) in ws.iter_mut().enumerate() {
+            jacobians(
+                c,
+                axis,
+                &point(l, p + 1),
+                &mut w.fjac[after],
+                &mut w.njac[after],
+            );
+            let (aa, bb) = (&mut w.aa[0], &mut w.bb[0]);
+            let (cc_before, cc_at) = w.cc.split_at_mut(p);
+            row_blocks(
+                &k,
+                (&w.fjac[before], &w.njac[before]),
+                &w.njac[at],
+                (&w.fjac[after], &w.njac[after]),
+                (aa, bb, &mut cc_at[0]),
+            );
+            let (r_before, r_at) = w.rhs.split_at_mut(p);
+            matvec_sub(aa, &r_before[p - 1], &mut r_at[0]);
+            if p > 1 {
+                matmul_sub(aa, &cc_before[p - 1], bb);
+            }
+        }
+        binvcrhs(
+            ws.each_mut()
+                .map(|w| (&mut w.bb[0], &mut w.cc[p], &mut w.rhs[p])),
+        );
+        slots = [at, after, before];
+    }
+    for p in (1..n - 1).rev() {
+        for w in ws.iter_mut() {
+            let (at, after) = w.rhs[..n].split_at_mut(p + 1);
+            substitute_row(&w.cc[p], &mut at[p], &after[0]);
+        }
+    }
+}
+
+/// What a line's blocks along one axis take besides the Jacobians: `dt` times the
+/// axis's `t1` and `t2`, and its dissipation constants.
+struct Coefficients {
+    tmp1: f64,
+    tmp2: f64,
+    d: [f64; 5],
+}
+
+impl Coefficients {
+    fn of(c: &Constants, axis: Axis) -> Coefficients {
+        let (t1, t2, d) = match axis {
+            Axis::X => (c.tx1, c.tx2, c.dx),
+            Axis::Y => (c.ty1, c.ty2, c.dy),
+            Axis::Z => (c.tz1, c.tz2, c.dz),
+        };
+        Coefficients {
+            tmp1: c.dt * t1,
+            tmp2: c.dt * t2,
+            d,
+        }
+    }
+}
+
+/// The blocks `aa`, `bb`, `cc` of an interior row from the flux and viscous Jacobians
+/// of the position before it (`fm`, `nm`), its own viscous one (`n0`) and the one after
+/// (`fp`, `np`).
+#[inline(always)]
+fn row_blocks(
+    k: &Coefficients,
+    (fm, nm): (&Block, &Block),
+    n0: &Block,
+    (fp, np): (&Block, &Block),
+    (aa, bb, cc): (&mut Block, &mut Block, &mut Block),
+) {
+    fn entries(b: &Block) -> &[f64; 25] {
+        b.as_flattened().try_into().expect("a block is 25 values")
+    }
+    let (tmp1, tmp2, d) = (k.tmp1, k.tmp2, &k.d);
+    // The 25 entries as one run (vectorised), then the diagonal's own formula.
+    let (fm, nm, n0f, fp, np) = (
+        entries(fm),
+        entries(nm),
+        entries(n0),
+        entries(fp),
+        entries(np),
+    );
+    let (aaf, bbf, ccf) = (
+        aa.as_flattened_mut(),
+        bb.as_flattened_mut(),
+        cc.as_flattened_mut(),
+    );
+    for e in 0..25 {
+        aaf[e] = -tmp2 * fm[e] - tmp1 * nm[e];
+        bbf[e] = tmp1 * 2.0 * n0f[e];
+        ccf[e] = tmp2 * fp[e] - tmp1 * np[e];
+    }
+    for m in 0..5 {
+        let e = 5 * m + m;
+        let (fm, nm, n0, fp, np) = (fm[e], nm[e], n0f[e], fp[e], np[e]);
+        aa[m][m] = -tmp2 * fm - tmp1 * nm - tmp1 * d[m];
+        bb[m][m] = 1.0 + tmp1 * 2.0 * n0 + tmp1 * 2.0 * d[m];
+        cc[m][m] = tmp2 * fp - tmp1 * np - tmp1 * d[m];
     }
 }
 
@@ -465,18 +632,13 @@ pub(crate) fn blocks(
     point: impl Fn(usize) -> Point,
     w: &mut Work,
 ) {
-    let (t1, t2, d) = match axis {
-        Axis::X => (c.tx1, c.tx2, &c.dx),
-        Axis::Y => (c.ty1, c.ty2, &c.dy),
-        Axis::Z => (c.tz1, c.tz2, &c.dz),
-    };
+    let k = Coefficients::of(c, axis);
     // Jacobians at positions `reach`, position `p`'s at `p - reach.start`.
     let reach = span.start.saturating_sub(1)..(span.end + 1).min(n);
     for p in reach.clone() {
-        (w.fjac[p - reach.start], w.njac[p - reach.start]) = jacobians(c, axis, &point(p));
+        let at = p - reach.start;
+        jacobians(c, axis, &point(p), &mut w.fjac[at], &mut w.njac[at]);
     }
-    let tmp1 = c.dt * t1;
-    let tmp2 = c.dt * t2;
     for p in span.clone() {
         let (aa, bb, cc) = (
             &mut w.aa[p - span.start],
@@ -494,19 +656,13 @@ pub(crate) fn blocks(
             continue;
         }
         let at = p - reach.start;
-        let (fm, nm) = (&w.fjac[at - 1], &w.njac[at - 1]);
-        let n0 = &w.njac[at];
-        let (fp, np) = (&w.fjac[at + 1], &w.njac[at + 1]);
-        for m in 0..5 {
-            for q in 0..5 {
-                aa[m][q] = -tmp2 * fm[m][q] - tmp1 * nm[m][q];
-                bb[m][q] = tmp1 * 2.0 * n0[m][q];
-                cc[m][q] = tmp2 * fp[m][q] - tmp1 * np[m][q];
-            }
-            aa[m][m] = -tmp2 * fm[m][m] - tmp1 * nm[m][m] - tmp1 * d[m];
-            bb[m][m] = 1.0 + tmp1 * 2.0 * n0[m][m] + tmp1 * 2.0 * d[m];
-            cc[m][m] = tmp2 * fp[m][m] - tmp1 * np[m][m] - tmp1 * d[m];
-        }
+        row_blocks(
+            &k,
+            (&w.fjac[at - 1], &w.njac[at - 1]),
+            &w.njac[at],
+            (&w.fjac[at + 1], &w.njac[at + 1]),
+            (aa, bb, cc),
+        );
     }
 }
 
@@ -526,7 +682,7 @@ pub(crate) fn eliminate_row(
         matmul_sub(aa, cc_above, bb);
     }
     if p + 1 < n {
-        binvcrhs(bb, cc, r);
+        binvcrhs([(bb, cc, r)]);
     } else {
         binvrhs(bb, r);
     }
@@ -542,60 +698,88 @@ pub(crate) fn substitute_row(cc: &Block, x: &mut [f64; 5], next: &[f64; 5]) {
     }
 }
 
-/// Solves the line of `n` points starting at point `first`, `stride` points apart.
+/// Solves `count` lines of `n` points, `stride` points apart, the first starting at
+/// point `first` and each next one `across` points further, [`LINES`] at a time.
 ///
 /// # Safety
-/// This thread owns the right-hand side at the line's points; nobody writes `u` or
+/// This thread owns the right-hand side at the lines' points; nobody writes `u` or
 /// the scalars there meanwhile.
+#[allow(clippy::too_many_arguments)]
 unsafe fn solve(
     g: &Grid,
     c: &Constants,
     f: &Fields,
     axis: Axis,
-    first: usize,
+    (first, across, count): (usize, usize, usize),
     stride: usize,
-    w: &mut Work,
+    ws: &mut [Work; LINES],
 ) {
-    let at = |p: usize| first + p * stride;
-    for p in 0..g.n {
-        let a = at(p);
-        // SAFETY: this thread's point (the caller's contract).
-        w.rhs[p].copy_from_slice(unsafe { f.rhs.slice(5 * a..5 * a + 5) });
+    let batches = count / LINES;
+    for b in 0..batches {
+        let firsts = core::array::from_fn(|l| first + (b * LINES + l) * across);
+        // SAFETY: the caller's contract.
+        unsafe { solve_batch::<LINES>(g, c, f, axis, &firsts, stride, ws) };
+    }
+    for line in batches * LINES..count {
+        // SAFETY: the caller's contract.
+        unsafe { solve_batch::<1>(g, c, f, axis, &[first + line * across], stride, ws) };
+    }
+}
+
+/// Gathers the right-hand sides of `L` lines (as [`solve`]), solves them and writes
+/// their interior back.
+///
+/// # Safety
+/// As [`solve`].
+unsafe fn solve_batch<const L: usize>(
+    g: &Grid,
+    c: &Constants,
+    f: &Fields,
+    axis: Axis,
+    firsts: &[usize; L],
+    stride: usize,
+    ws: &mut [Work],
+) {
+    let at = |l: usize, p: usize| firsts[l] + p * stride;
+    for (l, w) in ws[..L].iter_mut().enumerate() {
+        for p in 0..g.n {
+            let a = at(l, p);
+            // SAFETY: this thread's point (the caller's contract).
+            w.rhs[p].copy_from_slice(unsafe { f.rhs.slice(5 * a..5 * a + 5) });
+        }
     }
     // SAFETY: nobody writes u or the scalars here (the caller's contract).
-    let point = |p: usize| unsafe { Point::at(f, at(p)) };
-    solve_line(c, axis, g.n, point, w);
-    for p in 0..g.n {
-        let a = at(p);
-        // SAFETY: this thread's point (the caller's contract).
-        unsafe { f.rhs.slice_mut(5 * a..5 * a + 5) }.copy_from_slice(&w.rhs[p]);
+    let point = |l: usize, p: usize| unsafe { Point::at(f, at(l, p)) };
+    solve_lines::<L>(c, axis, g.n, point, ws);
+    for (l, w) in ws[..L].iter_mut().enumerate() {
+        for p in 1..g.n - 1 {
+            let a = at(l, p);
+            // SAFETY: this thread's point (the caller's contract).
+            unsafe { f.rhs.slice_mut(5 * a..5 * a + 5) }.copy_from_slice(&w.rhs[p]);
+        }
     }
 }
 
 /// One time step (`adi`). Ends with a barrier.
-fn adi(team: &Team, g: &Grid, c: &Constants, f: &Fields, w: &mut Work) {
+fn adi(team: &Team, g: &Grid, c: &Constants, f: &Fields, ws: &mut [Work; LINES]) {
     cfd::compute_rhs(team, g, c, f, |k| {
         if !g.interior().contains(&k) {
             return;
         }
-        for j in g.interior() {
-            // SAFETY: plane k of rhs is this thread's in this phase; nobody writes u
-            // or the scalars.
-            unsafe { solve(g, c, f, Axis::X, g.at(0, j, k), 1, w) };
-        }
-        for i in g.interior() {
-            // SAFETY: as above.
-            unsafe { solve(g, c, f, Axis::Y, g.at(i, 0, k), g.ip, w) };
-        }
+        let lines = g.n - 2;
+        // SAFETY: plane k of rhs is this thread's in this phase; nobody writes u or the
+        // scalars.
+        unsafe { solve(g, c, f, Axis::X, (g.at(0, 1, k), g.ip, lines), 1, ws) };
+        // SAFETY: as above.
+        unsafe { solve(g, c, f, Axis::Y, (g.at(1, 0, k), 1, lines), g.ip, ws) };
     });
     team.barrier();
     let rows = team.share(g.n - 2);
     for j in rows.start + 1..rows.end + 1 {
-        for i in g.interior() {
-            // SAFETY: row j of every plane of rhs and u is this thread's in this
-            // phase; nobody writes the scalars, and u only after this row's solves.
-            unsafe { solve(g, c, f, Axis::Z, g.at(i, j, 0), g.plane(), w) };
-        }
+        let z_lines = (g.at(1, j, 0), 1, g.n - 2);
+        // SAFETY: row j of every plane of rhs and u is this thread's in this phase;
+        // nobody writes the scalars, and u only after this row's solves.
+        unsafe { solve(g, c, f, Axis::Z, z_lines, g.plane(), ws) };
         for k in g.interior() {
             let first = g.at(1, j, k);
             let range = 5 * first..5 * (first + g.n - 2);
@@ -620,7 +804,8 @@ pub fn run(class: Class, team: &Team, arena: &mut Arena) -> Outcome {
         work_len: work_len(n),
     };
     let (seconds, xcr, xce) = cfd::drive(team, arena, &app, |team, g, c, f, work| {
-        adi(team, g, c, f, &mut Work::carve(g.n, work))
+        let (first, rest) = Work::carve_line(g.n, work);
+        adi(team, g, c, f, &mut [first, Work::carve_line(g.n, rest).0])
     });
     Outcome {
         seconds,
@@ -632,7 +817,9 @@ pub fn run(class: Class, team: &Team, arena: &mut Arena) -> Outcome {
 
 #[cfg(test)]
 mod tests {
+    extern crate std;
     use super::*;
+    use std::vec;
 
     #[test]
     fn mops_is_the_reference_formula() {
@@ -649,6 +836,45 @@ mod tests {
             let mut off = xce;
             off[4] *= 1.0 - 2e-8;
             assert!(!verify(class, &xcr, &off), "{class:?}");
+        }
+    }
+
+    #[test]
+    fn a_threads_work_holds_its_lines_side_by_side() {
+        for &class in crate::Kernel::Bt.classes() {
+            let n = params(class).0;
+            let mut all = vec![0.0; work_len(n)];
+            let (first, rest) = Work::carve_line(n, &mut all);
+            let (second, _) = Work::carve_line(n, rest);
+            for w in [first, second] {
+                assert_eq!((w.fjac.len(), w.njac.len()), (3, 3));
+                assert_eq!((w.aa.len(), w.bb.len()), (1, 1));
+                assert_eq!((w.cc.len(), w.rhs.len()), (n, n));
+            }
+        }
+    }
+
+    #[test]
+    fn two_systems_eliminated_together_give_each_ones_bits() {
+        let system = |seed: f64| -> (Block, Block, [f64; 5]) {
+            let entry = |m: usize, q: usize| (seed + (3 * m + 7 * q) as f64).sin();
+            let mut lhs: Block = core::array::from_fn(|m| core::array::from_fn(|q| entry(m, q)));
+            for m in 0..5 {
+                lhs[m][m] += 4.0;
+            }
+            let c = core::array::from_fn(|m| core::array::from_fn(|q| entry(q, m) / 3.0));
+            (lhs, c, core::array::from_fn(|m| entry(m, m) * 2.0))
+        };
+        let (mut a, mut b) = (system(0.25), system(1.5));
+        binvcrhs([
+            (&mut a.0, &mut a.1, &mut a.2),
+            (&mut b.0, &mut b.1, &mut b.2),
+        ]);
+        for (seed, together) in [(0.25, a), (1.5, b)] {
+            let mut alone = system(seed);
+            binvcrhs([(&mut alone.0, &mut alone.1, &mut alone.2)]);
+            assert_eq!(alone, together);
+            assert_ne!(alone, system(seed));
         }
     }
 
