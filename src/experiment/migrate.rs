@@ -14,9 +14,10 @@
 //!   by `kumo ctl migrate` to a `kumo --incoming` (the standby host, the same CPU: the
 //!   source stops once the destination runs) and, for two migrations, on to a second.
 //!
-//! Per round every scenario runs first without a migration; that run's time places
-//! the migrations of the same round (at 25 % and 50 % of it, the second never before
-//! the first is done), as S1 moved its DomU ~10 s into SP.A.
+//! Per round every scenario runs first without a migration; that run places the
+//! migrations of the same round: its job's start (the guests boot first) plus 25 % and
+//! 50 % of its job's time (the second never before the first is done), as S1 moved
+//! its DomU ~10 s into SP.A.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -135,7 +136,7 @@ pub fn benchmark(quick: bool) -> Spec {
 /// One migration as `kumo ctl ... migrate --json` reported it.
 #[derive(Debug, Clone, Serialize)]
 pub struct Migration {
-    /// Seconds after the moving VM's process came up.
+    /// Seconds after the moving VM's control socket appeared.
     pub at_s: f64,
     pub total_ms: f64,
     pub downtime_ms: f64,
@@ -151,6 +152,9 @@ pub struct Run {
     pub round: u32,
     /// The job's time as rank 0 reports it.
     pub time_s: Option<f64>,
+    /// When the job started, in seconds after the moving VM's control socket
+    /// appeared: the node's end less the job's time (the boot comes first).
+    pub job_start_s: Option<f64>,
     /// Rank 0 verified, every migration planned was made, every rank process ended
     /// cleanly.
     pub verified: bool,
@@ -281,15 +285,16 @@ fn wait_for(path: &Path, until: Instant, stop: &AtomicBool) -> bool {
 }
 
 /// The moving VM's side of a run, on the standby CPU: its process, the destinations
-/// waiting for it, the migrations at `moments` (seconds after its process is up),
-/// then the end of whichever process holds the VM last.
+/// waiting for it, the migrations at `moments` (seconds after its control socket
+/// appeared, the instant returned), then the end of whichever process holds the VM
+/// last.
 fn standby_side(
     dir: &Path,
     spec: Spec,
     mode: &Mode,
     moments: &[f64],
     job_over: &AtomicBool,
-) -> Result<(Vec<Migration>, Vec<String>)> {
+) -> Result<(Instant, Vec<Migration>, Vec<String>)> {
     hv::placement::confine_thread(0, &[STANDBY_CPU])?;
     let token = dir.join("token");
     std::fs::write(
@@ -392,7 +397,7 @@ fn standby_side(
     for process in processes.iter_mut().take(migrations.len() + 1) {
         problems.extend(process.finish(END_PATIENCE));
     }
-    Ok((migrations, problems))
+    Ok((up, migrations, problems))
 }
 
 /// One `kumo ctl ... migrate --json`, its reply read into a [`Migration`].
@@ -446,17 +451,18 @@ fn one_run(
     let text = node_toml(scenario, spec, &dir.0.join("wire"));
     let job_over = AtomicBool::new(false);
     let start = Instant::now();
-    let (outcome, standby) = std::thread::scope(|scope| {
+    let (outcome, ended, standby) = std::thread::scope(|scope| {
         let standby = scope.spawn(|| standby_side(&dir.0, spec, mode, moments, &job_over));
         let outcome = run_node_text(&text, kvm_device, epoch);
+        let ended = Instant::now();
         job_over.store(true, Ordering::SeqCst);
         let standby = standby
             .join()
             .unwrap_or_else(|_| Err(anyhow::anyhow!("the standby side's thread panicked")));
-        (outcome, standby)
+        (outcome, ended, standby)
     });
     let outcome = outcome.with_context(|| format!("{} {}", scenario.name, mode.name))?;
-    let (migrations, mut problems) = standby?;
+    let (up, migrations, mut problems) = standby?;
     problems.extend(node_problems(&outcome));
     let result = outcome
         .reports
@@ -466,11 +472,13 @@ fn one_run(
     let verified = result.as_ref().is_some_and(|r| r.verified)
         && migrations.len() == mode.migrations
         && problems.is_empty();
+    let time_s = result.map(|r| r.time_s);
     Ok(Run {
         scenario: scenario.name.to_string(),
         mode: mode.name.to_string(),
         round,
-        time_s: result.map(|r| r.time_s),
+        time_s,
+        job_start_s: time_s.map(|t| (ended.duration_since(up).as_secs_f64() - t).max(0.0)),
         verified,
         migrations,
         wall_s: start.elapsed().as_secs_f64(),
@@ -542,6 +550,15 @@ pub struct Report {
     pub ok: bool,
 }
 
+/// Where a round's migrations fall, from its run without one: the job's start plus
+/// each of [`MOMENTS`] of its time (from 0 if that run has no result, which already
+/// makes the experiment unverified).
+fn moments_after(baseline: &Run) -> Vec<f64> {
+    let start = baseline.job_start_s.unwrap_or(0.0);
+    let time = baseline.time_s.unwrap_or(0.0);
+    MOMENTS.iter().map(|f| start + f * time).collect()
+}
+
 pub fn run(args: &ExperimentArgs, epoch: Instant) -> Result<u8> {
     let host = hv::placement::process_cpus();
     if !host.contains(&NODE_CPU) || !host.contains(&STANDBY_CPU) {
@@ -579,8 +596,7 @@ pub fn run(args: &ExperimentArgs, epoch: Instant) -> Result<u8> {
                     epoch,
                 )?;
                 if mode.migrations == 0 {
-                    let base = run.time_s.unwrap_or(0.0);
-                    moments = MOMENTS.iter().map(|f| f * base).collect();
+                    moments = moments_after(&run);
                 }
                 runs.push(run);
                 progress.done_one();
@@ -705,6 +721,7 @@ mod tests {
             mode: mode.into(),
             round: 0,
             time_s: Some(time),
+            job_start_s: Some(0.5),
             verified: true,
             migrations: vec![Migration {
                 at_s: 1.0,
@@ -784,6 +801,12 @@ mod tests {
             ok: true,
         });
         assert!(text.contains("+900.0 %"), "{text}");
+    }
+
+    #[test]
+    fn migrations_fall_after_the_boot_at_fractions_of_the_job() {
+        let baseline = run(TUNED, "no migration", 4.0);
+        assert_eq!(moments_after(&baseline), [1.5, 2.5]);
     }
 
     #[test]
