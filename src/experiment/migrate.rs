@@ -155,8 +155,9 @@ pub struct Run {
     pub round: u32,
     /// The job's time as rank 0 reports it.
     pub time_s: Option<f64>,
-    /// When the job started, in seconds after the moving VM's control socket
-    /// appeared: the node's end less the job's time (the boot comes first).
+    /// The node's end less the job's time, in seconds after the moving VM's control
+    /// socket appeared: the guests' boot plus the node's teardown (an upper bound on
+    /// when the job started).
     pub job_start_s: Option<f64>,
     /// Rank 0 verified, every migration planned was made, every rank process ended
     /// cleanly.

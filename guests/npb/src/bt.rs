@@ -748,7 +748,8 @@ unsafe fn solve_batch<const L: usize>(
             w.rhs[p].copy_from_slice(unsafe { f.rhs.slice(5 * a..5 * a + 5) });
         }
     }
-    // SAFETY: nobody writes u or the scalars here (the caller's contract).
+    // SAFETY: line l's points are this thread's, and nobody writes u or the scalars
+    // while it solves them (the caller's contract).
     let point = |l: usize, p: usize| unsafe { Point::at(f, at(l, p)) };
     solve_lines::<L>(c, axis, g.n, point, ws);
     for (l, w) in ws[..L].iter_mut().enumerate() {
