@@ -409,6 +409,9 @@ pub enum BenchCommand {
     Switch(SwitchArgs),
     /// Wake-up latency of a halted vCPU beside a busy one, per credit slice.
     Wake(WakeArgs),
+    /// What one preemption costs a 1-vCPU guest and a native thread running the same
+    /// benchmark: both beside a waker thread on one host CPU, with and without it.
+    Preempt(PreemptArgs),
     /// Interrupt latency of the test device, generic path vs fast path.
     Irq(IrqBenchArgs),
     /// Live migration on loopback: host downtime beside the downtime the guest saw.
@@ -598,6 +601,33 @@ pub struct WakeArgs {
     pub pcpu: usize,
 
     /// Print one JSON object per setting.
+    #[arg(long)]
+    pub json: bool,
+
+    /// The KVM device to open.
+    #[arg(long, value_name = "PATH", default_value = "/dev/kvm")]
+    pub kvm_device: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub struct PreemptArgs {
+    /// Benchmarks, comma-separated kernel.class items, each run on one thread / vCPU.
+    #[arg(long, value_name = "LIST", default_value = "ep.W,bt.W")]
+    pub npb: String,
+
+    /// The waker's wake-ups per second.
+    #[arg(long, value_name = "HZ", default_value_t = 2000)]
+    pub hz: u32,
+
+    /// Rounds (each: native, guest, native with the waker, guest with the waker).
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    pub runs: u32,
+
+    /// The host CPU everything runs on.
+    #[arg(long, value_name = "CPU", default_value_t = 1)]
+    pub pcpu: usize,
+
+    /// Print one JSON object per benchmark.
     #[arg(long)]
     pub json: bool,
 

@@ -47,6 +47,9 @@ fn main() -> ExitCode {
         (Some(Command::Bench(BenchCommand::Wake(args))), _, _) => {
             kumo::bench::wake::run_wake(args, epoch)
         }
+        (Some(Command::Bench(BenchCommand::Preempt(args))), _, _) => {
+            kumo::bench::preempt::run_preempt(args)
+        }
         (Some(Command::Bench(BenchCommand::Switch(args))), _, _) => {
             kumo::bench::switch::run_switch(args, epoch)
         }

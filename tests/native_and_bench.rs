@@ -68,6 +68,50 @@ fn zero_native_threads_are_refused() {
 }
 
 #[test]
+fn preempt_times_guest_and_native_with_and_without_the_waker() {
+    if kvm_available() {
+        let out = kumo(&[
+            "bench", "preempt", "--npb", "ep.S", "--runs", "1", "--hz", "500", "--json",
+        ]);
+        let stderr = text(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        assert_eq!(stderr.matches("round 1/1").count(), 1, "{stderr}");
+        let lines = json_lines(&out);
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        let line = &lines[0];
+        assert_eq!(
+            (line["benchmark"].as_str(), line["hz"].as_u64()),
+            (Some("ep"), Some(500))
+        );
+        for key in [
+            "native_s",
+            "native_woken_s",
+            "guest_s",
+            "guest_woken_s",
+            "wakes_per_s",
+        ] {
+            assert!(line[key].as_f64().is_some_and(|v| v > 0.0), "{key}: {line}");
+        }
+        for key in ["native_us_per_preemption", "guest_us_per_preemption"] {
+            assert!(
+                line[key].as_f64().is_some_and(f64::is_finite),
+                "{key}: {line}"
+            );
+        }
+    }
+}
+
+#[test]
+fn preempt_refuses_a_rate_or_cpu_it_cannot_have() {
+    let out = kumo(&["bench", "preempt", "--hz", "0"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("--hz must be between 1 and 20000"));
+    let out = kumo(&["bench", "preempt", "--pcpu", "4096"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("--pcpu 4096 does not exist"));
+}
+
+#[test]
 fn overhead_pairs_native_and_guest_runs() {
     if kvm_available() {
         let out = kumo(&[

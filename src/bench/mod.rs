@@ -6,6 +6,7 @@ pub mod migrate;
 pub mod migrate_qemu;
 pub mod overhead;
 pub mod oversub;
+pub mod preempt;
 pub mod process;
 pub mod switch;
 pub mod wake;
