@@ -67,16 +67,13 @@ impl Drop for Running {
     }
 }
 
-/// How often a running VM's coordinator looks at its vCPUs while any of them is idle
-/// (the halt detector's pace: it notices a guest stopped for good within a few polls).
+/// How often a running VM's coordinator looks at its vCPUs (the halt detector's and the
+/// watchdog's pace). Stop requests, device failures and vCPU ends wake it at once, and
+/// a time limit is its own deadline. Looking less often while the guest is busy (every
+/// 250 ms) was tried and reverted: it would save a busy 2-vCPU guest ~0.2 % (each look
+/// preempts a vCPU, ~40 us for a PVM vCPU), but S1's migration experiment then failed
+/// 2 runs of 4 at the 30/10 ms slice (README, "Guest/native at 2 vCPUs").
 pub const POLL: Duration = Duration::from_millis(20);
-
-/// The same while every look finds the guest busy. Each wake-up of the coordinator
-/// preempts a vCPU when the vCPUs fill the host's CPUs, and a preempted PVM vCPU loses
-/// ~40 us (a waker at 2000 Hz: guest 41 us per wake, native 23 us); at [`POLL`]'s 50 Hz
-/// that is 0.2 % of a vCPU. Nothing waits on this pace: stop requests, device failures
-/// and vCPU ends wake the coordinator, and a time limit is its own deadline.
-pub const BUSY_POLL: Duration = Duration::from_millis(250);
 
 /// Why kumo stopped a VM before the guest ended it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -480,7 +480,7 @@ impl Vm {
         // The watchdog, if any, needs a look every period.
         let dog_period = watchdog.as_ref().map(|(w, _)| w.period());
         let pace = |poll: Duration| dog_period.map_or(poll, |period| period.min(poll));
-        let mut poll = pace(stop::POLL);
+        let poll = pace(stop::POLL);
         let mut halts = HaltDetector::default();
         while decision.is_none() {
             let wait = match self.limits.timeout {
@@ -531,12 +531,6 @@ impl Vm {
                 if decision.is_none() {
                     decision = halted_for_good(&mut halts, &seen, &shared, &handles, &tail).map(Ok);
                 }
-                // A busy guest needs no halt checks: look rarely, so as not to take its CPUs.
-                poll = pace(if halts.busy() {
-                    stop::BUSY_POLL
-                } else {
-                    stop::POLL
-                });
             }
         }
 
