@@ -477,10 +477,9 @@ impl Vm {
             .limits
             .watchdog
             .map(|bound| (Watchdog::new(count, bound), started));
-        // The watchdog, if any, needs a look every period.
-        let dog_period = watchdog.as_ref().map(|(w, _)| w.period());
-        let pace = |poll: Duration| dog_period.map_or(poll, |period| period.min(poll));
-        let poll = pace(stop::POLL);
+        let poll = watchdog
+            .as_ref()
+            .map_or(stop::POLL, |(w, _)| w.period().min(stop::POLL));
         let mut halts = HaltDetector::default();
         while decision.is_none() {
             let wait = match self.limits.timeout {
