@@ -2,19 +2,16 @@
 //! bounds a run may be given.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 use std::time::Duration;
 
 /// 0: no request; otherwise the signal number that asked.
 static REQUESTED: AtomicI32 = AtomicI32::new(0);
 
-/// Asks every VM of this process to stop now: each running VM's coordinator is woken to
-/// look at [`requested`]. The first request wins.
+/// Asks every VM of this process to stop soon (each run's coordinator polls this).
+/// The first request wins.
 pub fn request(signal: i32) {
     let _ = REQUESTED.compare_exchange(0, signal.max(1), Ordering::SeqCst, Ordering::SeqCst);
-    for (_, wake) in WAKES.lock().unwrap_or_else(|e| e.into_inner()).iter() {
-        wake();
-    }
 }
 
 /// The signal that asked every VM to stop, if one did.
@@ -27,52 +24,29 @@ pub fn requested() -> Option<i32> {
 
 static RUNNING: AtomicUsize = AtomicUsize::new(0);
 
-/// Wakes a running VM's coordinator (it must not block: it runs on the thread that
-/// took the signal).
-pub(crate) type Wake = Box<dyn Fn() + Send>;
-
-/// The coordinators of the VMs inside `Vm::run`, by the id of their [`Running`].
-static WAKES: Mutex<Vec<(u64, Wake)>> = Mutex::new(Vec::new());
-static NEXT_ID: AtomicU64 = AtomicU64::new(0);
-
 /// VMs of this process inside `Vm::run` now.
 pub fn running_vms() -> usize {
     RUNNING.load(Ordering::SeqCst)
 }
 
-/// Counts a VM as running while it lives, and has [`request`] wake its coordinator.
-pub(crate) struct Running {
-    id: u64,
-}
+/// Counts a VM as running while it lives.
+pub(crate) struct Running(());
 
 impl Running {
-    pub(crate) fn enter(wake: Wake) -> Running {
-        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        WAKES
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((id, wake));
+    pub(crate) fn enter() -> Running {
         RUNNING.fetch_add(1, Ordering::SeqCst);
-        Running { id }
+        Running(())
     }
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
         RUNNING.fetch_sub(1, Ordering::SeqCst);
-        WAKES
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|(id, _)| *id != self.id);
     }
 }
 
-/// How often a running VM's coordinator looks at its vCPUs (the halt detector's and the
-/// watchdog's pace). Stop requests, device failures and vCPU ends wake it at once, and
-/// a time limit is its own deadline. Looking less often while the guest is busy (every
-/// 250 ms) was tried and reverted: it would save a busy 2-vCPU guest ~0.2 % (each look
-/// preempts a vCPU, ~40 us for a PVM vCPU), but S1's migration experiment then failed
-/// 2 runs of 4 at the 30/10 ms slice (README, "Guest/native at 2 vCPUs").
+/// How often a running VM's coordinator looks at [`requested`]: the bound on how late
+/// a stop request is seen.
 pub const POLL: Duration = Duration::from_millis(20);
 
 /// Why kumo stopped a VM before the guest ended it.

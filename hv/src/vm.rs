@@ -30,7 +30,7 @@ use crate::migration::dirty::DirtyLogMode;
 use crate::migration::{DeviceStates, Hub};
 use crate::placement::VcpuControl;
 use crate::stop::{self, RunLimits, StopCause};
-use crate::vcpu::{self, Shared, ToCoordinator, VcpuEnd};
+use crate::vcpu::{self, Shared, VcpuEnd};
 use crate::watchdog::{Observation, Verdict, Watchdog};
 use crate::{
     Error, FaultReason, FaultReport, GuestExit, RunOutcome, VmConfig, acpi, boot, cpuid, elf, regs,
@@ -77,34 +77,16 @@ impl std::fmt::Debug for Vm {
 
 /// The first failure of a device of the VM that lives outside kumo (a passthrough
 /// device's process died or stopped answering).
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct DeviceHealth {
     failed: std::sync::Mutex<Option<String>>,
-    /// Wakes the running VM's coordinator, which does not poll for failures.
-    wake: std::sync::Mutex<Option<mpsc::Sender<ToCoordinator>>>,
-}
-
-impl std::fmt::Debug for DeviceHealth {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DeviceHealth")
-            .field("failed", &self.failure())
-            .finish()
-    }
 }
 
 impl DeviceHealth {
-    /// Records `why` (the first report wins) and has the VM's coordinator look at it.
+    /// Records `why` (the first report wins).
     pub fn fail(&self, why: String) {
         let mut failed = self.failed.lock().unwrap_or_else(|e| e.into_inner());
         failed.get_or_insert(why);
-        drop(failed);
-        if let Some(tx) = &*self.wake.lock().unwrap_or_else(|e| e.into_inner()) {
-            let _ = tx.send(ToCoordinator::Look);
-        }
-    }
-
-    fn set_wake(&self, tx: Option<mpsc::Sender<ToCoordinator>>) {
-        *self.wake.lock().unwrap_or_else(|e| e.into_inner()) = tx;
     }
 
     pub fn failure(&self) -> Option<String> {
@@ -112,15 +94,6 @@ impl DeviceHealth {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
-    }
-}
-
-/// Takes the coordinator's channel back from the VM's device health when the run ends.
-struct Unwake(Arc<DeviceHealth>);
-
-impl Drop for Unwake {
-    fn drop(&mut self) {
-        self.0.set_wake(None);
     }
 }
 
@@ -268,8 +241,8 @@ impl Vm {
         }
     }
 
-    /// Where a device served outside kumo reports its failure (the coordinator is woken
-    /// and ends the run with that report).
+    /// Where a device served outside kumo reports its failure (the run then ends with
+    /// that report within one coordinator poll).
     pub fn device_health(&self) -> Arc<DeviceHealth> {
         self.health.clone()
     }
@@ -388,15 +361,7 @@ impl Vm {
         epoch: Instant,
     ) -> Result<RunOutcome, Error> {
         kick::install_kick_handler()?;
-        // Everything that ends the run reaches the coordinator here: vCPU ends, stop
-        // requests and device failures (the last two as a request to look now).
-        let (tx, rx) = mpsc::channel();
-        let look = tx.clone();
-        let _running = stop::Running::enter(Box::new(move || {
-            let _ = look.send(ToCoordinator::Look);
-        }));
-        self.health.set_wake(Some(tx.clone()));
-        let _unwake = Unwake(self.health.clone());
+        let _running = stop::Running::enter();
         let pci = Arc::new(self.pci);
         let ports = Arc::new(ConfigPorts::new(pci.clone()));
         // The console's last line, for the report on a guest that halted for good.
@@ -444,6 +409,8 @@ impl Vm {
             hub.clone(),
             self.memory.clone(),
         ));
+        let (tx, rx) = mpsc::channel();
+
         let count = self.vcpus.len();
         let mut handles = Vec::with_capacity(count);
         let mut spawn_error = None;
@@ -482,12 +449,8 @@ impl Vm {
             .map_or(stop::POLL, |(w, _)| w.period().min(stop::POLL));
         let mut halts = HaltDetector::default();
         while decision.is_none() {
-            let wait = match self.limits.timeout {
-                Some(limit) => poll.min(limit.saturating_sub(started.elapsed())),
-                None => poll,
-            };
-            match rx.recv_timeout(wait) {
-                Ok(ToCoordinator::Ended(index, end)) => {
+            match rx.recv_timeout(poll) {
+                Ok((index, end)) => {
                     ended[index as usize] = true;
                     remaining -= 1;
                     match end {
@@ -496,17 +459,13 @@ impl Vm {
                         VcpuEnd::Stopped => {}
                     }
                 }
-                Ok(ToCoordinator::Look) | Err(mpsc::RecvTimeoutError::Timeout) => {}
-                // Not while this run's stop registration holds a sender; kept for safety.
-                Err(mpsc::RecvTimeoutError::Disconnected) => remaining = 0,
-            }
-            // Every vCPU stopped without deciding (the channel stays open: the stop
-            // registration and the device health hold senders).
-            if decision.is_none() && remaining == 0 {
-                decision = Some(Err(Error::VcpuThread {
-                    index: 0,
-                    why: "every vCPU thread ended without an outcome".into(),
-                }));
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    decision = Some(Err(Error::VcpuThread {
+                        index: 0,
+                        why: "every vCPU thread ended without an outcome".into(),
+                    }))
+                }
             }
             if decision.is_some() {
                 break;
@@ -550,14 +509,13 @@ impl Vm {
                     break;
                 };
                 match rx.recv_timeout(wait) {
-                    Ok(ToCoordinator::Ended(index, end)) => {
+                    Ok((index, end)) => {
                         ended[index as usize] = true;
                         remaining -= 1;
                         if let VcpuEnd::Error(e) = end {
                             tracing::debug!("vCPU {index} failed while stopping: {e}");
                         }
                     }
-                    Ok(ToCoordinator::Look) => {}
                     Err(mpsc::RecvTimeoutError::Timeout) => break,
                     Err(mpsc::RecvTimeoutError::Disconnected) => {
                         remaining = 0;
