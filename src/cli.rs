@@ -409,8 +409,8 @@ pub enum BenchCommand {
     Switch(SwitchArgs),
     /// Wake-up latency of a halted vCPU beside a busy one, per credit slice.
     Wake(WakeArgs),
-    /// What one preemption costs a 1-vCPU guest and a native thread running the same
-    /// benchmark: both beside a waker thread on one host CPU, with and without it.
+    /// What one preemption costs a guest and its native twin running the same
+    /// benchmark: each beside a waker thread on one host CPU, and without it.
     Preempt(PreemptArgs),
     /// Interrupt latency of the test device, generic path vs fast path.
     Irq(IrqBenchArgs),
@@ -619,11 +619,16 @@ pub struct PreemptArgs {
     #[arg(long, value_name = "HZ", default_value_t = 2000)]
     pub hz: u32,
 
+    /// vCPUs of the guest and threads of the native twin. With 1, everything runs on
+    /// `--pcpu`; with more, only the waker does.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub vcpus: u32,
+
     /// Rounds (each: native, guest, native with the waker, guest with the waker).
     #[arg(long, value_name = "N", default_value_t = 3)]
     pub runs: u32,
 
-    /// The host CPU everything runs on.
+    /// The host CPU the waker (and with one vCPU, everything) runs on.
     #[arg(long, value_name = "CPU", default_value_t = 1)]
     pub pcpu: usize,
 

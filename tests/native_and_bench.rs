@@ -69,9 +69,13 @@ fn zero_native_threads_are_refused() {
 
 #[test]
 fn preempt_times_guest_and_native_with_and_without_the_waker() {
-    if kvm_available() {
+    if !kvm_available() {
+        return;
+    }
+    for vcpus in ["1", "2"] {
         let out = kumo(&[
-            "bench", "preempt", "--npb", "ep.S", "--runs", "1", "--hz", "500", "--json",
+            "bench", "preempt", "--npb", "ep.S", "--runs", "1", "--hz", "500", "--vcpus", vcpus,
+            "--json",
         ]);
         let stderr = text(&out.stderr);
         assert!(out.status.success(), "{stderr}");
@@ -80,8 +84,12 @@ fn preempt_times_guest_and_native_with_and_without_the_waker() {
         assert_eq!(lines.len(), 1, "{lines:?}");
         let line = &lines[0];
         assert_eq!(
-            (line["benchmark"].as_str(), line["hz"].as_u64()),
-            (Some("ep"), Some(500))
+            (
+                line["benchmark"].as_str(),
+                line["hz"].as_u64(),
+                line["vcpus"].as_u64()
+            ),
+            (Some("ep"), Some(500), vcpus.parse().ok())
         );
         for key in [
             "native_s",

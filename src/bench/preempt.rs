@@ -1,11 +1,14 @@
 //! `kumo bench preempt`: what one preemption costs a PVM vCPU, beside what it costs a
 //! native thread running the same code.
 //!
-//! Everything runs on one host CPU: a 1-vCPU guest (or the native twin on one thread)
-//! and a waker thread that sleeps to absolute deadlines at `--hz` and does nothing
-//! else. Each wake-up preempts the workload, and the workload's extra time over a run
-//! without the waker, divided by the wake-ups inside the timed part, is what one
+//! With one vCPU everything runs on one host CPU: the guest (or the native twin on one
+//! thread) and a waker thread that sleeps to absolute deadlines at `--hz` and does
+//! nothing else. Each wake-up preempts the workload, and the workload's extra time over
+//! a run without the waker, divided by the wake-ups inside the timed part, is what one
 //! preemption cost it: the switches, and the caches and TLB it finds cold afterwards.
+//! With `--vcpus N` the guest (or N native threads) spreads over the host's CPUs and
+//! only the waker is confined to `--pcpu`: it preempts one vCPU, and at the next
+//! barrier the others wait for it, so the figure is what one preemption costs the team.
 //! Runs alternate (native, guest, native with the waker, guest with the waker) so a
 //! drift of the host hits every kind alike.
 
@@ -46,20 +49,23 @@ pub fn run_preempt(args: &PreemptArgs) -> Result<u8> {
         bail!("--hz must be between 1 and 20000");
     }
     let specs = guest::parse_specs(&args.npb)?;
-    run::check_guest_vcpus(1, &args.kvm_device)?;
-    // This thread, the vCPU and native threads it starts, and the waker all inherit
-    // the one CPU.
-    hv::placement::pin_thread(0, args.pcpu)?;
+    ensure!(args.vcpus >= 1, "--vcpus must be at least 1");
+    run::check_guest_vcpus(args.vcpus, &args.kvm_device)?;
+    if args.vcpus == 1 {
+        // This thread, the vCPU and native threads it starts, and the waker all
+        // inherit the one CPU.
+        hv::placement::pin_thread(0, args.pcpu)?;
+    }
     let mut rows = Vec::new();
     for &spec in &specs {
         let (mut native_side, mut guest_side) = (Side::default(), Side::default());
         for round in 1..=args.runs {
-            native_side.quiet.push(native_time(spec)?);
+            native_side.quiet.push(native_time(spec, args.vcpus)?);
             guest_side.quiet.push(guest_time(spec, args)?);
-            let (t, rate) = woken(args.hz, || native_time(spec))?;
+            let (t, rate) = woken(args, || native_time(spec, args.vcpus))?;
             native_side.woken.push(t);
             native_side.rates.push(rate);
-            let (t, rate) = woken(args.hz, || guest_time(spec, args))?;
+            let (t, rate) = woken(args, || guest_time(spec, args))?;
             guest_side.woken.push(t);
             guest_side.rates.push(rate);
             eprintln!(
@@ -77,6 +83,7 @@ pub fn run_preempt(args: &PreemptArgs) -> Result<u8> {
             "benchmark": spec.kernel.name(),
             "class": spec.class.letter().to_string(),
             "pcpu": args.pcpu,
+            "vcpus": args.vcpus,
             "hz": args.hz,
             "runs": args.runs,
             "wakes_per_s": median(&guest_side.rates),
@@ -93,14 +100,14 @@ pub fn run_preempt(args: &PreemptArgs) -> Result<u8> {
     Ok(0)
 }
 
-fn native_time(spec: Spec) -> Result<f64> {
-    let result = native::run_one(spec, 1);
+fn native_time(spec: Spec, threads: u32) -> Result<f64> {
+    let result = native::run_one(spec, threads);
     ensure!(result.verified, "{spec} did not verify natively");
     Ok(result.time_s)
 }
 
 fn guest_time(spec: Spec, args: &PreemptArgs) -> Result<f64> {
-    let verdict = run::run_guest(&[spec], 1, None, &args.kvm_device, Instant::now())?;
+    let verdict = run::run_guest(&[spec], args.vcpus, None, &args.kvm_device, Instant::now())?;
     if !verdict.problems.is_empty() {
         bail!("{spec} in the guest: {}", verdict.problems.join("; "));
     }
@@ -112,10 +119,10 @@ fn guest_time(spec: Spec, args: &PreemptArgs) -> Result<f64> {
         .with_context(|| format!("{spec} in the guest gave no result"))
 }
 
-/// Runs `work` beside a waker at `hz`; its time and the wake-ups per second the waker
-/// really made.
-fn woken(hz: u32, work: impl FnOnce() -> Result<f64>) -> Result<(f64, f64)> {
-    let waker = Waker::start(hz)?;
+/// Runs `work` beside a waker at `--hz` on `--pcpu`; its time and the wake-ups per
+/// second the waker really made.
+fn woken(args: &PreemptArgs, work: impl FnOnce() -> Result<f64>) -> Result<(f64, f64)> {
+    let waker = Waker::start(args.hz, args.pcpu)?;
     let started = Instant::now();
     let time = work();
     let wall = started.elapsed();
@@ -131,7 +138,7 @@ struct Waker {
 }
 
 impl Waker {
-    fn start(hz: u32) -> Result<Waker> {
+    fn start(hz: u32, cpu: usize) -> Result<Waker> {
         let (stop, wakes) = (
             Arc::new(AtomicBool::new(false)),
             Arc::new(AtomicU64::new(0)),
@@ -140,6 +147,9 @@ impl Waker {
         let thread = std::thread::Builder::new().name("waker".into()).spawn({
             let (stop, wakes) = (stop.clone(), wakes.clone());
             move || {
+                if let Err(e) = hv::placement::pin_thread(0, cpu) {
+                    tracing::warn!("the waker runs unpinned: {e}");
+                }
                 // Deadlines on a fixed grid, so a late wake-up does not slow the rate.
                 let mut next = Instant::now();
                 while !stop.load(Ordering::Relaxed) {
@@ -201,8 +211,9 @@ fn print(rows: &[Value], json: bool) {
     }
     crate::outln!(
         "us = the workload's extra time with the waker per wake-up in its timed part, \
-         everything on host CPU {} (medians of the rounds)",
-        rows.first().and_then(|r| r["pcpu"].as_u64()).unwrap_or(0)
+         the waker on host CPU {} with {} vCPU(s) / thread(s) (medians of the rounds)",
+        rows.first().and_then(|r| r["pcpu"].as_u64()).unwrap_or(0),
+        rows.first().and_then(|r| r["vcpus"].as_u64()).unwrap_or(1),
     );
 }
 
@@ -223,7 +234,7 @@ mod tests {
 
     #[test]
     fn the_waker_wakes_about_as_often_as_asked() {
-        let waker = Waker::start(1000).unwrap();
+        let waker = Waker::start(1000, 0).unwrap();
         std::thread::sleep(Duration::from_millis(200));
         let wakes = waker.stop();
         // A grid of deadlines: never more than asked (plus the one in flight).
