@@ -5,6 +5,7 @@
 //! runs alike), so a pair straddling a switch is an outlier; the ratio of the best
 //! times of each side is reported beside the median as the figure robust to that.
 
+use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{Result, bail, ensure};
@@ -69,7 +70,7 @@ pub fn run_overhead(args: &OverheadArgs) -> Result<u8> {
         let (mut native_times, mut guest_times) = (Vec::new(), Vec::new());
         for round in 1..=args.runs {
             native_times.push(native_time(spec, args.vcpus)?);
-            guest_times.push(guest_time(spec, args)?);
+            guest_times.push(guest_time(spec, args.vcpus, &args.kvm_device)?);
             eprintln!(
                 "kumo: {spec} pair {round}/{}: native {:.3} s, guest {:.3} s",
                 args.runs,
@@ -84,16 +85,18 @@ pub fn run_overhead(args: &OverheadArgs) -> Result<u8> {
     Ok(0)
 }
 
-fn native_time(spec: Spec, threads: u32) -> Result<f64> {
+/// Seconds `spec` takes natively on `threads` threads (an error if it does not verify).
+pub(crate) fn native_time(spec: Spec, threads: u32) -> Result<f64> {
     let result = native::run_one(spec, threads);
     if !result.verified {
-        bail!("{spec} did not verify natively: no overhead can be measured");
+        bail!("{spec} did not verify natively: its times measure nothing");
     }
     Ok(result.time_s)
 }
 
-fn guest_time(spec: Spec, args: &OverheadArgs) -> Result<f64> {
-    let verdict = run::run_guest(&[spec], args.vcpus, None, &args.kvm_device, Instant::now())?;
+/// Seconds `spec` takes in a VM of the embedded guest on `vcpus` vCPUs.
+pub(crate) fn guest_time(spec: Spec, vcpus: u32, kvm_device: &Path) -> Result<f64> {
+    let verdict = run::run_guest(&[spec], vcpus, None, kvm_device, Instant::now())?;
     if !verdict.problems.is_empty() {
         bail!("{spec} in the guest: {}", verdict.problems.join("; "));
     }

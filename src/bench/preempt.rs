@@ -17,13 +17,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail, ensure};
-use npb::Spec;
+use anyhow::{Result, bail, ensure};
 use serde_json::{Value, json};
 
-use crate::bench::overhead::median;
+use crate::bench::overhead::{guest_time, median, native_time};
 use crate::cli::PreemptArgs;
-use crate::{guest, native, run};
+use crate::{guest, run};
 
 /// One side's times (s) without and with the waker, and the waker's measured rate.
 #[derive(Debug, Default)]
@@ -61,11 +60,13 @@ pub fn run_preempt(args: &PreemptArgs) -> Result<u8> {
         let (mut native_side, mut guest_side) = (Side::default(), Side::default());
         for round in 1..=args.runs {
             native_side.quiet.push(native_time(spec, args.vcpus)?);
-            guest_side.quiet.push(guest_time(spec, args)?);
+            guest_side
+                .quiet
+                .push(guest_time(spec, args.vcpus, &args.kvm_device)?);
             let (t, rate) = woken(args, || native_time(spec, args.vcpus))?;
             native_side.woken.push(t);
             native_side.rates.push(rate);
-            let (t, rate) = woken(args, || guest_time(spec, args))?;
+            let (t, rate) = woken(args, || guest_time(spec, args.vcpus, &args.kvm_device))?;
             guest_side.woken.push(t);
             guest_side.rates.push(rate);
             eprintln!(
@@ -98,25 +99,6 @@ pub fn run_preempt(args: &PreemptArgs) -> Result<u8> {
     }
     print(&rows, args.json);
     Ok(0)
-}
-
-fn native_time(spec: Spec, threads: u32) -> Result<f64> {
-    let result = native::run_one(spec, threads);
-    ensure!(result.verified, "{spec} did not verify natively");
-    Ok(result.time_s)
-}
-
-fn guest_time(spec: Spec, args: &PreemptArgs) -> Result<f64> {
-    let verdict = run::run_guest(&[spec], args.vcpus, None, &args.kvm_device, Instant::now())?;
-    if !verdict.problems.is_empty() {
-        bail!("{spec} in the guest: {}", verdict.problems.join("; "));
-    }
-    verdict
-        .rows
-        .first()
-        .and_then(|row| row.result.as_ref())
-        .map(|result| result.time_s)
-        .with_context(|| format!("{spec} in the guest gave no result"))
 }
 
 /// Runs `work` beside a waker at `--hz` on `--pcpu`; its time and the wake-ups per
