@@ -208,25 +208,31 @@ impl Process {
         })
     }
 
-    /// Waits up to `patience` for the process to end; a problem unless it ended with
-    /// status 0.
-    fn finish(&mut self, patience: Duration) -> Option<String> {
-        let deadline = Instant::now() + patience;
+    /// Waits for the process to end while the job runs (until `job_over`), then up to
+    /// `patience` more; a problem unless it ended with status 0. The patience counts
+    /// from the job's end: without a migration this is called as the job starts, and
+    /// at 30/10 ms the job takes most of a minute (a patience counted from the call
+    /// killed the moving VM of slow runs, and the node's ranks then timed out).
+    fn finish(&mut self, job_over: &AtomicBool, patience: Duration) -> Option<String> {
+        let mut deadline = None;
         loop {
             match self.child.try_wait() {
                 Ok(Some(status)) if status.success() => return None,
                 Ok(Some(status)) => {
                     return Some(format!("{} {status}: {}", self.name, self.last_line()));
                 }
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(20))
-                }
                 Ok(None) => {
-                    return Some(format!(
-                        "{} did not end within {} s",
-                        self.name,
-                        patience.as_secs()
-                    ));
+                    if deadline.is_none() && job_over.load(Ordering::SeqCst) {
+                        deadline = Some(Instant::now() + patience);
+                    }
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        return Some(format!(
+                            "{} did not end within {:.1} s of the job's end",
+                            self.name,
+                            patience.as_secs_f64()
+                        ));
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
                 }
                 Err(e) => return Some(format!("{}: {e}", self.name)),
             }
@@ -399,7 +405,7 @@ fn standby_side(
     }
     // Every process that held the VM must end cleanly; the unused ones are killed.
     for process in processes.iter_mut().take(migrations.len() + 1) {
-        problems.extend(process.finish(END_PATIENCE));
+        problems.extend(process.finish(job_over, END_PATIENCE));
     }
     Ok((up, migrations, problems))
 }
@@ -717,6 +723,48 @@ pub fn text(report: &Report) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A `sleep` child standing in for a rank process.
+    fn sleeper(seconds: &str) -> Process {
+        let dir = std::env::temp_dir();
+        let stderr = dir.join(format!(
+            "kumo-finish-test-{}-{seconds}.err",
+            std::process::id()
+        ));
+        let child = Command::new("sleep")
+            .arg(seconds)
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .spawn()
+            .expect("sleep runs");
+        Process {
+            child,
+            name: "the sleeper".into(),
+            stderr,
+        }
+    }
+
+    #[test]
+    fn a_rank_process_may_run_as_long_as_the_job_does() {
+        // No patience at all, but the job is not over: a process that ends is fine.
+        let job_over = AtomicBool::new(false);
+        let mut process = sleeper("0.3");
+        assert_eq!(process.finish(&job_over, Duration::ZERO), None);
+        let _ = std::fs::remove_file(&process.stderr);
+    }
+
+    #[test]
+    fn a_rank_process_that_outlives_the_job_by_its_patience_is_a_problem() {
+        let job_over = AtomicBool::new(true);
+        let mut process = sleeper("30");
+        let problem = process.finish(&job_over, Duration::from_millis(100));
+        let _ = std::fs::remove_file(&process.stderr);
+        assert!(
+            problem
+                .as_deref()
+                .is_some_and(|p| p.contains("did not end within 0.1 s of the job's end")),
+            "{problem:?}"
+        );
+    }
 
     fn run(scenario: &str, mode: &str, time: f64) -> Run {
         Run {
