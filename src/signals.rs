@@ -4,7 +4,7 @@
 //! The three signals are blocked in every thread (the mask is set before any thread
 //! exists, and threads inherit it) and taken by one thread with `sigwait`, so no code
 //! runs in a signal handler. On the first signal that thread asks every running VM to
-//! stop (`hv::stop`): each VM's coordinator sees it within `hv::stop::POLL`, the run
+//! stop (`hv::stop`): each VM's coordinator is woken and sees it at once, the run
 //! returns, its verdict (what finished) is printed and its sockets are removed as the
 //! program unwinds normally. With no VM running (native runs, the simulator) there is
 //! nothing to wait for: the process exits at once. If the orderly way takes longer

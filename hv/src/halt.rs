@@ -71,6 +71,8 @@ pub struct HaltDetector {
     /// Polls left before sampling is allowed again, and the next pause's length.
     pause: u32,
     next_pause: u32,
+    /// The last check saw a vCPU exit or use CPU time.
+    busy: bool,
 }
 
 impl Default for HaltDetector {
@@ -80,11 +82,18 @@ impl Default for HaltDetector {
             phase: Phase::Watching,
             pause: 0,
             next_pause: FIRST_PAUSE,
+            busy: false,
         }
     }
 }
 
 impl HaltDetector {
+    /// Whether the last [`check`](Self::check) found the guest active: until it is idle
+    /// nothing can be halted for good, and the coordinator may look less often.
+    pub fn busy(&self) -> bool {
+        self.busy
+    }
+
     pub fn check(&mut self, seen: &[Observation]) -> HaltVerdict {
         let now: Vec<(u64, Option<Duration>)> = seen.iter().map(|o| (o.exits, o.cpu)).collect();
         let idle = self.previous.as_ref().is_some_and(|prev| {
@@ -98,6 +107,7 @@ impl HaltDetector {
                 })
         });
         self.previous = Some(now);
+        self.busy = !idle;
         if !idle {
             // Activity: start over, and sample promptly the next time it stops.
             self.phase = Phase::Watching;
@@ -275,6 +285,20 @@ mod tests {
             exits,
             sample,
         }
+    }
+
+    #[test]
+    fn busy_until_a_look_finds_no_vcpu_active() {
+        let mut d = HaltDetector::default();
+        assert!(!d.busy(), "nothing seen yet");
+        d.check(&[obs(5, 3, None), obs(1, 0, None)]);
+        assert!(d.busy(), "the first look has nothing to compare with");
+        d.check(&[obs(50, 3, None), obs(1, 0, None)]);
+        assert!(d.busy(), "vCPU 0 used 45 ms");
+        d.check(&[obs(50, 3, None), obs(1, 1, None)]);
+        assert!(d.busy(), "vCPU 1 exited");
+        d.check(&[obs(50, 3, None), obs(1, 1, None)]);
+        assert!(!d.busy(), "neither ran nor exited");
     }
 
     #[test]

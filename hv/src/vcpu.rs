@@ -72,24 +72,35 @@ pub(crate) enum VcpuEnd {
     Stopped,
 }
 
+/// What a VM's coordinator hears: a vCPU thread's end, or a request to look at the VM
+/// now (a stop was requested or a device failed).
+#[expect(
+    clippy::large_enum_variant,
+    reason = "a few messages per run: boxing the end would buy nothing"
+)]
+pub(crate) enum ToCoordinator {
+    Ended(u32, VcpuEnd),
+    Look,
+}
+
 /// Reports the thread's end exactly once, even if the thread panics.
 struct Reporter {
     index: u32,
-    tx: Sender<(u32, VcpuEnd)>,
+    tx: Sender<ToCoordinator>,
     sent: bool,
 }
 
 impl Reporter {
     fn send(mut self, end: VcpuEnd) {
         self.sent = true;
-        let _ = self.tx.send((self.index, end));
+        let _ = self.tx.send(ToCoordinator::Ended(self.index, end));
     }
 }
 
 impl Drop for Reporter {
     fn drop(&mut self) {
         if !self.sent {
-            let _ = self.tx.send((
+            let _ = self.tx.send(ToCoordinator::Ended(
                 self.index,
                 VcpuEnd::Error(Error::VcpuThread {
                     index: self.index,
@@ -104,7 +115,7 @@ pub(crate) fn thread_main(
     index: u32,
     mut vcpu: VcpuFd,
     shared: Arc<Shared>,
-    tx: Sender<(u32, VcpuEnd)>,
+    tx: Sender<ToCoordinator>,
 ) {
     let reporter = Reporter {
         index,

@@ -30,7 +30,7 @@ use crate::migration::dirty::DirtyLogMode;
 use crate::migration::{DeviceStates, Hub};
 use crate::placement::VcpuControl;
 use crate::stop::{self, RunLimits, StopCause};
-use crate::vcpu::{self, Shared, VcpuEnd};
+use crate::vcpu::{self, Shared, ToCoordinator, VcpuEnd};
 use crate::watchdog::{Observation, Verdict, Watchdog};
 use crate::{
     Error, FaultReason, FaultReport, GuestExit, RunOutcome, VmConfig, acpi, boot, cpuid, elf, regs,
@@ -77,16 +77,34 @@ impl std::fmt::Debug for Vm {
 
 /// The first failure of a device of the VM that lives outside kumo (a passthrough
 /// device's process died or stopped answering).
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct DeviceHealth {
     failed: std::sync::Mutex<Option<String>>,
+    /// Wakes the running VM's coordinator, which does not poll for failures.
+    wake: std::sync::Mutex<Option<mpsc::Sender<ToCoordinator>>>,
+}
+
+impl std::fmt::Debug for DeviceHealth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceHealth")
+            .field("failed", &self.failure())
+            .finish()
+    }
 }
 
 impl DeviceHealth {
-    /// Records `why` (the first report wins).
+    /// Records `why` (the first report wins) and has the VM's coordinator look at it.
     pub fn fail(&self, why: String) {
         let mut failed = self.failed.lock().unwrap_or_else(|e| e.into_inner());
         failed.get_or_insert(why);
+        drop(failed);
+        if let Some(tx) = &*self.wake.lock().unwrap_or_else(|e| e.into_inner()) {
+            let _ = tx.send(ToCoordinator::Look);
+        }
+    }
+
+    fn set_wake(&self, tx: Option<mpsc::Sender<ToCoordinator>>) {
+        *self.wake.lock().unwrap_or_else(|e| e.into_inner()) = tx;
     }
 
     pub fn failure(&self) -> Option<String> {
@@ -94,6 +112,15 @@ impl DeviceHealth {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+}
+
+/// Takes the coordinator's channel back from the VM's device health when the run ends.
+struct Unwake(Arc<DeviceHealth>);
+
+impl Drop for Unwake {
+    fn drop(&mut self) {
+        self.0.set_wake(None);
     }
 }
 
@@ -241,8 +268,8 @@ impl Vm {
         }
     }
 
-    /// Where a device served outside kumo reports its failure (the run then ends with
-    /// that report within one coordinator poll).
+    /// Where a device served outside kumo reports its failure (the coordinator is woken
+    /// and ends the run with that report).
     pub fn device_health(&self) -> Arc<DeviceHealth> {
         self.health.clone()
     }
@@ -361,7 +388,15 @@ impl Vm {
         epoch: Instant,
     ) -> Result<RunOutcome, Error> {
         kick::install_kick_handler()?;
-        let _running = stop::Running::enter();
+        // Everything that ends the run reaches the coordinator here: vCPU ends, stop
+        // requests and device failures (the last two as a request to look now).
+        let (tx, rx) = mpsc::channel();
+        let look = tx.clone();
+        let _running = stop::Running::enter(Box::new(move || {
+            let _ = look.send(ToCoordinator::Look);
+        }));
+        self.health.set_wake(Some(tx.clone()));
+        let _unwake = Unwake(self.health.clone());
         let pci = Arc::new(self.pci);
         let ports = Arc::new(ConfigPorts::new(pci.clone()));
         // The console's last line, for the report on a guest that halted for good.
@@ -409,8 +444,6 @@ impl Vm {
             hub.clone(),
             self.memory.clone(),
         ));
-        let (tx, rx) = mpsc::channel();
-
         let count = self.vcpus.len();
         let mut handles = Vec::with_capacity(count);
         let mut spawn_error = None;
@@ -444,13 +477,18 @@ impl Vm {
             .limits
             .watchdog
             .map(|bound| (Watchdog::new(count, bound), started));
-        let poll = watchdog
-            .as_ref()
-            .map_or(stop::POLL, |(w, _)| w.period().min(stop::POLL));
+        // The watchdog, if any, needs a look every period.
+        let dog_period = watchdog.as_ref().map(|(w, _)| w.period());
+        let pace = |poll: Duration| dog_period.map_or(poll, |period| period.min(poll));
+        let mut poll = pace(stop::POLL);
         let mut halts = HaltDetector::default();
         while decision.is_none() {
-            match rx.recv_timeout(poll) {
-                Ok((index, end)) => {
+            let wait = match self.limits.timeout {
+                Some(limit) => poll.min(limit.saturating_sub(started.elapsed())),
+                None => poll,
+            };
+            match rx.recv_timeout(wait) {
+                Ok(ToCoordinator::Ended(index, end)) => {
                     ended[index as usize] = true;
                     remaining -= 1;
                     match end {
@@ -459,13 +497,17 @@ impl Vm {
                         VcpuEnd::Stopped => {}
                     }
                 }
-                Err(mpsc::RecvTimeoutError::Timeout) => {}
-                Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    decision = Some(Err(Error::VcpuThread {
-                        index: 0,
-                        why: "every vCPU thread ended without an outcome".into(),
-                    }))
-                }
+                Ok(ToCoordinator::Look) | Err(mpsc::RecvTimeoutError::Timeout) => {}
+                // Not while this run's stop registration holds a sender; kept for safety.
+                Err(mpsc::RecvTimeoutError::Disconnected) => remaining = 0,
+            }
+            // Every vCPU stopped without deciding (the channel stays open: the stop
+            // registration and the device health hold senders).
+            if decision.is_none() && remaining == 0 {
+                decision = Some(Err(Error::VcpuThread {
+                    index: 0,
+                    why: "every vCPU thread ended without an outcome".into(),
+                }));
             }
             if decision.is_some() {
                 break;
@@ -489,6 +531,12 @@ impl Vm {
                 if decision.is_none() {
                     decision = halted_for_good(&mut halts, &seen, &shared, &handles, &tail).map(Ok);
                 }
+                // A busy guest needs no halt checks: look rarely, so as not to take its CPUs.
+                poll = pace(if halts.busy() {
+                    stop::BUSY_POLL
+                } else {
+                    stop::POLL
+                });
             }
         }
 
@@ -509,13 +557,14 @@ impl Vm {
                     break;
                 };
                 match rx.recv_timeout(wait) {
-                    Ok((index, end)) => {
+                    Ok(ToCoordinator::Ended(index, end)) => {
                         ended[index as usize] = true;
                         remaining -= 1;
                         if let VcpuEnd::Error(e) = end {
                             tracing::debug!("vCPU {index} failed while stopping: {e}");
                         }
                     }
+                    Ok(ToCoordinator::Look) => {}
                     Err(mpsc::RecvTimeoutError::Timeout) => break,
                     Err(mpsc::RecvTimeoutError::Disconnected) => {
                         remaining = 0;
