@@ -506,11 +506,17 @@ fn start_aps(cpus: u32, tsc_khz: u64, tsc_deadline: bool) {
     }
     apic_send(ICR_INIT);
     apic_send(ICR_STARTUP);
-    let start = rdtsc();
-    let mut resend_at = start + 10 * tsc_khz;
+    let mut last = rdtsc();
+    let mut waited = 0;
+    let mut resend_at = last + 10 * tsc_khz;
     while APS_READY.load(Ordering::Acquire) < cpus - 1 {
         let now = rdtsc();
-        if now - start > 1000 * tsc_khz {
+        // The timeout is 1 s of this CPU's own waiting: a step counts at most two SIPI
+        // periods, so a VM paused meanwhile (a snapshot of a running VM) or a CPU taken
+        // away by the host does not fail the boot.
+        waited += (now - last).min(20 * tsc_khz);
+        last = now;
+        if waited > 1000 * tsc_khz {
             boot_failure("ap-start-timeout");
         }
         if now > resend_at {
