@@ -148,20 +148,27 @@ impl VmTarget {
                     return Err(e.into());
                 }
             };
+        let paused_ms = paused.paused_for().as_secs_f64() * 1e3;
+        // A VM that goes on does not wait for the disk: its snapshot is whole in the
+        // page cache, and the guest would see the sync as time it lost (its clock runs
+        // on through the pause). One that stops ends only once its snapshot is safe.
+        let stopping = if stop {
+            Some(paused)
+        } else {
+            drop(paused);
+            None
+        };
         let synced = w
             .into_inner()
             .map_err(|e| e.into_error())
             .and_then(|f| f.sync_data());
         if let Err(e) = synced {
-            drop(paused); // the VM runs on
+            drop(stopping); // the VM runs on
             let _ = std::fs::remove_file(path);
             return Err(e).with_context(|| format!("cannot write {}", path.display()));
         }
-        let paused_ms = paused.paused_for().as_secs_f64() * 1e3;
-        if stop {
+        if let Some(paused) = stopping {
             paused.hand_off();
-        } else {
-            drop(paused);
         }
         Ok(json!({
             "path": path,
