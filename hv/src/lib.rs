@@ -29,6 +29,7 @@ pub mod irq;
 pub mod irq_device;
 mod kick;
 mod kvm;
+pub mod kvm_stats;
 pub mod layout;
 pub mod memory_map;
 pub mod migration;
@@ -79,6 +80,8 @@ pub struct RunOutcome {
     pub vcpu_run_delay: Vec<Duration>,
     /// What the paravirtual wait page did (all zero if the guest never used it).
     pub pvwait: pvwait::Snapshot,
+    /// What KVM counted in the kernel for the VM and each vCPU (exits, halts, faults).
+    pub kvm_stats: kvm_stats::KvmStats,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

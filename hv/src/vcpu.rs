@@ -8,9 +8,9 @@
 //! KVM_RUN return EINTR at once instead of entering the guest; a signal that lands
 //! inside KVM_RUN (running, halted, or waiting for SIPI) makes it return EINTR.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex};
 
 use devices::pci::PciBus;
 use devices::{IoAction, PioBus};
@@ -20,6 +20,7 @@ use vm_memory::GuestMemoryMmap;
 
 use crate::fault::{CpuMode, FaultReason, FaultReport, Registers};
 use crate::kick;
+use crate::kvm_stats::Counter;
 use crate::placement::VcpuControl;
 use crate::watchdog::Watch;
 use crate::{Error, GuestExit};
@@ -38,6 +39,8 @@ pub(crate) struct Shared {
     /// Guest RAM, for the paravirtual wait page's futexes.
     pub memory: GuestMemoryMmap,
     pub pvwait: crate::pvwait::Counters,
+    /// KVM's counters of each vCPU, read by its thread as it ends (index = vCPU).
+    pub kvm_stats: Mutex<Vec<Vec<Counter>>>,
 }
 
 impl Shared {
@@ -49,6 +52,7 @@ impl Shared {
         memory: GuestMemoryMmap,
     ) -> Self {
         let watch = (0..control.vcpus()).map(|_| Watch::default()).collect();
+        let kvm_stats = Mutex::new(vec![Vec::new(); control.vcpus()]);
         Self {
             stop: AtomicBool::new(false),
             bus,
@@ -58,6 +62,20 @@ impl Shared {
             watch,
             memory,
             pvwait: crate::pvwait::Counters::default(),
+            kvm_stats,
+        }
+    }
+
+    /// Keeps what KVM counted for vCPU `index` (nothing where the kernel cannot say).
+    fn record_kvm_stats(&self, index: u32, vcpu: &VcpuFd) {
+        match crate::kvm_stats::cumulative(vcpu) {
+            Ok(counters) => {
+                let mut all = self.kvm_stats.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(slot) = all.get_mut(index as usize) {
+                    *slot = counters;
+                }
+            }
+            Err(e) => tracing::debug!("vCPU {index}: no KVM statistics: {e}"),
         }
     }
 }
@@ -126,6 +144,7 @@ pub(crate) fn thread_main(
     kick::set_kvm_run(vcpu.get_kvm_run());
     shared.control.register(index as usize);
     let end = run_loop(index, &mut vcpu, &shared);
+    shared.record_kvm_stats(index, &vcpu);
     kick::set_kvm_run(std::ptr::null_mut());
     shared.control.record_final_cpu_time(index as usize);
     // A scheduler may have pinned and ranked this thread: leaving like that, it would

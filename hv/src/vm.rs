@@ -596,12 +596,20 @@ impl Vm {
         let vcpu_run_delay = (0..self.control.vcpus())
             .map(|v| self.control.run_delay(v))
             .collect();
+        let kvm_stats = crate::kvm_stats::KvmStats {
+            vm: crate::kvm_stats::cumulative(&*self.vm).unwrap_or_else(|e| {
+                tracing::debug!("no KVM statistics for the VM: {e}");
+                Vec::new()
+            }),
+            vcpus: std::mem::take(&mut *shared.kvm_stats.lock().unwrap_or_else(|e| e.into_inner())),
+        };
         Ok(RunOutcome {
             exit,
             workload_started,
             vcpu_cpu_time,
             vcpu_run_delay,
             pvwait: shared.pvwait.snapshot(),
+            kvm_stats,
         })
     }
 }
