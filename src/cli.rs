@@ -748,6 +748,11 @@ pub struct VmArgs {
     #[arg(long)]
     pub json: bool,
 
+    /// When the VM ends, also print what KVM counted in the kernel for it and for each
+    /// vCPU (exits, halts, page faults, TLB flushes): the exits kumo never sees.
+    #[arg(long)]
+    pub kvm_stats: bool,
+
     /// Boot this PVH ELF instead of the embedded guest; its console goes to stdout and
     /// kumo exits with the status the guest writes to the debug-exit port.
     #[arg(long, value_name = "ELF")]
@@ -945,6 +950,7 @@ impl Mode {
                 "irq_path",
                 "barrier_wait",
                 "vcpu_balloon",
+                "kvm_stats",
             ],
             Mode::Kernel => &[
                 "kernel",
@@ -954,6 +960,7 @@ impl Mode {
                 "disk",
                 "passthrough",
                 "irq_path",
+                "kvm_stats",
             ],
             Mode::IrqCheck => &[
                 "irq_check",

@@ -15,6 +15,7 @@ pub mod guest;
 pub mod guest_mpi;
 pub mod input;
 pub mod irq;
+pub mod kvm_stats;
 pub mod loopback;
 pub mod migrate;
 pub mod mpi;

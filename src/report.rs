@@ -66,6 +66,8 @@ pub struct Verdict {
     pub stopped: Option<u8>,
     /// Host threads rather than a VM: no boot, "threads" rather than "vCPUs".
     pub native: bool,
+    /// What KVM counted for the VM (None: no VM, or not kept).
+    pub kvm_stats: Option<hv::kvm_stats::KvmStats>,
 }
 
 /// How the VM ended, as far as the verdict cares.
@@ -136,6 +138,7 @@ pub fn judge(
         crashed,
         stopped,
         native: false,
+        kvm_stats: None,
     }
 }
 
@@ -151,6 +154,7 @@ pub fn judge_native(specs: &[Spec], threads: u32, results: Vec<BenchResult>) -> 
         crashed: false,
         stopped: None,
         native: true,
+        kvm_stats: None,
     }
 }
 

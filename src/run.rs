@@ -44,6 +44,9 @@ pub fn run_embedded(args: &VmArgs, epoch: Instant) -> Result<u8> {
         &options,
     )?;
     report::print(&verdict, args.json);
+    if let (true, Some(stats)) = (args.kvm_stats, &verdict.kvm_stats) {
+        crate::kvm_stats::print(stats, args.json);
+    }
     Ok(verdict.exit_code())
 }
 
@@ -214,7 +217,9 @@ pub fn run_guest_scheduled(
         drop(driver);
         drop(member);
     }
-    Ok(run.judge(specs, vcpus))
+    let mut verdict = run.judge(specs, vcpus);
+    verdict.kvm_stats = Some(run.outcome.kvm_stats);
+    Ok(verdict)
 }
 
 /// The embedded guest on `vcpus` vCPUs with `cmdline`.
@@ -400,6 +405,9 @@ pub fn run_kernel(args: &VmArgs, kernel: &Path, epoch: Instant) -> Result<u8> {
     // The console never fails: a closed stdout loses output, not the verdict below.
     let outcome = vm.run(Box::new(crate::output::Stdout), epoch)?;
     drop(attached);
+    if args.kvm_stats {
+        crate::kvm_stats::print(&outcome.kvm_stats, args.json);
+    }
     for (index, disk) in disks.iter().enumerate() {
         tracing::debug!("disk {index}: {:?}", disk.stats());
     }

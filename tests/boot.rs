@@ -131,3 +131,19 @@ fn an_empty_workload_boots_and_exits_cleanly() {
         );
     }
 }
+
+/// `--kvm-stats` adds one JSON line of what KVM counted in the kernel: a VM's counters
+/// and each vCPU's, and every vCPU that ran guest code exited to KVM.
+#[test]
+fn kvm_stats_count_every_vcpus_exits() {
+    let out = kumo(&["--json", "--kvm-stats", "--npb", "ep.S", "--vcpus", "2"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let lines = json_lines(&out);
+    let stats = &lines.last().unwrap()["kvm_stats"];
+    let vcpus = stats["vcpus"].as_array().expect("a list of vCPUs");
+    assert_eq!(vcpus.len(), 2, "{stats}");
+    for vcpu in vcpus {
+        assert!(vcpu["exits"].as_u64().unwrap() > 0, "{vcpu}");
+    }
+    assert!(stats["vm"]["remote_tlb_flush"].is_u64(), "{stats}");
+}

@@ -207,6 +207,10 @@ fn options_a_run_would_ignore_are_refused() {
             vec!["--dump-guest", "/tmp/x", "--timeout", "2"],
             "--timeout does not apply",
         ),
+        (
+            vec!["--restore", "/tmp/x", "--kvm-stats"],
+            "--kvm-stats does not apply to --restore runs",
+        ),
     ] {
         assert_refused(&args, needle);
     }
