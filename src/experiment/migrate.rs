@@ -75,14 +75,14 @@ pub const MODES: &[Mode] = &[
         name: "1 stop-and-copy",
         migrations: 1,
         stop_and_copy: true,
-        quick: false,
+        quick: true,
         paper_pct: Some(10.2),
     },
     Mode {
         name: "1 live",
         migrations: 1,
         stop_and_copy: false,
-        quick: true,
+        quick: false,
         paper_pct: Some(9.0),
     },
     Mode {
@@ -128,7 +128,11 @@ pub fn modes(quick: bool) -> Vec<Mode> {
 
 /// CG: it communicates every few milliseconds, so the slice decides its time (S1
 /// moved a VM running SP, whose run at 30/10 ms would take tens of minutes here).
-/// Class W with `--quick`.
+/// Class W with `--quick`, which moves the VM by stop-and-copy only: its tuned job
+/// lasts ~1.4 s (as A's does: message latency, not compute, sets it), and a live
+/// migration, copying while two spinning vCPUs share its CPU, took 0.5-1.6 s in a
+/// release build and 1.9-2.6 s in a debug one; in CI's debug build the job once
+/// ended first. A stop-and-copy stops the job while it copies, so it cannot.
 pub fn benchmark(quick: bool) -> Spec {
     Spec {
         kernel: Kernel::Cg,
@@ -805,10 +809,12 @@ mod tests {
     }
 
     #[test]
-    fn quick_keeps_a_run_without_and_with_a_live_migration() {
+    fn quick_keeps_a_run_without_and_with_a_stop_and_copy_migration() {
         let quick = modes(true);
         assert_eq!(quick[0].migrations, 0, "the first mode places the others");
-        assert!(quick.iter().any(|m| m.migrations == 1 && !m.stop_and_copy));
+        assert!(quick.iter().any(|m| m.migrations == 1 && m.stop_and_copy));
+        // A live one does not fit CG.W's tuned job (see `benchmark`).
+        assert!(quick.iter().all(|m| m.stop_and_copy || m.migrations == 0));
         assert_eq!(modes(false).len(), MODES.len());
         assert_eq!(modes(false)[0].migrations, 0);
         assert!(MODES.iter().all(|m| m.migrations <= MOMENTS.len()));
