@@ -247,15 +247,7 @@ pub fn send(
     let start = Instant::now();
     stream::write_header(w)?;
     stream::write_json(w, stream::TAG_META, &hub.meta(app_start))?;
-    // Stop-and-copy copies everything once with the vCPUs stopped and the devices
-    // quiesced: nothing can change behind it, so it needs no dirty log. (Turning one
-    // on took 0.1-0.9 s before the pause in `kumo experiment migrate`, where the
-    // moving VM's spinning vCPUs share a CPU with the copy.)
-    let log = match options.stop_and_copy {
-        true => None,
-        false => Some(DirtyLog::enable(hub)?),
-    };
-    let take = |log: &Option<DirtyLog>| log.as_ref().map_or(Ok(Vec::new()), DirtyLog::take);
+    let log = DirtyLog::enable(hub)?;
     let mut rounds = Vec::new();
     let mut total_bytes = 0;
     let ms_since = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
@@ -274,7 +266,7 @@ pub fn send(
     total_bytes += first.bytes;
     rounds.push(last);
 
-    let mut pending = take(&log)?;
+    let mut pending = log.take()?;
     while early.is_none() && (rounds.len() as u32) <= options.max_rounds {
         // Bytes per ms the last round achieved into the destination's RAM (a round of
         // a few pages says little: at least 1 ms is assumed).
@@ -288,7 +280,7 @@ pub fn send(
         last = end_round(w, peer, rounds.len() as u32, t, sent)?;
         total_bytes += last.bytes;
         rounds.push(last);
-        pending = take(&log)?;
+        pending = log.take()?;
     }
 
     let (down, paused, pause_ms) = match early {
@@ -302,7 +294,7 @@ pub fn send(
     let saved_tsc = paused.vcpus().first().and_then(|v| v.tsc());
     let tsc_khz = paused.vcpus().first().map_or(0, |v| v.tsc_khz);
     let t = Instant::now();
-    let mut last_pages = take(&log)?;
+    let mut last_pages = log.take()?;
     let harvest_ms = ms_since(t);
     last_pages.extend_from_slice(&pending);
     last_pages.sort_unstable();
