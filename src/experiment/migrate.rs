@@ -132,7 +132,8 @@ pub fn modes(quick: bool) -> Vec<Mode> {
 /// lasts ~1.4 s (as A's does: message latency, not compute, sets it), and a live
 /// migration, copying while two spinning vCPUs share its CPU, took 0.5-1.6 s in a
 /// release build and 1.9-2.6 s in a debug one; in CI's debug build the job once
-/// ended first. A stop-and-copy stops the job while it copies, so it cannot.
+/// ended first. A stop-and-copy stops the job for its copy: only the setup before
+/// its pause (0.4-0.6 s here) must fall inside the job.
 pub fn benchmark(quick: bool) -> Spec {
     Spec {
         kernel: Kernel::Cg,
