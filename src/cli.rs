@@ -700,6 +700,11 @@ pub struct OverheadArgs {
     #[arg(long, value_name = "R", default_value_t = 5)]
     pub runs: u32,
 
+    /// Also run the same guest on QEMU (same vCPUs, memory and command line, RAM on a
+    /// memfd as kumo's) in every round, after the native and kumo runs.
+    #[arg(long)]
+    pub qemu: bool,
+
     /// Print one JSON object per line instead of a table.
     #[arg(long)]
     pub json: bool,

@@ -144,3 +144,32 @@ fn overhead_pairs_native_and_guest_runs() {
         assert!(line["best_ratio"].as_f64().unwrap() > 0.0, "{line}");
     }
 }
+
+#[test]
+fn overhead_with_qemu_runs_the_same_guest_on_qemu_in_every_round() {
+    if !kvm_available() || !qemu_available() {
+        return;
+    }
+    let out = kumo(&[
+        "bench", "overhead", "--npb", "ep.S", "--runs", "2", "--vcpus", "2", "--qemu", "--json",
+    ]);
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(stderr.matches(", QEMU ").count(), 2, "{stderr}");
+    let lines = json_lines(&out);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    let line = &lines[0];
+    let (min, median, max) = (
+        line["qemu_ratio_min"].as_f64().unwrap(),
+        line["qemu_ratio_median"].as_f64().unwrap(),
+        line["qemu_ratio_max"].as_f64().unwrap(),
+    );
+    assert!(min > 0.0 && min <= median && median <= max, "{line}");
+    assert!(line["qemu_median_s"].as_f64().unwrap() > 0.0, "{line}");
+    // Without --qemu there is no QEMU column.
+    let out = kumo(&[
+        "bench", "overhead", "--npb", "ep.S", "--runs", "1", "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(json_lines(&out)[0].get("qemu_ratio_median").is_none());
+}

@@ -6,13 +6,14 @@
 //! times of each side is reported beside the median as the figure robust to that.
 
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail, ensure};
 use npb::Spec;
 use serde_json::json;
 
 use crate::cli::OverheadArgs;
+use crate::protocol::Event;
 use crate::{guest, native, run};
 
 /// Times (seconds) of one benchmark's paired runs and what they say.
@@ -67,19 +68,26 @@ pub fn run_overhead(args: &OverheadArgs) -> Result<u8> {
     run::check_guest_vcpus(args.vcpus, &args.kvm_device)?;
     let mut lines = Vec::new();
     for &spec in &specs {
-        let (mut native_times, mut guest_times) = (Vec::new(), Vec::new());
+        let (mut native_times, mut guest_times, mut qemu_times) =
+            (Vec::new(), Vec::new(), Vec::new());
         for round in 1..=args.runs {
             native_times.push(native_time(spec, args.vcpus)?);
             guest_times.push(guest_time(spec, args.vcpus, &args.kvm_device)?);
+            let mut qemu = String::new();
+            if args.qemu {
+                qemu_times.push(qemu_time(spec, args.vcpus)?);
+                qemu = format!(", QEMU {:.3} s", qemu_times.last().unwrap());
+            }
             eprintln!(
-                "kumo: {spec} pair {round}/{}: native {:.3} s, guest {:.3} s",
+                "kumo: {spec} pair {round}/{}: native {:.3} s, guest {:.3} s{qemu}",
                 args.runs,
                 native_times.last().unwrap(),
                 guest_times.last().unwrap()
             );
         }
-        let s = summarize(&native_times, &guest_times).expect("runs >= 1, paired");
-        lines.push((spec, s));
+        let kumo = summarize(&native_times, &guest_times).expect("runs >= 1, paired");
+        let qemu = summarize(&native_times, &qemu_times);
+        lines.push((spec, kumo, qemu));
     }
     print(&lines, args);
     Ok(0)
@@ -106,29 +114,69 @@ pub(crate) fn guest_time(spec: Spec, vcpus: u32, kvm_device: &Path) -> Result<f6
     }
 }
 
-fn print(lines: &[(Spec, Summary)], args: &OverheadArgs) {
+/// How long one QEMU run may take: longer than any class this host can hold.
+const QEMU_LIMIT: Duration = Duration::from_secs(3600);
+
+/// Seconds `spec` takes in the embedded guest on QEMU, with the memory and the barrier
+/// spin kumo would give it. QEMU has neither kumo's paravirtual wait page nor its
+/// count of host CPUs, so the guest halts at barriers and never balloons: as kumo's
+/// own guest does when every vCPU has a host CPU.
+fn qemu_time(spec: Spec, vcpus: u32) -> Result<f64> {
+    let memory_mib = guest::choose_memory_mib(None, &[spec], vcpus)?;
+    let cmdline = guest::npb_cmdline(
+        &[spec],
+        vcpus,
+        guest::BarrierWait::Hlt,
+        guest::VcpuBalloon::Off,
+    );
+    let events = crate::qemu::run_guest(vcpus, memory_mib, &cmdline, QEMU_LIMIT)?;
+    let result = events.iter().find_map(|event| match event {
+        Event::Result(result) => Some(result),
+        _ => None,
+    });
+    match result {
+        Some(result) if result.verified => Ok(result.time_s),
+        Some(_) => bail!("{spec} on QEMU did not verify"),
+        None => bail!("{spec} on QEMU gave no result (events: {events:?})"),
+    }
+}
+
+fn print(lines: &[(Spec, Summary, Option<Summary>)], args: &OverheadArgs) {
     if args.json {
-        for (spec, s) in lines {
-            crate::outln!(
-                "{}",
-                json!({
-                    "benchmark": spec.kernel.name(),
-                    "class": spec.class.letter().to_string(),
-                    "vcpus": args.vcpus,
-                    "runs": args.runs,
-                    "native_median_s": s.native_median,
-                    "guest_median_s": s.guest_median,
-                    "ratio_median": s.ratio_median,
-                    "ratio_min": s.ratio_min,
-                    "ratio_max": s.ratio_max,
-                    "best_ratio": s.best_ratio,
-                })
-            );
+        for (spec, s, qemu) in lines {
+            let mut line = json!({
+                "benchmark": spec.kernel.name(),
+                "class": spec.class.letter().to_string(),
+                "vcpus": args.vcpus,
+                "runs": args.runs,
+                "native_median_s": s.native_median,
+                "guest_median_s": s.guest_median,
+                "ratio_median": s.ratio_median,
+                "ratio_min": s.ratio_min,
+                "ratio_max": s.ratio_max,
+                "best_ratio": s.best_ratio,
+            });
+            if let Some(q) = qemu {
+                line["qemu_median_s"] = json!(q.guest_median);
+                line["qemu_ratio_median"] = json!(q.ratio_median);
+                line["qemu_ratio_min"] = json!(q.ratio_min);
+                line["qemu_ratio_max"] = json!(q.ratio_max);
+                line["qemu_best_ratio"] = json!(q.best_ratio);
+            }
+            crate::outln!("{line}");
         }
         return;
     }
+    let qemu_head = if args.qemu {
+        format!(
+            " {:>9} {:>11} {:>15}",
+            "QEMU (s)", "QEMU ratio", "ratio min-max"
+        )
+    } else {
+        String::new()
+    };
     crate::outln!(
-        "{:<10} {:<5} {:>5} {:>4} {:>11} {:>11} {:>8} {:>15} {:>10}",
+        "{:<10} {:<5} {:>5} {:>4} {:>11} {:>11} {:>8} {:>15} {:>10}{qemu_head}",
         "benchmark",
         "class",
         "vCPUs",
@@ -139,9 +187,15 @@ fn print(lines: &[(Spec, Summary)], args: &OverheadArgs) {
         "ratio min-max",
         "best ratio"
     );
-    for (spec, s) in lines {
+    for (spec, s, qemu) in lines {
+        let qemu = qemu.as_ref().map_or(String::new(), |q| {
+            format!(
+                " {:>9.3} {:>11.3} {:>7.3}-{:<7.3}",
+                q.guest_median, q.ratio_median, q.ratio_min, q.ratio_max
+            )
+        });
         crate::outln!(
-            "{:<10} {:<5} {:>5} {:>4} {:>11.3} {:>11.3} {:>8.3} {:>7.3}-{:<7.3} {:>10.3}",
+            "{:<10} {:<5} {:>5} {:>4} {:>11.3} {:>11.3} {:>8.3} {:>7.3}-{:<7.3} {:>10.3}{qemu}",
             spec.kernel.name(),
             spec.class.letter(),
             args.vcpus,
@@ -158,6 +212,9 @@ fn print(lines: &[(Spec, Summary)], args: &OverheadArgs) {
         "ratio = guest time / native time of the same benchmark, median over the pairs; \
          best ratio = fastest guest / fastest native"
     );
+    if args.qemu {
+        crate::outln!("QEMU ratio = QEMU's guest time / the same round's native time");
+    }
 }
 
 #[cfg(test)]
