@@ -15,6 +15,7 @@ fn config(vcpus: u32) -> VmConfig {
         cmdline: "npb=".to_string(),
         modules: Vec::new(),
         kvm_device: "/dev/kvm".into(),
+        huge_pages: false,
     }
 }
 

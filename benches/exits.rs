@@ -28,6 +28,7 @@ fn config(kernel: Vec<u8>) -> VmConfig {
         cmdline: String::new(),
         modules: Vec::new(),
         kvm_device: "/dev/kvm".into(),
+        huge_pages: false,
     }
 }
 

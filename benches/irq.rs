@@ -21,6 +21,7 @@ fn idle_vm() -> Vm {
         cmdline: String::new(),
         modules: Vec::new(),
         kvm_device: "/dev/kvm".into(),
+        huge_pages: false,
     })
     .expect("create VM")
 }

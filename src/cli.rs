@@ -705,6 +705,11 @@ pub struct OverheadArgs {
     #[arg(long)]
     pub qemu: bool,
 
+    /// Both sides on the host's 2 MiB huge pages: the guest's RAM (`kumo --huge-pages`,
+    /// and QEMU's with `--qemu`) and the native arena (`kumo native --huge-pages`).
+    #[arg(long)]
+    pub huge_pages: bool,
+
     /// Print one JSON object per line instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -729,6 +734,11 @@ pub struct NativeArgs {
     #[arg(long, value_name = "N", conflicts_with = "threads")]
     pub mpi_ranks: Option<u32>,
 
+    /// Put the team's arena on the host's 2 MiB huge pages (`MAP_HUGETLB`, from the
+    /// pool of /proc/sys/vm/nr_hugepages): the native side of `kumo --huge-pages`.
+    #[arg(long, conflicts_with = "mpi_ranks")]
+    pub huge_pages: bool,
+
     /// Print one JSON object per line instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -744,6 +754,11 @@ pub struct VmArgs {
     /// Guest memory in MiB [default: what the workload needs, at least 64].
     #[arg(long, value_name = "MIB")]
     pub memory: Option<u64>,
+
+    /// Back guest RAM with the host's 2 MiB huge pages (hugetlbfs, from the pool of
+    /// /proc/sys/vm/nr_hugepages), all taken at start; --memory must then be even.
+    #[arg(long)]
+    pub huge_pages: bool,
 
     /// Benchmarks for the embedded guest, comma-separated kernel.class items (ep.S,ep.W).
     #[arg(long, value_name = "LIST")]
@@ -956,10 +971,12 @@ impl Mode {
                 "barrier_wait",
                 "vcpu_balloon",
                 "kvm_stats",
+                "huge_pages",
             ],
             Mode::Kernel => &[
                 "kernel",
                 "memory",
+                "huge_pages",
                 "cmdline",
                 "module",
                 "disk",

@@ -22,8 +22,8 @@ pub fn run_native(args: &NativeArgs) -> Result<u8> {
     }
     let results = specs
         .iter()
-        .map(|&spec| run_one(spec, args.threads))
-        .collect();
+        .map(|&spec| run_one_paged(spec, args.threads, args.huge_pages))
+        .collect::<Result<_>>()?;
     let verdict = report::judge_native(&specs, args.threads, results);
     report::print(&verdict, args.json);
     Ok(verdict.exit_code())
@@ -39,6 +39,74 @@ pub fn run_one(spec: Spec, threads: u32) -> BenchResult {
     )
 }
 
+/// As [`run_one`], with the team's arena on the host's 2 MiB huge pages if
+/// `huge_pages` (the native side of a guest whose RAM is on them).
+pub fn run_one_paged(spec: Spec, threads: u32, huge_pages: bool) -> Result<BenchResult> {
+    if !huge_pages {
+        return Ok(run_one(spec, threads));
+    }
+    let bytes = npb::workload_heap_bytes(spec, threads) as usize;
+    let mut arena = HugeArena::new(bytes)?;
+    let spin = guest::team_spin_us(threads, guest::host_cpus());
+    let outcome = npb::host::run_with_spin_in(
+        spec,
+        threads as usize,
+        std::time::Duration::from_micros(spin),
+        arena.bytes(),
+    );
+    Ok(result_of(spec, threads, outcome))
+}
+
+/// Zeroed anonymous memory on the host's 2 MiB huge pages (`MAP_HUGETLB`), unmapped
+/// when dropped.
+struct HugeArena {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl HugeArena {
+    fn new(bytes: usize) -> Result<HugeArena> {
+        const HUGE_PAGE: usize = 2 << 20;
+        let len = bytes.max(1).next_multiple_of(HUGE_PAGE);
+        // SAFETY: a new private anonymous mapping; nothing else is touched. A private
+        // hugetlb mapping reserves its pages here, so a short pool fails now.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            bail!(
+                "cannot map {} MiB of 2 MiB huge pages for the native arena ({}): reserve more (echo N > /proc/sys/vm/nr_hugepages)",
+                len >> 20,
+                std::io::Error::last_os_error()
+            );
+        }
+        Ok(HugeArena {
+            ptr: ptr.cast(),
+            len,
+        })
+    }
+
+    fn bytes(&mut self) -> &mut [u8] {
+        // SAFETY: `len` bytes mapped read-write in `new`, zeroed by the kernel, and
+        // borrowed mutably from `self`, which owns the mapping.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for HugeArena {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`; no borrow of it outlives `self`.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
 /// As [`run_one`], with a barrier spin of `spin_us` microseconds.
 pub fn run_one_with_spin(spec: Spec, threads: u32, spin_us: u64) -> BenchResult {
     let outcome = npb::host::run_with_spin(
@@ -46,6 +114,11 @@ pub fn run_one_with_spin(spec: Spec, threads: u32, spin_us: u64) -> BenchResult 
         threads as usize,
         std::time::Duration::from_micros(spin_us),
     );
+    result_of(spec, threads, outcome)
+}
+
+/// What a native run of `spec` on `threads` threads reports.
+fn result_of(spec: Spec, threads: u32, outcome: npb::Outcome) -> BenchResult {
     BenchResult {
         benchmark: spec.kernel.name().to_string(),
         class: spec.class.letter().to_string(),

@@ -45,6 +45,22 @@ impl Drop for Scratch {
 /// the host's shmem THP is on; QEMU's default anonymous RAM would get THP where
 /// `enabled` is `madvise`, as QEMU asks for it). The console is on stdout.
 fn qemu_guest(guest: &Path, vcpus: u32, memory_mib: u64, append: &str) -> Command {
+    qemu_guest_paged(guest, vcpus, memory_mib, false, append)
+}
+
+/// As [`qemu_guest`], its RAM on 2 MiB huge pages (a hugetlbfs memfd) if `huge_pages`.
+fn qemu_guest_paged(
+    guest: &Path,
+    vcpus: u32,
+    memory_mib: u64,
+    huge_pages: bool,
+    append: &str,
+) -> Command {
+    let hugetlb = if huge_pages {
+        ",hugetlb=on,hugetlbsize=2M"
+    } else {
+        ""
+    };
     let mut command = Command::new("qemu-system-x86_64");
     command
         .args([
@@ -58,7 +74,9 @@ fn qemu_guest(guest: &Path, vcpus: u32, memory_mib: u64, append: &str) -> Comman
         .args(["-cpu", "host,-cx16,-arch-capabilities,+invtsc"])
         .args(["-smp", &vcpus.to_string(), "-m", &format!("{memory_mib}M")])
         .arg("-object")
-        .arg(format!("memory-backend-memfd,id=ram,size={memory_mib}M"))
+        .arg(format!(
+            "memory-backend-memfd,id=ram,size={memory_mib}M{hugetlb}"
+        ))
         .args([
             "-nographic",
             "-no-reboot",
@@ -119,16 +137,18 @@ fn events_of(child: Child, limit: Duration) -> Result<Vec<Event>> {
     Ok(events)
 }
 
-/// Runs the embedded guest on one QEMU VM (`vcpus`, `memory_mib`, the guest's command
-/// line `cmdline`) and returns its events; `limit` bounds the run.
+/// Runs the embedded guest on one QEMU VM (`vcpus`, `memory_mib`, on huge pages if
+/// `huge_pages`, the guest's command line `cmdline`) and returns its events; `limit`
+/// bounds the run.
 pub fn run_guest(
     vcpus: u32,
     memory_mib: u64,
+    huge_pages: bool,
     cmdline: &str,
     limit: Duration,
 ) -> Result<Vec<Event>> {
     let scratch = Scratch::new("guest")?;
-    let child = qemu_guest(&scratch.guest, vcpus, memory_mib, cmdline)
+    let child = qemu_guest_paged(&scratch.guest, vcpus, memory_mib, huge_pages, cmdline)
         .stdout(Stdio::piped())
         .spawn()
         .context("cannot start qemu-system-x86_64 (apt-get install qemu-system-x86)")?;

@@ -34,6 +34,7 @@ pub fn run_embedded(args: &VmArgs, epoch: Instant) -> Result<u8> {
         },
         barrier_wait: args.barrier_wait,
         vcpu_balloon: args.vcpu_balloon,
+        huge_pages: args.huge_pages,
     };
     let verdict = run_guest_scheduled(
         &specs,
@@ -82,6 +83,8 @@ pub struct GuestOptions {
     pub passthrough: Passthrough,
     pub barrier_wait: guest::BarrierWait,
     pub vcpu_balloon: guest::VcpuBalloon,
+    /// Guest RAM on the host's 2 MiB huge pages (`VmConfig::huge_pages`).
+    pub huge_pages: bool,
 }
 
 /// The `--passthrough` devices of a VM and their interrupt path.
@@ -196,13 +199,17 @@ pub fn run_guest_scheduled(
     epoch: Instant,
     options: &GuestOptions,
 ) -> Result<Verdict> {
-    let memory_mib = guest::choose_memory_mib(memory, specs, vcpus)?;
-    let config = embedded_config(
+    let mut memory_mib = guest::choose_memory_mib(memory, specs, vcpus)?;
+    if options.huge_pages && memory.is_none() {
+        memory_mib = memory_mib.next_multiple_of(2); // whole 2 MiB pages
+    }
+    let mut config = embedded_config(
         vcpus,
         memory_mib,
         guest::npb_cmdline(specs, vcpus, options.barrier_wait, options.vcpu_balloon),
         kvm_device,
     );
+    config.huge_pages = options.huge_pages;
     let mut vm = Vm::new(config)?;
     guest::tell_host_cpus(&vm);
     let attached = options.passthrough.attach(&mut vm)?;
@@ -236,6 +243,7 @@ pub fn embedded_config(
         cmdline,
         modules: Vec::new(),
         kvm_device: kvm_device.to_path_buf(),
+        huge_pages: false,
     }
 }
 
@@ -393,6 +401,7 @@ pub fn run_kernel(args: &VmArgs, kernel: &Path, epoch: Instant) -> Result<u8> {
         cmdline: args.cmdline.clone().unwrap_or_default(),
         modules,
         kvm_device: args.kvm_device.clone(),
+        huge_pages: args.huge_pages,
     };
     let mut vm = Vm::new(config)?;
     // Kept until the run ends (their backend threads stop when dropped).

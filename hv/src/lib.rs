@@ -9,6 +9,7 @@
 //!     cmdline: String::new(),
 //!     modules: Vec::new(),
 //!     kvm_device: "/dev/kvm".into(),
+//!     huge_pages: false,
 //! };
 //! let outcome = hv::Vm::new(config)?.run(Box::new(std::io::stdout()), std::time::Instant::now())?;
 //! assert!(matches!(outcome.exit, hv::GuestExit::DebugExit(0x2a)));
@@ -66,6 +67,10 @@ pub struct VmConfig {
     pub modules: Vec<Vec<u8>>,
     /// Normally `/dev/kvm`.
     pub kvm_device: PathBuf,
+    /// Back guest RAM with the host's 2 MiB hugetlbfs pages (the pool of
+    /// `/proc/sys/vm/nr_hugepages`), all taken when the VM is created, instead of
+    /// 4 KiB shared-memory pages taken as the guest touches them.
+    pub huge_pages: bool,
 }
 
 /// How a run ended.
@@ -153,6 +158,16 @@ pub enum Error {
     },
     #[error("guest memory: {0}")]
     GuestMemory(String),
+    #[error(
+        "guest memory of {memory_mib} MiB on 2 MiB huge pages needs {needed} of them and the host has {free} free: reserve more (echo N > /proc/sys/vm/nr_hugepages) or leave out huge pages"
+    )]
+    HugePagesShort {
+        memory_mib: u64,
+        needed: u64,
+        free: u64,
+    },
+    #[error("guest memory of {memory_mib} MiB is not a whole number of 2 MiB huge pages")]
+    HugePagesOdd { memory_mib: u64 },
     #[error("vCPU {index} thread failed: {why}")]
     VcpuThread { index: u32, why: String },
     #[error("credit scheduler: {0}")]

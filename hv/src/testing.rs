@@ -302,6 +302,7 @@ pub fn code_vm(vcpus: u32, memory_mib: u64, code: &[u8]) -> crate::VmConfig {
         cmdline: "test".into(),
         modules: Vec::new(),
         kvm_device: "/dev/kvm".into(),
+        huge_pages: false,
     }
 }
 

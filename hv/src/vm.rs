@@ -175,7 +175,13 @@ impl Vm {
             )));
         }
 
-        let (kvm, vm, memory, memfd) = machine(&config.kvm_device, config.vcpus, mem_size, dirty)?;
+        let (kvm, vm, memory, memfd) = machine(
+            &config.kvm_device,
+            config.vcpus,
+            mem_size,
+            dirty,
+            config.huge_pages,
+        )?;
 
         let supported = kvm
             .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
@@ -696,13 +702,15 @@ fn watch(
 
 /// What every VM starts from, new or restored: KVM opened (and its vCPU limit checked),
 /// a VM with `mem_size` bytes of memfd RAM (one slot per region of
-/// [`memory_map::ram_regions`]), the TSS and the in-kernel irqchip (which must exist
-/// before any vCPU), and the dirty ring if `dirty` asks.
+/// [`memory_map::ram_regions`]; on huge pages if `huge_pages`), the TSS and the
+/// in-kernel irqchip (which must exist before any vCPU), and the dirty ring if `dirty`
+/// asks.
 pub(crate) fn machine(
     kvm_device: &std::path::Path,
     vcpus: u32,
     mem_size: u64,
     dirty: DirtyLogMode,
+    huge_pages: bool,
 ) -> Result<(Kvm, VmFd, GuestMemoryMmap, File), Error> {
     memory_map::check_size(mem_size.div_ceil(MIB))?;
     let kvm = kvm::open(kvm_device)?;
@@ -715,7 +723,7 @@ pub(crate) fn machine(
     }
     let vm = create_vm(&kvm)?;
     crate::teardown::keep(vm.as_raw_fd());
-    let (memory, memfd) = create_memory(mem_size)?;
+    let (memory, memfd) = create_memory(mem_size, huge_pages)?;
     for region in memory_map::ram_regions(mem_size) {
         set_memory_slot(&vm, &memory, &region, 0)?;
     }
@@ -778,11 +786,23 @@ pub(crate) fn set_memory_slot(
 }
 
 /// Guest RAM of `size` bytes on one memfd, mapped region by region as
-/// [`memory_map::ram_regions`] lays it out (zero-filled, untouched: pages appear when
-/// used, so a large guest costs only what it touches).
-pub(crate) fn create_memory(size: u64) -> Result<(GuestMemoryMmap, File), Error> {
+/// [`memory_map::ram_regions`] lays it out (zero-filled). On 4 KiB pages it is
+/// untouched: pages appear when used, so a large guest costs only what it touches. On
+/// huge pages every page is taken now, so a short pool is a clear error here and not
+/// a fault (SIGBUS) when the guest first touches the page that is missing.
+pub(crate) fn create_memory(size: u64, huge_pages: bool) -> Result<(GuestMemoryMmap, File), Error> {
+    let flags = if huge_pages {
+        if !size.is_multiple_of(HUGE_PAGE) {
+            return Err(Error::HugePagesOdd {
+                memory_mib: size / MIB,
+            });
+        }
+        libc::MFD_CLOEXEC | libc::MFD_HUGETLB | libc::MFD_HUGE_2MB
+    } else {
+        libc::MFD_CLOEXEC
+    };
     // SAFETY: the name is a valid NUL-terminated string; the return value is checked.
-    let fd = unsafe { libc::memfd_create(c"kumo-guest-ram".as_ptr(), libc::MFD_CLOEXEC) };
+    let fd = unsafe { libc::memfd_create(c"kumo-guest-ram".as_ptr(), flags) };
     if fd < 0 {
         return Err(Error::Os {
             what: "memfd_create",
@@ -795,6 +815,9 @@ pub(crate) fn create_memory(size: u64) -> Result<(GuestMemoryMmap, File), Error>
         what: "sizing the guest RAM memfd",
         source,
     })?;
+    if huge_pages {
+        take_huge_pages(&file, size)?;
+    }
     let ranges = memory_map::ram_regions(size)
         .iter()
         .map(|r| {
@@ -812,6 +835,42 @@ pub(crate) fn create_memory(size: u64) -> Result<(GuestMemoryMmap, File), Error>
     let memory = GuestMemoryMmap::from_ranges_with_files(ranges)
         .map_err(|e| Error::GuestMemory(e.to_string()))?;
     Ok((memory, file))
+}
+
+/// The size of the huge pages guest RAM can be on (x86's 2 MiB).
+const HUGE_PAGE: u64 = 2 * MIB;
+
+/// Allocates every huge page of the memfd `file` (`size` bytes) from the host's pool.
+fn take_huge_pages(file: &File, size: u64) -> Result<(), Error> {
+    // Read first: a failed fallocate keeps what it took until the memfd closes.
+    let free = free_huge_pages();
+    // SAFETY: fallocate on a descriptor we own, within its size.
+    let done = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, size as libc::off_t) };
+    if done == 0 {
+        return Ok(());
+    }
+    let source = std::io::Error::last_os_error();
+    match source.raw_os_error() {
+        Some(libc::ENOSPC | libc::ENOMEM) => Err(Error::HugePagesShort {
+            memory_mib: size / MIB,
+            needed: size / HUGE_PAGE,
+            free,
+        }),
+        _ => Err(Error::Os {
+            what: "allocating guest RAM on huge pages",
+            source,
+        }),
+    }
+}
+
+/// The host's free 2 MiB huge pages (`HugePages_Free` of `/proc/meminfo`; 0 if unread).
+fn free_huge_pages() -> u64 {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    meminfo
+        .lines()
+        .find_map(|line| line.strip_prefix("HugePages_Free:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 fn write(memory: &GuestMemoryMmap, addr: u64, bytes: &[u8]) -> Result<(), Error> {

@@ -153,6 +153,7 @@ fn start<T>(count: u8, setup: impl FnOnce(&Vm) -> T) -> (Running, T) {
         cmdline: String::new(),
         modules: Vec::new(),
         kvm_device: "/dev/kvm".into(),
+        huge_pages: false,
     })
     .expect("create VM");
     let handles = setup(&vm);

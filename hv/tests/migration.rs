@@ -38,6 +38,7 @@ fn config(vcpus: u32) -> VmConfig {
         cmdline: String::new(),
         modules: Vec::new(),
         kvm_device: "/dev/kvm".into(),
+        huge_pages: false,
     }
 }
 

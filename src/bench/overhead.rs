@@ -71,11 +71,16 @@ pub fn run_overhead(args: &OverheadArgs) -> Result<u8> {
         let (mut native_times, mut guest_times, mut qemu_times) =
             (Vec::new(), Vec::new(), Vec::new());
         for round in 1..=args.runs {
-            native_times.push(native_time(spec, args.vcpus)?);
-            guest_times.push(guest_time(spec, args.vcpus, &args.kvm_device)?);
+            native_times.push(native_time(spec, args.vcpus, args.huge_pages)?);
+            guest_times.push(guest_time(
+                spec,
+                args.vcpus,
+                &args.kvm_device,
+                args.huge_pages,
+            )?);
             let mut qemu = String::new();
             if args.qemu {
-                qemu_times.push(qemu_time(spec, args.vcpus)?);
+                qemu_times.push(qemu_time(spec, args.vcpus, args.huge_pages)?);
                 qemu = format!(", QEMU {:.3} s", qemu_times.last().unwrap());
             }
             eprintln!(
@@ -93,18 +98,30 @@ pub fn run_overhead(args: &OverheadArgs) -> Result<u8> {
     Ok(0)
 }
 
-/// Seconds `spec` takes natively on `threads` threads (an error if it does not verify).
-pub(crate) fn native_time(spec: Spec, threads: u32) -> Result<f64> {
-    let result = native::run_one(spec, threads);
+/// Seconds `spec` takes natively on `threads` threads (an error if it does not verify),
+/// its arena on huge pages if `huge_pages`.
+pub(crate) fn native_time(spec: Spec, threads: u32, huge_pages: bool) -> Result<f64> {
+    let result = native::run_one_paged(spec, threads, huge_pages)?;
     if !result.verified {
         bail!("{spec} did not verify natively: its times measure nothing");
     }
     Ok(result.time_s)
 }
 
-/// Seconds `spec` takes in a VM of the embedded guest on `vcpus` vCPUs.
-pub(crate) fn guest_time(spec: Spec, vcpus: u32, kvm_device: &Path) -> Result<f64> {
-    let verdict = run::run_guest(&[spec], vcpus, None, kvm_device, Instant::now())?;
+/// Seconds `spec` takes in a VM of the embedded guest on `vcpus` vCPUs, its RAM on
+/// huge pages if `huge_pages`.
+pub(crate) fn guest_time(
+    spec: Spec,
+    vcpus: u32,
+    kvm_device: &Path,
+    huge_pages: bool,
+) -> Result<f64> {
+    let options = run::GuestOptions {
+        huge_pages,
+        ..run::GuestOptions::default()
+    };
+    let verdict =
+        run::run_guest_scheduled(&[spec], vcpus, None, kvm_device, Instant::now(), &options)?;
     if !verdict.problems.is_empty() {
         bail!("{spec} in the guest: {}", verdict.problems.join("; "));
     }
@@ -121,15 +138,18 @@ const QEMU_LIMIT: Duration = Duration::from_secs(3600);
 /// spin kumo would give it. QEMU has neither kumo's paravirtual wait page nor its
 /// count of host CPUs, so the guest halts at barriers and never balloons: as kumo's
 /// own guest does when every vCPU has a host CPU.
-fn qemu_time(spec: Spec, vcpus: u32) -> Result<f64> {
-    let memory_mib = guest::choose_memory_mib(None, &[spec], vcpus)?;
+fn qemu_time(spec: Spec, vcpus: u32, huge_pages: bool) -> Result<f64> {
+    let mut memory_mib = guest::choose_memory_mib(None, &[spec], vcpus)?;
+    if huge_pages {
+        memory_mib = memory_mib.next_multiple_of(2);
+    }
     let cmdline = guest::npb_cmdline(
         &[spec],
         vcpus,
         guest::BarrierWait::Hlt,
         guest::VcpuBalloon::Off,
     );
-    let events = crate::qemu::run_guest(vcpus, memory_mib, &cmdline, QEMU_LIMIT)?;
+    let events = crate::qemu::run_guest(vcpus, memory_mib, huge_pages, &cmdline, QEMU_LIMIT)?;
     let result = events.iter().find_map(|event| match event {
         Event::Result(result) => Some(result),
         _ => None,

@@ -59,14 +59,18 @@ pub fn run_preempt(args: &PreemptArgs) -> Result<u8> {
     for &spec in &specs {
         let (mut native_side, mut guest_side) = (Side::default(), Side::default());
         for round in 1..=args.runs {
-            native_side.quiet.push(native_time(spec, args.vcpus)?);
+            native_side
+                .quiet
+                .push(native_time(spec, args.vcpus, false)?);
             guest_side
                 .quiet
-                .push(guest_time(spec, args.vcpus, &args.kvm_device)?);
-            let (t, rate) = woken(args, || native_time(spec, args.vcpus))?;
+                .push(guest_time(spec, args.vcpus, &args.kvm_device, false)?);
+            let (t, rate) = woken(args, || native_time(spec, args.vcpus, false))?;
             native_side.woken.push(t);
             native_side.rates.push(rate);
-            let (t, rate) = woken(args, || guest_time(spec, args.vcpus, &args.kvm_device))?;
+            let (t, rate) = woken(args, || {
+                guest_time(spec, args.vcpus, &args.kvm_device, false)
+            })?;
             guest_side.woken.push(t);
             guest_side.rates.push(rate);
             eprintln!(

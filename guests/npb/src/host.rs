@@ -29,10 +29,26 @@ pub fn run_with_spin(spec: Spec, threads: usize, spin: Duration) -> Outcome {
     let threads = threads.max(1);
     let bytes = workload_heap_bytes(spec, threads as u32) as usize;
     let memory = ArenaMemory::new(bytes);
-    run_in(spec, threads, spin, &memory)
+    run_in(spec, threads, spin, &memory.view)
 }
 
-fn run_in(spec: Spec, threads: usize, spin: Duration, memory: &ArenaMemory) -> Outcome {
+/// As [`run_with_spin`], with the team's arena in `memory`, which must be zeroed and
+/// at least [`workload_heap_bytes`] long: the caller chooses its pages (huge pages, say).
+pub fn run_with_spin_in(spec: Spec, threads: usize, spin: Duration, memory: &mut [u8]) -> Outcome {
+    let threads = threads.max(1);
+    let bytes = workload_heap_bytes(spec, threads as u32) as usize;
+    assert!(
+        memory.len() >= bytes,
+        "{spec} needs an arena of {bytes} bytes"
+    );
+    let view = ArenaView {
+        ptr: memory.as_mut_ptr(),
+        len: memory.len(),
+    };
+    run_in(spec, threads, spin, &view)
+}
+
+fn run_in(spec: Spec, threads: usize, spin: Duration, memory: &ArenaView) -> Outcome {
     let runtime = HostRuntime::new(threads, spin);
     std::thread::scope(|scope| {
         let workers: std::vec::Vec<_> = (1..threads)
@@ -54,7 +70,7 @@ fn run_rank(
     rank: usize,
     threads: usize,
     runtime: &HostRuntime,
-    memory: &ArenaMemory,
+    memory: &ArenaView,
 ) -> Outcome {
     let team = Team::new(rank, threads, runtime);
     // SAFETY: `memory` outlives the scope; every thread carves it the same way.
@@ -62,15 +78,20 @@ fn run_rank(
     crate::run(spec, &team, &mut arena)
 }
 
-/// Zeroed, aligned memory for a team's arena.
-struct ArenaMemory {
+/// The memory a team's arena lives in, wherever it came from.
+struct ArenaView {
     ptr: *mut u8,
     len: usize,
-    layout: Layout,
 }
 
 // SAFETY: plain memory, handed to the team under the Arena contract.
-unsafe impl Sync for ArenaMemory {}
+unsafe impl Sync for ArenaView {}
+
+/// Zeroed, aligned memory for a team's arena.
+struct ArenaMemory {
+    view: ArenaView,
+    layout: Layout,
+}
 
 impl ArenaMemory {
     fn new(len: usize) -> ArenaMemory {
@@ -80,14 +101,17 @@ impl ArenaMemory {
         if ptr.is_null() {
             std::alloc::handle_alloc_error(layout);
         }
-        ArenaMemory { ptr, len, layout }
+        ArenaMemory {
+            view: ArenaView { ptr, len },
+            layout,
+        }
     }
 }
 
 impl Drop for ArenaMemory {
     fn drop(&mut self) {
         // SAFETY: allocated in `new` with this layout.
-        unsafe { dealloc(self.ptr, self.layout) };
+        unsafe { dealloc(self.view.ptr, self.layout) };
     }
 }
 

@@ -175,7 +175,8 @@ fn zero_range(memory: &GuestMemoryMmap, gpa: u64, len: u64) -> Result<(), Error>
 /// A VM of META's shape with nothing loaded: RAM, irqchip, vCPUs with their CPUID.
 fn create(meta: &Meta, kvm_device: &Path) -> Result<Vm, Error> {
     let dirty = DirtyLogMode::default();
-    let (kvm, vm, memory, memfd) = machine(kvm_device, meta.vcpus, meta.memory_bytes, dirty)?;
+    let (kvm, vm, memory, memfd) =
+        machine(kvm_device, meta.vcpus, meta.memory_bytes, dirty, false)?;
     let mut vcpus = Vec::with_capacity(meta.vcpus as usize);
     for (index, entries) in meta.cpuid.iter().enumerate() {
         let vcpu = vm
@@ -225,7 +226,7 @@ mod tests {
 
     #[test]
     fn runs_of_zero_pages_are_zeroed_and_nothing_else() {
-        let (memory, _memfd) = crate::vm::create_memory(1 << 20).unwrap();
+        let (memory, _memfd) = crate::vm::create_memory(1 << 20, false).unwrap();
         let page = stream::PAGE_SIZE as u64;
         for p in 0..6 {
             memory
