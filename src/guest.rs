@@ -188,6 +188,23 @@ pub fn memory_with_heap_mib(base_mib: u64, heap_mib: u64) -> u64 {
     }
 }
 
+/// As [`choose_memory_mib`], for RAM on 2 MiB huge pages if `huge_pages`: the size
+/// kumo picks is then rounded up to whole pages (one the user gives is kept, and an
+/// odd one refused when the VM is built).
+pub fn choose_memory_mib_paged(
+    memory: Option<u64>,
+    specs: &[Spec],
+    vcpus: u32,
+    huge_pages: bool,
+) -> anyhow::Result<u64> {
+    let mib = choose_memory_mib(memory, specs, vcpus)?;
+    Ok(if huge_pages && memory.is_none() {
+        mib.next_multiple_of(2)
+    } else {
+        mib
+    })
+}
+
 /// `--memory` if given (checked against the need), else a size that fits.
 pub fn choose_memory_mib(
     requested: Option<u64>,

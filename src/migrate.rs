@@ -437,13 +437,15 @@ pub fn run_controlled(args: &VmArgs, epoch: Instant) -> Result<u8> {
             Some(list) => guest::parse_specs(list)?,
             None => guest::default_specs(),
         };
-        let memory_mib = guest::choose_memory_mib(args.memory, &specs, args.vcpus)?;
-        let config = run::embedded_config(
+        let memory_mib =
+            guest::choose_memory_mib_paged(args.memory, &specs, args.vcpus, args.huge_pages)?;
+        let mut config = run::embedded_config(
             args.vcpus,
             memory_mib,
             guest::npb_cmdline(&specs, args.vcpus, args.barrier_wait, args.vcpu_balloon),
             &args.kvm_device,
         );
+        config.huge_pages = args.huge_pages;
         (config, npb_list(&specs), None)
     };
     let vm = Vm::with_dirty_log(config, args.dirty_log.unwrap_or_default())?;

@@ -199,10 +199,7 @@ pub fn run_guest_scheduled(
     epoch: Instant,
     options: &GuestOptions,
 ) -> Result<Verdict> {
-    let mut memory_mib = guest::choose_memory_mib(memory, specs, vcpus)?;
-    if options.huge_pages && memory.is_none() {
-        memory_mib = memory_mib.next_multiple_of(2); // whole 2 MiB pages
-    }
+    let memory_mib = guest::choose_memory_mib_paged(memory, specs, vcpus, options.huge_pages)?;
     let mut config = embedded_config(
         vcpus,
         memory_mib,

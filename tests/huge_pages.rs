@@ -43,7 +43,73 @@ fn guest_ram_and_the_native_arena_run_on_huge_pages_or_are_refused_clearly() {
     assert_eq!(json_lines(&out)[0]["verified"], true);
     // Both gave their pages back.
     assert_eq!(free_huge_pages(), free);
+    a_snapshot_keeps_its_huge_pages();
     refusals();
+}
+
+/// A snapshot of a VM on huge pages is restored on huge pages: refused while the pool
+/// is held, run once it is back.
+fn a_snapshot_keeps_its_huge_pages() {
+    let socket = scratch("huge.sock");
+    let file = scratch("huge.snap");
+    let source = kumo_background(&[
+        "--npb",
+        "ep.A",
+        "--huge-pages",
+        "--ctl-socket",
+        socket.to_str().unwrap(),
+    ]);
+    wait_for_path(&socket);
+    let ctl = snapshot(&socket, &file, true);
+    assert!(ctl.status.success(), "snapshot: {}", text(&ctl.stderr));
+    let source_out = source.finish();
+    assert!(source_out.status.success(), "{}", text(&source_out.stderr));
+    {
+        let _hold = HeldPages::all_free();
+        let out = kumo(&["--restore", file.to_str().unwrap()]);
+        assert!(!out.status.success());
+        let stderr = text(&out.stderr);
+        assert!(
+            stderr.contains("on 2 MiB huge pages needs 32 of them and the host has 0 free"),
+            "{stderr}"
+        );
+    }
+    let out = kumo(&["--restore", file.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(json_lines(&out)[0]["verified"], true);
+}
+
+/// Every free huge page, mapped and touched by this process until dropped.
+struct HeldPages {
+    ptr: *mut libc::c_void,
+    len: usize,
+}
+
+impl HeldPages {
+    fn all_free() -> HeldPages {
+        let len = free_huge_pages() as usize * (2 << 20);
+        // SAFETY: a new private anonymous mapping, populated (its pages taken) now.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB | libc::MAP_POPULATE,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(ptr, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+        assert_eq!(free_huge_pages(), 0);
+        HeldPages { ptr, len }
+    }
+}
+
+impl Drop for HeldPages {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `all_free`.
+        unsafe { libc::munmap(self.ptr, self.len) };
+    }
 }
 
 /// In the same test as the runs: a refused VM holds the whole pool for a moment.

@@ -4,28 +4,6 @@ mod common;
 
 use common::*;
 
-/// `kumo ctl ... snapshot`, retried while the VM has not started its vCPUs yet
-/// (the socket is up a moment before the VM runs).
-fn snapshot(socket: &std::path::Path, path: &std::path::Path, stop: bool) -> std::process::Output {
-    let mut args = vec![
-        "ctl",
-        "--socket",
-        socket.to_str().unwrap(),
-        "snapshot",
-        path.to_str().unwrap(),
-    ];
-    if stop {
-        args.push("--stop");
-    }
-    loop {
-        let out = kumo(&args);
-        if out.status.success() || !text(&out.stderr).contains("not running yet") {
-            return out;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-}
-
 /// `kumo --npb ep.A --json --ctl-socket SOCKET EXTRA...` in the background, once its
 /// socket is up.
 fn ep_a_source(socket: &std::path::Path, extra: &[&str]) -> Background {

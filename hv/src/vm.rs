@@ -863,18 +863,64 @@ fn take_huge_pages(file: &File, size: u64) -> Result<(), Error> {
     }
 }
 
-/// The host's free 2 MiB huge pages (`HugePages_Free` of `/proc/meminfo`; 0 if unread).
-fn free_huge_pages() -> u64 {
+/// True if `memfd` is a hugetlbfs file (guest RAM made with `huge_pages`).
+pub(crate) fn on_huge_pages(memfd: &File) -> bool {
+    const HUGETLBFS_MAGIC: libc::c_long = 0x9584_58f6;
+    let mut fs = std::mem::MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: fstatfs writes a statfs into the buffer it is given; read only on success.
+    let done = unsafe { libc::fstatfs(memfd.as_raw_fd(), fs.as_mut_ptr()) };
+    // SAFETY: initialised by the successful call.
+    done == 0 && unsafe { fs.assume_init() }.f_type as libc::c_long == HUGETLBFS_MAGIC
+}
+
+/// The host's 2 MiB huge pages free for a new VM: `HugePages_Free` less
+/// `HugePages_Rsvd` (promised to mappings that have not touched them yet) of
+/// `/proc/meminfo`; 0 if unread.
+pub(crate) fn free_huge_pages() -> u64 {
     let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    meminfo
-        .lines()
-        .find_map(|line| line.strip_prefix("HugePages_Free:"))
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or(0)
+    let field = |name: &str| -> u64 {
+        meminfo
+            .lines()
+            .find_map(|line| line.strip_prefix(name))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    field("HugePages_Free:").saturating_sub(field("HugePages_Rsvd:"))
 }
 
 fn write(memory: &GuestMemoryMmap, addr: u64, bytes: &[u8]) -> Result<(), Error> {
     memory
         .write_slice(bytes, GuestAddress(addr))
         .map_err(|e| Error::GuestMemory(format!("writing {} bytes at {addr:#x}: {e}", bytes.len())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn memfd(flags: libc::c_uint) -> File {
+        // SAFETY: a valid name; the result is checked before it is owned.
+        let fd = unsafe { libc::memfd_create(c"kumo-test".as_ptr(), libc::MFD_CLOEXEC | flags) };
+        assert!(fd >= 0, "{}", std::io::Error::last_os_error());
+        // SAFETY: a new descriptor nothing else owns.
+        unsafe { File::from_raw_fd(fd) }
+    }
+
+    #[test]
+    fn a_hugetlbfs_memfd_is_told_from_a_shared_memory_one() {
+        // Creating the file takes no page, so this needs no pool.
+        assert!(on_huge_pages(&memfd(
+            libc::MFD_HUGETLB | libc::MFD_HUGE_2MB
+        )));
+        assert!(!on_huge_pages(&memfd(0)));
+    }
+
+    #[test]
+    fn guest_ram_on_huge_pages_is_whole_huge_pages() {
+        let err = create_memory(3 * MIB, true).unwrap_err();
+        assert!(
+            matches!(err, Error::HugePagesOdd { memory_mib: 3 }),
+            "{err}"
+        );
+    }
 }

@@ -139,10 +139,7 @@ const QEMU_LIMIT: Duration = Duration::from_secs(3600);
 /// count of host CPUs, so the guest halts at barriers and never balloons: as kumo's
 /// own guest does when every vCPU has a host CPU.
 fn qemu_time(spec: Spec, vcpus: u32, huge_pages: bool) -> Result<f64> {
-    let mut memory_mib = guest::choose_memory_mib(None, &[spec], vcpus)?;
-    if huge_pages {
-        memory_mib = memory_mib.next_multiple_of(2);
-    }
+    let memory_mib = guest::choose_memory_mib_paged(None, &[spec], vcpus, huge_pages)?;
     let cmdline = guest::npb_cmdline(
         &[spec],
         vcpus,

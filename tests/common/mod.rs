@@ -300,3 +300,29 @@ pub fn peer_firmware() -> Option<std::path::PathBuf> {
         None
     }
 }
+
+/// `kumo ctl ... snapshot`, retried while the VM has not started its vCPUs yet
+/// (the socket is up a moment before the VM runs).
+pub fn snapshot(
+    socket: &std::path::Path,
+    path: &std::path::Path,
+    stop: bool,
+) -> std::process::Output {
+    let mut args = vec![
+        "ctl",
+        "--socket",
+        socket.to_str().unwrap(),
+        "snapshot",
+        path.to_str().unwrap(),
+    ];
+    if stop {
+        args.push("--stop");
+    }
+    loop {
+        let out = kumo(&args);
+        if out.status.success() || !text(&out.stderr).contains("not running yet") {
+            return out;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}

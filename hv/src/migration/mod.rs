@@ -488,6 +488,7 @@ impl Hub {
             memory_bytes: memory_bytes(&self.memory),
             cpuid: self.cpuid.clone(),
             app,
+            huge_pages: crate::vm::on_huge_pages(&self.memfd),
         }
     }
 }

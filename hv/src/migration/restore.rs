@@ -57,7 +57,7 @@ pub fn receive_from(
             TAG_RAM if vcpus.is_none() => {
                 // Runs of zero pages (rounds list pages in address order) are zeroed
                 // with one call each.
-                let mut zeros = ZeroRun::default();
+                let mut zeros = ZeroRun::new(meta.huge_pages);
                 for page in section.pages(meta.memory_bytes) {
                     match page? {
                         (gpa, Some(bytes)) => {
@@ -110,13 +110,23 @@ pub fn receive_from(
 
 /// Zero pages of a RAM section waiting to be zeroed together: `pages` pages from
 /// `start`.
-#[derive(Default)]
 struct ZeroRun {
     start: u64,
     pages: u64,
+    /// RAM on huge pages: write the zeros. A hole would hand the huge page back to the
+    /// host's pool, which the VM was promised it never has to ask again.
+    keep_pages: bool,
 }
 
 impl ZeroRun {
+    fn new(huge_pages: bool) -> ZeroRun {
+        ZeroRun {
+            start: 0,
+            pages: 0,
+            keep_pages: huge_pages,
+        }
+    }
+
     fn add(&mut self, memory: &GuestMemoryMmap, gpa: u64) -> Result<(), Error> {
         if self.pages > 0 && gpa != self.start + self.pages * stream::PAGE_SIZE as u64 {
             self.flush(memory)?;
@@ -130,7 +140,12 @@ impl ZeroRun {
 
     fn flush(&mut self, memory: &GuestMemoryMmap) -> Result<(), Error> {
         if self.pages > 0 {
-            zero_range(memory, self.start, self.pages * stream::PAGE_SIZE as u64)?;
+            let len = self.pages * stream::PAGE_SIZE as u64;
+            if self.keep_pages {
+                write_zeros(memory, self.start, len)?;
+            } else {
+                zero_range(memory, self.start, len)?;
+            }
             self.pages = 0;
         }
         Ok(())
@@ -163,6 +178,11 @@ fn zero_range(memory: &GuestMemoryMmap, gpa: u64, len: u64) -> Result<(), Error>
             return Ok(());
         }
     }
+    write_zeros(memory, gpa, len)
+}
+
+/// Writes zeros over `len` bytes of RAM from `gpa`.
+fn write_zeros(memory: &GuestMemoryMmap, gpa: u64, len: u64) -> Result<(), Error> {
     let zeros = [0u8; stream::PAGE_SIZE];
     for page in 0..len / stream::PAGE_SIZE as u64 {
         memory
@@ -175,8 +195,13 @@ fn zero_range(memory: &GuestMemoryMmap, gpa: u64, len: u64) -> Result<(), Error>
 /// A VM of META's shape with nothing loaded: RAM, irqchip, vCPUs with their CPUID.
 fn create(meta: &Meta, kvm_device: &Path) -> Result<Vm, Error> {
     let dirty = DirtyLogMode::default();
-    let (kvm, vm, memory, memfd) =
-        machine(kvm_device, meta.vcpus, meta.memory_bytes, dirty, false)?;
+    let (kvm, vm, memory, memfd) = machine(
+        kvm_device,
+        meta.vcpus,
+        meta.memory_bytes,
+        dirty,
+        meta.huge_pages,
+    )?;
     let mut vcpus = Vec::with_capacity(meta.vcpus as usize);
     for (index, entries) in meta.cpuid.iter().enumerate() {
         let vcpu = vm
@@ -225,6 +250,35 @@ mod tests {
     use super::*;
 
     #[test]
+    fn zeroing_ram_on_huge_pages_keeps_every_page() {
+        if crate::vm::free_huge_pages() < 1 {
+            assert_ne!(
+                std::env::var("CI").as_deref(),
+                Ok("true"),
+                "no free huge page but CI=true: .ci/run must reserve them"
+            );
+            eprintln!("SKIPPED: no free 2 MiB huge page");
+            return;
+        }
+        let (memory, _memfd) = crate::vm::create_memory(2 << 20, true).unwrap();
+        let taken = crate::vm::free_huge_pages();
+        memory
+            .write_slice(&[0xab; stream::PAGE_SIZE], GuestAddress(0))
+            .unwrap();
+        let mut zeros = ZeroRun::new(true);
+        for p in 0..512 {
+            zeros.add(&memory, p * stream::PAGE_SIZE as u64).unwrap();
+        }
+        zeros.flush(&memory).unwrap();
+        // A hole over the whole huge page would have handed it back to the pool (read
+        // before the page is touched again, which would fault a page back in).
+        assert_eq!(crate::vm::free_huge_pages(), taken);
+        let mut bytes = [0xffu8; stream::PAGE_SIZE];
+        memory.read_slice(&mut bytes, GuestAddress(0)).unwrap();
+        assert!(bytes.iter().all(|&b| b == 0));
+    }
+
+    #[test]
     fn runs_of_zero_pages_are_zeroed_and_nothing_else() {
         let (memory, _memfd) = crate::vm::create_memory(1 << 20, false).unwrap();
         let page = stream::PAGE_SIZE as u64;
@@ -233,19 +287,25 @@ mod tests {
                 .write_slice(&[0xab; stream::PAGE_SIZE], GuestAddress(p * page))
                 .unwrap();
         }
-        let mut zeros = ZeroRun::default();
-        // Pages 1 and 2 are one run; page 4 starts another.
-        for p in [1, 2, 4] {
-            zeros.add(&memory, p * page).unwrap();
-        }
-        zeros.flush(&memory).unwrap();
-        for p in 0..6 {
-            let mut bytes = [0u8; stream::PAGE_SIZE];
-            memory
-                .read_slice(&mut bytes, GuestAddress(p * page))
-                .unwrap();
-            let want = if [1, 2, 4].contains(&p) { 0 } else { 0xab };
-            assert!(bytes.iter().all(|&b| b == want), "page {p}");
+        // Holes (4-KiB RAM) and written zeros (huge pages) read the same.
+        for keep_pages in [false, true] {
+            let mut zeros = ZeroRun::new(keep_pages);
+            // Pages 1 and 2 are one run; page 4 starts another.
+            for p in [1, 2, 4] {
+                zeros.add(&memory, p * page).unwrap();
+            }
+            zeros.flush(&memory).unwrap();
+            for p in 0..6 {
+                let mut bytes = [0u8; stream::PAGE_SIZE];
+                memory
+                    .read_slice(&mut bytes, GuestAddress(p * page))
+                    .unwrap();
+                let want = if [1, 2, 4].contains(&p) { 0 } else { 0xab };
+                assert!(bytes.iter().all(|&b| b == want), "page {p}");
+                memory
+                    .write_slice(&[0xab; stream::PAGE_SIZE], GuestAddress(p * page))
+                    .unwrap();
+            }
         }
     }
 }

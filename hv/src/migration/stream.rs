@@ -117,6 +117,10 @@ pub struct Meta {
     pub cpuid: Vec<Vec<kvm_bindings::kvm_cpuid_entry2>>,
     /// What the program runs in the VM (kumo: the guest and its workload), opaque here.
     pub app: String,
+    /// Guest RAM is on 2 MiB huge pages; the new VM takes them too (absent in streams
+    /// from before it existed: 4 KiB pages).
+    #[serde(default)]
+    pub huge_pages: bool,
 }
 
 pub fn write_header(w: &mut impl Write) -> Result<(), StreamError> {

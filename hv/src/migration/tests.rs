@@ -15,7 +15,17 @@ fn meta() -> Meta {
             ..Default::default()
         }]],
         app: r#"{"npb":"ep.S"}"#.into(),
+        huge_pages: true,
     }
+}
+
+#[test]
+fn a_meta_from_before_huge_pages_means_4k_pages() {
+    let mut old = serde_json::to_value(meta()).unwrap();
+    old.as_object_mut().unwrap().remove("huge_pages");
+    let read: Meta = serde_json::from_value(old).unwrap();
+    assert!(!read.huge_pages);
+    assert_eq!(read.app, meta().app);
 }
 
 fn vcpu() -> VcpuState {
