@@ -41,15 +41,11 @@ impl Drop for Scratch {
 
 /// QEMU (q35, qboot) booting `guest` by PVH with `append` as its command line, on
 /// `vcpus` vCPUs and `memory_mib` MiB of RAM. The RAM is a memfd, as kumo's is, so both
-/// VMMs give the guest the same kind of host pages (shared memory: 4 KiB pages unless
-/// the host's shmem THP is on; QEMU's default anonymous RAM would get THP where
-/// `enabled` is `madvise`, as QEMU asks for it). The console is on stdout.
-fn qemu_guest(guest: &Path, vcpus: u32, memory_mib: u64, append: &str) -> Command {
-    qemu_guest_paged(guest, vcpus, memory_mib, false, append)
-}
-
-/// As [`qemu_guest`], its RAM on 2 MiB huge pages (a hugetlbfs memfd) if `huge_pages`.
-fn qemu_guest_paged(
+/// VMMs give the guest the same kind of host pages: 4 KiB shared-memory pages unless
+/// the host's shmem THP is on, or 2 MiB hugetlbfs pages if `huge_pages`. (QEMU's
+/// default anonymous RAM would get THP where `enabled` is `madvise`, as QEMU asks for
+/// it.) The console is on stdout.
+fn qemu_guest(
     guest: &Path,
     vcpus: u32,
     memory_mib: u64,
@@ -96,7 +92,7 @@ fn qemu_guest_paged(
 
 /// Rank `rank` of two, on one vCPU and 256 MiB, with a virtio-net-pci on `netdev`.
 fn qemu_vm(guest: &Path, netdev: &str, rank: u32, append: &str) -> Command {
-    let mut command = qemu_guest(guest, 1, 256, &format!("mpi={rank}:2 {append}"));
+    let mut command = qemu_guest(guest, 1, 256, false, &format!("mpi={rank}:2 {append}"));
     command.args(["-netdev", netdev, "-device"]).arg(format!(
         "virtio-net-pci,netdev=n0,disable-legacy=on,romfile=,mac=02:6b:75:00:00:{rank:02x}"
     ));
@@ -148,7 +144,7 @@ pub fn run_guest(
     limit: Duration,
 ) -> Result<Vec<Event>> {
     let scratch = Scratch::new("guest")?;
-    let child = qemu_guest_paged(&scratch.guest, vcpus, memory_mib, huge_pages, cmdline)
+    let child = qemu_guest(&scratch.guest, vcpus, memory_mib, huge_pages, cmdline)
         .stdout(Stdio::piped())
         .spawn()
         .context("cannot start qemu-system-x86_64 (apt-get install qemu-system-x86)")?;
