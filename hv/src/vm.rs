@@ -801,7 +801,8 @@ pub(crate) fn create_memory(size: u64, huge_pages: bool) -> Result<(GuestMemoryM
     } else {
         libc::MFD_CLOEXEC
     };
-    // SAFETY: the name is a valid NUL-terminated string; the return value is checked.
+    // SAFETY: the name is a valid NUL-terminated string and `flags` are memfd_create's
+    // own; the return value is checked.
     let fd = unsafe { libc::memfd_create(c"kumo-guest-ram".as_ptr(), flags) };
     if fd < 0 {
         return Err(Error::Os {

@@ -84,7 +84,8 @@ struct ArenaView {
     len: usize,
 }
 
-// SAFETY: plain memory, handed to the team under the Arena contract.
+// SAFETY: a pointer and a length naming plain memory, which the team shares under
+// the Arena contract (each thread writes only what it owns between barriers).
 unsafe impl Sync for ArenaView {}
 
 /// Zeroed, aligned memory for a team's arena.
@@ -110,7 +111,8 @@ impl ArenaMemory {
 
 impl Drop for ArenaMemory {
     fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this layout.
+        // SAFETY: `view.ptr` was allocated in `new` with this layout, and no team runs
+        // on it any more (`run_in` returned before the drop).
         unsafe { dealloc(self.view.ptr, self.layout) };
     }
 }
