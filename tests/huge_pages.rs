@@ -52,14 +52,7 @@ fn guest_ram_and_the_native_arena_run_on_huge_pages_or_are_refused_clearly() {
 fn a_snapshot_keeps_its_huge_pages() {
     let socket = scratch("huge.sock");
     let file = scratch("huge.snap");
-    let source = kumo_background(&[
-        "--npb",
-        "ep.A",
-        "--huge-pages",
-        "--ctl-socket",
-        socket.to_str().unwrap(),
-    ]);
-    wait_for_path(&socket);
+    let source = ep_a_source(&socket, &["--huge-pages"]);
     let ctl = snapshot(&socket, &file, true);
     assert!(ctl.status.success(), "snapshot: {}", text(&ctl.stderr));
     let source_out = source.finish();

@@ -4,22 +4,6 @@ mod common;
 
 use common::*;
 
-/// `kumo --npb ep.A --json --ctl-socket SOCKET EXTRA...` in the background, once its
-/// socket is up.
-fn ep_a_source(socket: &std::path::Path, extra: &[&str]) -> Background {
-    let mut args = vec![
-        "--npb",
-        "ep.A",
-        "--json",
-        "--ctl-socket",
-        socket.to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
-    let source = kumo_background(&args);
-    wait_for_path(socket);
-    source
-}
-
 /// EP.A in the sources below: seconds of work, so a snapshot cannot find the VM already ended.
 fn assert_ep_a_verified(out: &std::process::Output) {
     assert!(

@@ -326,3 +326,19 @@ pub fn snapshot(
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
 }
+
+/// `kumo --npb ep.A --json --ctl-socket SOCKET EXTRA...` in the background, once its
+/// socket is up.
+pub fn ep_a_source(socket: &std::path::Path, extra: &[&str]) -> Background {
+    let mut args = vec![
+        "--npb",
+        "ep.A",
+        "--json",
+        "--ctl-socket",
+        socket.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let source = kumo_background(&args);
+    wait_for_path(socket);
+    source
+}
