@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use hv::{Vm, VmConfig};
+use hv::VmConfig;
 use kumo::guest::EMBEDDED_GUEST;
 
 fn config(vcpus: u32) -> VmConfig {
@@ -32,7 +32,7 @@ fn boot_to_workload_start(c: &mut Criterion) {
                 let mut total = Duration::ZERO;
                 for _ in 0..iters {
                     let epoch = Instant::now();
-                    let vm = Vm::new(config(vcpus)).expect("create VM");
+                    let vm = hv::builder::build_for_boot(config(vcpus)).expect("create VM");
                     let outcome = vm.run(Box::new(std::io::sink()), epoch).expect("run VM");
                     total += outcome
                         .workload_started

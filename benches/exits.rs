@@ -2,7 +2,7 @@
 //! unclaimed port (KVM_EXIT_IO) and a CPL0 write to unmapped memory (KVM_EXIT_MMIO).
 //! A tiny PVH guest does the exits in an unrolled loop, then writes debug-exit; the time
 //! of `Vm::run` is measured per exit, and criterion's linear fit removes the fixed cost
-//! (thread start, first entry). Also: `Vm::new` and a whole trivial boot.
+//! (thread start, first entry). Also: `hv::builder::build_for_boot` and a whole trivial boot.
 //!
 //! Compare with PLATFORM.md (kvm_pvm): ~10.5 us PIO, ~11-12 us MMIO at CPL0.
 
@@ -69,7 +69,8 @@ fn exits(c: &mut Criterion) {
         group.bench_function(name, |b| {
             b.iter_custom(|iters| {
                 let loops = iters.div_ceil(UNROLL).max(1);
-                let vm = Vm::new(config(exit_loop_guest(exit, loops as u32))).expect("create VM");
+                let vm = hv::builder::build_for_boot(config(exit_loop_guest(exit, loops as u32)))
+                    .expect("create VM");
                 let t = run_to_exit(vm);
                 // Scale to exactly `iters` exits.
                 t.mul_f64(iters as f64 / (loops * UNROLL) as f64)
@@ -86,7 +87,7 @@ fn exits(c: &mut Criterion) {
             let mut total = Duration::ZERO;
             for _ in 0..iters {
                 let start = Instant::now();
-                let vm = Vm::new(config(trivial.clone())).expect("create VM");
+                let vm = hv::builder::build_for_boot(config(trivial.clone())).expect("create VM");
                 total += start.elapsed();
                 drop(vm);
             }
@@ -97,7 +98,7 @@ fn exits(c: &mut Criterion) {
         b.iter_custom(|iters| {
             let mut total = Duration::ZERO;
             for _ in 0..iters {
-                let vm = Vm::new(config(trivial.clone())).expect("create VM");
+                let vm = hv::builder::build_for_boot(config(trivial.clone())).expect("create VM");
                 total += run_to_exit(vm);
             }
             total
@@ -108,7 +109,7 @@ fn exits(c: &mut Criterion) {
             let mut total = Duration::ZERO;
             for _ in 0..iters {
                 let start = Instant::now();
-                let vm = Vm::new(VmConfig {
+                let vm = hv::builder::build_for_boot(VmConfig {
                     vcpus: 4,
                     ..config(trivial.clone())
                 })

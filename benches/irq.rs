@@ -14,7 +14,7 @@ use hv::testing::{PvhImage, asm};
 use hv::{Vm, VmConfig};
 
 fn idle_vm() -> Vm {
-    Vm::new(VmConfig {
+    hv::builder::build_for_boot(VmConfig {
         vcpus: 1,
         memory_mib: 16,
         kernel: PvhImage::new(&asm::halt_forever()).build(),

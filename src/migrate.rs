@@ -349,7 +349,7 @@ pub fn receive_vm(
     stream.set_read_timeout(Some(STREAM_TIMEOUT))?;
     // Each round is acknowledged as soon as it is in RAM: the source pauses the VM
     // only once this side has caught up.
-    let (vm, meta) = hv::migration::receive_from(
+    let (vm, meta) = hv::builder::build_incoming(
         &mut BufReader::with_capacity(1 << 20, &stream),
         kvm_device,
         |round| {
@@ -448,7 +448,8 @@ pub fn run_controlled(args: &VmArgs, epoch: Instant) -> Result<u8> {
         config.huge_pages = args.huge_pages;
         (config, npb_list(&specs), None)
     };
-    let vm = Vm::with_dirty_log(config, args.dirty_log.unwrap_or_default())?;
+    let vm =
+        hv::builder::build_for_boot_with_dirty_log(config, args.dirty_log.unwrap_or_default())?;
     let app = AppState {
         guest: GUEST_NAME.into(),
         npb,
@@ -467,7 +468,7 @@ pub fn run_restore(args: &VmArgs, epoch: Instant) -> Result<u8> {
     let path = args.restore.as_deref().context("--restore needs a path")?;
     let file = std::fs::File::open(path)
         .with_context(|| format!("cannot open snapshot {}", path.display()))?;
-    let (vm, meta) = hv::migration::restore_from(&mut BufReader::new(file), &args.kvm_device)
+    let (vm, meta) = hv::builder::build_from_snapshot(&mut BufReader::new(file), &args.kvm_device)
         .with_context(|| format!("cannot restore {}", path.display()))?;
     let app = AppState::parse(&meta.app)?;
     run_vm(vm, app, args.ctl_socket.as_deref(), epoch, args.json)

@@ -249,7 +249,7 @@ fn run_job_in(
             format!("mpi={first}:{size}:{vcpus} {extra}"),
             kvm_device,
         );
-        let mut vm = hv::Vm::new(config)?;
+        let mut vm = hv::builder::build_for_boot(config)?;
         // The guest gives its k-th NIC (in slot order, the order attached) to rank
         // first + k, on vCPU k.
         for rank in first..first + vcpus {

@@ -183,7 +183,7 @@ pub fn run_controlled(args: &MpiArgs, specs: &[Spec], epoch: Instant) -> Result<
         ),
         &args.kvm_device,
     );
-    let vm = Vm::new(config)?;
+    let vm = hv::builder::build_for_boot(config)?;
     let app = AppState {
         guest: GUEST_NAME.into(),
         npb: migrate::npb_list(specs),

@@ -207,7 +207,7 @@ pub fn run_guest_scheduled(
         kvm_device,
     );
     config.huge_pages = options.huge_pages;
-    let mut vm = Vm::new(config)?;
+    let mut vm = hv::builder::build_for_boot(config)?;
     guest::tell_host_cpus(&vm);
     let attached = options.passthrough.attach(&mut vm)?;
     let scheduler = options
@@ -338,7 +338,7 @@ pub fn boot_embedded<T>(
     epoch: Instant,
     prepare: impl FnOnce(&mut Vm) -> T,
 ) -> Result<(GuestRun, T)> {
-    let mut vm = Vm::new(config)?;
+    let mut vm = hv::builder::build_for_boot(config)?;
     let prepared = prepare(&mut vm);
     Ok((run_collecting(vm, epoch)?, prepared))
 }
@@ -400,7 +400,7 @@ pub fn run_kernel(args: &VmArgs, kernel: &Path, epoch: Instant) -> Result<u8> {
         kvm_device: args.kvm_device.clone(),
         huge_pages: args.huge_pages,
     };
-    let mut vm = Vm::new(config)?;
+    let mut vm = hv::builder::build_for_boot(config)?;
     // Kept until the run ends (their backend threads stop when dropped).
     let disks = hv::block::attach(&mut vm, disks)?;
     let attached = Passthrough {

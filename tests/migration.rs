@@ -797,7 +797,7 @@ fn a_destination_that_vanishes_after_the_whole_stream_leaves_the_rank_running_an
     // the rounds, and closes the connection instead of running it: the source has
     // paused the rank (its switch held) and must resume it.
     let (port, vanishing) = fake_destination(&secret, |stream| {
-        let received = hv::migration::receive_from(
+        let received = hv::builder::build_incoming(
             &mut std::io::BufReader::new(&stream),
             Path::new("/dev/kvm"),
             |round| {

@@ -11,7 +11,7 @@
 //!     kvm_device: "/dev/kvm".into(),
 //!     huge_pages: false,
 //! };
-//! let outcome = hv::Vm::new(config)?.run(Box::new(std::io::stdout()), std::time::Instant::now())?;
+//! let outcome = hv::builder::build_for_boot(config)?.run(Box::new(std::io::stdout()), std::time::Instant::now())?;
 //! assert!(matches!(outcome.exit, hv::GuestExit::DebugExit(0x2a)));
 //! # Ok::<(), hv::Error>(())
 //! ```
@@ -20,6 +20,7 @@ pub mod acpi;
 pub mod bar_windows;
 pub mod block;
 pub mod boot;
+pub mod builder;
 pub mod cpuid;
 pub mod credit;
 mod doorbells;
@@ -32,6 +33,7 @@ mod kick;
 mod kvm;
 pub mod kvm_stats;
 pub mod layout;
+mod machine;
 pub mod memory_map;
 pub mod migration;
 pub mod net;

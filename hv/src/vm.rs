@@ -1,7 +1,6 @@
 //! VM creation and the run coordinator.
 
 use std::fs::File;
-use std::os::fd::{AsRawFd, FromRawFd};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
@@ -12,9 +11,8 @@ use devices::debug_exit::{DEBUG_EXIT_LEN, DEBUG_EXIT_PORT};
 use devices::pci::{BarAllocator, ConfigPorts, PciBus, PciDevice};
 use devices::serial::{COM1_LEN, COM1_PORT};
 use devices::{BootTimer, Com1, DebugExit, PioBus, PioRange};
-use kvm_bindings::{CpuId, KVM_MAX_CPUID_ENTRIES, kvm_userspace_memory_region};
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
-use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vm_memory::{GuestMemoryBackend, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::signal::Killable;
 
@@ -23,18 +21,13 @@ use crate::doorbells::IoEventWiring;
 use crate::halt::{self, ConsoleTail, HaltDetector, HaltVerdict};
 use crate::irq::{EventLoop, GsiRouter, Msi};
 use crate::kick;
-use crate::kvm::{self, ioctl};
 use crate::layout::*;
-use crate::memory_map;
-use crate::migration::dirty::DirtyLogMode;
 use crate::migration::{DeviceStates, Hub};
 use crate::placement::VcpuControl;
 use crate::stop::{self, RunLimits, StopCause};
 use crate::vcpu::{self, Shared, ToCoordinator, VcpuEnd};
 use crate::watchdog::{Observation, Verdict, Watchdog};
-use crate::{
-    Error, FaultReason, FaultReport, GuestExit, RunOutcome, VmConfig, acpi, boot, cpuid, elf, regs,
-};
+use crate::{Error, FaultReason, FaultReport, GuestExit, RunOutcome};
 
 /// A created VM, ready to run.
 pub struct Vm {
@@ -128,117 +121,6 @@ impl Drop for Unwake {
 const REKICK: Duration = Duration::from_millis(10);
 
 impl Vm {
-    /// Validates the configuration, opens KVM, creates the VM with memfd-backed RAM, the
-    /// in-kernel irqchip and the vCPUs (CPUID policy), loads the kernel and modules,
-    /// writes the boot information and ACPI tables and sets the BSP's PVH entry state.
-    pub fn new(config: VmConfig) -> Result<Vm, Error> {
-        Vm::with_dirty_log(config, DirtyLogMode::default())
-    }
-
-    /// As [`Vm::new`], tracking written pages (for a live migration) with `dirty`:
-    /// the dirty ring can only be chosen when the VM is made.
-    pub fn with_dirty_log(config: VmConfig, dirty: DirtyLogMode) -> Result<Vm, Error> {
-        // Everything that needs no KVM first, so bad input fails fast.
-        if config.vcpus == 0 {
-            return Err(Error::NoVcpus);
-        }
-        // Before the multiplication below can overflow (restore checks in `machine`).
-        memory_map::check_size(config.memory_mib)?;
-        let mem_size = config.memory_mib * MIB;
-        let low_ram = memory_map::low_ram_bytes(mem_size);
-        let info = elf::inspect(&config.kernel)?;
-        let sizes: Vec<u64> = config.modules.iter().map(|m| m.len() as u64).collect();
-        let (modules, modules_end) = boot::place_modules(info.end, &sizes).ok_or_else(|| {
-            Error::KernelLayout("the modules do not fit in the address space".into())
-        })?;
-        let blobs = boot::boot_blobs(mem_size, &config.cmdline, &modules)?;
-        let needed = info.end.max(modules_end).max(HIGH_RAM_START);
-        if needed > low_ram {
-            let needed_mib = needed.div_ceil(MIB);
-            if needed > memory_map::LOW_RAM_MAX {
-                return Err(Error::KernelLayout(format!(
-                    "the kernel and modules end at {needed:#x}, above the RAM below the 32-bit hole ({} MiB)",
-                    memory_map::LOW_RAM_MAX / MIB
-                )));
-            }
-            return Err(Error::MemoryTooSmall {
-                memory_mib: config.memory_mib,
-                needed_mib,
-            });
-        }
-        elf::check_layout(&info, low_ram)?;
-        let acpi_blob = acpi::build(config.vcpus, ACPI_START);
-        if ACPI_START + acpi_blob.len() as u64 > HIGH_RAM_START {
-            return Err(Error::KernelLayout(format!(
-                "ACPI tables for {} vCPUs do not fit below 1 MiB",
-                config.vcpus
-            )));
-        }
-
-        let (kvm, vm, memory, memfd) = machine(
-            &config.kvm_device,
-            config.vcpus,
-            mem_size,
-            dirty,
-            config.huge_pages,
-        )?;
-
-        let supported = kvm
-            .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
-            .map_err(ioctl("KVM_GET_SUPPORTED_CPUID"))?;
-        let mut vcpus = Vec::with_capacity(config.vcpus as usize);
-        let mut tsc_khz = 0;
-        for index in 0..config.vcpus {
-            let vcpu = vm
-                .create_vcpu(u64::from(index))
-                .map_err(ioctl("KVM_CREATE_VCPU"))?;
-            if index == 0 {
-                tsc_khz = vcpu.get_tsc_khz().unwrap_or_else(|e| {
-                    tracing::warn!("KVM_GET_TSC_KHZ failed ({e}); CPUID leaf 0x40000010 reports 0");
-                    0
-                });
-            }
-            let entries = cpuid::vcpu_cpuid(supported.as_slice(), index, config.vcpus, tsc_khz);
-            set_cpuid(&vcpu, &entries)?;
-            vcpus.push(vcpu);
-        }
-
-        let entry = elf::load(&memory, &config.kernel, &info)?;
-        for ((addr, _), bytes) in modules.iter().zip(&config.modules) {
-            write(&memory, *addr, bytes)?;
-        }
-        for (addr, bytes) in &blobs {
-            write(&memory, *addr, bytes)?;
-        }
-        write(&memory, ACPI_START, &acpi_blob)?;
-
-        let bsp = &vcpus[0];
-        let sregs = bsp.get_sregs().map_err(ioctl("KVM_GET_SREGS"))?;
-        bsp.set_sregs(&regs::entry_sregs(&sregs))
-            .map_err(ioctl("KVM_SET_SREGS"))?;
-        bsp.set_regs(&regs::entry_regs(entry))
-            .map_err(ioctl("KVM_SET_REGS"))?;
-        tracing::debug!(
-            vcpus = config.vcpus,
-            memory_mib = config.memory_mib,
-            entry = format_args!("{entry:#x}"),
-            tsc_khz,
-            "VM created"
-        );
-        let vm = Arc::new(vm);
-        let control = Arc::new(VcpuControl::new(config.vcpus as usize));
-        let hub = Arc::new(Hub::new(
-            &kvm,
-            &vcpus,
-            dirty,
-            vm.clone(),
-            memory.clone(),
-            &memfd,
-            control.clone(),
-        )?);
-        Ok(Vm::assemble(kvm, vm, vcpus, control, hub, memory, memfd))
-    }
-
     /// A VM of these parts with its (empty) PCI bus wired to KVM: doorbells as
     /// ioeventfds, direct windows as memory slots.
     pub(crate) fn assemble(
@@ -280,7 +162,7 @@ impl Vm {
         self.health.clone()
     }
 
-    /// The memfd behind guest RAM (each region's offset in it: [`memory_map::ram_regions`]).
+    /// The memfd behind guest RAM (each region's offset in it: [`crate::memory_map::ram_regions`]).
     pub fn memory_fd(&self) -> &File {
         &self.memfd
     }
@@ -697,231 +579,5 @@ fn watch(
                 .map(|s| s.registers)
                 .ok_or_else(|| "never sampled".to_string()),
         })),
-    }
-}
-
-/// What every VM starts from, new or restored: KVM opened (and its vCPU limit checked),
-/// a VM with `mem_size` bytes of memfd RAM (one slot per region of
-/// [`memory_map::ram_regions`]; on huge pages if `huge_pages`), the TSS and the
-/// in-kernel irqchip (which must exist before any vCPU), and the dirty ring if `dirty`
-/// asks.
-pub(crate) fn machine(
-    kvm_device: &std::path::Path,
-    vcpus: u32,
-    mem_size: u64,
-    dirty: DirtyLogMode,
-    huge_pages: bool,
-) -> Result<(Kvm, VmFd, GuestMemoryMmap, File), Error> {
-    memory_map::check_size(mem_size.div_ceil(MIB))?;
-    let kvm = kvm::open(kvm_device)?;
-    let max = kvm::max_vcpus(&kvm);
-    if vcpus > max {
-        return Err(Error::TooManyVcpus {
-            requested: vcpus,
-            max,
-        });
-    }
-    let vm = create_vm(&kvm)?;
-    crate::teardown::keep(vm.as_raw_fd());
-    let (memory, memfd) = create_memory(mem_size, huge_pages)?;
-    for region in memory_map::ram_regions(mem_size) {
-        set_memory_slot(&vm, &memory, &region, 0)?;
-    }
-    vm.set_tss_address(KVM_TSS_ADDR)
-        .map_err(ioctl("KVM_SET_TSS_ADDR"))?;
-    vm.create_irq_chip().map_err(ioctl("KVM_CREATE_IRQCHIP"))?;
-    if dirty == DirtyLogMode::Ring {
-        crate::migration::dirty::enable_ring(&vm)?;
-    }
-    Ok((kvm, vm, memory, memfd))
-}
-
-/// Gives `vcpu` the CPUID `entries`.
-pub(crate) fn set_cpuid(
-    vcpu: &VcpuFd,
-    entries: &[kvm_bindings::kvm_cpuid_entry2],
-) -> Result<(), Error> {
-    let cpuid = CpuId::from_entries(entries).map_err(|_| Error::Kvm {
-        ioctl: "KVM_SET_CPUID2",
-        source: kvm_ioctls::Error::new(libc::E2BIG),
-    })?;
-    vcpu.set_cpuid2(&cpuid).map_err(ioctl("KVM_SET_CPUID2"))
-}
-
-fn create_vm(kvm: &Kvm) -> Result<VmFd, Error> {
-    // KVM_CREATE_VM can fail with EINTR when a signal arrives; retry then.
-    let mut tries = 0;
-    loop {
-        match kvm.create_vm() {
-            Ok(vm) => return Ok(vm),
-            Err(e) if e.errno() == libc::EINTR && tries < 10 => tries += 1,
-            Err(e) => return Err(ioctl("KVM_CREATE_VM")(e)),
-        }
-    }
-}
-
-/// Gives KVM `region` of `memory` as its slot, with `flags` (dirty logging or none).
-pub(crate) fn set_memory_slot(
-    vm: &VmFd,
-    memory: &GuestMemoryMmap,
-    region: &memory_map::RamRegion,
-    flags: u32,
-) -> Result<(), Error> {
-    let host = memory
-        .get_host_address(GuestAddress(region.gpa))
-        .map_err(|e| Error::GuestMemory(e.to_string()))?;
-    let slot = kvm_userspace_memory_region {
-        slot: region.slot,
-        flags,
-        guest_phys_addr: region.gpa,
-        memory_size: region.size,
-        userspace_addr: host as u64,
-    };
-    // SAFETY: `host` is the start of `memory`'s mapping of this region, `region.size`
-    // bytes long (`create_memory` mapped each region of `ram_regions` whole). Whoever
-    // owns the VM fd keeps that mapping alive until after the VM is gone (the Vm drops
-    // its memory after the VM fd, the migration hub holds a clone), so KVM never sees a
-    // dangling host range.
-    unsafe { vm.set_user_memory_region(slot) }.map_err(ioctl("KVM_SET_USER_MEMORY_REGION"))
-}
-
-/// Guest RAM of `size` bytes on one memfd, mapped region by region as
-/// [`memory_map::ram_regions`] lays it out (zero-filled). On 4 KiB pages it is
-/// untouched: pages appear when used, so a large guest costs only what it touches. On
-/// huge pages every page is taken now, so a short pool is a clear error here and not
-/// a fault (SIGBUS) when the guest first touches the page that is missing.
-pub(crate) fn create_memory(size: u64, huge_pages: bool) -> Result<(GuestMemoryMmap, File), Error> {
-    let flags = if huge_pages {
-        if !size.is_multiple_of(HUGE_PAGE) {
-            return Err(Error::HugePagesOdd {
-                memory_mib: size / MIB,
-            });
-        }
-        libc::MFD_CLOEXEC | libc::MFD_HUGETLB | libc::MFD_HUGE_2MB
-    } else {
-        libc::MFD_CLOEXEC
-    };
-    // SAFETY: the name is a valid NUL-terminated string and `flags` are memfd_create's
-    // own; the return value is checked.
-    let fd = unsafe { libc::memfd_create(c"kumo-guest-ram".as_ptr(), flags) };
-    if fd < 0 {
-        return Err(Error::Os {
-            what: "memfd_create",
-            source: std::io::Error::last_os_error(),
-        });
-    }
-    // SAFETY: `fd` is a new descriptor that nothing else owns.
-    let file = unsafe { File::from_raw_fd(fd) };
-    file.set_len(size).map_err(|source| Error::Os {
-        what: "sizing the guest RAM memfd",
-        source,
-    })?;
-    if huge_pages {
-        take_huge_pages(&file, size)?;
-    }
-    let ranges = memory_map::ram_regions(size)
-        .iter()
-        .map(|r| {
-            let mapped = file.try_clone().map_err(|source| Error::Os {
-                what: "duplicating the guest RAM memfd",
-                source,
-            })?;
-            Ok((
-                GuestAddress(r.gpa),
-                r.size as usize,
-                Some(FileOffset::new(mapped, r.file_offset)),
-            ))
-        })
-        .collect::<Result<Vec<_>, Error>>()?;
-    let memory = GuestMemoryMmap::from_ranges_with_files(ranges)
-        .map_err(|e| Error::GuestMemory(e.to_string()))?;
-    Ok((memory, file))
-}
-
-/// The size of the huge pages guest RAM can be on (x86's 2 MiB).
-const HUGE_PAGE: u64 = 2 * MIB;
-
-/// Allocates every huge page of the memfd `file` (`size` bytes) from the host's pool.
-fn take_huge_pages(file: &File, size: u64) -> Result<(), Error> {
-    // Read first: a failed fallocate keeps what it took until the memfd closes.
-    let free = free_huge_pages();
-    // SAFETY: fallocate on a descriptor we own, within its size.
-    let done = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, size as libc::off_t) };
-    if done == 0 {
-        return Ok(());
-    }
-    let source = std::io::Error::last_os_error();
-    match source.raw_os_error() {
-        Some(libc::ENOSPC | libc::ENOMEM) => Err(Error::HugePagesShort {
-            memory_mib: size / MIB,
-            needed: size / HUGE_PAGE,
-            free,
-        }),
-        _ => Err(Error::Os {
-            what: "allocating guest RAM on huge pages",
-            source,
-        }),
-    }
-}
-
-/// True if `memfd` is a hugetlbfs file (guest RAM made with `huge_pages`).
-pub(crate) fn on_huge_pages(memfd: &File) -> bool {
-    const HUGETLBFS_MAGIC: libc::c_long = 0x9584_58f6;
-    let mut fs = std::mem::MaybeUninit::<libc::statfs>::uninit();
-    // SAFETY: fstatfs writes a statfs into the buffer it is given; read only on success.
-    let done = unsafe { libc::fstatfs(memfd.as_raw_fd(), fs.as_mut_ptr()) };
-    // SAFETY: initialised by the successful call.
-    done == 0 && unsafe { fs.assume_init() }.f_type as libc::c_long == HUGETLBFS_MAGIC
-}
-
-/// The host's 2 MiB huge pages free for a new VM: `HugePages_Free` less
-/// `HugePages_Rsvd` (promised to mappings that have not touched them yet) of
-/// `/proc/meminfo`; 0 if unread.
-pub(crate) fn free_huge_pages() -> u64 {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    let field = |name: &str| -> u64 {
-        meminfo
-            .lines()
-            .find_map(|line| line.strip_prefix(name))
-            .and_then(|n| n.trim().parse().ok())
-            .unwrap_or(0)
-    };
-    field("HugePages_Free:").saturating_sub(field("HugePages_Rsvd:"))
-}
-
-fn write(memory: &GuestMemoryMmap, addr: u64, bytes: &[u8]) -> Result<(), Error> {
-    memory
-        .write_slice(bytes, GuestAddress(addr))
-        .map_err(|e| Error::GuestMemory(format!("writing {} bytes at {addr:#x}: {e}", bytes.len())))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn memfd(flags: libc::c_uint) -> File {
-        // SAFETY: a valid name; the result is checked before it is owned.
-        let fd = unsafe { libc::memfd_create(c"kumo-test".as_ptr(), libc::MFD_CLOEXEC | flags) };
-        assert!(fd >= 0, "{}", std::io::Error::last_os_error());
-        // SAFETY: a new descriptor nothing else owns.
-        unsafe { File::from_raw_fd(fd) }
-    }
-
-    #[test]
-    fn a_hugetlbfs_memfd_is_told_from_a_shared_memory_one() {
-        // Creating the file takes no page, so this needs no pool.
-        assert!(on_huge_pages(&memfd(
-            libc::MFD_HUGETLB | libc::MFD_HUGE_2MB
-        )));
-        assert!(!on_huge_pages(&memfd(0)));
-    }
-
-    #[test]
-    fn guest_ram_on_huge_pages_is_whole_huge_pages() {
-        let err = create_memory(3 * MIB, true).unwrap_err();
-        assert!(
-            matches!(err, Error::HugePagesOdd { memory_mib: 3 }),
-            "{err}"
-        );
     }
 }

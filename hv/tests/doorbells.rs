@@ -5,10 +5,10 @@
 
 use std::time::{Duration, Instant};
 
+use hv::GuestExit;
 use hv::irq::IrqPath;
 use hv::irq_device::{self, IrqDeviceSetup};
 use hv::testing::{asm, code_vm, kvm_available};
-use hv::{GuestExit, Vm};
 
 /// The test device is the first device kumo plugs in: slot 1 (the host bridge is 0),
 /// its BAR 0 the first address of the PCI window.
@@ -47,7 +47,7 @@ fn doorbells_follow_memory_enable_and_bar_moves() {
         asm::debug_exit(0),
     ]
     .concat();
-    let mut vm = Vm::new(code_vm(1, 64, &code)).expect("VM");
+    let mut vm = hv::builder::build_for_boot(code_vm(1, 64, &code)).expect("VM");
     let setup = IrqDeviceSetup {
         path: IrqPath::Generic,
         delay: Duration::ZERO,

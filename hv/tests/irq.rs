@@ -146,7 +146,7 @@ impl Running {
 /// Creates the VM, lets `setup` take its interrupt handles, runs it on another thread
 /// and waits until the guest is ready for interrupts.
 fn start<T>(count: u8, setup: impl FnOnce(&Vm) -> T) -> (Running, T) {
-    let vm = Vm::new(VmConfig {
+    let vm = hv::builder::build_for_boot(VmConfig {
         vcpus: 1,
         memory_mib: 16,
         kernel: interrupt_guest(count),

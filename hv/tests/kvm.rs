@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use hv::testing::{LOAD_ADDRESS, PvhImage, asm};
-use hv::{Error, FaultReason, GuestExit, RunOutcome, Vm, VmConfig};
+use hv::{Error, FaultReason, GuestExit, RunOutcome, VmConfig};
 use vm_memory::{Bytes, GuestAddress};
 
 /// A hang guard, not a performance threshold.
@@ -47,7 +47,7 @@ fn boot(config: VmConfig) -> (RunOutcome, Console) {
     let out = console.clone();
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
-        let vm = Vm::new(config).expect("create VM");
+        let vm = hv::builder::build_for_boot(config).expect("create VM");
         let _ = tx.send(vm.run(Box::new(out), Instant::now()));
     });
     let outcome = rx
@@ -124,7 +124,7 @@ fn boot_data_is_where_the_abi_says() {
     let mut cfg = config(2, PvhImage::new(&asm::halt_forever()).bss(0x1800).build());
     cfg.cmdline = "npb=ep.S fault=none".into();
     cfg.modules = vec![b"first module".to_vec(), vec![0xab; 5000]];
-    let vm = Vm::new(cfg).unwrap();
+    let vm = hv::builder::build_for_boot(cfg).unwrap();
     let mem = vm.memory();
     let u32_at = |a: u64| mem.read_obj::<u32>(GuestAddress(a)).unwrap();
     let u64_at = |a: u64| mem.read_obj::<u64>(GuestAddress(a)).unwrap();
@@ -355,7 +355,7 @@ fn rep_outsb_prints_every_byte() {
 }
 
 fn new_err(cfg: VmConfig) -> Error {
-    Vm::new(cfg).expect_err("Vm::new must refuse this")
+    hv::builder::build_for_boot(cfg).expect_err("build_for_boot must refuse this")
 }
 
 #[test]

@@ -79,7 +79,7 @@ fn counting(
     vm_memory::GuestMemoryMmap,
     std::thread::JoinHandle<Result<hv::RunOutcome, hv::Error>>,
 ) {
-    let vm = Vm::new(config(vcpus)).unwrap();
+    let vm = hv::builder::build_for_boot(config(vcpus)).unwrap();
     let hub = vm.migration_hub();
     let memory = vm.memory().clone();
     let runner = std::thread::spawn(move || vm.run(Box::new(std::io::sink()), Instant::now()));
@@ -92,7 +92,7 @@ fn a_paused_vm_resumes_and_finishes() {
     if !kvm_available() {
         return;
     }
-    let vm = Vm::new(config(2)).unwrap();
+    let vm = hv::builder::build_for_boot(config(2)).unwrap();
     let hub = vm.migration_hub();
     // Not running yet: refused before anything (a migration checks this before it
     // connects to its destination).
@@ -128,7 +128,7 @@ fn a_snapshot_taken_midway_restores_and_finishes() {
 }
 
 fn snapshot_midway(vcpus: u32) {
-    let vm = Vm::new(config(vcpus)).unwrap();
+    let vm = hv::builder::build_for_boot(config(vcpus)).unwrap();
     let hub = vm.migration_hub();
     let memory = vm.memory().clone();
     let runner = std::thread::spawn(move || vm.run(Box::new(std::io::sink()), Instant::now()));
@@ -160,7 +160,8 @@ fn snapshot_midway(vcpus: u32) {
     );
 
     let (restored, meta) =
-        migration::restore_from(&mut &bytes[..], std::path::Path::new("/dev/kvm")).unwrap();
+        hv::builder::build_from_snapshot(&mut &bytes[..], std::path::Path::new("/dev/kvm"))
+            .unwrap();
     assert_eq!(meta.vcpus, vcpus);
     assert_eq!(counter(restored.memory()), saved_count);
     let console = Console::default();
@@ -187,11 +188,11 @@ fn a_corrupted_snapshot_is_refused() {
     let mut bad = bytes.clone();
     let at = bad.len() / 2;
     bad[at] ^= 0x40;
-    let err = migration::restore_from(&mut &bad[..], std::path::Path::new("/dev/kvm"))
+    let err = hv::builder::build_from_snapshot(&mut &bad[..], std::path::Path::new("/dev/kvm"))
         .unwrap_err()
         .to_string();
     assert!(err.contains("checksum"), "{err}");
-    let err = migration::restore_from(&mut &bytes[..bytes.len() - 5], "/dev/kvm".as_ref())
+    let err = hv::builder::build_from_snapshot(&mut &bytes[..bytes.len() - 5], "/dev/kvm".as_ref())
         .unwrap_err()
         .to_string();
     assert!(err.contains("truncated"), "{err}");
@@ -234,7 +235,7 @@ fn send_over(
 /// Receives a VM from `b`, acknowledging each round as a destination does.
 fn receive_acking(b: &std::os::unix::net::UnixStream) -> Result<(Vm, migration::Meta), hv::Error> {
     let mut r = std::io::BufReader::new(b.try_clone().unwrap());
-    migration::receive_from(&mut r, std::path::Path::new("/dev/kvm"), |round| {
+    hv::builder::build_incoming(&mut r, std::path::Path::new("/dev/kvm"), |round| {
         stream::write_reply(&mut &*b, Reply::Applied(round)).map_err(hv::Error::from)
     })
 }
@@ -424,7 +425,7 @@ fn a_vcpu_that_cannot_stop_fails_the_pause_and_the_vm_runs_on() {
     if !kvm_available() {
         return;
     }
-    let vm = Vm::new(config(1)).unwrap();
+    let vm = hv::builder::build_for_boot(config(1)).unwrap();
     let hub = vm.migration_hub();
     let control = vm.control();
     let memory = vm.memory().clone();

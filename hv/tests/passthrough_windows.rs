@@ -13,10 +13,10 @@ use std::time::Instant;
 use devices::pci::passthrough::{CONFIG_REGION, RegionAccess};
 use devices::vfio_user::proto::vfio as consts;
 use devices::vfio_user::proto::{DeviceInfo, IoFd, IrqInfo, RegionInfo};
+use hv::GuestExit;
 use hv::irq::IrqPath;
 use hv::passthrough::{Backend, DeviceMapping, PassthroughSpec};
 use hv::testing::{asm, code_vm, kvm_available};
-use hv::{GuestExit, Vm};
 use vmm_sys_util::eventfd::EventFd;
 
 /// The device is the first one plugged in: slot 1, BAR 0 at the window's start.
@@ -161,7 +161,7 @@ fn a_mapped_bar_is_reached_without_exits_and_follows_the_bar() {
         asm::debug_exit(0),
     ]
     .concat();
-    let mut vm = Vm::new(code_vm(1, 64, &code)).expect("VM");
+    let mut vm = hv::builder::build_for_boot(code_vm(1, 64, &code)).expect("VM");
     let device = Arc::new(MemoryBarDevice::new());
     let spec = PassthroughSpec::VfioUser("test-memory-bar".into());
     let _attached =

@@ -13,7 +13,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use hv::Vm;
 use hv::migration::dirty::DirtyLogMode;
 use serde_json::json;
 
@@ -81,7 +80,7 @@ fn one_run(args: &MigrateBenchArgs, dirty: DirtyLogMode, epoch: Instant) -> Resu
     let memory_mib = args.memory;
     let (cmdline, specs) = guest_cmdline(args)?;
     let config = run::embedded_config(args.vcpus, memory_mib, cmdline, &args.kvm_device);
-    let vm = Vm::with_dirty_log(config, dirty)?;
+    let vm = hv::builder::build_for_boot_with_dirty_log(config, dirty)?;
     let hub = vm.migration_hub();
     let console = Arc::new(Mutex::new(Vec::new()));
     let app = AppState {

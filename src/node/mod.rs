@@ -124,7 +124,8 @@ pub fn run(
             domain.cmdline(),
             kvm_device,
         );
-        let mut vm = Vm::new(config).with_context(|| format!("domain '{}'", domain.name))?;
+        let mut vm = hv::builder::build_for_boot(config)
+            .with_context(|| format!("domain '{}'", domain.name))?;
         // What a ballooning guest runs its teams on: the node's CPUs.
         let pcpus = u32::try_from(node.pcpus.len()).unwrap_or(u32::MAX);
         vm.control().host_cpus().set(pcpus);

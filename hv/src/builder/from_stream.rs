@@ -13,27 +13,27 @@ use vm_memory::{
     Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion,
 };
 
-use super::Hub;
-use super::dirty::DirtyLogMode;
-use super::state::{self, DeviceStates, VcpuState, VmState};
-use super::stream::{
+use crate::kvm::ioctl;
+use crate::machine::{machine, set_cpuid};
+use crate::migration::Hub;
+use crate::migration::dirty::DirtyLogMode;
+use crate::migration::state::{self, DeviceStates, VcpuState, VmState};
+use crate::migration::stream::{
     self, Meta, StreamError, TAG_APP, TAG_DEVICES, TAG_END, TAG_META, TAG_RAM, TAG_SYNC, TAG_VCPU,
     TAG_VM, tag_name,
 };
-use crate::kvm::ioctl;
 use crate::placement::VcpuControl;
-use crate::vm::{machine, set_cpuid};
 use crate::{Error, Vm};
 
 /// Reads a whole stream (header first) from `r` and builds the VM it describes.
 /// Returns the VM, ready to run, and the stream's META (with the program's `app`).
-pub fn restore_from(r: &mut impl Read, kvm_device: &Path) -> Result<(Vm, Meta), Error> {
-    receive_from(r, kvm_device, |_| Ok(()))
+pub fn build_from_snapshot(r: &mut impl Read, kvm_device: &Path) -> Result<(Vm, Meta), Error> {
+    build_incoming(r, kvm_device, |_| Ok(()))
 }
 
-/// [`restore_from`] for a migration: `applied(round)` is called at each `SYNC`, once
+/// [`build_from_snapshot`] for a migration: `applied(round)` is called at each `SYNC`, once
 /// every page before it is in RAM, to acknowledge the round to the source.
-pub fn receive_from(
+pub fn build_incoming(
     r: &mut impl Read,
     kvm_device: &Path,
     mut applied: impl FnMut(u32) -> Result<(), Error>,
@@ -195,13 +195,9 @@ fn write_zeros(memory: &GuestMemoryMmap, gpa: u64, len: u64) -> Result<(), Error
 /// A VM of META's shape with nothing loaded: RAM, irqchip, vCPUs with their CPUID.
 fn create(meta: &Meta, kvm_device: &Path) -> Result<Vm, Error> {
     let dirty = DirtyLogMode::default();
-    let (kvm, vm, memory, memfd) = machine(
-        kvm_device,
-        meta.vcpus,
-        meta.memory_bytes,
-        dirty,
-        meta.huge_pages,
-    )?;
+    let (kvm, vm, memory, memfd) =
+        machine(kvm_device, meta.vcpus, meta.memory_bytes, meta.huge_pages)?;
+    super::enable_dirty_log(&vm, dirty)?;
     let mut vcpus = Vec::with_capacity(meta.vcpus as usize);
     for (index, entries) in meta.cpuid.iter().enumerate() {
         let vcpu = vm
@@ -251,7 +247,7 @@ mod tests {
 
     #[test]
     fn zeroing_ram_on_huge_pages_keeps_every_page() {
-        if crate::vm::free_huge_pages() < 1 {
+        if crate::machine::free_huge_pages() < 1 {
             assert_ne!(
                 std::env::var("CI").as_deref(),
                 Ok("true"),
@@ -260,8 +256,8 @@ mod tests {
             eprintln!("SKIPPED: no free 2 MiB huge page");
             return;
         }
-        let (memory, _memfd) = crate::vm::create_memory(2 << 20, true).unwrap();
-        let taken = crate::vm::free_huge_pages();
+        let (memory, _memfd) = crate::machine::create_memory(2 << 20, true).unwrap();
+        let taken = crate::machine::free_huge_pages();
         memory
             .write_slice(&[0xab; stream::PAGE_SIZE], GuestAddress(0))
             .unwrap();
@@ -272,7 +268,7 @@ mod tests {
         zeros.flush(&memory).unwrap();
         // A hole over the whole huge page would have handed it back to the pool (read
         // before the page is touched again, which would fault a page back in).
-        assert_eq!(crate::vm::free_huge_pages(), taken);
+        assert_eq!(crate::machine::free_huge_pages(), taken);
         let mut bytes = [0xffu8; stream::PAGE_SIZE];
         memory.read_slice(&mut bytes, GuestAddress(0)).unwrap();
         assert!(bytes.iter().all(|&b| b == 0));
@@ -280,7 +276,7 @@ mod tests {
 
     #[test]
     fn runs_of_zero_pages_are_zeroed_and_nothing_else() {
-        let (memory, _memfd) = crate::vm::create_memory(1 << 20, false).unwrap();
+        let (memory, _memfd) = crate::machine::create_memory(1 << 20, false).unwrap();
         let page = stream::PAGE_SIZE as u64;
         for p in 0..6 {
             memory

@@ -32,8 +32,8 @@ use vm_memory::{Bytes, GuestAddress};
 use super::stream::{self, PAGE_SIZE, RamWriter, Reply, StreamError};
 use super::{Hub, memory_bytes, write_all_ram};
 use crate::Error;
+use crate::machine::set_memory_slot;
 use crate::memory_map::{RamRegion, ram_regions};
-use crate::vm::set_memory_slot;
 
 /// How a migration is paced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

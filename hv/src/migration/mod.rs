@@ -11,7 +11,6 @@
 pub mod auth;
 pub mod dirty;
 pub mod live;
-mod restore;
 pub mod state;
 pub mod stream;
 
@@ -27,7 +26,6 @@ use kvm_bindings::{KVM_MAX_CPUID_ENTRIES, kvm_cpuid_entry2};
 use kvm_ioctls::{VcpuFd, VmFd};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-pub use restore::{receive_from, restore_from};
 pub use state::{DeviceStates, VcpuState, VmState};
 pub use stream::{Meta, StreamError};
 
@@ -488,7 +486,7 @@ impl Hub {
             memory_bytes: memory_bytes(&self.memory),
             cpuid: self.cpuid.clone(),
             app,
-            huge_pages: crate::vm::on_huge_pages(&self.memfd),
+            huge_pages: crate::machine::on_huge_pages(&self.memfd),
         }
     }
 }
