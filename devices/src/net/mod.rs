@@ -4,3 +4,7 @@
 //! alone and driven by whatever threading the VMM picks.
 
 pub mod switch;
+
+/// Largest Ethernet frame kumo's NICs and switch carry (no virtio header): a 64 KiB IP
+/// packet plus Ethernet and VLAN headers.
+pub const MAX_FRAME_LEN: usize = 65550;

@@ -64,7 +64,7 @@ impl Default for SwitchConfig {
     fn default() -> Self {
         SwitchConfig {
             queue_frames: 256,
-            max_frame: crate::virtio::net::MAX_FRAME_LEN,
+            max_frame: super::MAX_FRAME_LEN,
             mac_table: 4096,
         }
     }

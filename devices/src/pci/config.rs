@@ -37,16 +37,8 @@ const STATUS_W1C: u16 = 0xf900;
 /// Where capabilities start (after the standard header).
 const FIRST_CAPABILITY: usize = 0x40;
 
-use serde::{Deserialize, Serialize};
-
+pub use crate::state::ConfigSpaceState;
 use crate::state::DeviceStateError;
-
-/// The registers of a configuration space as a snapshot holds them (the layout, masks
-/// and BAR sizes belong to the device model and are rebuilt by it).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ConfigSpaceState {
-    pub bytes: Vec<u8>,
-}
 
 /// What a BAR decodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -21,19 +21,8 @@ pub const CONTROL_FUNCTION_MASK: u16 = 1 << 14;
 /// Vector control: this vector masked.
 const ENTRY_MASKED: u32 = 1;
 
-use serde::{Deserialize, Serialize};
-
 use crate::state::DeviceStateError;
-
-/// A function's MSI-X table, PBA and control bits as a snapshot holds them.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MsixState {
-    /// Per vector: address low, address high, data, vector control.
-    pub entries: Vec<[u32; 4]>,
-    pub pending: Vec<u64>,
-    pub enabled: bool,
-    pub function_masked: bool,
-}
+pub use crate::state::MsixState;
 
 /// A message-signalled interrupt as the table holds it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]

@@ -59,9 +59,10 @@ pub const HEADER_LEN: usize = 12;
 pub const ETHERNET_HEADER_LEN: usize = 14;
 /// The `virtio_net_hdr_v1` every received frame gets: no offloads, one buffer.
 const RX_HEADER: [u8; HEADER_LEN] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0];
-/// Largest Ethernet frame (without the virtio header) the device carries: a 64 KiB
-/// IP packet plus Ethernet and VLAN headers, as Firecracker's 65562-byte buffers.
-pub const MAX_FRAME_LEN: usize = 65562 - HEADER_LEN;
+/// Largest Ethernet frame the device carries (see [`crate::net::MAX_FRAME_LEN`]).
+pub use crate::net::MAX_FRAME_LEN;
+// With its header a frame fills Firecracker's 65562-byte buffers exactly.
+const _: () = assert!(HEADER_LEN + MAX_FRAME_LEN == 65562);
 /// Default queue size.
 pub const DEFAULT_QUEUE_SIZE: u16 = 256;
 /// Most queue pairs (the transport's 255 queues, less the control queue).

@@ -30,8 +30,6 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use serde::{Deserialize, Serialize};
-
 use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestAddress;
 
@@ -41,6 +39,7 @@ use crate::pci::PciDevice;
 use crate::pci::config::{self, Bar, BarKind, BarRegion, ConfigError, ConfigSpace};
 use crate::pci::msix::{self, Msix, MsixSink, Update};
 use crate::state::{DeviceStateError, PciDeviceState};
+pub use crate::state::{QueueState, VirtioState};
 
 /// Size of BAR 0.
 pub const BAR_SIZE: u64 = 0x8000;
@@ -186,38 +185,6 @@ impl QueueConfig {
         queue.set_ready(valid);
         queue
     }
-}
-
-/// One queue in a snapshot: the driver's setup and the device's place in it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct QueueState {
-    pub size: u16,
-    pub enabled: bool,
-    pub desc: u64,
-    pub driver: u64,
-    pub device: u64,
-    /// The device's next avail and used indices (0 unless the device was live).
-    pub next_avail: u16,
-    pub next_used: u16,
-}
-
-/// A virtio function's transport registers, and the live device's own state, in a
-/// snapshot ([`PciDeviceState::virtio`]); the configuration space and MSI-X are
-/// saved beside it as for any PCI function.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct VirtioState {
-    pub device_feature_select: u32,
-    pub driver_feature_select: u32,
-    pub driver_features: u64,
-    pub status: u8,
-    pub config_generation: u8,
-    pub queue_select: u16,
-    pub queues: Vec<QueueState>,
-    pub isr: u8,
-    pub config_vector: u16,
-    pub queue_vectors: Vec<u16>,
-    /// [`crate::virtio::LiveState::words`] (empty unless the device was live).
-    pub device: Vec<u64>,
 }
 
 /// Interrupt state shared with the device's [`VirtioInterrupt`] handle.
