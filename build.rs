@@ -117,9 +117,11 @@ fn ensure_target_installed(target: &str) {
 }
 
 /// Variables the outer cargo sets or honours that must not leak into the guest build.
-/// `RUSTUP_TOOLCHAIN` (same compiler) and `CARGO_HOME` (same registry cache) are kept.
+/// `RUSTUP_TOOLCHAIN` (same compiler), `CARGO_HOME` (same registry cache) and
+/// `CARGO_MAKEFLAGS` (the outer cargo's jobserver: the guest's jobs share its `-j`
+/// instead of starting as many again on the same cores) are kept.
 fn is_outer_build_setting(key: &str) -> bool {
-    (key.starts_with("CARGO_") && key != "CARGO_HOME")
+    (key.starts_with("CARGO_") && !matches!(key, "CARGO_HOME" | "CARGO_MAKEFLAGS"))
         || key.starts_with("RUSTC")
         || key.starts_with("RUSTDOC")
         || matches!(

@@ -61,6 +61,7 @@
 //!   equals (Xen also tries to put it behind one lower-priority vCPU).
 //! - No affinity, topology, pCPU hot-plug or migration at tick
 //!   (`_csched_cpu_pick`); removing a cap unparks at once.
+#![forbid(unsafe_code)]
 
 mod accounting;
 pub mod drive;

@@ -1,6 +1,7 @@
 //! What kumo's guest supervisor (ring 0) and its runtime (ring 3) agree on: where the
 //! runtime image lives, what ring 3 is handed on entry, and the trap calls.
 #![no_std]
+#![forbid(unsafe_code)]
 
 /// Physical (= virtual: identity map) address where the runtime image is linked and
 /// loaded, as part of the supervisor's PVH ELF.

@@ -5,6 +5,7 @@
 //! `no_std` and allocation-free: the same code runs in the guest's ring 3 and in the
 //! host's unit tests, and both use the pure-Rust `libm`, so they compute the same bits.
 #![no_std]
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 use core::fmt;
 use core::str::FromStr;
