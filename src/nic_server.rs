@@ -76,8 +76,8 @@ pub fn run(args: &NicServerArgs) -> Result<u8> {
     for k in 0..args.ports {
         let served = network.add_served_port(QUEUES)?;
         let path = port_socket(&args.dir, k);
-        let listener = UnixListener::bind(&path)
-            .with_context(|| format!("cannot listen on {}", path.display()))?;
+        let listener =
+            listen_at(&path).with_context(|| format!("cannot listen on {}", path.display()))?;
         crate::signals::track_socket(path.clone());
         listeners.push((listener, served, crate::mpi::mac(args.first_rank + k), path));
     }
@@ -100,6 +100,24 @@ pub fn run(args: &NicServerArgs) -> Result<u8> {
         let _ = thread.join();
     }
     Ok(crate::report::EXIT_OK)
+}
+
+/// Listens on `path`, which appears only once it accepts connections: bind(2) makes
+/// the path before listen(2), and a client that saw it in between was refused. So the
+/// socket is bound under a name of this process's own and renamed into place.
+fn listen_at(path: &Path) -> Result<UnixListener> {
+    if path.symlink_metadata().is_ok() {
+        bail!("{} already exists", path.display());
+    }
+    let mut staging = path.as_os_str().to_owned();
+    staging.push(format!(".{}", std::process::id()));
+    let staging = PathBuf::from(staging);
+    let listener = UnixListener::bind(&staging)?;
+    if let Err(e) = std::fs::rename(&staging, path) {
+        let _ = std::fs::remove_file(&staging);
+        return Err(e.into());
+    }
+    Ok(listener)
 }
 
 /// Serves one client after another on `listener`.
