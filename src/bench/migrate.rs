@@ -16,7 +16,7 @@ use anyhow::{Context, Result, bail};
 use hv::migration::dirty::DirtyLogMode;
 use serde_json::json;
 
-use super::migrate_qemu::{self, QemuMigration};
+use super::migrate_qemu::{self, QemuMigration, wait_for_boot};
 use crate::bench::overhead::median;
 use crate::cli::MigrateBenchArgs;
 use crate::guest;
@@ -44,20 +44,6 @@ fn token() -> Result<Vec<u8>> {
     let mut t = [0u8; 32];
     std::fs::File::open("/dev/urandom")?.read_exact(&mut t)?;
     Ok(t.to_vec())
-}
-
-/// Waits until the guest's console (as `read` gives it so far) says its ring 3 has
-/// started (`@kumo boot`): `--after-ms` counts from there on kumo and on QEMU alike,
-/// whose boots take different times.
-pub(crate) fn wait_for_boot(read: impl Fn() -> Result<Vec<u8>>) -> Result<()> {
-    let started = Instant::now();
-    while !String::from_utf8_lossy(&read()?).contains("@kumo boot") {
-        if started.elapsed() > Duration::from_secs(120) {
-            anyhow::bail!("the guest did not start within 120 s");
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    Ok(())
 }
 
 /// The guest's command line: `--npb`'s benchmarks, or the TSC gap probe.

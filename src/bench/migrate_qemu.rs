@@ -173,7 +173,7 @@ pub fn migrate_once(
     )?);
     let mut src = Qmp::connect(&dir.join("src.qmp"))?;
     // `after` counts from the guest's start, as on kumo's side.
-    super::migrate::wait_for_boot(|| Ok(std::fs::read(&console).unwrap_or_default()))?;
+    wait_for_boot(|| Ok(std::fs::read(&console).unwrap_or_default()))?;
     std::thread::sleep(after);
     src.execute(
         "migrate-set-parameters",
@@ -219,4 +219,18 @@ pub fn migrate_once(
             .and_then(Value::as_u64)
             .unwrap_or(0),
     })
+}
+
+/// Waits until the guest's console (as `read` gives it so far) says its ring 3 has
+/// started (`@kumo boot`): `--after-ms` counts from there on kumo and on QEMU alike,
+/// whose boots take different times.
+pub(crate) fn wait_for_boot(read: impl Fn() -> Result<Vec<u8>>) -> Result<()> {
+    let started = Instant::now();
+    while !String::from_utf8_lossy(&read()?).contains("@kumo boot") {
+        if started.elapsed() > Duration::from_secs(120) {
+            anyhow::bail!("the guest did not start within 120 s");
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Ok(())
 }

@@ -23,6 +23,7 @@ use anyhow::{Context, Result, bail};
 use npb::{Class, Kernel, Spec};
 use serde::Serialize;
 
+use super::plot;
 use super::{Progress, Summary, interleaved, node_problems, run_node_text};
 use crate::cli::ExperimentArgs;
 use crate::ctl::Accounting;
@@ -656,7 +657,7 @@ pub fn run(args: &ExperimentArgs, epoch: Instant) -> Result<u8> {
         &report,
         text,
         |r| {
-            let svg = super::plot::speedups(
+            let svg = speedups(
                 "S1: speed-up over each family's 30/10 ms baseline (log scale)",
                 &r.rows,
             )?;
@@ -731,6 +732,49 @@ pub fn text(report: &Report) -> String {
          SP +33.4 % and BT +28.9 % at 1/1 ms (not in kumo's MPI yet).\n",
     );
     out
+}
+
+// S1's figure.
+/// The series of the speed-up figure: what, and how to read it from a row.
+type Series = (&'static str, fn(&Row) -> Option<f64>);
+
+const SERIES: &[Series] = &[
+    ("kumo, real VMs", |r| r.speedup_pct),
+    ("kumo sim", |r| r.sim_speedup_pct),
+    ("S1 paper (Xen 3.4.2)", |r| r.paper_pct),
+];
+
+/// Speed-up factor (baseline time / time) from a percentage.
+fn factor(pct: f64) -> f64 {
+    1.0 + pct / 100.0
+}
+
+/// S1's figure: one group per (benchmark, scenario) that is not a baseline, one bar per
+/// series, heights as speed-up factors (1 = as fast as the baseline; bars go down for
+/// slow-downs).
+pub fn speedups(title: &str, rows: &[Row]) -> Result<String> {
+    let groups: Vec<&Row> = rows
+        .iter()
+        .filter(|r| r.scenario.name != r.scenario.baseline)
+        .collect();
+    let labels: Vec<String> = groups
+        .iter()
+        .map(|r| {
+            format!(
+                "{} {}",
+                r.benchmark,
+                r.scenario.name.trim_start_matches("xen")
+            )
+        })
+        .collect();
+    let series: Vec<plot::BarSeries> = SERIES
+        .iter()
+        .map(|&(name, get)| plot::BarSeries {
+            name: name.to_string(),
+            values: groups.iter().map(|r| get(r).map(factor)).collect(),
+        })
+        .collect();
+    plot::bars(title, "speed-up (baseline time / time)", &labels, &series)
 }
 
 #[cfg(test)]
@@ -878,5 +922,59 @@ mod tests {
             !get("xen3.4-10/5").verified,
             "a scenario without runs is not verified"
         );
+    }
+
+    fn row(name: &str, speedup: Option<f64>, paper: Option<f64>) -> Row {
+        let scenario = *SCENARIOS.iter().find(|s| s.name == name).unwrap();
+        Row {
+            scenario,
+            benchmark: "cg.W".into(),
+            time_s: None,
+            speedup_pct: speedup,
+            paper_pct: paper,
+            sim_time_s: None,
+            sim_speedup_pct: Some(12.0),
+            wait_s: None,
+            rank_cpu_s: None,
+            dom0_cpu_s: None,
+            verified: true,
+        }
+    }
+
+    #[test]
+    fn the_figure_is_well_formed_svg_with_a_bar_per_known_value() {
+        let rows = vec![
+            row("xen3.4-30/10", Some(0.0), Some(0.0)),
+            row("xen3.4-1/1", Some(900.0), Some(45.3)),
+            row("xen3.4-1/1-dom0-1024", Some(-20.0), None),
+        ];
+        let svg = speedups("test", &rows).unwrap();
+        let doc = roxmltree::Document::parse(&svg).expect("well-formed SVG");
+        assert_eq!(doc.root_element().tag_name().name(), "svg");
+        let text: String = doc
+            .descendants()
+            .filter(|n| n.is_text())
+            .filter_map(|n| n.text())
+            .collect();
+        assert!(text.contains("cg.W 3.4-1/1"), "group labels: {text}");
+        assert!(text.contains("S1 paper"), "legend: {text}");
+        assert!(
+            !text.contains("cg.W 3.4-30/10"),
+            "the baseline is not a group"
+        );
+        // Bars: 2 groups x (kumo, sim) + 1 paper value, plus the legend's 3 swatches.
+        let filled = |colour: plotters::style::RGBColor| {
+            let hex = format!("#{:02X}{:02X}{:02X}", colour.0, colour.1, colour.2);
+            doc.descendants()
+                .filter(|n| n.tag_name().name() == "rect")
+                .filter(|n| {
+                    n.attribute("fill")
+                        .is_some_and(|f| f.eq_ignore_ascii_case(&hex))
+                })
+                .count()
+        };
+        assert_eq!(filled(plot::PALETTE[0]), 2 + 1);
+        assert_eq!(filled(plot::PALETTE[1]), 2 + 1);
+        assert_eq!(filled(plot::PALETTE[2]), 1 + 1);
     }
 }
