@@ -8,6 +8,11 @@ use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+/// Tests that take the host's CPUs (a node under the credit scheduler, an MPI job of
+/// several VMs, an experiment) take turns across every module of a test binary, as
+/// they did when each file was a binary of its own.
+pub static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// A hang guard, not a performance threshold: far above any healthy run on 2 cores.
 const HANG_LIMIT: Duration = Duration::from_secs(300);
 

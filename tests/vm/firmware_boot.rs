@@ -4,7 +4,7 @@
 //! and starts the guest through the Linux boot protocol. Under kumo, and under QEMU
 //! with the same firmware and image (the peer check).
 
-mod common;
+use crate::common;
 
 use common::{assert_refused, kumo, kvm_available, scratch, text};
 

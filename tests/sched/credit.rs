@@ -3,17 +3,16 @@
 //! Shares are ratios of CPU time measured in one run (tolerances from issue 4), not
 //! speeds. The scenarios share host CPU 1, so they run one at a time.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::Value;
 
-static ONE_NODE_AT_A_TIME: Mutex<()> = Mutex::new(());
+use crate::common::ONE_AT_A_TIME as ONE_NODE_AT_A_TIME;
 
 fn node_file(name: &str, text: &str) -> PathBuf {
     let path = scratch(&format!("{name}.toml"));

@@ -1,7 +1,7 @@
 //! Third-party-style PVH kernels, assembled from tests/kernels/pvh-tiny.S with binutils
 //! as ELF32 and as ELF64, boot under `kumo --kernel` and end as they say.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -3,7 +3,7 @@
 //! interrupt paths, the device process dying mid-run, a server fed garbage), and the
 //! kernel VFIO path's refusals on a host without VFIO.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, Write};
 use std::os::unix::net::UnixStream;
@@ -14,7 +14,7 @@ use devices::vfio_user::proto::{self, Request};
 use devices::vfio_user::socket;
 
 /// One job at a time (as `tests/net.rs`): ranks spin on their vCPUs.
-static ONE_JOB: std::sync::Mutex<()> = std::sync::Mutex::new(());
+use crate::common::ONE_AT_A_TIME as ONE_JOB;
 
 fn one_job() -> std::sync::MutexGuard<'static, ()> {
     ONE_JOB.lock().unwrap_or_else(|e| e.into_inner())

@@ -2,13 +2,13 @@
 //! its rank of every kernel over the guest's Ethernet MPI, rank 0 reports, and every
 //! result must verify against NPB's official values.
 
-mod common;
+use crate::common;
 
 use common::*;
 
 /// One job at a time (as `tests/net.rs`): every rank spins on a vCPU, and the host has
 /// two cores.
-static ONE_JOB: std::sync::Mutex<()> = std::sync::Mutex::new(());
+use crate::common::ONE_AT_A_TIME as ONE_JOB;
 
 fn one_job() -> std::sync::MutexGuard<'static, ()> {
     ONE_JOB.lock().unwrap_or_else(|e| e.into_inner())

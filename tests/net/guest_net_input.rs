@@ -3,7 +3,7 @@
 //! well-formed MPI job without a virtio-net device ends with a named error and
 //! status 1, never a hang.
 
-mod common;
+use crate::common;
 
 use common::*;
 

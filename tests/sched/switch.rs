@@ -1,7 +1,7 @@
 //! `kumo bench switch`: both mechanisms really hand one host CPU back and forth
 //! between two vCPUs (the guest sees the switches), and bad input is refused.
 
-mod common;
+use crate::common;
 
 use common::*;
 

@@ -1,6 +1,6 @@
 //! Snapshot and restore of the embedded NPB guest through the control socket.
 
-mod common;
+use crate::common;
 
 use common::*;
 

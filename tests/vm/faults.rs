@@ -1,7 +1,7 @@
 //! A guest that faults is reported (reason, vCPU, registers) and kumo exits non-zero:
 //! never a hang.
 
-mod common;
+use crate::common;
 
 use common::*;
 

@@ -1,7 +1,7 @@
 //! Every kind of bad input gets a one-line error naming the problem and a non-zero exit,
 //! before any guest runs.
 
-mod common;
+use crate::common;
 
 use common::*;
 

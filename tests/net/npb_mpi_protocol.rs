@@ -4,9 +4,10 @@
 //! frames. EP, IS, CG, FT and LU must verify at class S on 1, 2 and 4 ranks, and IS,
 //! CG and LU on a lossy wire, with every rank agreeing.
 
-use kumo::guest_mpi as mpi;
+// `comm.rs` names the MPI `crate::mpi`, as the guest runtime does: the binary root
+// (main.rs) imports it under that name.
 
-#[path = "../guests/user/src/comm.rs"]
+#[path = "../../guests/user/src/comm.rs"]
 mod comm;
 
 use npb::mpi::Comm;

@@ -6,17 +6,16 @@
 //! Both ranks must verify, in both wait modes (busy-polling, and sleeping until the
 //! MSI-X interrupt), and on lossy wires (retransmission).
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Command, Output};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use common::*;
 
 /// Two VMs per test on a 2-core host: the tests take turns.
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+use crate::common::ONE_AT_A_TIME;
 
 /// One VM: q35 (its MCFG gives the guest ECAM) with qboot as firmware (it boots in
 /// ~0.1 s where SeaBIOS takes seconds of emulated real mode on kvm_pvm hosts; it leaves

@@ -1,7 +1,7 @@
 //! virtio-blk end to end: kumo's guest drives a disk from ring 3 (`blk=check`) on an
 //! image file, with requests served on the vCPU thread and on a backend thread.
 
-mod common;
+use crate::common;
 
 use common::{assert_refused, dumped_guest, kumo, kvm_available, scratch, text};
 

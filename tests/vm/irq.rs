@@ -3,7 +3,7 @@
 //! re-targeting works while live; a masked vector is held in the PBA and delivered on
 //! unmask. `kumo bench irq` counts the same rounds the host saw.
 
-mod common;
+use crate::common;
 
 use common::*;
 

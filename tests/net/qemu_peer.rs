@@ -1,7 +1,7 @@
 //! An independent peer: the embedded guest ELF boots under QEMU's PVH loader and
 //! verifies there too, so our boot ABI is the standard one and not kumo's private dialect.
 
-mod common;
+use crate::common;
 
 use common::*;
 

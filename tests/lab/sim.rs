@@ -2,7 +2,7 @@
 //! known, faithful to the scheduler's shares, S1's direction on the example cluster,
 //! and bad files refused with one line and exit status 2. No VM is booted.
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::Value;

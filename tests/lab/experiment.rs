@@ -1,13 +1,13 @@
 //! `kumo experiment`: S1 (and its migration), S2 and S4 on real VMs end to end (quick
 //! forms), and bad input.
 
-mod common;
+use crate::common;
 
 use common::{assert_refused, kumo, kvm_available, scratch, text};
 
 /// Experiments take the host's CPUs (S1's credit scheduler runs its vCPUs at
 /// SCHED_FIFO on both): they take turns, as a researcher would run them.
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+use crate::common::ONE_AT_A_TIME;
 
 /// `kumo experiment NAME --quick --runs 1 --json --out DIR` (DIR fresh): it must
 /// succeed; its report and DIR.

@@ -2,7 +2,7 @@
 //! run from the host's hugetlbfs pool, and a pool too small or a size that is not whole
 //! huge pages is refused in one line before anything runs.
 
-mod common;
+use crate::common;
 
 use common::*;
 

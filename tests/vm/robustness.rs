@@ -2,7 +2,7 @@
 //! closed, make kumo read without bound, be silently ignored, leave sockets behind, or
 //! hang kumo forever.
 
-mod common;
+use crate::common;
 
 use common::*;
 use hv::testing::{PvhImage, asm};

@@ -1,7 +1,7 @@
 //! Guest memory above the 32-bit hole: what does not fit below 3 GiB is a second RAM
 //! region at 4 GiB, and the guest runs its workloads' arenas there.
 
-mod common;
+use crate::common;
 
 use common::*;
 

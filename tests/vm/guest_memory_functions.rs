@@ -6,7 +6,7 @@
 
 #![cfg(target_arch = "x86_64")]
 
-core::arch::global_asm!(include_str!("../guests/user/src/mem.S"));
+core::arch::global_asm!(include_str!("../../guests/user/src/mem.S"));
 
 unsafe extern "C" {
     fn kumo_memcpy(dest: *mut u8, src: *const u8, n: usize) -> *mut u8;

@@ -1,13 +1,13 @@
 //! VMs that talk: the embedded guest's MPI over kumo's virtio-net NICs and domain 0's
 //! switch (`kumo mpi`, `kumo bench net`), on both interrupt paths and both wait modes.
 
-mod common;
+use crate::common;
 
 use common::*;
 
 /// One job at a time: every rank spins on a vCPU of its own, and several jobs at once
 /// on a 2-core host only test how long the guests' patience lasts.
-static ONE_JOB: std::sync::Mutex<()> = std::sync::Mutex::new(());
+use crate::common::ONE_AT_A_TIME as ONE_JOB;
 
 fn one_job() -> std::sync::MutexGuard<'static, ()> {
     ONE_JOB.lock().unwrap_or_else(|e| e.into_inner())

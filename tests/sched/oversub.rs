@@ -2,7 +2,7 @@
 //! mechanism (and under the credit scheduler), and `kumo bench oversub` reports
 //! counters that agree with each other.
 
-mod common;
+use crate::common;
 
 use common::*;
 

@@ -1,6 +1,6 @@
 //! Live migration of the embedded NPB guest between two kumo processes on loopback.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};

@@ -1,6 +1,6 @@
 //! The embedded guest boots on N vCPUs and its NPB results verify.
 
-mod common;
+use crate::common;
 
 use common::*;
 

@@ -1,7 +1,7 @@
 //! The native twin verifies what the guest verifies, and `kumo bench overhead` pairs
 //! the two. No timing is asserted: ratios are measurements, not pass/fail criteria.
 
-mod common;
+use crate::common;
 
 use common::*;
 
