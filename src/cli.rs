@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+pub use crate::spec::job::{NicKind, Wait, WireSpec};
+
 #[derive(Parser, Debug)]
 #[command(
     name = "kumo",
@@ -120,25 +122,6 @@ pub struct NicServerArgs {
     pub poll_us: u64,
 }
 
-/// Which NIC the VMs of an MPI job get.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum NicKind {
-    /// kumo's virtio-net, its frames carried by domain 0's switch thread.
-    #[default]
-    Emulated,
-    /// A port of a NIC server (vfio-user) attached by PCI passthrough.
-    Passthrough,
-}
-
-impl NicKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            NicKind::Emulated => "emulated",
-            NicKind::Passthrough => "passthrough",
-        }
-    }
-}
-
 /// A switch: `on` or `off`.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OnOff {
@@ -150,18 +133,6 @@ impl OnOff {
     pub fn is_on(self) -> bool {
         self == OnOff::On
     }
-}
-
-/// How a guest's MPI rank waits for the network.
-#[derive(
-    clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum Wait {
-    /// Busy-poll the NIC's rings (as MPI libraries do).
-    Spin,
-    /// Poll briefly, then halt until the NIC's interrupt.
-    Block,
 }
 
 #[derive(Args, Debug)]
@@ -187,7 +158,7 @@ pub struct MpiArgs {
     /// peer (QEMU's `server=off`, or another kumo's `unix:PATH`) and, when it leaves,
     /// takes the next one on the same port (a rank VM migrated elsewhere rejoining).
     #[arg(long, value_name = "SPEC")]
-    pub wire: Option<crate::mpi::WireSpec>,
+    pub wire: Option<WireSpec>,
 
     /// Seconds the wire waits for its peer (to listen, or to connect).
     #[arg(long, value_name = "SECONDS", default_value_t = 30.0, value_parser = seconds)]

@@ -17,80 +17,17 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use serde::{Deserialize, Serialize};
+
 use serde_json::{Value, json};
 
 use crate::cli::{CtlArgs, CtlCommand, DomainCommand};
+use crate::spec::control::Request;
+pub use crate::spec::control::{Accounting, DomainInfo, MigrateRequest, SchedParams, SchedUpdate};
 
 /// Longest request line accepted.
 const MAX_REQUEST: u64 = 64 * 1024;
 /// A client that sends nothing is dropped after this.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Scheduler parameters as the control API shows and sets them.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct SchedParams {
-    pub tslice_ms: f64,
-    pub tick_ms: f64,
-    pub ratelimit_us: u64,
-    /// "exact" or "tick" (Xen 3.4).
-    #[serde(default = "exact")]
-    pub accounting: Accounting,
-    /// Directed yield at barriers (`sched::Params::directed_yield`).
-    #[serde(default)]
-    pub directed_yield: bool,
-}
-
-fn exact() -> Accounting {
-    Accounting::Exact
-}
-
-/// `sched::Accounting` as the control API spells it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Accounting {
-    #[default]
-    Exact,
-    Tick,
-}
-
-impl From<Accounting> for sched::Accounting {
-    fn from(a: Accounting) -> sched::Accounting {
-        match a {
-            Accounting::Exact => sched::Accounting::Exact,
-            Accounting::Tick => sched::Accounting::Tick,
-        }
-    }
-}
-
-impl From<sched::Accounting> for Accounting {
-    fn from(a: sched::Accounting) -> Accounting {
-        match a {
-            sched::Accounting::Exact => Accounting::Exact,
-            sched::Accounting::Tick => Accounting::Tick,
-        }
-    }
-}
-
-/// A change to some of the parameters.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize)]
-pub struct SchedUpdate {
-    pub tslice_ms: Option<f64>,
-    pub tick_ms: Option<f64>,
-    pub ratelimit_us: Option<u64>,
-    pub accounting: Option<Accounting>,
-    pub directed_yield: Option<bool>,
-}
-
-/// A domain as `domain list` shows it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct DomainInfo {
-    pub domain: String,
-    pub weight: u32,
-    pub cap: u32,
-    pub vcpus: u32,
-    pub cpu_s: f64,
-}
 
 /// What a running kumo lets the control socket see and change.
 pub trait Controlled: Send + Sync {
@@ -141,52 +78,6 @@ pub fn vcpu_balloon_of(
 
 const NO_SINGLE_VM: &str =
     "snapshot and migrate need a kumo running one VM (started with --ctl-socket)";
-
-/// `migrate`'s parameters as the control socket receives them.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct MigrateRequest {
-    /// `tcp:HOST:PORT` of the destination (`kumo --incoming`).
-    pub target: String,
-    /// The shared secret's file, read by the source.
-    pub token_file: Option<PathBuf>,
-    /// Stop iterating once the last round would take at most this long.
-    pub max_downtime_ms: Option<u64>,
-    /// Give up (the VM runs on) if a round is not acknowledged within this long.
-    #[serde(default)]
-    pub ack_timeout_ms: Option<u64>,
-    /// Pause first and copy once (no live rounds).
-    #[serde(default)]
-    pub stop_and_copy: bool,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(tag = "cmd", rename_all = "kebab-case", deny_unknown_fields)]
-enum Request {
-    SchedCredit {
-        tslice_ms: Option<f64>,
-        tick_ms: Option<f64>,
-        ratelimit_us: Option<u64>,
-        accounting: Option<Accounting>,
-        directed_yield: Option<bool>,
-    },
-    DomainList {},
-    DomainSet {
-        name: String,
-        weight: Option<u32>,
-        cap: Option<u32>,
-    },
-    Snapshot {
-        path: PathBuf,
-        #[serde(default)]
-        stop: bool,
-    },
-    Migrate(MigrateRequest),
-    VcpuBalloon {
-        domain: Option<String>,
-        active: Option<u32>,
-    },
-}
 
 /// Answers one request line.
 pub fn answer(target: &dyn Controlled, line: &str) -> Value {
@@ -526,7 +417,7 @@ pub fn run_ctl(args: &CtlArgs) -> Result<u8> {
                 ""
             }
         ),
-        CtlCommand::Migrate { .. } => crate::migrate::print_migration(&reply),
+        CtlCommand::Migrate { .. } => print_migration(&reply),
         CtlCommand::VcpuBalloon { .. } => crate::outln!(
             "vcpu-balloon: {} host CPUs for {} vCPUs",
             reply["active"],
@@ -552,6 +443,21 @@ pub fn default_socket_path() -> PathBuf {
         .filter(|d| d.is_dir())
         .unwrap_or_else(std::env::temp_dir);
     dir.join(format!("kumo-{}.sock", std::process::id()))
+}
+
+/// `kumo ctl ... migrate` without --json.
+pub fn print_migration(reply: &Value) {
+    let rounds = reply["rounds"].as_array().map_or(0, Vec::len);
+    println!(
+        "migrated to {}: total {:.1} ms, downtime {:.1} ms, {} live round{} + final {} pages, {:.1} MiB sent",
+        reply["target"].as_str().unwrap_or("?"),
+        reply["total_ms"].as_f64().unwrap_or(f64::NAN),
+        reply["downtime_ms"].as_f64().unwrap_or(f64::NAN),
+        rounds,
+        if rounds == 1 { "" } else { "s" },
+        reply["final_pages"],
+        reply["total_bytes"].as_f64().unwrap_or(f64::NAN) / (1024.0 * 1024.0),
+    );
 }
 
 #[cfg(test)]

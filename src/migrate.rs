@@ -24,10 +24,10 @@ use crate::cli::VmArgs;
 use crate::ctl::{self, Controlled, DomainInfo, MigrateRequest, SchedParams, SchedUpdate};
 use crate::guest;
 use crate::irq::IrqRun;
-use crate::node::control::SchedControl;
 use crate::rank::RankApp;
 use crate::report::{self, EXIT_OK};
 use crate::run::{self, HANDED_OFF};
+use crate::sched_control::SchedControl;
 
 /// What a snapshot or migration stream carries for kumo itself (META's `app`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -83,7 +83,7 @@ impl AppState {
     pub fn sched_params(&self) -> Result<Option<sched::Params>> {
         self.sched
             .map(|p| {
-                crate::sched_params::from_update(SchedUpdate {
+                crate::spec::sched::from_update(SchedUpdate {
                     tslice_ms: Some(p.tslice_ms),
                     tick_ms: Some(p.tick_ms),
                     ratelimit_us: Some(p.ratelimit_us),
@@ -123,7 +123,7 @@ impl VmTarget {
             sched: self
                 .driver
                 .as_ref()
-                .map(|d| crate::sched_params::view(d.params())),
+                .map(|d| crate::spec::sched::view(d.params())),
             host_cpus_word: self.control.host_cpus().word_gpa(),
             ..self.app.clone()
         };
@@ -304,21 +304,6 @@ pub fn send_vm(
         .with_context(|| format!("migration to {address}"))
 }
 
-/// `kumo ctl ... migrate` without --json.
-pub fn print_migration(reply: &Value) {
-    let rounds = reply["rounds"].as_array().map_or(0, Vec::len);
-    println!(
-        "migrated to {}: total {:.1} ms, downtime {:.1} ms, {} live round{} + final {} pages, {:.1} MiB sent",
-        reply["target"].as_str().unwrap_or("?"),
-        reply["total_ms"].as_f64().unwrap_or(f64::NAN),
-        reply["downtime_ms"].as_f64().unwrap_or(f64::NAN),
-        rounds,
-        if rounds == 1 { "" } else { "s" },
-        reply["final_pages"],
-        reply["total_bytes"].as_f64().unwrap_or(f64::NAN) / (1024.0 * 1024.0),
-    );
-}
-
 /// `kumo --incoming tcp:HOST:PORT`: waits for one VM, proves the token, receives
 /// it, tells the source once its vCPUs run here, and runs it to its end.
 pub fn run_incoming(args: &VmArgs, epoch: Instant) -> Result<u8> {
@@ -416,9 +401,9 @@ pub fn run_controlled(args: &VmArgs, epoch: Instant) -> Result<u8> {
     let sched = args
         .sched
         .as_deref()
-        .map(crate::sched_params::parse_spec)
+        .map(crate::spec::sched::parse_spec)
         .transpose()?
-        .map(crate::sched_params::view);
+        .map(crate::spec::sched::view);
     let (config, npb, irq) = if args.irq_check {
         let irq = IrqRun {
             path: args.irq_path,
@@ -446,7 +431,7 @@ pub fn run_controlled(args: &VmArgs, epoch: Instant) -> Result<u8> {
             &args.kvm_device,
         );
         config.huge_pages = args.huge_pages;
-        (config, npb_list(&specs), None)
+        (config, crate::spec::job::npb_list(&specs), None)
     };
     let vm =
         hv::builder::build_for_boot_with_dirty_log(config, args.dirty_log.unwrap_or_default())?;
@@ -472,14 +457,6 @@ pub fn run_restore(args: &VmArgs, epoch: Instant) -> Result<u8> {
         .with_context(|| format!("cannot restore {}", path.display()))?;
     let app = AppState::parse(&meta.app)?;
     run_vm(vm, app, args.ctl_socket.as_deref(), epoch, args.json)
-}
-
-pub fn npb_list(specs: &[Spec]) -> String {
-    specs
-        .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(",")
 }
 
 /// Runs a created or restored VM of the embedded guest, serving `socket` if given,

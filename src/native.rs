@@ -139,7 +139,7 @@ fn result_of(spec: Spec, threads: u32, outcome: npb::Outcome) -> BenchResult {
 /// VMs, their NICs, domain 0's switch and the guests' MPI, and nothing else.
 fn run_mpi_native(args: &NativeArgs, ranks: u32) -> Result<u8> {
     let list = args.npb.as_deref().unwrap_or("ep.S,is.S,cg.S,ft.S");
-    let specs = crate::mpi::parse_npb(list, ranks)?;
+    let specs = crate::spec::job::parse_npb(list, ranks)?;
     let results = specs
         .iter()
         .map(|&spec| run_one_mpi(spec, ranks))

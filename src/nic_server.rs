@@ -53,10 +53,10 @@ pub fn port_socket(dir: &Path, port: u32) -> PathBuf {
 
 /// `kumo nic-server`: serves until killed.
 pub fn run(args: &NicServerArgs) -> Result<u8> {
-    if !(1..=crate::mpi::MAX_VMS).contains(&args.ports) {
+    if !(1..=crate::spec::job::MAX_VMS).contains(&args.ports) {
         bail!(
             "--ports must be between 1 and {}, not {}",
-            crate::mpi::MAX_VMS,
+            crate::spec::job::MAX_VMS,
             args.ports
         );
     }
@@ -79,7 +79,12 @@ pub fn run(args: &NicServerArgs) -> Result<u8> {
         let listener =
             listen_at(&path).with_context(|| format!("cannot listen on {}", path.display()))?;
         crate::signals::track_socket(path.clone());
-        listeners.push((listener, served, crate::mpi::mac(args.first_rank + k), path));
+        listeners.push((
+            listener,
+            served,
+            crate::spec::job::mac(args.first_rank + k),
+            path,
+        ));
     }
     let _running = network.start_polling(None, std::time::Duration::from_micros(args.poll_us))?;
     eprintln!(

@@ -8,7 +8,7 @@
 //! (`hv::wire`). Frames lost in the move are resent by the guests' MPI.
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use devices::net::switch::SwitchConfig;
@@ -18,10 +18,10 @@ use hv::net::{Network, NicSetup, RunningNetwork};
 use npb::Spec;
 use serde::{Deserialize, Serialize};
 
-use crate::cli::{MpiArgs, NicKind, Wait};
-use crate::migrate::{self, AppState, GUEST_NAME};
-use crate::mpi::{self, Job, NpbReport, WireGuard, WireSpec};
+use crate::cli::{NicKind, Wait};
+use crate::job::{Job, NpbReport, WireAttach, WireGuard};
 use crate::run::GuestRun;
+use crate::spec::job::{self as mpi, WireSpec};
 
 /// What makes a VM one rank (or, with several vCPUs, several ranks) of a job: the
 /// program's state in a snapshot or migration stream beside the NPB list.
@@ -44,7 +44,7 @@ pub struct RankApp {
 }
 
 /// The longest wait for a wire a stream may ask for.
-const MAX_WIRE_WAIT_S: f64 = 3600.0;
+pub const MAX_WIRE_WAIT_S: f64 = 3600.0;
 
 impl RankApp {
     /// Checks a description that came from a stream (a file or a peer) against the
@@ -65,7 +65,7 @@ impl RankApp {
         self.job().check_shape(1, vcpus).map(|_| ())
     }
 
-    fn job(&self) -> Job {
+    pub fn job(&self) -> Job {
         Job {
             size: self.job_size,
             first_rank: self.first_rank,
@@ -134,72 +134,10 @@ pub fn attach(vm: &mut Vm, rank: &RankApp, vcpus: u32) -> Result<RankNetwork> {
     })
 }
 
-/// `kumo mpi --vms 1 --npb LIST --ctl-socket PATH`: this process's VM of the job,
-/// saveable and movable while it runs.
-pub fn run_controlled(args: &MpiArgs, specs: &[Spec], epoch: Instant) -> Result<u8> {
-    let socket = args
-        .ctl_socket
-        .as_deref()
-        .context("--ctl-socket needs a path")?;
-    if args.vms != 1 {
-        bail!(
-            "--ctl-socket serves one VM: give --vms 1 (not {})",
-            args.vms
-        );
-    }
-    if args.nic != NicKind::Emulated || args.nic_server.is_some() {
-        bail!("--ctl-socket moves emulated NICs only: a passthrough NIC's server cannot move");
-    }
-    let wire = match &args.wire {
-        Some(WireSpec::Listen(_)) => bail!(
-            "--ctl-socket: a listening wire cannot move with its VM; give this side \
-             --wire unix:PATH (and the other side listen:unix:PATH)"
-        ),
-        Some(WireSpec::Connect(path)) => Some(path.clone()),
-        None => None,
-    };
-    let first = args.first_rank;
-    let rank = RankApp {
-        first_rank: first,
-        job_size: args.job_size.unwrap_or(args.vcpus),
-        wait: args.wait,
-        irq_path: args.irq_path,
-        macs: (first..first.saturating_add(args.vcpus))
-            .map(mpi::mac)
-            .collect(),
-        wire,
-        wire_wait_s: args.wire_wait.min(MAX_WIRE_WAIT_S),
-    };
-    rank.job().check_shape(1, args.vcpus)?;
-    crate::run::check_guest_vcpus(args.vcpus, &args.kvm_device)?;
-    let config = crate::run::embedded_config(
-        args.vcpus,
-        mpi::npb_memory_mib(specs, rank.job_size, args.vcpus),
-        format!(
-            "mpi={first}:{}:{} {}",
-            rank.job_size,
-            args.vcpus,
-            mpi::npb_extra(specs, args.wait)
-        ),
-        &args.kvm_device,
-    );
-    let vm = hv::builder::build_for_boot(config)?;
-    let app = AppState {
-        guest: GUEST_NAME.into(),
-        npb: migrate::npb_list(specs),
-        vcpus: args.vcpus,
-        console: Vec::new(),
-        sched: None,
-        irq: None,
-        rank: Some(rank),
-        host_cpus_word: None,
-    };
-    migrate::run_vm(vm, app, Some(socket), epoch, args.json)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::migrate::{AppState, GUEST_NAME};
 
     fn rank() -> RankApp {
         RankApp {

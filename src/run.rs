@@ -109,25 +109,15 @@ impl Passthrough {
 pub fn passthrough_specs(args: &VmArgs) -> Result<Vec<PassthroughSpec>> {
     args.passthrough
         .iter()
-        .map(|text| passthrough_spec(text))
+        .map(|text| crate::spec::devices::passthrough_spec(text))
         .collect()
-}
-
-/// One passthrough device (`vfio-user:PATH` or a host PCI address), checked as
-/// [`passthrough_specs`] checks them.
-pub fn passthrough_spec(text: &str) -> Result<PassthroughSpec> {
-    let spec: PassthroughSpec = text.parse().map_err(anyhow::Error::msg)?;
-    if let PassthroughSpec::Kernel(bdf) = &spec {
-        hv::passthrough::vfio::open(bdf)?;
-    }
-    Ok(spec)
 }
 
 /// `--sched`, parsed.
 fn parse_sched(args: &VmArgs) -> Result<Option<sched::Params>> {
     args.sched
         .as_deref()
-        .map(crate::sched_params::parse_spec)
+        .map(crate::spec::sched::parse_spec)
         .transpose()
 }
 
@@ -145,7 +135,7 @@ pub struct Credit {
 pub fn start_credit_driver(vm: &Vm, params: sched::Params) -> Result<Credit> {
     let dom0 = hv::placement::ThreadGroup::new();
     let member = dom0.join_current();
-    let weight = crate::node::config::DEFAULT_WEIGHT as u16;
+    let weight = crate::spec::node::DEFAULT_WEIGHT as u16;
     let driver = hv::credit::CreditDriver::start(
         params,
         (0..guest::host_cpus()).collect(),
@@ -178,7 +168,7 @@ fn start_credit(
 )> {
     let credit = start_credit_driver(vm, params)?;
     let socket = crate::ctl::default_socket_path();
-    let server = crate::node::control::serve(
+    let server = crate::sched_control::serve(
         Some(credit.driver.clone()),
         Vec::new(),
         &socket,

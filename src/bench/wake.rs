@@ -14,8 +14,8 @@ use serde_json::{Value, json};
 use crate::cli::WakeArgs;
 use crate::ctl::SchedUpdate;
 use crate::node;
-use crate::node::config::{self, Domain, Node, SchedulerFile};
-use crate::sched_params;
+use crate::spec::node::{self as config, Domain, Node, SchedulerFile};
+use crate::spec::sched as sched_params;
 
 pub fn run_wake(args: &WakeArgs, epoch: Instant) -> Result<u8> {
     crate::guest::check_host_cpu("--pcpu", args.pcpu)?;

@@ -795,15 +795,14 @@ mod tests {
     fn the_node_file_is_a_valid_node_with_a_wire_to_two_more_ranks() {
         for s in scenarios().unwrap() {
             let text = node_toml(&s, benchmark(true), Path::new("/tmp/w.sock"));
-            let node =
-                crate::node::config::parse(&text).unwrap_or_else(|e| panic!("{text}\n{e:#}"));
+            let node = crate::spec::node::parse(&text).unwrap_or_else(|e| panic!("{text}\n{e:#}"));
             assert_eq!(node.domains.len(), NODE_RANKS as usize);
             assert_eq!(node.pcpus, [NODE_CPU]);
             let net = node.network.unwrap();
             assert_eq!(net.job_size, Some(NODE_RANKS + MOVING_VCPUS));
             assert_eq!(
                 net.wire,
-                Some(crate::mpi::WireSpec::Listen("/tmp/w.sock".into()))
+                Some(crate::spec::job::WireSpec::Listen("/tmp/w.sock".into()))
             );
             assert!(node.domains[1].cmdline().contains("mpi=1:4:1"));
         }

@@ -122,7 +122,7 @@ pub fn run_node_text(
     kvm_device: &Path,
     epoch: Instant,
 ) -> Result<crate::node::NodeOutcome> {
-    let node = crate::node::config::parse(text).context("the experiment's node")?;
+    let node = crate::spec::node::parse(text).context("the experiment's node")?;
     crate::node::run(&node, kvm_device, None, epoch)
 }
 

@@ -805,7 +805,7 @@ mod tests {
     fn every_real_node_file_is_a_valid_node() {
         for s in SCENARIOS {
             let text = node_toml(s, spec("cg.W"), &[0]);
-            let node = node::config::parse(&text).unwrap_or_else(|e| panic!("{text}\n{e:#}"));
+            let node = crate::spec::node::parse(&text).unwrap_or_else(|e| panic!("{text}\n{e:#}"));
             assert_eq!(node.domains.len(), RANKS);
             assert_eq!(node.dom0_weight, s.dom0_weight);
             assert_eq!(node.params.accounting, s.accounting.into());

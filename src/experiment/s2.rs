@@ -209,11 +209,11 @@ fn vms(
     if let Some(rounds) = rounds {
         extra.push_str(&format!(" net_rounds={rounds}"));
     }
-    let job = crate::mpi::Job {
+    let job = crate::job::Job {
         nic,
         ..Default::default()
     };
-    let runs = crate::mpi::run_job(2, 1, path, &extra, &job, kvm_device, epoch)
+    let runs = crate::job::run_job(2, 1, path, &extra, &job, kvm_device, epoch)
         .with_context(|| format!("{}: the VMs", config.name))?
         .runs;
     let value = |kind: &str, field: &str, size: u64| -> Result<f64> {

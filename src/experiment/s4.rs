@@ -356,7 +356,6 @@ pub fn text(report: &Report) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::node;
 
     #[test]
     fn every_vm_configuration_is_a_valid_node() {
@@ -365,7 +364,7 @@ mod tests {
                 continue;
             };
             let text = node_toml(nic, path, &benchmarks(true));
-            let n = node::config::parse(&text).unwrap_or_else(|e| panic!("{text}\n{e:#}"));
+            let n = crate::spec::node::parse(&text).unwrap_or_else(|e| panic!("{text}\n{e:#}"));
             let net = n.network.as_ref().unwrap();
             assert_eq!((net.nic, net.irq_path), (nic, path));
             assert_eq!(n.dom0_weight, 1024);

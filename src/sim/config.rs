@@ -16,8 +16,8 @@ use serde::Deserialize;
 
 use super::program::{self, Pattern, Phase, Step};
 use crate::ctl::SchedUpdate;
-use crate::node::config::{DEFAULT_WEIGHT, WEIGHT_RANGE};
-use crate::sched_params;
+use crate::spec::node::{DEFAULT_WEIGHT, WEIGHT_RANGE};
+use crate::spec::sched as sched_params;
 
 /// Domain 0's name in reports and scenario overrides (as in `kumo node`).
 pub const DOM0: &str = "dom0";

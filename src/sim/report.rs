@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::config::{DOM0, Program, Scenario, Sim};
 use super::model::{Outcome, Usage};
-use crate::sched_params;
+use crate::spec::sched as sched_params;
 
 fn secs(ns: u64) -> f64 {
     ns as f64 / 1e9

@@ -30,6 +30,7 @@ fn quick_run(name: &str) -> (serde_json::Value, std::path::PathBuf) {
 }
 
 #[test]
+#[ignore = "slow (59 s in a debug build): .ci/run runs it with --include-ignored"]
 fn s1_quick_runs_real_vms_and_writes_its_report_and_figure() {
     if !kvm_available() {
         return;
@@ -70,6 +71,7 @@ fn s1_quick_runs_real_vms_and_writes_its_report_and_figure() {
 }
 
 #[test]
+#[ignore = "slow (23 s in a debug build): .ci/run runs it with --include-ignored"]
 fn s4_quick_sets_passthrough_beside_the_emulated_nic_and_bare_metal() {
     if !kvm_available() {
         return;
@@ -120,6 +122,7 @@ fn s2_quick_measures_every_configuration_and_size_and_draws_both_figures() {
 }
 
 #[test]
+#[ignore = "slow (121 s in a debug build): .ci/run runs it with --include-ignored"]
 fn migrate_quick_moves_a_vm_of_a_running_mpi_job_under_both_slices() {
     if !kvm_available() {
         return;

@@ -323,6 +323,7 @@ fn a_bad_token_is_refused_and_the_source_runs_on() {
 }
 
 #[test]
+#[ignore = "slow (10 s in a debug build): .ci/run runs it with --include-ignored"]
 fn a_destination_that_never_acknowledges_a_round_is_given_up_on_and_the_source_runs_on() {
     if !kvm_available() {
         return;
@@ -736,11 +737,13 @@ fn assert_other_rank_ended_well(out: &std::process::Output, who: &str) {
 }
 
 #[test]
+#[ignore = "slow (30 s in a debug build): .ci/run runs it with --include-ignored"]
 fn a_rank_vm_of_a_running_mpi_job_migrates_and_the_job_verifies() {
     move_a_rank_mid_job("spin", &[]);
 }
 
 #[test]
+#[ignore = "slow (15 s in a debug build): .ci/run runs it with --include-ignored"]
 fn a_blocking_rank_on_the_fast_interrupt_path_migrates_and_the_job_verifies() {
     // The ranks halt until their NIC's interrupt: irqfd routes re-derived from the
     // restored MSI-X table, and no interrupt lost at the pause.
@@ -785,6 +788,7 @@ fn move_a_rank_mid_job(name: &str, options: &[&str]) {
 }
 
 #[test]
+#[ignore = "slow (49 s in a debug build): .ci/run runs it with --include-ignored"]
 fn a_destination_that_vanishes_after_the_whole_stream_leaves_the_rank_running_and_the_job_verifies()
 {
     if !kvm_available() {

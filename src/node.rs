@@ -2,9 +2,6 @@
 //! the node's host CPUs, each running its NPB list; reports each domain's results and
 //! the CPU time each domain and domain 0 (kumo's own threads) received.
 
-pub mod config;
-pub mod control;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,10 +16,11 @@ use hv::placement::ThreadGroup;
 
 use crate::cli::NodeArgs;
 use crate::ctl;
+use crate::job::WireAttach;
 use crate::report::{self, Verdict};
 use crate::run::{self, GuestRun};
-use crate::sched_params;
-use config::{Domain, Node};
+use crate::spec::node::{self as config, Domain, Node};
+use crate::spec::sched as sched_params;
 
 /// How long to wait for a domain's vCPU threads to start before placing them.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
@@ -188,7 +186,7 @@ pub fn run(
                 }
                 for rank in domain.ranks() {
                     let setup = hv::net::NicSetup {
-                        mac: crate::mpi::mac(rank),
+                        mac: crate::spec::job::mac(rank),
                         irq_path: net.irq_path,
                     };
                     network
@@ -232,7 +230,7 @@ pub fn run(
         None
     };
     let _server = match socket {
-        Some(path) => Some(crate::node::control::serve(
+        Some(path) => Some(crate::sched_control::serve(
             driver.clone(),
             node.domains.iter().cloned().zip(controls.clone()).collect(),
             path,

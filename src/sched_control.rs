@@ -12,8 +12,8 @@ use hv::placement::{ThreadGroup, VcpuControl};
 use serde_json::Value;
 
 use crate::ctl::{self, Controlled, DomainInfo, SchedParams, SchedUpdate};
-use crate::node::config::{self, Domain};
-use crate::sched_params;
+use crate::spec::node::{self as config, Domain};
+use crate::spec::sched as sched_params;
 
 /// Serves the control socket at `path` for a scheduler (or, without one, for domains
 /// the host schedules), and says where it is.

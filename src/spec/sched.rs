@@ -5,7 +5,7 @@
 use anyhow::{Result, anyhow};
 use sched::{NS_PER_MS, NS_PER_US, Params};
 
-use crate::ctl::{SchedParams, SchedUpdate};
+use super::control::{SchedParams, SchedUpdate};
 
 fn ms_to_ns(what: &str, ms: f64) -> Result<u64> {
     if !ms.is_finite() || ms <= 0.0 || ms > 1e6 {
@@ -145,7 +145,7 @@ mod tests {
                 tslice_ms: 30.0,
                 tick_ms: 10.0,
                 ratelimit_us: 1000,
-                accounting: crate::ctl::Accounting::Exact,
+                accounting: crate::spec::control::Accounting::Exact,
                 directed_yield: false,
             }
         );
@@ -164,7 +164,7 @@ mod tests {
                 tslice_ms: 1.0,
                 tick_ms: 1.0,
                 ratelimit_us: 0,
-                accounting: crate::ctl::Accounting::Exact,
+                accounting: crate::spec::control::Accounting::Exact,
                 directed_yield: false,
             }
         );
@@ -255,7 +255,7 @@ mod tests {
         let p = parse_spec("credit:tslice=30ms,tick=10ms,accounting=tick").unwrap();
         assert_eq!(p.accounting, sched::Accounting::Tick);
         assert_eq!(p.ratelimit_ns, 0);
-        assert_eq!(view(p).accounting, crate::ctl::Accounting::Tick);
+        assert_eq!(view(p).accounting, crate::spec::control::Accounting::Tick);
         let err = parse_spec("credit:accounting=tick,ratelimit=1ms")
             .unwrap_err()
             .to_string();

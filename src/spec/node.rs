@@ -10,9 +10,9 @@ use anyhow::{Context, Result, bail};
 use npb::Spec;
 use serde::Deserialize;
 
-use crate::ctl::SchedUpdate;
+use super::control::SchedUpdate;
+use super::sched as sched_params;
 use crate::guest;
-use crate::sched_params;
 
 /// Xen's defaults and `xl sched-credit` ranges.
 pub const DEFAULT_WEIGHT: u32 = 256;
@@ -68,11 +68,11 @@ pub struct Network {
     pub npb: Option<String>,
     pub wait: String,
     pub irq_path: hv::irq::IrqPath,
-    pub nic: crate::cli::NicKind,
+    pub nic: crate::spec::job::NicKind,
     /// Ranks of the whole job (None: the node's own).
     pub job_size: Option<u32>,
     pub first_rank: u32,
-    pub wire: Option<crate::mpi::WireSpec>,
+    pub wire: Option<crate::spec::job::WireSpec>,
     pub wire_wait: std::time::Duration,
 }
 
@@ -92,7 +92,7 @@ pub struct SchedulerFile {
     pub tick_ms: Option<f64>,
     pub ratelimit_us: Option<u64>,
     /// "exact" (default) or "tick" (Xen 3.4).
-    pub accounting: Option<crate::ctl::Accounting>,
+    pub accounting: Option<super::control::Accounting>,
     /// Directed yield at barriers (default false).
     pub directed_yield: Option<bool>,
 }
@@ -401,7 +401,7 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
         let passthrough = d
             .passthrough
             .iter()
-            .map(|text| crate::run::passthrough_spec(text))
+            .map(|text| super::devices::passthrough_spec(text))
             .collect::<Result<Vec<_>>>()
             .with_context(|| format!("domain '{name}'"))?;
         if d.mpi && !passthrough.is_empty() && passthrough.len() != d.vcpus as usize {
@@ -451,11 +451,11 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
         let ranks = network
             .job_size
             .unwrap_or(network.first_rank.saturating_add(here));
-        if !(2..=crate::mpi::MAX_RANKS).contains(&ranks) {
+        if !(2..=crate::spec::job::MAX_RANKS).contains(&ranks) {
             bail!(
                 "[network]: the MPI job needs 2 to {} ranks (one per vCPU of the domains with \
                  mpi = true, or job_size), not {ranks}",
-                crate::mpi::MAX_RANKS
+                crate::spec::job::MAX_RANKS
             );
         }
         if network.first_rank.saturating_add(here) > ranks {
@@ -472,7 +472,7 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
         }
         let (keys, npb) = match &network.npb {
             Some(list) => {
-                let specs = crate::mpi::parse_npb(list, ranks).context("[network]")?;
+                let specs = crate::spec::job::parse_npb(list, ranks).context("[network]")?;
                 let names: Vec<String> = specs.iter().map(ToString::to_string).collect();
                 (
                     format!("wait={} npb={}", network.wait, names.join(",")),
@@ -497,9 +497,9 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
                     if first == 0 {
                         d.specs = specs.clone();
                     }
-                    crate::mpi::npb_memory_mib(specs, ranks, d.vcpus)
+                    crate::spec::job::npb_memory_mib(specs, ranks, d.vcpus)
                 }
-                None => crate::mpi::MEMORY_MIB * u64::from(d.vcpus),
+                None => crate::spec::job::MEMORY_MIB * u64::from(d.vcpus),
             };
             d.memory_mib = d.memory_mib.max(need);
             d.mpi = Some(MpiPart {
@@ -549,16 +549,16 @@ fn validate_network(file: NetworkFile) -> Result<Network> {
         None => hv::irq::IrqPath::Generic,
     };
     let nic = match file.nic.as_deref() {
-        None | Some("emulated") => crate::cli::NicKind::Emulated,
-        Some("passthrough") => crate::cli::NicKind::Passthrough,
+        None | Some("emulated") => crate::spec::job::NicKind::Emulated,
+        Some("passthrough") => crate::spec::job::NicKind::Passthrough,
         Some(other) => bail!("[network]: nic '{other}' is not emulated or passthrough"),
     };
     let wire = file
         .wire
-        .map(|text| text.parse::<crate::mpi::WireSpec>())
+        .map(|text| text.parse::<crate::spec::job::WireSpec>())
         .transpose()
         .map_err(|e| anyhow::anyhow!("[network]: wire: {e}"))?;
-    if wire.is_some() && nic == crate::cli::NicKind::Passthrough {
+    if wire.is_some() && nic == crate::spec::job::NicKind::Passthrough {
         bail!(
             "[network]: a wire joins domain 0's switch: it does not apply to nic = \"passthrough\""
         );
@@ -767,7 +767,7 @@ mpi = true
         let net = n.network.as_ref().unwrap();
         assert_eq!((net.net.as_str(), net.wait.as_str()), ("check", "block"));
         assert_eq!(net.irq_path, hv::irq::IrqPath::Fast);
-        assert_eq!(net.nic, crate::cli::NicKind::Emulated);
+        assert_eq!(net.nic, crate::spec::job::NicKind::Emulated);
         let two = "[[domain]]\nname = \"a\"\nmpi = true\n[[domain]]\nname = \"b\"\nmpi = true\n";
         let passthrough = node(&format!(
             "pcpus = [0]\n[network]\nnic = \"passthrough\"\n{two}"
@@ -775,7 +775,7 @@ mpi = true
         .unwrap();
         assert_eq!(
             passthrough.network.unwrap().nic,
-            crate::cli::NicKind::Passthrough
+            crate::spec::job::NicKind::Passthrough
         );
         let bad = node(&format!("pcpus = [0]\n[network]\nnic = \"sriov\"\n{two}")).unwrap_err();
         assert!(
@@ -794,7 +794,7 @@ mpi = true
                 .ends_with("mpi=1:2:1 wait=block net=check")
         );
         assert!(!n.domains[1].cmdline().contains("mpi="));
-        assert!(n.domains[0].memory_mib >= crate::mpi::MEMORY_MIB);
+        assert!(n.domains[0].memory_mib >= crate::spec::job::MEMORY_MIB);
     }
 
     #[test]
@@ -808,7 +808,7 @@ mpi = true
         let network = n.network.as_ref().unwrap();
         assert_eq!(
             network.wire,
-            Some(crate::mpi::WireSpec::Connect("/tmp/w".into()))
+            Some(crate::spec::job::WireSpec::Connect("/tmp/w".into()))
         );
         assert_eq!(network.wire_wait, std::time::Duration::from_secs(5));
         assert!(n.domains[0].cmdline().contains("mpi=1:4:1"));
@@ -882,7 +882,7 @@ mpi = true
             "{}",
             n.domains[1].cmdline()
         );
-        let two_ranks = crate::mpi::npb_memory_mib(&n.domains[0].specs, 4, 2);
+        let two_ranks = crate::spec::job::npb_memory_mib(&n.domains[0].specs, 4, 2);
         assert!(n.domains[1].memory_mib >= two_ranks);
         // cg needs a power-of-two rank count: 3 ranks are refused before any VM boots.
         let three = "pcpus = [0]\n[network]\nnpb = \"cg.S\"\n[[domain]]\nname = \"a\"\nvcpus = 2\nmpi = true\n[[domain]]\nname = \"b\"\nmpi = true\n";

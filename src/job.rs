@@ -1,0 +1,391 @@
+//! Running an MPI job's VMs of this process: each VM boots the embedded guest with one
+//! NIC per rank on one network (domain 0's switch, or ports of a NIC server), the
+//! wire to ranks elsewhere is opened, and the runs are collected and judged. The
+//! `kumo mpi` command (`crate::mpi`) and the experiments drive it.
+
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use devices::net::switch::SwitchConfig;
+use hv::irq::IrqPath;
+use hv::net::{Network, NicSetup, WorkerStats};
+use hv::passthrough::PassthroughSpec;
+use hv::placement::ThreadGroup;
+use npb::Spec;
+use serde_json::{Value, json};
+
+use crate::nic_server::ServerProcess;
+use crate::run::{self, GuestRun};
+use crate::spec::job::{MAX_RANKS, MAX_VMS, MEMORY_MIB, NicKind, Wait, WireSpec, mac};
+
+/// Which ranks of a job this process runs, and the wire to the others.
+#[derive(Debug, Clone, Default)]
+pub struct Job {
+    /// Ranks in the whole job (this process's VMs, and those across the wire).
+    pub size: u32,
+    /// The rank of this process's first VM.
+    pub first_rank: u32,
+    pub wire: Option<WireSpec>,
+    /// How long the wire waits for its peer.
+    pub wire_patience: Duration,
+    /// The VMs' NIC.
+    pub nic: NicKind,
+    /// With a passthrough NIC: a running server's directory (else the job starts one).
+    pub nic_server: Option<PathBuf>,
+}
+
+impl Job {
+    /// Checks that `vms` VMs of `vcpus` ranks each fit the job; returns its size.
+    pub fn check_shape(&self, vms: u32, vcpus: u32) -> Result<u32> {
+        if !(1..=MAX_VMS).contains(&vms) {
+            bail!("--vms must be between 1 and {MAX_VMS}, not {vms}");
+        }
+        let here = vms.saturating_mul(vcpus);
+        let size = if self.size == 0 { here } else { self.size };
+        if !(2..=MAX_RANKS).contains(&size) {
+            bail!("an MPI job needs 2 to {MAX_RANKS} ranks (one per vCPU), not {size}");
+        }
+        if self.first_rank.saturating_add(here) > size {
+            bail!(
+                "ranks {}..{} ({vms} VMs x {vcpus} vCPUs) do not fit a job of {size} ranks",
+                self.first_rank,
+                self.first_rank.saturating_add(here)
+            );
+        }
+        if size > here && self.wire.is_none() {
+            bail!(
+                "{} of the job's {size} ranks run elsewhere: give a --wire to reach them",
+                size - here
+            );
+        }
+        Ok(size)
+    }
+}
+
+/// Opening a wire ([`WireSpec`] is its plain description).
+pub trait WireAttach {
+    fn attach(
+        &self,
+        network: &Network,
+        patience: Duration,
+        dom0: Option<&Arc<ThreadGroup>>,
+    ) -> Result<WireGuard>;
+}
+
+impl WireAttach for WireSpec {
+    /// Opens the wire and plugs it into `network`: a connection to a listener, or the
+    /// first peer of this side's listener, which keeps listening (and its socket file
+    /// stays) until the returned guard is dropped: when that peer's connection closes
+    /// (its VM moved to another process), the next one takes the same switch port.
+    fn attach(
+        &self,
+        network: &Network,
+        patience: Duration,
+        dom0: Option<&Arc<ThreadGroup>>,
+    ) -> Result<WireGuard> {
+        let deadline = Instant::now() + patience;
+        match self {
+            WireSpec::Connect(path) => loop {
+                match UnixStream::connect(path) {
+                    Ok(stream) => {
+                        network.attach_wire(stream, dom0)?;
+                        return Ok(WireGuard { listening: None });
+                    }
+                    Err(e) if Instant::now() < deadline => {
+                        tracing::debug!("wire {}: {e}; retrying", path.display());
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    Err(e) => bail!(
+                        "cannot reach the wire {} within {:.1} s: {e}",
+                        path.display(),
+                        patience.as_secs_f64()
+                    ),
+                }
+            },
+            WireSpec::Listen(path) => {
+                let listener = UnixListener::bind(path)
+                    .with_context(|| format!("cannot listen on {}", path.display()))?;
+                crate::signals::track_socket(path.clone());
+                let guard = WireGuard {
+                    listening: Some(path.clone()),
+                };
+                listener.set_nonblocking(true)?;
+                let stream = loop {
+                    match listener.accept() {
+                        Ok((stream, _)) => break stream,
+                        Err(e)
+                            if e.kind() == std::io::ErrorKind::WouldBlock
+                                && Instant::now() < deadline
+                                && hv::stop::requested().is_none() =>
+                        {
+                            std::thread::sleep(Duration::from_millis(20));
+                        }
+                        Err(e) => bail!(
+                            "no peer connected to {} within {:.1} s ({e})",
+                            path.display(),
+                            patience.as_secs_f64()
+                        ),
+                    }
+                };
+                stream.set_nonblocking(false)?;
+                network.attach_listening_wire(stream, listener, dom0)?;
+                Ok(guard)
+            }
+        }
+    }
+}
+
+/// A listening wire's socket file, removed when the job ends.
+pub struct WireGuard {
+    listening: Option<PathBuf>,
+}
+
+impl Drop for WireGuard {
+    fn drop(&mut self) {
+        if let Some(path) = self.listening.take() {
+            let _ = std::fs::remove_file(&path);
+            crate::signals::untrack_socket(&path);
+        }
+    }
+}
+
+/// What a job's VMs did, and the switch thread's work (domain 0's, or the NIC
+/// server's) if it was measured.
+pub struct JobRun {
+    pub runs: Vec<GuestRun>,
+    pub switch: Option<WorkerStats>,
+}
+
+/// `vms` VMs of `vcpus` vCPUs, one rank per vCPU, each rank with its own NIC, all on one
+/// network (and the wire, if any); each VM boots with `mpi=FIRST:SIZE:VCPUS` and
+/// `extra`. Returns each VM's run, in rank order.
+pub fn run_job(
+    vms: u32,
+    vcpus: u32,
+    irq_path: IrqPath,
+    extra: &str,
+    job: &Job,
+    kvm_device: &std::path::Path,
+    epoch: Instant,
+) -> Result<JobRun> {
+    run_job_in(
+        vms,
+        vcpus,
+        irq_path,
+        extra,
+        job,
+        kvm_device,
+        epoch,
+        MEMORY_MIB * u64::from(vcpus),
+    )
+}
+
+/// As [`run_job`], with `memory_mib` of guest memory per VM.
+#[allow(clippy::too_many_arguments)]
+pub fn run_job_in(
+    vms: u32,
+    vcpus: u32,
+    irq_path: IrqPath,
+    extra: &str,
+    job: &Job,
+    kvm_device: &std::path::Path,
+    epoch: Instant,
+    memory_mib: u64,
+) -> Result<JobRun> {
+    let size = job.check_shape(vms, vcpus)?;
+    run::check_guest_vcpus(vcpus, kvm_device)?;
+    let here = vms * vcpus;
+    let network = Network::new(SwitchConfig::default())?;
+    let server = match (job.nic, &job.nic_server) {
+        (NicKind::Emulated, None) => None,
+        (NicKind::Emulated, Some(_)) => bail!("--nic-server applies to --nic passthrough only"),
+        (NicKind::Passthrough, _) if job.wire.is_some() => {
+            bail!("--wire joins domain 0's switch: it does not apply to --nic passthrough")
+        }
+        (NicKind::Passthrough, Some(dir)) => Some(ServerProcess::running_at(dir)),
+        (NicKind::Passthrough, None) => Some(ServerProcess::start(here, job.first_rank, &[])?),
+    };
+    let mut attached = Vec::new();
+    let mut machines = Vec::new();
+    for first in (0..vms).map(|i| job.first_rank + i * vcpus) {
+        let config = run::embedded_config(
+            vcpus,
+            memory_mib,
+            format!("mpi={first}:{size}:{vcpus} {extra}"),
+            kvm_device,
+        );
+        let mut vm = hv::builder::build_for_boot(config)?;
+        // The guest gives its k-th NIC (in slot order, the order attached) to rank
+        // first + k, on vCPU k.
+        for rank in first..first + vcpus {
+            match &server {
+                None => {
+                    network
+                        .attach(
+                            &mut vm,
+                            &NicSetup {
+                                mac: mac(rank),
+                                irq_path,
+                            },
+                            None,
+                        )
+                        .with_context(|| format!("attaching rank {rank}'s NIC"))?;
+                }
+                Some(server) => {
+                    let spec = PassthroughSpec::VfioUser(server.socket(rank - job.first_rank));
+                    attached.push(
+                        hv::passthrough::attach(&mut vm, &spec, irq_path, None)
+                            .with_context(|| format!("attaching rank {rank}'s NIC"))?,
+                    );
+                }
+            }
+        }
+        machines.push(vm);
+    }
+    let _wire = job
+        .wire
+        .as_ref()
+        .map(|wire| wire.attach(&network, job.wire_patience, None))
+        .transpose()?;
+    let running = network.start(None)?;
+    let runs: Vec<Result<GuestRun>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = machines
+            .into_iter()
+            .map(|vm| scope.spawn(move || run::run_collecting(vm, epoch)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a VM's thread panicked")))
+            })
+            .collect()
+    });
+    let stats = running.switch_stats();
+    let mut switch = Some(running.worker_stats());
+    drop(running);
+    let clients = attached.len();
+    drop(attached);
+    if let Some(server) = &server {
+        switch = server.stats_after(clients);
+    }
+    drop(server);
+    tracing::debug!(?stats, ?switch, "switch");
+    let runs = runs
+        .into_iter()
+        .enumerate()
+        .map(|(rank, run)| run.with_context(|| format!("rank {rank}")))
+        .collect::<Result<_>>()?;
+    Ok(JobRun { runs, switch })
+}
+
+/// How an NPB-MPI job's VMs of this process are judged and printed.
+pub struct NpbReport<'a> {
+    pub specs: &'a [Spec],
+    /// Ranks of the whole job.
+    pub ranks: u32,
+    pub vms: u32,
+    pub vcpus: u32,
+    pub wait: Wait,
+    pub irq_path: IrqPath,
+    pub nic: NicKind,
+    pub json: bool,
+}
+
+impl NpbReport<'_> {
+    /// Judges each VM's run (with its first rank): rank 0 prints the results (if it
+    /// runs here, on its VM's vCPU 0); every VM must end cleanly. Prints the table
+    /// (or JSON lines) and returns the exit status.
+    pub fn print<'r>(&self, runs: impl IntoIterator<Item = (u32, &'r GuestRun)>) -> u8 {
+        let ranks = self.ranks;
+        let specs = self.specs;
+        let mut code = crate::report::EXIT_OK;
+        let mut rows = Vec::new();
+        for (first, run) in runs {
+            let verdict = if first == 0 {
+                run.judge_ranks(specs, self.vcpus)
+            } else {
+                run.judge_ranks(&[], self.vcpus)
+            };
+            for problem in &verdict.problems {
+                let last = first + self.vcpus - 1;
+                if first == last {
+                    eprintln!("kumo: rank {first}: {problem}");
+                } else {
+                    eprintln!("kumo: ranks {first}-{last}: {problem}");
+                }
+            }
+            if code == crate::report::EXIT_OK {
+                code = verdict.exit_code();
+            }
+            if first == 0 {
+                rows = verdict.rows;
+            }
+        }
+        let ok = code == crate::report::EXIT_OK;
+        let objects: Vec<serde_json::Map<String, Value>> = rows
+            .iter()
+            .map(|row| {
+                let mut obj = serde_json::Map::new();
+                obj.insert("benchmark".into(), json!(row.spec.kernel.name()));
+                obj.insert("class".into(), json!(row.spec.class.letter().to_string()));
+                obj.insert("ranks".into(), json!(ranks));
+                obj.insert("vms".into(), json!(self.vms));
+                obj.insert("vcpus".into(), json!(self.vcpus));
+                obj.insert("nic".into(), json!(self.nic.name()));
+                crate::report::insert_result(&mut obj, row.result.as_ref());
+                obj
+            })
+            .collect();
+        if self.json {
+            for obj in &objects {
+                crate::outln!("{}", Value::Object(obj.clone()));
+            }
+            crate::outln!("{}", json!({ "ok": ok }));
+        } else {
+            crate::outln!(
+                "{:<10} {:<5} {:>5} {:>4} {:>12} {:>12}  verified",
+                "benchmark",
+                "class",
+                "ranks",
+                "vms",
+                "time (s)",
+                "Mop/s"
+            );
+            for obj in &objects {
+                let number = |key: &str| {
+                    obj[key]
+                        .as_f64()
+                        .map_or("-".to_string(), |v| format!("{v:.3}"))
+                };
+                crate::outln!(
+                    "{:<10} {:<5} {:>5} {:>4} {:>12} {:>12}  {}",
+                    obj["benchmark"].as_str().unwrap_or("-"),
+                    obj["class"].as_str().unwrap_or("-"),
+                    ranks,
+                    self.vms,
+                    number("time_s"),
+                    number("mops"),
+                    if obj["verified"] == json!(true) {
+                        "yes"
+                    } else {
+                        "NO"
+                    }
+                );
+            }
+            crate::outln!(
+                "NPB-MPI: {} ranks, one per vCPU ({} VMs x {} here), wait={}, irq path {}, nic {}",
+                ranks,
+                self.vms,
+                self.vcpus,
+                Wait::name(self.wait),
+                self.irq_path.name(),
+                self.nic.name()
+            );
+        }
+        code
+    }
+}
