@@ -99,7 +99,7 @@ impl IrqRun {
             && fields
                 .get("rounds")
                 .is_some_and(|v| *v == rounds.to_string());
-        let mut row = fields_json(fields);
+        let mut row = crate::protocol::fields_json(fields);
         row.insert("path".into(), json!(self.path.name()));
         row.insert("vcpus".into(), json!(vcpus));
         row.insert("host_rounds".into(), json!(host_rounds));
@@ -147,7 +147,7 @@ fn report_check(
 ) -> Result<u8> {
     let fields = guest.measurement("irqcheck")?;
     let verified = fields.get("verified").is_some_and(|v| v == "true");
-    let mut row = fields_json(fields);
+    let mut row = crate::protocol::fields_json(fields);
     row.insert("path".into(), json!(path.name()));
     row.insert("host_rounds".into(), json!(host_rounds));
     if as_json {
@@ -204,7 +204,7 @@ pub fn run_bench(args: &IrqBenchArgs, epoch: Instant) -> Result<u8> {
         let cmdline = format!("irq=bench:{}:{}", args.rounds, args.target_vcpu);
         let (guest, devices) = boot(&cmdline, args.vcpus, &setup, &args.kvm_device, epoch)?;
         let fields = guest.measurement("irqbench")?;
-        let mut row = fields_json(fields);
+        let mut row = crate::protocol::fields_json(fields);
         row.insert("path".into(), json!(path.name()));
         row.insert("vcpus".into(), json!(args.vcpus));
         row.insert("noise_rate".into(), json!(args.noise_rate));
@@ -276,22 +276,6 @@ fn median(mut values: Vec<f64>) -> f64 {
 
 fn text<'a>(fields: &'a BTreeMap<String, String>, key: &str) -> &'a str {
     fields.get(key).map_or("?", String::as_str)
-}
-
-/// The guest's fields as JSON, numbers as numbers.
-fn fields_json(fields: &BTreeMap<String, String>) -> serde_json::Map<String, Value> {
-    fields
-        .iter()
-        .map(|(k, v)| {
-            let value = match (v.parse::<f64>(), v.as_str()) {
-                (Ok(n), _) => json!(n),
-                (_, "true") => json!(true),
-                (_, "false") => json!(false),
-                _ => json!(v),
-            };
-            (k.clone(), value)
-        })
-        .collect()
 }
 
 fn print_bench(rows: &[serde_json::Map<String, Value>], as_json: bool) {

@@ -82,7 +82,8 @@ pub fn run_mpi(args: &MpiArgs, epoch: Instant) -> Result<u8> {
         row.insert("nic".into(), json!(args.nic.name()));
         row.insert("verified".into(), json!(verified));
         for (k, v) in fields.into_iter().flatten() {
-            row.entry(k.clone()).or_insert_with(|| json!(v));
+            row.entry(k.clone())
+                .or_insert_with(|| crate::protocol::field_json(v));
         }
         rows.push(row);
     }
@@ -165,8 +166,13 @@ fn run_npb(args: &MpiArgs, list: &str, epoch: Instant) -> Result<u8> {
     Ok(report.print(firsts.zip(&runs)))
 }
 
-fn text<'a>(row: &'a serde_json::Map<String, Value>, key: &str) -> &'a str {
-    row.get(key).and_then(Value::as_str).unwrap_or("-")
+/// A row's value as the table prints it.
+fn text(row: &serde_json::Map<String, Value>, key: &str) -> String {
+    match row.get(key) {
+        None | Some(Value::Null) => "-".into(),
+        Some(Value::String(s)) => s.clone(),
+        Some(value) => value.to_string(),
+    }
 }
 
 /// `kumo bench net`: ping-pong between two VMs, one row per message size, for each
@@ -231,8 +237,7 @@ pub fn run_bench(args: &NetBenchArgs, epoch: Instant) -> Result<u8> {
                 );
             }
             for fields in found {
-                let mut row: serde_json::Map<String, Value> =
-                    fields.into_iter().map(|(k, v)| (k, json!(v))).collect();
+                let mut row: serde_json::Map<String, Value> = crate::protocol::fields_json(&fields);
                 row.insert(
                     "irq_path".into(),
                     json!(setting.map_or("qemu", |(_, path)| path.name())),

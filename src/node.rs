@@ -415,8 +415,7 @@ pub fn json_lines(
                     let mut obj = serde_json::Map::new();
                     obj.insert("probe".into(), json!(kind));
                     for (k, v) in fields {
-                        let value = v.parse::<f64>().map_or_else(|_| json!(v), |f| json!(f));
-                        obj.insert(k.clone(), value);
+                        obj.insert(k.clone(), crate::protocol::field_json(v));
                     }
                     Value::Object(obj)
                 }).collect::<Vec<_>>(),

@@ -46,6 +46,34 @@ pub enum Event {
     Malformed(String),
 }
 
+/// A guest field's value as JSON: a number if it reads as one (an integer stays one;
+/// every `--json` prints numbers as JSON numbers), `true`/`false` as booleans, else
+/// the text.
+pub fn field_json(text: &str) -> serde_json::Value {
+    if let Ok(n) = text.parse::<i64>() {
+        return n.into();
+    }
+    if let Ok(n) = text.parse::<u64>() {
+        return n.into();
+    }
+    match (text.parse::<f64>(), text) {
+        (Ok(n), _) if n.is_finite() => serde_json::Value::from(n),
+        (_, "true") => serde_json::Value::Bool(true),
+        (_, "false") => serde_json::Value::Bool(false),
+        _ => serde_json::Value::String(text.to_owned()),
+    }
+}
+
+/// The guest's fields as a JSON object (see [`field_json`]).
+pub fn fields_json(
+    fields: &BTreeMap<String, String>,
+) -> serde_json::Map<String, serde_json::Value> {
+    fields
+        .iter()
+        .map(|(k, v)| (k.clone(), field_json(v)))
+        .collect()
+}
+
 /// Parses one console line; `None` if it is ordinary guest text.
 pub fn parse_line(line: &str) -> Option<Event> {
     let rest = line.trim_end_matches(['\r', '\n']).strip_prefix(PREFIX)?;
@@ -154,6 +182,21 @@ impl LineParser {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn guest_fields_become_json_numbers_and_booleans() {
+        assert_eq!(field_json("42"), serde_json::json!(42));
+        assert_eq!(field_json("-3"), serde_json::json!(-3));
+        assert_eq!(field_json("45.55"), serde_json::json!(45.55));
+        assert_eq!(
+            field_json("18446744073709551615"),
+            serde_json::json!(u64::MAX)
+        );
+        assert_eq!(field_json("true"), serde_json::json!(true));
+        assert_eq!(field_json("nan"), serde_json::json!("nan"));
+        assert_eq!(field_json("0x10"), serde_json::json!("0x10"));
+        assert_eq!(field_json("cg.A"), serde_json::json!("cg.A"));
+    }
 
     #[test]
     fn parses_a_result_line_with_extra_fields() {

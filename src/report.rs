@@ -34,8 +34,8 @@ pub(crate) fn insert_result(obj: &mut Map<String, Value>, result: Option<&BenchR
             obj.insert("mops".into(), json!(r.mops));
             obj.insert("verified".into(), json!(r.verified));
             for (k, v) in &r.extra {
-                let value = v.parse::<f64>().map_or_else(|_| json!(v), |f| json!(f));
-                obj.entry(k.clone()).or_insert(value);
+                obj.entry(k.clone())
+                    .or_insert_with(|| crate::protocol::field_json(v));
             }
         }
         None => {

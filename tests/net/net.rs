@@ -128,13 +128,14 @@ fn the_net_bench_reports_every_size() {
         ]);
         assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
         let lines = json_lines(&out);
-        let sizes: Vec<&str> = lines.iter().map(|l| l["size"].as_str().unwrap()).collect();
-        assert_eq!(sizes, ["8", "65536", "8", "65536"]);
+        // Numbers are JSON numbers (jq and pandas users get numbers, not text).
+        let sizes: Vec<u64> = lines.iter().map(|l| l["size"].as_u64().unwrap()).collect();
+        assert_eq!(sizes, [8, 65536, 8, 65536]);
         // Both NICs side by side, each with its switch thread's work.
         let nics: Vec<&str> = lines.iter().map(|l| l["nic"].as_str().unwrap()).collect();
         assert_eq!(nics, ["emulated", "emulated", "passthrough", "passthrough"]);
         for line in &lines {
-            let median: f64 = line["median_us"].as_str().unwrap().parse().unwrap();
+            let median = line["median_us"].as_f64().unwrap();
             assert!(median > 0.0, "{line}");
             assert!(line["switch_frames"].as_u64().unwrap() >= 40, "{line}");
             assert!(line["switch_busy_us"].as_f64().unwrap() > 0.0, "{line}");

@@ -316,7 +316,7 @@ fn the_net_bench_sets_qemu_beside_kumo_in_one_run() {
         .map(|r| {
             (
                 r["irq_path"].as_str().unwrap().to_owned(),
-                r["size"].as_str().unwrap().to_owned(),
+                r["size"].as_u64().unwrap().to_string(),
             )
         })
         .collect();
