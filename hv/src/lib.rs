@@ -21,8 +21,10 @@ pub mod bar_windows;
 pub mod block;
 pub mod boot;
 pub mod builder;
+pub mod coordinator;
 pub mod cpuid;
 pub mod credit;
+pub mod device_manager;
 mod doorbells;
 pub mod elf;
 mod fault;
@@ -52,10 +54,11 @@ mod wire;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use coordinator::DeviceHealth;
 pub use fault::{CpuMode, FaultReason, FaultReport, Registers};
 pub use kvm::host_tsc_khz;
 pub use stop::{RunLimits, StopCause};
-pub use vm::{DeviceHealth, Vm};
+pub use vm::Vm;
 
 /// What to boot and on how much.
 #[derive(Debug, Clone)]

@@ -1,33 +1,28 @@
-//! VM creation and the run coordinator.
+//! A built VM (see `crate::builder`) and how it runs: its devices start, one thread
+//! per vCPU, and the coordinator (`crate::coordinator`) decides when it ends.
 
 use std::fs::File;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::sync::mpsc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use devices::boot_timer::BOOT_TIMER_PORT;
-use devices::debug_exit::{DEBUG_EXIT_LEN, DEBUG_EXIT_PORT};
-use devices::pci::{BarAllocator, ConfigPorts, PciBus, PciDevice};
-use devices::serial::{COM1_LEN, COM1_PORT};
-use devices::{BootTimer, Com1, DebugExit, PioBus, PioRange};
+use devices::pci::PciDevice;
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 use vm_memory::{GuestMemoryBackend, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
-use vmm_sys_util::signal::Killable;
 
-use crate::bar_windows::{HostWindow, MemoryWindows};
-use crate::doorbells::IoEventWiring;
-use crate::halt::{self, ConsoleTail, HaltDetector, HaltVerdict};
+use crate::bar_windows::HostWindow;
+use crate::coordinator::{Coordinator, DeviceHealth, Unwake};
+use crate::device_manager::DeviceManager;
+use crate::halt::ConsoleTail;
 use crate::irq::{EventLoop, GsiRouter, Msi};
 use crate::kick;
-use crate::layout::*;
-use crate::migration::{DeviceStates, Hub};
+use crate::migration::Hub;
 use crate::placement::VcpuControl;
-use crate::stop::{self, RunLimits, StopCause};
-use crate::vcpu::{self, Shared, ToCoordinator, VcpuEnd};
-use crate::watchdog::{Observation, Verdict, Watchdog};
-use crate::{Error, FaultReason, FaultReport, GuestExit, RunOutcome};
+use crate::stop::{self, RunLimits};
+use crate::vcpu::{self, Shared, ToCoordinator};
+use crate::{Error, GuestExit, RunOutcome};
 
 /// A created VM, ready to run.
 pub struct Vm {
@@ -38,20 +33,10 @@ pub struct Vm {
     pub(crate) vm: Arc<VmFd>,
     pub(crate) control: Arc<VcpuControl>,
     pub(crate) limits: RunLimits,
-    /// Bus 0 and the window its BARs are placed in, filled before `run`.
-    pub(crate) pci: PciBus,
-    /// The eventfds behind devices' doorbells, wired where their BARs decode.
-    pub(crate) doorbells: Arc<IoEventWiring>,
-    /// Devices' direct windows, mapped as memory slots where their BARs decode.
-    pub(crate) windows: Arc<MemoryWindows>,
-    /// The VM's one GSI routing table: every fast-path vector of every device has its
-    /// own GSI in it (KVM_SET_GSI_ROUTING replaces the whole table).
-    pub(crate) gsi: Arc<GsiRouter>,
-    pub(crate) bar_window: BarAllocator,
+    /// PCI bus 0, BAR placement, GSI routing, and the port devices' state.
+    pub(crate) devices: DeviceManager,
     /// Pausing and saving the running VM (snapshots, migration).
     pub(crate) hub: Arc<Hub>,
-    /// Device state a restored VM's devices start from (see `crate::migration`).
-    pub(crate) restored: Option<DeviceStates>,
     /// Devices outside kumo report here that they failed; the run then ends.
     pub(crate) health: Arc<DeviceHealth>,
     pub(crate) _kvm: Kvm,
@@ -68,58 +53,6 @@ impl std::fmt::Debug for Vm {
     }
 }
 
-/// The first failure of a device of the VM that lives outside kumo (a passthrough
-/// device's process died or stopped answering).
-#[derive(Default)]
-pub struct DeviceHealth {
-    failed: std::sync::Mutex<Option<String>>,
-    /// Wakes the running VM's coordinator, which does not poll for failures.
-    wake: std::sync::Mutex<Option<mpsc::Sender<ToCoordinator>>>,
-}
-
-impl std::fmt::Debug for DeviceHealth {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DeviceHealth")
-            .field("failed", &self.failure())
-            .finish()
-    }
-}
-
-impl DeviceHealth {
-    /// Records `why` (the first report wins) and has the VM's coordinator look at it.
-    pub fn fail(&self, why: String) {
-        let mut failed = self.failed.lock().unwrap_or_else(|e| e.into_inner());
-        failed.get_or_insert(why);
-        drop(failed);
-        if let Some(tx) = &*self.wake.lock().unwrap_or_else(|e| e.into_inner()) {
-            let _ = tx.send(ToCoordinator::Look);
-        }
-    }
-
-    fn set_wake(&self, tx: Option<mpsc::Sender<ToCoordinator>>) {
-        *self.wake.lock().unwrap_or_else(|e| e.into_inner()) = tx;
-    }
-
-    pub fn failure(&self) -> Option<String> {
-        self.failed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
-}
-
-/// Takes the coordinator's channel back from the VM's device health when the run ends.
-struct Unwake(Arc<DeviceHealth>);
-
-impl Drop for Unwake {
-    fn drop(&mut self) {
-        self.0.set_wake(None);
-    }
-}
-
-/// How long the coordinator waits between kicks of vCPUs that have not stopped yet.
-const REKICK: Duration = Duration::from_millis(10);
-
 impl Vm {
     /// A VM of these parts with its (empty) PCI bus wired to KVM: doorbells as
     /// ioeventfds, direct windows as memory slots.
@@ -132,23 +65,13 @@ impl Vm {
         memory: GuestMemoryMmap,
         memfd: File,
     ) -> Vm {
-        let doorbells = Arc::new(IoEventWiring::new(vm.clone()));
-        let windows = Arc::new(MemoryWindows::new(vm.clone()));
-        let mut pci = PciBus::new(PCI_ECAM_BASE);
-        pci.set_doorbell_wiring(doorbells.clone());
-        pci.set_window_wiring(windows.clone());
         Vm {
             vcpus,
-            gsi: GsiRouter::new(vm.clone()),
+            devices: DeviceManager::new(&vm),
             vm,
             control,
             limits: stop::default_limits(),
-            pci,
-            doorbells,
-            windows,
-            bar_window: BarAllocator::new(PCI_MMIO_START, PCI_MMIO_END),
             hub,
-            restored: None,
             health: Arc::new(DeviceHealth::default()),
             _kvm: kvm,
             memory,
@@ -204,22 +127,18 @@ impl Vm {
 
     /// The fast path's GSI routing table for this VM (make one per VM).
     pub fn gsi_router(&self) -> Arc<GsiRouter> {
-        self.gsi.clone()
+        self.devices.gsi_router()
     }
 
     /// Plugs a device into PCI bus 0 (before `run`); returns its slot.
     pub fn add_pci_device(&mut self, device: Arc<dyn PciDevice>) -> Result<u8, Error> {
-        self.pci
-            .add(device)
-            .map_err(|e| Error::Device(e.to_string()))
+        self.devices.add_pci_device(device)
     }
 
     /// A guest-physical address for a memory BAR of `size` bytes, as firmware would
     /// assign it (the guest keeps what it finds).
     pub fn allocate_bar(&mut self, size: u64) -> Result<u64, Error> {
-        self.bar_window
-            .allocate(size)
-            .map_err(|e| Error::Device(e.to_string()))
+        self.devices.allocate_bar(size)
     }
 
     /// Plugs a device into PCI bus 0 (before `run`) with its doorbells served in the
@@ -243,17 +162,8 @@ impl Vm {
         doorbells: Vec<EventFd>,
         windows: Vec<HostWindow>,
     ) -> Result<u8, Error> {
-        let slot = self
-            .pci
-            .free_slot()
-            .ok_or_else(|| Error::Device(devices::pci::PciError::Full.to_string()))?;
-        for (id, fd) in doorbells.into_iter().enumerate() {
-            self.doorbells.provide(slot, id as u32, fd);
-        }
-        for (id, window) in windows.into_iter().enumerate() {
-            self.windows.provide(slot, id as u32, window);
-        }
-        self.add_pci_device(device)
+        self.devices
+            .add_pci_device_wired(device, doorbells, windows)
     }
 
     /// Sets the run's time limit and watchdog bound (default: the process's
@@ -285,299 +195,103 @@ impl Vm {
         }));
         self.health.set_wake(Some(tx.clone()));
         let _unwake = Unwake(self.health.clone());
-        let pci = Arc::new(self.pci);
-        let ports = Arc::new(ConfigPorts::new(pci.clone()));
         // The console's last line, for the report on a guest that halted for good.
         let tail = ConsoleTail::default();
-        let console = tail.wrap(console);
-        let (com1, timer) = match &self.restored {
-            None => (Com1::new(console), BootTimer::new()),
-            Some(saved) => {
-                let bad = |e: devices::DeviceStateError| Error::Migration(e.to_string());
-                pci.restore_state(&saved.pci).map_err(bad)?;
-                ports.set_address(saved.pci_address);
-                (
-                    Com1::from_state(console, &saved.com1).map_err(bad)?,
-                    BootTimer::from_state(&saved.boot_timer),
-                )
-            }
-        };
-        let (com1, timer) = (Arc::new(com1), Arc::new(timer));
-        self.hub.attach(crate::migration::Devices {
-            com1: com1.clone(),
-            timer: timer.clone(),
-            ports: ports.clone(),
-            pci: pci.clone(),
-        });
-        let mut bus = PioBus::new();
-        let devices: [(u16, u16, Arc<dyn devices::PioDevice>); 4] = [
-            (COM1_PORT, COM1_LEN, com1.clone()),
-            (DEBUG_EXIT_PORT, DEBUG_EXIT_LEN, Arc::new(DebugExit)),
-            (BOOT_TIMER_PORT, 1, timer.clone()),
-            (
-                devices::pci::bus::CONFIG_PORTS_BASE,
-                devices::pci::bus::CONFIG_PORTS_LEN,
-                ports,
-            ),
-        ];
-        for (base, len, device) in devices {
-            bus.insert(PioRange::new(base, len), device)
-                .expect("the fixed port map does not overlap");
-        }
-        let hub = self.hub.clone();
+        let devices = self.devices.start(tail.wrap(console), &self.hub)?;
         let shared = Arc::new(Shared::new(
-            bus,
-            pci,
+            devices.bus,
+            devices.pci,
             self.control.clone(),
-            hub.clone(),
+            self.hub.clone(),
             self.memory.clone(),
         ));
-        let count = self.vcpus.len();
-        let mut handles = Vec::with_capacity(count);
-        let mut spawn_error = None;
-        for (index, fd) in self.vcpus.into_iter().enumerate() {
-            let index = index as u32;
-            let shared = shared.clone();
-            let tx = tx.clone();
-            let spawned = std::thread::Builder::new()
-                .name(format!("vcpu{index}"))
-                .spawn(move || vcpu::thread_main(index, fd, shared, tx));
-            match spawned {
-                Ok(h) => handles.push(h),
-                Err(source) => {
-                    spawn_error = Some(Error::Os {
-                        what: "spawning a vCPU thread",
-                        source,
-                    });
-                    break;
-                }
-            }
-        }
+        let (handles, spawn_error) = spawn_vcpus(self.vcpus, &shared, &tx);
         drop(tx);
+        let mut coordinator =
+            Coordinator::new(rx, &shared, &self.control, &self.health, &tail, handles);
+        let decision = coordinator.decide(self.limits, spawn_error);
+        coordinator.stop_all(&self.hub);
 
-        // The first vCPU to end the VM decides the outcome, unless kumo ends it first:
-        // a stop request (signal), the time limit or the watchdog.
-        let mut ended = vec![false; handles.len()];
-        let mut remaining = handles.len();
-        let mut decision: Option<Result<GuestExit, Error>> = spawn_error.map(Err);
-        let started = Instant::now();
-        let mut watchdog = self
-            .limits
-            .watchdog
-            .map(|bound| (Watchdog::new(count, bound), started));
-        // The watchdog, if any, needs a look every period.
-        let dog_period = watchdog.as_ref().map(|(w, _)| w.period());
-        let pace = |poll: Duration| dog_period.map_or(poll, |period| period.min(poll));
-        let mut poll = pace(stop::POLL);
-        let mut halts = HaltDetector::default();
-        while decision.is_none() {
-            let wait = match self.limits.timeout {
-                Some(limit) => poll.min(limit.saturating_sub(started.elapsed())),
-                None => poll,
-            };
-            match rx.recv_timeout(wait) {
-                Ok(ToCoordinator::Ended(index, end)) => {
-                    ended[index as usize] = true;
-                    remaining -= 1;
-                    match end {
-                        VcpuEnd::Exit(exit) => decision = Some(Ok(exit)),
-                        VcpuEnd::Error(e) => decision = Some(Err(e)),
-                        VcpuEnd::Stopped => {}
-                    }
-                }
-                Ok(ToCoordinator::Look) | Err(mpsc::RecvTimeoutError::Timeout) => {}
-                // Not while this run's stop registration holds a sender; kept for safety.
-                Err(mpsc::RecvTimeoutError::Disconnected) => remaining = 0,
-            }
-            // Every vCPU stopped without deciding (the channel stays open: the stop
-            // registration and the device health hold senders).
-            if decision.is_none() && remaining == 0 {
-                decision = Some(Err(Error::VcpuThread {
-                    index: 0,
-                    why: "every vCPU thread ended without an outcome".into(),
-                }));
-            }
-            if decision.is_some() {
-                break;
-            }
-            if let Some(signal) = stop::requested() {
-                decision = Some(Ok(GuestExit::Stopped(StopCause::Signal(signal))));
-            } else if let Some(why) = self.health.failure() {
-                decision = Some(Err(Error::Device(why)));
-            } else if let Some(limit) = self.limits.timeout
-                && started.elapsed() >= limit
-            {
-                decision = Some(Ok(GuestExit::Stopped(StopCause::Timeout(limit))));
-            } else {
-                let seen = observe(&shared, &self.control);
-                if let Some((dog, next)) = &mut watchdog
-                    && Instant::now() >= *next
-                {
-                    *next = Instant::now() + dog.period();
-                    decision = watch(dog, &seen, &shared, &handles).map(Ok);
-                }
-                if decision.is_none() {
-                    decision = halted_for_good(&mut halts, &seen, &shared, &handles, &tail).map(Ok);
-                }
-                // A busy guest needs no halt checks: look rarely, so as not to take its CPUs.
-                poll = pace(if halts.busy() {
-                    stop::BUSY_POLL
-                } else {
-                    stop::POLL
-                });
-            }
-        }
-
-        // Stop the others: flag first (and open every scheduler gate), then kick until
-        // each has acknowledged.
-        shared.stop.store(true, Ordering::SeqCst);
-        self.control.release_all();
-        hub.vm_ending();
-        while remaining > 0 {
-            for (h, _) in handles.iter().zip(&ended).filter(|(_, e)| !**e) {
-                if let Err(e) = h.kill(kick::kick_signal()) {
-                    tracing::debug!("kicking a vCPU thread failed: {e}");
-                }
-            }
-            let deadline = Instant::now() + REKICK;
-            while remaining > 0 {
-                let Some(wait) = deadline.checked_duration_since(Instant::now()) else {
-                    break;
-                };
-                match rx.recv_timeout(wait) {
-                    Ok(ToCoordinator::Ended(index, end)) => {
-                        ended[index as usize] = true;
-                        remaining -= 1;
-                        if let VcpuEnd::Error(e) = end {
-                            tracing::debug!("vCPU {index} failed while stopping: {e}");
-                        }
-                    }
-                    Ok(ToCoordinator::Look) => {}
-                    Err(mpsc::RecvTimeoutError::Timeout) => break,
-                    Err(mpsc::RecvTimeoutError::Disconnected) => {
-                        remaining = 0;
-                    }
-                }
-            }
-        }
-        for (index, h) in handles.into_iter().enumerate() {
-            if h.join().is_err() {
-                tracing::error!("vCPU {index} thread panicked");
-            }
-        }
-
-        let workload_started = timer
+        let workload_started = devices
+            .timer
             .first_mark()
             .map(|t| t.saturating_duration_since(epoch));
-        com1.flush();
-        drop(com1.take_writer());
-        let exit = decision.expect("loop ends with a decision")?;
+        devices.com1.flush();
+        drop(devices.com1.take_writer());
+        let exit = decision?;
         match &exit {
             GuestExit::DebugExit(v) => tracing::debug!("guest exited with {v:#x}"),
             GuestExit::Fault(r) => tracing::debug!("guest fault: {}", r.reason),
             GuestExit::HandedOff => tracing::debug!("the VM was handed off"),
             GuestExit::Stopped(cause) => tracing::debug!("VM stopped: {cause}"),
         }
-        let vcpu_cpu_time = (0..self.control.vcpus())
-            .map(|v| self.control.cpu_time(v).unwrap_or_default())
-            .collect();
-        let vcpu_run_delay = (0..self.control.vcpus())
-            .map(|v| self.control.run_delay(v))
-            .collect();
-        let kvm_stats = crate::kvm_stats::KvmStats {
-            vm: crate::kvm_stats::cumulative(&*self.vm).unwrap_or_else(|e| {
-                tracing::debug!("no KVM statistics for the VM: {e}");
-                Vec::new()
-            }),
-            vcpus: std::mem::take(&mut *shared.kvm_stats.lock().unwrap_or_else(|e| e.into_inner())),
-        };
-        Ok(RunOutcome {
+        Ok(outcome(
             exit,
             workload_started,
-            vcpu_cpu_time,
-            vcpu_run_delay,
-            pvwait: shared.pvwait.snapshot(),
-            kvm_stats,
-        })
+            &self.control,
+            &self.vm,
+            &shared,
+        ))
     }
 }
 
-/// What the coordinator knows of every vCPU now: CPU time, exits, latest sample.
-fn observe(shared: &Shared, control: &VcpuControl) -> Vec<Observation> {
-    shared
-        .watch
-        .iter()
-        .enumerate()
-        .map(|(vcpu, w)| Observation {
-            cpu: control.cpu_time(vcpu),
-            exits: w.exits(),
-            sample: w.latest(),
-        })
-        .collect()
-}
-
-/// Asks `vcpus` for a sample of their state: request, then kick out of KVM_RUN.
-fn request_samples(shared: &Shared, handles: &[std::thread::JoinHandle<()>], vcpus: &[usize]) {
-    for &vcpu in vcpus {
-        shared.watch[vcpu].want_sample();
-        if let Some(h) = handles.get(vcpu)
-            && let Err(e) = h.kill(kick::kick_signal())
-        {
-            tracing::debug!("kicking vCPU {vcpu} for a sample failed: {e}");
+/// Starts one thread per vCPU (`vcpu0`, `vcpu1`, ...); stops at the first that cannot
+/// be started and returns that error beside the threads that run.
+fn spawn_vcpus(
+    vcpus: Vec<VcpuFd>,
+    shared: &Arc<Shared>,
+    tx: &mpsc::Sender<ToCoordinator>,
+) -> (Vec<JoinHandle<()>>, Option<Error>) {
+    let mut handles = Vec::with_capacity(vcpus.len());
+    for (index, fd) in vcpus.into_iter().enumerate() {
+        let index = index as u32;
+        let shared = shared.clone();
+        let tx = tx.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("vcpu{index}"))
+            .spawn(move || vcpu::thread_main(index, fd, shared, tx));
+        match spawned {
+            Ok(h) => handles.push(h),
+            Err(source) => {
+                return (
+                    handles,
+                    Some(Error::Os {
+                        what: "spawning a vCPU thread",
+                        source,
+                    }),
+                );
+            }
         }
     }
+    (handles, None)
 }
 
-/// One halt check: samples the vCPUs when all are idle, and ends the VM when every
-/// one of them is stopped for good.
-fn halted_for_good(
-    halts: &mut HaltDetector,
-    seen: &[Observation],
+/// What a run that ended with `exit` reports: each vCPU's CPU time and run delay,
+/// its paravirtual waits and KVM's counters.
+fn outcome(
+    exit: GuestExit,
+    workload_started: Option<Duration>,
+    control: &VcpuControl,
+    vm: &VmFd,
     shared: &Shared,
-    handles: &[std::thread::JoinHandle<()>],
-    tail: &ConsoleTail,
-) -> Option<GuestExit> {
-    match halts.check(seen) {
-        HaltVerdict::Fine => None,
-        HaltVerdict::Sample(vcpus) => {
-            request_samples(shared, handles, &vcpus);
-            None
-        }
-        HaltVerdict::Dead { vcpu, samples } => Some(GuestExit::Fault(FaultReport {
-            reason: FaultReason::HaltedForever {
-                vcpus: halt::describe(&samples),
-                last_line: tail.last_line(),
-            },
-            vcpu: vcpu as u32,
-            registers: Ok(samples[vcpu].registers.clone()),
-        })),
-    }
-}
-
-/// One watchdog check: samples the vCPUs it asks for (request, then kick), and ends
-/// the VM if one is stuck.
-fn watch(
-    dog: &mut Watchdog,
-    seen: &[Observation],
-    shared: &Shared,
-    handles: &[std::thread::JoinHandle<()>],
-) -> Option<GuestExit> {
-    match dog.check(seen) {
-        Verdict::Fine => None,
-        Verdict::Sample(vcpus) => {
-            request_samples(shared, handles, &vcpus);
-            None
-        }
-        Verdict::Stuck {
-            vcpu,
-            stalled,
-            last,
-        } => Some(GuestExit::Fault(FaultReport {
-            reason: FaultReason::NoProgress { cpu_time: stalled },
-            vcpu: vcpu as u32,
-            registers: last
-                .map(|s| s.registers)
-                .ok_or_else(|| "never sampled".to_string()),
-        })),
+) -> RunOutcome {
+    let vcpu_cpu_time = (0..control.vcpus())
+        .map(|v| control.cpu_time(v).unwrap_or_default())
+        .collect();
+    let vcpu_run_delay = (0..control.vcpus()).map(|v| control.run_delay(v)).collect();
+    let kvm_stats = crate::kvm_stats::KvmStats {
+        vm: crate::kvm_stats::cumulative(vm).unwrap_or_else(|e| {
+            tracing::debug!("no KVM statistics for the VM: {e}");
+            Vec::new()
+        }),
+        vcpus: std::mem::take(&mut *shared.kvm_stats.lock().unwrap_or_else(|e| e.into_inner())),
+    };
+    RunOutcome {
+        exit,
+        workload_started,
+        vcpu_cpu_time,
+        vcpu_run_delay,
+        pvwait: shared.pvwait.snapshot(),
+        kvm_stats,
     }
 }

@@ -237,7 +237,7 @@ fn apply(
     // The PCI bus is rebuilt by whoever plugs devices in before `run`; its state is
     // checked against it there.
     tracing::debug!("vCPUs restored");
-    vm.restored = Some(devices);
+    vm.devices.restore_from(devices);
     Ok(())
 }
 

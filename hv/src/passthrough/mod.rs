@@ -38,7 +38,7 @@ pub use crate::bar_windows::DeviceMapping;
 use crate::bar_windows::HostWindow;
 use crate::irq::{IrqPath, Msi, fast_msix_with_eventfds};
 use crate::placement::ThreadGroup;
-use crate::vm::{DeviceHealth, Vm};
+use crate::{DeviceHealth, Vm};
 
 /// What `--passthrough` names.
 #[derive(Debug, Clone, PartialEq, Eq)]
