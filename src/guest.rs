@@ -177,16 +177,21 @@ pub fn required_memory_mib(specs: &[Spec], vcpus: u32) -> u64 {
 
 /// Guest memory for `base_mib` of runtime and a heap of `heap_mib` that must lie in one
 /// RAM region: below the 32-bit hole if both fit there, else all the RAM below it and
-/// the heap above 4 GiB, where the guest puts it (`hv::memory_map`; the high region is
-/// 2 MiB-aligned and its page tables come from the low heap).
+/// the heap above 4 GiB, where the guest puts it (`hv::memory_map`; its page tables come
+/// from the low heap). The guest maps the high region in whole 2 MiB pages and drops a
+/// partial last one, so the heap there is rounded up to 2 MiB (`kumo --npb mg.C` got
+/// 6481 MiB and died out of memory, 1 MiB short).
 pub fn memory_with_heap_mib(base_mib: u64, heap_mib: u64) -> u64 {
     let low_max_mib = hv::memory_map::LOW_RAM_MAX >> 20;
     if base_mib + heap_mib <= low_max_mib {
         base_mib + heap_mib
     } else {
-        low_max_mib + heap_mib
+        low_max_mib + heap_mib.next_multiple_of(HIGH_PAGE_MIB)
     }
 }
+
+/// The page size the guest maps RAM above 4 GiB with.
+const HIGH_PAGE_MIB: u64 = 2;
 
 /// As [`choose_memory_mib`], for RAM on 2 MiB huge pages if `huge_pages`: the size
 /// kumo picks is then rounded up to whole pages (one the user gives is kept, and an
@@ -279,6 +284,31 @@ pub fn host_cpus() -> usize {
 mod tests {
     use super::*;
 
+    /// The guest's own arithmetic (`guests/user/src/highmem.rs`): the high range is
+    /// whole 2 MiB pages from 4 GiB, and a heap that does not fit below the hole must
+    /// fit there.
+    #[test]
+    fn the_default_memory_holds_every_benchmark_and_class_on_1_to_4_vcpus() {
+        let low_max = hv::memory_map::LOW_RAM_MAX;
+        for &kernel in npb::Kernel::ALL {
+            for &class in kernel.classes() {
+                let spec = Spec { kernel, class };
+                for vcpus in 1..=4 {
+                    let heap = npb::workload_heap_bytes(spec, vcpus);
+                    let total = choose_memory_mib(None, &[spec], vcpus).unwrap() << 20;
+                    if total > low_max {
+                        let high = (hv::memory_map::HIGH_RAM_BASE + total - low_max)
+                            & !((HIGH_PAGE_MIB << 20) - 1);
+                        let room = high - hv::memory_map::HIGH_RAM_BASE;
+                        assert!(room >= heap, "{spec} on {vcpus}: {room} < {heap}");
+                    } else {
+                        assert!(total >= heap + (GUEST_BASE_MIB << 20), "{spec} on {vcpus}");
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn embedded_guest_is_an_elf() {
         assert_eq!(&EMBEDDED_GUEST[..4], b"\x7fELF");
@@ -301,8 +331,11 @@ mod tests {
         let ft_c: Vec<Spec> = parse_specs("ft.C").unwrap();
         let heap_mib = npb::workload_heap_bytes(ft_c[0], 2).div_ceil(1 << 20);
         assert!(heap_mib > 3072, "FT.C's heap needs the high region");
-        // All of the RAM below the hole, then the heap above 4 GiB.
-        assert_eq!(required_memory_mib(&ft_c, 2), 3072 + heap_mib);
+        // All of the RAM below the hole, then the heap above 4 GiB in whole 2 MiB pages.
+        assert_eq!(
+            required_memory_mib(&ft_c, 2),
+            3072 + heap_mib.next_multiple_of(2)
+        );
         let small = parse_specs("ft.A").unwrap();
         assert!(required_memory_mib(&small, 2) < 3072);
     }
