@@ -83,7 +83,7 @@ pub fn run_mpi(args: &MpiArgs, epoch: Instant) -> Result<u8> {
         row.insert("verified".into(), json!(verified));
         for (k, v) in fields.into_iter().flatten() {
             row.entry(k.clone())
-                .or_insert_with(|| crate::protocol::field_json(v));
+                .or_insert_with(|| crate::protocol::field_json(k, v));
         }
         rows.push(row);
     }

@@ -415,7 +415,7 @@ pub fn json_lines(
                     let mut obj = serde_json::Map::new();
                     obj.insert("probe".into(), json!(kind));
                     for (k, v) in fields {
-                        obj.insert(k.clone(), crate::protocol::field_json(v));
+                        obj.insert(k.clone(), crate::protocol::field_json(k, v));
                     }
                     Value::Object(obj)
                 }).collect::<Vec<_>>(),

@@ -49,7 +49,10 @@ pub enum Event {
 /// A guest field's value as JSON: a number if it reads as one (an integer stays one;
 /// every `--json` prints numbers as JSON numbers), `true`/`false` as booleans, else
 /// the text.
-pub fn field_json(text: &str) -> serde_json::Value {
+pub fn field_json(key: &str, text: &str) -> serde_json::Value {
+    if TEXT_FIELDS.contains(&key) {
+        return serde_json::Value::String(text.to_owned());
+    }
     if let Ok(n) = text.parse::<i64>() {
         return n.into();
     }
@@ -64,13 +67,17 @@ pub fn field_json(text: &str) -> serde_json::Value {
     }
 }
 
+/// Fields whose values are digits that are not numbers: a hash in hex may happen to
+/// contain no letter, and must not then turn into a number.
+const TEXT_FIELDS: &[&str] = &["fnv"];
+
 /// The guest's fields as a JSON object (see [`field_json`]).
 pub fn fields_json(
     fields: &BTreeMap<String, String>,
 ) -> serde_json::Map<String, serde_json::Value> {
     fields
         .iter()
-        .map(|(k, v)| (k.clone(), field_json(v)))
+        .map(|(k, v)| (k.clone(), field_json(k, v)))
         .collect()
 }
 
@@ -185,17 +192,21 @@ mod tests {
 
     #[test]
     fn guest_fields_become_json_numbers_and_booleans() {
-        assert_eq!(field_json("42"), serde_json::json!(42));
-        assert_eq!(field_json("-3"), serde_json::json!(-3));
-        assert_eq!(field_json("45.55"), serde_json::json!(45.55));
+        assert_eq!(field_json("x", "42"), serde_json::json!(42));
+        assert_eq!(field_json("x", "-3"), serde_json::json!(-3));
+        assert_eq!(field_json("x", "45.55"), serde_json::json!(45.55));
         assert_eq!(
-            field_json("18446744073709551615"),
+            field_json("x", "18446744073709551615"),
             serde_json::json!(u64::MAX)
         );
-        assert_eq!(field_json("true"), serde_json::json!(true));
-        assert_eq!(field_json("nan"), serde_json::json!("nan"));
-        assert_eq!(field_json("0x10"), serde_json::json!("0x10"));
-        assert_eq!(field_json("cg.A"), serde_json::json!("cg.A"));
+        assert_eq!(field_json("x", "true"), serde_json::json!(true));
+        assert_eq!(field_json("x", "nan"), serde_json::json!("nan"));
+        assert_eq!(field_json("x", "0x10"), serde_json::json!("0x10"));
+        assert_eq!(field_json("x", "cg.A"), serde_json::json!("cg.A"));
+        assert_eq!(
+            field_json("fnv", "1234567890123456"),
+            serde_json::json!("1234567890123456")
+        );
     }
 
     #[test]

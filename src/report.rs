@@ -35,7 +35,7 @@ pub(crate) fn insert_result(obj: &mut Map<String, Value>, result: Option<&BenchR
             obj.insert("verified".into(), json!(r.verified));
             for (k, v) in &r.extra {
                 obj.entry(k.clone())
-                    .or_insert_with(|| crate::protocol::field_json(v));
+                    .or_insert_with(|| crate::protocol::field_json(k, v));
             }
         }
         None => {

@@ -26,8 +26,8 @@ fn assert_job_verified(args: &[&str], ranks: usize) {
     for (rank, line) in lines[..ranks].iter().enumerate() {
         assert_eq!(line["rank"], serde_json::json!(rank), "{line}");
         assert_eq!(line["verified"], serde_json::json!(true), "{line}");
-        assert_eq!(line["mismatches"], serde_json::json!("0"), "{line}");
-        assert_eq!(line["collectives_failed"], serde_json::json!("0"), "{line}");
+        assert_eq!(line["mismatches"], serde_json::json!(0), "{line}");
+        assert_eq!(line["collectives_failed"], serde_json::json!(0), "{line}");
     }
     assert_eq!(lines[ranks]["ok"], serde_json::json!(true));
 }
