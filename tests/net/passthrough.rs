@@ -347,7 +347,7 @@ fn a_node_runs_its_mpi_job_on_passthrough_nics_beside_the_scheduler() {
             .iter()
             .find(|p| p["probe"] == "netcheck")
             .unwrap_or_else(|| panic!("no netcheck: {line}"));
-        assert_eq!(check["verified"], serde_json::json!("true"), "{line}");
+        assert_eq!(check["verified"], serde_json::json!(true), "{line}");
     }
 }
 

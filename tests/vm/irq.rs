@@ -158,7 +158,7 @@ fn node_domains_get_the_test_device_on_the_path_their_file_names() {
     };
     let check = probe("nic-fast");
     assert_eq!(check["probe"], "irqcheck");
-    assert_eq!(check["verified"], "true", "{check}");
+    assert_eq!(check["verified"], true, "{check}");
     let bench = probe("nic-generic");
     assert_eq!(bench["probe"], "irqbench");
     assert_eq!(bench["rounds"].as_f64(), Some(500.0), "{bench}");
