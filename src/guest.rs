@@ -277,7 +277,7 @@ pub fn check_host_cpu(what: &str, cpu: usize) -> anyhow::Result<()> {
 
 /// Host CPUs this process may use.
 pub fn host_cpus() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
+    hv::placement::host_cpus()
 }
 
 #[cfg(test)]

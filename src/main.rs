@@ -29,6 +29,10 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
+    tracing::debug!(
+        since_start_us = epoch.elapsed().as_micros() as u64,
+        "command line parsed"
+    );
     let vm = &cli.vm;
     let limits = match &cli.command {
         Some(Command::Node(args)) => args.limits.limits(),

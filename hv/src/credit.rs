@@ -575,7 +575,7 @@ fn drive(shared: &Shared) {
     let mut state = shared.state.lock().unwrap_or_else(|e| e.into_inner());
     // Run beside the node where the host has a CPU to spare (each run of the driver on
     // a node CPU preempts a vCPU: two switches, ~60 us here), else on the node's CPUs.
-    let host_cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let host_cpus = placement::host_cpus();
     let spare: Vec<usize> = (0..host_cpus)
         .filter(|c| !state.host_cpus.contains(c))
         .collect();

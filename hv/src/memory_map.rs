@@ -97,6 +97,12 @@ pub struct HostLimit {
 /// touches; but a guest larger than the host could never be backed) and the process's
 /// address-space limit (`ulimit -v`: the guest RAM is one mapping).
 pub fn host_limit() -> HostLimit {
+    // Read once per process: a VM is checked against it twice as it is built.
+    static LIMIT: std::sync::OnceLock<HostLimit> = std::sync::OnceLock::new();
+    *LIMIT.get_or_init(read_host_limit)
+}
+
+fn read_host_limit() -> HostLimit {
     let mut limit = HostLimit {
         max_mib: MAX_MEMORY_MIB,
         what: "kumo's maximum",

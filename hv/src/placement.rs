@@ -287,6 +287,14 @@ impl VcpuControl {
     }
 }
 
+/// How many host CPUs this process may use: the main thread's affinity, read once.
+/// (std's `available_parallelism` reads the cgroup CPU quota too, each time: opening
+/// `/proc/self/cgroup` took ~3 ms here, half of a VM's boot.)
+pub fn host_cpus() -> usize {
+    static HOST_CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *HOST_CPUS.get_or_init(|| process_cpus().len().max(1))
+}
+
 /// Host CPUs the process may use (the main thread's affinity).
 pub fn process_cpus() -> Vec<usize> {
     // SAFETY: an all-zero cpu_set_t is a valid empty set to fill.

@@ -206,6 +206,7 @@ impl Vm {
             self.memory.clone(),
         ));
         let (handles, spawn_error) = spawn_vcpus(self.vcpus, &shared, &tx);
+        tracing::debug!("vCPU threads started");
         drop(tx);
         let mut coordinator =
             Coordinator::new(rx, &shared, &self.control, &self.health, &tail, handles);

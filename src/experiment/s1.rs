@@ -206,7 +206,7 @@ pub fn benchmarks(quick: bool) -> Vec<Spec> {
 
 /// The node's CPUs: the host's first two (one on a single-CPU host).
 fn node_cpus() -> Vec<usize> {
-    let host = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let host = hv::placement::host_cpus();
     (0..host.min(NODE_CPUS)).collect()
 }
 

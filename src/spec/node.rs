@@ -265,7 +265,7 @@ pub fn load(path: &Path) -> Result<Node> {
 /// Parses and validates a node file's text.
 pub fn parse(text: &str) -> Result<Node> {
     let file: NodeFile = toml::from_str(text)?;
-    let host_cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let host_cpus = hv::placement::host_cpus();
     validate(file, host_cpus)
 }
 

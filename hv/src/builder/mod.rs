@@ -94,6 +94,7 @@ pub fn build_for_boot_with_dirty_log(config: VmConfig, dirty: DirtyLogMode) -> R
         vcpus.push(vcpu);
     }
 
+    tracing::debug!("builder: KVM VM, RAM and vCPUs made");
     let entry = elf::load(&memory, &config.kernel, &info)?;
     for ((addr, _), bytes) in modules.iter().zip(&config.modules) {
         write(&memory, *addr, bytes)?;
