@@ -405,7 +405,7 @@ pub fn run_ctl(args: &CtlArgs) -> Result<u8> {
                 );
             }
         }
-        CtlCommand::Snapshot { .. } => println!(
+        CtlCommand::Snapshot { .. } => crate::outln!(
             "snapshot {}: {} pages, {} bytes, VM paused {:.1} ms{}",
             reply["path"].as_str().unwrap_or("?"),
             reply["pages"],
@@ -448,7 +448,7 @@ pub fn default_socket_path() -> PathBuf {
 /// `kumo ctl ... migrate` without --json.
 pub fn print_migration(reply: &Value) {
     let rounds = reply["rounds"].as_array().map_or(0, Vec::len);
-    println!(
+    crate::outln!(
         "migrated to {}: total {:.1} ms, downtime {:.1} ms, {} live round{} + final {} pages, {:.1} MiB sent",
         reply["target"].as_str().unwrap_or("?"),
         reply["total_ms"].as_f64().unwrap_or(f64::NAN),

@@ -151,7 +151,7 @@ pub fn write_image(out: &Path, options: &str) -> Result<u64> {
 pub fn run(args: &DiskImageArgs) -> Result<u8> {
     let options = entry_options(args.npb.as_deref(), args.cmdline.as_deref())?;
     let size = write_image(&args.out, &options)?;
-    println!(
+    crate::outln!(
         "{}: {} MiB, GPT + EFI system partition: {GUEST_PATH}, boot entry options {options:?}",
         args.out.display(),
         size / MIB

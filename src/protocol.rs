@@ -47,8 +47,8 @@ pub enum Event {
 }
 
 /// A guest field's value as JSON: a number if it reads as one (an integer stays one;
-/// every `--json` prints numbers as JSON numbers), `true`/`false` as booleans, else
-/// the text.
+/// every `--json` prints numbers as JSON numbers), null for NaN and infinities,
+/// `true`/`false` as booleans, else the text.
 pub fn field_json(key: &str, text: &str) -> serde_json::Value {
     if TEXT_FIELDS.contains(&key) {
         return serde_json::Value::String(text.to_owned());
@@ -61,6 +61,8 @@ pub fn field_json(key: &str, text: &str) -> serde_json::Value {
     }
     match (text.parse::<f64>(), text) {
         (Ok(n), _) if n.is_finite() => serde_json::Value::from(n),
+        // A measurement the guest could not take ("nan", "inf") is missing: null.
+        (Ok(_), _) => serde_json::Value::Null,
         (_, "true") => serde_json::Value::Bool(true),
         (_, "false") => serde_json::Value::Bool(false),
         _ => serde_json::Value::String(text.to_owned()),
@@ -70,6 +72,15 @@ pub fn field_json(key: &str, text: &str) -> serde_json::Value {
 /// Fields whose values are digits that are not numbers: a hash in hex may happen to
 /// contain no letter, and must not then turn into a number.
 const TEXT_FIELDS: &[&str] = &["fnv"];
+
+/// Field `key` of the guest's `fields` as a JSON number (an integer stays one), or
+/// None if it is missing or not a number.
+pub fn number_field(fields: &BTreeMap<String, String>, key: &str) -> Option<serde_json::Value> {
+    fields
+        .get(key)
+        .map(|text| field_json(key, text))
+        .filter(serde_json::Value::is_number)
+}
 
 /// The guest's fields as a JSON object (see [`field_json`]).
 pub fn fields_json(
@@ -200,7 +211,8 @@ mod tests {
             serde_json::json!(u64::MAX)
         );
         assert_eq!(field_json("x", "true"), serde_json::json!(true));
-        assert_eq!(field_json("x", "nan"), serde_json::json!("nan"));
+        assert_eq!(field_json("x", "nan"), serde_json::Value::Null);
+        assert_eq!(field_json("x", "-inf"), serde_json::Value::Null);
         assert_eq!(field_json("x", "0x10"), serde_json::json!("0x10"));
         assert_eq!(field_json("x", "cg.A"), serde_json::json!("cg.A"));
         assert_eq!(

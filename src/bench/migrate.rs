@@ -189,7 +189,7 @@ pub fn run_bench(args: &MigrateBenchArgs, epoch: Instant) -> Result<u8> {
         let dirty = args.dirty_log[i as usize % args.dirty_log.len()];
         let s = one_run(args, dirty, epoch).with_context(|| format!("run {}", i + 1))?;
         if args.json {
-            println!(
+            crate::outln!(
                 "{}",
                 json!({
                     "run": i + 1,
@@ -217,7 +217,7 @@ pub fn run_bench(args: &MigrateBenchArgs, epoch: Instant) -> Result<u8> {
         if args.qemu {
             let q = qemu_run(args).with_context(|| format!("QEMU's run {}", i + 1))?;
             if args.json {
-                println!(
+                crate::outln!(
                     "{}",
                     json!({
                         "run": i + 1,
@@ -279,7 +279,7 @@ fn print_qemu_summary(args: &MigrateBenchArgs, runs: &[QemuMigration]) {
     let mib = stats(&|q| q.transferred_bytes as f64 / (1024.0 * 1024.0));
     if args.json {
         let row = |(m, lo, hi): (f64, f64, f64)| json!({"median": m, "min": lo, "max": hi});
-        println!(
+        crate::outln!(
             "{}",
             json!({
                 "vmm": "qemu",
@@ -288,19 +288,19 @@ fn print_qemu_summary(args: &MigrateBenchArgs, runs: &[QemuMigration]) {
             })
         );
     } else {
-        println!(
+        crate::outln!(
             "QEMU 7.2 (query-migrate), same guest, {} vCPUs, {} MiB, {} runs",
             args.vcpus,
             args.memory,
             runs.len()
         );
-        println!("{:<40} {:>10} {:>10} {:>10}", "", "median", "min", "max");
+        crate::outln!("{:<40} {:>10} {:>10} {:>10}", "", "median", "min", "max");
         for (name, (m, lo, hi)) in [
             ("total-time (ms)", total),
             ("downtime (ms, to the last byte sent)", down),
             ("RAM sent (MiB)", mib),
         ] {
-            println!("{name:<40} {m:>10.2} {lo:>10.2} {hi:>10.2}");
+            crate::outln!("{name:<40} {m:>10.2} {lo:>10.2} {hi:>10.2}");
         }
     }
 }
@@ -387,7 +387,7 @@ fn print_summary(args: &MigrateBenchArgs, mode: DirtyLogMode, samples: &[&Sample
             .iter()
             .filter(|s| !s.guest_gap_ms.is_nan() && s.gap_began_before_save_ms.is_nan())
             .count();
-        println!(
+        crate::outln!(
             "{}",
             json!({
                 "dirty_log": mode.name(),
@@ -397,7 +397,7 @@ fn print_summary(args: &MigrateBenchArgs, mode: DirtyLogMode, samples: &[&Sample
             })
         );
     } else {
-        println!(
+        crate::outln!(
             "migration on loopback, {} dirty log, {} vCPUs, {} MiB, {}, after {} ms, {} runs",
             mode.name(),
             args.vcpus,
@@ -406,17 +406,17 @@ fn print_summary(args: &MigrateBenchArgs, mode: DirtyLogMode, samples: &[&Sample
             args.after_ms,
             samples.len()
         );
-        println!("{:<40} {:>10} {:>10} {:>10}", "", "median ms", "min", "max");
+        crate::outln!("{:<40} {:>10} {:>10} {:>10}", "", "median ms", "min", "max");
         // Rows no run measured (the guest's gaps when it runs NPB) are left out.
         for (name, _, (m, lo, hi)) in rows.into_iter().filter(|(_, _, (m, _, _))| !m.is_nan()) {
-            println!("{name:<40} {m:>10.2} {lo:>10.2} {hi:>10.2}");
+            crate::outln!("{name:<40} {m:>10.2} {lo:>10.2} {hi:>10.2}");
         }
         let unseen = samples
             .iter()
             .filter(|s| !s.guest_gap_ms.is_nan() && s.gap_began_before_save_ms.is_nan())
             .count();
         if unseen > 0 {
-            println!(
+            crate::outln!(
                 "(in {unseen} of {} runs the pause fell in none of the guest's {} longest gaps: \
                  shorter than all of them)",
                 samples.len(),

@@ -162,13 +162,13 @@ fn run_pairs(args: &ProcessBenchArgs, kernel: &Path, status: u8) -> Result<u8> {
     if args.json {
         for (name, times, peak) in &rows {
             let (lo, hi) = range(times);
-            println!(
+            crate::outln!(
                 "{}",
                 json!({"vmm": name, "runs": times.len(), "median_ms": median(times),
                        "min_ms": lo, "max_ms": hi, "peak_rss_kib": peak})
             );
         }
-        println!(
+        crate::outln!(
             "{}",
             json!({"kernel": kernel.display().to_string(), "memory_mib": args.memory,
                    "qemu": qemu,
@@ -177,13 +177,18 @@ fn run_pairs(args: &ProcessBenchArgs, kernel: &Path, status: u8) -> Result<u8> {
                    "qemu_over_kumo_max": pairs.as_ref().map(|p| p.ratio_max)})
         );
     } else {
-        println!(
+        crate::outln!(
             "{:<14} {:>5} {:>11} {:>9} {:>9} {:>13}",
-            "vmm", "runs", "median ms", "min ms", "max ms", "peak RSS KiB"
+            "vmm",
+            "runs",
+            "median ms",
+            "min ms",
+            "max ms",
+            "peak RSS KiB"
         );
         for (name, times, peak) in &rows {
             let (lo, hi) = range(times);
-            println!(
+            crate::outln!(
                 "{name:<14} {:>5} {:>11.2} {:>9.2} {:>9.2} {peak:>13}",
                 times.len(),
                 median(times),
@@ -192,11 +197,13 @@ fn run_pairs(args: &ProcessBenchArgs, kernel: &Path, status: u8) -> Result<u8> {
             );
         }
         match &pairs {
-            Some(p) => println!(
+            Some(p) => crate::outln!(
                 "QEMU / kumo, per interleaved pair: median {:.2}x (range {:.2}-{:.2}x)",
-                p.ratio_median, p.ratio_min, p.ratio_max
+                p.ratio_median,
+                p.ratio_min,
+                p.ratio_max
             ),
-            None => println!("QEMU not run (not installed, or --no-qemu)"),
+            None => crate::outln!("QEMU not run (not installed, or --no-qemu)"),
         }
     }
     Ok(crate::report::EXIT_OK)

@@ -61,10 +61,8 @@ pub fn run_switch(args: &SwitchArgs, epoch: Instant) -> Result<u8> {
         .join()
         .map_err(|_| anyhow::anyhow!("the controller thread panicked"))??;
     let fields = guest.measurement("switchprobe")?;
-    let get = |key: &str| -> Result<f64> {
-        fields
-            .get(key)
-            .and_then(|v| v.parse().ok())
+    let get = |key: &str| {
+        crate::protocol::number_field(fields, key)
             .with_context(|| format!("the guest's switchprobe line has no numeric {key}"))
     };
     let row = json!({

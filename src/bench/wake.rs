@@ -56,10 +56,8 @@ pub fn run_wake(args: &WakeArgs, epoch: Instant) -> Result<u8> {
             .find(|(kind, _)| kind == "wakeprobe")
             .map(|(_, f)| f)
             .context("the sleeper domain reported no wake-up measurement")?;
-        let num = |key: &str| -> Result<f64> {
-            fields
-                .get(key)
-                .and_then(|v| v.parse().ok())
+        let num = |key: &str| {
+            crate::protocol::number_field(fields, key)
                 .with_context(|| format!("the wake probe has no numeric {key}"))
         };
         let view = sched_params::view(params);
