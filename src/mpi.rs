@@ -205,7 +205,7 @@ pub fn run_job(
 ) -> Result<JobRun> {
     run_job_in(
         vms,
-        vcpus,
+        (vcpus, vcpus),
         irq_path,
         extra,
         job,
@@ -215,11 +215,12 @@ pub fn run_job(
     )
 }
 
-/// As [`run_job`], with `memory_mib` of guest memory per VM.
+/// As [`run_job`], with `(vcpus, ranks)`: `ranks` ranks per VM (a multiple of its
+/// vCPUs, each with its own NIC), and `memory_mib` of guest memory per VM.
 #[allow(clippy::too_many_arguments)]
 fn run_job_in(
     vms: u32,
-    vcpus: u32,
+    (vcpus, local): (u32, u32),
     irq_path: IrqPath,
     extra: &str,
     job: &Job,
@@ -227,9 +228,9 @@ fn run_job_in(
     epoch: Instant,
     memory_mib: u64,
 ) -> Result<JobRun> {
-    let size = job.check_shape(vms, vcpus)?;
+    let size = job.check_shape(vms, local)?;
     run::check_guest_vcpus(vcpus, kvm_device)?;
-    let here = vms * vcpus;
+    let here = vms * local;
     let network = Network::new(SwitchConfig::default())?;
     let server = match (job.nic, &job.nic_server) {
         (NicKind::Emulated, None) => None,
@@ -242,17 +243,17 @@ fn run_job_in(
     };
     let mut attached = Vec::new();
     let mut machines = Vec::new();
-    for first in (0..vms).map(|i| job.first_rank + i * vcpus) {
+    for first in (0..vms).map(|i| job.first_rank + i * local) {
         let config = run::embedded_config(
             vcpus,
             memory_mib,
-            format!("mpi={first}:{size}:{vcpus} {extra}"),
+            format!("mpi={first}:{size}:{local} {extra}"),
             kvm_device,
         );
         let mut vm = hv::Vm::new(config)?;
         // The guest gives its k-th NIC (in slot order, the order attached) to rank
         // first + k, on vCPU k.
-        for rank in first..first + vcpus {
+        for rank in first..first + local {
             match &server {
                 None => {
                     network
@@ -318,7 +319,32 @@ fn wait_name(wait: Wait) -> &'static str {
     match wait {
         Wait::Spin => "spin",
         Wait::Block => "block",
+        Wait::Yield => "yield",
     }
+}
+
+/// Most ranks the guest multiplexes on one vCPU (`kumo_abi::sched::MAX_TASKS`).
+pub const MAX_RANKS_PER_VCPU: u32 = 16;
+/// The guest tick's range: the LAPIC timer's period is at least 200 µs on some hosts.
+pub const MAX_GUEST_HZ: u32 = 5000;
+
+/// The guest's words for `ranks_per_vcpu` ranks per vCPU and its tick (`guest_hz`),
+/// checked (empty: one rank per vCPU, no tick).
+pub fn sched_words(ranks_per_vcpu: u32, guest_hz: Option<u32>) -> Result<String> {
+    if !(1..=MAX_RANKS_PER_VCPU).contains(&ranks_per_vcpu) {
+        bail!("--ranks-per-vcpu must be between 1 and {MAX_RANKS_PER_VCPU}, not {ranks_per_vcpu}");
+    }
+    let mut words = String::new();
+    if ranks_per_vcpu > 1 {
+        words.push_str(&format!(" ranks_per_vcpu={ranks_per_vcpu}"));
+    }
+    if let Some(hz) = guest_hz {
+        if !(1..=MAX_GUEST_HZ).contains(&hz) {
+            bail!("--guest-hz must be between 1 and {MAX_GUEST_HZ}, not {hz}");
+        }
+        words.push_str(&format!(" guest_hz={hz}"));
+    }
+    Ok(words)
 }
 
 /// Why rank `rank`'s run has no `kind` line, or its fields.
@@ -340,29 +366,32 @@ pub fn run_mpi(args: &MpiArgs, epoch: Instant) -> Result<u8> {
     if args.ctl_socket.is_some() {
         bail!("--ctl-socket applies to --npb jobs (a rank VM that can move)");
     }
-    let extra = format!("wait={} net=check", wait_name(args.wait));
+    let sched = sched_words(args.ranks_per_vcpu, args.guest_hz)?;
+    let local = args.vcpus.saturating_mul(args.ranks_per_vcpu);
+    let extra = format!("wait={} net=check{sched}", wait_name(args.wait));
     let job = Job {
-        size: args.job_size.unwrap_or(args.vms.saturating_mul(args.vcpus)),
+        size: args.job_size.unwrap_or(args.vms.saturating_mul(local)),
         first_rank: args.first_rank,
         wire: args.wire.clone(),
         wire_patience: Duration::from_secs_f64(args.wire_wait),
         nic: args.nic,
         nic_server: args.nic_server.clone(),
     };
-    let runs = run_job(
+    let runs = run_job_in(
         args.vms,
-        args.vcpus,
+        (args.vcpus, local),
         args.irq_path,
         &extra,
         &job,
         &args.kvm_device,
         epoch,
+        MEMORY_MIB * u64::from(local),
     )?
     .runs;
     let mut ok = true;
     let mut rows = Vec::new();
     let ranks = runs.iter().enumerate().flat_map(|(vm, run)| {
-        (0..args.vcpus).map(move |k| (job.first_rank + vm as u32 * args.vcpus + k, run))
+        (0..local).map(move |k| (job.first_rank + vm as u32 * local + k, run))
     });
     for (rank, run) in ranks {
         let (verified, fields) = match run.rank_measurement("netcheck", rank) {
@@ -466,9 +495,14 @@ pub fn npb_memory_mib(specs: &[Spec], ranks: u32, local: u32) -> u64 {
 /// `kumo mpi --npb LIST`: one job running every benchmark in turn; rank 0's results
 /// judged as `kumo`'s, the other ranks' runs must end cleanly.
 fn run_npb(args: &MpiArgs, list: &str, epoch: Instant) -> Result<u8> {
-    let ranks = args.job_size.unwrap_or(args.vms.saturating_mul(args.vcpus));
+    let sched = sched_words(args.ranks_per_vcpu, args.guest_hz)?;
+    let local = args.vcpus.saturating_mul(args.ranks_per_vcpu);
+    let ranks = args.job_size.unwrap_or(args.vms.saturating_mul(local));
     let specs = parse_npb(list, ranks)?;
     if args.ctl_socket.is_some() {
+        if !sched.is_empty() {
+            bail!("--ranks-per-vcpu and --guest-hz do not apply to --ctl-socket rank VMs");
+        }
         return crate::rank::run_controlled(args, &specs, epoch);
     }
     let job = Job {
@@ -481,13 +515,13 @@ fn run_npb(args: &MpiArgs, list: &str, epoch: Instant) -> Result<u8> {
     };
     let runs = run_job_in(
         args.vms,
-        args.vcpus,
+        (args.vcpus, local),
         args.irq_path,
-        &npb_extra(&specs, args.wait),
+        &(npb_extra(&specs, args.wait) + &sched),
         &job,
         &args.kvm_device,
         epoch,
-        npb_memory_mib(&specs, ranks, args.vcpus),
+        npb_memory_mib(&specs, ranks, local),
     )?
     .runs;
     let report = NpbReport {
@@ -495,12 +529,13 @@ fn run_npb(args: &MpiArgs, list: &str, epoch: Instant) -> Result<u8> {
         ranks,
         vms: args.vms,
         vcpus: args.vcpus,
+        ranks_per_vcpu: args.ranks_per_vcpu,
         wait: args.wait,
         irq_path: args.irq_path,
         nic: args.nic,
         json: args.json,
     };
-    let firsts = (0..).map(|i: u32| job.first_rank + i * args.vcpus);
+    let firsts = (0..).map(|i: u32| job.first_rank + i * local);
     Ok(report.print(firsts.zip(&runs)))
 }
 
@@ -517,6 +552,8 @@ pub struct NpbReport<'a> {
     pub ranks: u32,
     pub vms: u32,
     pub vcpus: u32,
+    /// Ranks per vCPU (the guest's scheduler multiplexes them).
+    pub ranks_per_vcpu: u32,
     pub wait: Wait,
     pub irq_path: IrqPath,
     pub nic: NicKind,
@@ -539,7 +576,7 @@ impl NpbReport<'_> {
                 run.judge_ranks(&[], self.vcpus)
             };
             for problem in &verdict.problems {
-                let last = first + self.vcpus - 1;
+                let last = first + self.vcpus * self.ranks_per_vcpu - 1;
                 if first == last {
                     eprintln!("kumo: rank {first}: {problem}");
                 } else {
@@ -563,6 +600,7 @@ impl NpbReport<'_> {
                 obj.insert("ranks".into(), json!(ranks));
                 obj.insert("vms".into(), json!(self.vms));
                 obj.insert("vcpus".into(), json!(self.vcpus));
+                obj.insert("ranks_per_vcpu".into(), json!(self.ranks_per_vcpu));
                 obj.insert("nic".into(), json!(self.nic.name()));
                 crate::report::insert_result(&mut obj, row.result.as_ref());
                 obj
@@ -605,8 +643,9 @@ impl NpbReport<'_> {
                 );
             }
             crate::outln!(
-                "NPB-MPI: {} ranks, one per vCPU ({} VMs x {} here), wait={}, irq path {}, nic {}",
+                "NPB-MPI: {} ranks, {} per vCPU ({} VMs x {} vCPUs here), wait={}, irq path {}, nic {}",
                 ranks,
+                self.ranks_per_vcpu,
                 self.vms,
                 self.vcpus,
                 wait_name(self.wait),
