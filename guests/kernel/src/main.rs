@@ -627,13 +627,14 @@ fn sched_start(rq: u64, hz: u64) -> u64 {
         (*queue).left = (*queue).slice;
         write_volatile(run_queue_slot(cpu), rq);
     }
-    if hz != 0 {
+    // hz 0: no tick.
+    if let Some(count) = (apic_khz * 1000).checked_div(hz) {
         wrmsr(MSR_TIMER_DIVIDE, 0b1011); // divide by 1
         wrmsr(
             MSR_LVT_TIMER,
             LVT_PERIODIC | u64::from(kumo_abi::sched::TICK_VECTOR),
         );
-        wrmsr(MSR_TIMER_INITIAL, apic_khz * 1000 / hz);
+        wrmsr(MSR_TIMER_INITIAL, count);
     }
     0
 }

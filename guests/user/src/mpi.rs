@@ -450,7 +450,9 @@ pub struct Mpi<L: Link> {
 impl<L: Link> Mpi<L> {
     /// Sets up the streams (a window-sized ring per rank, from `alloc(bytes)`, which
     /// returns the address of memory that stays this MPI's) and finds every other
-    /// rank on the wire.
+    /// rank on the wire. (The guest calls [`Mpi::init_shared`]; the host's loopback
+    /// and tests call this.)
+    #[allow(dead_code)]
     pub fn init(
         nic: L,
         cfg: Config,

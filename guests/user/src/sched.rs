@@ -121,8 +121,8 @@ pub fn run(cpu: u32, tasks: Tasks, arg: u64, body: extern "C" fn(u64, u64)) -> R
                 // task starts in `task_start(arg, who, body)` as if called.
                 frame.add(9).write(arg); // rdi
                 frame.add(10).write(k as u64 | (u64::from(cpu) << 8)); // rsi
-                frame.add(12).write(body as usize as u64); // rdx
-                frame.add(15).write(task_start as usize as u64); // rip
+                frame.add(12).write(body as *const () as u64); // rdx
+                frame.add(15).write(task_start as *const () as u64); // rip
                 frame.add(16).write(SEL_USER_CODE);
                 frame.add(17).write(0x202); // rflags: IF
                 frame.add(18).write(stack_top - 8); // rsp: a return address's room
