@@ -17,6 +17,7 @@ mod network;
 mod pci;
 mod probe;
 mod sched;
+mod schedprobe;
 mod stats;
 mod sync;
 mod sys;
@@ -185,6 +186,8 @@ enum Probe {
     Wake { millis: u64, period_us: u64 },
     Busy { millis: u64 },
     Gap { millis: u64 },
+    /// `probe=sched:MS`: the guest scheduler's costs (`schedprobe`).
+    Sched { millis: u64 },
 }
 
 fn parse_probe(text: &str) -> Option<Probe> {
@@ -196,6 +199,7 @@ fn parse_probe(text: &str) -> Option<Probe> {
         "switch" => Probe::Switch { millis },
         "busy" => Probe::Busy { millis },
         "gap" => Probe::Gap { millis },
+        "sched" => Probe::Sched { millis },
         "wake" => Probe::Wake {
             millis,
             period_us: number().filter(|&us| (10..=1_000_000).contains(&us))?,
@@ -297,6 +301,9 @@ fn master(info: &'static BootInfo) -> ! {
         }
         Some(Probe::Gap { millis }) => {
             all_verified &= probe::gap(info, millis);
+        }
+        Some(Probe::Sched { millis }) => {
+            all_verified &= schedprobe::run(info, millis, plan.net.hz);
         }
         None => {}
     }

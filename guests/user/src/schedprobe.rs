@@ -1,0 +1,118 @@
+//! `probe=sched:MS` (with `guest_hz=H` for the tick parts): what the guest's scheduler
+//! costs, measured on CPU 0 with the TSC, MS milliseconds per part:
+//! - `yield`: two tasks hand the CPU to each other in a loop (`SWITCH`, no tick):
+//!   time per switch (the trap, ring 0's pick and FXSAVE/FXRSTOR, the return);
+//! - `null`: one task calls `SWITCH` with no one to switch to: the trap and pick alone;
+//! - `tick` (with `guest_hz=`): one task spins under the tick: the time it does not
+//!   run, per tick (the timer interrupt's emulated ring-0 work; a non-switching tick);
+//! - `preempt` (with `guest_hz=`): two tasks spin under the tick and are switched at
+//!   every tick: the time neither runs, per switch.
+//!
+//! A spinning task counts as its own every TSC step shorter than `GAP_NS`; what it
+//! loses (to the supervisor, or the host) is the rest. Prints one `@kumo sched
+//! probe=PART ...` line per part.
+
+use core::fmt::Write;
+use core::sync::atomic::{AtomicU64, Ordering};
+
+use kumo_abi::BootInfo;
+
+use crate::{Line, sched, sys};
+
+/// A TSC step longer than this is time the task did not run.
+const GAP_NS: u64 = 1000;
+
+/// Per task: TSC ticks it saw itself run, and the end of the part.
+static RUN: [AtomicU64; 2] = [const { AtomicU64::new(0) }; 2];
+static END: AtomicU64 = AtomicU64::new(0);
+static GAP_TICKS: AtomicU64 = AtomicU64::new(0);
+static YIELDS: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn spin(_arg: u64, task: u64) {
+    let (end, gap) = (END.load(Ordering::Relaxed), GAP_TICKS.load(Ordering::Relaxed));
+    let mut last = sys::rdtsc();
+    let mut run = 0;
+    while last < end {
+        let now = sys::rdtsc();
+        if now - last < gap {
+            run += now - last;
+        }
+        last = now;
+    }
+    RUN[task as usize].store(run, Ordering::Relaxed);
+}
+
+extern "C" fn yielder(_arg: u64, _task: u64) {
+    let end = END.load(Ordering::Relaxed);
+    let mut n = 0;
+    while sys::rdtsc() < end {
+        sys::switch();
+        n += 1;
+    }
+    YIELDS.fetch_add(n, Ordering::Relaxed);
+}
+
+/// Runs every part on CPU 0 (the others are idle in the fork barrier); true if each
+/// part could run.
+pub fn run(info: &BootInfo, millis: u64, hz: Option<u64>) -> bool {
+    let memory = (info.heap_start + 4095) & !4095;
+    if info.heap_end < memory + sched::Tasks::bytes(2) {
+        return false;
+    }
+    GAP_TICKS.store(info.tsc_khz * GAP_NS / 1_000_000, Ordering::Relaxed);
+    let mut ok = true;
+    let hz = hz.unwrap_or(0);
+    let parts = [("yield", 2, 0), ("null", 1, 0), ("tick", 1, hz), ("preempt", 2, hz)];
+    for (name, count, part_hz) in parts {
+        let spinning = name == "tick" || name == "preempt";
+        if spinning && part_hz == 0 {
+            continue;
+        }
+        RUN[0].store(0, Ordering::Relaxed);
+        RUN[1].store(0, Ordering::Relaxed);
+        YIELDS.store(0, Ordering::Relaxed);
+        let tasks = sched::Tasks {
+            count,
+            hz: part_hz,
+            slice: 1,
+            memory,
+        };
+        let body: extern "C" fn(u64, u64) = if spinning { spin } else { yielder };
+        let start = sys::rdtsc();
+        END.store(start + millis * info.tsc_khz, Ordering::Relaxed);
+        if sched::run(0, tasks, 0, body).is_err() {
+            ok = false;
+            continue;
+        }
+        let elapsed = sys::rdtsc() - start;
+        let (ticks, switches, _) = sched::counters(0);
+        let ns = |t: u64| t as f64 * 1e6 / info.tsc_khz as f64;
+        let mut line = Line::new();
+        let _ = write!(
+            line,
+            "@kumo sched probe={name} tasks={count} hz={part_hz} millis={millis} ticks={ticks} \
+             switches={switches}"
+        );
+        if spinning {
+            let run = RUN[0].load(Ordering::Relaxed) + RUN[1].load(Ordering::Relaxed);
+            let lost = elapsed.saturating_sub(run);
+            let events = if name == "tick" { ticks } else { switches };
+            let _ = write!(
+                line,
+                " lost_ns={:.0} lost_ns_per_event={:.0} lost_fraction={:.5}",
+                ns(lost),
+                ns(lost) / events.max(1) as f64,
+                lost as f64 / elapsed as f64,
+            );
+        } else {
+            let calls = YIELDS.load(Ordering::Relaxed);
+            let _ = write!(
+                line,
+                " calls={calls} ns_per_call={:.0}",
+                ns(elapsed) / calls.max(1) as f64
+            );
+        }
+        line.emit();
+    }
+    ok
+}
