@@ -29,7 +29,10 @@ static GAP_TICKS: AtomicU64 = AtomicU64::new(0);
 static YIELDS: AtomicU64 = AtomicU64::new(0);
 
 extern "C" fn spin(_arg: u64, task: u64) {
-    let (end, gap) = (END.load(Ordering::Relaxed), GAP_TICKS.load(Ordering::Relaxed));
+    let (end, gap) = (
+        END.load(Ordering::Relaxed),
+        GAP_TICKS.load(Ordering::Relaxed),
+    );
     let mut last = sys::rdtsc();
     let mut run = 0;
     while last < end {
@@ -62,7 +65,12 @@ pub fn run(info: &BootInfo, millis: u64, hz: Option<u64>) -> bool {
     GAP_TICKS.store(info.tsc_khz * GAP_NS / 1_000_000, Ordering::Relaxed);
     let mut ok = true;
     let hz = hz.unwrap_or(0);
-    let parts = [("yield", 2, 0), ("null", 1, 0), ("tick", 1, hz), ("preempt", 2, hz)];
+    let parts = [
+        ("yield", 2, 0),
+        ("null", 1, 0),
+        ("tick", 1, hz),
+        ("preempt", 2, hz),
+    ];
     for (name, count, part_hz) in parts {
         let spinning = name == "tick" || name == "preempt";
         if spinning && part_hz == 0 {
