@@ -9,9 +9,13 @@
 //!   every tick: the time neither runs, per switch.
 //!
 //! A spinning task counts as its own every TSC step shorter than `GAP_NS`; what it
-//! loses (to the supervisor, or the host) is the rest. Prints one `@kumo sched
-//! probe=PART ...` line per part.
+//! loses (to the supervisor, or the host) is the rest. It also records where each of
+//! its runs starts and ends: the gap from one run's end to the next run's start (the
+//! same task's after a tick, the other's after a switch) is one event's cost, and
+//! their median ignores the host's rarer, longer preemptions of the vCPU (these hosts
+//! are shared). Prints one `@kumo sched probe=PART ...` line per part.
 
+use core::cell::UnsafeCell;
 use core::fmt::Write;
 use core::sync::atomic::{AtomicU64, Ordering};
 
@@ -20,7 +24,7 @@ use kumo_abi::BootInfo;
 use crate::{Line, sched, sys};
 
 /// A TSC step longer than this is time the task did not run.
-const GAP_NS: u64 = 1000;
+const GAP_NS: u64 = 10_000;
 
 /// Per task: TSC ticks it saw itself run, and the end of the part.
 static RUN: [AtomicU64; 2] = [const { AtomicU64::new(0) }; 2];
@@ -28,21 +32,47 @@ static END: AtomicU64 = AtomicU64::new(0);
 static GAP_TICKS: AtomicU64 = AtomicU64::new(0);
 static YIELDS: AtomicU64 = AtomicU64::new(0);
 
+/// Runs recorded per task: (start, end) TSC pairs.
+const MAX_RUNS: usize = 8192;
+struct Runs(UnsafeCell<[[(u64, u64); MAX_RUNS]; 2]>);
+// SAFETY: task k writes only row k while the part runs; the CPU's first task reads
+// both after `sched::run` returned (every task done).
+unsafe impl Sync for Runs {}
+static RUNS: Runs = Runs(UnsafeCell::new([[(0, 0); MAX_RUNS]; 2]));
+static RUN_COUNT: [AtomicU64; 2] = [const { AtomicU64::new(0) }; 2];
+/// Event gaps of a part, sorted for their median (CPU 0 only, after the part).
+static GAPS: Runs = Runs(UnsafeCell::new([[(0, 0); MAX_RUNS]; 2]));
+
 extern "C" fn spin(_arg: u64, task: u64) {
     let (end, gap) = (
         END.load(Ordering::Relaxed),
         GAP_TICKS.load(Ordering::Relaxed),
     );
+    // SAFETY: this task's own row (see `Runs`).
+    let runs = unsafe { &mut (*RUNS.0.get())[task as usize] };
+    let mut n = 0;
     let mut last = sys::rdtsc();
+    let mut started = last;
     let mut run = 0;
     while last < end {
         let now = sys::rdtsc();
         if now - last < gap {
             run += now - last;
+        } else {
+            if n < MAX_RUNS {
+                runs[n] = (started, last);
+                n += 1;
+            }
+            started = now;
         }
         last = now;
     }
+    if n < MAX_RUNS {
+        runs[n] = (started, last);
+        n += 1;
+    }
     RUN[task as usize].store(run, Ordering::Relaxed);
+    RUN_COUNT[task as usize].store(n as u64, Ordering::Relaxed);
 }
 
 extern "C" fn yielder(_arg: u64, _task: u64) {
@@ -53,6 +83,46 @@ extern "C" fn yielder(_arg: u64, _task: u64) {
         n += 1;
     }
     YIELDS.fetch_add(n, Ordering::Relaxed);
+}
+
+/// The gaps between consecutive runs of the part's `tasks` tasks (in TSC order):
+/// their count, median, 10th and 90th percentiles (TSC ticks).
+fn event_gaps(tasks: usize) -> (usize, u64, u64, u64) {
+    // SAFETY: every task is done (see `Runs`); GAPS is CPU 0's alone.
+    let (runs, gaps) = unsafe { (&*RUNS.0.get(), &mut (*GAPS.0.get())[0]) };
+    let counts = [0, 1].map(|k| RUN_COUNT[k].load(Ordering::Relaxed) as usize);
+    // Merge the tasks' runs by start (each row is in order already).
+    let (mut i, mut j, mut n) = (0, 0, 0);
+    let mut previous_end = None;
+    loop {
+        let next = match (i < counts[0], tasks > 1 && j < counts[1]) {
+            (true, true) if runs[0][i].0 <= runs[1][j].0 => {
+                i += 1;
+                runs[0][i - 1]
+            }
+            (_, true) => {
+                j += 1;
+                runs[1][j - 1]
+            }
+            (true, false) => {
+                i += 1;
+                runs[0][i - 1]
+            }
+            (false, false) => break,
+        };
+        if let Some(end) = previous_end
+            && n < MAX_RUNS
+            && next.0 > end
+        {
+            gaps[n] = (next.0 - end, 0);
+            n += 1;
+        }
+        previous_end = Some(next.1);
+    }
+    let gaps = &mut gaps[..n];
+    gaps.sort_unstable();
+    let at = |q: f64| gaps.get(((n as f64 - 1.0) * q) as usize).map_or(0, |g| g.0);
+    (n, at(0.5), at(0.1), at(0.9))
 }
 
 /// Runs every part on CPU 0 (the others are idle in the fork barrier); true if each
@@ -105,12 +175,17 @@ pub fn run(info: &BootInfo, millis: u64, hz: Option<u64>) -> bool {
             let run = RUN[0].load(Ordering::Relaxed) + RUN[1].load(Ordering::Relaxed);
             let lost = elapsed.saturating_sub(run);
             let events = if name == "tick" { ticks } else { switches };
+            let (gaps, median, p10, p90) = event_gaps(count);
             let _ = write!(
                 line,
-                " lost_ns={:.0} lost_ns_per_event={:.0} lost_fraction={:.5}",
+                " lost_ns={:.0} lost_ns_per_event={:.0} lost_fraction={:.5} gaps={gaps} \
+                 gap_median_ns={:.0} gap_p10_ns={:.0} gap_p90_ns={:.0}",
                 ns(lost),
                 ns(lost) / events.max(1) as f64,
                 lost as f64 / elapsed as f64,
+                ns(median),
+                ns(p10),
+                ns(p90),
             );
         } else {
             let calls = YIELDS.load(Ordering::Relaxed);
