@@ -3,8 +3,10 @@
 //! - `yield`: two tasks hand the CPU to each other in a loop (`SWITCH`, no tick):
 //!   time per switch (the trap, ring 0's pick and FXSAVE/FXRSTOR, the return);
 //! - `null`: one task calls `SWITCH` with no one to switch to: the trap and pick alone;
-//! - `tick` (with `guest_hz=`): one task spins under the tick: the time it does not
-//!   run, per tick (the timer interrupt's emulated ring-0 work; a non-switching tick);
+//! - `spin` and `tick` (with `guest_hz=`), alternating five times each: one task
+//!   spins without and with the tick: the time it does not run, per tick (the timer
+//!   interrupt's emulated ring-0 work; a non-switching tick), and its lost fraction
+//!   beside that without the tick (the slowdown of a compute-bound run);
 //! - `preempt` (with `guest_hz=`): two tasks spin under the tick and are switched at
 //!   every tick: the time neither runs, per switch.
 //!
@@ -135,15 +137,16 @@ pub fn run(info: &BootInfo, millis: u64, hz: Option<u64>) -> bool {
     GAP_TICKS.store(info.tsc_khz * GAP_NS / 1_000_000, Ordering::Relaxed);
     let mut ok = true;
     let hz = hz.unwrap_or(0);
-    let parts = [
-        ("yield", 2, 0),
-        ("null", 1, 0),
-        ("tick", 1, hz),
-        ("preempt", 2, hz),
-    ];
+    // The tick's cost is a compute-bound task's slowdown beside the same task without
+    // it: `spin` and `tick` alternate (the host's speed drifts), five times each.
+    let alternating = [("spin", 1, 0), ("tick", 1, hz)];
+    let parts = [("yield", 2, 0), ("null", 1, 0)]
+        .into_iter()
+        .chain(alternating.into_iter().cycle().take(10))
+        .chain([("preempt", 2, hz)]);
     for (name, count, part_hz) in parts {
-        let spinning = name == "tick" || name == "preempt";
-        if spinning && part_hz == 0 {
+        let spinning = name != "yield" && name != "null";
+        if spinning && name != "spin" && part_hz == 0 {
             continue;
         }
         RUN[0].store(0, Ordering::Relaxed);
