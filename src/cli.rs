@@ -145,6 +145,16 @@ pub struct MpiArgs {
     #[arg(long, value_name = "K", default_value_t = 1)]
     pub vcpus: u32,
 
+    /// MPI ranks per vCPU (1 to 16), multiplexed by the guest's own preemptive
+    /// scheduler; ranks of one VM then talk through its shared memory.
+    #[arg(long, value_name = "R", default_value_t = 1)]
+    pub ranks_per_vcpu: u32,
+
+    /// The guest scheduler's tick in Hz (1 to 5000) [default: 250 with
+    /// --ranks-per-vcpu above 1, else no tick].
+    #[arg(long, value_name = "HZ")]
+    pub guest_hz: Option<u32>,
+
     /// Ranks of the whole job, when some run across --wire [default: --vms x --vcpus].
     #[arg(long, value_name = "S")]
     pub job_size: Option<u32>,

@@ -173,7 +173,7 @@ pub fn run_job(
 ) -> Result<JobRun> {
     run_job_in(
         vms,
-        vcpus,
+        (vcpus, vcpus),
         irq_path,
         extra,
         job,
@@ -183,11 +183,12 @@ pub fn run_job(
     )
 }
 
-/// As [`run_job`], with `memory_mib` of guest memory per VM.
+/// As [`run_job`], with `(vcpus, ranks)`: `ranks` ranks per VM (a multiple of its
+/// vCPUs, each with its own NIC), and `memory_mib` of guest memory per VM.
 #[allow(clippy::too_many_arguments)]
 pub fn run_job_in(
     vms: u32,
-    vcpus: u32,
+    (vcpus, local): (u32, u32),
     irq_path: IrqPath,
     extra: &str,
     job: &Job,
@@ -195,9 +196,9 @@ pub fn run_job_in(
     epoch: Instant,
     memory_mib: u64,
 ) -> Result<JobRun> {
-    let size = job.check_shape(vms, vcpus)?;
+    let size = job.check_shape(vms, local)?;
     run::check_guest_vcpus(vcpus, kvm_device)?;
-    let here = vms * vcpus;
+    let here = vms * local;
     let network = Network::new(SwitchConfig::default())?;
     let server = match (job.nic, &job.nic_server) {
         (NicKind::Emulated, None) => None,
@@ -210,17 +211,17 @@ pub fn run_job_in(
     };
     let mut attached = Vec::new();
     let mut machines = Vec::new();
-    for first in (0..vms).map(|i| job.first_rank + i * vcpus) {
+    for first in (0..vms).map(|i| job.first_rank + i * local) {
         let config = run::embedded_config(
             vcpus,
             memory_mib,
-            format!("mpi={first}:{size}:{vcpus} {extra}"),
+            format!("mpi={first}:{size}:{local} {extra}"),
             kvm_device,
         );
         let mut vm = hv::builder::build_for_boot(config)?;
         // The guest gives its k-th NIC (in slot order, the order attached) to rank
         // first + k, on vCPU k.
-        for rank in first..first + vcpus {
+        for rank in first..first + local {
             match &server {
                 None => {
                     network
@@ -289,6 +290,8 @@ pub struct NpbReport<'a> {
     pub ranks: u32,
     pub vms: u32,
     pub vcpus: u32,
+    /// Ranks per vCPU (the guest's scheduler multiplexes them).
+    pub ranks_per_vcpu: u32,
     pub wait: Wait,
     pub irq_path: IrqPath,
     pub nic: NicKind,
@@ -311,7 +314,7 @@ impl NpbReport<'_> {
                 run.judge_ranks(&[], self.vcpus)
             };
             for problem in &verdict.problems {
-                let last = first + self.vcpus - 1;
+                let last = first + self.vcpus * self.ranks_per_vcpu - 1;
                 if first == last {
                     eprintln!("kumo: rank {first}: {problem}");
                 } else {
@@ -335,6 +338,7 @@ impl NpbReport<'_> {
                 obj.insert("ranks".into(), json!(ranks));
                 obj.insert("vms".into(), json!(self.vms));
                 obj.insert("vcpus".into(), json!(self.vcpus));
+                obj.insert("ranks_per_vcpu".into(), json!(self.ranks_per_vcpu));
                 obj.insert("nic".into(), json!(self.nic.name()));
                 crate::report::insert_result(&mut obj, row.result.as_ref());
                 obj
@@ -377,8 +381,9 @@ impl NpbReport<'_> {
                 );
             }
             crate::outln!(
-                "NPB-MPI: {} ranks, one per vCPU ({} VMs x {} here), wait={}, irq path {}, nic {}",
+                "NPB-MPI: {} ranks, {} per vCPU ({} VMs x {} vCPUs here), wait={}, irq path {}, nic {}",
                 ranks,
+                self.ranks_per_vcpu,
                 self.vms,
                 self.vcpus,
                 Wait::name(self.wait),

@@ -16,7 +16,9 @@ use crate::job::{Job, NpbReport, run_job, run_job_in};
 use crate::migrate::{self, AppState, GUEST_NAME};
 use crate::rank;
 use crate::run::GuestRun;
-use crate::spec::job::{NicKind, Wait, WireSpec, npb_extra, npb_memory_mib, parse_npb};
+use crate::spec::job::{
+    MEMORY_MIB, NicKind, Wait, WireSpec, npb_extra, npb_memory_mib, parse_npb, sched_words,
+};
 
 /// Why rank `rank`'s run has no `kind` line, or its fields.
 fn measurement<'a>(
@@ -37,29 +39,32 @@ pub fn run_mpi(args: &MpiArgs, epoch: Instant) -> Result<u8> {
     if args.ctl_socket.is_some() {
         bail!("--ctl-socket applies to --npb jobs (a rank VM that can move)");
     }
-    let extra = format!("wait={} net=check", Wait::name(args.wait));
+    let sched = sched_words(args.ranks_per_vcpu, args.guest_hz)?;
+    let local = args.vcpus.saturating_mul(args.ranks_per_vcpu);
+    let extra = format!("wait={} net=check{sched}", args.wait.name());
     let job = Job {
-        size: args.job_size.unwrap_or(args.vms.saturating_mul(args.vcpus)),
+        size: args.job_size.unwrap_or(args.vms.saturating_mul(local)),
         first_rank: args.first_rank,
         wire: args.wire.clone(),
         wire_patience: Duration::from_secs_f64(args.wire_wait),
         nic: args.nic,
         nic_server: args.nic_server.clone(),
     };
-    let runs = run_job(
+    let runs = run_job_in(
         args.vms,
-        args.vcpus,
+        (args.vcpus, local),
         args.irq_path,
         &extra,
         &job,
         &args.kvm_device,
         epoch,
+        MEMORY_MIB * u64::from(local),
     )?
     .runs;
     let mut ok = true;
     let mut rows = Vec::new();
     let ranks = runs.iter().enumerate().flat_map(|(vm, run)| {
-        (0..args.vcpus).map(move |k| (job.first_rank + vm as u32 * args.vcpus + k, run))
+        (0..local).map(move |k| (job.first_rank + vm as u32 * local + k, run))
     });
     for (rank, run) in ranks {
         let (verified, fields) = match run.rank_measurement("netcheck", rank) {
@@ -128,9 +133,14 @@ pub fn run_mpi(args: &MpiArgs, epoch: Instant) -> Result<u8> {
 /// `kumo mpi --npb LIST`: one job running every benchmark in turn; rank 0's results
 /// judged as `kumo`'s, the other ranks' runs must end cleanly.
 fn run_npb(args: &MpiArgs, list: &str, epoch: Instant) -> Result<u8> {
-    let ranks = args.job_size.unwrap_or(args.vms.saturating_mul(args.vcpus));
+    let sched = sched_words(args.ranks_per_vcpu, args.guest_hz)?;
+    let local = args.vcpus.saturating_mul(args.ranks_per_vcpu);
+    let ranks = args.job_size.unwrap_or(args.vms.saturating_mul(local));
     let specs = parse_npb(list, ranks)?;
     if args.ctl_socket.is_some() {
+        if !sched.is_empty() {
+            bail!("--ranks-per-vcpu and --guest-hz do not apply to --ctl-socket rank VMs");
+        }
         return run_controlled(args, &specs, epoch);
     }
     let job = Job {
@@ -143,13 +153,13 @@ fn run_npb(args: &MpiArgs, list: &str, epoch: Instant) -> Result<u8> {
     };
     let runs = run_job_in(
         args.vms,
-        args.vcpus,
+        (args.vcpus, local),
         args.irq_path,
-        &npb_extra(&specs, args.wait),
+        &(npb_extra(&specs, args.wait) + &sched),
         &job,
         &args.kvm_device,
         epoch,
-        npb_memory_mib(&specs, ranks, args.vcpus),
+        npb_memory_mib(&specs, ranks, local),
     )?
     .runs;
     let report = NpbReport {
@@ -157,12 +167,13 @@ fn run_npb(args: &MpiArgs, list: &str, epoch: Instant) -> Result<u8> {
         ranks,
         vms: args.vms,
         vcpus: args.vcpus,
+        ranks_per_vcpu: args.ranks_per_vcpu,
         wait: args.wait,
         irq_path: args.irq_path,
         nic: args.nic,
         json: args.json,
     };
-    let firsts = (0..).map(|i: u32| job.first_rank + i * args.vcpus);
+    let firsts = (0..).map(|i: u32| job.first_rank + i * local);
     Ok(report.print(firsts.zip(&runs)))
 }
 

@@ -37,7 +37,7 @@ pub enum Event {
     },
     /// A measurement workload's summary (`switchprobe`, `wakeprobe`, `irqbench`,
     /// `irqcheck`, and the network's `mpi`, `netcheck`, `pingpong`, `bandwidth`,
-    /// `mpistats`).
+    /// `mpistats`, and the guest scheduler's `sched`).
     Measurement {
         kind: String,
         fields: BTreeMap<String, String>,
@@ -113,10 +113,12 @@ pub fn parse_line(line: &str) -> Option<Event> {
         "fault" => Some(Event::Fault { fields }),
         "end" => num(&fields, "status").map(|status| Event::End { status }),
         "switchprobe" | "wakeprobe" | "gapprobe" | "irqbench" | "irqcheck" | "mpi" | "netcheck"
-        | "pingpong" | "bandwidth" | "mpistats" | "barrierstats" => Some(Event::Measurement {
-            kind: kind.to_string(),
-            fields,
-        }),
+        | "pingpong" | "bandwidth" | "mpistats" | "barrierstats" | "sched" => {
+            Some(Event::Measurement {
+                kind: kind.to_string(),
+                fields,
+            })
+        }
         _ => None,
     };
     Some(event.unwrap_or_else(|| Event::Malformed(line.to_string())))

@@ -88,6 +88,7 @@ impl RankApp {
             ranks: self.job_size,
             vms: 1,
             vcpus,
+            ranks_per_vcpu: 1,
             wait: self.wait,
             irq_path: self.irq_path,
             nic: NicKind::Emulated,

@@ -94,6 +94,8 @@ fn domain(name: &str, probe: String) -> Domain {
         barrier_wait: crate::guest::BarrierWait::Hlt,
         vcpu_balloon: false,
         mpi: None,
+        ranks_per_vcpu: 1,
+        guest_hz: None,
         passthrough: Vec::new(),
         passthrough_irq_path: hv::irq::IrqPath::Generic,
     }

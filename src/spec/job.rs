@@ -50,6 +50,8 @@ pub enum Wait {
     Spin,
     /// Poll briefly, then halt until the NIC's interrupt.
     Block,
+    /// Poll briefly, then hand the vCPU to another rank on it (sched_yield).
+    Yield,
 }
 
 impl Wait {
@@ -58,8 +60,33 @@ impl Wait {
         match self {
             Wait::Spin => "spin",
             Wait::Block => "block",
+            Wait::Yield => "yield",
         }
     }
+}
+
+/// Most ranks the guest multiplexes on one vCPU (`kumo_abi::sched::MAX_TASKS`).
+pub const MAX_RANKS_PER_VCPU: u32 = 16;
+/// The guest tick's range: the LAPIC timer's period is at least 200 µs on some hosts.
+pub const MAX_GUEST_HZ: u32 = 5000;
+
+/// The guest's words for `ranks_per_vcpu` ranks per vCPU and its tick (`guest_hz`),
+/// checked (empty: one rank per vCPU, no tick).
+pub fn sched_words(ranks_per_vcpu: u32, guest_hz: Option<u32>) -> Result<String> {
+    if !(1..=MAX_RANKS_PER_VCPU).contains(&ranks_per_vcpu) {
+        bail!("--ranks-per-vcpu must be between 1 and {MAX_RANKS_PER_VCPU}, not {ranks_per_vcpu}");
+    }
+    let mut words = String::new();
+    if ranks_per_vcpu > 1 {
+        words.push_str(&format!(" ranks_per_vcpu={ranks_per_vcpu}"));
+    }
+    if let Some(hz) = guest_hz {
+        if !(1..=MAX_GUEST_HZ).contains(&hz) {
+            bail!("--guest-hz must be between 1 and {MAX_GUEST_HZ}, not {hz}");
+        }
+        words.push_str(&format!(" guest_hz={hz}"));
+    }
+    Ok(words)
 }
 
 /// The other end of a wire: a UNIX socket in QEMU's stream framing.

@@ -43,7 +43,7 @@ pub struct NetworkFile {
     pub net: Option<String>,
     /// Or NPB-MPI benchmarks (`kumo mpi --npb`), judged on rank 0's domain.
     pub npb: Option<String>,
-    /// How ranks wait: "spin" (default) or "block".
+    /// How ranks wait: "spin" (default), "block" or "yield".
     pub wait: Option<String>,
     /// The NICs' interrupt path: "generic" (default) or "fast".
     pub irq_path: Option<String>,
@@ -126,6 +126,12 @@ pub struct DomainFile {
     /// A rank of the node's MPI job (needs `[network]`).
     #[serde(default)]
     pub mpi: bool,
+    /// MPI ranks per vCPU (1 to 16, with `mpi = true`), multiplexed by the guest's own
+    /// scheduler (ranks of the domain talk through its shared memory).
+    pub ranks_per_vcpu: Option<u32>,
+    /// The guest scheduler's tick in Hz (1 to 5000; default 250 with ranks_per_vcpu
+    /// above 1, else no tick).
+    pub guest_hz: Option<u32>,
     /// How the guest's threads sleep at barriers: `hlt` (default) or `pv` (blocked
     /// in kumo through the paravirtual wait page).
     pub barrier_wait: Option<String>,
@@ -172,6 +178,9 @@ pub struct Domain {
     pub vcpu_balloon: bool,
     /// The domain's part of the node's MPI job, if it is in it.
     pub mpi: Option<MpiPart>,
+    /// MPI ranks per vCPU, and the guest's tick (`ranks_per_vcpu=`, `guest_hz=`).
+    pub ranks_per_vcpu: u32,
+    pub guest_hz: Option<u32>,
     /// Its assigned devices (its ranks' NICs if it is in the MPI job).
     pub passthrough: Vec<hv::passthrough::PassthroughSpec>,
     pub passthrough_irq_path: hv::irq::IrqPath,
@@ -192,7 +201,12 @@ impl Domain {
     pub fn ranks(&self) -> std::ops::Range<u32> {
         self.mpi
             .as_ref()
-            .map_or(0..0, |part| part.first..part.first + self.vcpus)
+            .map_or(0..0, |part| part.first..part.first + self.local_ranks())
+    }
+
+    /// MPI ranks the domain runs if it is in the job: `ranks_per_vcpu` per vCPU.
+    pub fn local_ranks(&self) -> u32 {
+        self.vcpus * self.ranks_per_vcpu
     }
 
     /// The embedded guest's command line for this domain.
@@ -222,8 +236,17 @@ impl Domain {
         if let Some(part) = &self.mpi {
             line.push_str(&format!(
                 " mpi={}:{}:{} {}",
-                part.first, part.size, self.vcpus, part.keys
+                part.first,
+                part.size,
+                self.local_ranks(),
+                part.keys
             ));
+        }
+        if self.ranks_per_vcpu > 1 {
+            line.push_str(&format!(" ranks_per_vcpu={}", self.ranks_per_vcpu));
+        }
+        if let Some(hz) = self.guest_hz {
+            line.push_str(&format!(" guest_hz={hz}"));
         }
         line
     }
@@ -354,6 +377,24 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
         if d.mpi && file.network.is_none() {
             bail!("domain '{name}': mpi = true needs a [network]");
         }
+        let ranks_per_vcpu = d.ranks_per_vcpu.unwrap_or(1);
+        if !(1..=crate::spec::job::MAX_RANKS_PER_VCPU).contains(&ranks_per_vcpu) {
+            bail!(
+                "domain '{name}': ranks_per_vcpu must be between 1 and {}, not {ranks_per_vcpu}",
+                crate::spec::job::MAX_RANKS_PER_VCPU
+            );
+        }
+        if ranks_per_vcpu > 1 && !d.mpi {
+            bail!("domain '{name}': ranks_per_vcpu needs mpi = true");
+        }
+        if let Some(hz) = d.guest_hz
+            && !(1..=crate::spec::job::MAX_GUEST_HZ).contains(&hz)
+        {
+            bail!(
+                "domain '{name}': guest_hz must be between 1 and {}, not {hz}",
+                crate::spec::job::MAX_GUEST_HZ
+            );
+        }
         if let Some(irq) = &d.irq
             && !valid_irq_action(irq)
         {
@@ -404,11 +445,11 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
             .map(|text| super::devices::passthrough_spec(text))
             .collect::<Result<Vec<_>>>()
             .with_context(|| format!("domain '{name}'"))?;
-        if d.mpi && !passthrough.is_empty() && passthrough.len() != d.vcpus as usize {
+        let local = d.vcpus.saturating_mul(ranks_per_vcpu);
+        if d.mpi && !passthrough.is_empty() && passthrough.len() != local as usize {
             bail!(
                 "domain '{name}': its passthrough devices are its ranks' NICs: give one per \
-                 vCPU ({}), not {}",
-                d.vcpus,
+                 rank ({local}), not {}",
                 passthrough.len()
             );
         }
@@ -435,17 +476,19 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
             barrier_wait,
             vcpu_balloon,
             mpi: d.mpi.then(MpiPart::default),
+            ranks_per_vcpu,
+            guest_hz: d.guest_hz,
             passthrough,
             passthrough_irq_path,
         });
     }
     let network = file.network.map(validate_network).transpose()?;
     if let Some(network) = &network {
-        // One rank per vCPU of every domain in the job.
+        // ranks_per_vcpu ranks per vCPU of every domain in the job.
         let ranks: u32 = domains
             .iter()
             .filter(|d| d.mpi.is_some())
-            .map(|d| d.vcpus)
+            .map(Domain::local_ranks)
             .sum();
         let here = ranks;
         let ranks = network
@@ -497,9 +540,9 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
                     if first == 0 {
                         d.specs = specs.clone();
                     }
-                    crate::spec::job::npb_memory_mib(specs, ranks, d.vcpus)
+                    crate::spec::job::npb_memory_mib(specs, ranks, d.local_ranks())
                 }
-                None => crate::spec::job::MEMORY_MIB * u64::from(d.vcpus),
+                None => crate::spec::job::MEMORY_MIB * u64::from(d.local_ranks()),
             };
             d.memory_mib = d.memory_mib.max(need);
             d.mpi = Some(MpiPart {
@@ -507,7 +550,7 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
                 size: ranks,
                 keys: keys.clone(),
             });
-            first += d.vcpus;
+            first += d.local_ranks();
         }
     }
     // Domains share the node's CPUs unless every vCPU has one of its own.
@@ -539,8 +582,8 @@ fn validate_network(file: NetworkFile) -> Result<Network> {
         bail!("[network]: net '{net}' is not a list of the guest's net= items");
     }
     let wait = file.wait.unwrap_or_else(|| "spin".into());
-    if wait != "spin" && wait != "block" {
-        bail!("[network]: wait '{wait}' is not spin or block");
+    if wait != "spin" && wait != "block" && wait != "yield" {
+        bail!("[network]: wait '{wait}' is not spin, block or yield");
     }
     let irq_path = match file.irq_path {
         Some(path) => path
@@ -729,7 +772,7 @@ npb = "ep.S"
             "{net}[[domain]]\nname = \"a\"\nmpi = true\nvcpus = 2\n\
              passthrough = [\"vfio-user:/tmp/p0.sock\"]\n{two}"
         );
-        assert!(error(&one_of_two).contains("give one per vCPU (2), not 1"));
+        assert!(error(&one_of_two).contains("give one per rank (2), not 1"));
         let base = "pcpus = [0]\n[[domain]]\nname = \"a\"\nnpb = \"ep.S\"\n";
         assert!(
             error(&format!("{base}passthrough = [\"vfio-user:\"]\n"))
@@ -798,6 +841,65 @@ mpi = true
     }
 
     #[test]
+    fn a_domain_runs_ranks_per_vcpu_ranks_on_each_vcpu_with_its_guest_tick() {
+        let n = node(
+            r#"
+pcpus = [0]
+[network]
+npb = "cg.S"
+[[domain]]
+name = "a"
+mpi = true
+ranks_per_vcpu = 2
+[[domain]]
+name = "b"
+mpi = true
+vcpus = 2
+ranks_per_vcpu = 3
+guest_hz = 1000
+"#,
+        );
+        // 2 + 2 x 3 = 8 ranks; CG takes powers of two.
+        let n = n.unwrap();
+        assert_eq!(n.domains[0].ranks(), 0..2);
+        assert_eq!(n.domains[1].ranks(), 2..8);
+        assert!(
+            n.domains[0]
+                .cmdline()
+                .ends_with("mpi=0:8:2 wait=spin npb=cg.S ranks_per_vcpu=2"),
+            "{}",
+            n.domains[0].cmdline()
+        );
+        assert!(
+            n.domains[1]
+                .cmdline()
+                .ends_with("mpi=2:8:6 wait=spin npb=cg.S ranks_per_vcpu=3 guest_hz=1000")
+        );
+        let base = "pcpus = [0]\n[network]\n[[domain]]\nname = \"a\"\n";
+        for (key, needle) in [
+            (
+                "mpi = true\nranks_per_vcpu = 0\n",
+                "domain 'a': ranks_per_vcpu must be between 1 and 16, not 0",
+            ),
+            (
+                "mpi = true\nranks_per_vcpu = 17\n",
+                "domain 'a': ranks_per_vcpu must be between 1 and 16, not 17",
+            ),
+            (
+                "npb = \"ep.S\"\nranks_per_vcpu = 2\n",
+                "domain 'a': ranks_per_vcpu needs mpi = true",
+            ),
+            (
+                "mpi = true\nguest_hz = 0\n",
+                "domain 'a': guest_hz must be between 1 and 5000, not 0",
+            ),
+        ] {
+            let e = error(&format!("{base}{key}"));
+            assert!(e.contains(needle), "{key}: {e}");
+        }
+    }
+
+    #[test]
     fn a_node_can_hold_part_of_a_job_whose_other_ranks_are_across_a_wire() {
         let two = "[[domain]]\nname = \"a\"\nmpi = true\n[[domain]]\nname = \"b\"\nmpi = true\n";
         let net = "pcpus = [0]\n[network]\nnpb = \"cg.S\"\n";
@@ -852,7 +954,7 @@ mpi = true
         let no_net = "pcpus = [0]\n[[domain]]\nname = \"a\"\nmpi = true\n";
         assert!(error(no_net).contains("mpi = true needs a [network]"));
         let wait = "pcpus = [0]\n[network]\nwait = \"nap\"\n[[domain]]\nname = \"a\"\nmpi = true\n";
-        assert!(error(wait).contains("wait 'nap' is not spin or block"));
+        assert!(error(wait).contains("wait 'nap' is not spin, block or yield"));
         let net = "pcpus = [0]\n[network]\nnet = \"x y\"\n[[domain]]\nname = \"a\"\nmpi = true\n";
         assert!(error(net).contains("not a list of the guest's net= items"));
     }

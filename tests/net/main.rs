@@ -9,8 +9,14 @@ mod common;
 /// The guest's MPI built for the host, where `guests/user/src/comm.rs` expects it.
 use kumo::guest_mpi as mpi;
 
+/// The guest's `Comm` adapter (NPB-MPI over the guest MPI), the same source file.
+#[path = "../../guests/user/src/comm.rs"]
+mod comm;
+
 mod guest_net_input;
 mod mpi_protocol;
+mod mpi_shared;
+mod multirank;
 mod net;
 mod npb_mpi;
 mod npb_mpi_protocol;

@@ -7,8 +7,7 @@
 // `comm.rs` names the MPI `crate::mpi`, as the guest runtime does: the binary root
 // (main.rs) imports it under that name.
 
-#[path = "../../guests/user/src/comm.rs"]
-mod comm;
+use crate::comm;
 
 use npb::mpi::Comm;
 use npb::team::Arena;

@@ -124,6 +124,122 @@ pub mod call {
     /// sleeping if this machine has no TSC-deadline timer (the caller must poll).
     /// Device drivers wait for their interrupt records with it and keep a timeout.
     pub const WAIT_UNTIL: u64 = 7;
+    /// `sched_start(run_queue, hz)`: this CPU multiplexes the ring-3 tasks of the
+    /// [`super::sched::RunQueue`] at `run_queue` (the caller is its task `current`),
+    /// preempting every `slice` ticks of a periodic LAPIC timer at `hz` (0: no tick;
+    /// tasks then switch only in [`SWITCH`]). Returns 0, or 1 if this machine cannot
+    /// tick (no x2APIC, or no LAPIC timer rate in CPUID `0x40000010 EBX`).
+    pub const SCHED_START: u64 = 8;
+    /// `sched_stop()`: the tick off and the run queue forgotten; only the task that
+    /// called [`SCHED_START`] may call it (it runs on the CPU's own kernel stack).
+    pub const SCHED_STOP: u64 = 9;
+    /// `switch()`: hand the CPU to the next runnable task of this CPU's run queue,
+    /// round robin, the caller last (a `sched_yield`). A task whose `wait_word` is set
+    /// is not runnable while it waits (see [`super::sched::Task`]); if no task is
+    /// runnable, the CPU halts until an interrupt and looks again. Returns 0 once the
+    /// caller is picked again. Handled in assembly (`boot.S`): never in `kumo_trap`.
+    pub const SWITCH: u64 = 10;
+}
+
+/// The supervisor's preemptive scheduler of ring-3 tasks (several MPI ranks per vCPU):
+/// the run queues live in ring-3 memory, ring 3 builds the tasks, ring 0 only switches
+/// (`boot.S`: the tick, [`call::SWITCH`], and device interrupts that make a waiting
+/// task runnable). A task's context is its kernel stack (the 15 general registers
+/// pushed below the CPU's interrupt frame, at `ksp`) and its FXSAVE area.
+pub mod sched {
+    /// The scheduler's tick: the LAPIC timer in periodic mode.
+    pub const TICK_VECTOR: u32 = 33;
+    /// Most tasks one CPU multiplexes.
+    pub const MAX_TASKS: usize = 16;
+    /// Order in which the supervisor pushes the general registers of a task that is
+    /// switched away from (the first pushed, highest address, first); the frame at a
+    /// task's `ksp` is these 15 in reverse (r15 at `ksp`), then `rip, cs, rflags, rsp, ss`.
+    pub const PUSH_ORDER: [&str; 15] = [
+        "rax", "rcx", "rdx", "rbx", "rsi", "rdi", "rbp", "r8", "r9", "r10", "r11", "r12", "r13",
+        "r14", "r15",
+    ];
+    /// Qwords of a switched-away task's frame at `ksp`.
+    pub const FRAME_QWORDS: usize = 20;
+
+    /// One ring-3 context of a CPU. Ring 3 writes every field but `ksp` (and ring 0
+    /// writes `ksp` only of the task it switches away from, and `kstack_top` of the
+    /// task calling `SCHED_START`).
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    pub struct Task {
+        /// Saved kernel stack pointer while the task does not run (a new task: its
+        /// prebuilt frame).
+        pub ksp: u64,
+        /// The value for the TSS's RSP0 while it runs: 16 bytes below the top of its
+        /// own kernel stack, whose top qword holds the address of the CPU's run queue.
+        pub kstack_top: u64,
+        /// Its 512-byte FXSAVE area (16-byte aligned).
+        pub fx: u64,
+        /// Waiting: while `wait_word != 0`, the u32 at `wait_word` equals `wait_value`,
+        /// the u32 at `wait_word2` equals `wait_value2` and the TSC is below
+        /// `wait_until`, the task is not runnable. Ring 3 sets these before `SWITCH`
+        /// and clears `wait_word` after it.
+        pub wait_word: u64,
+        pub wait_value: u64,
+        pub wait_word2: u64,
+        pub wait_value2: u64,
+        pub wait_until: u64,
+    }
+
+    /// One CPU's tasks (64-byte header, then the tasks; `boot.S` has the offsets).
+    #[repr(C)]
+    pub struct RunQueue {
+        /// Index of the running task.
+        pub current: u64,
+        /// Tasks `0..count` exist.
+        pub count: u64,
+        /// Ticks per slice, and ticks left of the current one.
+        pub slice: u64,
+        pub left: u64,
+        /// Counters: ticks taken from ring 3, switches, halts with nothing runnable.
+        pub ticks: u64,
+        pub switches: u64,
+        pub halts: u64,
+        /// Written by `SCHED_START`: the address of this CPU's TSS RSP0 field.
+        pub tss_rsp0: u64,
+        pub tasks: [Task; MAX_TASKS],
+    }
+
+    pub const TASK: Task = Task {
+        ksp: 0,
+        kstack_top: 0,
+        fx: 0,
+        wait_word: 0,
+        wait_value: 0,
+        wait_word2: 0,
+        wait_value2: 0,
+        wait_until: 0,
+    };
+
+    impl RunQueue {
+        pub const fn new() -> RunQueue {
+            RunQueue {
+                current: 0,
+                count: 1,
+                slice: 1,
+                left: 1,
+                ticks: 0,
+                switches: 0,
+                halts: 0,
+                tss_rsp0: 0,
+                tasks: [TASK; MAX_TASKS],
+            }
+        }
+    }
+
+    impl Default for RunQueue {
+        fn default() -> Self {
+            Self::new()
+        }
+    }
+
+    const _: () = assert!(core::mem::size_of::<Task>() == 64);
+    const _: () = assert!(core::mem::offset_of!(RunQueue, tasks) == 64);
 }
 
 /// Kinds of deliberate ring-0 fault (`fault=` on the command line).

@@ -20,6 +20,26 @@
 .set DEVICE_VECTOR_BASE, 48     /* kumo_abi::DEVICE_VECTOR_BASE; 80 device vectors */
 .set IRQ_RECORD_SIZE, 32
 .set AP_TRAMPOLINE, 0x8000
+/* The scheduler (kumo_abi::sched, kumo_abi::call::SWITCH). */
+.set TICK_VECTOR,   33
+.set CALL_SWITCH,   10
+.set RQ_CURRENT,    0       /* kumo_abi::sched::RunQueue */
+.set RQ_COUNT,      8
+.set RQ_SLICE,      16
+.set RQ_LEFT,       24
+.set RQ_TICKS,      32
+.set RQ_SWITCHES,   40
+.set RQ_HALTS,      48
+.set RQ_TSS_RSP0,   56
+.set RQ_TASKS,      64
+.set T_KSP,         0       /* kumo_abi::sched::Task, 64 bytes */
+.set T_KTOP,        8
+.set T_FX,          16
+.set T_WORD,        24
+.set T_VALUE,       32
+.set T_WORD2,       40
+.set T_VALUE2,      48
+.set T_UNTIL,       56
 /* Linux boot protocol (Documentation/arch/x86/boot.rst, zero-page.rst). */
 .set LINUX_HEAD_SIZE,   0x1000  /* src/bzimage.rs: the head, then the supervisor's bytes */
 .set LINUX_ENTRY_OFFSET, 0x200  /* the 64-bit entry's offset in the protected-mode part */
@@ -248,11 +268,28 @@ ap_protected_mode:
 .code64
 /* ---- Trap and interrupt entries ---- */
 
+.macro push_task_rest               /* rax, rcx, rdx are already pushed */
+    push %rbx
+    push %rsi
+    push %rdi
+    push %rbp
+    push %r8
+    push %r9
+    push %r10
+    push %r11
+    push %r12
+    push %r13
+    push %r14
+    push %r15
+.endm
+
 /* int3 from ring 3 is the trap call (see kumo_abi::call); from ring 0 it is a fault.
    Ring 3 declares every caller-saved register clobbered, so nothing is saved here. */
 breakpoint_entry:
     testb $3, 8(%rsp)
     jz 1f
+    cmp $CALL_SWITCH, %rdi
+    je switch_call
     sub $8, %rsp                    /* 16-byte alignment for the call */
     call kumo_trap
     add $8, %rsp
@@ -315,11 +352,164 @@ device_entry:
     lock incq (%rbx)
     mov $0xFEE000B0, %ecx           /* xAPIC EOI */
     movl $0, (%rcx)
-2:  pop %rbx
+2:  testb $3, 48(%rsp)             /* from ring 3, with a scheduler of 2+ tasks: the */
+    jz 3f                           /* interrupt may have made a waiting task runnable */
+    mov 88(%rsp), %rbx              /* (RSP0 + 8: the run queue, or 0) */
+    test %rbx, %rbx
+    jz 3f
+    cmpq $2, RQ_COUNT(%rbx)
+    jb 3f
+    pop %rbx
     pop %rdx
     pop %rcx
     pop %rax
     add $8, %rsp
+    push %rax
+    push %rcx
+    push %rdx
+    push_task_rest
+    mov 168(%rsp), %rbx
+    xor %r12d, %r12d                /* never halt: the interrupted task is runnable */
+    mov $1, %r13d                   /* the others first */
+    jmp sched_pick
+3:  pop %rbx
+    pop %rdx
+    pop %rcx
+    pop %rax
+    add $8, %rsp
+    iretq
+
+/* ---- The scheduler: several ring-3 tasks on one CPU (kumo_abi::sched) ----
+   A task's kernel stack has its run queue's address in its top qword and the TSS's
+   RSP0 16 bytes below the top, so at any entry from ring 3 that address is at RSP0 + 8
+   (boot CPU stacks hold 0 there while no scheduler runs). A task switched away from has
+   its 15 general registers (kumo_abi::sched::PUSH_ORDER) below the CPU's interrupt
+   frame, and its SSE/x87 state in its FXSAVE area. */
+
+/* The tick (LAPIC timer, periodic): acknowledge; from ring 3, count it and, at the end
+   of a slice, switch. Few instructions when nothing switches (every one is emulated on
+   PVM hosts). Stack: rax, rcx, rdx, then rip, cs, rflags, rsp, ss. */
+tick_entry:
+    push %rax
+    push %rcx
+    push %rdx
+    mov $0x80B, %ecx                /* x2APIC EOI */
+    xor %eax, %eax
+    xor %edx, %edx
+    wrmsr
+    testb $3, 32(%rsp)
+    jz 1f                           /* in ring 0 (a halt): that only wakes it */
+    mov 72(%rsp), %rax              /* RSP0 + 8 */
+    test %rax, %rax
+    jz 1f
+    incq RQ_TICKS(%rax)
+    decq RQ_LEFT(%rax)
+    jnz 1f
+    mov RQ_SLICE(%rax), %rcx
+    mov %rcx, RQ_LEFT(%rax)
+    cmpq $2, RQ_COUNT(%rax)
+    jb 1f
+    push_task_rest
+    mov %rax, %rbx
+    xor %r12d, %r12d                /* never halt: the interrupted task is runnable */
+    mov $1, %r13d                   /* the others first (round robin) */
+    jmp sched_pick
+1:  pop %rdx
+    pop %rcx
+    pop %rax
+    iretq
+
+/* int3 SWITCH from ring 3 (kumo_abi::call::SWITCH). A caller that waits (wait_word set)
+   is looked at first (its condition may already be over), one that yields last. */
+switch_call:
+    push %rax
+    push %rcx
+    push %rdx
+    push_task_rest
+    movq $0, 14*8(%rsp)             /* the caller's rax: the result */
+    mov 168(%rsp), %rbx             /* RSP0 + 8 */
+    test %rbx, %rbx
+    jz sched_resume                 /* no scheduler on this CPU: return at once */
+    mov $1, %r12d                   /* may halt */
+    xor %r13d, %r13d
+    mov RQ_CURRENT(%rbx), %rax
+    shl $6, %rax
+    cmpq $0, RQ_TASKS + T_WORD(%rbx,%rax)
+    sete %r13b                      /* yielding: the others first */
+
+/* rbx = run queue; the current task's registers pushed below its frame; r12 = 1 if the
+   CPU may halt when no task is runnable (in SWITCH only); r13 = 1 to start with the
+   task after the current one, 0 with the current one. */
+sched_pick:
+    mov RQ_CURRENT(%rbx), %rsi
+    lea -1(%rsi,%r13), %rdi         /* the candidate before the first */
+    mov RQ_COUNT(%rbx), %rcx        /* candidates left */
+2:  inc %rdi
+    cmp RQ_COUNT(%rbx), %rdi
+    jb 3f
+    sub RQ_COUNT(%rbx), %rdi
+3:  mov %rdi, %r9
+    shl $6, %r9
+    lea RQ_TASKS(%rbx,%r9), %r9
+    mov T_WORD(%r9), %r10
+    test %r10, %r10
+    jz 5f                           /* not waiting: runnable */
+    mov (%r10), %eax
+    cmp T_VALUE(%r9), %eax
+    jne 5f
+    mov T_WORD2(%r9), %r10
+    mov (%r10), %eax
+    cmp T_VALUE2(%r9), %eax
+    jne 5f
+    mov %rcx, %r8
+    rdtsc
+    mov %r8, %rcx
+    shl $32, %rdx
+    or %rdx, %rax
+    cmp T_UNTIL(%r9), %rax
+    jae 5f
+    dec %rcx
+    jnz 2b
+    test %r12d, %r12d               /* nothing runnable: back to the interrupted task, */
+    jz sched_resume
+    incq RQ_HALTS(%rbx)             /* or, in SWITCH, halt until an interrupt */
+    sti
+    hlt
+    cli
+    xor %r13d, %r13d
+    jmp sched_pick
+5:  cmp %rsi, %rdi
+    je sched_resume
+    incq RQ_SWITCHES(%rbx)
+    mov %rsi, %r10
+    shl $6, %r10
+    lea RQ_TASKS(%rbx,%r10), %r10
+    mov %rsp, T_KSP(%r10)
+    mov T_FX(%r10), %rax
+    fxsave64 (%rax)
+    mov %rdi, RQ_CURRENT(%rbx)
+    mov T_FX(%r9), %rax
+    fxrstor64 (%rax)
+    mov T_KTOP(%r9), %rax
+    mov RQ_TSS_RSP0(%rbx), %rcx
+    mov %rax, (%rcx)
+    mov T_KSP(%r9), %rsp
+sched_resume:
+    pop %r15
+    pop %r14
+    pop %r13
+    pop %r12
+    pop %r11
+    pop %r10
+    pop %r9
+    pop %r8
+    pop %rbp
+    pop %rdi
+    pop %rsi
+    pop %rbx
+    pop %rdx
+    pop %rcx
+    pop %rax
     iretq
 
 /* Stack: vector, error code, then the CPU's frame (rip, cs, rflags, rsp, ss). */
@@ -338,6 +528,8 @@ fault_entry:
         jmp breakpoint_entry
     .elseif vec == WAKE_VECTOR
         jmp wake_entry
+    .elseif vec == TICK_VECTOR
+        jmp tick_entry
     .elseif vec == SPURIOUS_VECTOR
         iretq                       /* spurious: no EOI */
     .elseif vec >= DEVICE_VECTOR_BASE
@@ -359,7 +551,7 @@ fault_entry:
 .set cpu, 0
 .rept MAX_CPUS
     .long 0
-    .quad kstacks + (cpu + 1) * KSTACK_SIZE   /* RSP0 */
+    .quad kstacks + (cpu + 1) * KSTACK_SIZE - 16   /* RSP0; the top qword: see the scheduler */
     .fill 88, 1, 0                  /* RSP1, RSP2, IST1-7, reserved */
     .short 0
     .short 104                      /* I/O map base beyond the limit: no I/O bitmap */

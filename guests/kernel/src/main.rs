@@ -44,6 +44,8 @@ unsafe extern "C" {
     /// The identity map's page-directory-pointer table (boot.S): entry `i` maps
     /// `[i GiB, i + 1 GiB)`; entries 0-3 point to 2 MiB page directories.
     static pdpt: [u64; 512];
+    /// The CPUs' kernel stacks, `KSTACK_SIZE` each (boot.S).
+    static kstacks: u8;
 }
 
 const START_INFO_MAGIC: u32 = 0x336e_c578;
@@ -55,6 +57,10 @@ const SEL_TSS0: u16 = 0x30;
 const WAKE_VECTOR: u32 = 32;
 const SPURIOUS_VECTOR: u32 = 47;
 const USER_STACK_SIZE: u64 = 256 << 10;
+/// Each CPU's kernel stack (boot.S's KSTACK_SIZE) and TSS (TSS_BASE, TSS_SIZE).
+const KSTACK_SIZE: u64 = 16384;
+const TSS_BASE: u64 = 0x10_1000;
+const TSS_SIZE: u64 = 128;
 /// boot.S's identity map ends here; ring 3 maps RAM above it (`BootInfo::high_tables`).
 const MAPPED_END: u64 = 4 << 30;
 /// The PDPT maps at most this much (one PML4 entry); nothing is ever mapped above.
@@ -76,6 +82,13 @@ const ICR_WAKE_ONE: u32 = (1 << 14) | WAKE_VECTOR;
 /// x2APIC LVT timer in TSC-deadline mode, delivering WAKE_VECTOR.
 const LVT_TSC_DEADLINE: u64 = (2 << 17) | WAKE_VECTOR as u64;
 const MSR_TSC_DEADLINE: u32 = 0x6E0;
+/// x2APIC timer registers: LVT timer, initial count, divide configuration.
+const MSR_LVT_TIMER: u32 = 0x832;
+const MSR_TIMER_INITIAL: u32 = 0x838;
+const MSR_TIMER_DIVIDE: u32 = 0x83E;
+/// LVT timer: periodic mode, mask bit.
+const LVT_PERIODIC: u64 = 1 << 17;
+const LVT_MASKED: u64 = 1 << 16;
 
 /// Data written once by the BSP before any AP starts, read-only afterwards.
 struct BspWritten<T>(UnsafeCell<T>);
@@ -101,6 +114,8 @@ static BOOT_INFO: BspWritten<BootInfo> = BspWritten(UnsafeCell::new(BootInfo {
 }));
 /// Ring-3 stacks: `USER_STACK_SIZE` per CPU from here.
 static USER_STACKS: BspWritten<u64> = BspWritten(UnsafeCell::new(0));
+/// The LAPIC timer's rate (CPUID 0x40000010 EBX), 0 if the hypervisor does not say.
+static APIC_TIMER_KHZ: BspWritten<u64> = BspWritten(UnsafeCell::new(0));
 /// The BSP's APIC ID: APs interrupt it when they check in.
 static BSP_APIC_ID: BspWritten<u32> = BspWritten(UnsafeCell::new(0));
 static APS_READY: AtomicU32 = AtomicU32::new(0);
@@ -130,7 +145,7 @@ extern "C" fn bsp_main(start_info: u32) -> ! {
         boot_failure("no-runtime-image");
     }
     let hypervisor = leaf1[2] & (1 << 31) != 0;
-    let tsc_khz = tsc_khz(hypervisor);
+    let (tsc_khz, apic_timer_khz) = tsc_khz(hypervisor);
     let bsp_apic_id = leaf1[1] >> 24;
     let cpus = discover_cpus(si, bsp_apic_id as u8);
     let (stacks, heap_start, heap_end) = memory_layout(si, cpus);
@@ -144,6 +159,7 @@ extern "C" fn bsp_main(start_info: u32) -> ! {
     // SAFETY: BSP-only, before the APs start (see `BspWritten`).
     unsafe {
         *USER_STACKS.0.get() = stacks;
+        *APIC_TIMER_KHZ.0.get() = apic_timer_khz;
         *BSP_APIC_ID.0.get() = bsp_apic_id;
         let info = &mut *BOOT_INFO.0.get();
         info.cpus = cpus;
@@ -227,12 +243,19 @@ extern "C" fn kumo_trap(number: u64, a: u64, b: u64, c: u64) -> u64 {
             if !TSC_DEADLINE.load(Ordering::Relaxed) {
                 return 1;
             }
-            wrmsr(0x832, LVT_TSC_DEADLINE);
-            wrmsr(MSR_TSC_DEADLINE, a);
-            // SAFETY: the timer (and any IPI) lands on the wake vector, whose handler
-            // only acknowledges; `sti; hlt` leaves no window to miss it.
+            // With the scheduler's tick running, the tick ends the halt (the caller
+            // may be woken early: it checks the time and sleeps again).
+            let ticking = ticking();
+            if !ticking {
+                wrmsr(MSR_LVT_TIMER, LVT_TSC_DEADLINE);
+                wrmsr(MSR_TSC_DEADLINE, a);
+            }
+            // SAFETY: the timer (and any IPI) lands on the wake vector (or the tick's),
+            // whose handler only acknowledges; `sti; hlt` leaves no window to miss it.
             unsafe { asm!("sti", "hlt", "cli", options(nomem, nostack)) };
-            wrmsr(MSR_TSC_DEADLINE, 0);
+            if !ticking {
+                wrmsr(MSR_TSC_DEADLINE, 0);
+            }
             0
         }
         call::WAIT_UNTIL => {
@@ -243,14 +266,21 @@ extern "C" fn kumo_trap(number: u64, a: u64, b: u64, c: u64) -> u64 {
             // interrupts off; the timer lands on the wake vector (acknowledge only).
             unsafe {
                 if read_volatile(a as *const u32) == b as u32 {
-                    wrmsr(0x832, LVT_TSC_DEADLINE);
-                    wrmsr(MSR_TSC_DEADLINE, c);
+                    let ticking = ticking();
+                    if !ticking {
+                        wrmsr(MSR_LVT_TIMER, LVT_TSC_DEADLINE);
+                        wrmsr(MSR_TSC_DEADLINE, c);
+                    }
                     asm!("sti", "hlt", "cli", options(nomem, nostack));
-                    wrmsr(MSR_TSC_DEADLINE, 0);
+                    if !ticking {
+                        wrmsr(MSR_TSC_DEADLINE, 0);
+                    }
                 }
             }
             0
         }
+        call::SCHED_START => sched_start(a, b),
+        call::SCHED_STOP => sched_stop(),
         _ => u64::MAX,
     }
 }
@@ -298,24 +328,28 @@ fn panic(info: &core::panic::PanicInfo) -> ! {
 // Boot steps.
 
 /// TSC kHz: the hypervisor timing leaf (kumo, VMware, QEMU with invtsc), else CPUID
-/// 0x15 (crystal clock), else measured against PIT channel 2 (TCG).
-fn tsc_khz(hypervisor: bool) -> u64 {
+/// 0x15 (crystal clock), else measured against PIT channel 2 (TCG); and the LAPIC
+/// timer's kHz if that leaf gives it (else 0).
+fn tsc_khz(hypervisor: bool) -> (u64, u64) {
+    let mut apic_khz = 0;
     if hypervisor {
         let max_leaf = cpuid(0x4000_0000, 0)[0];
         if (0x4000_0010..0x4000_0100).contains(&max_leaf) {
-            let khz = cpuid(0x4000_0010, 0)[0];
+            let [khz, apic, _, _] = cpuid(0x4000_0010, 0);
+            apic_khz = u64::from(apic);
             if khz != 0 {
-                return u64::from(khz);
+                return (u64::from(khz), apic_khz);
             }
         }
     }
     if cpuid(0, 0)[0] >= 0x15 {
         let [denominator, numerator, crystal_hz, _] = cpuid(0x15, 0);
         if denominator != 0 && numerator != 0 && crystal_hz != 0 {
-            return u64::from(crystal_hz) * u64::from(numerator) / u64::from(denominator) / 1000;
+            let khz = u64::from(crystal_hz) * u64::from(numerator) / u64::from(denominator) / 1000;
+            return (khz, apic_khz);
         }
     }
-    pit_calibrate()
+    (pit_calibrate(), apic_khz)
 }
 
 /// Counts TSC ticks over ~10 ms of PIT channel 2 (mode 0, gate on, speaker off).
@@ -543,6 +577,10 @@ fn enter_user(cpu: u32, entry: u64) -> ! {
     // SAFETY: written by the BSP before any AP started.
     let stacks = unsafe { *USER_STACKS.0.get() };
     let stack_top = stacks + (u64::from(cpu) + 1) * USER_STACK_SIZE;
+    // No run queue on this CPU (boot.S's interrupt entries read this slot).
+    // SAFETY: the top qword of this CPU's own kernel stack, above its TSS RSP0; only
+    // `call bsp_main`/`call ap_main`'s return address was there, and they never return.
+    unsafe { write_volatile(run_queue_slot(cpu), 0) };
     // SAFETY: a well-formed iretq frame to ring-3 selectors of our GDT; the runtime's
     // entry and stack are mapped (identity map, U/S set).
     unsafe {
@@ -558,6 +596,67 @@ fn enter_user(cpu: u32, entry: u64) -> ! {
             options(noreturn),
         )
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// The scheduler's set-up (the switching itself is boot.S's).
+
+/// The top qword of CPU `cpu`'s own kernel stack: its run queue's address, or 0.
+fn run_queue_slot(cpu: u32) -> *mut u64 {
+    let top = &raw const kstacks as u64 + (u64::from(cpu) + 1) * KSTACK_SIZE;
+    (top - 8) as *mut u64
+}
+
+/// `call::SCHED_START`: this CPU multiplexes the run queue at `rq` (the caller is its
+/// current task, on the CPU's own kernel stack), with a tick at `hz` (0: none).
+fn sched_start(rq: u64, hz: u64) -> u64 {
+    // SAFETY: written by the BSP before any AP started.
+    let apic_khz = unsafe { *APIC_TIMER_KHZ.0.get() };
+    if !x2apic() || (hz != 0 && (apic_khz == 0 || hz > 1_000_000)) {
+        return 1;
+    }
+    let cpu = current_cpu();
+    let tss_rsp0 = TSS_BASE + u64::from(cpu) * TSS_SIZE + 4;
+    // SAFETY: ring 3 passes its run queue (identity-mapped, ours to read and write
+    // while it is installed); the TSS field and the stack slot are this CPU's own.
+    unsafe {
+        let queue = rq as *mut kumo_abi::sched::RunQueue;
+        (*queue).tss_rsp0 = tss_rsp0;
+        let current = (*queue).current as usize;
+        (*queue).tasks[current].kstack_top = read_unaligned(tss_rsp0 as *const u64);
+        (*queue).left = (*queue).slice;
+        write_volatile(run_queue_slot(cpu), rq);
+    }
+    // hz 0: no tick.
+    if let Some(count) = (apic_khz * 1000).checked_div(hz) {
+        wrmsr(MSR_TIMER_DIVIDE, 0b1011); // divide by 1
+        wrmsr(
+            MSR_LVT_TIMER,
+            LVT_PERIODIC | u64::from(kumo_abi::sched::TICK_VECTOR),
+        );
+        wrmsr(MSR_TIMER_INITIAL, count);
+    }
+    0
+}
+
+/// `call::SCHED_STOP`: the tick off, the run queue forgotten.
+fn sched_stop() -> u64 {
+    if !x2apic() {
+        return 1;
+    }
+    wrmsr(MSR_TIMER_INITIAL, 0);
+    wrmsr(
+        MSR_LVT_TIMER,
+        LVT_MASKED | u64::from(kumo_abi::sched::TICK_VECTOR),
+    );
+    // SAFETY: this CPU's own stack slot.
+    unsafe { write_volatile(run_queue_slot(current_cpu()), 0) };
+    0
+}
+
+/// Whether this CPU's LAPIC timer is the scheduler's periodic tick.
+fn ticking() -> bool {
+    rdmsr(MSR_LVT_TIMER) & (LVT_PERIODIC | LVT_MASKED) == LVT_PERIODIC
 }
 
 fn load_task_register(cpu: u32) {

@@ -16,6 +16,8 @@ mod net;
 mod network;
 mod pci;
 mod probe;
+mod sched;
+mod schedprobe;
 mod stats;
 mod sync;
 mod sys;
@@ -98,11 +100,80 @@ struct MpiJob {
 }
 
 impl MpiJob {
-    /// Runs CPU `cpu`'s rank, if it has one (true if it has none).
-    fn run(&self, info: &BootInfo, cpu: u32) -> bool {
-        (cpu as usize) >= self.net.local
-            || network::run_rank(info, &self.net, self.spin_us, &self.specs[..self.count], cpu)
+    /// Runs CPU `cpu`'s ranks, if it has any (true if it has none): one, or with a
+    /// scheduler (`ranks_per_vcpu=`, `guest_hz=`) each as a task of its own.
+    fn run(&self, info: &'static BootInfo, cpu: u32) -> bool {
+        let net = &self.net;
+        let first = cpu as usize * net.per_cpu;
+        if first >= net.local {
+            return true;
+        }
+        let specs = &self.specs[..self.count];
+        let Some(hz) = net.tick_hz() else {
+            return network::run_rank(info, net, self.spin_us, specs, first, cpu, false);
+        };
+        let count = net.per_cpu.min(net.local - first);
+        let ranks = CpuRanks {
+            job: self,
+            info,
+            cpu,
+            first,
+            verdicts: [const { AtomicBool::new(false) }; sched::MAX_TASKS],
+        };
+        let tasks = sched::Tasks {
+            count,
+            hz,
+            slice: net.slice,
+            memory: net.layout(info).tasks + cpu as u64 * sched::Tasks::bytes(net.per_cpu),
+        };
+        let started = sys::rdtsc();
+        if let Err(e) = sched::run(cpu, tasks, &raw const ranks as u64, run_cpu_rank) {
+            let mut line = Line::new();
+            let _ = write!(line, "@kumo error what=sched item={} cpu={cpu}", e.name());
+            line.emit();
+            return false;
+        }
+        let (ticks, switches, halts) = sched::counters(cpu);
+        let mut line = Line::new();
+        let _ = write!(
+            line,
+            "@kumo sched cpu={cpu} tasks={count} hz={hz} slice={} ticks={ticks} \
+             switches={switches} halts={halts} wait={} run_ms={:.1}",
+            net.slice,
+            net.wait.name(),
+            (sys::rdtsc() - started) as f64 / info.tsc_khz as f64,
+        );
+        line.emit();
+        ranks.verdicts[..count]
+            .iter()
+            .all(|v| v.load(Ordering::Relaxed))
     }
+}
+
+/// The ranks of one CPU's scheduler (`MpiJob::run`), on its stack until they are done.
+struct CpuRanks<'a> {
+    job: &'a MpiJob,
+    info: &'static BootInfo,
+    cpu: u32,
+    first: usize,
+    verdicts: [AtomicBool; sched::MAX_TASKS],
+}
+
+/// A task of `MpiJob::run`'s scheduler: runs rank `first + task` of the CPU.
+extern "C" fn run_cpu_rank(arg: u64, task: u64) {
+    // SAFETY: `MpiJob::run` passes its `CpuRanks`, which outlives every task's rank.
+    let ranks = unsafe { &*(arg as *const CpuRanks) };
+    let job = ranks.job;
+    let ok = network::run_rank(
+        ranks.info,
+        &job.net,
+        job.spin_us,
+        &job.specs[..job.count],
+        ranks.first + task as usize,
+        ranks.cpu,
+        true,
+    );
+    ranks.verdicts[task as usize].store(ok, Ordering::Relaxed);
 }
 
 /// Each CPU's verdict on its part of the last fork (workers write theirs before JOIN).
@@ -115,6 +186,8 @@ enum Probe {
     Wake { millis: u64, period_us: u64 },
     Busy { millis: u64 },
     Gap { millis: u64 },
+    /// `probe=sched:MS`: the guest scheduler's costs (`schedprobe`).
+    Sched { millis: u64 },
 }
 
 fn parse_probe(text: &str) -> Option<Probe> {
@@ -126,6 +199,7 @@ fn parse_probe(text: &str) -> Option<Probe> {
         "switch" => Probe::Switch { millis },
         "busy" => Probe::Busy { millis },
         "gap" => Probe::Gap { millis },
+        "sched" => Probe::Sched { millis },
         "wake" => Probe::Wake {
             millis,
             period_us: number().filter(|&us| (10..=1_000_000).contains(&us))?,
@@ -148,7 +222,7 @@ extern "C" fn user_main(info: &'static BootInfo, cpu: u32) -> ! {
         // SAFETY: written by the master before FORK, not written again before JOIN.
         match unsafe { *JOB.0.get() } {
             Some(Job::Benchmark(spec)) => {
-                let _ = run_share(info, spec, cpu);
+                let _ = run_share_ticking(info, spec, cpu);
             }
             Some(Job::Green) => BALLOON.carry(cpu as usize),
             Some(Job::SwitchProbe(millis)) => probe::run_share(info, cpu, millis),
@@ -162,7 +236,7 @@ extern "C" fn user_main(info: &'static BootInfo, cpu: u32) -> ! {
     }
 }
 
-fn master(info: &BootInfo) -> ! {
+fn master(info: &'static BootInfo) -> ! {
     highmem::map(info);
     sys::mark_start();
     let mut line = Line::new();
@@ -181,6 +255,10 @@ fn master(info: &BootInfo) -> ! {
         Err(()) => end(STATUS_BAD_COMMAND_LINE),
     };
     sync::set_spin_ticks(info.tsc_khz * plan.spin_us / 1000);
+    if !plan.mpi {
+        // `guest_hz=` without MPI ranks: the benchmarks run under the tick alone.
+        TICK_HZ.store(plan.net.hz.unwrap_or(0), Ordering::Relaxed);
+    }
     sync::use_pv_wait(plan.pv_wait);
     if plan.balloon.is_some() {
         sys::pv_host_cpus(HOST_CPUS.as_ptr());
@@ -224,6 +302,9 @@ fn master(info: &BootInfo) -> ! {
         Some(Probe::Gap { millis }) => {
             all_verified &= probe::gap(info, millis);
         }
+        Some(Probe::Sched { millis }) => {
+            all_verified &= schedprobe::run(info, millis, plan.net.hz);
+        }
         None => {}
     }
     if let Some(mode) = plan.irq {
@@ -264,7 +345,7 @@ fn idle(info: &BootInfo, millis: u64) {
 
 /// Forks this VM's MPI ranks over its CPUs (CPU 0 runs the first) and joins them; true
 /// if every rank verified.
-fn run_mpi(info: &BootInfo, plan: &Plan) -> bool {
+fn run_mpi(info: &'static BootInfo, plan: &Plan) -> bool {
     if !network::prepare(info, &plan.net) {
         return false;
     }
@@ -295,7 +376,7 @@ fn end(status: u32) -> ! {
 /// Forks `spec` over every CPU (as green threads of [`BALLOON`] with `balloon`, whose
 /// carriers spin that long at their barriers), joins, and prints the master's result
 /// line.
-fn run_benchmark(info: &BootInfo, spec: Spec, balloon: Option<u64>) -> bool {
+fn run_benchmark(info: &'static BootInfo, spec: Spec, balloon: Option<u64>) -> bool {
     let threads = info.cpus;
     let green = balloon.is_some();
     let stacks = if green { green_stacks(info) } else { 0 };
@@ -312,7 +393,7 @@ fn run_benchmark(info: &BootInfo, spec: Spec, balloon: Option<u64>) -> bool {
         // SAFETY: the workers read JOB only after FORK.
         unsafe { *JOB.0.get() = Some(Job::Benchmark(spec)) };
         FORK.wait(threads);
-        let outcome = run_share(info, spec, 0);
+        let outcome = run_share_ticking(info, spec, 0);
         JOIN.wait(threads);
         outcome
     };
@@ -365,6 +446,66 @@ fn print_barrier_stats(info: &BootInfo, spec: Spec, stats: &sync::Stats) {
         stats.resumes,
     );
     line.emit();
+}
+
+/// `guest_hz=` of a run without MPI: every CPU takes the scheduler's tick (one task:
+/// nothing to switch) while it runs its share; 0: no tick.
+static TICK_HZ: AtomicU64 = AtomicU64::new(0);
+
+/// [`run_share`] with this CPU's tick on, if `guest_hz=` asks for one.
+fn run_share_ticking(info: &'static BootInfo, spec: Spec, cpu: u32) -> npb::Outcome {
+    let hz = TICK_HZ.load(Ordering::Relaxed);
+    if hz == 0 {
+        return run_share(info, spec, cpu);
+    }
+    struct Share {
+        info: &'static BootInfo,
+        spec: Spec,
+        cpu: u32,
+        outcome: UnsafeCell<Option<npb::Outcome>>,
+    }
+    extern "C" fn body(arg: u64, _task: u64) {
+        // SAFETY: `run_share_ticking` passes its `Share`, alive until `sched::run`
+        // returns; only this (single) task writes the outcome.
+        let share = unsafe { &*(arg as *const Share) };
+        let outcome = run_share(share.info, share.spec, share.cpu);
+        // SAFETY: as above.
+        unsafe { *share.outcome.get() = Some(outcome) };
+    }
+    let share = Share {
+        info,
+        spec,
+        cpu,
+        outcome: UnsafeCell::new(None),
+    };
+    let tasks = sched::Tasks {
+        count: 1,
+        hz,
+        slice: 1,
+        memory: 0,
+    };
+    let started = sys::rdtsc();
+    if let Err(e) = sched::run(cpu, tasks, &raw const share as u64, body) {
+        let mut line = Line::new();
+        let _ = write!(line, "@kumo error what=sched item={} cpu={cpu}", e.name());
+        line.emit();
+        return run_share(info, spec, cpu);
+    }
+    let (ticks, _, _) = sched::counters(cpu);
+    let mut line = Line::new();
+    let _ = write!(
+        line,
+        "@kumo sched cpu={cpu} tasks=1 hz={hz} slice=1 ticks={ticks} switches=0 halts=0 \
+         wait=none run_ms={:.1}",
+        (sys::rdtsc() - started) as f64 / info.tsc_khz as f64,
+    );
+    line.emit();
+    share.outcome.into_inner().unwrap_or(npb::Outcome {
+        seconds: 0.0,
+        mops: 0.0,
+        verified: false,
+        values: npb::Values::new(),
+    })
 }
 
 /// This CPU's part of `spec`: every CPU carves the same heap the same way.
@@ -665,6 +806,46 @@ fn parse_command_line(cmdline: &str) -> Result<Plan, ()> {
             if !plan.net.parse_mpi(job) {
                 error("bad-mpi", job);
                 ok = false;
+            }
+        } else if let Some(count) = word.strip_prefix("ranks_per_vcpu=") {
+            match count
+                .parse()
+                .ok()
+                .filter(|r| (1..=network::MAX_PER_CPU).contains(r))
+            {
+                Some(r) => plan.net.per_cpu = r,
+                None => {
+                    error("bad-ranks-per-vcpu", count);
+                    ok = false;
+                }
+            }
+        } else if let Some(hz) = word.strip_prefix("guest_hz=") {
+            match hz
+                .parse()
+                .ok()
+                .filter(|h| (1..=network::MAX_HZ).contains(h))
+            {
+                Some(h) => plan.net.hz = Some(h),
+                None => {
+                    error("bad-guest-hz", hz);
+                    ok = false;
+                }
+            }
+        } else if let Some(ticks) = word.strip_prefix("guest_slice=") {
+            match ticks.parse().ok().filter(|t| (1..=1000).contains(t)) {
+                Some(t) => plan.net.slice = t,
+                None => {
+                    error("bad-guest-slice", ticks);
+                    ok = false;
+                }
+            }
+        } else if let Some(flag) = word.strip_prefix("shm=") {
+            match flag {
+                "0" | "1" => plan.net.shm = Some(flag == "1"),
+                _ => {
+                    error("bad-shm", flag);
+                    ok = false;
+                }
             }
         } else if let Some(mode) = word.strip_prefix("wait=") {
             if !plan.net.parse_wait(mode) {

@@ -53,6 +53,94 @@ pub trait Link {
     fn drain(&mut self, until: u64) -> bool;
     /// The clock, in ticks ([`Config::tsc_khz`] per millisecond).
     fn now(&self) -> u64;
+    /// As [`Link::wait`], but also ends (or does not start) when the u32 `bell`
+    /// differs from `seen` (a shared-memory peer rang it: [`Shared`]).
+    fn wait_bell(&mut self, bell: &AtomicU32, seen: u32, until: u64) -> bool {
+        if bell.load(Ordering::SeqCst) != seen {
+            return true;
+        }
+        self.wait(until)
+    }
+    /// `Wait::Yield`: hands the CPU to another rank that shares it (`sched_yield`).
+    fn yield_now(&mut self) {
+        core::hint::spin_loop();
+    }
+    /// A shared-memory peer on another CPU sleeps with its bell rung: wake it.
+    fn kick(&mut self) {}
+}
+
+use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+/// Ranks of one machine that share its memory (MPICH's shared-memory channel): messages
+/// among them go through a ring per ordered pair in that memory instead of the NIC.
+/// Layout at `base` ([`Shared::bytes`]): one 64-byte [`Bell`] per rank, then, page
+/// aligned, a channel per ordered pair `(i, j)` of the group: a page of counters
+/// (bytes written at 0, bytes read at 64) and a ring of `window` bytes. A writer rings
+/// its reader's bell after writing, a reader its writer's after reading (room).
+#[derive(Clone, Copy, Debug)]
+pub struct Shared {
+    /// The group's first rank and its size: ranks `first..first + count`.
+    pub first: usize,
+    pub count: usize,
+    /// The zeroed memory every rank of the group is given ([`Shared::bytes`] of it).
+    pub base: u64,
+    /// This rank's CPU (a peer asleep on another CPU is kicked: [`Link::kick`]).
+    pub cpu: u32,
+}
+
+/// A rank's doorbell: `seq` moves whenever a peer wrote to it or read from it;
+/// `sleeping` is 1 while it may be asleep, on CPU `cpu`.
+#[repr(C)]
+pub struct Bell {
+    pub seq: AtomicU32,
+    pub sleeping: AtomicU32,
+    pub cpu: AtomicU32,
+}
+
+/// A channel's counters, each on its own cache line.
+#[repr(C)]
+struct Channel {
+    written: AtomicU64,
+    _pad: [u64; 7],
+    read: AtomicU64,
+}
+
+const PAGE: u64 = 4096;
+
+impl Shared {
+    /// Bytes of memory a group of `count` ranks needs with rings of `window` bytes.
+    pub const fn bytes(count: usize, window: u64) -> u64 {
+        Shared::channels_at(count) + (count * count) as u64 * (PAGE + window)
+    }
+
+    const fn channels_at(count: usize) -> u64 {
+        (count as u64 * 64).div_ceil(PAGE) * PAGE
+    }
+
+    pub fn contains(&self, rank: usize) -> bool {
+        (self.first..self.first + self.count).contains(&rank)
+    }
+
+    fn bell(&self, rank: usize) -> u64 {
+        self.base + 64 * (rank - self.first) as u64
+    }
+
+    /// The counters of the channel from `from` to `to` (its ring follows them).
+    fn channel(&self, from: usize, to: usize, window: u64) -> u64 {
+        let pair = ((from - self.first) * self.count + (to - self.first)) as u64;
+        self.base + Shared::channels_at(self.count) + pair * (PAGE + window)
+    }
+}
+
+fn bell_at(address: u64) -> &'static Bell {
+    // SAFETY: an address inside the group's shared memory (`Shared::bell`), aligned,
+    // valid for the job's life; every access is atomic.
+    unsafe { &*(address as *const Bell) }
+}
+
+fn channel_at(address: u64) -> &'static Channel {
+    // SAFETY: as `bell_at` (`Shared::channel`).
+    unsafe { &*(address as *const Channel) }
 }
 
 /// Largest Ethernet frame (no FCS): 14-byte header and a 9000-byte ("jumbo") payload.
@@ -109,10 +197,13 @@ const SCRATCH_BYTES: u64 = 256 << 10;
 /// How a rank waits for the network.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Wait {
-    /// Busy-poll the rings (as MPI libraries do).
+    /// Busy-poll the rings (as MPI libraries do); a guest tick preempts.
     Spin,
     /// Poll briefly, then sleep in the supervisor until the NIC's interrupt.
     Block,
+    /// Poll briefly, then hand the CPU to another rank sharing it, again after every
+    /// idle poll (MPICH with `sched_yield`).
+    Yield,
 }
 
 impl Wait {
@@ -120,6 +211,7 @@ impl Wait {
         match self {
             Wait::Spin => "spin",
             Wait::Block => "block",
+            Wait::Yield => "yield",
         }
     }
 }
@@ -231,6 +323,11 @@ struct Peer {
     sends_done: u64,
     recvs_started: u64,
     recvs_done: u64,
+    /// A peer in shared memory ([`Shared`]): our channel to it and its to us (their
+    /// counters' addresses), and its bell; 0 for a peer across the network.
+    chan_out: u64,
+    chan_in: u64,
+    bell: u64,
 }
 
 const PEER: Peer = Peer {
@@ -260,6 +357,9 @@ const PEER: Peer = Peer {
     sends_done: 0,
     recvs_started: 0,
     recvs_done: 0,
+    chan_out: 0,
+    chan_in: 0,
+    bell: 0,
 };
 
 /// Protocol counters, for the `@kumo mpistats` line.
@@ -341,19 +441,40 @@ pub struct Mpi<L: Link> {
     cfg: Config,
     peers: [Peer; MAX_RANKS],
     scratch: u64,
+    /// Our bell, if some peers share our memory (0: none).
+    bell: u64,
+    shared_cpu: u32,
     pub stats: Stats,
 }
 
 impl<L: Link> Mpi<L> {
     /// Sets up the streams (a window-sized ring per rank, from `alloc(bytes)`, which
     /// returns the address of memory that stays this MPI's) and finds every other
-    /// rank on the wire.
+    /// rank on the wire. (The guest calls [`Mpi::init_shared`]; the host's loopback
+    /// and tests call this.)
+    #[allow(dead_code)]
     pub fn init(
         nic: L,
         cfg: Config,
+        alloc: impl FnMut(u64) -> Option<u64>,
+    ) -> Result<Mpi<L>, Error> {
+        Mpi::init_shared(nic, cfg, None, alloc)
+    }
+
+    /// As [`Mpi::init`]; the ranks of `shared` (which must include ours) are reached
+    /// through the shared memory it describes (rings of `cfg.window` bytes), the
+    /// others over the link.
+    pub fn init_shared(
+        nic: L,
+        cfg: Config,
+        shared: Option<Shared>,
         mut alloc: impl FnMut(u64) -> Option<u64>,
     ) -> Result<Mpi<L>, Error> {
         if cfg.size == 0 || cfg.size > MAX_RANKS || cfg.rank >= cfg.size {
+            return Err(Error::BadRank);
+        }
+        let shared = shared.filter(|s| s.count > 1);
+        if shared.is_some_and(|s| !s.contains(cfg.rank) || s.first + s.count > cfg.size) {
             return Err(Error::BadRank);
         }
         let mut mpi = Mpi {
@@ -361,16 +482,32 @@ impl<L: Link> Mpi<L> {
             cfg,
             peers: [PEER; MAX_RANKS],
             scratch: alloc(SCRATCH_BYTES).ok_or(Error::OutOfMemory)?,
+            bell: 0,
+            shared_cpu: 0,
             stats: Stats::default(),
         };
         let rto = cfg.tsc_khz * RTO_MIN_MS;
         for (p, peer) in mpi.peers[..cfg.size].iter_mut().enumerate() {
+            peer.rto = rto;
+            peer.cwnd = cfg.window;
+            if let Some(group) = shared.filter(|g| g.contains(p) && p != cfg.rank) {
+                peer.chan_out = group.channel(cfg.rank, p, cfg.window);
+                peer.chan_in = group.channel(p, cfg.rank, cfg.window);
+                peer.ring = peer.chan_in + PAGE;
+                peer.bell = group.bell(p);
+                peer.heard = true;
+                peer.confirmed = true;
+                continue;
+            }
             peer.ring = alloc(cfg.window).ok_or(Error::OutOfMemory)?;
             if p != cfg.rank {
                 peer.send_ring = alloc(cfg.window).ok_or(Error::OutOfMemory)?;
             }
-            peer.rto = rto;
-            peer.cwnd = cfg.window;
+        }
+        if let Some(group) = shared {
+            mpi.bell = group.bell(cfg.rank);
+            mpi.shared_cpu = group.cpu;
+            bell_at(mpi.bell).cpu.store(group.cpu, Ordering::SeqCst);
         }
         let me = &mut mpi.peers[cfg.rank];
         me.heard = true;
@@ -543,6 +680,13 @@ impl<L: Link> Mpi<L> {
             if p == self.cfg.rank {
                 continue;
             }
+            if self.peers[p].chan_in != 0 {
+                // In shared memory: what it has written so far is ours to read.
+                self.peers[p].received = channel_at(self.peers[p].chan_in)
+                    .written
+                    .load(Ordering::Acquire);
+                continue;
+            }
             let peer = self.peers[p];
             if peer.hello_due && peer.heard && self.send_hello(Some(p)) {
                 self.peers[p].hello_due = false;
@@ -595,6 +739,7 @@ impl<L: Link> Mpi<L> {
         for p in 0..self.cfg.size {
             let peer = self.peers[p];
             if p != self.cfg.rank
+                && peer.chan_in == 0
                 && (peer.consumed != peer.acked || peer.received != peer.acked_received)
             {
                 self.send_ack(p, false);
@@ -622,6 +767,9 @@ impl<L: Link> Mpi<L> {
         let entered = self.nic.now();
         let mut last_at = entered;
         loop {
+            // Read before looking: a peer in shared memory that writes after the look
+            // has moved it, and a wait on it does not start.
+            let bell_seen = self.bell_seq();
             let done = step(self)?;
             self.nic.flush();
             if done {
@@ -642,17 +790,90 @@ impl<L: Link> Mpi<L> {
             // Nothing moved: before waiting on, every peer learns what we have
             // consumed (sends only what changed, so at most once per idle spell).
             self.flush_acks();
+            if self.cfg.wait == Wait::Yield && idle > self.cfg.spin_ticks {
+                self.nic.yield_now();
+                continue;
+            }
             if self.cfg.wait == Wait::Block && idle > self.cfg.spin_ticks {
                 let unacked = self.peers[..self.cfg.size]
                     .iter()
                     .any(|p| p.peer_received < p.sent);
                 let slice = if unacked { RTO_MIN_MS } else { BLOCK_SLICE_MS };
-                if self.nic.wait(now + self.ms(slice)) {
+                let until = now + self.ms(slice);
+                let slept = if self.bell != 0 {
+                    let bell = bell_at(self.bell);
+                    bell.sleeping.store(1, Ordering::SeqCst);
+                    let slept = self.nic.wait_bell(&bell.seq, bell_seen, until);
+                    bell.sleeping.store(0, Ordering::SeqCst);
+                    slept
+                } else {
+                    self.nic.wait(until)
+                };
+                if slept {
                     continue;
                 }
             }
             core::hint::spin_loop();
         }
+    }
+
+    /// Our bell's count (0 without shared-memory peers).
+    fn bell_seq(&self) -> u32 {
+        if self.bell == 0 {
+            0
+        } else {
+            bell_at(self.bell).seq.load(Ordering::SeqCst)
+        }
+    }
+
+    /// Tells peer `p` (in shared memory) that its channel moved; wakes it if it may be
+    /// asleep on another CPU.
+    fn ring(&mut self, p: usize) {
+        let bell = bell_at(self.peers[p].bell);
+        bell.seq.fetch_add(1, Ordering::SeqCst);
+        if bell.sleeping.load(Ordering::SeqCst) != 0
+            && bell.cpu.load(Ordering::Relaxed) != self.shared_cpu
+        {
+            self.nic.kick();
+        }
+    }
+
+    /// Writes as much of `op` as fits into our channel to its (shared-memory) peer;
+    /// true when all of it is written.
+    fn pump_shared_send(&mut self, op: &mut SendOp) -> bool {
+        let window = self.cfg.window;
+        let total = op.total();
+        let peer = self.peers[op.dst];
+        let channel = channel_at(peer.chan_out);
+        let read = channel.read.load(Ordering::Acquire);
+        let room = (read + window - peer.sent) as usize;
+        let n = room.min(total - op.offset);
+        let ring = peer.chan_out + PAGE;
+        let mut at = 0;
+        while at < n {
+            let pos = (peer.sent + at as u64) % window;
+            let piece = (n - at).min((window - pos) as usize);
+            // SAFETY: [pos, pos + piece) lies inside the channel's ring (window bytes),
+            // which only we write, and only where its reader has finished reading.
+            let out = unsafe { core::slice::from_raw_parts_mut((ring + pos) as *mut u8, piece) };
+            op.gather(op.offset + at, out);
+            at += piece;
+        }
+        op.offset += n;
+        if n > 0 {
+            let sent = peer.sent + n as u64;
+            channel.written.store(sent, Ordering::Release);
+            let peer = &mut self.peers[op.dst];
+            peer.sent = sent;
+            peer.peer_received = sent;
+            peer.peer_consumed = read;
+            self.ring(op.dst);
+        }
+        if op.offset == total {
+            self.peers[op.dst].sends_done += 1;
+            return true;
+        }
+        false
     }
 
     // ----- point to point -----
@@ -791,6 +1012,9 @@ impl<L: Link> Mpi<L> {
         if self.peers[op.dst].sends_done != op.ticket {
             return false;
         }
+        if self.peers[op.dst].chan_out != 0 {
+            return self.pump_shared_send(op);
+        }
         if op.dst == self.cfg.rank {
             // To ourselves: straight into our own ring.
             let peer = self.peers[op.dst];
@@ -870,6 +1094,27 @@ impl<L: Link> Mpi<L> {
 
     /// Copies what has arrived of `op`'s message; true when all of it has.
     fn pump_recv(&mut self, op: &mut RecvOp) -> Result<bool, Error> {
+        let chan_in = self.peers[op.src].chan_in;
+        if chan_in == 0 {
+            return self.pump_recv_ring(op);
+        }
+        // In shared memory: take what its writer has written, give back what we read.
+        let peer = &mut self.peers[op.src];
+        peer.received = channel_at(chan_in).written.load(Ordering::Acquire);
+        let before = peer.consumed;
+        let result = self.pump_recv_ring(op);
+        let peer = self.peers[op.src];
+        if peer.consumed != before {
+            channel_at(chan_in)
+                .read
+                .store(peer.consumed, Ordering::Release);
+            self.ring(op.src);
+        }
+        result
+    }
+
+    /// [`Mpi::pump_recv`] from the peer's ring, as far as `received` says.
+    fn pump_recv_ring(&mut self, op: &mut RecvOp) -> Result<bool, Error> {
         let window = self.cfg.window;
         let peer = &mut self.peers[op.src];
         if peer.recvs_done != op.ticket {

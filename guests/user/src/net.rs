@@ -70,6 +70,9 @@ pub struct Nic {
     /// stay so before the device is notified again.
     tx_stuck_since: u64,
     tx_remind_ticks: u64,
+    /// The CPU whose scheduler runs this NIC's rank among others (`crate::sched`):
+    /// waits then block the rank, not the CPU.
+    pub scheduled: Option<u32>,
     pub stats: Stats,
 }
 
@@ -139,6 +142,7 @@ impl Nic {
             record: &pci::records(info)[interrupts],
             tx_stuck_since: 0,
             tx_remind_ticks: info.tsc_khz * TX_REMIND_US / 1000,
+            scheduled: None,
             stats: Stats::default(),
         })
     }
@@ -248,6 +252,16 @@ impl Nic {
     /// the TSC reaches `until_tsc`. False if the machine cannot sleep with a deadline
     /// (no TSC-deadline timer): the caller must keep polling.
     pub fn wait(&mut self, until_tsc: u64) -> bool {
+        self.wait_or(until_tsc, None)
+    }
+
+    /// As [`Nic::wait`]; with `bell`, also ends (or does not start) once that word
+    /// differs from the value given.
+    pub fn wait_or(
+        &mut self,
+        until_tsc: u64,
+        bell: Option<(&core::sync::atomic::AtomicU32, u32)>,
+    ) -> bool {
         let seen = pci::count(self.record);
         // Take back what the device finished sending: a used transmit entry left in
         // the ring reads as work below, and the rank would never sleep.
@@ -262,7 +276,18 @@ impl Nic {
         // arrived before is in the rings: look there first.
         let work = self.rx.has_used() || (in_flight && self.tx.has_used());
         if !work {
-            slept = pci::wait_for_interrupt(self.record, seen, until_tsc);
+            let count = (&raw const self.record.count).cast::<u32>();
+            slept = match (self.scheduled, bell) {
+                (Some(cpu), bell) => {
+                    let (word, value) =
+                        bell.map_or((count, seen as u32), |(b, v)| (b.as_ptr().cast_const(), v));
+                    crate::sched::block(cpu, count, seen as u32, word, value, until_tsc);
+                    true
+                }
+                // Not scheduled: a bell rung from another CPU comes with a wake-up IPI.
+                (None, Some((b, v))) if b.load(core::sync::atomic::Ordering::SeqCst) != v => true,
+                (None, _) => pci::wait_for_interrupt(self.record, seen, until_tsc),
+            };
             self.stats.sleeps += u64::from(slept);
         }
         self.rx.set_interrupts(false);
@@ -316,6 +341,21 @@ impl crate::mpi::Link for Nic {
 
     fn wait(&mut self, until: u64) -> bool {
         Nic::wait(self, until)
+    }
+
+    fn wait_bell(&mut self, bell: &core::sync::atomic::AtomicU32, seen: u32, until: u64) -> bool {
+        Nic::wait_or(self, until, Some((bell, seen)))
+    }
+
+    fn yield_now(&mut self) {
+        match self.scheduled {
+            Some(cpu) => crate::sched::yield_now(cpu),
+            None => core::hint::spin_loop(),
+        }
+    }
+
+    fn kick(&mut self) {
+        crate::sys::wake();
     }
 
     fn drain(&mut self, until: u64) -> bool {

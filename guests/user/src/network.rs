@@ -14,7 +14,7 @@ use npb::Spec;
 use npb::team::Arena;
 
 use crate::comm::MpiComm;
-use crate::mpi::{self, Mpi, Op, Request, Wait};
+use crate::mpi::{self, Mpi, Op, Request, Shared, Wait};
 use crate::net::{MAX_NICS, Nic};
 use crate::virtio::Bump;
 use crate::{Line, sys};
@@ -50,8 +50,18 @@ pub struct Plan {
     /// The rank of this VM's first rank.
     pub rank: usize,
     pub size: usize,
-    /// Ranks this VM runs, one per CPU from CPU 0.
+    /// Ranks this VM runs, `per_cpu` per CPU from CPU 0 (rank FIRST + k on CPU
+    /// k / per_cpu).
     pub local: usize,
+    /// `ranks_per_vcpu=R`: ranks multiplexed on one CPU by the supervisor's scheduler.
+    pub per_cpu: usize,
+    /// `guest_hz=H`: the scheduler's tick (None: [`DEFAULT_HZ`] if `per_cpu` > 1, else
+    /// no scheduler); `guest_slice=N`: ticks per slice.
+    pub hz: Option<u64>,
+    pub slice: u64,
+    /// `shm=0|1`: the VM's ranks talk through shared memory (default: when `per_cpu`
+    /// > 1), not their NICs.
+    pub shm: Option<bool>,
     pub wait: Wait,
     pub items: [Option<Item>; MAX_ITEMS],
     pub rounds: Option<u32>,
@@ -66,6 +76,10 @@ impl Plan {
             rank: 0,
             size: 1,
             local: 1,
+            per_cpu: 1,
+            hz: None,
+            slice: 1,
+            shm: None,
             wait: Wait::Spin,
             items: [None; MAX_ITEMS],
             rounds: None,
@@ -103,14 +117,61 @@ impl Plan {
         true
     }
 
-    /// `wait=spin|block`.
+    /// `wait=spin|block|yield`.
     pub fn parse_wait(&mut self, text: &str) -> bool {
         self.wait = match text {
             "spin" => Wait::Spin,
             "block" => Wait::Block,
+            "yield" => Wait::Yield,
             _ => return false,
         };
         true
+    }
+
+    /// The tick of this VM's scheduler, if it runs one.
+    pub fn tick_hz(&self) -> Option<u64> {
+        match self.hz {
+            Some(hz) => Some(hz),
+            None if self.per_cpu > 1 => Some(DEFAULT_HZ),
+            None => None,
+        }
+    }
+
+    /// Whether the VM's ranks talk through shared memory.
+    pub fn shared(&self) -> bool {
+        self.local > 1 && self.shm.unwrap_or(self.per_cpu > 1)
+    }
+
+    /// CPUs that run ranks.
+    pub fn cpus_used(&self) -> usize {
+        self.local.div_ceil(self.per_cpu)
+    }
+
+    /// Where the heap goes: the shared-memory channels, the scheduler's tasks, then
+    /// one equal share per rank.
+    pub fn layout(&self, info: &BootInfo) -> Layout {
+        let mut at = (info.heap_start + 4095) & !4095;
+        let shm = if self.shared() {
+            let base = at;
+            at += Shared::bytes(self.local, WINDOW);
+            base
+        } else {
+            0
+        };
+        let tasks = if self.tick_hz().is_some() {
+            let base = at;
+            at += self.cpus_used() as u64 * crate::sched::Tasks::bytes(self.per_cpu);
+            base
+        } else {
+            0
+        };
+        let share = (info.heap_end.saturating_sub(at) / self.local as u64) & !4095;
+        Layout {
+            shm,
+            tasks,
+            start: at,
+            share,
+        }
     }
 
     /// `net=ITEM+ITEM...`, items `check` and `pingpong:SIZE,SIZE,...`.
@@ -140,6 +201,23 @@ impl Plan {
     }
 }
 
+/// The tick of a scheduler nobody chose the rate of: a 2009 Linux guest's HZ.
+pub const DEFAULT_HZ: u64 = 250;
+/// Most ranks on one CPU, and the highest tick (the LAPIC timer's period is at least
+/// 200 µs on some hosts).
+pub const MAX_PER_CPU: usize = 16;
+pub const MAX_HZ: u64 = 5000;
+
+/// How a VM's heap is cut ([`Plan::layout`]): the shared-memory channels (0: none),
+/// each CPU's task memory (0: no scheduler), and the ranks' shares from `start`.
+#[derive(Clone, Copy)]
+pub struct Layout {
+    pub shm: u64,
+    pub tasks: u64,
+    pub start: u64,
+    pub share: u64,
+}
+
 /// `SIZE,SIZE,...`: at most MAX_SIZES sizes of at most MAX_PINGPONG bytes.
 fn parse_sizes(list: &str) -> Option<([u64; MAX_SIZES], usize)> {
     let mut sizes = [0u64; MAX_SIZES];
@@ -165,15 +243,33 @@ fn error(what: &str, item: &str) {
 /// What the master checks and sets up, on CPU 0, before it forks the ranks: that every
 /// rank has a CPU, and every NIC its BARs. False (reported) if not.
 pub fn prepare(info: &BootInfo, plan: &Plan) -> bool {
-    if plan.local > info.cpus as usize {
+    if plan.cpus_used() > info.cpus as usize {
         let mut line = Line::new();
         let _ = write!(
             line,
-            "@kumo error what=mpi item=ranks-without-cpu local={} cpus={}",
-            plan.local, info.cpus
+            "@kumo error what=mpi item=ranks-without-cpu local={} cpus={} ranks_per_vcpu={}",
+            plan.local, info.cpus, plan.per_cpu
         );
         line.emit();
         return false;
+    }
+    let layout = plan.layout(info);
+    if layout.share < 4096 {
+        error("mpi", "out-of-memory");
+        return false;
+    }
+    if layout.shm != 0 {
+        // The bells and every channel's counters start at zero (the rings need not).
+        let bytes = Shared::bytes(plan.local, WINDOW);
+        let channel = 4096 + WINDOW;
+        let bells = bytes - (plan.local * plan.local) as u64 * channel;
+        // SAFETY: the layout's shared-memory area, ours alone until the ranks start.
+        unsafe {
+            core::ptr::write_bytes(layout.shm as *mut u8, 0, bells as usize);
+            for pair in 0..(plan.local * plan.local) as u64 {
+                core::ptr::write_bytes((layout.shm + bells + pair * channel) as *mut u8, 0, 4096);
+            }
+        }
     }
     if let Err(e) = crate::virtio::place_bars(info) {
         error("net", e.name());
@@ -182,22 +278,37 @@ pub fn prepare(info: &BootInfo, plan: &Plan) -> bool {
     true
 }
 
-/// Runs this VM's rank on CPU `cpu` (below `plan.local`): its share of the heap, the
-/// NPB-MPI kernels `specs` (`npb=` with `mpi=`), then the `net=` items; true if
-/// everything verified.
-pub fn run_rank(info: &BootInfo, plan: &Plan, spin_us: u64, specs: &[Spec], cpu: u32) -> bool {
-    let share = ((info.heap_end - info.heap_start) / plan.local as u64) & !4095;
-    let start = info.heap_start + u64::from(cpu) * share;
-    let mut memory = Bump::new(start, start + share);
-    let nic = match Nic::open(info, &mut memory, cpu as usize, cpu) {
+/// Runs this VM's `index`-th rank (below `plan.local`) on CPU `cpu`: its share of the
+/// heap, the NPB-MPI kernels `specs` (`npb=` with `mpi=`), then the `net=` items; true
+/// if everything verified. `scheduled`: the CPU's scheduler runs it among others.
+pub fn run_rank(
+    info: &BootInfo,
+    plan: &Plan,
+    spin_us: u64,
+    specs: &[Spec],
+    index: usize,
+    cpu: u32,
+    scheduled: bool,
+) -> bool {
+    let layout = plan.layout(info);
+    let start = layout.start + index as u64 * layout.share;
+    let mut memory = Bump::new(start, start + layout.share);
+    let mut nic = match Nic::open(info, &mut memory, index, cpu) {
         Ok(nic) => nic,
         Err(e) => {
             error("net", e.name());
             return false;
         }
     };
+    nic.scheduled = scheduled.then_some(cpu);
+    let shared = (layout.shm != 0).then_some(Shared {
+        first: plan.rank,
+        count: plan.local,
+        base: layout.shm,
+        cpu,
+    });
     let cfg = mpi::Config {
-        rank: plan.rank + cpu as usize,
+        rank: plan.rank + index,
         size: plan.size,
         wait: plan.wait,
         tsc_khz: info.tsc_khz,
@@ -207,7 +318,7 @@ pub fn run_rank(info: &BootInfo, plan: &Plan, spin_us: u64, specs: &[Spec], cpu:
         drop_every: plan.drop_every,
     };
     let start = sys::rdtsc();
-    let mut mpi = match Mpi::init(nic, cfg, |bytes| memory.alloc(bytes, 4096).ok()) {
+    let mut mpi = match Mpi::init_shared(nic, cfg, shared, |bytes| memory.alloc(bytes, 4096).ok()) {
         Ok(mpi) => mpi,
         Err(e) => {
             report_error(e);
@@ -243,7 +354,7 @@ pub fn run_rank(info: &BootInfo, plan: &Plan, spin_us: u64, specs: &[Spec], cpu:
         .unwrap_or(0);
     let stride = (heap_len as u64).next_multiple_of(4096);
     let heap = crate::highmem::room(info, stride * plan.local as u64)
-        .map(|(start, _)| start + u64::from(cpu) * stride)
+        .map(|(start, _)| start + index as u64 * stride)
         .or_else(|| memory.alloc(heap_len as u64, 4096).ok())
         .map(|base| (base, heap_len));
     for &spec in specs {

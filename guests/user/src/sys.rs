@@ -127,3 +127,25 @@ pub fn rdtsc() -> u64 {
     // SAFETY: RDTSC is allowed in ring 3 (CR4.TSD clear) and has no side effects.
     unsafe { core::arch::x86_64::_rdtsc() }
 }
+
+/// This CPU multiplexes the tasks of `queue` (the caller is its current task), ticking
+/// at `hz` (0: no tick); false if the machine cannot (no x2APIC or timer rate).
+pub fn sched_start(queue: *mut kumo_abi::sched::RunQueue, hz: u64) -> bool {
+    // SAFETY: the run queue is ours and stays valid (a static) until `sched_stop`;
+    // the supervisor reads and writes it only while it is installed.
+    unsafe { trap(call::SCHED_START, queue as u64, hz) == 0 }
+}
+
+/// This CPU's scheduler off (only from the task that started it).
+pub fn sched_stop() {
+    // SAFETY: no pointers involved.
+    unsafe { trap(call::SCHED_STOP, 0, 0) };
+}
+
+/// Hands the CPU to the next runnable task of this CPU's run queue (see
+/// `kumo_abi::call::SWITCH`); returns when this task runs again.
+pub fn switch() {
+    // SAFETY: no pointers involved; the supervisor saves and restores every register
+    // of this task (vector registers too) around the switch.
+    unsafe { trap(call::SWITCH, 0, 0) };
+}
