@@ -956,6 +956,7 @@ impl Mode {
             ],
             Mode::Kernel => &[
                 "kernel",
+                "json",
                 "memory",
                 "huge_pages",
                 "cmdline",

@@ -17,6 +17,9 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .init();
+    // The host CPUs kumo may use are read once, here, before any thread is pinned:
+    // a node pins the thread that runs it, and a count taken then would be 1.
+    hv::placement::host_cpus();
     // First, before any thread exists: every thread inherits the blocked signals.
     if let Err(e) = kumo::signals::install() {
         eprintln!("kumo: error: cannot set up signal handling: {e}");

@@ -399,7 +399,19 @@ pub fn run_kernel(args: &VmArgs, kernel: &Path, epoch: Instant) -> Result<u8> {
     }
     .attach(&mut vm)?;
     // The console never fails: a closed stdout loses output, not the verdict below.
-    let outcome = vm.run(Box::new(crate::output::Stdout), epoch)?;
+    // With --json the guest's `@kumo` lines are collected (the rest goes to stderr)
+    // and printed as JSON rows once it ends.
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let console: Box<dyn Write + Send> = if args.json {
+        Box::new(GuestConsole {
+            parser: LineParser::default(),
+            events: Arc::clone(&events),
+            record: None,
+        })
+    } else {
+        Box::new(crate::output::Stdout)
+    };
+    let outcome = vm.run(console, epoch)?;
     drop(attached);
     if args.kvm_stats {
         crate::kvm_stats::print(&outcome.kvm_stats, args.json);
@@ -413,7 +425,7 @@ pub fn run_kernel(args: &VmArgs, kernel: &Path, epoch: Instant) -> Result<u8> {
             d.as_secs_f64() * 1e3
         );
     }
-    Ok(match outcome.exit {
+    let code = match outcome.exit {
         GuestExit::DebugExit(v) => (v & 0xff) as u8,
         GuestExit::Fault(report) => {
             let what = match report.reason {
@@ -431,7 +443,38 @@ pub fn run_kernel(args: &VmArgs, kernel: &Path, epoch: Instant) -> Result<u8> {
             eprintln!("kumo: {cause}");
             report::stop_status(cause)
         }
-    })
+    };
+    if args.json {
+        let events = std::mem::take(&mut *events.lock().unwrap_or_else(|e| e.into_inner()));
+        print_kernel_json(&events, code);
+    }
+    Ok(code)
+}
+
+/// A `--kernel` run's `--json`: a row per `@kumo result` line (as `kumo --json` prints
+/// the embedded guest's) and per measurement line, then `{"ok", "status"}`.
+fn print_kernel_json(events: &[Event], status: u8) {
+    for event in events {
+        let mut row = serde_json::Map::new();
+        match event {
+            Event::Result(result) => {
+                row.insert("benchmark".into(), result.benchmark.clone().into());
+                row.insert("class".into(), result.class.clone().into());
+                row.insert("threads".into(), result.threads.into());
+                report::insert_result(&mut row, Some(result));
+            }
+            Event::Measurement { kind, fields } => {
+                row = crate::protocol::fields_json(fields);
+                row.insert("probe".into(), kind.clone().into());
+            }
+            _ => continue,
+        }
+        crate::outln!("{}", serde_json::Value::Object(row));
+    }
+    crate::outln!(
+        "{}",
+        serde_json::json!({ "ok": status == report::EXIT_OK, "status": status })
+    );
 }
 
 /// Writes the embedded guest ELF to `path`.

@@ -287,7 +287,8 @@ impl VcpuControl {
     }
 }
 
-/// How many host CPUs this process may use: the main thread's affinity, read once.
+/// How many host CPUs this process may use: the main thread's affinity, read once
+/// (a program calls it before it pins any thread; kumo's main does).
 /// (std's `available_parallelism` reads the cgroup CPU quota too, each time: opening
 /// `/proc/self/cgroup` took ~3 ms here, half of a VM's boot.)
 pub fn host_cpus() -> usize {

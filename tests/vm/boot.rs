@@ -132,6 +132,51 @@ fn an_empty_workload_boots_and_exits_cleanly() {
     }
 }
 
+/// `kumo --kernel ... --json`: the guest's `@kumo result` lines become JSON rows with
+/// numbers as numbers, then `{"ok", "status"}`; its other lines go to stderr.
+#[test]
+fn a_kernel_run_prints_its_results_as_json_rows() {
+    if kvm_available() {
+        let guest = dumped_guest();
+        let out = kumo(&[
+            "--kernel",
+            guest.to_str().unwrap(),
+            "--cmdline",
+            "npb=ep.S,is.S",
+            "--vcpus",
+            "2",
+            "--json",
+        ]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let lines = json_lines(&out);
+        // Results, beside the guest's measurement lines (rows with a `probe`).
+        let results: Vec<&serde_json::Value> = lines
+            .iter()
+            .filter(|l| l.get("probe").is_none() && l.get("benchmark").is_some())
+            .collect();
+        let names: Vec<&str> = results
+            .iter()
+            .map(|l| l["benchmark"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["ep", "is"], "{lines:?}");
+        for row in results {
+            assert_eq!(row["class"], "S", "{row}");
+            assert_eq!(row["verified"], true, "{row}");
+            assert!(row["time_s"].as_f64().unwrap() > 0.0, "{row}");
+        }
+        assert_eq!(
+            lines.last().unwrap(),
+            &serde_json::json!({"ok": true, "status": 0})
+        );
+        // Every line on stdout is JSON: the guest's own lines were parsed, not echoed.
+        assert!(
+            !text(&out.stdout).contains("@kumo"),
+            "{}",
+            text(&out.stdout)
+        );
+    }
+}
+
 /// `--kvm-stats` adds one JSON line of what KVM counted in the kernel: a VM's counters
 /// and each vCPU's, and every vCPU that ran guest code exited to KVM.
 #[test]

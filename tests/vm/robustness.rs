@@ -164,10 +164,6 @@ fn options_a_run_would_ignore_are_refused() {
     let k = k.to_str().unwrap();
     for (args, needle) in [
         (
-            vec!["--kernel", k, "--json"],
-            "--json does not apply to --kernel runs",
-        ),
-        (
             vec!["--kernel", k, "--sched", "bogus"],
             "--sched does not apply to --kernel",
         ),
