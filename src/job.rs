@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use devices::net::switch::SwitchConfig;
+use hv::builder::{Backends, DeviceSpec};
 use hv::irq::IrqPath;
 use hv::net::{Network, NicSetup, WorkerStats};
 use hv::passthrough::PassthroughSpec;
@@ -218,32 +219,36 @@ pub fn run_job_in(
             format!("mpi={first}:{size}:{local} {extra}"),
             kvm_device,
         );
-        let mut vm = hv::builder::build_for_boot(config)?;
         // The guest gives its k-th NIC (in slot order, the order attached) to rank
         // first + k, on vCPU k.
-        for rank in first..first + local {
-            match &server {
-                None => {
-                    network
-                        .attach(
-                            &mut vm,
-                            &NicSetup {
-                                mac: mac(rank),
-                                irq_path,
-                            },
-                            None,
-                        )
-                        .with_context(|| format!("attaching rank {rank}'s NIC"))?;
-                }
-                Some(server) => {
-                    let spec = PassthroughSpec::VfioUser(server.socket(rank - job.first_rank));
-                    attached.push(
-                        hv::passthrough::attach(&mut vm, &spec, irq_path, None)
-                            .with_context(|| format!("attaching rank {rank}'s NIC"))?,
-                    );
-                }
-            }
-        }
+        let ranks = first..first + local;
+        let devices = match &server {
+            None => DeviceSpec {
+                nics: ranks
+                    .map(|rank| NicSetup {
+                        mac: mac(rank),
+                        irq_path,
+                    })
+                    .collect(),
+                ..DeviceSpec::default()
+            },
+            Some(server) => DeviceSpec {
+                passthrough: ranks
+                    .map(|rank| {
+                        let port = server.socket(rank - job.first_rank);
+                        (PassthroughSpec::VfioUser(port), irq_path)
+                    })
+                    .collect(),
+                ..DeviceSpec::default()
+            },
+        };
+        let backends = Backends {
+            network: Some(&network),
+            dom0: None,
+        };
+        let (vm, devices) = hv::builder::build_with_devices(config, &devices, backends)
+            .with_context(|| format!("the VM of ranks {first}..{}", first + local))?;
+        attached.push(devices);
         machines.push(vm);
     }
     let _wire = job
@@ -268,7 +273,7 @@ pub fn run_job_in(
     let stats = running.switch_stats();
     let mut switch = Some(running.worker_stats());
     drop(running);
-    let clients = attached.len();
+    let clients = attached.iter().map(|a| a.passthrough.len()).sum();
     drop(attached);
     if let Some(server) = &server {
         switch = server.stats_after(clients);

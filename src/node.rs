@@ -21,6 +21,7 @@ use crate::report::{self, Verdict};
 use crate::run::{self, GuestRun};
 use crate::spec::node::{self as config, Domain, Node};
 use crate::spec::sched as sched_params;
+use hv::builder::{Backends, DeviceSpec};
 
 /// How long to wait for a domain's vCPU threads to start before placing them.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
@@ -79,6 +80,52 @@ pub struct NodeOutcome {
 
 /// Creates every domain's VM, runs them together on the node's CPUs under the node's
 /// scheduler (serving the control socket at `socket`, if given) and waits for all.
+/// The devices of `domain`'s VM: its interrupt test device and its own passthrough
+/// devices from the file; and, in the node's MPI job and without devices of its own,
+/// a NIC per rank: a port of the NIC `server` if there is one, else one on domain 0's
+/// switch.
+fn domain_devices(
+    node: &Node,
+    domain: &Domain,
+    server: &Option<crate::nic_server::ServerProcess>,
+) -> DeviceSpec {
+    let mut devices = DeviceSpec {
+        irq_test: domain.irq_path.map(|path| hv::irq_device::IrqDeviceSetup {
+            path,
+            delay: Duration::ZERO,
+            noise_hz: None,
+        }),
+        passthrough: domain
+            .passthrough
+            .iter()
+            .map(|spec| (spec.clone(), domain.passthrough_irq_path))
+            .collect(),
+        ..DeviceSpec::default()
+    };
+    if let Some(net) = &node.network
+        && domain.passthrough.is_empty()
+    {
+        match server {
+            Some(server) => devices.passthrough.extend(domain.ranks().map(|rank| {
+                (
+                    hv::passthrough::PassthroughSpec::VfioUser(server.socket(rank)),
+                    net.irq_path,
+                )
+            })),
+            None => {
+                devices.nics = domain
+                    .ranks()
+                    .map(|rank| hv::net::NicSetup {
+                        mac: crate::spec::job::mac(rank),
+                        irq_path: net.irq_path,
+                    })
+                    .collect();
+            }
+        }
+    }
+    devices
+}
+
 /// Where a passthrough NIC's server (the hardware) runs: under the credit scheduler
 /// the node's CPUs belong to its vCPUs (real-time threads that would starve it), so
 /// the server gets the host's other CPUs, and there must be one.
@@ -109,12 +156,31 @@ pub fn run(
         Some(net) if net.nic == crate::cli::NicKind::Passthrough => Some(server_cpus(node)?),
         _ => None,
     };
-    let mut vms = Vec::new();
     // Domain 0: the threads that run each VM (and stop it), the control socket's, and
     // the device threads (event loops, the test devices' responders).
     let dom0 = ThreadGroup::new();
-    // Kept until every VM has ended (their threads feed the VMs' interrupts).
-    let mut irq_devices = Vec::new();
+    // Passthrough NICs: a port each of a NIC server (the hardware, another process,
+    // outside the scheduler); kumo's generic-path interrupt threads stay domain 0's.
+    // The switch then carries nothing. Both exist before the VMs that plug into them.
+    let server = match (&node.network, &nic_server_cpus) {
+        (Some(_), Some(cpus)) => {
+            let ranks: u32 = node.domains.iter().map(|d| d.ranks().len() as u32).sum();
+            Some(crate::nic_server::ServerProcess::start(ranks, 0, cpus)?)
+        }
+        _ => None,
+    };
+    // The node's switch: its thread is domain 0's work, as netback is Xen's; so are
+    // the wire's threads to ranks outside the node.
+    let network = match &node.network {
+        Some(_) => Some(hv::net::Network::new(
+            devices::net::switch::SwitchConfig::default(),
+        )?),
+        None => None,
+    };
+    let mut vms = Vec::new();
+    // Every VM's device backends, kept until every VM has ended (their threads feed
+    // the VMs' interrupts).
+    let mut attached = Vec::new();
     for domain in &node.domains {
         let config = run::embedded_config(
             domain.vcpus,
@@ -122,78 +188,24 @@ pub fn run(
             domain.cmdline(),
             kvm_device,
         );
-        let mut vm = hv::builder::build_for_boot(config)
-            .with_context(|| format!("domain '{}'", domain.name))?;
+        let backends = Backends {
+            network: network.as_ref(),
+            dom0: Some(&dom0),
+        };
+        let (vm, devices) = hv::builder::build_with_devices(
+            config,
+            &domain_devices(node, domain, &server),
+            backends,
+        )
+        .with_context(|| format!("domain '{}'", domain.name))?;
         // What a ballooning guest runs its teams on: the node's CPUs.
         let pcpus = u32::try_from(node.pcpus.len()).unwrap_or(u32::MAX);
         vm.control().host_cpus().set(pcpus);
-        if let Some(path) = domain.irq_path {
-            let setup = hv::irq_device::IrqDeviceSetup {
-                path,
-                delay: Duration::ZERO,
-                noise_hz: None,
-            };
-            let devices = hv::irq_device::attach(&mut vm, &setup, Some(&dom0))
-                .with_context(|| format!("domain '{}': interrupt test device", domain.name))?;
-            irq_devices.push(devices);
-        }
         vms.push(vm);
+        attached.push(devices);
     }
-    // Devices assigned to domains in the file (a domain in the MPI job: its ranks'
-    // NICs, so the node's NICs below skip it), kept until every VM has ended.
-    let mut assigned = Vec::new();
-    for (vm, domain) in vms.iter_mut().zip(&node.domains) {
-        for spec in &domain.passthrough {
-            assigned.push(
-                hv::passthrough::attach(vm, spec, domain.passthrough_irq_path, Some(&dom0))
-                    .with_context(|| format!("domain '{}'", domain.name))?,
-            );
-        }
-    }
-    let has_own_nics = |domain: &Domain| !domain.passthrough.is_empty();
-    // Passthrough NICs: a port each of a NIC server (the hardware, another process,
-    // outside the scheduler), kept until every VM has ended; kumo's generic-path
-    // interrupt threads stay domain 0's. The switch below then carries nothing.
-    let passthrough = match (&node.network, &nic_server_cpus) {
-        (Some(net), Some(cpus)) => {
-            let ranks: u32 = node.domains.iter().map(|d| d.ranks().len() as u32).sum();
-            let server = crate::nic_server::ServerProcess::start(ranks, 0, cpus)?;
-            let mut attached = Vec::new();
-            for (vm, domain) in vms.iter_mut().zip(&node.domains) {
-                if has_own_nics(domain) {
-                    continue;
-                }
-                for rank in domain.ranks() {
-                    let spec = hv::passthrough::PassthroughSpec::VfioUser(server.socket(rank));
-                    attached.push(
-                        hv::passthrough::attach(vm, &spec, net.irq_path, Some(&dom0))
-                            .with_context(|| format!("domain '{}': NIC", domain.name))?,
-                    );
-                }
-            }
-            Some((attached, server))
-        }
-        _ => None,
-    };
-    // The node's switch: its thread is domain 0's work, as netback is Xen's; so are
-    // the wire's threads to ranks outside the node.
-    let (network, _wire) = match &node.network {
-        Some(net) => {
-            let network = hv::net::Network::new(devices::net::switch::SwitchConfig::default())?;
-            for (vm, domain) in vms.iter_mut().zip(&node.domains) {
-                if passthrough.is_some() || has_own_nics(domain) {
-                    continue;
-                }
-                for rank in domain.ranks() {
-                    let setup = hv::net::NicSetup {
-                        mac: crate::spec::job::mac(rank),
-                        irq_path: net.irq_path,
-                    };
-                    network
-                        .attach(vm, &setup, Some(&dom0))
-                        .with_context(|| format!("domain '{}': NIC", domain.name))?;
-                }
-            }
+    let (network, _wire) = match (network, &node.network) {
+        (Some(network), Some(net)) => {
             let wire = net
                 .wire
                 .as_ref()
@@ -201,7 +213,7 @@ pub fn run(
                 .transpose()?;
             (Some(network.start(Some(dom0.clone()))?), wire)
         }
-        None => (None, None),
+        _ => (None, None),
     };
     let controls: Vec<Arc<VcpuControl>> = vms.iter().map(Vm::control).collect();
     let credit = node.uses_credit();

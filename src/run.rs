@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
+use hv::builder::{Backends, DeviceSpec};
 use hv::passthrough::PassthroughSpec;
 use hv::{GuestExit, RunOutcome, Vm, VmConfig};
 use npb::Spec;
@@ -95,11 +96,11 @@ pub struct Passthrough {
 }
 
 impl Passthrough {
-    /// Attaches every device to `vm` (before it runs); keep the result until it ends.
-    pub fn attach(&self, vm: &mut Vm) -> Result<Vec<hv::passthrough::Attached>> {
+    /// The devices as the builder takes them, each on the one interrupt path.
+    pub fn devices(&self) -> Vec<(PassthroughSpec, hv::irq::IrqPath)> {
         self.devices
             .iter()
-            .map(|spec| Ok(hv::passthrough::attach(vm, spec, self.irq_path, None)?))
+            .map(|spec| (spec.clone(), self.irq_path))
             .collect()
     }
 }
@@ -197,9 +198,12 @@ pub fn run_guest_scheduled(
         kvm_device,
     );
     config.huge_pages = options.huge_pages;
-    let mut vm = hv::builder::build_for_boot(config)?;
+    let devices = DeviceSpec {
+        passthrough: options.passthrough.devices(),
+        ..DeviceSpec::default()
+    };
+    let (vm, attached) = hv::builder::build_with_devices(config, &devices, Backends::default())?;
     guest::tell_host_cpus(&vm);
-    let attached = options.passthrough.attach(&mut vm)?;
     let scheduler = options
         .sched
         .map(|params| start_credit(&vm, params))
@@ -378,8 +382,15 @@ pub fn run_kernel(args: &VmArgs, kernel: &Path, epoch: Instant) -> Result<u8> {
         .iter()
         .map(|path| crate::input::read_bounded("module", path, limit))
         .collect::<Result<Vec<_>>>()?;
-    let disks = hv::block::open(&args.disk)?;
-    let devices = passthrough_specs(args)?;
+    let devices = DeviceSpec {
+        disks: args.disk.clone(),
+        passthrough: Passthrough {
+            devices: passthrough_specs(args)?,
+            irq_path: args.irq_path,
+        }
+        .devices(),
+        ..DeviceSpec::default()
+    };
     check_vcpus(args.vcpus, &args.kvm_device)?;
     let config = VmConfig {
         vcpus: args.vcpus,
@@ -390,14 +401,8 @@ pub fn run_kernel(args: &VmArgs, kernel: &Path, epoch: Instant) -> Result<u8> {
         kvm_device: args.kvm_device.clone(),
         huge_pages: args.huge_pages,
     };
-    let mut vm = hv::builder::build_for_boot(config)?;
     // Kept until the run ends (their backend threads stop when dropped).
-    let disks = hv::block::attach(&mut vm, disks)?;
-    let attached = Passthrough {
-        devices,
-        irq_path: args.irq_path,
-    }
-    .attach(&mut vm)?;
+    let (vm, attached) = hv::builder::build_with_devices(config, &devices, Backends::default())?;
     // The console never fails: a closed stdout loses output, not the verdict below.
     // With --json the guest's `@kumo` lines are collected (the rest goes to stderr)
     // and printed as JSON rows once it ends.
@@ -412,12 +417,12 @@ pub fn run_kernel(args: &VmArgs, kernel: &Path, epoch: Instant) -> Result<u8> {
         Box::new(crate::output::Stdout)
     };
     let outcome = vm.run(console, epoch)?;
+    for (index, disk) in attached.disks.iter().enumerate() {
+        tracing::debug!("disk {index}: {:?}", disk.stats());
+    }
     drop(attached);
     if args.kvm_stats {
         crate::kvm_stats::print(&outcome.kvm_stats, args.json);
-    }
-    for (index, disk) in disks.iter().enumerate() {
-        tracing::debug!("disk {index}: {:?}", disk.stats());
     }
     if let Some(d) = outcome.workload_started {
         eprintln!(

@@ -1,14 +1,16 @@
 //! The one place a [`Vm`] is made: booted from a kernel ([`build_for_boot`]), restored
 //! from a snapshot file ([`build_from_snapshot`]) or received from a live migration
-//! ([`build_incoming`]). Each returns a VM ready to run; devices are attached to it
-//! before `Vm::run`.
+//! ([`build_incoming`]). Each returns a VM ready to run; a new VM's devices are
+//! described once ([`DeviceSpec`]) and attached by [`build_with_devices`].
 
+mod devices;
 mod from_stream;
 
 use std::sync::Arc;
 
 use kvm_bindings::KVM_MAX_CPUID_ENTRIES;
 
+pub use devices::{AttachedDevices, Backends, DeviceSpec, build_with_devices};
 pub use from_stream::{build_from_snapshot, build_incoming};
 
 use crate::kvm::ioctl;
