@@ -4,7 +4,6 @@
 
 use std::io::Read;
 use std::path::Path;
-use std::sync::Arc;
 
 use kvm_ioctls::Cap;
 use std::os::fd::AsRawFd;
@@ -15,14 +14,12 @@ use vm_memory::{
 
 use crate::kvm::ioctl;
 use crate::machine::{machine, set_cpuid};
-use crate::migration::Hub;
 use crate::migration::dirty::DirtyLogMode;
 use crate::migration::state::{self, DeviceStates, VcpuState, VmState};
 use crate::migration::stream::{
     self, Meta, StreamError, TAG_APP, TAG_DEVICES, TAG_END, TAG_META, TAG_RAM, TAG_SYNC, TAG_VCPU,
     TAG_VM, tag_name,
 };
-use crate::placement::VcpuControl;
 use crate::{Error, Vm};
 
 /// Reads a whole stream (header first) from `r` and builds the VM it describes.
@@ -206,18 +203,7 @@ fn create(meta: &Meta, kvm_device: &Path) -> Result<Vm, Error> {
         set_cpuid(&vcpu, entries)?;
         vcpus.push(vcpu);
     }
-    let vm = Arc::new(vm);
-    let control = Arc::new(VcpuControl::new(vcpus.len()));
-    let hub = Arc::new(Hub::new(
-        &kvm,
-        &vcpus,
-        dirty,
-        vm.clone(),
-        memory.clone(),
-        &memfd,
-        control.clone(),
-    )?);
-    Ok(Vm::assemble(kvm, vm, vcpus, control, hub, memory, memfd))
+    super::finish(kvm, vm, vcpus, dirty, memory, memfd)
 }
 
 /// Puts the saved irqchip, clock, vCPU and device state into a created VM.

@@ -119,8 +119,21 @@ pub fn build_for_boot_with_dirty_log(config: VmConfig, dirty: DirtyLogMode) -> R
         tsc_khz,
         "VM created"
     );
+    finish(kvm, vm, vcpus, dirty, memory, memfd)
+}
+
+/// A VM of these parts, with the control of its vCPU threads and its migration hub:
+/// the last step of every builder.
+fn finish(
+    kvm: kvm_ioctls::Kvm,
+    vm: kvm_ioctls::VmFd,
+    vcpus: Vec<kvm_ioctls::VcpuFd>,
+    dirty: DirtyLogMode,
+    memory: vm_memory::GuestMemoryMmap,
+    memfd: std::fs::File,
+) -> Result<Vm, Error> {
     let vm = Arc::new(vm);
-    let control = Arc::new(VcpuControl::new(config.vcpus as usize));
+    let control = Arc::new(VcpuControl::new(vcpus.len()));
     let hub = Arc::new(Hub::new(
         &kvm,
         &vcpus,
