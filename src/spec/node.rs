@@ -557,7 +557,13 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
     let total_vcpus: u32 = domains.iter().map(|d| d.vcpus).sum();
     let spin = guest::barrier_spin_us(total_vcpus, file.pcpus.len());
     for d in &mut domains {
-        d.spin_us = spin;
+        // Ranks that share a vCPU wait for each other on it: a wait that yields must
+        // hand it over soon, whatever the node's density.
+        d.spin_us = if d.ranks_per_vcpu > 1 {
+            guest::SHARED_SPIN_US
+        } else {
+            spin
+        };
     }
     Ok(Node {
         pcpus: file.pcpus,
@@ -861,6 +867,22 @@ guest_hz = 1000
         );
         // 2 + 2 x 3 = 8 ranks; CG takes powers of two.
         let n = n.unwrap();
+        // Ranks sharing a vCPU hand it over after a short poll, even where every vCPU
+        // has a host CPU of its own.
+        let two_cpus = node(
+            "pcpus = [0, 1]\n[network]\nnpb = \"cg.S\"\nwait = \"yield\"\n\
+             [[domain]]\nname = \"a\"\nmpi = true\nranks_per_vcpu = 2\n\
+             [[domain]]\nname = \"b\"\nmpi = true\nranks_per_vcpu = 2\n",
+        )
+        .unwrap();
+        for d in &two_cpus.domains {
+            assert!(
+                d.cmdline()
+                    .starts_with(&format!("spin_us={} ", guest::SHARED_SPIN_US)),
+                "{}",
+                d.cmdline()
+            );
+        }
         assert_eq!(n.domains[0].ranks(), 0..2);
         assert_eq!(n.domains[1].ranks(), 2..8);
         assert!(
