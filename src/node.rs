@@ -172,9 +172,12 @@ pub fn run(
     // The node's switch: its thread is domain 0's work, as netback is Xen's; so are
     // the wire's threads to ranks outside the node.
     let network = match &node.network {
-        Some(_) => Some(hv::net::Network::new(
-            devices::net::switch::SwitchConfig::default(),
-        )?),
+        Some(_) => {
+            let network = hv::net::Network::new(devices::net::switch::SwitchConfig::default())?;
+            let us = |us: f64| Duration::from_secs_f64(us / 1e6);
+            network.model_backend_cost(us(node.dom0_cost.frame_us), us(node.dom0_cost.kib_us));
+            Some(network)
+        }
         None => None,
     };
     let mut vms = Vec::new();
@@ -451,6 +454,8 @@ pub fn json_lines(
             change
         }).collect::<Vec<_>>(),
         "dom0_weight": node.dom0_weight,
+        "dom0_frame_cost_us": node.dom0_cost.frame_us,
+        "dom0_kib_cost_us": node.dom0_cost.kib_us,
         "dom0_cpu_s": overhead.dom0.as_secs_f64(),
         "vmm_cpu_s": overhead.vmm.as_secs_f64(),
         "wall_s": wall.as_secs_f64(),
@@ -530,6 +535,13 @@ fn print(
         for problem in &r.verdict.problems {
             eprintln!("kumo: domain '{}': {problem}", r.domain.name);
         }
+    }
+    if node.dom0_cost != crate::spec::node::BackendCost::default() {
+        crate::outln!(
+            "domain 0 modelled a backend costing {} us per frame + {} us per KiB",
+            node.dom0_cost.frame_us,
+            node.dom0_cost.kib_us
+        );
     }
     crate::outln!(
         "share: of the CPU time the domains received while all of them ran\n\

@@ -47,6 +47,7 @@ pub fn run_wake(args: &WakeArgs, epoch: Instant) -> Result<u8> {
                 domain("hog", format!("busy:{}", args.millis)),
             ],
             dom0_weight: config::DEFAULT_WEIGHT,
+            dom0_cost: Default::default(),
             network: None,
         };
         let reports = node::run(&node, &args.kvm_device, None, epoch)?.reports;

@@ -81,6 +81,20 @@ pub struct Network {
 pub struct Dom0File {
     /// Its credit weight (default 256, as Xen's dom0).
     pub weight: Option<u32>,
+    /// A modelled backend's CPU per frame the switch takes in, and per KiB, in
+    /// microseconds (default 0: kumo's own cost only; see `docs/network.md`).
+    pub frame_cost_us: Option<f64>,
+    pub kib_cost_us: Option<f64>,
+}
+
+/// Largest modelled backend cost per frame or per KiB, in microseconds.
+pub const MAX_BACKEND_COST_US: f64 = 1000.0;
+
+/// Domain 0's modelled backend cost (zero: none).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct BackendCost {
+    pub frame_us: f64,
+    pub kib_us: f64,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -270,6 +284,7 @@ pub struct Node {
     pub params: sched::Params,
     pub domains: Vec<Domain>,
     pub dom0_weight: u32,
+    pub dom0_cost: BackendCost,
     pub network: Option<Network>,
 }
 
@@ -329,6 +344,20 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
             WEIGHT_RANGE.0,
             WEIGHT_RANGE.1
         );
+    }
+    let cost = |what: &str, value: Option<f64>| -> Result<f64> {
+        let us = value.unwrap_or(0.0);
+        if !(0.0..=MAX_BACKEND_COST_US).contains(&us) {
+            bail!("dom0: {what} {us} is outside 0..={MAX_BACKEND_COST_US} us");
+        }
+        Ok(us)
+    };
+    let dom0_cost = BackendCost {
+        frame_us: cost("frame_cost_us", file.dom0.frame_cost_us)?,
+        kib_us: cost("kib_cost_us", file.dom0.kib_cost_us)?,
+    };
+    if dom0_cost != BackendCost::default() && file.network.is_none() {
+        bail!("dom0: frame_cost_us and kib_cost_us need a [network] (they cost its frames)");
     }
     if file.domains.is_empty() {
         bail!("no [[domain]]: a node needs at least one");
@@ -571,6 +600,7 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
         params,
         domains,
         dom0_weight,
+        dom0_cost,
         network,
     })
 }
@@ -688,6 +718,29 @@ npb = "ep.S"
         );
         let bench = "pcpus = [0]\n[[domain]]\nname = \"a\"\nnpb = \"xx.S\"\n";
         assert!(error(bench).contains("domain 'a'"));
+        let cost = format!("pcpus = [0]\n[dom0]\nframe_cost_us = 20\n{d}");
+        assert!(
+            error(&cost).contains("need a [network]"),
+            "{}",
+            error(&cost)
+        );
+        let mpi = "[network]\nnpb = \"cg.S\"\n[[domain]]\nname = \"a\"\nmpi = true\nvcpus = 2\n";
+        let cost = format!("pcpus = [0]\n[dom0]\nkib_cost_us = -1\n{mpi}");
+        assert!(error(&cost).contains("kib_cost_us -1 is outside 0..=1000 us"));
+        let cost = format!("pcpus = [0]\n[dom0]\nframe_cost_us = nan\n{mpi}");
+        assert!(
+            error(&cost).contains("frame_cost_us NaN is outside"),
+            "{}",
+            error(&cost)
+        );
+        let costed = node(&format!(
+            "pcpus = [0]\n[dom0]\nframe_cost_us = 20\nkib_cost_us = 5\n{mpi}"
+        ))
+        .unwrap();
+        assert_eq!(
+            (costed.dom0_cost.frame_us, costed.dom0_cost.kib_us),
+            (20.0, 5.0)
+        );
         let kind = format!("pcpus = [0]\n[scheduler]\nkind = \"rr\"\n{d}");
         assert!(error(&kind).contains("unknown (known: credit, host)"));
         let vcpus = "pcpus = [0]\n[[domain]]\nname = \"a\"\nvcpus = 0\nnpb = \"ep.S\"\n";
