@@ -164,8 +164,9 @@ pub struct MpiArgs {
     pub first_rank: u32,
 
     /// A wire to VMs outside this process, in QEMU's `-netdev stream` framing:
-    /// `unix:PATH` connects (to QEMU's `server=on`), `listen:unix:PATH` waits for a
-    /// peer (QEMU's `server=off`, or another kumo's `unix:PATH`) and, when it leaves,
+    /// `unix:PATH` or `tcp:HOST:PORT` connects (to QEMU's `server=on`; an IPv6 HOST in
+    /// brackets), `listen:unix:PATH` or `listen:tcp:HOST:PORT` waits for a peer (QEMU's
+    /// `server=off`, or another kumo's `unix:`/`tcp:`) and, when it leaves,
     /// takes the next one on the same port (a rank VM migrated elsewhere rejoining).
     #[arg(long, value_name = "SPEC")]
     pub wire: Option<WireSpec>,

@@ -3,9 +3,7 @@
 //! wire to ranks elsewhere is opened, and the runs are collected and judged. The
 //! `kumo mpi` command (`crate::mpi`) and the experiments drive it.
 
-use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -14,13 +12,13 @@ use hv::builder::{Backends, DeviceSpec};
 use hv::irq::IrqPath;
 use hv::net::{Network, NicSetup, WorkerStats};
 use hv::passthrough::PassthroughSpec;
-use hv::placement::ThreadGroup;
 use npb::Spec;
 use serde_json::{Value, json};
 
 use crate::nic_server::ServerProcess;
 use crate::run::{self, GuestRun};
 use crate::spec::job::{MAX_RANKS, MAX_VMS, MEMORY_MIB, NicKind, Wait, WireSpec, mac};
+use crate::wire::WireAttach;
 
 /// Which ranks of a job this process runs, and the wire to the others.
 #[derive(Debug, Clone, Default)]
@@ -63,93 +61,6 @@ impl Job {
             );
         }
         Ok(size)
-    }
-}
-
-/// Opening a wire ([`WireSpec`] is its plain description).
-pub trait WireAttach {
-    fn attach(
-        &self,
-        network: &Network,
-        patience: Duration,
-        dom0: Option<&Arc<ThreadGroup>>,
-    ) -> Result<WireGuard>;
-}
-
-impl WireAttach for WireSpec {
-    /// Opens the wire and plugs it into `network`: a connection to a listener, or the
-    /// first peer of this side's listener, which keeps listening (and its socket file
-    /// stays) until the returned guard is dropped: when that peer's connection closes
-    /// (its VM moved to another process), the next one takes the same switch port.
-    fn attach(
-        &self,
-        network: &Network,
-        patience: Duration,
-        dom0: Option<&Arc<ThreadGroup>>,
-    ) -> Result<WireGuard> {
-        let deadline = Instant::now() + patience;
-        match self {
-            WireSpec::Connect(path) => loop {
-                match UnixStream::connect(path) {
-                    Ok(stream) => {
-                        network.attach_wire(stream, dom0)?;
-                        return Ok(WireGuard { listening: None });
-                    }
-                    Err(e) if Instant::now() < deadline => {
-                        tracing::debug!("wire {}: {e}; retrying", path.display());
-                        std::thread::sleep(Duration::from_millis(20));
-                    }
-                    Err(e) => bail!(
-                        "cannot reach the wire {} within {:.1} s: {e}",
-                        path.display(),
-                        patience.as_secs_f64()
-                    ),
-                }
-            },
-            WireSpec::Listen(path) => {
-                let listener = UnixListener::bind(path)
-                    .with_context(|| format!("cannot listen on {}", path.display()))?;
-                crate::signals::track_socket(path.clone());
-                let guard = WireGuard {
-                    listening: Some(path.clone()),
-                };
-                listener.set_nonblocking(true)?;
-                let stream = loop {
-                    match listener.accept() {
-                        Ok((stream, _)) => break stream,
-                        Err(e)
-                            if e.kind() == std::io::ErrorKind::WouldBlock
-                                && Instant::now() < deadline
-                                && hv::stop::requested().is_none() =>
-                        {
-                            std::thread::sleep(Duration::from_millis(20));
-                        }
-                        Err(e) => bail!(
-                            "no peer connected to {} within {:.1} s ({e})",
-                            path.display(),
-                            patience.as_secs_f64()
-                        ),
-                    }
-                };
-                stream.set_nonblocking(false)?;
-                network.attach_listening_wire(stream, listener, dom0)?;
-                Ok(guard)
-            }
-        }
-    }
-}
-
-/// A listening wire's socket file, removed when the job ends.
-pub struct WireGuard {
-    listening: Option<PathBuf>,
-}
-
-impl Drop for WireGuard {
-    fn drop(&mut self) {
-        if let Some(path) = self.listening.take() {
-            let _ = std::fs::remove_file(&path);
-            crate::signals::untrack_socket(&path);
-        }
     }
 }
 

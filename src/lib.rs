@@ -33,3 +33,4 @@ pub mod sched_control;
 pub mod signals;
 pub mod sim;
 pub mod spec;
+pub mod wire;

@@ -17,7 +17,8 @@ use crate::migrate::{self, AppState, GUEST_NAME};
 use crate::rank;
 use crate::run::GuestRun;
 use crate::spec::job::{
-    MEMORY_MIB, NicKind, Wait, WireSpec, npb_extra, npb_memory_mib, parse_npb, sched_words,
+    MEMORY_MIB, NicKind, Wait, WireAddr, WireSpec, npb_extra, npb_memory_mib, parse_npb,
+    sched_words,
 };
 
 /// Why rank `rank`'s run has no `kind` line, or its fields.
@@ -366,7 +367,12 @@ pub fn run_controlled(args: &MpiArgs, specs: &[Spec], epoch: Instant) -> Result<
             "--ctl-socket: a listening wire cannot move with its VM; give this side \
              --wire unix:PATH (and the other side listen:unix:PATH)"
         ),
-        Some(WireSpec::Connect(path)) => Some(path.clone()),
+        Some(WireSpec::Connect(WireAddr::Unix(path))) => Some(path.clone()),
+        // The migration stream names the wire by a path (`rank::RankApp`).
+        Some(WireSpec::Connect(WireAddr::Tcp { .. })) => bail!(
+            "--ctl-socket: a rank VM that moves rejoins over a UNIX wire only; give this \
+             side --wire unix:PATH (and the other side listen:unix:PATH)"
+        ),
         None => None,
     };
     let first = args.first_rank;

@@ -16,11 +16,11 @@ use hv::placement::ThreadGroup;
 
 use crate::cli::NodeArgs;
 use crate::ctl;
-use crate::job::WireAttach;
 use crate::report::{self, Verdict};
 use crate::run::{self, GuestRun};
 use crate::spec::node::{self as config, Domain, Node};
 use crate::spec::sched as sched_params;
+use crate::wire::WireAttach;
 use hv::builder::{Backends, DeviceSpec};
 
 /// How long to wait for a domain's vCPU threads to start before placing them.

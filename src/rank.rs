@@ -19,9 +19,10 @@ use npb::Spec;
 use serde::{Deserialize, Serialize};
 
 use crate::cli::{NicKind, Wait};
-use crate::job::{Job, NpbReport, WireAttach, WireGuard};
+use crate::job::{Job, NpbReport};
 use crate::run::GuestRun;
-use crate::spec::job::{self as mpi, WireSpec};
+use crate::spec::job::{self as mpi, WireAddr, WireSpec};
+use crate::wire::{WireAttach, WireGuard};
 
 /// What makes a VM one rank (or, with several vCPUs, several ranks) of a job: the
 /// program's state in a snapshot or migration stream beside the NPB list.
@@ -69,7 +70,10 @@ impl RankApp {
         Job {
             size: self.job_size,
             first_rank: self.first_rank,
-            wire: self.wire.clone().map(WireSpec::Connect),
+            wire: self
+                .wire
+                .clone()
+                .map(|path| WireSpec::Connect(WireAddr::Unix(path))),
             wire_patience: Duration::from_secs_f64(self.wire_wait_s),
             nic: NicKind::Emulated,
             nic_server: None,

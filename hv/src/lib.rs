@@ -50,6 +50,7 @@ mod vcpu;
 mod vm;
 pub mod watchdog;
 mod wire;
+pub mod wire_socket;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

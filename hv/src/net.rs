@@ -39,6 +39,7 @@ use crate::placement::ThreadGroup;
 use crate::vm::Vm;
 use crate::wire::Wire;
 pub use crate::wire::WireStats;
+use crate::wire_socket::{WireListener, WireStream};
 
 /// How a VM's NIC is built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -432,14 +433,15 @@ impl Network {
         *nic.net.lock().unwrap_or_else(|e| e.into_inner()) = net;
     }
 
-    /// Connects a wire (QEMU's stream framing on `socket`) to a new port of the switch,
-    /// up at once. Its reader and writer threads join `dom0` if given.
+    /// Connects a wire (QEMU's stream framing on `socket`, a UNIX or TCP stream) to a
+    /// new port of the switch, up at once. Its reader and writer threads join `dom0`
+    /// if given.
     pub fn attach_wire(
         &self,
-        socket: std::os::unix::net::UnixStream,
+        socket: impl Into<WireStream>,
         dom0: Option<&Arc<ThreadGroup>>,
     ) -> Result<PortId, Error> {
-        self.plug_wire(Wire::start(socket, dom0.cloned())?)
+        self.plug_wire(Wire::start(socket.into(), dom0.cloned())?)
     }
 
     /// As [`Network::attach_wire`] for `socket`, a connection `listener` accepted:
@@ -447,11 +449,15 @@ impl Network {
     /// VM of the other side moved to another process and connects again).
     pub fn attach_listening_wire(
         &self,
-        socket: std::os::unix::net::UnixStream,
-        listener: std::os::unix::net::UnixListener,
+        socket: impl Into<WireStream>,
+        listener: impl Into<WireListener>,
         dom0: Option<&Arc<ThreadGroup>>,
     ) -> Result<PortId, Error> {
-        self.plug_wire(Wire::start_listening(socket, listener, dom0.cloned())?)
+        self.plug_wire(Wire::start_listening(
+            socket.into(),
+            listener.into(),
+            dom0.cloned(),
+        )?)
     }
 
     fn plug_wire(&self, wire: Arc<Wire>) -> Result<PortId, Error> {

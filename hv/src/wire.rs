@@ -1,7 +1,8 @@
 //! A wire out of the process: a switch port whose other end is a stream socket speaking
 //! QEMU's `-netdev stream` (and `-netdev socket`) framing — each Ethernet frame as a
 //! 4-byte big-endian length and the frame — so kumo VMs share one Ethernet with QEMU
-//! VMs or with the VMs of another kumo process.
+//! VMs or with the VMs of another kumo process, on this host (a UNIX socket) or
+//! another (TCP; `crate::wire_socket` holds either and sets TCP's options).
 //!
 //! Two threads per wire (domain 0's, like the switch): a reader that takes frames off
 //! the socket into a bounded inbox, and a writer that sends the switch's frames from a
@@ -20,7 +21,6 @@
 
 use std::collections::VecDeque;
 use std::io::{Read, Write};
-use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -31,6 +31,7 @@ use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use crate::Error;
 use crate::placement::ThreadGroup;
+use crate::wire_socket::{WireListener, WireStream};
 
 /// Frames each direction holds.
 const QUEUE_FRAMES: usize = 256;
@@ -42,7 +43,7 @@ const ACCEPT_POLL: Duration = Duration::from_millis(10);
 struct Queue {
     frames: VecDeque<Vec<u8>>,
     /// Outbox only: the next peer's connection, for the writer to take up.
-    next_peer: Option<UnixStream>,
+    next_peer: Option<WireStream>,
 }
 
 /// Counters of one wire (monotonic).
@@ -69,9 +70,9 @@ pub(crate) struct Wire {
     malformed: AtomicU64,
     reconnects: AtomicU64,
     /// The current peer's connection (shut down to close the wire).
-    socket: Mutex<UnixStream>,
+    socket: Mutex<WireStream>,
     /// A listening wire's listener (non-blocking): the next peer after this one.
-    listener: Option<UnixListener>,
+    listener: Option<WireListener>,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -82,7 +83,7 @@ fn lock(queue: &Mutex<Queue>) -> MutexGuard<'_, Queue> {
 impl Wire {
     /// Starts the wire's reader and writer on `socket`; the wire ends with it.
     pub(crate) fn start(
-        socket: UnixStream,
+        socket: WireStream,
         dom0: Option<Arc<ThreadGroup>>,
     ) -> Result<Arc<Wire>, Error> {
         Wire::start_on(socket, None, dom0)
@@ -91,8 +92,8 @@ impl Wire {
     /// Starts the wire on `socket`, a connection `listener` accepted; when that peer
     /// closes, the next connection on `listener` takes its place.
     pub(crate) fn start_listening(
-        socket: UnixStream,
-        listener: UnixListener,
+        socket: WireStream,
+        listener: WireListener,
         dom0: Option<Arc<ThreadGroup>>,
     ) -> Result<Arc<Wire>, Error> {
         listener.set_nonblocking(true).map_err(|source| Error::Os {
@@ -103,11 +104,14 @@ impl Wire {
     }
 
     fn start_on(
-        socket: UnixStream,
-        listener: Option<UnixListener>,
+        socket: WireStream,
+        listener: Option<WireListener>,
         dom0: Option<Arc<ThreadGroup>>,
     ) -> Result<Arc<Wire>, Error> {
         let os = |what| move |source| Error::Os { what, source };
+        socket
+            .prepare()
+            .map_err(os("setting up the wire's socket"))?;
         let wire = Arc::new(Wire {
             inbox: Mutex::default(),
             inbox_room: Condvar::new(),
@@ -162,7 +166,7 @@ impl Wire {
     }
 
     /// The reader: frames from each peer in turn (one, unless the wire listens).
-    fn read_frames(&self, mut stream: UnixStream) {
+    fn read_frames(&self, mut stream: WireStream) {
         let mut previous_peer_last_frame = None;
         loop {
             let last_frame = self.read_peer(&mut stream, previous_peer_last_frame);
@@ -178,16 +182,16 @@ impl Wire {
 
     /// Waits for the next peer of a listening wire and hands it to the writer too;
     /// None once the wire closes (or does not listen).
-    fn next_peer(&self) -> Option<UnixStream> {
+    fn next_peer(&self) -> Option<WireStream> {
         let listener = self.listener.as_ref()?;
         loop {
             if self.closed.load(Ordering::SeqCst) {
                 return None;
             }
             match listener.accept() {
-                Ok((stream, _)) => {
-                    let ready = || -> std::io::Result<(UnixStream, UnixStream)> {
-                        stream.set_nonblocking(false)?;
+                Ok(stream) => {
+                    let ready = || -> std::io::Result<(WireStream, WireStream)> {
+                        stream.prepare()?;
                         Ok((stream.try_clone()?, stream.try_clone()?))
                     };
                     let (for_writer, for_close) = match ready() {
@@ -204,7 +208,7 @@ impl Wire {
                     lock(&self.outbox).next_peer = Some(for_writer);
                     self.outbox_ready.notify_all();
                     self.reconnects.fetch_add(1, Ordering::Relaxed);
-                    tracing::debug!("wire: a new peer took the port");
+                    tracing::debug!("wire: a new peer ({}) took the port", stream.peer());
                     return Some(stream);
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
@@ -224,7 +228,7 @@ impl Wire {
     /// moved VM's absence as the other side of the wire saw it.
     fn read_peer(
         &self,
-        stream: &mut UnixStream,
+        stream: &mut WireStream,
         mut previous_peer_last_frame: Option<Instant>,
     ) -> Option<Instant> {
         let mut last_frame = None;
@@ -270,7 +274,7 @@ impl Wire {
         last_frame.or(previous_peer_last_frame)
     }
 
-    fn write_frames(&self, mut stream: UnixStream) {
+    fn write_frames(&self, mut stream: WireStream) {
         // After a failed write: no peer until the reader takes the next one.
         let mut lost_peer = false;
         loop {
@@ -369,7 +373,85 @@ impl Wire {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::{TcpListener, TcpStream};
+    use std::os::unix::net::{UnixListener, UnixStream};
+    use std::path::PathBuf;
     use std::time::{Duration, Instant};
+
+    /// Each test runs over both stream types a wire takes.
+    #[derive(Clone, Copy, Debug)]
+    enum Kind {
+        Unix,
+        Tcp,
+    }
+
+    /// A connected pair: the wire's end and the peer's.
+    fn pair(kind: Kind) -> (WireStream, WireStream) {
+        match kind {
+            Kind::Unix => {
+                let (ours, peer) = UnixStream::pair().unwrap();
+                (ours.into(), peer.into())
+            }
+            Kind::Tcp => {
+                let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+                let peer = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+                let (ours, _) = listener.accept().unwrap();
+                (ours.into(), peer.into())
+            }
+        }
+    }
+
+    /// A listener peers connect to (its socket file's directory removed on drop).
+    struct Endpoint {
+        listener: Option<WireListener>,
+        address: Address,
+    }
+
+    enum Address {
+        Unix(PathBuf),
+        Tcp(std::net::SocketAddr),
+    }
+
+    impl Endpoint {
+        fn new(kind: Kind) -> Endpoint {
+            match kind {
+                Kind::Unix => {
+                    let dir =
+                        std::env::temp_dir().join(format!("kumo-wire-{}", std::process::id()));
+                    let _ = std::fs::create_dir_all(&dir);
+                    let path = dir.join("w.sock");
+                    let _ = std::fs::remove_file(&path);
+                    Endpoint {
+                        listener: Some(UnixListener::bind(&path).unwrap().into()),
+                        address: Address::Unix(path),
+                    }
+                }
+                Kind::Tcp => {
+                    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+                    let address = Address::Tcp(listener.local_addr().unwrap());
+                    Endpoint {
+                        listener: Some(listener.into()),
+                        address,
+                    }
+                }
+            }
+        }
+
+        fn connect(&self) -> WireStream {
+            match &self.address {
+                Address::Unix(path) => UnixStream::connect(path).unwrap().into(),
+                Address::Tcp(addr) => TcpStream::connect(addr).unwrap().into(),
+            }
+        }
+    }
+
+    impl Drop for Endpoint {
+        fn drop(&mut self) {
+            if let Address::Unix(path) = &self.address {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+    }
 
     /// Waits (bounded) until `done` holds.
     fn eventually(what: &str, done: impl Fn() -> bool) {
@@ -389,15 +471,25 @@ mod tests {
             .collect()
     }
 
-    #[test]
-    fn frames_cross_in_qemu_stream_framing_both_ways_in_order() {
-        let (ours, mut peer) = UnixStream::pair().unwrap();
+    fn send_framed(peer: &mut WireStream, f: &[u8]) {
+        peer.write_all(&(f.len() as u32).to_be_bytes()).unwrap();
+        peer.write_all(f).unwrap();
+    }
+
+    fn read_framed(peer: &mut WireStream) -> Vec<u8> {
+        let mut length = [0u8; 4];
+        peer.read_exact(&mut length).unwrap();
+        let mut body = vec![0u8; u32::from_be_bytes(length) as usize];
+        peer.read_exact(&mut body).unwrap();
+        body
+    }
+
+    fn frames_cross_both_ways_in_order(kind: Kind) {
+        let (ours, mut peer) = pair(kind);
         let wire = Wire::start(ours, None).unwrap();
         // Peer to us: length (big-endian) and frame, three times.
         for seed in 0..3u8 {
-            let f = frame(60 + usize::from(seed), seed);
-            peer.write_all(&(f.len() as u32).to_be_bytes()).unwrap();
-            peer.write_all(&f).unwrap();
+            send_framed(&mut peer, &frame(60 + usize::from(seed), seed));
         }
         eventually("three frames in", || wire.stats().frames_in == 3);
         let mut got = Vec::new();
@@ -411,7 +503,7 @@ mod tests {
                 .map(|s| frame(60 + usize::from(s), s))
                 .collect::<Vec<_>>()
         );
-        // Us to the peer.
+        // Us to the peer: the length on the wire, big-endian, then the frame.
         assert!(wire.send(&frame(1514, 9)));
         let mut length = [0u8; 4];
         peer.read_exact(&mut length).unwrap();
@@ -423,13 +515,20 @@ mod tests {
     }
 
     #[test]
-    fn a_refused_frame_stays_first_and_a_full_outbox_refuses() {
-        let (ours, mut peer) = UnixStream::pair().unwrap();
+    fn frames_cross_in_qemu_stream_framing_both_ways_in_order_unix() {
+        frames_cross_both_ways_in_order(Kind::Unix);
+    }
+
+    #[test]
+    fn frames_cross_in_qemu_stream_framing_both_ways_in_order_tcp() {
+        frames_cross_both_ways_in_order(Kind::Tcp);
+    }
+
+    fn refused_frame_stays_first_and_full_outbox_refuses(kind: Kind) {
+        let (ours, mut peer) = pair(kind);
         let wire = Wire::start(ours, None).unwrap();
         for seed in 0..2u8 {
-            let f = frame(64, seed);
-            peer.write_all(&(f.len() as u32).to_be_bytes()).unwrap();
-            peer.write_all(&f).unwrap();
+            send_framed(&mut peer, &frame(64, seed));
         }
         eventually("two frames in", || wire.stats().frames_in == 2);
         wire.take_frames(|_| false);
@@ -443,7 +542,7 @@ mod tests {
             frame(64, 0),
             "the refused frame is still first"
         );
-        // The peer reads nothing: the writer blocks once the socket buffer is full,
+        // The peer reads nothing: the writer blocks once the socket buffers are full,
         // then the outbox fills and refuses instead of dropping or growing.
         let mut refused = false;
         for _ in 0..100_000 {
@@ -456,33 +555,26 @@ mod tests {
         wire.close();
     }
 
-    fn send_framed(peer: &mut UnixStream, f: &[u8]) {
-        peer.write_all(&(f.len() as u32).to_be_bytes()).unwrap();
-        peer.write_all(f).unwrap();
-    }
-
-    fn read_framed(peer: &mut UnixStream) -> Vec<u8> {
-        let mut length = [0u8; 4];
-        peer.read_exact(&mut length).unwrap();
-        let mut body = vec![0u8; u32::from_be_bytes(length) as usize];
-        peer.read_exact(&mut body).unwrap();
-        body
+    #[test]
+    fn a_refused_frame_stays_first_and_a_full_outbox_refuses_unix() {
+        refused_frame_stays_first_and_full_outbox_refuses(Kind::Unix);
     }
 
     #[test]
-    fn a_listening_wire_takes_the_next_peer_as_the_same_port_once_the_first_closes() {
-        let dir = std::env::temp_dir().join(format!("kumo-wire-{}", std::process::id()));
-        let _ = std::fs::create_dir_all(&dir);
-        let path = dir.join("w.sock");
-        let _ = std::fs::remove_file(&path);
-        let listener = UnixListener::bind(&path).unwrap();
-        let mut first = UnixStream::connect(&path).unwrap();
-        let (ours, _) = listener.accept().unwrap();
+    fn a_refused_frame_stays_first_and_a_full_outbox_refuses_tcp() {
+        refused_frame_stays_first_and_full_outbox_refuses(Kind::Tcp);
+    }
+
+    fn listening_wire_takes_the_next_peer(kind: Kind) {
+        let mut endpoint = Endpoint::new(kind);
+        let mut first = endpoint.connect();
+        let listener = endpoint.listener.take().unwrap();
+        let ours = listener.accept().unwrap();
         let wire = Wire::start_listening(ours, listener, None).unwrap();
         send_framed(&mut first, &frame(64, 1));
         eventually("the first peer's frame", || wire.stats().frames_in == 1);
         // The next peer connects while the first still holds the port: it waits.
-        let mut second = UnixStream::connect(&path).unwrap();
+        let mut second = endpoint.connect();
         send_framed(&mut second, &frame(64, 2));
         std::thread::sleep(Duration::from_millis(50));
         assert_eq!(
@@ -503,10 +595,8 @@ mod tests {
         assert_eq!(got, [frame(64, 1), frame(64, 2)]);
         // Frames now go to the second peer (the first one sent to the gone peer may
         // be lost: the writer learns of it by failing).
+        set_read_timeout(&second, Duration::from_secs(10));
         let mut seen = false;
-        second
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .unwrap();
         for seed in 10..20u8 {
             assert!(wire.send(&frame(90, seed)));
             if read_framed(&mut second) == frame(90, seed) {
@@ -516,15 +606,29 @@ mod tests {
         }
         assert!(seen, "the second peer receives the wire's frames");
         wire.close();
-        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn set_read_timeout(stream: &WireStream, timeout: Duration) {
+        match stream {
+            WireStream::Unix(s) => s.set_read_timeout(Some(timeout)).unwrap(),
+            WireStream::Tcp(s) => s.set_read_timeout(Some(timeout)).unwrap(),
+        }
     }
 
     #[test]
-    fn a_length_past_the_largest_frame_closes_the_wire_counted() {
-        let (ours, mut peer) = UnixStream::pair().unwrap();
+    fn a_listening_wire_takes_the_next_peer_as_the_same_port_once_the_first_closes_unix() {
+        listening_wire_takes_the_next_peer(Kind::Unix);
+    }
+
+    #[test]
+    fn a_listening_wire_takes_the_next_peer_as_the_same_port_once_the_first_closes_tcp() {
+        listening_wire_takes_the_next_peer(Kind::Tcp);
+    }
+
+    fn bad_length_closes_the_wire_counted(kind: Kind, length: u32) {
+        let (ours, mut peer) = pair(kind);
         let wire = Wire::start(ours, None).unwrap();
-        peer.write_all(&(MAX_FRAME_LEN as u32 + 1).to_be_bytes())
-            .unwrap();
+        peer.write_all(&length.to_be_bytes()).unwrap();
         eventually("the bad length counted", || wire.stats().malformed == 1);
         // Nothing after it is read: the stream lost its framing.
         let f = frame(64, 0);
@@ -532,6 +636,34 @@ mod tests {
         let _ = peer.write_all(&f);
         std::thread::sleep(Duration::from_millis(50));
         assert_eq!(wire.stats().frames_in, 0);
+        wire.close();
+    }
+
+    #[test]
+    fn a_length_past_the_largest_frame_closes_the_wire_counted_unix() {
+        bad_length_closes_the_wire_counted(Kind::Unix, MAX_FRAME_LEN as u32 + 1);
+    }
+
+    #[test]
+    fn a_length_past_the_largest_frame_closes_the_wire_counted_tcp() {
+        bad_length_closes_the_wire_counted(Kind::Tcp, MAX_FRAME_LEN as u32 + 1);
+        bad_length_closes_the_wire_counted(Kind::Tcp, u32::MAX);
+        bad_length_closes_the_wire_counted(Kind::Tcp, 0);
+    }
+
+    #[test]
+    fn a_tcp_peer_that_closes_mid_frame_ends_the_wire_quietly() {
+        let (ours, mut peer) = pair(Kind::Tcp);
+        let wire = Wire::start(ours, None).unwrap();
+        peer.write_all(&100u32.to_be_bytes()).unwrap();
+        peer.write_all(&[1; 10]).unwrap();
+        drop(peer);
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(
+            wire.stats(),
+            WireStats::default(),
+            "nothing taken, nothing malformed"
+        );
         wire.close();
     }
 }

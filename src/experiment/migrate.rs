@@ -802,7 +802,9 @@ mod tests {
             assert_eq!(net.job_size, Some(NODE_RANKS + MOVING_VCPUS));
             assert_eq!(
                 net.wire,
-                Some(crate::spec::job::WireSpec::Listen("/tmp/w.sock".into()))
+                Some(crate::spec::job::WireSpec::Listen(
+                    crate::spec::job::WireAddr::Unix("/tmp/w.sock".into())
+                ))
             );
             assert!(node.domains[1].cmdline().contains("mpi=1:4:1"));
         }

@@ -89,15 +89,79 @@ pub fn sched_words(ranks_per_vcpu: u32, guest_hz: Option<u32>) -> Result<String>
     Ok(words)
 }
 
-/// The other end of a wire: a UNIX socket in QEMU's stream framing.
+/// The forms a wire takes, for messages.
+const WIRE_FORMS: &str = "a wire is unix:PATH or tcp:HOST:PORT (connect), \
+     listen:unix:PATH or listen:tcp:HOST:PORT (listen); an IPv6 HOST in brackets: tcp:[::1]:5000";
+
+/// Where a wire's other end is: a UNIX socket's path, or a TCP host (an IPv4 or IPv6
+/// literal, or a name) and port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WireAddr {
+    Unix(PathBuf),
+    Tcp { host: String, port: u16 },
+}
+
+impl std::fmt::Display for WireAddr {
+    /// As it is written after `unix:` / `tcp:` (an IPv6 host in brackets).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WireAddr::Unix(path) => write!(f, "unix:{}", path.display()),
+            WireAddr::Tcp { host, port } if host.contains(':') => {
+                write!(f, "tcp:[{host}]:{port}")
+            }
+            WireAddr::Tcp { host, port } => write!(f, "tcp:{host}:{port}"),
+        }
+    }
+}
+
+/// The other end of a wire in QEMU's stream framing (`-netdev stream`): a UNIX socket
+/// (`addr.type=unix`) or TCP (`addr.type=inet`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WireSpec {
     /// Connect to a listener (QEMU's `-netdev stream,server=on`, another kumo's
     /// `listen:`), retrying while it is not there yet.
-    Connect(PathBuf),
-    /// Listen (QEMU's `server=off`, another kumo's `unix:`): one peer at a time, the
-    /// next taking the port when one leaves.
-    Listen(PathBuf),
+    Connect(WireAddr),
+    /// Listen (QEMU's `server=off`, another kumo's `unix:`/`tcp:`): one peer at a
+    /// time, the next taking the port when one leaves. A TCP port of 0 takes a free
+    /// one (logged).
+    Listen(WireAddr),
+}
+
+/// `HOST:PORT` after `tcp:`, with an IPv6 HOST in brackets.
+fn parse_tcp(rest: &str, listen: bool) -> Result<WireAddr, String> {
+    let (host, port) = if let Some(bracketed) = rest.strip_prefix('[') {
+        let (host, after) = bracketed
+            .split_once(']')
+            .ok_or("an IPv6 host's bracket is not closed")?;
+        host.parse::<std::net::Ipv6Addr>()
+            .map_err(|_| format!("{host:?} in brackets is not an IPv6 address"))?;
+        let port = after
+            .strip_prefix(':')
+            .ok_or("no :PORT after the bracketed host")?;
+        (host, port)
+    } else {
+        let (host, port) = rest.rsplit_once(':').ok_or("no :PORT")?;
+        if host.contains(':') {
+            return Err(format!("{host:?}: an IPv6 host goes in brackets"));
+        }
+        (host, port)
+    };
+    if host.is_empty() {
+        return Err("no HOST".into());
+    }
+    if host.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!("{host:?} is not a host name or address"));
+    }
+    let port: u16 = port
+        .parse()
+        .map_err(|_| format!("the port {port:?} is not a number from 0 to 65535"))?;
+    if port == 0 && !listen {
+        return Err("port 0 names no peer to connect to".into());
+    }
+    Ok(WireAddr::Tcp {
+        host: host.into(),
+        port,
+    })
 }
 
 impl std::str::FromStr for WireSpec {
@@ -107,13 +171,31 @@ impl std::str::FromStr for WireSpec {
             Some(rest) => (true, rest),
             None => (false, text),
         };
-        match rest.strip_prefix("unix:") {
-            Some(path) if !path.is_empty() => Ok(if listen {
-                WireSpec::Listen(path.into())
+        let addr = if let Some(path) = rest.strip_prefix("unix:") {
+            if path.is_empty() {
+                Err("no PATH".to_string())
             } else {
-                WireSpec::Connect(path.into())
-            }),
-            _ => Err(format!("{text:?}: a wire is unix:PATH or listen:unix:PATH")),
+                Ok(WireAddr::Unix(path.into()))
+            }
+        } else if let Some(host_port) = rest.strip_prefix("tcp:") {
+            parse_tcp(host_port, listen)
+        } else {
+            Err("neither unix: nor tcp:".into())
+        };
+        let addr = addr.map_err(|why| format!("{text:?}: {why}; {WIRE_FORMS}"))?;
+        Ok(if listen {
+            WireSpec::Listen(addr)
+        } else {
+            WireSpec::Connect(addr)
+        })
+    }
+}
+
+impl std::fmt::Display for WireSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WireSpec::Connect(addr) => write!(f, "{addr}"),
+            WireSpec::Listen(addr) => write!(f, "listen:{addr}"),
         }
     }
 }
@@ -167,4 +249,93 @@ pub fn npb_list(specs: &[Spec]) -> String {
         .map(ToString::to_string)
         .collect::<Vec<_>>()
         .join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tcp(host: &str, port: u16) -> WireAddr {
+        WireAddr::Tcp {
+            host: host.into(),
+            port,
+        }
+    }
+
+    #[test]
+    fn wires_parse_in_every_accepted_form_and_print_back() {
+        for (text, spec) in [
+            (
+                "unix:/tmp/w.sock",
+                WireSpec::Connect(WireAddr::Unix("/tmp/w.sock".into())),
+            ),
+            (
+                "listen:unix:/tmp/w.sock",
+                WireSpec::Listen(WireAddr::Unix("/tmp/w.sock".into())),
+            ),
+            (
+                "tcp:127.0.0.1:5000",
+                WireSpec::Connect(tcp("127.0.0.1", 5000)),
+            ),
+            (
+                "tcp:node-b.example:65535",
+                WireSpec::Connect(tcp("node-b.example", 65535)),
+            ),
+            ("tcp:[::1]:5000", WireSpec::Connect(tcp("::1", 5000))),
+            (
+                "listen:tcp:0.0.0.0:5000",
+                WireSpec::Listen(tcp("0.0.0.0", 5000)),
+            ),
+            ("listen:tcp:[::]:5000", WireSpec::Listen(tcp("::", 5000))),
+            (
+                "listen:tcp:localhost:0",
+                WireSpec::Listen(tcp("localhost", 0)),
+            ),
+        ] {
+            assert_eq!(text.parse::<WireSpec>(), Ok(spec.clone()), "{text}");
+            assert_eq!(spec.to_string(), text);
+        }
+    }
+
+    #[test]
+    fn bad_wires_are_refused_naming_the_fault_and_the_accepted_forms() {
+        let forms = "a wire is unix:PATH or tcp:HOST:PORT (connect), listen:unix:PATH or \
+                     listen:tcp:HOST:PORT (listen); an IPv6 HOST in brackets: tcp:[::1]:5000";
+        for (text, why) in [
+            ("/tmp/w.sock", "neither unix: nor tcp:"),
+            ("", "neither unix: nor tcp:"),
+            ("listen:", "neither unix: nor tcp:"),
+            ("udp:1.2.3.4:5", "neither unix: nor tcp:"),
+            ("unix:", "no PATH"),
+            ("listen:unix:", "no PATH"),
+            ("tcp:", "no :PORT"),
+            ("tcp:127.0.0.1", "no :PORT"),
+            ("tcp::5000", "no HOST"),
+            ("tcp:[]:5000", "\"\" in brackets is not an IPv6 address"),
+            ("tcp:127.0.0.1:0", "port 0 names no peer to connect to"),
+            (
+                "tcp:h:65536",
+                "the port \"65536\" is not a number from 0 to 65535",
+            ),
+            ("tcp:h:", "the port \"\" is not a number from 0 to 65535"),
+            (
+                "tcp:h:-1",
+                "the port \"-1\" is not a number from 0 to 65535",
+            ),
+            ("tcp:::1:5000", "\"::1\": an IPv6 host goes in brackets"),
+            ("tcp:[::1:5000", "an IPv6 host's bracket is not closed"),
+            ("tcp:[::1]5000", "no :PORT after the bracketed host"),
+            (
+                "tcp:[host]:5000",
+                "\"host\" in brackets is not an IPv6 address",
+            ),
+            ("tcp:a b:5000", "\"a b\" is not a host name or address"),
+        ] {
+            assert_eq!(
+                text.parse::<WireSpec>(),
+                Err(format!("{text:?}: {why}; {forms}")),
+                "{text}"
+            );
+        }
+    }
 }

@@ -54,8 +54,9 @@ pub struct NetworkFile {
     pub job_size: Option<u32>,
     /// The rank of the node's first MPI domain (default 0).
     pub first_rank: Option<u32>,
-    /// The wire to the job's other ranks, as `kumo mpi --wire`: `unix:PATH` connects,
-    /// `listen:unix:PATH` listens and takes a rank VM that moved as the same port.
+    /// The wire to the job's other ranks, as `kumo mpi --wire`: `unix:PATH` or
+    /// `tcp:HOST:PORT` connects, `listen:unix:PATH` or `listen:tcp:HOST:PORT` listens
+    /// and takes a rank VM that moved as the same port.
     pub wire: Option<String>,
     /// Seconds the wire waits for its peer (default 30).
     pub wire_wait_s: Option<f64>,
@@ -985,7 +986,22 @@ guest_hz = 1000
         let network = n.network.as_ref().unwrap();
         assert_eq!(
             network.wire,
-            Some(crate::spec::job::WireSpec::Connect("/tmp/w".into()))
+            Some(crate::spec::job::WireSpec::Connect(
+                crate::spec::job::WireAddr::Unix("/tmp/w".into())
+            ))
+        );
+        let tcp = node(&format!(
+            "{net}job_size = 4\nfirst_rank = 1\nwire = \"listen:tcp:[::]:7000\"\n{two}"
+        ))
+        .unwrap();
+        assert_eq!(
+            tcp.network.unwrap().wire,
+            Some(crate::spec::job::WireSpec::Listen(
+                crate::spec::job::WireAddr::Tcp {
+                    host: "::".into(),
+                    port: 7000
+                }
+            ))
         );
         assert_eq!(network.wire_wait, std::time::Duration::from_secs(5));
         assert!(n.domains[0].cmdline().contains("mpi=1:4:1"));
@@ -1004,8 +1020,9 @@ guest_hz = 1000
             ("job_size = 99\nwire = \"unix:/w\"\n", "needs 2 to"),
             (
                 "wire = \"tcp:x\"\n",
-                "a wire is unix:PATH or listen:unix:PATH",
+                "[network]: wire: \"tcp:x\": no :PORT; a wire is unix:PATH or tcp:HOST:PORT",
             ),
+            ("wire = \"tcp:x:0\"\n", "port 0 names no peer to connect to"),
             (
                 "wire = \"unix:/w\"\nwire_wait_s = -1\n",
                 "wire_wait_s -1 is not 0 to 3600",

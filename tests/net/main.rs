@@ -23,3 +23,4 @@ mod npb_mpi_protocol;
 mod passthrough;
 mod qemu_net;
 mod qemu_peer;
+mod wire_tcp;

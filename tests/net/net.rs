@@ -236,6 +236,32 @@ fn bad_wire_input_is_refused_in_one_line() {
             "cannot reach the wire /nonexistent/w.sock",
         ),
         (
+            &[
+                "mpi",
+                "--vms",
+                "1",
+                "--job-size",
+                "2",
+                "--wire",
+                "tcp:127.0.0.1:1",
+                "--wire-wait",
+                "0.1",
+            ][..],
+            "cannot reach the wire tcp:127.0.0.1:1 within 0.1 s: Connection refused",
+        ),
+        (
+            &[
+                "mpi",
+                "--vms",
+                "1",
+                "--job-size",
+                "2",
+                "--wire",
+                "listen:tcp:192.0.2.1:5000",
+            ][..],
+            "cannot listen on tcp:192.0.2.1:5000",
+        ),
+        (
             &["mpi", "--vms", "1", "--job-size", "2"][..],
             "give a --wire",
         ),

@@ -240,15 +240,21 @@ fn two_qemu_vms_on_a_udp_dgram_wire_verify_despite_its_losses() {
 /// guest command line `append`) on one stream wire: QEMU listens, kumo connects (it
 /// waits for the socket). Returns (kumo's output, QEMU's).
 fn kumo_beside_qemu(name: &str, append: &str, extra: &[&str]) -> (Output, Output) {
-    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let guest = dumped_guest();
     let socket = scratch(&format!("{name}.sock"));
     let _ = std::fs::remove_file(&socket);
     let path = socket.to_str().unwrap().to_owned();
     let server = format!("stream,id=n0,server=on,addr.type=unix,addr.path={path}");
-    let mut qemu = vm(&guest, &server, 1, append);
+    let outputs = kumo_beside_qemu_on(&server, &format!("unix:{path}"), append, extra);
+    let _ = std::fs::remove_file(&socket);
+    outputs
+}
+
+/// As [`kumo_beside_qemu`] with QEMU's netdev `server` and kumo's `--wire wire`.
+fn kumo_beside_qemu_on(server: &str, wire: &str, append: &str, extra: &[&str]) -> (Output, Output) {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let guest = dumped_guest();
+    let mut qemu = vm(&guest, server, 1, append);
     let peer = std::thread::spawn(move || run_with_hang_guard(&mut qemu));
-    let wire = format!("unix:{path}");
     let mut args = vec![
         "mpi",
         "--vms",
@@ -256,7 +262,7 @@ fn kumo_beside_qemu(name: &str, append: &str, extra: &[&str]) -> (Output, Output
         "--job-size",
         "2",
         "--wire",
-        &wire,
+        wire,
         "--json",
         "--timeout",
         "120",
@@ -264,7 +270,6 @@ fn kumo_beside_qemu(name: &str, append: &str, extra: &[&str]) -> (Output, Output
     args.extend_from_slice(extra);
     let ours = kumo(&args);
     let theirs = peer.join().unwrap();
-    let _ = std::fs::remove_file(&socket);
     (ours, theirs)
 }
 
@@ -274,8 +279,33 @@ fn a_kumo_vm_and_a_qemu_vm_share_one_wire_and_both_verify() {
         return;
     }
     let (ours, theirs) = kumo_beside_qemu("kumo-qemu", "net=check", &[]);
+    assert_both_checked(&ours, &theirs);
+}
+
+/// The same over TCP: QEMU's `-netdev stream,addr.type=inet` listens, kumo's
+/// `tcp:127.0.0.1:PORT` connects; the framing is the same.
+#[test]
+fn a_kumo_vm_and_a_qemu_vm_share_a_tcp_wire_and_both_verify() {
+    if !kvm_available() || !qemu_available() {
+        return;
+    }
+    // A free port, taken from the kernel and released for QEMU.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let server =
+        format!("stream,id=n0,server=on,addr.type=inet,addr.host=127.0.0.1,addr.port={port}");
+    let (ours, theirs) =
+        kumo_beside_qemu_on(&server, &format!("tcp:127.0.0.1:{port}"), "net=check", &[]);
+    assert_both_checked(&ours, &theirs);
+}
+
+/// kumo's rank 0 and QEMU's rank 1 both verified the network check.
+fn assert_both_checked(ours: &Output, theirs: &Output) {
     assert_eq!(ours.status.code(), Some(0), "{}", text(&ours.stderr));
-    let rows = json_lines(&ours);
+    let rows = json_lines(ours);
     assert_eq!(
         rows[0]["rank"],
         serde_json::json!(0),
