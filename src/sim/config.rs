@@ -815,6 +815,106 @@ phases = ["compute:1.5", "exchange:ring:100"]
     }
 
     #[test]
+    fn ranks_per_vcpu_number_ranks_as_the_guest_and_default_its_tick() {
+        let text = SMALL
+            .replace(
+                "name = \"b\"\nvcpus = 2",
+                "name = \"b\"\nvcpus = 2\nranks_per_vcpu = 3",
+            )
+            .replace(
+                "dom0_weight = 64\n[[node.domain]]\nname = \"a\"",
+                "dom0_weight = 64\n[[node.domain]]\nname = \"a\"\nguest_hz = 1000",
+            );
+        let text = format!(
+            "{text}[[scenario]]\nname = \"base\"\n[[scenario]]\nname = \"fast\"\nguest_hz = 5000\n"
+        );
+        let sim = parse(&text).unwrap();
+        // vCPU v of b runs ranks FIRST + 3v .. FIRST + 3v + 2 (FIRST = 1).
+        let places: Vec<(usize, usize, u32)> = sim
+            .ranks
+            .iter()
+            .map(|r| (r.node, r.domain, r.vcpu))
+            .collect();
+        assert_eq!(
+            places,
+            [
+                (0, 1, 0),
+                (0, 2, 0),
+                (0, 2, 0),
+                (0, 2, 0),
+                (0, 2, 1),
+                (0, 2, 1),
+                (0, 2, 1),
+                (1, 1, 0)
+            ]
+        );
+        let hz = |n: usize, d: usize| {
+            let d = &sim.nodes[n].domains[d];
+            (d.ranks_per_vcpu, d.guest_hz)
+        };
+        assert_eq!(hz(0, 0), (1, None));
+        assert_eq!(hz(0, 1), (1, None));
+        assert_eq!(hz(0, 2), (3, Some(DEFAULT_GUEST_HZ)));
+        assert_eq!(hz(1, 1), (1, Some(1000)));
+        assert_eq!(sim.scenarios[0].guest_hz, None);
+        assert_eq!(sim.scenarios[1].guest_hz, Some(5000));
+        assert_eq!(sim.programs[0].bodies.len(), 8);
+    }
+
+    #[test]
+    fn bad_guest_values_are_refused_naming_the_item_and_range() {
+        let cases = [
+            (
+                "ranks_per_vcpu = 0",
+                "node 'n0' domain 'b': ranks_per_vcpu 0 is outside 1..=16",
+            ),
+            (
+                "ranks_per_vcpu = 17",
+                "node 'n0' domain 'b': ranks_per_vcpu 17 is outside 1..=16",
+            ),
+            (
+                "guest_hz = 0",
+                "node 'n0' domain 'b': guest_hz 0 is outside 1..=5000",
+            ),
+            (
+                "guest_hz = 5001",
+                "node 'n0' domain 'b': guest_hz 5001 is outside 1..=5000",
+            ),
+            ("ranks_per_vcpu = -1", "invalid value: integer `-1`"),
+            ("ranks = 2", "unknown field `ranks`"),
+        ];
+        for (key, message) in cases {
+            let text = SMALL.replace("weight = 512", &format!("weight = 512\n{key}"));
+            let e = error(&text);
+            if message.starts_with("node") {
+                assert_eq!(e, message);
+            } else {
+                assert!(e.contains(message), "{e:?} lacks {message:?}");
+            }
+        }
+        assert_eq!(
+            error(&format!(
+                "{SMALL}[[scenario]]\nname = \"x\"\nguest_hz = 9000\n"
+            )),
+            "scenario 'x': guest_hz 9000 is outside 1..=5000"
+        );
+        assert_eq!(
+            error(&format!("{SMALL}[costs]\nguest_switch_us = -94\n")),
+            "costs.guest_switch_us -94 is outside 0..=1000000 (microseconds)"
+        );
+        assert!(error(&format!("{SMALL}[costs]\nshm_us = 2e6\n")).contains("costs.shm_us"));
+        // 2 vCPUs x 16 ranks x 33 domains is above the simulated 1024.
+        let mut many = String::from("[[node]]\nname = \"n\"\npcpus = 2\n");
+        for i in 0..33 {
+            many.push_str(&format!(
+                "[[node.domain]]\nname = \"d{i}\"\nvcpus = 2\nranks_per_vcpu = 16\n"
+            ));
+        }
+        many.push_str("[[program]]\nname = \"p\"\nphases = [\"compute:1\"]\n");
+        assert_eq!(error(&many), "1056 ranks: at most 1024 are simulated");
+    }
+
+    #[test]
     fn rank_lists_and_the_shorthand_give_bodies() {
         let text = SMALL.replace(
             "phases = [\"compute:1.5\", \"exchange:ring:100\"]",
