@@ -5,8 +5,13 @@
 //! not silently become the default), and every error names the field, the item
 //! (node, domain, program, scenario) and the allowed range.
 //!
-//! Ranks are the domains' vCPUs (domain 0 excluded), numbered node by node in file
-//! order: with S1's cluster, ranks 0 and 1 run on the first node, 2 and 3 on the second.
+//! Ranks run on the domains' vCPUs (domain 0 excluded), `ranks_per_vcpu` on each,
+//! numbered node by node, domain by domain in file order, and inside a domain as
+//! kumo's guest numbers them (`guests/user/src/main.rs`, `MpiJob::run`): vCPU v runs
+//! ranks FIRST + v*R .. FIRST + v*R + R - 1, its task k rank FIRST + v*R + k. With
+//! S1's cluster of 1-vCPU DomUs and R = 1, ranks 0 and 1 run on the first node, 2
+//! and 3 on the second; with R = 2, ranks 0-1 share u0's vCPU on the first node,
+//! 2-3 u1's, 4-7 the second node's.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -16,6 +21,7 @@ use serde::Deserialize;
 
 use super::program::{self, Pattern, Phase, Step};
 use crate::ctl::SchedUpdate;
+use crate::spec::job::{MAX_GUEST_HZ, MAX_RANKS_PER_VCPU};
 use crate::spec::node::{DEFAULT_WEIGHT, WEIGHT_RANGE};
 use crate::spec::sched as sched_params;
 
@@ -25,6 +31,9 @@ pub const DOM0: &str = "dom0";
 pub const MAX_RANKS: u32 = 1024;
 /// Most vCPUs of one domain (as many as one scheduler's pCPUs).
 const MAX_VCPUS: u32 = sched::MAX_PCPUS;
+/// The guest's tick when a domain runs several ranks per vCPU and gives none (a 2009
+/// Linux guest's HZ, as kumo's guest: `docs/guests-multirank.md`).
+pub const DEFAULT_GUEST_HZ: u32 = 250;
 /// Longest simulated time of one run (one day).
 const MAX_DURATION_S: f64 = 86_400.0;
 
@@ -78,6 +87,15 @@ pub struct Costs {
     /// Between nodes: latency of the wire and switch, and each node's link rate.
     pub network_latency_us: f64,
     pub network_mb_s: f64,
+    /// CPU a guest tick takes from the vCPU it interrupts (the guest scheduler's
+    /// timer interrupt: ring 0 is emulated on kumo's hosts).
+    pub guest_tick_us: f64,
+    /// A rank switch inside the guest, on top of the tick when a tick switches, or
+    /// on a yield or block.
+    pub guest_switch_us: f64,
+    /// A message between ranks of one domain through shared memory (several ranks
+    /// per vCPU), charged to the sender.
+    pub shm_us: f64,
 }
 
 impl Default for Costs {
@@ -91,6 +109,10 @@ impl Default for Costs {
             dom0_per_kib_us: 5.0,
             network_latency_us: 30.0,
             network_mb_s: 117.0,
+            // No guest scheduler in files written before it: unchanged results.
+            guest_tick_us: 0.0,
+            guest_switch_us: 0.0,
+            shm_us: 0.0,
         }
     }
 }
@@ -118,6 +140,12 @@ struct DomainFile {
     weight: u32,
     #[serde(default)]
     cap: u32,
+    /// MPI ranks multiplexed on each vCPU by the guest's scheduler.
+    #[serde(default = "one")]
+    ranks_per_vcpu: u32,
+    /// The guest's tick in Hz (default [`DEFAULT_GUEST_HZ`] when `ranks_per_vcpu` > 1;
+    /// none with one rank per vCPU unless given).
+    guest_hz: Option<u32>,
 }
 
 fn one() -> u32 {
@@ -174,6 +202,8 @@ struct ScenarioFile {
     dom0_weight: Option<u32>,
     /// Overrides every program's way of waiting.
     wait: Option<Wait>,
+    /// Every domain's guest tick in Hz (a domain of one rank per vCPU then ticks too).
+    guest_hz: Option<u32>,
     #[serde(rename = "domain", default)]
     domains: Vec<ScenarioDomainFile>,
 }
@@ -195,8 +225,12 @@ pub enum Wait {
     /// MPI's busy-wait: the vCPU stays runnable and burns its pCPU (S1's case).
     #[default]
     Spin,
-    /// Halt until it arrives (an interrupt-driven receive).
+    /// Halt until it arrives (an interrupt-driven receive). With several ranks per
+    /// vCPU the rank sleeps and the others run; the vCPU halts when all sleep.
     Block,
+    /// Poll, and hand the vCPU to another rank of it after every idle poll (the
+    /// guest's `sched_yield`); alone, as spinning.
+    Yield,
 }
 
 impl Wait {
@@ -204,6 +238,7 @@ impl Wait {
         match self {
             Wait::Spin => "spin",
             Wait::Block => "block",
+            Wait::Yield => "yield",
         }
     }
 }
@@ -235,9 +270,14 @@ pub struct Domain {
     pub vcpus: u32,
     pub weight: u32,
     pub cap: u32,
+    /// Ranks on each vCPU (1 for domain 0, which runs none).
+    pub ranks_per_vcpu: u32,
+    /// The guest's tick (`None`: not modelled).
+    pub guest_hz: Option<u32>,
 }
 
-/// A rank's node, domain (index into `Node::domains`) and vCPU within the domain.
+/// A rank's node, domain (index into `Node::domains`) and vCPU within the domain
+/// (its task on that vCPU is its rank minus the vCPU's first).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RankPlace {
     pub node: usize,
@@ -259,6 +299,8 @@ pub struct Scenario {
     pub name: String,
     pub params: sched::Params,
     pub wait: Option<Wait>,
+    /// Overrides every domain's guest tick.
+    pub guest_hz: Option<u32>,
     /// Weight and cap of every domain of every node (same shape as `Node::domains`).
     pub shares: Vec<Vec<(u32, u32)>>,
 }
@@ -307,6 +349,13 @@ fn check_cap(what: &str, cap: u32, pcpus: u32) -> Result<()> {
     Ok(())
 }
 
+fn check_guest_hz(what: &str, hz: u32) -> Result<()> {
+    if !(1..=MAX_GUEST_HZ).contains(&hz) {
+        bail!("{what}: guest_hz {hz} is outside 1..={MAX_GUEST_HZ}");
+    }
+    Ok(())
+}
+
 fn check_name(what: &str, name: &str) -> Result<()> {
     if name.is_empty() || name.chars().any(|c| c.is_whitespace() || c.is_control()) {
         bail!("{what} name '{name}' must be one non-empty word");
@@ -350,6 +399,9 @@ fn check_costs(c: Costs) -> Result<Costs> {
         ("dom0_per_message_us", c.dom0_per_message_us),
         ("dom0_per_kib_us", c.dom0_per_kib_us),
         ("network_latency_us", c.network_latency_us),
+        ("guest_tick_us", c.guest_tick_us),
+        ("guest_switch_us", c.guest_switch_us),
+        ("shm_us", c.shm_us),
     ];
     for (name, value) in named {
         if !(0.0..=1e6).contains(&value) {
@@ -397,6 +449,8 @@ fn check_nodes(files: Vec<NodeFile>) -> Result<(Vec<Node>, Vec<RankPlace>)> {
             vcpus: n.dom0_vcpus,
             weight: n.dom0_weight,
             cap: 0,
+            ranks_per_vcpu: 1,
+            guest_hz: None,
         }];
         for d in n.domains {
             check_name("domain", &d.name)?;
@@ -412,18 +466,36 @@ fn check_nodes(files: Vec<NodeFile>) -> Result<(Vec<Node>, Vec<RankPlace>)> {
             if !(1..=MAX_VCPUS).contains(&d.vcpus) {
                 bail!("{what}: vcpus {} is outside 1..={MAX_VCPUS}", d.vcpus);
             }
-            for vcpu in 0..d.vcpus {
-                ranks.push(RankPlace {
-                    node: nodes.len(),
-                    domain: domains.len(),
-                    vcpu,
-                });
+            if !(1..=MAX_RANKS_PER_VCPU).contains(&d.ranks_per_vcpu) {
+                bail!(
+                    "{what}: ranks_per_vcpu {} is outside 1..={MAX_RANKS_PER_VCPU}",
+                    d.ranks_per_vcpu
+                );
             }
+            if let Some(hz) = d.guest_hz {
+                check_guest_hz(&what, hz)?;
+            }
+            // vCPU v runs ranks first + v*R + k, k < R: the guest's own numbering.
+            for vcpu in 0..d.vcpus {
+                for _ in 0..d.ranks_per_vcpu {
+                    ranks.push(RankPlace {
+                        node: nodes.len(),
+                        domain: domains.len(),
+                        vcpu,
+                    });
+                }
+            }
+            let guest_hz = match d.guest_hz {
+                None if d.ranks_per_vcpu > 1 => Some(DEFAULT_GUEST_HZ),
+                hz => hz,
+            };
             domains.push(Domain {
                 name: d.name,
                 vcpus: d.vcpus,
                 weight: d.weight,
                 cap: d.cap,
+                ranks_per_vcpu: d.ranks_per_vcpu,
+                guest_hz,
             });
         }
         nodes.push(Node {
@@ -434,13 +506,10 @@ fn check_nodes(files: Vec<NodeFile>) -> Result<(Vec<Node>, Vec<RankPlace>)> {
         });
     }
     if ranks.is_empty() {
-        bail!("no [[node.domain]]: the ranks are the domains' vCPUs, and there are none");
+        bail!("no [[node.domain]]: the ranks run on the domains' vCPUs, and there are none");
     }
     if ranks.len() > MAX_RANKS as usize {
-        bail!(
-            "{} domain vCPUs (ranks): at most {MAX_RANKS} are simulated",
-            ranks.len()
-        );
+        bail!("{} ranks: at most {MAX_RANKS} are simulated", ranks.len());
     }
     Ok((nodes, ranks))
 }
@@ -571,6 +640,7 @@ fn check_scenarios(
             name: "base".into(),
             params: base,
             wait: None,
+            guest_hz: None,
             shares: file_shares,
         }]);
     }
@@ -593,6 +663,9 @@ fn check_scenarios(
             },
         )
         .with_context(|| what.clone())?;
+        if let Some(hz) = s.guest_hz {
+            check_guest_hz(&what, hz)?;
+        }
         let mut shares = file_shares.clone();
         if let Some(w) = s.dom0_weight {
             check_weight(&format!("{what} dom0"), w)?;
@@ -645,6 +718,7 @@ fn check_scenarios(
             name: s.name,
             params,
             wait: s.wait,
+            guest_hz: s.guest_hz,
             shares,
         });
     }
@@ -738,6 +812,106 @@ phases = ["compute:1.5", "exchange:ring:100"]
                 vec![(1024, 0), (256, 50)]
             ]
         );
+    }
+
+    #[test]
+    fn ranks_per_vcpu_number_ranks_as_the_guest_and_default_its_tick() {
+        let text = SMALL
+            .replace(
+                "name = \"b\"\nvcpus = 2",
+                "name = \"b\"\nvcpus = 2\nranks_per_vcpu = 3",
+            )
+            .replace(
+                "dom0_weight = 64\n[[node.domain]]\nname = \"a\"",
+                "dom0_weight = 64\n[[node.domain]]\nname = \"a\"\nguest_hz = 1000",
+            );
+        let text = format!(
+            "{text}[[scenario]]\nname = \"base\"\n[[scenario]]\nname = \"fast\"\nguest_hz = 5000\n"
+        );
+        let sim = parse(&text).unwrap();
+        // vCPU v of b runs ranks FIRST + 3v .. FIRST + 3v + 2 (FIRST = 1).
+        let places: Vec<(usize, usize, u32)> = sim
+            .ranks
+            .iter()
+            .map(|r| (r.node, r.domain, r.vcpu))
+            .collect();
+        assert_eq!(
+            places,
+            [
+                (0, 1, 0),
+                (0, 2, 0),
+                (0, 2, 0),
+                (0, 2, 0),
+                (0, 2, 1),
+                (0, 2, 1),
+                (0, 2, 1),
+                (1, 1, 0)
+            ]
+        );
+        let hz = |n: usize, d: usize| {
+            let d = &sim.nodes[n].domains[d];
+            (d.ranks_per_vcpu, d.guest_hz)
+        };
+        assert_eq!(hz(0, 0), (1, None));
+        assert_eq!(hz(0, 1), (1, None));
+        assert_eq!(hz(0, 2), (3, Some(DEFAULT_GUEST_HZ)));
+        assert_eq!(hz(1, 1), (1, Some(1000)));
+        assert_eq!(sim.scenarios[0].guest_hz, None);
+        assert_eq!(sim.scenarios[1].guest_hz, Some(5000));
+        assert_eq!(sim.programs[0].bodies.len(), 8);
+    }
+
+    #[test]
+    fn bad_guest_values_are_refused_naming_the_item_and_range() {
+        let cases = [
+            (
+                "ranks_per_vcpu = 0",
+                "node 'n0' domain 'b': ranks_per_vcpu 0 is outside 1..=16",
+            ),
+            (
+                "ranks_per_vcpu = 17",
+                "node 'n0' domain 'b': ranks_per_vcpu 17 is outside 1..=16",
+            ),
+            (
+                "guest_hz = 0",
+                "node 'n0' domain 'b': guest_hz 0 is outside 1..=5000",
+            ),
+            (
+                "guest_hz = 5001",
+                "node 'n0' domain 'b': guest_hz 5001 is outside 1..=5000",
+            ),
+            ("ranks_per_vcpu = -1", "invalid value: integer `-1`"),
+            ("ranks = 2", "unknown field `ranks`"),
+        ];
+        for (key, message) in cases {
+            let text = SMALL.replace("weight = 512", &format!("weight = 512\n{key}"));
+            let e = error(&text);
+            if message.starts_with("node") {
+                assert_eq!(e, message);
+            } else {
+                assert!(e.contains(message), "{e:?} lacks {message:?}");
+            }
+        }
+        assert_eq!(
+            error(&format!(
+                "{SMALL}[[scenario]]\nname = \"x\"\nguest_hz = 9000\n"
+            )),
+            "scenario 'x': guest_hz 9000 is outside 1..=5000"
+        );
+        assert_eq!(
+            error(&format!("{SMALL}[costs]\nguest_switch_us = -94\n")),
+            "costs.guest_switch_us -94 is outside 0..=1000000 (microseconds)"
+        );
+        assert!(error(&format!("{SMALL}[costs]\nshm_us = 2e6\n")).contains("costs.shm_us"));
+        // 2 vCPUs x 16 ranks x 33 domains is above the simulated 1024.
+        let mut many = String::from("[[node]]\nname = \"n\"\npcpus = 2\n");
+        for i in 0..33 {
+            many.push_str(&format!(
+                "[[node.domain]]\nname = \"d{i}\"\nvcpus = 2\nranks_per_vcpu = 16\n"
+            ));
+        }
+        many.push_str("[[program]]\nname = \"p\"\nphases = [\"compute:1\"]\n");
+        assert_eq!(error(&many), "1056 ranks: at most 1024 are simulated");
     }
 
     #[test]

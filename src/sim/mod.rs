@@ -256,6 +256,209 @@ mod tests {
         assert!(on > off, "spin: {on} s with, {off} s without");
     }
 
+    /// One node, one domain of `vcpus` vCPUs with `r` ranks each, a pCPU per vCPU (and
+    /// one for domain 0), guest costs as kumo measured them; `program` is the
+    /// `[[program]]` body, `extra` appended (scenarios).
+    fn multirank(vcpus: u32, r: u32, program: &str, extra: &str) -> String {
+        format!(
+            "duration_s = 60\n[costs]\nswitch_us = 29\nwake_us = 46\nguest_tick_us = 56\n\
+             guest_switch_us = 94\nshm_us = 2\n\
+             [[node]]\nname = \"n\"\npcpus = {}\n\
+             [[node.domain]]\nname = \"u\"\nvcpus = {vcpus}\nranks_per_vcpu = {r}\n\
+             [[program]]\nname = \"p\"\n{program}\n{extra}",
+            vcpus + 1
+        )
+    }
+
+    /// Ranks 0 and 1 (one vCPU) bounce a message 100 times.
+    const PING_PONG: &str = "iterations = 100\n\
+         [[program.rank]]\nranks = [0]\nphases = [\"send:1:8\", \"recv:1\"]\n\
+         [[program.rank]]\nranks = [1]\nphases = [\"recv:0\", \"send:0:8\"]\n";
+
+    fn scenario(name: &str, keys: &str) -> String {
+        format!("[[scenario]]\nname = \"{name}\"\n{keys}\n")
+    }
+
+    #[test]
+    fn ranks_sharing_a_vcpu_wait_for_each_other_a_tick_when_spinning_a_switch_when_yielding() {
+        let extra = [
+            scenario("spin", "wait = \"spin\""),
+            scenario("spin-1000", "wait = \"spin\"\nguest_hz = 1000"),
+            scenario("yield", "wait = \"yield\""),
+            scenario("block", "wait = \"block\""),
+        ]
+        .concat();
+        let r = run_text(&multirank(1, 2, PING_PONG, &extra));
+        let round_trip = |i: usize| {
+            let run = &r.runs[i];
+            assert!(run.finished, "{}", run.scenario);
+            // Shared memory: domain 0 never works.
+            assert_eq!(run.dom0_cpu_s, 0.0);
+            assert_eq!(run.messages, 200);
+            run.time_s.unwrap() / 100.0
+        };
+        // Spinning: each message waits for the tick that switches to its receiver, so
+        // a round trip is two tick periods (250 Hz: 8 ms; 1000 Hz: 2 ms).
+        let spin = round_trip(0);
+        assert!((spin - 8e-3).abs() < 0.01 * 8e-3, "{spin}");
+        let spin_1000 = round_trip(1);
+        assert!((spin_1000 - 2e-3).abs() < 0.01 * 2e-3, "{spin_1000}");
+        assert!(r.runs[0].busy_wait_s > 0.9 * r.runs[0].time_s.unwrap());
+        // Yielding: each message costs a rank switch (94 us) and its shared-memory copy.
+        let yielding = round_trip(2);
+        assert!(
+            (2.0 * 96e-6..2.0 * 96e-6 + 5e-6).contains(&yielding),
+            "{yielding}"
+        );
+        assert_eq!(r.runs[2].busy_wait_s, 0.0);
+        assert_eq!(r.runs[2].guest_switches, Some(200));
+        // Blocking with the other rank runnable switches to it, as a yield does.
+        let block = round_trip(3);
+        assert!((block - yielding).abs() < 1e-9, "{block} {yielding}");
+    }
+
+    #[test]
+    fn blocked_ranks_halt_their_vcpu_and_a_message_wakes_it() {
+        // Two domains of 2 ranks on one vCPU each, a pCPU each and one for domain 0:
+        // rank r sends to r+2 (the other domain, through domain 0) and waits for r-2.
+        // Blocking, nothing spins and each vCPU halts while domain 0 carries the
+        // messages; spinning, each vCPU runs all along.
+        let text = "duration_s = 60\n[costs]\nguest_tick_us = 56\nguest_switch_us = 94\n\
+             [[node]]\nname = \"n\"\npcpus = 3\n\
+             [[node.domain]]\nname = \"a\"\nranks_per_vcpu = 2\n\
+             [[node.domain]]\nname = \"b\"\nranks_per_vcpu = 2\n\
+             [[program]]\nname = \"p\"\niterations = 50\n\
+             phases = [\"compute:0.05\", \"send:+2:1000\", \"recv:-2\"]\n\
+             [[scenario]]\nname = \"block\"\nwait = \"block\"\n\
+             [[scenario]]\nname = \"spin\"\nwait = \"spin\"\n";
+        let r = run_text(text);
+        let (block, spin) = (&r.runs[0], &r.runs[1]);
+        assert!(block.finished && spin.finished);
+        assert_eq!(block.busy_wait_s, 0.0);
+        assert!(spin.busy_wait_s > 0.0);
+        assert_eq!(block.messages, 200);
+        let t = block.time_s.unwrap();
+        // At least two ranks' compute on each vCPU.
+        assert!(t > 2.0 * 50.0 * 0.05e-3, "{t}");
+        for d in &block.domains[1..] {
+            assert!(d.cpu_s < 0.9 * t, "{} halts: {} of {t}", d.domain, d.cpu_s);
+        }
+        let ts = spin.time_s.unwrap();
+        for d in &spin.domains[1..] {
+            assert!(
+                d.cpu_s > 0.99 * ts,
+                "{} spins: {} of {ts}",
+                d.domain,
+                d.cpu_s
+            );
+        }
+        // Each rank's CPU is its own: compute, send costs, its share of the guest.
+        for rank in &block.ranks {
+            assert!(rank.cpu_s >= 50.0 * 0.05e-3, "{rank:?}");
+        }
+    }
+
+    #[test]
+    fn the_guest_tick_slows_compute_by_its_cost_times_its_rate() {
+        // One rank alone on its pCPU, 1 s of compute: 250 ticks of 56 us take 1.4 %.
+        let alone = |r: u32, hz: &str, ms: u32| {
+            let program = format!("phases = [\"compute:{ms}\"]");
+            let text = multirank(1, r, &program, "")
+                .replace("ranks_per_vcpu", &format!("{hz}ranks_per_vcpu"));
+            let r = run_text(&text);
+            r.runs[0].time_s.unwrap()
+        };
+        let t = alone(1, "guest_hz = 250\n", 1000);
+        let expect = 1.0 / (1.0 - 56e-6 * 250.0);
+        assert!((t - expect).abs() < 1e-4, "{t} against {expect}");
+        // Without guest_hz one rank per vCPU has no guest tick: exact.
+        assert_eq!(alone(1, "", 1000), 1.0);
+        // Two ranks of 0.5 s: every tick also switches (56 + 94 us per 4 ms).
+        let t = alone(2, "", 500);
+        let expect = 1.0 / (1.0 - 150e-6 * 250.0);
+        assert!((t - expect).abs() < 1e-3, "{t} against {expect}");
+    }
+
+    #[test]
+    fn shared_memory_joins_the_ranks_of_one_domain_only() {
+        // 2 vCPUs x 2 ranks in u, 1 rank in v: 0 -> 1 (same vCPU), 0 -> 2 (other vCPU
+        // of u) through shared memory; 0 -> 4 (domain v) through domain 0.
+        let text = "[costs]\nshm_us = 3\ndom0_per_message_us = 20\ndom0_per_kib_us = 0\n\
+             [[node]]\nname = \"n\"\npcpus = 4\n\
+             [[node.domain]]\nname = \"u\"\nvcpus = 2\nranks_per_vcpu = 2\n\
+             [[node.domain]]\nname = \"v\"\n\
+             [[program]]\nname = \"p\"\nwait = \"block\"\n\
+             [[program.rank]]\nranks = [0]\nphases = [\"send:1:8\", \"send:2:8\", \"send:4:8\"]\n\
+             [[program.rank]]\nranks = [1]\nphases = [\"recv:0\"]\n\
+             [[program.rank]]\nranks = [2]\nphases = [\"recv:0\"]\n\
+             [[program.rank]]\nranks = [4]\nphases = [\"recv:0\"]\n";
+        let sim = parse(text).unwrap();
+        assert_eq!(sim.ranks.len(), 5);
+        let r = run(&sim).unwrap();
+        let run = &r.runs[0];
+        assert!(run.finished);
+        assert_eq!(run.messages, 3);
+        // One message's two sides in domain 0, not three.
+        assert!((run.dom0_cpu_s - 40e-6).abs() < 1e-12, "{}", run.dom0_cpu_s);
+        // Rank 2 (another vCPU, halted): woken at once, wake_us after the 2 x 3 us
+        // (its pCPU ran nothing else meanwhile: no switch cost).
+        let finish = |i: usize| run.ranks[i].finish_s.unwrap();
+        assert!((finish(2) - (6e-6 + 46e-6)).abs() < 1e-12, "{}", finish(2));
+        // Rank 1 (same vCPU: its bell does not preempt) runs once rank 0 is done
+        // with its three sends (3 + 3 + 5 us).
+        assert!((finish(0) - 11e-6).abs() < 1e-12, "{}", finish(0));
+        assert!((finish(1) - 11e-6).abs() < 1e-12, "{}", finish(1));
+    }
+
+    #[test]
+    fn one_rank_per_vcpu_is_unchanged_by_the_new_keys_at_their_defaults() {
+        let base = cluster(
+            1,
+            &[256, 128],
+            "iterations = 30\nphases = [\"compute:2\", \"exchange:ring:4000\", \"sleep:0.3\", \"io:20\"]",
+            10.0,
+        );
+        let explicit = base
+            .replace(
+                "wake_us = 0\n",
+                "wake_us = 0\nguest_tick_us = 0\nguest_switch_us = 0\nshm_us = 0\n",
+            )
+            .replace("weight = 128\n", "weight = 128\nranks_per_vcpu = 1\n");
+        for wait in ["spin", "block"] {
+            let scenario = format!("[[scenario]]\nname = \"s\"\nwait = \"{wait}\"\n");
+            let a = run_text(&format!("{base}{scenario}")).json();
+            assert_eq!(a, run_text(&format!("{explicit}{scenario}")).json());
+            assert!(!a.contains("guest"), "{a}");
+            // Guest costs without a guest tick change nothing either.
+            let costly = base.replace("wake_us = 0\n", "wake_us = 0\nguest_tick_us = 50\n");
+            assert_eq!(a, run_text(&format!("{costly}{scenario}")).json());
+        }
+    }
+
+    #[test]
+    fn several_ranks_per_vcpu_run_deterministically_and_deadlocks_are_found() {
+        let program = "iterations = 40\nphases = [\"compute:1\", \"exchange:alltoall:3000\", \"sleep:0.2\", \"allreduce:8\"]";
+        let extra = [
+            scenario("spin", ""),
+            scenario("yield", "wait = \"yield\"\ntslice_ms = 1\ntick_ms = 1"),
+            scenario("block", "wait = \"block\"\nguest_hz = 100"),
+        ]
+        .concat();
+        // Four ranks per vCPU, fewer pCPUs than vCPUs.
+        let text = multirank(3, 4, program, &extra).replace("pcpus = 4", "pcpus = 2");
+        let a = run_text(&text);
+        assert!(a.runs.iter().all(|r| r.finished), "{}", a.json());
+        assert_eq!(a.json(), run_text(&text).json());
+        assert!(a.json().contains("\"ranks_per_vcpu\":4"));
+        for wait in ["spin", "yield", "block"] {
+            let dead = multirank(1, 3, "phases = [\"recv:+1\"]", "")
+                .replace("\"p\"\n", &format!("\"p\"\nwait = \"{wait}\"\n"));
+            let e = format!("{:#}", run(&parse(&dead).unwrap()).unwrap_err());
+            assert!(e.contains("deadlock at"), "{wait}: {e}");
+            assert!(e.contains("rank 2 waits for rank 0"), "{wait}: {e}");
+        }
+    }
+
     #[test]
     fn runs_are_deterministic() {
         let text = cluster(

@@ -10,6 +10,14 @@
 //!   phase or a domain 0 job ends, or a spinning rank sees what it waits for).
 //! - `Wake`: an interrupt reaches a halted vCPU (`wake_us` after its cause) -> `wake`.
 //! - `Wire`: a message reaches the receiving node's domain 0.
+//! - `Alarm`: a sleeping rank's timer, on a vCPU of several ranks (with one rank,
+//!   the timer is its vCPU's `Wake`).
+//!
+//! A rank vCPU runs its ranks as tasks of a guest scheduler (one task, and no guest
+//! tick, unless the domain says otherwise): `Vcpu::act` is what its current task
+//! does, the others' activities are parked in their `Rank::parked`. A guest tick is
+//! not an event of its own: the running vCPU's `Done` comes at its next tick at the
+//! latest, and a tick that fell while it did not run comes at its next progress.
 //!
 //! `Timer` and `Done` events carry an epoch per pCPU; a newer one
 //! makes older ones stale (skipped), so deadlines can move without searching
@@ -39,6 +47,9 @@ struct Costs {
     wake: u64,
     tick: u64,
     send: u64,
+    guest_tick: u64,
+    guest_switch: u64,
+    shm: u64,
     dom0_message: u64,
     dom0_kib_us: f64,
     latency: u64,
@@ -52,6 +63,9 @@ impl Costs {
             wake: ns(c.wake_us),
             tick: ns(c.tick_us),
             send: ns(c.send_us),
+            guest_tick: ns(c.guest_tick_us),
+            guest_switch: ns(c.guest_switch_us),
+            shm: ns(c.shm_us),
             dom0_message: ns(c.dom0_per_message_us),
             dom0_kib_us: c.dom0_per_kib_us,
             latency: ns(c.network_latency_us),
@@ -86,6 +100,9 @@ pub struct Outcome {
     pub events: u64,
     /// Times a directed yield BOOSTed a rank's vCPU (`directed_yield`), all nodes.
     pub directed_boosts: u64,
+    /// Guest ticks delivered and rank switches inside guests, all vCPUs.
+    pub guest_ticks: u64,
+    pub guest_switches: u64,
 }
 
 /// CPU a vCPU (or domain) received, split by what it did with it.
@@ -97,7 +114,7 @@ pub struct Usage {
     pub work_ns: u64,
     /// Busy-waiting for a message or for domain 0.
     pub spin_ns: u64,
-    /// The rest: switch and tick costs.
+    /// The rest: switch and tick costs, the guest's ticks and rank switches.
     pub overhead_ns: u64,
 }
 
@@ -129,6 +146,7 @@ enum Event {
     Done { node: u32, pcpu: u32, epoch: u32 },
     Wake { vcpu: u32 },
     Wire { msg: Msg },
+    Alarm { rank: u32 },
 }
 
 /// What a vCPU is doing.
@@ -155,7 +173,23 @@ enum Job {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Role {
     Dom0,
-    Rank(u32),
+    /// Runs ranks (`Vcpu::tasks`).
+    Ranks,
+}
+
+/// The guest scheduler of a rank vCPU: its ranks are tasks, switched round robin at
+/// its periodic tick (a slice of one tick) and when the current one yields or sleeps.
+struct Guest {
+    /// Its ranks, task order (task k is rank `tasks[0] + k`).
+    tasks: Vec<usize>,
+    current: usize,
+    /// Nanoseconds between ticks (0: no tick).
+    period: u64,
+    /// When the next tick comes (host time, a multiple of `period`); one in the past
+    /// is pending (it came while the vCPU did not run).
+    next_tick: u64,
+    /// Guest kernel CPU (ticks, switches) the vCPU owes before its task progresses.
+    debt: u64,
 }
 
 struct Vcpu {
@@ -172,10 +206,15 @@ struct Vcpu {
     /// A `Wake` event is on the way.
     wake_pending: bool,
     usage: Usage,
+    guest: Guest,
 }
 
 struct Rank {
     vcpu: usize,
+    /// Its task's activity while another task of the vCPU is current.
+    parked: Act,
+    /// Its share of the vCPU's time (with several ranks per vCPU).
+    usage: Usage,
     body: Vec<Phase>,
     iteration: u64,
     index: usize,
@@ -229,6 +268,8 @@ struct Model<'a> {
     unfinished: usize,
     messages: u64,
     events: u64,
+    guest_ticks: u64,
+    guest_switches: u64,
 }
 
 /// Runs `program` on the cluster of `sim` under `scenario`.
@@ -256,6 +297,8 @@ impl<'a> Model<'a> {
             unfinished: 0,
             messages: 0,
             events: 0,
+            guest_ticks: 0,
+            guest_switches: 0,
         };
         for (n, node) in sim.nodes.iter().enumerate() {
             let mut sched = Scheduler::new(scenario.params, node.pcpus, 0)
@@ -264,6 +307,8 @@ impl<'a> Model<'a> {
             let mut dom0 = Vec::new();
             for (d, domain) in node.domains.iter().enumerate() {
                 let (weight, cap) = scenario.shares[n][d];
+                let hz = scenario.guest_hz.or(domain.guest_hz);
+                let period = hz.map_or(0, |hz| (1e9 / f64::from(hz)).round() as u64);
                 let dom = sched
                     .add_domain(weight as u16, cap)
                     .map_err(|e| anyhow!("node '{}' domain '{}': {e}", node.name, domain.name))?;
@@ -272,22 +317,29 @@ impl<'a> Model<'a> {
                         .add_vcpu(0, dom)
                         .map_err(|e| anyhow!("node '{}': {e}", node.name))?;
                     let index = m.vcpus.len();
+                    let mut tasks = Vec::new();
                     let role = if d == 0 {
                         dom0.push(index);
                         Role::Dom0
                     } else {
-                        let r = m.ranks.len() as u32;
-                        m.ranks.push(Rank {
-                            vcpu: index,
-                            body: program.bodies[r as usize].clone(),
-                            iteration: 0,
-                            index: 0,
-                            started: false,
-                            io_done: false,
-                            mailbox: vec![0; n_ranks],
-                            finish: None,
-                        });
-                        Role::Rank(r)
+                        // Ranks in order: this vCPU's R consecutive ones (config).
+                        for _ in 0..domain.ranks_per_vcpu {
+                            let r = m.ranks.len();
+                            tasks.push(r);
+                            m.ranks.push(Rank {
+                                vcpu: index,
+                                parked: Act::Work(0),
+                                usage: Usage::default(),
+                                body: program.bodies[r].clone(),
+                                iteration: 0,
+                                index: 0,
+                                started: false,
+                                io_done: false,
+                                mailbox: vec![0; n_ranks],
+                                finish: None,
+                            });
+                        }
+                        Role::Ranks
                     };
                     local.push(index);
                     m.vcpus.push(Vcpu {
@@ -300,6 +352,13 @@ impl<'a> Model<'a> {
                         pcpu: None,
                         wake_pending: false,
                         usage: Usage::default(),
+                        guest: Guest {
+                            tasks,
+                            current: 0,
+                            period,
+                            next_tick: period,
+                            debt: 0,
+                        },
                     });
                 }
             }
@@ -332,10 +391,14 @@ impl<'a> Model<'a> {
             );
         }
         // Every rank starts at once (no wake-up cost: the program is started, not
-        // interrupted); domain 0 stays halted until it has work.
+        // interrupted); domain 0 stays halted until it has work. Each vCPU starts
+        // with its first task (the others are parked, ready to start).
         m.unfinished = m.ranks.len();
         for r in 0..m.ranks.len() {
             let v = m.ranks[r].vcpu;
+            if m.vcpus[v].guest.tasks[0] != r {
+                continue;
+            }
             m.vcpus[v].act = Act::Work(0);
             let (node, id) = (m.vcpus[v].node, m.vcpus[v].id);
             let t = m.nodes[node].sched.wake(0, id);
@@ -351,7 +414,10 @@ impl<'a> Model<'a> {
     }
 
     fn push(&mut self, at: u64, event: Event) {
-        if matches!(event, Event::Wake { .. } | Event::Wire { .. }) {
+        if matches!(
+            event,
+            Event::Wake { .. } | Event::Wire { .. } | Event::Alarm { .. }
+        ) {
             self.in_flight += 1;
         }
         self.seq += 1;
@@ -383,6 +449,7 @@ impl<'a> Model<'a> {
                 }
                 Event::Wake { vcpu } => self.on_wake(vcpu as usize),
                 Event::Wire { msg } => self.on_wire(msg),
+                Event::Alarm { rank } => self.on_alarm(rank as usize),
             }
             if self.in_flight == 0 && self.events.is_multiple_of(DEADLOCK_CHECK_EVERY) {
                 self.check_deadlock()?;
@@ -418,19 +485,21 @@ impl<'a> Model<'a> {
             return;
         };
         self.settle(n, p);
-        let complete = match self.vcpus[v].act {
-            Act::Work(left) => left == 0,
-            Act::Spin => self.ready(v),
-            Act::Off => false,
-        };
+        let ticked = self.guest_tick(v);
+        let complete = self.vcpus[v].guest.debt == 0
+            && match self.vcpus[v].act {
+                Act::Work(left) => left == 0,
+                Act::Spin => self.ready(v),
+                Act::Off => false,
+            };
         if complete {
             match self.vcpus[v].role {
                 Role::Dom0 => self.dom0_next(v),
-                Role::Rank(r) => self.advance(r as usize),
+                Role::Ranks => self.advance(self.current(v)),
             }
-            if self.vcpus[v].pcpu == Some(p) {
-                self.refresh_done(n, p);
-            }
+        }
+        if (complete || ticked) && self.vcpus[v].pcpu == Some(p) {
+            self.refresh_done(n, p);
         }
         self.reschedule(n);
     }
@@ -451,9 +520,17 @@ impl<'a> Model<'a> {
         self.reschedule(n);
     }
 
+    /// A sleeping rank's timer (on a vCPU of several ranks) expired.
+    fn on_alarm(&mut self, r: usize) {
+        self.in_flight -= 1;
+        self.resume(r, false);
+        self.reschedule(self.vcpus[self.ranks[r].vcpu].node);
+    }
+
     // ---- pCPUs ----
 
-    /// Counts the running vCPU's progress up to now.
+    /// Counts the running vCPU's progress up to now: the guest's debt first, then
+    /// its current task's activity.
     fn settle(&mut self, n: usize, p: usize) {
         let now = self.now;
         let pc = &mut self.nodes[n].pcpus[p];
@@ -464,33 +541,50 @@ impl<'a> Model<'a> {
         let d = now - pc.progress_from;
         pc.progress_from = now;
         let vc = &mut self.vcpus[v];
-        match &mut vc.act {
+        let paid = d.min(vc.guest.debt);
+        vc.guest.debt -= paid;
+        let rest = d - paid;
+        let (work, spin) = match &mut vc.act {
             Act::Work(left) => {
-                let done = d.min(*left);
+                let done = rest.min(*left);
                 *left -= done;
-                vc.usage.work_ns += done;
+                (done, 0)
             }
-            Act::Spin => vc.usage.spin_ns += d,
-            Act::Off => {}
+            Act::Spin => (0, rest),
+            Act::Off => (0, 0),
+        };
+        vc.usage.work_ns += work;
+        vc.usage.spin_ns += spin;
+        if vc.guest.tasks.len() > 1 {
+            let u = &mut self.ranks[vc.guest.tasks[vc.guest.current]].usage;
+            u.cpu_ns += d;
+            u.work_ns += work;
+            u.spin_ns += spin;
         }
     }
 
-    /// (Re)plans the `Done` event of what `p` runs.
+    /// (Re)plans the `Done` event of what `p` runs: when its activity completes, or
+    /// its next guest tick if that comes first.
     fn refresh_done(&mut self, n: usize, p: usize) {
         let pc = &mut self.nodes[n].pcpus[p];
         pc.done_epoch = pc.done_epoch.wrapping_add(1);
         let epoch = pc.done_epoch;
         let Some(v) = pc.running else { return };
         let from = pc.progress_from.max(self.now);
-        let at = match self.vcpus[v].act {
-            Act::Work(left) => from + left,
-            Act::Spin if self.ready(v) => from,
-            _ => return,
+        let g = &self.vcpus[v].guest;
+        let done = match self.vcpus[v].act {
+            Act::Work(left) => Some(from + g.debt + left),
+            Act::Spin if self.ready(v) => Some(from + g.debt),
+            Act::Spin => None,
+            Act::Off => return,
+        };
+        let tick = (g.period > 0).then(|| g.next_tick.max(from));
+        let Some(at) = done.into_iter().chain(tick).min() else {
+            return;
         };
         let (node, pcpu) = (n as u32, p as u32);
         self.push(at, Event::Done { node, pcpu, epoch });
     }
-
     fn refresh_timer(&mut self, n: usize, p: usize) {
         let at = self.nodes[n].sched.next_deadline(PcpuId(p as u32));
         let pc = &mut self.nodes[n].pcpus[p];
@@ -622,11 +716,11 @@ impl<'a> Model<'a> {
             Job::Receive(msg) => {
                 let r = msg.to as usize;
                 self.ranks[r].mailbox[msg.from as usize] += 1;
-                self.notify(r);
+                self.notify(r, None);
             }
             Job::Io(r) => {
                 self.ranks[r as usize].io_done = true;
-                self.notify(r as usize);
+                self.notify(r as usize, None);
             }
         }
     }
@@ -652,52 +746,170 @@ impl<'a> Model<'a> {
         }
     }
 
-    /// Whether rank vCPU `v` can go on with its current phase (what it waits for
-    /// is there).
-    fn ready(&self, v: usize) -> bool {
-        let Role::Rank(r) = self.vcpus[v].role else {
-            return false;
-        };
-        let rank = &self.ranks[r as usize];
-        match self.phase(r as usize) {
+    /// The rank rank vCPU `v` runs now.
+    fn current(&self, v: usize) -> usize {
+        let g = &self.vcpus[v].guest;
+        g.tasks[g.current]
+    }
+
+    /// What rank `r` does, current on its vCPU or parked.
+    fn task_act(&self, r: usize) -> Act {
+        let v = self.ranks[r].vcpu;
+        if self.current(v) == r {
+            self.vcpus[v].act
+        } else {
+            self.ranks[r].parked
+        }
+    }
+
+    /// Whether rank `r` can go on with its current phase (what it waits for is there).
+    fn rank_ready(&self, r: usize) -> bool {
+        let rank = &self.ranks[r];
+        match self.phase(r) {
             Some(Phase::Recv { from }) => rank.mailbox[from as usize] > 0,
             Some(Phase::Io(_)) => rank.io_done,
             _ => false,
         }
     }
 
-    /// Something rank `r` may wait for has happened.
-    fn notify(&mut self, r: usize) {
+    /// Whether rank vCPU `v`'s current rank can go on.
+    fn ready(&self, v: usize) -> bool {
+        match self.vcpus[v].role {
+            Role::Dom0 => false,
+            Role::Ranks => self.rank_ready(self.current(v)),
+        }
+    }
+
+    // ---- the guest scheduler ----
+
+    /// The task the guest switches to from the current one: the next in round-robin
+    /// order that can run. A task polling for a message counts when waits spin (it
+    /// burns its slice), not when they yield (it would hand the vCPU straight on).
+    fn pick(&self, v: usize) -> Option<usize> {
+        let g = &self.vcpus[v].guest;
+        let k = g.tasks.len();
+        (1..k)
+            .map(|i| (g.current + i) % k)
+            .find(|&t| match self.ranks[g.tasks[t]].parked {
+                Act::Work(_) => true,
+                Act::Spin => self.wait == Wait::Spin || self.rank_ready(g.tasks[t]),
+                Act::Off => false,
+            })
+    }
+
+    /// The guest switches vCPU `v` to its task `k` (at `guest_switch_us`).
+    fn switch_task(&mut self, v: usize, k: usize) {
+        if let Some(p) = self.vcpus[v].pcpu {
+            self.settle(self.vcpus[v].node, p);
+        }
+        let vc = &mut self.vcpus[v];
+        let (old, new) = (vc.guest.tasks[vc.guest.current], vc.guest.tasks[k]);
+        self.ranks[old].parked = vc.act;
+        vc.act = self.ranks[new].parked;
+        vc.guest.current = k;
+        vc.guest.debt += self.costs.guest_switch;
+        self.guest_switches += 1;
+    }
+
+    /// Delivers running vCPU `v`'s guest tick if one is due (one that came while it
+    /// did not run comes now: coalesced, at most one): the tick's cost, and the next
+    /// task round robin. True if it ticked.
+    fn guest_tick(&mut self, v: usize) -> bool {
+        let vc = &mut self.vcpus[v];
+        let g = &mut vc.guest;
+        if g.period == 0 || self.now < g.next_tick || vc.act == Act::Off {
+            return false;
+        }
+        g.next_tick = (self.now / g.period + 1) * g.period;
+        g.debt += self.costs.guest_tick;
+        self.guest_ticks += 1;
+        if let Some(k) = self.pick(v) {
+            self.switch_task(v, k);
+        }
+        true
+    }
+
+    /// Vcpu `v`'s current task stopped (blocked, asleep, finished): the guest runs
+    /// another, or the vCPU halts.
+    fn leave(&mut self, v: usize) {
+        match self.pick(v) {
+            Some(k) => self.switch_task(v, k),
+            None => self.block(v),
+        }
+    }
+
+    /// Rank `r`, off (blocked or asleep), can run again. The current task of a
+    /// halted vCPU: the vCPU is woken. Parked: see `hand_over`.
+    fn resume(&mut self, r: usize, interrupt: bool) {
         let v = self.ranks[r].vcpu;
-        if !self.ready(v) {
+        if self.current(v) == r {
+            self.vcpus[v].act = Act::Work(0);
+            self.wake_later(v);
             return;
         }
-        match self.vcpus[v].act {
+        self.ranks[r].parked = Act::Work(0);
+        self.hand_over(v, r, interrupt);
+    }
+
+    /// Parked rank `r` of vCPU `v` can go on. The guest switches to it now if the
+    /// vCPU is halted (and wakes it), if `interrupt` (an interrupt from outside the
+    /// vCPU: the guest's wake-up switch), or if the current task only polls with
+    /// `wait = "yield"` (its next idle poll yields); else the next tick, yield or
+    /// block picks it (as a shared-memory bell rung on the same vCPU).
+    fn hand_over(&mut self, v: usize, r: usize, interrupt: bool) {
+        let halted = self.vcpus[v].act == Act::Off;
+        let polling = self.wait == Wait::Yield && self.vcpus[v].act == Act::Spin && !self.ready(v);
+        if !(halted || interrupt || polling) {
+            return;
+        }
+        let k = r - self.vcpus[v].guest.tasks[0];
+        self.switch_task(v, k);
+        if halted {
+            self.wake_later(v);
+        } else if let Some(p) = self.vcpus[v].pcpu {
+            self.refresh_done(self.vcpus[v].node, p);
+        }
+    }
+
+    /// Something rank `r` may wait for has happened, brought by vCPU `from` (a
+    /// shared-memory message) or from outside the guest (`None`: domain 0).
+    fn notify(&mut self, r: usize, from: Option<usize>) {
+        if !self.rank_ready(r) {
+            return;
+        }
+        let v = self.ranks[r].vcpu;
+        let current = self.current(v) == r;
+        match self.task_act(r) {
             // On its pCPU it sees it as soon as it makes progress; off it, when
             // next dispatched (`dispatch` plans its `Done`).
-            Act::Spin => {
+            Act::Spin if current => {
                 if let Some(p) = self.vcpus[v].pcpu {
                     self.refresh_done(self.vcpus[v].node, p);
                 }
             }
-            Act::Off => {
-                self.vcpus[v].act = Act::Work(0);
-                self.wake_later(v);
-            }
+            Act::Spin => self.hand_over(v, r, false),
+            Act::Off => self.resume(r, from != Some(v)),
             Act::Work(_) => {}
         }
     }
 
-    /// Waits for the current phase's message or I/O, as the program says.
-    fn wait(&mut self, v: usize) {
+    /// Rank `r` (current) waits for its phase's message or I/O, as the program says.
+    fn wait(&mut self, r: usize) {
+        let v = self.ranks[r].vcpu;
         match self.wait {
             Wait::Spin => self.vcpus[v].act = Act::Spin,
             Wait::Block => {
                 self.vcpus[v].act = Act::Off;
-                self.block(v);
+                self.leave(v);
+            }
+            Wait::Yield => {
+                self.vcpus[v].act = Act::Spin;
+                if let Some(k) = self.pick(v) {
+                    self.switch_task(v, k);
+                }
             }
         }
-        self.hint_sender(v);
+        self.hint_sender(r);
     }
 
     /// Directed yield's hint (the scheduler ignores it unless
@@ -705,18 +917,20 @@ impl<'a> Model<'a> {
     /// names the sender's vCPU if it still works towards the message, which the
     /// scheduler hurries when it is a queued sibling of the same domain (a guest's
     /// "waiting for vCPU k").
-    fn hint_sender(&mut self, v: usize) {
-        let Role::Rank(r) = self.vcpus[v].role else {
+    fn hint_sender(&mut self, r: usize) {
+        let Some(Phase::Recv { from }) = self.phase(r) else {
             return;
         };
-        let Some(Phase::Recv { from }) = self.phase(r as usize) else {
-            return;
-        };
+        let v = self.ranks[r].vcpu;
         let sender = self.ranks[from as usize].vcpu;
         let n = self.vcpus[v].node;
         // Only a sender still working is a laggard: one that waits itself (for its
         // own message, or for domain 0 to carry what it sent) would only spin sooner.
-        if self.vcpus[sender].node != n || !matches!(self.vcpus[sender].act, Act::Work(_)) {
+        // One on the same vCPU is the guest's business.
+        if sender == v
+            || self.vcpus[sender].node != n
+            || !matches!(self.task_act(from as usize), Act::Work(_))
+        {
             return;
         }
         let (waiter, target) = (self.vcpus[v].id, self.vcpus[sender].id);
@@ -724,7 +938,7 @@ impl<'a> Model<'a> {
         self.nodes[n].tickles.extend(t);
     }
 
-    /// Moves rank `r` (running, its activity complete) through its phases until it
+    /// Moves rank `r` (current, its activity complete) through its phases until it
     /// needs CPU, waits, sleeps or ends.
     fn advance(&mut self, r: usize) {
         let v = self.ranks[r].vcpu;
@@ -734,7 +948,7 @@ impl<'a> Model<'a> {
                 self.ranks[r].finish = Some(self.now);
                 self.unfinished -= 1;
                 self.vcpus[v].act = Act::Off;
-                self.block(v);
+                self.leave(v);
                 return;
             };
             let started = self.ranks[r].started;
@@ -747,23 +961,34 @@ impl<'a> Model<'a> {
                     }
                 }
                 Phase::Send { to, bytes } => {
-                    if !started && self.costs.send > 0 {
+                    let peer = self.ranks[to as usize].vcpu;
+                    // Ranks of one domain with a guest scheduler share memory.
+                    let shm = self.vcpus[v].guest.tasks.len() > 1
+                        && self.vcpus[peer].node == n
+                        && self.vcpus[peer].domain == self.vcpus[v].domain;
+                    let cost = if shm { self.costs.shm } else { self.costs.send };
+                    if !started && cost > 0 {
                         self.ranks[r].started = true;
-                        self.vcpus[v].act = Act::Work(self.costs.send);
+                        self.vcpus[v].act = Act::Work(cost);
                         return;
                     }
                     self.messages += 1;
-                    let msg = Msg {
-                        from: r as u32,
-                        to,
-                        bytes,
-                    };
-                    self.dom0_enqueue(n, Job::Send(msg), self.costs.dom0(bytes));
+                    if shm {
+                        self.ranks[to as usize].mailbox[r] += 1;
+                        self.notify(to as usize, Some(v));
+                    } else {
+                        let msg = Msg {
+                            from: r as u32,
+                            to,
+                            bytes,
+                        };
+                        self.dom0_enqueue(n, Job::Send(msg), self.costs.dom0(bytes));
+                    }
                 }
                 Phase::Recv { from } => {
                     let mailbox = &mut self.ranks[r].mailbox[from as usize];
                     if *mailbox == 0 {
-                        self.wait(v);
+                        self.wait(r);
                         return;
                     }
                     *mailbox -= 1;
@@ -775,13 +1000,20 @@ impl<'a> Model<'a> {
                         self.dom0_enqueue(n, Job::Io(r as u32), ns);
                     }
                     if !self.ranks[r].io_done {
-                        self.wait(v);
+                        self.wait(r);
                         return;
                     }
                 }
                 Phase::Sleep(ns) => {
                     if !started {
                         self.ranks[r].started = true;
+                        if self.vcpus[v].guest.tasks.len() > 1 {
+                            // The other ranks run meanwhile.
+                            self.vcpus[v].act = Act::Off;
+                            self.push(self.now + ns, Event::Alarm { rank: r as u32 });
+                            self.leave(v);
+                            return;
+                        }
                         // Continues as soon as it runs again, after the timer.
                         self.vcpus[v].act = Act::Work(0);
                         self.block(v);
@@ -800,15 +1032,12 @@ impl<'a> Model<'a> {
     fn check_deadlock(&self) -> Result<()> {
         let moving = self.vcpus.iter().any(|vc| match vc.role {
             Role::Dom0 => vc.job.is_some() || vc.act != Act::Off,
-            Role::Rank(r) => {
-                self.ranks[r as usize].finish.is_none()
-                    && (matches!(vc.act, Act::Work(_)) || vc.wake_pending)
-            }
-        }) || self.nodes.iter().any(|n| !n.jobs.is_empty());
-        let ready = self
-            .ranks
-            .iter()
-            .any(|rank| rank.finish.is_none() && self.ready(rank.vcpu));
+            Role::Ranks => vc.wake_pending,
+        }) || (0..self.ranks.len())
+            .any(|r| self.ranks[r].finish.is_none() && matches!(self.task_act(r), Act::Work(_)))
+            || self.nodes.iter().any(|n| !n.jobs.is_empty());
+        let ready =
+            (0..self.ranks.len()).any(|r| self.ranks[r].finish.is_none() && self.rank_ready(r));
         if moving || ready {
             return Ok(());
         }
@@ -872,7 +1101,15 @@ impl<'a> Model<'a> {
                 .iter()
                 .map(|r| RankOutcome {
                     finish_ns: r.finish,
-                    usage: self.vcpus[r.vcpu].usage,
+                    // Alone on its vCPU a rank has all of it, the switches included.
+                    usage: if self.vcpus[r.vcpu].guest.tasks.len() > 1 {
+                        Usage {
+                            overhead_ns: r.usage.cpu_ns - r.usage.work_ns - r.usage.spin_ns,
+                            ..r.usage
+                        }
+                    } else {
+                        self.vcpus[r.vcpu].usage
+                    },
                 })
                 .collect(),
             switches: self.nodes.iter().map(|n| n.switches).collect(),
@@ -883,6 +1120,8 @@ impl<'a> Model<'a> {
                 .iter()
                 .map(|vc| self.nodes[vc.node].sched.vcpu_stats(vc.id).directed_boosts)
                 .sum(),
+            guest_ticks: self.guest_ticks,
+            guest_switches: self.guest_switches,
         }
     }
 }

@@ -43,6 +43,12 @@ pub struct Run {
     pub messages: u64,
     pub events: u64,
     pub directed_boosts: u64,
+    /// Guest ticks delivered and rank switches inside the guests (absent when no
+    /// domain models a guest scheduler).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub guest_ticks: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub guest_switches: Option<u64>,
     pub domains: Vec<DomainRow>,
     pub ranks: Vec<RankRow>,
 }
@@ -53,10 +59,15 @@ pub struct DomainRow {
     pub domain: String,
     pub weight: u32,
     pub cap: u32,
+    /// Ranks per vCPU and the guest's tick in this run (absent: one rank, no tick).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ranks_per_vcpu: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub guest_hz: Option<u32>,
     pub cpu_s: f64,
     pub work_s: f64,
     pub busy_wait_s: f64,
-    /// Switch and tick costs.
+    /// Switch and tick costs, the guest's ticks and rank switches.
     pub overhead_s: f64,
 }
 
@@ -76,6 +87,7 @@ impl Run {
         let mut domains = Vec::new();
         let mut total = Usage::default();
         let mut dom0 = 0;
+        let mut guest = false;
         for (n, node) in sim.nodes.iter().enumerate() {
             for (d, domain) in node.domains.iter().enumerate() {
                 let u = o.domains[n][d];
@@ -85,11 +97,19 @@ impl Run {
                     total.spin_ns += u.spin_ns;
                 }
                 let (weight, cap) = scenario.shares[n][d];
+                let guest_hz = match d {
+                    0 => None,
+                    _ => scenario.guest_hz.or(domain.guest_hz),
+                };
+                guest |= guest_hz.is_some();
                 domains.push(DomainRow {
                     node: node.name.clone(),
                     domain: domain.name.clone(),
                     weight,
                     cap,
+                    ranks_per_vcpu: (domain.ranks_per_vcpu > 1 || guest_hz.is_some())
+                        .then_some(domain.ranks_per_vcpu),
+                    guest_hz,
                     cpu_s: secs(u.cpu_ns),
                     work_s: secs(u.work_ns),
                     busy_wait_s: secs(u.spin_ns),
@@ -129,6 +149,8 @@ impl Run {
             messages: o.messages,
             events: o.events,
             directed_boosts: o.directed_boosts,
+            guest_ticks: guest.then_some(o.guest_ticks),
+            guest_switches: guest.then_some(o.guest_switches),
             domains,
             ranks,
         }
@@ -234,6 +256,25 @@ impl Report {
         }
         out.push_str("CPU time per domain in s (busy-waiting in brackets)\n");
         out.push_str(&crate::output::table(&cpu, 2));
+        let mut guests = vec![
+            ["program", "scenario", "guest ticks", "rank switches"]
+                .map(String::from)
+                .to_vec(),
+        ];
+        for run in &self.runs {
+            if let (Some(ticks), Some(switches)) = (run.guest_ticks, run.guest_switches) {
+                guests.push(vec![
+                    run.program.clone(),
+                    run.scenario.clone(),
+                    ticks.to_string(),
+                    switches.to_string(),
+                ]);
+            }
+        }
+        if guests.len() > 1 {
+            out.push_str("\nGuest schedulers (several ranks per vCPU, or a guest tick)\n");
+            out.push_str(&crate::output::table(&guests, 2));
+        }
         out
     }
 }
