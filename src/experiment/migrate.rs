@@ -23,8 +23,8 @@
 //! two vary, where the job's start estimated from the span did not.
 
 use std::io::Read;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -32,6 +32,7 @@ use anyhow::{Context, Result, bail};
 use npb::{Class, Kernel, Spec};
 use serde::Serialize;
 
+use super::process::{Process, RunDir};
 use super::s1::{self, Scenario};
 use super::{Progress, Summary, node_problems, run_node_text};
 use crate::cli::ExperimentArgs;
@@ -103,7 +104,7 @@ pub const MODES: &[Mode] = &[
 
 /// S1's two settings: Xen 3.4.2's defaults, and 1/1 ms with domain 0 at 1024.
 const DEFAULT: &str = s1::XEN34;
-const TUNED: &str = "xen3.4-1/1-dom0-1024";
+const TUNED: &str = s1::XEN34_TUNED;
 
 fn scenarios() -> Result<Vec<Scenario>> {
     [DEFAULT, TUNED]
@@ -178,7 +179,7 @@ pub fn node_toml(scenario: &Scenario, spec: Spec, wire: &Path) -> String {
         scenario,
         spec,
         &[NODE_CPU],
-        NODE_RANKS as usize,
+        (NODE_RANKS as usize, 1),
         &format!(
             "job_size = {}\nwire = \"listen:unix:{}\"\nwire_wait_s = {}\n",
             NODE_RANKS + MOVING_VCPUS,
@@ -186,101 +187,6 @@ pub fn node_toml(scenario: &Scenario, spec: Spec, wire: &Path) -> String {
             START_PATIENCE.as_secs()
         ),
     )
-}
-
-/// A child process killed (if still running) when dropped, its stderr in a file.
-struct Process {
-    child: Child,
-    name: String,
-    stderr: PathBuf,
-}
-
-impl Process {
-    fn start(name: &str, dir: &Path, args: &[String]) -> Result<Process> {
-        let exe = std::env::current_exe().context("finding kumo's own executable")?;
-        let stderr = dir.join(format!("{name}.err"));
-        let child = Command::new(exe)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&stderr)?)
-            .spawn()
-            .with_context(|| format!("starting {name}"))?;
-        Ok(Process {
-            child,
-            name: name.to_string(),
-            stderr,
-        })
-    }
-
-    /// Waits for the process to end while the job runs (until `job_over`), then up to
-    /// `patience` more; a problem unless it ended with status 0. The patience counts
-    /// from the job's end: without a migration this is called as the job starts, and
-    /// at 30/10 ms the job takes most of a minute (a patience counted from the call
-    /// killed the moving VM of slow runs, and the node's ranks then timed out).
-    fn finish(&mut self, job_over: &AtomicBool, patience: Duration) -> Option<String> {
-        let mut deadline = None;
-        loop {
-            match self.child.try_wait() {
-                Ok(Some(status)) if status.success() => return None,
-                Ok(Some(status)) => {
-                    return Some(format!("{} {status}: {}", self.name, self.last_line()));
-                }
-                Ok(None) => {
-                    if deadline.is_none() && job_over.load(Ordering::SeqCst) {
-                        deadline = Some(Instant::now() + patience);
-                    }
-                    if deadline.is_some_and(|d| Instant::now() >= d) {
-                        return Some(format!(
-                            "{} did not end within {:.1} s of the job's end",
-                            self.name,
-                            patience.as_secs_f64()
-                        ));
-                    }
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                Err(e) => return Some(format!("{}: {e}", self.name)),
-            }
-        }
-    }
-
-    fn last_line(&self) -> String {
-        std::fs::read_to_string(&self.stderr)
-            .ok()
-            .and_then(|text| text.lines().last().map(str::to_string))
-            .unwrap_or_default()
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-        }
-        let _ = self.child.wait();
-    }
-}
-
-/// A run's directory (sockets, token, logs), removed with it.
-struct RunDir(PathBuf);
-
-impl RunDir {
-    fn new() -> Result<RunDir> {
-        static RUNS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "kumo-migrate-{}-{}",
-            std::process::id(),
-            RUNS.fetch_add(1, Ordering::SeqCst)
-        ));
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        Ok(RunDir(dir))
-    }
-}
-
-impl Drop for RunDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// A loopback port free now, for a destination to listen on.

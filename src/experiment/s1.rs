@@ -1,36 +1,43 @@
 //! S1 on real VMs (`../shared/research/SEEDS.md`): how the credit scheduler's slice,
 //! tick, accounting and domain 0's weight change an MPI job whose ranks busy-wait,
-//! with domain 0 (kumo's switch) carrying every message.
+//! with domain 0 (kumo's switch) carrying every message between VMs.
 //!
-//! The node: this host's first two CPUs (S1's nodes were dual-core), domain 0, and four
-//! single-vCPU VMs, one MPI rank each: S1 ran four MPI processes per node on two
-//! DomUs of one vCPU (two processes per guest, multiplexed by Linux); kumo's guest runs
-//! one rank per vCPU, never two on one, so the four ranks are four VMs, and the host
-//! CPUs are shared by four spinning vCPUs and domain 0 as S1's were by four spinning
-//! processes and domain 0. Ranks spin-wait (`wait = "spin"`), as MPICH does.
+//! The node is S1's: this host's first two CPUs (S1's nodes were dual-core), domain 0,
+//! and two DomUs of one vCPU with two MPI ranks each, multiplexed by the guest's own
+//! scheduler at its 250 Hz tick (`ranks_per_vcpu = 2`, as S1's Linux DomUs ran two
+//! MPICH processes each): 4 ranks, spin-waiting (`wait = "spin"`, as MPICH's
+//! `MPI_Wait`). Ranks of one DomU talk through guest shared memory; messages between
+//! the DomUs go through domain 0. S1 ran two such nodes (8 ranks); this is one of them.
 //!
 //! Each scenario runs the same job under different credit parameters; speed-ups are
-//! over the scenario's baseline (Xen 3.4.2's 30/10 ms with tick accounting for the
-//! paper's family, Xen 4's 30/10 ms with exact accounting and 1 ms ratelimit for
+//! over the scenario family's baseline (Xen 3.4.2's 30/10 ms with tick accounting for
+//! the paper's sweep, Xen 4's 30/10 ms with exact accounting and 1 ms ratelimit for
 //! today's). Domain 0's cost per frame and per KiB is measured on the switch by two
-//! ping-pong runs, and the simulator runs the same node with those costs beside the
-//! real runs.
+//! ping-pong runs, and the simulator runs the same node with those costs, and each
+//! benchmark's traffic as the real runs measured it, beside the real runs.
 
 use std::path::Path;
-use std::time::Instant;
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use npb::{Class, Kernel, Spec};
 use serde::Serialize;
 
 use super::plot;
+use super::process::{Process, RunDir};
 use super::{Progress, Summary, interleaved, node_problems, run_node_text};
 use crate::cli::ExperimentArgs;
 use crate::ctl::Accounting;
 use crate::node;
 
-/// Ranks of the job: one per single-vCPU VM.
-const RANKS: usize = 4;
+/// DomUs of the node, each with one vCPU.
+const DOMUS: usize = 2;
+/// MPI ranks on each DomU's vCPU, and the guest's tick that multiplexes them.
+pub const RANKS_PER_VCPU: u32 = 2;
+pub const GUEST_HZ: u32 = 250;
+/// Ranks of the job.
+const RANKS: usize = DOMUS * RANKS_PER_VCPU as usize;
 /// Host CPUs of the node, as S1's dual-core nodes.
 const NODE_CPUS: usize = 2;
 
@@ -48,133 +55,80 @@ pub struct Scenario {
     /// Run with `--quick` too.
     #[serde(skip)]
     quick: bool,
-    /// S1's published speed-up for CG and EP in percent, where it gives one.
-    pub paper_cg: Option<f64>,
-    pub paper_ep: Option<f64>,
 }
 
 const XEN4: &str = "xen4-30/10";
 pub const XEN34: &str = "xen3.4-30/10";
+pub const XEN34_TUNED: &str = "xen3.4-1/1-dom0-1024";
 
-const fn scenario(
+const fn xen34(
     name: &'static str,
-    (tslice_ms, tick_ms, ratelimit_us): (f64, f64, u64),
-    accounting: Accounting,
+    (tslice_ms, tick_ms): (f64, f64),
     dom0_weight: u32,
-    baseline: &'static str,
     quick: bool,
-    paper: (Option<f64>, Option<f64>),
 ) -> Scenario {
     Scenario {
         name,
         tslice_ms,
         tick_ms,
-        ratelimit_us,
-        accounting,
+        ratelimit_us: 0,
+        accounting: Accounting::Tick,
         dom0_weight,
-        baseline,
+        baseline: XEN34,
         quick,
-        paper_cg: paper.0,
-        paper_ep: paper.1,
     }
 }
 
-/// Xen 3.4.2 (S1's Xen: tick accounting, no ratelimit) first, then today's defaults.
-/// S1 gives CG +45.3 % and EP no change at 1/1 ms, CG +51 % with domain 0 at 1024, and
-/// "large slow-downs" (no number) with domain 0 at 64 and 128.
+const fn xen4(name: &'static str, (tslice_ms, tick_ms, ratelimit_us): (f64, f64, u64)) -> Scenario {
+    Scenario {
+        name,
+        tslice_ms,
+        tick_ms,
+        ratelimit_us,
+        accounting: Accounting::Exact,
+        dom0_weight: 256,
+        baseline: XEN4,
+        quick: false,
+    }
+}
+
+/// S1's sweep on Xen 3.4.2 (tick accounting, no ratelimit): slice/tick 60/10, 30/15,
+/// 30/10, 10/5, 10/2 and 1/1 ms with domain 0 at 256; domain 0 at 64, 128, 512 and
+/// 1024 at 30/10; and S1's tuned setting, 1/1 with domain 0 at 1024. Then today's
+/// defaults (Xen 4) and 1/1 under them.
 pub const SCENARIOS: &[Scenario] = &[
-    scenario(
-        XEN34,
-        (30.0, 10.0, 0),
-        Accounting::Tick,
-        256,
-        XEN34,
-        true,
-        (Some(0.0), Some(0.0)),
-    ),
-    scenario(
-        "xen3.4-10/5",
-        (10.0, 5.0, 0),
-        Accounting::Tick,
-        256,
-        XEN34,
-        false,
-        (None, None),
-    ),
-    scenario(
-        "xen3.4-1/1",
-        (1.0, 1.0, 0),
-        Accounting::Tick,
-        256,
-        XEN34,
-        true,
-        (Some(45.3), Some(0.0)),
-    ),
-    scenario(
-        "xen3.4-1/1-dom0-1024",
-        (1.0, 1.0, 0),
-        Accounting::Tick,
-        1024,
-        XEN34,
-        true,
-        (Some(51.0), None),
-    ),
-    scenario(
-        "xen3.4-30/10-dom0-64",
-        (30.0, 10.0, 0),
-        Accounting::Tick,
-        64,
-        XEN34,
-        false,
-        (None, None),
-    ),
-    scenario(
-        "xen3.4-30/10-dom0-128",
-        (30.0, 10.0, 0),
-        Accounting::Tick,
-        128,
-        XEN34,
-        false,
-        (None, None),
-    ),
-    scenario(
-        "xen3.4-30/10-dom0-512",
-        (30.0, 10.0, 0),
-        Accounting::Tick,
-        512,
-        XEN34,
-        false,
-        (None, None),
-    ),
-    scenario(
-        "xen3.4-30/10-dom0-1024",
-        (30.0, 10.0, 0),
-        Accounting::Tick,
-        1024,
-        XEN34,
-        false,
-        (None, None),
-    ),
-    scenario(
-        XEN4,
-        (30.0, 10.0, 1000),
-        Accounting::Exact,
-        256,
-        XEN4,
-        false,
-        (None, None),
-    ),
+    xen34(XEN34, (30.0, 10.0), 256, true),
+    xen34("xen3.4-60/10", (60.0, 10.0), 256, false),
+    xen34("xen3.4-30/15", (30.0, 15.0), 256, false),
+    xen34("xen3.4-10/5", (10.0, 5.0), 256, false),
+    xen34("xen3.4-10/2", (10.0, 2.0), 256, false),
+    xen34("xen3.4-1/1", (1.0, 1.0), 256, true),
+    xen34(XEN34_TUNED, (1.0, 1.0), 1024, true),
+    xen34("xen3.4-30/10-dom0-64", (30.0, 10.0), 64, false),
+    xen34("xen3.4-30/10-dom0-128", (30.0, 10.0), 128, false),
+    xen34("xen3.4-30/10-dom0-512", (30.0, 10.0), 512, false),
+    xen34("xen3.4-30/10-dom0-1024", (30.0, 10.0), 1024, false),
+    xen4(XEN4, (30.0, 10.0, 1000)),
     // A slice not above the ratelimit turns it off, as `xl sched-credit` must.
-    scenario(
-        "xen4-1/1",
-        (1.0, 1.0, 0),
-        Accounting::Exact,
-        256,
-        XEN4,
-        false,
-        (None, None),
-    ),
+    xen4("xen4-1/1", (1.0, 1.0, 0)),
 ];
+
+/// S1's published speed-up (percent over 30/10 ms, domain 0 at 256) of `kernel` under
+/// `scenario`, where it gives a number: BT +28.9, CG +45.3, SP +33.4 and EP none at
+/// 1/1 ms; CG +51 and SP +35 at 1/1 with domain 0 at 1024. (LU: "little change", and
+/// domain 0 at 64 or 128: "large slow-downs", without numbers.)
+pub fn paper_pct(scenario: &str, kernel: Kernel) -> Option<f64> {
+    match (scenario, kernel) {
+        (XEN34, _) => Some(0.0),
+        ("xen3.4-1/1", Kernel::Bt) => Some(28.9),
+        ("xen3.4-1/1", Kernel::Cg) => Some(45.3),
+        ("xen3.4-1/1", Kernel::Sp) => Some(33.4),
+        ("xen3.4-1/1", Kernel::Ep) => Some(0.0),
+        (XEN34_TUNED, Kernel::Cg) => Some(51.0),
+        (XEN34_TUNED, Kernel::Sp) => Some(35.0),
+        _ => None,
+    }
+}
 
 /// The scenarios a run covers.
 pub fn scenarios(quick: bool) -> Vec<Scenario> {
@@ -185,23 +139,32 @@ pub fn scenarios(quick: bool) -> Vec<Scenario> {
         .collect()
 }
 
-/// The benchmarks: CG (communicates every few milliseconds) and EP (three reductions
-/// at the end), class A. `--quick` runs CG at class W: its time at 30 ms slices is the
-/// experiment's cost (about a minute at W); EP stays at A, whose seconds of compute
-/// make the end's wait for a descheduled rank (up to a slice or two) the small part
-/// it was in S1.
+/// S1's seven benchmarks (NPB-MPI BT, CG, EP, FT, LU, MG and SP), class A. `--quick`
+/// takes class W, but BT, LU and SP at S (their time in this shape is their message
+/// count times the guest's tick: S has a third to a sixth of W's steps) and EP at A
+/// (its seconds of compute make the end's wait for a descheduled rank the small part
+/// it was in S1).
 pub fn benchmarks(quick: bool) -> Vec<Spec> {
-    let cg = if quick { Class::W } else { Class::A };
-    vec![
-        Spec {
-            kernel: Kernel::Cg,
-            class: cg,
-        },
-        Spec {
-            kernel: Kernel::Ep,
-            class: Class::A,
-        },
+    let class = |kernel| match (quick, kernel) {
+        (false, _) | (true, Kernel::Ep) => Class::A,
+        (true, Kernel::Bt | Kernel::Lu | Kernel::Sp) => Class::S,
+        (true, _) => Class::W,
+    };
+    [
+        Kernel::Bt,
+        Kernel::Cg,
+        Kernel::Ep,
+        Kernel::Ft,
+        Kernel::Lu,
+        Kernel::Mg,
+        Kernel::Sp,
     ]
+    .into_iter()
+    .map(|kernel| Spec {
+        kernel,
+        class: class(kernel),
+    })
+    .collect()
 }
 
 /// The node's CPUs: the host's first two (one on a single-CPU host).
@@ -215,9 +178,18 @@ fn cpus_toml(cpus: &[usize]) -> String {
     format!("pcpus = [{}]\n", list.join(", "))
 }
 
-fn domains_toml(count: usize) -> String {
+/// `count` MPI domains of one vCPU with `ranks_per_vcpu` ranks on it.
+fn domains_toml(count: usize, ranks_per_vcpu: u32) -> String {
     (0..count)
-        .map(|i| format!("[[domain]]\nname = \"u{i}\"\nmpi = true\n"))
+        .map(|i| {
+            let mut domain = format!("[[domain]]\nname = \"u{i}\"\nmpi = true\n");
+            if ranks_per_vcpu > 1 {
+                domain.push_str(&format!(
+                    "ranks_per_vcpu = {ranks_per_vcpu}\nguest_hz = {GUEST_HZ}\n"
+                ));
+            }
+            domain
+        })
         .collect()
 }
 
@@ -228,19 +200,58 @@ fn accounting_name(a: Accounting) -> &'static str {
     }
 }
 
-/// The node file of one real run.
+/// The node file of one real run: S1's node.
 pub fn node_toml(scenario: &Scenario, spec: Spec, cpus: &[usize]) -> String {
-    rank_node_toml(scenario, spec, cpus, RANKS, "")
+    rank_node_toml(scenario, spec, cpus, (DOMUS, RANKS_PER_VCPU), "")
 }
 
-/// A node of `domains` single-vCPU rank VMs of `spec` under `scenario`'s credit
-/// parameters, with `network_extra` lines in its `[network]` (a wire to ranks
-/// outside the node).
+/// S1's two nodes: the host's first four CPUs, two a node (None on a smaller host).
+pub fn two_node_cpus(host_cpus: usize) -> Option<[Vec<usize>; 2]> {
+    (host_cpus >= 2 * NODE_CPUS).then(|| {
+        [
+            (0..NODE_CPUS).collect(),
+            (NODE_CPUS..2 * NODE_CPUS).collect(),
+        ]
+    })
+}
+
+/// The node files of S1's two-node shape: ranks 0-3 on the first node, which listens
+/// on `wire` (`unix:PATH`, or `tcp:HOST:PORT` where two hosts run them), and 4-7 on
+/// the second, which connects to it.
+pub fn two_node_tomls(
+    scenario: &Scenario,
+    spec: Spec,
+    cpus: &[Vec<usize>; 2],
+    wire: &str,
+) -> [String; 2] {
+    let size = 2 * RANKS;
+    let shape = (DOMUS, RANKS_PER_VCPU);
+    [
+        rank_node_toml(
+            scenario,
+            spec,
+            &cpus[0],
+            shape,
+            &format!("job_size = {size}\nwire = \"listen:{wire}\"\n"),
+        ),
+        rank_node_toml(
+            scenario,
+            spec,
+            &cpus[1],
+            shape,
+            &format!("job_size = {size}\nfirst_rank = {RANKS}\nwire = \"{wire}\"\n"),
+        ),
+    ]
+}
+
+/// A node of `domains` single-vCPU rank VMs of `spec`, `ranks_per_vcpu` ranks each,
+/// under `scenario`'s credit parameters, with `network_extra` lines in its
+/// `[network]` (a wire to ranks outside the node).
 pub fn rank_node_toml(
     scenario: &Scenario,
     spec: Spec,
     cpus: &[usize],
-    domains: usize,
+    (domains, ranks_per_vcpu): (usize, u32),
     network_extra: &str,
 ) -> String {
     format!(
@@ -253,24 +264,29 @@ pub fn rank_node_toml(
         scenario.ratelimit_us,
         accounting_name(scenario.accounting),
         scenario.dom0_weight,
-        domains_toml(domains),
+        domains_toml(domains, ranks_per_vcpu),
     )
 }
 
 /// What one real run measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct RealRun {
+    /// 1: S1's node; 2: S1's two nodes joined by a wire (the first node's measures).
+    pub nodes: u32,
     pub scenario: String,
     pub benchmark: String,
     pub round: u32,
     /// The job's time as rank 0 reports it (None: no result).
     pub time_s: Option<f64>,
     pub verified: bool,
-    /// Host CPU time of each rank's VM, and the time each rank spent inside blocking
-    /// MPI calls (S1's MPI_Wait time: spinning, or descheduled while waiting).
-    pub rank_cpu_s: Vec<f64>,
+    /// Host CPU time of each DomU, and the time each rank spent inside blocking MPI
+    /// calls (S1's MPI_Wait time: spinning, or descheduled while waiting).
+    pub domain_cpu_s: Vec<f64>,
     pub rank_wait_s: Vec<f64>,
     pub dom0_cpu_s: f64,
+    /// kumo's own CPU: the credit driver (it runs on the node's CPUs at every tick)
+    /// and the VMs' set-up.
+    pub vmm_cpu_s: f64,
     pub frames: u64,
     pub bytes: u64,
     pub wall_s: f64,
@@ -291,37 +307,91 @@ fn real_run(
 ) -> Result<RealRun> {
     let outcome = run_node_text(&node_toml(scenario, spec, cpus), kvm_device, epoch)
         .with_context(|| format!("scenario {} {spec}", scenario.name))?;
+    Ok(measured(1, scenario, spec, round, &outcome))
+}
+
+/// S1's two nodes: the first node runs in this process, the second as a child
+/// `kumo node`, joined by a wire; the run is the first node's (rank 0's) measures,
+/// and a problem if the second did not end well.
+fn real_run_two_nodes(
+    scenario: &Scenario,
+    spec: Spec,
+    round: u32,
+    cpus: &[Vec<usize>; 2],
+    kvm_device: &Path,
+    epoch: Instant,
+) -> Result<RealRun> {
+    let dir = RunDir::new()?;
+    let wire = format!("unix:{}", dir.0.join("wire.sock").display());
+    let [first, second] = two_node_tomls(scenario, spec, cpus, &wire);
+    let second_file = dir.0.join("second-node.toml");
+    std::fs::write(&second_file, second)
+        .with_context(|| format!("writing {}", second_file.display()))?;
+    let mut other = Process::start(
+        "the second node",
+        &dir.0,
+        &[
+            "node".into(),
+            "--config".into(),
+            second_file.display().to_string(),
+            "--kvm-device".into(),
+            kvm_device.display().to_string(),
+        ],
+    )?;
+    let outcome = run_node_text(&first, kvm_device, epoch)
+        .with_context(|| format!("scenario {} {spec} on two nodes", scenario.name))?;
+    let mut run = measured(2, scenario, spec, round, &outcome);
+    if let Some(problem) = other.finish(&AtomicBool::new(true), SECOND_NODE_PATIENCE) {
+        run.verified = false;
+        run.problems.push(problem);
+    }
+    Ok(run)
+}
+
+/// How long the second node may take to end after the first.
+const SECOND_NODE_PATIENCE: Duration = Duration::from_secs(30);
+
+fn measured(
+    nodes: u32,
+    scenario: &Scenario,
+    spec: Spec,
+    round: u32,
+    outcome: &node::NodeOutcome,
+) -> RealRun {
     let result = outcome
         .reports
         .iter()
         .flat_map(|r| r.verdict.rows.iter())
         .find_map(|row| row.result.clone());
-    let wait = |r: &node::DomainReport| {
+    let waits = |r: &node::DomainReport| -> Vec<f64> {
         r.measurements
             .iter()
             .filter(|(kind, _)| kind == "mpistats")
-            .find_map(|(_, f)| field(f, "wait_us"))
-            .map_or(0.0, |us| us / 1e6)
+            .filter_map(|(_, f)| field(f, "wait_us"))
+            .map(|us| us / 1e6)
+            .collect()
     };
     let switch = outcome.switch.unwrap_or_default();
-    Ok(RealRun {
+    RealRun {
+        nodes,
         scenario: scenario.name.to_string(),
         benchmark: spec.to_string(),
         round,
         time_s: result.as_ref().map(|r| r.time_s),
         verified: result.as_ref().is_some_and(|r| r.verified),
-        rank_cpu_s: outcome
+        domain_cpu_s: outcome
             .reports
             .iter()
             .map(|r| r.cpu.as_secs_f64())
             .collect(),
-        rank_wait_s: outcome.reports.iter().map(wait).collect(),
+        rank_wait_s: outcome.reports.iter().flat_map(waits).collect(),
         dom0_cpu_s: outcome.overhead.dom0.as_secs_f64(),
+        vmm_cpu_s: outcome.overhead.vmm.as_secs_f64(),
         frames: switch.received,
         bytes: switch.received_bytes,
         wall_s: outcome.wall.as_secs_f64(),
-        problems: node_problems(&outcome),
-    })
+        problems: node_problems(outcome),
+    }
 }
 
 /// Domain 0's CPU per frame and per KiB through the switch, fitted to two ping-pong
@@ -351,7 +421,7 @@ fn calibrate(cpus: &[usize], kvm_device: &Path, epoch: Instant) -> Result<Calibr
         let toml = format!(
             "{}[scheduler]\nkind = \"host\"\n[network]\nnet = \"pingpong:{text}\"\nwait = \"spin\"\n{}",
             cpus_toml(cpus),
-            domains_toml(2),
+            domains_toml(2, 1),
         );
         let outcome = run_node_text(&toml, kvm_device, epoch)
             .with_context(|| format!("calibration ping-pong of {text} bytes"))?;
@@ -413,14 +483,46 @@ fn serial_seconds(spec: Spec) -> f64 {
         .as_secs_f64()
 }
 
-/// The simulation file of the same node: four single-vCPU domains on the node's CPUs,
-/// domain 0 with one vCPU, its costs from the calibration, and each benchmark as the
-/// phases its MPI form runs (CG: per inner iteration a product, two 8-byte
-/// allreduces and the allgather of `p`; EP: its share, then three reductions).
+/// What a benchmark sent between the DomUs in one run (domain 0's frames and bytes),
+/// the median over its baseline runs: the simulator's message count and size.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Traffic {
+    pub frames: f64,
+    pub bytes: f64,
+}
+
+/// Time steps of a benchmark's main loop, each a compute phase and its messages in
+/// the simulation (CG: 25 inner iterations and a normalisation per outer one).
+fn steps(spec: Spec) -> u64 {
+    let steps = match spec.kernel {
+        Kernel::Bt => npb::bt::params(spec.class).1,
+        Kernel::Sp => npb::sp::params(spec.class).1,
+        Kernel::Lu => npb::lu::params(spec.class).1,
+        Kernel::Cg => npb::cg::params(spec.class).niter * 26,
+        // FT: 6 iterations and MG: 4 at classes S to A (NPB's parameters).
+        Kernel::Ft => 6,
+        Kernel::Mg => 4,
+        _ => 1,
+    };
+    steps as u64
+}
+
+/// Measured guest costs (`docs/guests-multirank.md`): a tick that does not switch
+/// (ring-0 work, emulated on this host), and a switch between ranks.
+const GUEST_TICK_US: f64 = 56.0;
+const GUEST_SWITCH_US: f64 = 94.0;
+
+/// The simulation file of the same node: two domains of one vCPU with two ranks each
+/// and the guest's tick on the node's CPUs, domain 0 with one vCPU and its costs from
+/// the calibration, and each benchmark as the phases its MPI form runs: CG per inner
+/// iteration a product, two 8-byte allreduces and the allgather of `p`; EP its share,
+/// then three reductions; the others per time step their compute, then ring exchanges
+/// (in this numbering half of a ring's messages cross between the DomUs) as many and
+/// as large as `traffic` says the real runs sent.
 pub fn sim_toml(
     cpus: usize,
     calibration: &Calibration,
-    compute: &[(Spec, f64)],
+    compute: &[(Spec, f64, Traffic)],
     scenarios: &[Scenario],
 ) -> String {
     // In the model domain 0 works on both sides of a message inside a node; kumo's
@@ -428,37 +530,55 @@ pub fn sim_toml(
     let mut text = format!(
         "duration_s = 3600\n[scheduler]\ntslice_ms = 30\ntick_ms = 10\nratelimit_us = 1000\n\
          [costs]\nswitch_us = 29\nwake_us = 46\ntick_us = 0\nsend_us = 5\n\
+         guest_tick_us = {GUEST_TICK_US}\nguest_switch_us = {GUEST_SWITCH_US}\n\
          dom0_per_message_us = {:.3}\ndom0_per_kib_us = {:.3}\nnetwork_latency_us = 0\n\
          network_mb_s = 100000\n[[node]]\nname = \"node\"\npcpus = {cpus}\ndom0_vcpus = 1\n",
         calibration.per_frame_us / 2.0,
         calibration.per_kib_us / 2.0,
     );
-    for i in 0..RANKS {
-        text.push_str(&format!("[[node.domain]]\nname = \"u{i}\"\n"));
+    for i in 0..DOMUS {
+        text.push_str(&format!(
+            "[[node.domain]]\nname = \"u{i}\"\nranks_per_vcpu = {RANKS_PER_VCPU}\n\
+             guest_hz = {GUEST_HZ}\n"
+        ));
     }
-    for &(spec, serial_s) in compute {
+    for &(spec, serial_s, traffic) in compute {
         let per_rank_ms = serial_s * 1e3 / RANKS as f64;
-        match spec.kernel {
+        let steps = steps(spec);
+        let step_ms = per_rank_ms / steps as f64;
+        let phases = match spec.kernel {
             Kernel::Cg => {
-                let p = npb::cg::params(spec.class);
-                // 25 inner iterations and a normalisation per outer iteration.
-                let steps = p.niter * 26;
-                let step_ms = per_rank_ms / steps as f64;
-                let block = p.na.div_ceil(RANKS) * 8;
-                text.push_str(&format!(
-                    "[[program]]\nname = \"{spec}\"\niterations = {steps}\nwait = \"spin\"\n\
-                     phases = [\"compute:{:.4}\", \"allreduce:8\", \"compute:{:.4}\", \
-                     \"allreduce:8\", \"exchange:alltoall:{block}\"]\n",
+                let block = npb::cg::params(spec.class).na.div_ceil(RANKS) * 8;
+                format!(
+                    "\"compute:{:.4}\", \"allreduce:8\", \"compute:{:.4}\", \"allreduce:8\", \
+                     \"exchange:alltoall:{block}\"",
                     step_ms * 0.9,
                     step_ms * 0.1,
-                ));
+                )
             }
-            _ => text.push_str(&format!(
-                "[[program]]\nname = \"{spec}\"\niterations = 1\nwait = \"spin\"\n\
-                 phases = [\"compute:{per_rank_ms:.3}\", \"allreduce:8\", \"allreduce:8\", \
-                 \"allreduce:80\"]\n"
-            )),
-        }
+            Kernel::Ep => format!(
+                "\"compute:{per_rank_ms:.3}\", \"allreduce:8\", \"allreduce:8\", \"allreduce:80\""
+            ),
+            _ => {
+                // Two of a ring's four messages cross between the DomUs.
+                let per_step = traffic.frames / steps as f64 / 2.0;
+                let exchanges = (per_step.round() as u64).clamp(1, 64);
+                let bytes = if traffic.frames > 0.0 {
+                    (traffic.bytes / traffic.frames).round().max(8.0) as u64
+                } else {
+                    8
+                };
+                let mut list = format!("\"compute:{step_ms:.4}\"");
+                for _ in 0..exchanges {
+                    list.push_str(&format!(", \"exchange:ring:{bytes}\""));
+                }
+                list
+            }
+        };
+        text.push_str(&format!(
+            "[[program]]\nname = \"{spec}\"\niterations = {steps}\nwait = \"spin\"\n\
+             phases = [{phases}]\n"
+        ));
     }
     for s in scenarios {
         text.push_str(&format!(
@@ -475,9 +595,33 @@ pub fn sim_toml(
     text
 }
 
+/// Each benchmark's traffic: the median over its baseline's runs (the first
+/// scenario's, if its baseline did not run).
+pub fn traffic(runs: &[RealRun], spec: Spec, baseline: &str) -> Traffic {
+    let bench = spec.to_string();
+    let of = |scenario: &str| -> Vec<&RealRun> {
+        runs.iter()
+            .filter(|r| r.benchmark == bench && r.scenario == scenario && r.verified)
+            .collect()
+    };
+    let mut mine = of(baseline);
+    if mine.is_empty() {
+        mine = runs
+            .iter()
+            .filter(|r| r.benchmark == bench && r.verified)
+            .collect();
+    }
+    Traffic {
+        frames: median_of(mine.iter().map(|r| r.frames as f64)).unwrap_or(0.0),
+        bytes: median_of(mine.iter().map(|r| r.bytes as f64)).unwrap_or(0.0),
+    }
+}
+
 /// One row of the table: a scenario and a benchmark.
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
+    /// 1: S1's node; 2: S1's two nodes.
+    pub nodes: u32,
     pub scenario: Scenario,
     pub benchmark: String,
     pub time_s: Option<Summary>,
@@ -488,8 +632,9 @@ pub struct Row {
     pub sim_speedup_pct: Option<f64>,
     /// Medians over the runs, summed over ranks.
     pub wait_s: Option<f64>,
-    pub rank_cpu_s: Option<f64>,
+    pub domain_cpu_s: Option<f64>,
     pub dom0_cpu_s: Option<f64>,
+    pub vmm_cpu_s: Option<f64>,
     pub verified: bool,
 }
 
@@ -499,7 +644,12 @@ pub struct Report {
     pub quick: bool,
     pub runs_per_scenario: u32,
     pub node_cpus: Vec<usize>,
+    pub domus: usize,
+    pub ranks_per_vcpu: u32,
+    pub guest_hz: u32,
     pub ranks: usize,
+    /// Whether S1's two-node shape ran, and where (or why not).
+    pub two_nodes: String,
     pub calibration: Calibration,
     pub rows: Vec<Row>,
     pub real_runs: Vec<RealRun>,
@@ -517,53 +667,60 @@ pub(super) fn median_of(values: impl Iterator<Item = f64>) -> Option<f64> {
     Summary::of(&values.collect::<Vec<_>>()).map(|s| s.median)
 }
 
-/// The table's rows from every real run and the simulation.
+/// The table's rows from every real run and the simulation (of the one-node shape),
+/// for each shape in `shapes` (1 or 2 nodes).
 pub fn rows(
     scenarios: &[Scenario],
     specs: &[Spec],
+    shapes: &[u32],
     runs: &[RealRun],
     sim: &[(String, String, Option<f64>)],
 ) -> Vec<Row> {
-    let time_of = |scenario: &str, bench: &str| {
-        let times: Vec<f64> = runs
-            .iter()
-            .filter(|r| r.scenario == scenario && r.benchmark == bench)
-            .filter_map(|r| r.time_s)
-            .collect();
-        Summary::of(&times)
-    };
-    let sim_of = |scenario: &str, bench: &str| {
-        sim.iter()
-            .find(|(s, b, _)| s == scenario && b == bench)
-            .and_then(|(_, _, t)| *t)
-    };
     let mut out = Vec::new();
-    for spec in specs {
-        let bench = spec.to_string();
-        for s in scenarios {
-            let mine: Vec<&RealRun> = runs
+    for &nodes in shapes {
+        let runs_of = |scenario: &str, bench: &str| -> Vec<&RealRun> {
+            runs.iter()
+                .filter(|r| r.nodes == nodes && r.scenario == scenario && r.benchmark == bench)
+                .collect()
+        };
+        let time_of = |scenario: &str, bench: &str| {
+            let times: Vec<f64> = runs_of(scenario, bench)
                 .iter()
-                .filter(|r| r.scenario == s.name && r.benchmark == bench)
+                .filter_map(|r| r.time_s)
                 .collect();
-            let time = time_of(s.name, &bench);
-            let base = time_of(s.baseline, &bench).map(|b| b.median);
-            out.push(Row {
-                scenario: *s,
-                benchmark: bench.clone(),
-                time_s: time,
-                speedup_pct: speedup_pct(base, time.map(|t| t.median)),
-                paper_pct: match spec.kernel {
-                    Kernel::Cg => s.paper_cg,
-                    Kernel::Ep => s.paper_ep,
-                    _ => None,
-                },
-                sim_time_s: sim_of(s.name, &bench),
-                sim_speedup_pct: speedup_pct(sim_of(s.baseline, &bench), sim_of(s.name, &bench)),
-                wait_s: median_of(mine.iter().map(|r| r.rank_wait_s.iter().sum())),
-                rank_cpu_s: median_of(mine.iter().map(|r| r.rank_cpu_s.iter().sum())),
-                dom0_cpu_s: median_of(mine.iter().map(|r| r.dom0_cpu_s)),
-                verified: !mine.is_empty() && mine.iter().all(|r| r.verified),
-            });
+            Summary::of(&times)
+        };
+        let sim_of = |scenario: &str, bench: &str| {
+            sim.iter()
+                .filter(|_| nodes == 1)
+                .find(|(s, b, _)| s == scenario && b == bench)
+                .and_then(|(_, _, t)| *t)
+        };
+        for spec in specs {
+            let bench = spec.to_string();
+            for s in scenarios {
+                let mine = runs_of(s.name, &bench);
+                let time = time_of(s.name, &bench);
+                let base = time_of(s.baseline, &bench).map(|b| b.median);
+                out.push(Row {
+                    nodes,
+                    scenario: *s,
+                    benchmark: bench.clone(),
+                    time_s: time,
+                    speedup_pct: speedup_pct(base, time.map(|t| t.median)),
+                    paper_pct: paper_pct(s.name, spec.kernel),
+                    sim_time_s: sim_of(s.name, &bench),
+                    sim_speedup_pct: speedup_pct(
+                        sim_of(s.baseline, &bench),
+                        sim_of(s.name, &bench),
+                    ),
+                    wait_s: median_of(mine.iter().map(|r| r.rank_wait_s.iter().sum())),
+                    domain_cpu_s: median_of(mine.iter().map(|r| r.domain_cpu_s.iter().sum())),
+                    dom0_cpu_s: median_of(mine.iter().map(|r| r.dom0_cpu_s)),
+                    vmm_cpu_s: median_of(mine.iter().map(|r| r.vmm_cpu_s)),
+                    verified: !mine.is_empty() && mine.iter().all(|r| r.verified),
+                });
+            }
         }
     }
     out
@@ -573,7 +730,14 @@ pub fn run(args: &ExperimentArgs, epoch: Instant) -> Result<u8> {
     let cpus = node_cpus();
     let scenarios = scenarios(args.quick);
     let specs = benchmarks(args.quick);
-    let plan: Vec<(u32, usize)> = interleaved(scenarios.len() * specs.len(), args.runs);
+    let two_nodes = two_node_cpus(hv::placement::host_cpus());
+    let shapes: Vec<u32> = if two_nodes.is_some() {
+        vec![1, 2]
+    } else {
+        vec![1]
+    };
+    let per_shape = scenarios.len() * specs.len();
+    let plan: Vec<(u32, usize)> = interleaved(per_shape * shapes.len(), args.runs);
     // Calibration (2 runs), the plan, the serial times and the simulation.
     let progress = Progress::new(plan.len() + 2 + specs.len() + 1);
 
@@ -587,29 +751,32 @@ pub fn run(args: &ExperimentArgs, epoch: Instant) -> Result<u8> {
         if hv::stop::requested().is_some() {
             break;
         }
+        let nodes = shapes[item / per_shape];
+        let item = item % per_shape;
         let scenario = &scenarios[item / specs.len()];
         let spec = specs[item % specs.len()];
         progress.step(&format!(
-            "run {} of {}: {} {spec}",
+            "run {} of {}: {} {spec}{}",
             round + 1,
             args.runs,
-            scenario.name
+            scenario.name,
+            if nodes == 2 { " on two nodes" } else { "" }
         ));
-        real_runs.push(real_run(
-            scenario,
-            spec,
-            round,
-            &cpus,
-            &args.kvm_device,
-            epoch,
-        )?);
+        let run = match &two_nodes {
+            Some(pair) if nodes == 2 => {
+                real_run_two_nodes(scenario, spec, round, pair, &args.kvm_device, epoch)?
+            }
+            _ => real_run(scenario, spec, round, &cpus, &args.kvm_device, epoch)?,
+        };
+        real_runs.push(run);
         progress.done_one();
     }
 
     let mut compute = Vec::new();
     for &spec in &specs {
         progress.step(&format!("serial {spec} on the host, for the simulator"));
-        compute.push((spec, serial_seconds(spec)));
+        let traffic = traffic(&real_runs, spec, scenarios[0].baseline);
+        compute.push((spec, serial_seconds(spec), traffic));
         progress.done_one();
     }
     progress.step("simulating the same node");
@@ -624,15 +791,26 @@ pub fn run(args: &ExperimentArgs, epoch: Instant) -> Result<u8> {
         .map(|r| (r.scenario.clone(), r.program.clone(), r.time_s))
         .collect();
 
-    let rows = rows(&scenarios, &specs, &real_runs, &sim_times);
-    let complete = real_runs.len() == scenarios.len() * specs.len() * args.runs as usize;
+    let rows = rows(&scenarios, &specs, &shapes, &real_runs, &sim_times);
+    let complete = real_runs.len() == per_shape * shapes.len() * args.runs as usize;
     let ok = complete && rows.iter().all(|r| r.verified);
     let report = Report {
         experiment: "s1",
         quick: args.quick,
         runs_per_scenario: args.runs,
         node_cpus: cpus,
+        domus: DOMUS,
+        ranks_per_vcpu: RANKS_PER_VCPU,
+        guest_hz: GUEST_HZ,
         ranks: RANKS,
+        two_nodes: match &two_nodes {
+            Some(pair) => format!("ran on host CPUs {:?} and {:?}", pair[0], pair[1]),
+            None => format!(
+                "not run: S1's two nodes need {} host CPUs, this host has {}",
+                2 * NODE_CPUS,
+                hv::placement::host_cpus()
+            ),
+        },
         calibration,
         rows,
         real_runs,
@@ -679,17 +857,24 @@ pub(super) fn secs(v: Option<f64>) -> String {
 /// The table beside S1's figures.
 pub fn text(report: &Report) -> String {
     let mut out = format!(
-        "S1 on real VMs: {} ranks (one per single-vCPU VM) spin-waiting on host CPUs {:?}, \
-         domain 0 = kumo's switch; {} run(s) per scenario, medians [min-max]\n\
+        "S1 on real VMs: {} DomUs x 1 vCPU x {} ranks (guest tick {} Hz) spin-waiting on \
+         host CPUs {:?}, domain 0 = kumo's switch; {} run(s) per scenario, medians [min-max]\n\
          domain 0 measured on the switch: {:.2} us per frame + {:.2} us per KiB\n\n",
-        report.ranks,
+        report.domus,
+        report.ranks_per_vcpu,
+        report.guest_hz,
         report.node_cpus,
         report.runs_per_scenario,
         report.calibration.per_frame_us,
         report.calibration.per_kib_us,
     );
+    out.push_str(&format!(
+        "two nodes (2 x 4 ranks, a wire between them): {}\n\n",
+        report.two_nodes
+    ));
     let mut table = vec![
         [
+            "nodes",
             "benchmark",
             "scenario",
             "slice/tick",
@@ -703,6 +888,7 @@ pub fn text(report: &Report) -> String {
             "sim speed-up",
             "MPI wait (s)",
             "dom0 cpu (s)",
+            "kumo cpu (s)",
         ]
         .map(String::from)
         .to_vec(),
@@ -710,6 +896,7 @@ pub fn text(report: &Report) -> String {
     for r in &report.rows {
         let s = &r.scenario;
         table.push(vec![
+            r.nodes.to_string(),
             r.benchmark.clone(),
             s.name.to_string(),
             format!("{}/{} ms", s.tslice_ms, s.tick_ms),
@@ -723,13 +910,16 @@ pub fn text(report: &Report) -> String {
             pct(r.sim_speedup_pct),
             secs(r.wait_s),
             secs(r.dom0_cpu_s),
+            secs(r.vmm_cpu_s),
         ]);
     }
-    out.push_str(&crate::output::table(&table, 6));
+    out.push_str(&crate::output::table(&table, 7));
     out.push_str(
         "\nspeed-up: over the scenario family's 30/10 ms baseline (xen3.4-* over xen3.4-30/10, \
-         xen4-* over xen4-30/10). S1 paper: Xen 3.4.2, 2 nodes x 4 processes; it also gives \
-         SP +33.4 % and BT +28.9 % at 1/1 ms (not in kumo's MPI yet).\n",
+         xen4-* over xen4-30/10). S1 paper: Xen 3.4.2, 2 nodes x 4 processes, class A; LU \
+         \"little change\", domain 0 at 64 and 128 \"large slow-downs\" (no numbers). MPI wait: \
+         the ranks' time in blocking MPI calls, summed. kumo cpu: the credit driver (on the \
+         node's CPUs) and set-up.\n",
     );
     out
 }
@@ -761,7 +951,8 @@ pub fn speedups(title: &str, rows: &[Row]) -> Result<String> {
         .iter()
         .map(|r| {
             format!(
-                "{} {}",
+                "{}{} {}",
+                if r.nodes == 2 { "2 nodes " } else { "" },
                 r.benchmark,
                 r.scenario.name.trim_start_matches("xen")
             )
@@ -806,10 +997,43 @@ mod tests {
         for s in SCENARIOS {
             let text = node_toml(s, spec("cg.W"), &[0]);
             let node = crate::spec::node::parse(&text).unwrap_or_else(|e| panic!("{text}\n{e:#}"));
-            assert_eq!(node.domains.len(), RANKS);
+            assert_eq!(node.domains.len(), DOMUS);
+            for d in &node.domains {
+                assert_eq!((d.vcpus, d.ranks_per_vcpu), (1, RANKS_PER_VCPU));
+                assert_eq!(d.guest_hz, Some(GUEST_HZ));
+                assert!(d.cmdline().contains("wait=spin"), "{}", d.cmdline());
+            }
             assert_eq!(node.dom0_weight, s.dom0_weight);
             assert_eq!(node.params.accounting, s.accounting.into());
         }
+    }
+
+    #[test]
+    fn s1s_two_nodes_are_two_node_files_joined_by_the_wire() {
+        assert_eq!(two_node_cpus(2), None);
+        let cpus = two_node_cpus(4).unwrap();
+        assert_eq!(cpus, [vec![0, 1], vec![2, 3]]);
+        let [first, second] = two_node_tomls(&SCENARIOS[0], spec("cg.S"), &cpus, "unix:/tmp/w");
+        let first = crate::spec::node::parse(&first).unwrap_or_else(|e| panic!("{first}\n{e:#}"));
+        // This host may not have CPUs 2 and 3: the second file is checked on 0 and 1.
+        assert!(second.starts_with("pcpus = [2, 3]\n"), "{second}");
+        let second = second.replace("pcpus = [2, 3]", "pcpus = [0, 1]");
+        let second =
+            crate::spec::node::parse(&second).unwrap_or_else(|e| panic!("{second}\n{e:#}"));
+        let ranks = |n: &crate::spec::node::Node| -> Vec<u32> {
+            n.domains.iter().flat_map(|d| d.ranks()).collect()
+        };
+        assert_eq!(ranks(&first), [0, 1, 2, 3]);
+        assert_eq!(ranks(&second), [4, 5, 6, 7]);
+        assert_eq!(first.pcpus, [0, 1]);
+        let wire = |n: &crate::spec::node::Node| n.network.as_ref().unwrap().wire.clone();
+        assert_eq!(wire(&first), Some("listen:unix:/tmp/w".parse().unwrap()));
+        assert_eq!(wire(&second), Some("unix:/tmp/w".parse().unwrap()));
+        assert!(
+            second.domains[0].cmdline().contains(" mpi=4:8:2 "),
+            "{}",
+            second.domains[0].cmdline()
+        );
     }
 
     #[test]
@@ -831,72 +1055,122 @@ mod tests {
     }
 
     #[test]
-    fn the_simulation_file_parses_and_runs_every_scenario() {
+    fn the_simulation_file_is_s1s_node_and_runs_every_benchmark_and_scenario() {
         let calibration = Calibration {
             per_frame_us: 4.0,
             per_kib_us: 0.3,
             points: vec![],
         };
         let all = scenarios(true);
-        let text = sim_toml(
-            2,
-            &calibration,
-            &[(spec("cg.S"), 0.05), (spec("ep.S"), 0.2)],
-            &all,
-        );
+        let traffic = Traffic {
+            frames: 4000.0,
+            bytes: 4000.0 * 900.0,
+        };
+        let compute: Vec<(Spec, f64, Traffic)> = benchmarks(true)
+            .into_iter()
+            .map(|spec| {
+                (
+                    Spec {
+                        class: Class::S,
+                        ..spec
+                    },
+                    0.05,
+                    traffic,
+                )
+            })
+            .collect();
+        let text = sim_toml(2, &calibration, &compute, &all);
         let sim = crate::sim::config::parse(&text).unwrap_or_else(|e| panic!("{text}\n{e:#}"));
+        assert_eq!(
+            sim.nodes[0].domains.len(),
+            1 + DOMUS,
+            "domain 0 and the DomUs"
+        );
+        assert_eq!(sim.ranks.len(), RANKS, "two ranks on each DomU's vCPU");
+        // BT.S: 60 steps, 4000 frames of which two per ring exchange cross: 33 a step.
+        assert!(
+            text.contains("name = \"bt.S\"\niterations = 60\n"),
+            "{text}"
+        );
+        let bt = text
+            .lines()
+            .find(|l| l.contains("exchange:ring:900"))
+            .unwrap();
+        assert_eq!(bt.matches("exchange:ring:900").count(), 33, "{bt}");
         let report = crate::sim::run(&sim).unwrap();
-        assert_eq!(report.runs.len(), 2 * all.len());
+        assert_eq!(report.runs.len(), compute.len() * all.len());
         assert!(report.runs.iter().all(|r| r.finished), "{}", report.text());
     }
 
     #[test]
-    fn in_the_simulator_xen_3_4s_30_10_is_slower_than_1_1_on_cg() {
-        // S1's direction, with S1's own mechanism (tick accounting, no ratelimit), on
-        // this experiment's node; asserted only in the deterministic simulator.
-        let calibration = Calibration {
-            per_frame_us: 18.0,
-            per_kib_us: 0.0,
-            points: vec![],
+    fn traffic_is_the_baselines_median_and_falls_back_to_any_verified_run() {
+        let run = |scenario: &str, frames: u64| RealRun {
+            frames,
+            bytes: frames * 100,
+            ..real_run_of(scenario, 1.0)
         };
-        let tick: Vec<Scenario> = scenarios(true)
-            .into_iter()
-            .filter(|s| s.accounting == Accounting::Tick && s.dom0_weight == 256)
-            .collect();
-        let text = sim_toml(2, &calibration, &[(spec("cg.S"), 0.05)], &tick);
-        let report = crate::sim::run(&crate::sim::config::parse(&text).unwrap()).unwrap();
-        let time = |name: &str| {
-            report
-                .runs
-                .iter()
-                .find(|r| r.scenario == name)
-                .and_then(|r| r.time_s)
-                .unwrap()
-        };
-        assert!(
-            time(XEN34) > time("xen3.4-1/1"),
-            "30/10 {} s, 1/1 {} s",
-            time(XEN34),
-            time("xen3.4-1/1")
-        );
+        let runs = vec![
+            run(XEN34, 10),
+            run(XEN34, 30),
+            run(XEN34, 20),
+            run("xen3.4-1/1", 99),
+        ];
+        let t = traffic(&runs, spec("cg.W"), XEN34);
+        assert_eq!((t.frames, t.bytes), (20.0, 2000.0));
+        let t = traffic(&runs[3..], spec("cg.W"), XEN34);
+        assert_eq!(t.frames, 99.0);
+        assert_eq!(traffic(&runs, spec("ep.A"), XEN34).frames, 0.0);
     }
 
     #[test]
-    fn rows_take_speed_ups_over_their_own_baseline() {
-        let run = |scenario: &str, time: f64| RealRun {
+    fn the_papers_numbers_are_s1s() {
+        assert_eq!(paper_pct("xen3.4-1/1", Kernel::Cg), Some(45.3));
+        assert_eq!(paper_pct("xen3.4-1/1", Kernel::Bt), Some(28.9));
+        assert_eq!(paper_pct("xen3.4-1/1", Kernel::Sp), Some(33.4));
+        assert_eq!(paper_pct(XEN34_TUNED, Kernel::Sp), Some(35.0));
+        assert_eq!(paper_pct("xen3.4-1/1", Kernel::Lu), None);
+        assert_eq!(paper_pct(XEN34, Kernel::Mg), Some(0.0));
+        let names: Vec<&str> = SCENARIOS.iter().map(|s| s.name).collect();
+        for sweep in ["60/10", "30/15", "30/10", "10/5", "10/2", "1/1"] {
+            assert!(
+                names.contains(&format!("xen3.4-{sweep}").as_str()),
+                "{sweep}"
+            );
+        }
+        for weight in [64, 128, 512, 1024] {
+            assert!(
+                SCENARIOS
+                    .iter()
+                    .any(|s| s.dom0_weight == weight && s.tslice_ms == 30.0)
+            );
+        }
+        let kernels: Vec<Kernel> = benchmarks(false).iter().map(|s| s.kernel).collect();
+        assert_eq!(kernels.len(), 7);
+        assert!(benchmarks(false).iter().all(|s| s.class == Class::A));
+    }
+
+    fn real_run_of(scenario: &str, time: f64) -> RealRun {
+        RealRun {
+            nodes: 1,
             scenario: scenario.into(),
             benchmark: "cg.W".into(),
             round: 0,
             time_s: Some(time),
             verified: true,
-            rank_cpu_s: vec![1.0; 4],
+            domain_cpu_s: vec![1.0; 2],
             rank_wait_s: vec![0.5; 4],
             dom0_cpu_s: 0.1,
+            vmm_cpu_s: 0.05,
             frames: 1,
             bytes: 1,
             wall_s: time,
             problems: vec![],
-        };
+        }
+    }
+
+    #[test]
+    fn rows_take_speed_ups_over_their_own_baseline() {
+        let run = real_run_of;
         let runs = vec![
             run(XEN34, 3.0),
             run("xen3.4-1/1", 2.0),
@@ -905,7 +1179,7 @@ mod tests {
             run("xen4-1/1", 4.0),
         ];
         let all = scenarios(false);
-        let rows = rows(&all, &[spec("cg.W")], &runs, &[]);
+        let rows = rows(&all, &[spec("cg.W")], &[1], &runs, &[]);
         let get = |name: &str| rows.iter().find(|r| r.scenario.name == name).unwrap();
         assert_eq!(get("xen3.4-1/1").speedup_pct, Some(50.0));
         assert_eq!(get("xen3.4-1/1-dom0-1024").speedup_pct, Some(100.0));
@@ -927,6 +1201,7 @@ mod tests {
     fn row(name: &str, speedup: Option<f64>, paper: Option<f64>) -> Row {
         let scenario = *SCENARIOS.iter().find(|s| s.name == name).unwrap();
         Row {
+            nodes: 1,
             scenario,
             benchmark: "cg.W".into(),
             time_s: None,
@@ -935,8 +1210,9 @@ mod tests {
             sim_time_s: None,
             sim_speedup_pct: Some(12.0),
             wait_s: None,
-            rank_cpu_s: None,
+            domain_cpu_s: None,
             dom0_cpu_s: None,
+            vmm_cpu_s: None,
             verified: true,
         }
     }

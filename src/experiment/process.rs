@@ -1,0 +1,105 @@
+//! The processes and scratch directories of experiments that run more than one kumo:
+//! a child kumo killed if the experiment ends first, and a directory removed with
+//! the run.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+
+/// A child process killed (if still running) when dropped, its stderr in a file.
+pub struct Process {
+    pub(super) child: Child,
+    pub(super) name: String,
+    pub stderr: PathBuf,
+}
+
+impl Process {
+    pub fn start(name: &str, dir: &Path, args: &[String]) -> Result<Process> {
+        let exe = std::env::current_exe().context("finding kumo's own executable")?;
+        let stderr = dir.join(format!("{name}.err"));
+        let child = Command::new(exe)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&stderr)?)
+            .spawn()
+            .with_context(|| format!("starting {name}"))?;
+        Ok(Process {
+            child,
+            name: name.to_string(),
+            stderr,
+        })
+    }
+
+    /// Waits for the process to end while the job runs (until `job_over`), then up to
+    /// `patience` more; a problem unless it ended with status 0. The patience counts
+    /// from the job's end: without a migration this is called as the job starts, and
+    /// at 30/10 ms the job takes most of a minute (a patience counted from the call
+    /// killed the moving VM of slow runs, and the node's ranks then timed out).
+    pub fn finish(&mut self, job_over: &AtomicBool, patience: Duration) -> Option<String> {
+        let mut deadline = None;
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) if status.success() => return None,
+                Ok(Some(status)) => {
+                    return Some(format!("{} {status}: {}", self.name, self.last_line()));
+                }
+                Ok(None) => {
+                    if deadline.is_none() && job_over.load(Ordering::SeqCst) {
+                        deadline = Some(Instant::now() + patience);
+                    }
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        return Some(format!(
+                            "{} did not end within {:.1} s of the job's end",
+                            self.name,
+                            patience.as_secs_f64()
+                        ));
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => return Some(format!("{}: {e}", self.name)),
+            }
+        }
+    }
+
+    fn last_line(&self) -> String {
+        std::fs::read_to_string(&self.stderr)
+            .ok()
+            .and_then(|text| text.lines().last().map(str::to_string))
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+    }
+}
+
+/// A run's directory (sockets, token, logs), removed with it.
+pub struct RunDir(pub PathBuf);
+
+impl RunDir {
+    pub fn new() -> Result<RunDir> {
+        static RUNS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "kumo-experiment-{}-{}",
+            std::process::id(),
+            RUNS.fetch_add(1, Ordering::SeqCst)
+        ));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        Ok(RunDir(dir))
+    }
+}
+
+impl Drop for RunDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
