@@ -7,8 +7,12 @@
 //!
 //! # The model
 //! - A **node** has pCPUs and its own `sched::Scheduler`, with domain 0 (its
-//!   `dom0_vcpus`, its weight) and the file's domains. Every domain vCPU is an MPI
-//!   **rank**, numbered node by node in file order; all ranks start at time 0.
+//!   `dom0_vcpus`, its weight) and the file's domains. Every domain vCPU runs
+//!   `ranks_per_vcpu` (R, default 1) MPI **ranks**, numbered node by node, domain by
+//!   domain in file order and, inside a domain, as kumo's guest numbers them
+//!   (`guests/user/src/main.rs`, `MpiJob::run`, for `mpi=FIRST:SIZE:LOCAL` and
+//!   `ranks_per_vcpu=R`): vCPU v runs ranks FIRST + v*R + k, k = 0..R, as its guest
+//!   scheduler's task k; task 0 runs first. All ranks start at time 0.
 //! - A rank repeats its phase list `iterations` times: `compute` needs that much
 //!   CPU progress; `send` costs the rank `send_us` of CPU (netfront) and hands the
 //!   message to its node's domain 0; `recv` waits for a message; `io` asks domain 0
@@ -17,7 +21,33 @@
 //! - **Waiting** is spinning by default, as MPI's `MPI_Wait`: the rank stays
 //!   runnable and burns its pCPU (counted as busy-waiting) until what it waits for
 //!   is there and it is running to see it. With `wait = "block"` it halts instead
-//!   and is woken like any halted vCPU.
+//!   and is woken like any halted vCPU; `wait = "yield"` is spinning for a rank
+//!   alone on its vCPU.
+//! - **Several ranks per vCPU** (docs/guests-multirank.md): the vCPU's ranks are
+//!   tasks of the guest's scheduler; only the current one progresses while the vCPU
+//!   runs. The guest tick (`guest_hz`; 250 by default when R > 1, none with R = 1
+//!   unless given; a scenario's `guest_hz` sets every domain's) comes at multiples
+//!   of 1/guest_hz of host time, as the LAPIC timer runs; one that comes while the
+//!   vCPU does not run is delivered when it next runs (at most one pending). Each
+//!   tick costs the vCPU `guest_tick_us`, and if another task can run the guest
+//!   switches to the next one round robin (slices of one tick) for `guest_switch_us`
+//!   more. Waits: `spin` polls until the tick preempts it (the vCPU stays runnable);
+//!   `yield` hands the vCPU to the next task that can go on at once (a
+//!   `guest_switch_us`), or polls if there is none and yields as soon as one can;
+//!   `block` puts the task to sleep and switches to another (`guest_switch_us`), and
+//!   when all sleep the vCPU halts. A message for a sleeping task from outside its
+//!   vCPU (domain 0's delivery, or a rank of another vCPU) switches to it at once,
+//!   waking the vCPU first if halted (`wake_us`); one from its own vCPU waits for the
+//!   next tick, yield or block (as the guest's shared-memory bell). `sleep:MS` on a
+//!   vCPU of several ranks lets the others run. Ranks of one domain with R > 1 talk
+//!   through **shared memory** (kumo's guest's default then): a message costs the
+//!   sender `shm_us` instead of `send_us`, no domain 0, no wire, and is there at once.
+//!   With one rank per vCPU they go through domain 0, as before. Per rank, the
+//!   report's CPU is then the vCPU time it was current (its work, busy-waiting and
+//!   the guest's costs charged meanwhile); the host's switch costs stay with the vCPU.
+//!   What this leaves out of the guest: the 50 µs of polling before a yield or block,
+//!   the tick waking a halted vCPU (only messages and timers do here), and a
+//!   yielding task picked by a tick while it only polls (it would hand straight on).
 //! - **Directed yield** (`directed_yield = true` in `[scheduler]` or a scenario): a
 //!   rank that starts waiting for a message from a rank of its own domain and node
 //!   that is still computing names that rank's vCPU to `Scheduler::yield_to`, which
@@ -43,7 +73,10 @@
 //!   starts running another vCPU than the one it ran last loses `switch_us` before
 //!   that vCPU progresses (resuming the same one, or the first vCPU of the run, is
 //!   free); `tick_us` is taken from the running vCPU at each scheduler timer
-//!   interrupt of a busy pCPU. Calibration, as in `examples/sim-s1.toml`:
+//!   interrupt of a busy pCPU; `guest_tick_us`, `guest_switch_us` and `shm_us`
+//!   (default 0) are the guest scheduler's (above): kumo measured a tick that does not
+//!   switch at ~56 µs and a rank switch at ~94 µs (docs/guests-multirank.md, ring 0
+//!   emulated on its hosts). Calibration, as in `examples/sim-s1.toml`:
 //!   `switch_us = 29` is `kumo bench switch --mechanism fifo` (median host-CPU
 //!   hand-over between two vCPU threads, p99 44); `wake_us = 46` is `kumo bench wake`
 //!   (75 µs median from a halted vCPU's interrupt to its running beside a busy one,
@@ -55,13 +88,14 @@
 //!   the hardware of S1's time (see the file).
 //!
 //! What it leaves out: the guests' own interrupt and TCP work on receive, MPI's
-//! rendezvous protocol for large messages, flow control, caches, and the scheduler's
-//! deviations from S1's Xen 3.4: `sched` debits credit exactly (Xen after "Accurate
-//! accounting for credit scheduler"), where Xen 3.4 debited a whole tick from the vCPU
-//! a tick found running, and it has Xen 4.2's ratelimit (off when set to 0). On the
-//! example, it is the ratelimit, not the slice, that makes 1/1 ms faster than Xen's
-//! defaults (README, "Simulating S1"). Times are simulated nanoseconds; the host's
-//! speed does not matter.
+//! rendezvous protocol for large messages, flow control, and caches. The scheduler is
+//! `sched` as configured: by default it debits credit exactly (Xen after "Accurate
+//! accounting for credit scheduler") and has Xen 4.2's ratelimit; `accounting =
+//! "tick"` debits a whole tick from the vCPU a tick finds running and drops the
+//! ratelimit, as S1's Xen 3.4 did (the example's `xen3.4-*` scenarios). On the
+//! example, with exact accounting it is the ratelimit, not the slice, that makes 1/1
+//! ms faster than Xen's defaults (README, "Simulating S1"). Times are simulated
+//! nanoseconds; the host's speed does not matter.
 //!
 //! # Determinism
 //! No randomness, no hash maps, no host clock: events are ordered by (time,

@@ -178,6 +178,51 @@ fn the_text_output_is_a_table_per_run() {
     );
 }
 
+#[test]
+fn two_ranks_per_vcpu_spinning_wait_a_guest_tick_per_message_and_yielding_do_not() {
+    // S1's shape on one node: two 1-vCPU DomUs of 2 ranks each (ranks 0-1 on u0,
+    // 2-3 on u1), a ring inside each domain's pair and across: 0 -> 1 and 2 -> 3
+    // through shared memory, 1 -> 2 and 3 -> 0 through domain 0.
+    let body = "duration_s = 60\n[costs]\nswitch_us = 29\nwake_us = 46\n\
+         guest_tick_us = 56\nguest_switch_us = 94\nshm_us = 2\n\
+         [[node]]\nname = \"n\"\npcpus = 2\n\
+         [[node.domain]]\nname = \"u0\"\nranks_per_vcpu = 2\n\
+         [[node.domain]]\nname = \"u1\"\nranks_per_vcpu = 2\n\
+         [[program]]\nname = \"ring\"\niterations = 50\n\
+         phases = [\"compute:1\", \"exchange:ring:1000\"]\n\
+         [[scenario]]\nname = \"spin\"\n\
+         [[scenario]]\nname = \"spin-1000\"\nguest_hz = 1000\n\
+         [[scenario]]\nname = \"yield\"\nwait = \"yield\"\n";
+    let runs = runs(&write("sim-multirank.toml", body));
+    let spin = run(&runs, "ring", "spin");
+    let fast = run(&runs, "ring", "spin-1000");
+    let yielding = run(&runs, "ring", "yield");
+    assert_eq!(yielding["wait"], "yield");
+    for r in [spin, fast, yielding] {
+        assert_eq!(r["messages"].as_u64(), Some(200), "{r}");
+        assert!(r["guest_ticks"].as_u64().unwrap() > 0, "{r}");
+        assert!(r["guest_switches"].as_u64().unwrap() > 0, "{r}");
+        let u0 = &r["domains"][1];
+        assert_eq!(u0["ranks_per_vcpu"].as_u64(), Some(2), "{u0}");
+    }
+    assert_eq!(spin["domains"][1]["guest_hz"].as_u64(), Some(250));
+    assert_eq!(fast["domains"][1]["guest_hz"].as_u64(), Some(1000));
+    // Spinning, every iteration waits for a tick (4 ms at 250 Hz) to switch to the
+    // rank its message is for, so a faster tick is faster; yielding hands over at
+    // once and is faster still.
+    assert!(time(spin) > 50.0 * 4e-3, "{spin}");
+    assert!(time(fast) < 0.9 * time(spin), "{fast} {spin}");
+    assert!(time(yielding) < time(fast), "{yielding} {fast}");
+    // Domain 0 carries only the messages across domains: 100 of the 200.
+    let dom0 = spin["domains"][0]["work_s"].as_f64().unwrap();
+    let per_side = (20.0 + 5.0 * 1000.0 / 1024.0) * 1e-6;
+    // (each side rounded to the nanosecond)
+    assert!((dom0 - 100.0 * 2.0 * per_side).abs() < 1e-7, "{dom0}");
+    // Files without the new keys say nothing of guests.
+    let out = kumo(&["sim", "--config", S1, "--json"]);
+    assert!(!text(&out.stdout).contains("guest"));
+}
+
 /// Runs kumo on `body`, expects exit status 2 and a single `kumo: error:` line
 /// containing `needle`, and nothing on stdout.
 fn assert_refused(name: &str, body: &str, needle: &str) {
@@ -234,6 +279,11 @@ fn bad_simulation_files_are_refused_with_the_reason() {
         "sim-bad-weight.toml",
         &good.replace("weight = 256", "weight = 0"),
         "weight 0 is outside 1..=65535",
+    );
+    assert_refused(
+        "sim-bad-ranks-per-vcpu.toml",
+        &good.replace("weight = 256\n", "weight = 256\nranks_per_vcpu = 17\n"),
+        "node 'n' domain 'd0': ranks_per_vcpu 17 is outside 1..=16",
     );
     assert_refused(
         "sim-deadlock.toml",
