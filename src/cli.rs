@@ -422,7 +422,7 @@ pub struct RecordArgs {
     pub out: PathBuf,
 
     /// Rounds of the suite; each runs every primitive once (with its reference) [default:
-    /// 10, about 3 minutes on a 2-core host; 1 with --quick].
+    /// 20, under 3 minutes on a quiet 2-core host; 1 with --quick].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100))]
     pub rounds: Option<u32>,
 
