@@ -407,6 +407,50 @@ pub enum BenchCommand {
     /// Where the time goes at barriers when vCPUs outnumber host CPUs: guest (each
     /// wait mechanism) beside native threads, interleaved.
     Oversub(OversubArgs),
+    /// Run a fixed, short suite of kumo's primitives (boot, process start, exits,
+    /// interrupts, vCPU switches, messages, dirty log, migration, NPB guest/native)
+    /// and write a performance record (JSON) for `kumo bench compare`.
+    Record(RecordArgs),
+    /// Compare two performance records: each figure's change against a noise band from
+    /// the records' own spread; exit 1 if any figure got worse beyond it.
+    Compare(CompareArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct RecordArgs {
+    /// The record to write (docs/results/perf/YYYY-MM-DD-<short commit>.json for one to
+    /// keep).
+    #[arg(long, value_name = "FILE")]
+    pub out: PathBuf,
+
+    /// Rounds of the suite; each runs every primitive once (with its reference) [default:
+    /// 20, under 3 minutes on a quiet 2-core host; 1 with --quick].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub rounds: Option<u32>,
+
+    /// A much shorter suite (smaller inputs, fewer repetitions, class S instead of W):
+    /// for tests, not a record to compare with a full one.
+    #[arg(long)]
+    pub quick: bool,
+
+    /// The KVM device to open.
+    #[arg(long, value_name = "PATH", default_value = "/dev/kvm")]
+    pub kvm_device: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub struct CompareArgs {
+    /// The record before the change.
+    #[arg(value_name = "OLD.json")]
+    pub old: PathBuf,
+
+    /// The record after it.
+    #[arg(value_name = "NEW.json")]
+    pub new: PathBuf,
+
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args, Debug)]

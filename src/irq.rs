@@ -194,33 +194,43 @@ pub fn run_bench(args: &IrqBenchArgs, epoch: Instant) -> Result<u8> {
         Some(path) => vec![path],
         None => vec![IrqPath::Generic, IrqPath::Fast],
     };
-    let mut rows = Vec::new();
-    for path in paths {
-        let setup = IrqDeviceSetup {
-            path,
-            delay: Duration::from_micros(args.delay_us),
-            noise_hz: (args.noise_rate > 0.0).then_some(args.noise_rate),
-        };
-        let cmdline = format!("irq=bench:{}:{}", args.rounds, args.target_vcpu);
-        let (guest, devices) = boot(&cmdline, args.vcpus, &setup, &args.kvm_device, epoch)?;
-        let fields = guest.measurement("irqbench")?;
-        let mut row = crate::protocol::fields_json(fields);
-        row.insert("path".into(), json!(path.name()));
-        row.insert("vcpus".into(), json!(args.vcpus));
-        row.insert("noise_rate".into(), json!(args.noise_rate));
-        row.insert("delay_us".into(), json!(args.delay_us));
-        let host = HostView::of(&devices.host_rounds());
-        row.insert("host_rounds".into(), json!(host.rounds));
-        row.insert("host_device_us".into(), json!(host.device_us));
-        row.insert("host_period_us".into(), json!(host.period_us));
-        row.insert("noise_raised".into(), json!(devices.noise_raised()));
-        rows.push(row);
-    }
+    let rows = paths
+        .into_iter()
+        .map(|path| bench_path(args, path, epoch))
+        .collect::<Result<Vec<_>>>()?;
     print_bench(&rows, args.json);
     let lost = rows
         .iter()
         .any(|r| r.get("lost").and_then(Value::as_f64) != Some(0.0));
     Ok(if lost { 1 } else { 0 })
+}
+
+/// One path's doorbell rounds as `kumo bench irq --json` prints them (the guest's
+/// `irqbench` fields: `median_us`, `p90_us`, ...; and the host's view).
+pub fn bench_path(
+    args: &IrqBenchArgs,
+    path: IrqPath,
+    epoch: Instant,
+) -> Result<serde_json::Map<String, Value>> {
+    let setup = IrqDeviceSetup {
+        path,
+        delay: Duration::from_micros(args.delay_us),
+        noise_hz: (args.noise_rate > 0.0).then_some(args.noise_rate),
+    };
+    let cmdline = format!("irq=bench:{}:{}", args.rounds, args.target_vcpu);
+    let (guest, devices) = boot(&cmdline, args.vcpus, &setup, &args.kvm_device, epoch)?;
+    let fields = guest.measurement("irqbench")?;
+    let mut row = crate::protocol::fields_json(fields);
+    row.insert("path".into(), json!(path.name()));
+    row.insert("vcpus".into(), json!(args.vcpus));
+    row.insert("noise_rate".into(), json!(args.noise_rate));
+    row.insert("delay_us".into(), json!(args.delay_us));
+    let host = HostView::of(&devices.host_rounds());
+    row.insert("host_rounds".into(), json!(host.rounds));
+    row.insert("host_device_us".into(), json!(host.device_us));
+    row.insert("host_period_us".into(), json!(host.period_us));
+    row.insert("noise_raised".into(), json!(devices.noise_raised()));
+    Ok(row)
 }
 
 /// Boots the embedded guest with `cmdline` and the test devices of `setup`.

@@ -71,6 +71,12 @@ fn main() -> ExitCode {
         (Some(Command::Bench(BenchCommand::Oversub(args))), _, _) => {
             kumo::bench::oversub::run(args)
         }
+        (Some(Command::Bench(BenchCommand::Record(args))), _, _) => {
+            kumo::bench::suite::run_record(args)
+        }
+        (Some(Command::Bench(BenchCommand::Compare(args))), _, _) => {
+            kumo::bench::compare::run_compare(args)
+        }
         (Some(Command::Mpi(args)), _, _) => kumo::mpi::run_mpi(args, epoch),
         (Some(Command::Experiment(args)), _, _) => kumo::experiment::run_experiment(args, epoch),
         (Some(Command::NicServer(args)), _, _) => kumo::nic_server::run(args),

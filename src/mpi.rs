@@ -203,13 +203,8 @@ pub fn run_bench(args: &NetBenchArgs, epoch: Instant) -> Result<u8> {
         Some(n) => vec![n],
         None => vec![NicKind::Emulated, NicKind::Passthrough],
     };
-    let list: Vec<String> = sizes.iter().map(u64::to_string).collect();
     let mut rows = Vec::new();
     for &wait in &waits {
-        let mut extra = format!("wait={} net=pingpong:{}", Wait::name(wait), list.join(","));
-        if let Some(rounds) = args.rounds {
-            extra.push_str(&format!(" net_rounds={rounds}"));
-        }
         // kumo with each NIC on each path, then (if asked) QEMU with the same guest
         // and sizes.
         let mut settings: Vec<Option<(NicKind, IrqPath)>> = nics
@@ -220,56 +215,7 @@ pub fn run_bench(args: &NetBenchArgs, epoch: Instant) -> Result<u8> {
             settings.push(None);
         }
         for setting in settings {
-            let (events, switch) = match setting {
-                Some((nic, path)) => {
-                    let job = Job {
-                        nic,
-                        ..Job::default()
-                    };
-                    let mut job = run_job(2, 1, path, &extra, &job, &args.kvm_device, epoch)?;
-                    measurement(&job.runs[0], "pingpong", 0)?;
-                    (job.runs.swap_remove(0).events, job.switch)
-                }
-                None => (crate::qemu::run_pair(&extra)?, None),
-            };
-            let found: Vec<_> = events
-                .into_iter()
-                .filter_map(|e| match e {
-                    crate::protocol::Event::Measurement { kind, fields } if kind == "pingpong" => {
-                        Some(fields)
-                    }
-                    _ => None,
-                })
-                .collect();
-            if found.len() != sizes.len() {
-                bail!(
-                    "rank 0 reported {} of {} ping-pong sizes",
-                    found.len(),
-                    sizes.len()
-                );
-            }
-            for fields in found {
-                let mut row: serde_json::Map<String, Value> = crate::protocol::fields_json(&fields);
-                row.insert(
-                    "irq_path".into(),
-                    json!(setting.map_or("qemu", |(_, path)| path.name())),
-                );
-                row.insert(
-                    "nic".into(),
-                    json!(setting.map_or("qemu", |(nic, _)| nic.name())),
-                );
-                row.insert("wait".into(), json!(Wait::name(wait)));
-                if let Some(switch) = switch {
-                    // The whole run's (every size): the switch thread's own time.
-                    row.insert("switch_wakeups".into(), json!(switch.wakeups));
-                    row.insert("switch_frames".into(), json!(switch.delivered));
-                    row.insert(
-                        "switch_busy_us".into(),
-                        json!(switch.busy.as_secs_f64() * 1e6),
-                    );
-                }
-                rows.push(row);
-            }
+            rows.extend(pingpong(args, &sizes, wait, setting, epoch)?);
         }
     }
     if args.json {
@@ -318,6 +264,74 @@ pub fn run_bench(args: &NetBenchArgs, epoch: Instant) -> Result<u8> {
         );
     }
     Ok(crate::report::EXIT_OK)
+}
+
+/// One ping-pong job of `kumo bench net`: two VMs (kumo's with `setting`'s NIC and
+/// interrupt path, or QEMU's for None) whose ranks wait by `wait`, one row per size.
+pub fn pingpong(
+    args: &NetBenchArgs,
+    sizes: &[u64],
+    wait: Wait,
+    setting: Option<(NicKind, IrqPath)>,
+    epoch: Instant,
+) -> Result<Vec<serde_json::Map<String, Value>>> {
+    let list: Vec<String> = sizes.iter().map(u64::to_string).collect();
+    let mut extra = format!("wait={} net=pingpong:{}", Wait::name(wait), list.join(","));
+    if let Some(rounds) = args.rounds {
+        extra.push_str(&format!(" net_rounds={rounds}"));
+    }
+    let (events, switch) = match setting {
+        Some((nic, path)) => {
+            let job = Job {
+                nic,
+                ..Job::default()
+            };
+            let mut job = run_job(2, 1, path, &extra, &job, &args.kvm_device, epoch)?;
+            measurement(&job.runs[0], "pingpong", 0)?;
+            (job.runs.swap_remove(0).events, job.switch)
+        }
+        None => (crate::qemu::run_pair(&extra)?, None),
+    };
+    let found: Vec<_> = events
+        .into_iter()
+        .filter_map(|e| match e {
+            crate::protocol::Event::Measurement { kind, fields } if kind == "pingpong" => {
+                Some(fields)
+            }
+            _ => None,
+        })
+        .collect();
+    if found.len() != sizes.len() {
+        bail!(
+            "rank 0 reported {} of {} ping-pong sizes",
+            found.len(),
+            sizes.len()
+        );
+    }
+    let mut rows = Vec::new();
+    for fields in found {
+        let mut row: serde_json::Map<String, Value> = crate::protocol::fields_json(&fields);
+        row.insert(
+            "irq_path".into(),
+            json!(setting.map_or("qemu", |(_, path)| path.name())),
+        );
+        row.insert(
+            "nic".into(),
+            json!(setting.map_or("qemu", |(nic, _)| nic.name())),
+        );
+        row.insert("wait".into(), json!(Wait::name(wait)));
+        if let Some(switch) = &switch {
+            // The whole run's (every size): the switch thread's own time.
+            row.insert("switch_wakeups".into(), json!(switch.wakeups));
+            row.insert("switch_frames".into(), json!(switch.delivered));
+            row.insert(
+                "switch_busy_us".into(),
+                json!(switch.busy.as_secs_f64() * 1e6),
+            );
+        }
+        rows.push(row);
+    }
+    Ok(rows)
 }
 
 /// Message sizes: `8,1K,64K,1M` (K and M are binary), 1 to 16 of them, each at most

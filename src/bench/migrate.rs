@@ -27,11 +27,11 @@ use crate::run;
 const LONG_GAPS: usize = 8;
 
 /// One run's figures.
-struct Sample {
-    dirty: DirtyLogMode,
-    report: hv::migration::live::Report,
+pub struct Sample {
+    pub dirty: DirtyLogMode,
+    pub report: hv::migration::live::Report,
     /// The guest's longest TSC gap, in ms (NaN when the guest ran NPB instead).
-    guest_gap_ms: f64,
+    pub guest_gap_ms: f64,
     /// The guest's gap that holds vCPU 0's TSC saved at the pause: it began this
     /// long before the save and ended this long after it (the destination's TSC
     /// runs on from the saved value from when it is restored). NaN if none of the
@@ -62,7 +62,8 @@ fn guest_cmdline(args: &MigrateBenchArgs) -> Result<(String, Option<Vec<npb::Spe
     Ok((cmdline, specs))
 }
 
-fn one_run(args: &MigrateBenchArgs, dirty: DirtyLogMode, epoch: Instant) -> Result<Sample> {
+/// One migration on loopback of a VM `args` describes, tracked by `dirty`.
+pub fn one_run(args: &MigrateBenchArgs, dirty: DirtyLogMode, epoch: Instant) -> Result<Sample> {
     let memory_mib = args.memory;
     let (cmdline, specs) = guest_cmdline(args)?;
     let config = run::embedded_config(args.vcpus, memory_mib, cmdline, &args.kvm_device);

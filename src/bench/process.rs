@@ -94,7 +94,33 @@ fn trivial_kernel() -> Vec<u8> {
     .build()
 }
 
-fn qemu_installed() -> bool {
+/// Wall milliseconds of one whole `kumo --kernel` process on the trivial kernel at
+/// `kernel` (for `bench record`).
+pub fn kumo_ms(kernel: &Path, memory_mib: u64) -> Result<f64> {
+    Ok(measure(&mut kumo_kernel(kernel, memory_mib)?, 0)?
+        .wall
+        .as_secs_f64()
+        * 1e3)
+}
+
+/// The same for QEMU's microvm.
+pub fn qemu_ms(kernel: &Path, memory_mib: u64) -> Result<f64> {
+    Ok(measure(&mut qemu_microvm(kernel, memory_mib), 1)?
+        .wall
+        .as_secs_f64()
+        * 1e3)
+}
+
+/// Writes the trivial kernel to a fresh file in the temporary directory; the caller
+/// removes it.
+pub fn write_trivial_kernel() -> Result<PathBuf> {
+    let path = std::env::temp_dir().join(format!("kumo-trivial-{}.elf", std::process::id()));
+    std::fs::write(&path, trivial_kernel())
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(path)
+}
+
+pub fn qemu_installed() -> bool {
     Command::new("qemu-system-x86_64")
         .arg("--version")
         .stdout(Stdio::null())
@@ -111,9 +137,7 @@ pub fn run_process(args: &ProcessBenchArgs) -> Result<u8> {
     let (kernel, status) = match &args.kernel {
         Some(path) => (path.clone(), args.status),
         None => {
-            scratch = std::env::temp_dir().join(format!("kumo-trivial-{}.elf", std::process::id()));
-            std::fs::write(&scratch, trivial_kernel())
-                .with_context(|| format!("cannot write {}", scratch.display()))?;
+            scratch = write_trivial_kernel()?;
             (scratch.clone(), 0)
         }
     };

@@ -28,6 +28,30 @@ const WAITING_RANK: u8 = 1;
 const CONTROLLER_RANK: u8 = 3;
 
 pub fn run_switch(args: &SwitchArgs, epoch: Instant) -> Result<u8> {
+    let row = measure(args, epoch)?;
+    if args.json {
+        crate::outln!("{row}");
+    } else {
+        crate::outln!(
+            "mechanism {}: {} switches seen ({} requested, slice {} us on host CPU {}): \
+             median {} us, p90 {} us, p99 {} us, max {} us",
+            args.mechanism.name(),
+            row["switches_seen"],
+            row["switches_requested"],
+            args.slice_us,
+            args.pcpu,
+            row["median_us"],
+            row["p90_us"],
+            row["p99_us"],
+            row["max_us"],
+        );
+    }
+    Ok(0)
+}
+
+/// One run of the switch probe: the row `--json` prints (`bench record` takes its
+/// median from it).
+pub fn measure(args: &SwitchArgs, epoch: Instant) -> Result<serde_json::Value> {
     crate::guest::check_host_cpu("--pcpu", args.pcpu)?;
     if args.slice_us < 100 {
         bail!("--slice-us must be at least 100");
@@ -77,24 +101,7 @@ pub fn run_switch(args: &SwitchArgs, epoch: Instant) -> Result<u8> {
         "p99_us": get("p99_us")?,
         "max_us": get("max_us")?,
     });
-    if args.json {
-        crate::outln!("{row}");
-    } else {
-        crate::outln!(
-            "mechanism {}: {} switches seen ({} requested, slice {} us on host CPU {}): \
-             median {} us, p90 {} us, p99 {} us, max {} us",
-            args.mechanism.name(),
-            row["switches_seen"],
-            switches,
-            args.slice_us,
-            args.pcpu,
-            row["median_us"],
-            row["p90_us"],
-            row["p99_us"],
-            row["max_us"],
-        );
-    }
-    Ok(0)
+    Ok(row)
 }
 
 /// Pins both vCPUs to `pcpu` and alternates them every `slice` until `stop`. Returns

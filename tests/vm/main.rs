@@ -16,5 +16,6 @@ mod high_memory;
 mod huge_pages;
 mod irq;
 mod native_and_bench;
+mod perf_record;
 mod pvh_kernels;
 mod robustness;
