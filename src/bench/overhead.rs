@@ -48,15 +48,10 @@ fn min(values: &[f64]) -> f64 {
     values.iter().copied().fold(f64::INFINITY, f64::min)
 }
 
+/// The median, as the performance record takes it (the mean of the middle two for an
+/// even count): one quantile for every bench.
 pub(crate) fn median(values: &[f64]) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    let mid = sorted.len() / 2;
-    if sorted.len() % 2 == 1 {
-        sorted[mid]
-    } else {
-        (sorted[mid - 1] + sorted[mid]) / 2.0
-    }
+    crate::bench::record::spread(values).0
 }
 
 pub fn run_overhead(args: &OverheadArgs) -> Result<u8> {
