@@ -13,6 +13,12 @@ use std::time::{Duration, Instant};
 /// they did when each file was a binary of its own.
 pub static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// Takes this binary's turn (see `ONE_AT_A_TIME`); a test that failed while holding it
+/// does not stop the others.
+pub fn take_turn() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// A hang guard, not a performance threshold: far above any healthy run on 2 cores.
 const HANG_LIMIT: Duration = Duration::from_secs(300);
 

@@ -43,6 +43,7 @@ fn every_kernel_s_verifies_on_12_vcpus(extra: &[&str]) {
 
 #[test]
 fn every_kernel_verifies_on_12_vcpus_blocking_in_kumo() {
+    let _turn = take_turn();
     if kvm_available() {
         every_kernel_s_verifies_on_12_vcpus(&["--barrier-wait", "pv", "--vcpu-balloon", "off"]);
     }
@@ -50,6 +51,7 @@ fn every_kernel_verifies_on_12_vcpus_blocking_in_kumo() {
 
 #[test]
 fn every_kernel_verifies_on_12_vcpus_halting() {
+    let _turn = take_turn();
     if kvm_available() {
         every_kernel_s_verifies_on_12_vcpus(&["--barrier-wait", "hlt", "--vcpu-balloon", "off"]);
     }
@@ -57,6 +59,7 @@ fn every_kernel_verifies_on_12_vcpus_halting() {
 
 #[test]
 fn every_kernel_verifies_on_12_vcpus_ballooned_with_either_wait() {
+    let _turn = take_turn();
     if kvm_available() {
         for wait in ["pv", "hlt"] {
             every_kernel_s_verifies_on_12_vcpus(&["--barrier-wait", wait, "--vcpu-balloon", "on"]);
@@ -69,6 +72,7 @@ fn every_kernel_verifies_on_12_vcpus_ballooned_with_either_wait() {
 /// cannot take are refused with one line.
 #[test]
 fn the_ballooned_vcpu_count_changes_while_the_vm_runs() {
+    let _turn = take_turn();
     if !kvm_available() {
         return;
     }
@@ -128,6 +132,7 @@ fn set_vcpu_balloon(path: &str, args: &[&str], active: u64, vcpus: u64) {
 /// refused, and the domain's benchmarks verify after its count changed.
 #[test]
 fn a_node_domains_ballooned_vcpu_count_changes_while_it_runs() {
+    let _turn = take_turn();
     if !kvm_available() {
         return;
     }
@@ -180,6 +185,7 @@ fn a_node_domains_ballooned_vcpu_count_changes_while_it_runs() {
 /// snapshot carries the guest's word for the count.
 #[test]
 fn a_restored_ballooned_vm_follows_a_new_count() {
+    let _turn = take_turn();
     if !kvm_available() {
         return;
     }
@@ -243,6 +249,7 @@ fn a_restored_ballooned_vm_follows_a_new_count() {
 
 #[test]
 fn a_bad_vcpu_balloon_is_refused() {
+    let _turn = take_turn();
     let out = kumo(&["--vcpu-balloon", "maybe", "--npb", "ep.S"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("maybe"), "{}", text(&out.stderr));
@@ -254,6 +261,7 @@ fn a_bad_vcpu_balloon_is_refused() {
 
 #[test]
 fn every_kernel_verifies_on_12_vcpus_under_the_credit_scheduler() {
+    let _turn = take_turn();
     if kvm_available() {
         every_kernel_s_verifies_on_12_vcpus(&["--sched", "credit:tslice=1ms,tick=1ms"]);
     }
@@ -261,6 +269,7 @@ fn every_kernel_verifies_on_12_vcpus_under_the_credit_scheduler() {
 
 #[test]
 fn every_kernel_verifies_on_12_vcpus_under_the_credit_scheduler_with_directed_yield() {
+    let _turn = take_turn();
     if kvm_available() {
         every_kernel_s_verifies_on_12_vcpus(&[
             "--sched",
@@ -271,6 +280,7 @@ fn every_kernel_verifies_on_12_vcpus_under_the_credit_scheduler_with_directed_yi
 
 #[test]
 fn a_bad_barrier_wait_is_refused() {
+    let _turn = take_turn();
     let out = kumo(&["--barrier-wait", "yield", "--npb", "ep.S"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("yield"), "{}", text(&out.stderr));
@@ -282,6 +292,7 @@ fn a_bad_barrier_wait_is_refused() {
 
 #[test]
 fn bench_oversub_reports_each_setting_and_consistent_counters() {
+    let _turn = take_turn();
     if !kvm_available() {
         return;
     }
@@ -334,6 +345,7 @@ fn bench_oversub_reports_each_setting_and_consistent_counters() {
 
 #[test]
 fn a_node_domain_of_12_vcpus_verifies_blocking_in_kumo_under_the_credit_scheduler() {
+    let _turn = take_turn();
     if kvm_available() {
         node_domain_of_12_vcpus_verifies("oversub-node.toml", "");
     }
@@ -341,6 +353,7 @@ fn a_node_domain_of_12_vcpus_verifies_blocking_in_kumo_under_the_credit_schedule
 
 #[test]
 fn a_ballooned_node_domain_of_12_vcpus_verifies_under_the_credit_scheduler() {
+    let _turn = take_turn();
     if kvm_available() {
         node_domain_of_12_vcpus_verifies("balloon-node.toml", "vcpu_balloon = \"on\"\n");
     }
@@ -385,6 +398,7 @@ fn node_domain_of_12_vcpus_verifies(file: &str, extra: &str) {
 /// laggards are (the hint reaches the scheduler), and every result still verifies.
 #[test]
 fn directed_yield_boosts_a_barriers_laggards_in_a_node_only_when_on() {
+    let _turn = take_turn();
     if !kvm_available() {
         return;
     }
@@ -421,6 +435,7 @@ fn directed_yield_boosts_a_barriers_laggards_in_a_node_only_when_on() {
 /// must finish and verify.
 #[test]
 fn an_oversubscribed_vm_blocked_in_kumo_snapshots_and_restores() {
+    let _turn = take_turn();
     if !kvm_available() {
         return;
     }

@@ -23,6 +23,7 @@ fn switch(mechanism: &str) -> serde_json::Value {
 
 #[test]
 fn both_mechanisms_switch_the_host_cpu_between_vcpus() {
+    let _turn = take_turn();
     if !kvm_available() {
         return;
     }
@@ -42,6 +43,7 @@ fn both_mechanisms_switch_the_host_cpu_between_vcpus() {
 
 #[test]
 fn bad_switch_arguments_are_refused() {
+    let _turn = take_turn();
     let out = kumo(&["bench", "switch", "--pcpu", "4096"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(
