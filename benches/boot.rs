@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use hv::VmConfig;
-use kumo::guest::EMBEDDED_GUEST;
+use kumo_vmm::guest::EMBEDDED_GUEST;
 
 fn config(vcpus: u32) -> VmConfig {
     VmConfig {

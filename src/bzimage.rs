@@ -151,7 +151,7 @@ pub fn from_guest_elf(elf: &[u8]) -> Result<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::guest::EMBEDDED_GUEST;
+    use kumo_vmm::guest::EMBEDDED_GUEST;
 
     fn u32_at(b: &[u8], at: usize) -> u32 {
         u32::from_le_bytes(b[at..at + 4].try_into().unwrap())

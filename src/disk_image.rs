@@ -10,8 +10,8 @@ use std::io::{Cursor, Seek, SeekFrom, Write};
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
-
-use crate::cli::DiskImageArgs;
+use clap::Args;
+use std::path::PathBuf;
 
 const SECTOR: u64 = 512;
 const MIB: u64 = 1 << 20;
@@ -46,7 +46,7 @@ fn files(options: &str, bzimage: Vec<u8>) -> Vec<(&'static str, Vec<u8>)> {
 pub fn entry_options(npb: Option<&str>, cmdline: Option<&str>) -> Result<String> {
     let mut words = Vec::new();
     if let Some(list) = npb {
-        let specs = crate::guest::parse_specs(list)?;
+        let specs = kumo_vmm::guest::parse_specs(list)?;
         let names: Vec<String> = specs.iter().map(ToString::to_string).collect();
         words.push(format!("npb={}", names.join(",")));
     }
@@ -102,7 +102,7 @@ fn fat_partition(size: u64, files: &[(&str, Vec<u8>)]) -> Result<Vec<u8>> {
 /// Writes the disk image to `out`: GPT, one EFI system partition, the guest and its
 /// boot entry. Returns the image's size in bytes.
 pub fn write_image(out: &Path, options: &str) -> Result<u64> {
-    let bzimage = crate::bzimage::from_guest_elf(crate::guest::EMBEDDED_GUEST)?;
+    let bzimage = crate::bzimage::from_guest_elf(kumo_vmm::guest::EMBEDDED_GUEST)?;
     let partition_size = (bzimage.len() as u64 + MIB)
         .next_multiple_of(MIB)
         .max(MIN_PARTITION);
@@ -151,12 +151,28 @@ pub fn write_image(out: &Path, options: &str) -> Result<u64> {
 pub fn run(args: &DiskImageArgs) -> Result<u8> {
     let options = entry_options(args.npb.as_deref(), args.cmdline.as_deref())?;
     let size = write_image(&args.out, &options)?;
-    crate::outln!(
+    kumo_vmm::outln!(
         "{}: {} MiB, GPT + EFI system partition: {GUEST_PATH}, boot entry options {options:?}",
         args.out.display(),
         size / MIB
     );
-    Ok(crate::report::EXIT_OK)
+    Ok(kumo_vmm::report::EXIT_OK)
+}
+
+#[derive(Args, Debug)]
+pub struct DiskImageArgs {
+    /// The image file to write (replaced if it exists).
+    #[arg(long, value_name = "IMG")]
+    pub out: PathBuf,
+
+    /// Benchmarks the guest runs, comma-separated kernel.class items [default: every
+    /// kernel, class S].
+    #[arg(long, value_name = "LIST")]
+    pub npb: Option<String>,
+
+    /// More of the guest's command line, after `npb=` (docs/guest-abi.md).
+    #[arg(long, value_name = "STR")]
+    pub cmdline: Option<String>,
 }
 
 #[cfg(test)]
@@ -212,7 +228,7 @@ mod tests {
         let guest = read(GUEST_PATH.trim_start_matches('/'));
         assert_eq!(
             guest,
-            crate::bzimage::from_guest_elf(crate::guest::EMBEDDED_GUEST).unwrap()
+            crate::bzimage::from_guest_elf(kumo_vmm::guest::EMBEDDED_GUEST).unwrap()
         );
     }
 }

@@ -2,7 +2,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use kumo::cli::{BenchCommand, Command};
-use kumo::run;
+use kumo_vmm::run;
 
 /// Status for bad input and host problems (clap uses the same for usage errors).
 const EXIT_USAGE: u8 = 2;
@@ -21,7 +21,7 @@ fn main() -> ExitCode {
     // a node pins the thread that runs it, and a count taken then would be 1.
     hv::placement::host_cpus();
     // First, before any thread exists: every thread inherits the blocked signals.
-    if let Err(e) = kumo::signals::install() {
+    if let Err(e) = kumo_vmm::signals::install() {
         eprintln!("kumo: error: cannot set up signal handling: {e}");
         return ExitCode::from(EXIT_USAGE);
     }
@@ -44,13 +44,13 @@ fn main() -> ExitCode {
     };
     hv::stop::set_default_limits(limits);
     let result = match (&cli.command, &vm.dump_guest, &vm.kernel) {
-        (Some(Command::Native(args)), _, _) => kumo::native::run_native(args),
+        (Some(Command::Native(args)), _, _) => kumo_lab::native::run_native(args),
         (Some(Command::Bench(BenchCommand::Overhead(args))), _, _) => {
             kumo::bench::overhead::run_overhead(args)
         }
-        (Some(Command::Node(args)), _, _) => kumo::node::run_node(args, epoch),
-        (Some(Command::Ctl(args)), _, _) => kumo::ctl::run_ctl(args),
-        (Some(Command::Sim(args)), _, _) => kumo::sim::run_sim(args),
+        (Some(Command::Node(args)), _, _) => kumo_vmm::node::run_node(args, epoch),
+        (Some(Command::Ctl(args)), _, _) => kumo_vmm::ctl::run_ctl(args),
+        (Some(Command::Sim(args)), _, _) => kumo_lab::sim::run_sim(args),
         (Some(Command::Bench(BenchCommand::Wake(args))), _, _) => {
             kumo::bench::wake::run_wake(args, epoch)
         }
@@ -60,7 +60,9 @@ fn main() -> ExitCode {
         (Some(Command::Bench(BenchCommand::Switch(args))), _, _) => {
             kumo::bench::switch::run_switch(args, epoch)
         }
-        (Some(Command::Bench(BenchCommand::Irq(args))), _, _) => kumo::irq::run_bench(args, epoch),
+        (Some(Command::Bench(BenchCommand::Irq(args))), _, _) => {
+            kumo_vmm::irq::run_bench(args, epoch)
+        }
         (Some(Command::Bench(BenchCommand::Migrate(args))), _, _) => {
             kumo::bench::migrate::run_bench(args, epoch)
         }
@@ -78,14 +80,18 @@ fn main() -> ExitCode {
             kumo::bench::compare::run_compare(args)
         }
         (Some(Command::Mpi(args)), _, _) => kumo::mpi::run_mpi(args, epoch),
-        (Some(Command::Experiment(args)), _, _) => kumo::experiment::run_experiment(args, epoch),
-        (Some(Command::NicServer(args)), _, _) => kumo::nic_server::run(args),
+        (Some(Command::Experiment(args)), _, _) => {
+            kumo_lab::experiment::run_experiment(args, epoch)
+        }
+        (Some(Command::NicServer(args)), _, _) => kumo_vmm::nic_server::run(args),
         (Some(Command::DiskImage(args)), _, _) => kumo::disk_image::run(args),
         (None, Some(path), _) => run::dump_guest(path),
-        (None, None, None) if vm.restore.is_some() => kumo::migrate::run_restore(vm, epoch),
-        (None, None, None) if vm.incoming.is_some() => kumo::migrate::run_incoming(vm, epoch),
-        (None, None, None) if vm.ctl_socket.is_some() => kumo::migrate::run_controlled(vm, epoch),
-        (None, None, None) if vm.irq_check => kumo::irq::run_check(vm, epoch),
+        (None, None, None) if vm.restore.is_some() => kumo_vmm::migrate::run_restore(vm, epoch),
+        (None, None, None) if vm.incoming.is_some() => kumo_vmm::migrate::run_incoming(vm, epoch),
+        (None, None, None) if vm.ctl_socket.is_some() => {
+            kumo_vmm::migrate::run_controlled(vm, epoch)
+        }
+        (None, None, None) if vm.irq_check => kumo_vmm::irq::run_check(vm, epoch),
         (None, None, Some(kernel)) => run::run_kernel(vm, kernel, epoch),
         (None, None, None) => run::run_embedded(vm, epoch),
     };
@@ -94,7 +100,7 @@ fn main() -> ExitCode {
     // VMs whose destruction was deferred go to a reaper process now (see hv::teardown).
     hv::teardown::hand_off();
     let signalled = hv::stop::requested()
-        .map(|signal| kumo::report::stop_status(hv::StopCause::Signal(signal)));
+        .map(|signal| kumo_vmm::report::stop_status(hv::StopCause::Signal(signal)));
     match result {
         Ok(code) => ExitCode::from(signalled.unwrap_or(code)),
         Err(err) => {

@@ -11,15 +11,17 @@ use hv::irq::IrqPath;
 use npb::Spec;
 use serde_json::{Value, json};
 
-use crate::cli::{MpiArgs, NetBenchArgs};
-use crate::job::{Job, NpbReport, run_job, run_job_in};
-use crate::migrate::{self, AppState, GUEST_NAME};
-use crate::rank;
-use crate::run::GuestRun;
-use crate::spec::job::{
+use clap::Args;
+use kumo_vmm::args::LimitArgs;
+use kumo_vmm::job::{Job, NpbReport, run_job, run_job_in};
+use kumo_vmm::migrate::{self, AppState, GUEST_NAME};
+use kumo_vmm::rank;
+use kumo_vmm::run::GuestRun;
+use kumo_vmm::spec::job::{
     MEMORY_MIB, NicKind, Wait, WireAddr, WireSpec, npb_extra, npb_memory_mib, parse_npb,
     sched_words,
 };
+use std::path::PathBuf;
 
 /// Why rank `rank`'s run has no `kind` line, or its fields.
 fn measurement<'a>(
@@ -89,19 +91,19 @@ pub fn run_mpi(args: &MpiArgs, epoch: Instant) -> Result<u8> {
         row.insert("verified".into(), json!(verified));
         for (k, v) in fields.into_iter().flatten() {
             row.entry(k.clone())
-                .or_insert_with(|| crate::protocol::field_json(k, v));
+                .or_insert_with(|| kumo_vmm::protocol::field_json(k, v));
         }
         rows.push(row);
     }
     if args.json {
         for row in &rows {
-            crate::outln!("{}", Value::Object(row.clone()));
+            kumo_vmm::outln!("{}", Value::Object(row.clone()));
         }
-        crate::outln!("{}", json!({ "ok": ok }));
+        kumo_vmm::outln!("{}", json!({ "ok": ok }));
     } else {
-        crate::outln!("rank  messages        bytes  stress_s  verified");
+        kumo_vmm::outln!("rank  messages        bytes  stress_s  verified");
         for row in &rows {
-            crate::outln!(
+            kumo_vmm::outln!(
                 "{:<5} {:>8} {:>12} {:>9} {:>9}",
                 row["rank"],
                 text(row, "messages"),
@@ -114,7 +116,7 @@ pub fn run_mpi(args: &MpiArgs, epoch: Instant) -> Result<u8> {
                 }
             );
         }
-        crate::outln!(
+        kumo_vmm::outln!(
             "MPI check: {} VMs x {} ranks here (of {} ranks), wait={}, irq path {}, nic {}",
             args.vms,
             args.vcpus,
@@ -125,9 +127,9 @@ pub fn run_mpi(args: &MpiArgs, epoch: Instant) -> Result<u8> {
         );
     }
     Ok(if ok {
-        crate::report::EXIT_OK
+        kumo_vmm::report::EXIT_OK
     } else {
-        crate::report::EXIT_UNVERIFIED
+        kumo_vmm::report::EXIT_UNVERIFIED
     })
 }
 
@@ -220,10 +222,10 @@ pub fn run_bench(args: &NetBenchArgs, epoch: Instant) -> Result<u8> {
     }
     if args.json {
         for row in &rows {
-            crate::outln!("{}", Value::Object(row.clone()));
+            kumo_vmm::outln!("{}", Value::Object(row.clone()));
         }
     } else {
-        crate::outln!(
+        kumo_vmm::outln!(
             "{:<12} {:<8} {:<6} {:>9} {:>7} {:>10} {:>10} {:>10} {:>12}",
             "nic",
             "path",
@@ -243,7 +245,7 @@ pub fn run_bench(args: &NetBenchArgs, epoch: Instant) -> Result<u8> {
                 (Some(busy), Some(frames)) if frames > 0 => format!("{:.2}", busy / frames as f64),
                 _ => "-".into(),
             };
-            crate::outln!(
+            kumo_vmm::outln!(
                 "{:<12} {:<8} {:<6} {:>9} {:>7} {:>10} {:>10} {:>10} {:>12}",
                 text(row, "nic"),
                 text(row, "irq_path"),
@@ -256,14 +258,14 @@ pub fn run_bench(args: &NetBenchArgs, epoch: Instant) -> Result<u8> {
                 per_frame
             );
         }
-        crate::outln!(
+        kumo_vmm::outln!(
             "half round trip between two VMs (guest TSC); MB/s = size / half round trip;\n\
              nic emulated: domain 0's switch thread; nic passthrough: a port each of a kumo nic-server (vfio-user);\n\
              sw_us/frame: the switch thread's busy time (woken to done: both copies, the interrupt) per frame delivered, over the whole run (all sizes);\n\
              path qemu: the same guest on two QEMU VMs, virtio-net-pci on one -netdev stream wire"
         );
     }
-    Ok(crate::report::EXIT_OK)
+    Ok(kumo_vmm::report::EXIT_OK)
 }
 
 /// One ping-pong job of `kumo bench net`: two VMs (kumo's with `setting`'s NIC and
@@ -290,12 +292,12 @@ pub fn pingpong(
             measurement(&job.runs[0], "pingpong", 0)?;
             (job.runs.swap_remove(0).events, job.switch)
         }
-        None => (crate::qemu::run_pair(&extra)?, None),
+        None => (kumo_lab::qemu::run_pair(&extra)?, None),
     };
     let found: Vec<_> = events
         .into_iter()
         .filter_map(|e| match e {
-            crate::protocol::Event::Measurement { kind, fields } if kind == "pingpong" => {
+            kumo_vmm::protocol::Event::Measurement { kind, fields } if kind == "pingpong" => {
                 Some(fields)
             }
             _ => None,
@@ -310,7 +312,7 @@ pub fn pingpong(
     }
     let mut rows = Vec::new();
     for fields in found {
-        let mut row: serde_json::Map<String, Value> = crate::protocol::fields_json(&fields);
+        let mut row: serde_json::Map<String, Value> = kumo_vmm::protocol::fields_json(&fields);
         row.insert(
             "irq_path".into(),
             json!(setting.map_or("qemu", |(_, path)| path.name())),
@@ -396,14 +398,14 @@ pub fn run_controlled(args: &MpiArgs, specs: &[Spec], epoch: Instant) -> Result<
         wait: args.wait,
         irq_path: args.irq_path,
         macs: (first..first.saturating_add(args.vcpus))
-            .map(crate::spec::job::mac)
+            .map(kumo_vmm::spec::job::mac)
             .collect(),
         wire,
         wire_wait_s: args.wire_wait.min(rank::MAX_WIRE_WAIT_S),
     };
     rank.job().check_shape(1, args.vcpus)?;
-    crate::run::check_guest_vcpus(args.vcpus, &args.kvm_device)?;
-    let config = crate::run::embedded_config(
+    kumo_vmm::run::check_guest_vcpus(args.vcpus, &args.kvm_device)?;
+    let config = kumo_vmm::run::embedded_config(
         args.vcpus,
         npb_memory_mib(specs, rank.job_size, args.vcpus),
         format!(
@@ -417,7 +419,7 @@ pub fn run_controlled(args: &MpiArgs, specs: &[Spec], epoch: Instant) -> Result<
     let vm = hv::builder::build_for_boot(config)?;
     let app = AppState {
         guest: GUEST_NAME.into(),
-        npb: crate::spec::job::npb_list(specs),
+        npb: kumo_vmm::spec::job::npb_list(specs),
         vcpus: args.vcpus,
         console: Vec::new(),
         sched: None,
@@ -428,10 +430,128 @@ pub fn run_controlled(args: &MpiArgs, specs: &[Spec], epoch: Instant) -> Result<
     migrate::run_vm(vm, app, Some(socket), epoch, args.json)
 }
 
+#[derive(Args, Debug)]
+pub struct MpiArgs {
+    /// VMs of this host in the job.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub vms: u32,
+
+    /// vCPUs of each VM: one MPI rank per vCPU, each with its own NIC.
+    #[arg(long, value_name = "K", default_value_t = 1)]
+    pub vcpus: u32,
+
+    /// MPI ranks per vCPU (1 to 16), multiplexed by the guest's own preemptive
+    /// scheduler; ranks of one VM then talk through its shared memory.
+    #[arg(long, value_name = "R", default_value_t = 1)]
+    pub ranks_per_vcpu: u32,
+
+    /// The guest scheduler's tick in Hz (1 to 5000) [default: 250 with
+    /// --ranks-per-vcpu above 1, else no tick].
+    #[arg(long, value_name = "HZ")]
+    pub guest_hz: Option<u32>,
+
+    /// Ranks of the whole job, when some run across --wire [default: --vms x --vcpus].
+    #[arg(long, value_name = "S")]
+    pub job_size: Option<u32>,
+
+    /// The rank of this process's first VM's first vCPU (the others follow).
+    #[arg(long, value_name = "R", default_value_t = 0)]
+    pub first_rank: u32,
+
+    /// A wire to VMs outside this process, in QEMU's `-netdev stream` framing:
+    /// `unix:PATH` or `tcp:HOST:PORT` connects (to QEMU's `server=on`; an IPv6 HOST in
+    /// brackets), `listen:unix:PATH` or `listen:tcp:HOST:PORT` waits for a peer (QEMU's
+    /// `server=off`, or another kumo's `unix:`/`tcp:`) and, when it leaves,
+    /// takes the next one on the same port (a rank VM migrated elsewhere rejoining).
+    #[arg(long, value_name = "SPEC")]
+    pub wire: Option<WireSpec>,
+
+    /// Seconds the wire waits for its peer (to listen, or to connect).
+    #[arg(long, value_name = "SECONDS", default_value_t = 30.0, value_parser = kumo_vmm::args::seconds)]
+    pub wire_wait: f64,
+
+    /// How ranks wait for messages.
+    #[arg(long, value_enum, default_value_t = Wait::Spin)]
+    pub wait: Wait,
+
+    /// NPB-MPI kernels to run across the ranks, comma-separated (`ep.S,is.S,cg.S`;
+    /// kernels with an MPI form: ep, is, cg, ft, mg, lu, sp, bt). Without it: the MPI
+    /// self-check.
+    #[arg(long, value_name = "LIST")]
+    pub npb: Option<String>,
+
+    /// Interrupt path of every NIC.
+    #[arg(long, value_name = "PATH", default_value = "generic", value_parser = kumo_vmm::args::irq_path)]
+    pub irq_path: hv::irq::IrqPath,
+
+    /// The VMs' NIC: emulated (domain 0's switch) or passthrough (a port each of a
+    /// `kumo nic-server` this run starts, or of the one at --nic-server).
+    #[arg(long, value_enum, default_value_t = NicKind::Emulated)]
+    pub nic: NicKind,
+
+    /// With --nic passthrough: use the running `kumo nic-server --dir DIR` instead of
+    /// starting one (rank R on port R - first rank).
+    #[arg(long, value_name = "DIR")]
+    pub nic_server: Option<PathBuf>,
+
+    /// Print one JSON object per rank, then one for the job.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Serve the control socket (mode 0600) of this process's one VM (--vms 1, with
+    /// --npb): `kumo ctl ... migrate` moves the rank to a `kumo --incoming`, which
+    /// rejoins the job on the same wire (the VM's side must connect: --wire unix:PATH).
+    #[arg(long, value_name = "PATH")]
+    pub ctl_socket: Option<PathBuf>,
+
+    /// The KVM device to open.
+    #[arg(long, value_name = "PATH", default_value = "/dev/kvm")]
+    pub kvm_device: PathBuf,
+
+    #[command(flatten)]
+    pub limits: LimitArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct NetBenchArgs {
+    /// Message sizes, comma-separated (K and M are binary units).
+    #[arg(long, value_name = "LIST", default_value = "8,1K,64K,1M")]
+    pub sizes: String,
+
+    /// Interrupt path of both NICs [default: both, side by side].
+    #[arg(long, value_name = "PATH", value_parser = kumo_vmm::args::irq_path)]
+    pub irq_path: Option<hv::irq::IrqPath>,
+
+    /// How the ranks wait [default: both, side by side].
+    #[arg(long, value_enum)]
+    pub wait: Option<Wait>,
+
+    /// Round trips per size [default: the guest's, 32 MiB / max(size, 16 KiB) + 10].
+    #[arg(long, value_name = "N")]
+    pub rounds: Option<u32>,
+
+    /// NIC of both VMs [default: emulated and passthrough, side by side].
+    #[arg(long, value_enum)]
+    pub nic: Option<NicKind>,
+
+    /// Also run the same guest and sizes on two QEMU VMs (virtio-net-pci on a
+    /// `-netdev stream` wire), beside kumo's rows.
+    #[arg(long)]
+    pub qemu: bool,
+
+    /// Print one JSON object per size and setting.
+    #[arg(long)]
+    pub json: bool,
+
+    /// The KVM device to open.
+    #[arg(long, value_name = "PATH", default_value = "/dev/kvm")]
+    pub kvm_device: PathBuf,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::job::{MEMORY_MIB, mac};
+    use kumo_vmm::spec::job::{MEMORY_MIB, mac};
 
     #[test]
     fn sizes_take_binary_units_and_refuse_the_rest() {

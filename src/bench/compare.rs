@@ -13,7 +13,8 @@ use anyhow::Result;
 use serde::Serialize;
 
 use crate::bench::record::{Better, Figure, Record};
-use crate::cli::CompareArgs;
+use clap::Args;
+use std::path::PathBuf;
 
 /// What changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -176,7 +177,7 @@ pub fn run_compare(args: &CompareArgs) -> Result<u8> {
     let new = Record::read(&args.new)?;
     let comparison = compare(&old, &new);
     if args.json {
-        crate::outln!("{}", serde_json::to_string(&comparison)?);
+        kumo_vmm::outln!("{}", serde_json::to_string(&comparison)?);
     } else {
         print(&comparison);
     }
@@ -194,9 +195,9 @@ fn print(c: &Comparison) {
             if o.quick { ", quick" } else { "" }
         )
     };
-    crate::outln!("old: {}\nnew: {}", name(&c.old), name(&c.new));
+    kumo_vmm::outln!("old: {}\nnew: {}", name(&c.old), name(&c.new));
     if c.old.quick != c.new.quick {
-        crate::outln!("(one record is --quick, the other not: their figures differ in size)");
+        kumo_vmm::outln!("(one record is --quick, the other not: their figures differ in size)");
     }
     let mut rows = vec![
         [
@@ -225,13 +226,13 @@ fn print(c: &Comparison) {
             .into(),
         ]);
     }
-    crate::out!("{}", crate::output::table(&rows, 2));
+    kumo_vmm::out!("{}", kumo_vmm::output::table(&rows, 2));
     for (list, which) in [(&c.only_old, "old"), (&c.only_new, "new")] {
         if !list.is_empty() {
-            crate::outln!("only in the {which} record: {}", list.join(", "));
+            kumo_vmm::outln!("only in the {which} record: {}", list.join(", "));
         }
     }
-    crate::outln!(
+    kumo_vmm::outln!(
         "{} worse beyond the noise band (the larger of the two records' (p90-p10)/2/median)",
         c.worse
     );
@@ -245,6 +246,21 @@ fn number(v: f64) -> String {
         (3 - v.abs().log10().floor() as i32).clamp(0, 6) as usize
     };
     format!("{v:.digits$}")
+}
+
+#[derive(Args, Debug)]
+pub struct CompareArgs {
+    /// The record before the change.
+    #[arg(value_name = "OLD.json")]
+    pub old: PathBuf,
+
+    /// The record after it.
+    #[arg(value_name = "NEW.json")]
+    pub new: PathBuf,
+
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[cfg(test)]

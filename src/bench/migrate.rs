@@ -4,7 +4,7 @@
 //! reads, i.e. the downtime as it felt it).
 //!
 //! Source and destination are the same code paths as `kumo ctl ... migrate` and
-//! `kumo --incoming` (`crate::migrate::send_vm` / `receive_vm`), over a TCP
+//! `kumo --incoming` (`kumo_vmm::migrate::send_vm` / `receive_vm`), over a TCP
 //! connection to 127.0.0.1 with a fresh random token per run.
 
 use std::io::Read;
@@ -18,10 +18,11 @@ use serde_json::json;
 
 use super::migrate_qemu::{self, QemuMigration, wait_for_boot};
 use crate::bench::overhead::median;
-use crate::cli::MigrateBenchArgs;
-use crate::guest;
-use crate::migrate::{self, AppState, GUEST_NAME};
-use crate::run;
+use clap::Args;
+use kumo_vmm::guest;
+use kumo_vmm::migrate::{self, AppState, GUEST_NAME};
+use kumo_vmm::run;
+use std::path::PathBuf;
 
 /// How many of its longest gaps the guest's gap probe reports.
 const LONG_GAPS: usize = 8;
@@ -132,7 +133,7 @@ pub fn one_run(args: &MigrateBenchArgs, dirty: DirtyLogMode, epoch: Instant) -> 
         .map_err(|_| anyhow::anyhow!("the destination's thread panicked"))??;
     if let Some(specs) = &specs {
         let verdict = dst_run.judge(specs, args.vcpus);
-        if verdict.exit_code() != crate::report::EXIT_OK {
+        if verdict.exit_code() != kumo_vmm::report::EXIT_OK {
             bail!("the migrated NPB run did not verify on the destination");
         }
         return Ok(Sample {
@@ -190,7 +191,7 @@ pub fn run_bench(args: &MigrateBenchArgs, epoch: Instant) -> Result<u8> {
         let dirty = args.dirty_log[i as usize % args.dirty_log.len()];
         let s = one_run(args, dirty, epoch).with_context(|| format!("run {}", i + 1))?;
         if args.json {
-            crate::outln!(
+            kumo_vmm::outln!(
                 "{}",
                 json!({
                     "run": i + 1,
@@ -218,7 +219,7 @@ pub fn run_bench(args: &MigrateBenchArgs, epoch: Instant) -> Result<u8> {
         if args.qemu {
             let q = qemu_run(args).with_context(|| format!("QEMU's run {}", i + 1))?;
             if args.json {
-                crate::outln!(
+                kumo_vmm::outln!(
                     "{}",
                     json!({
                         "run": i + 1,
@@ -247,7 +248,7 @@ pub fn run_bench(args: &MigrateBenchArgs, epoch: Instant) -> Result<u8> {
             print_summary(args, mode, &of_mode);
         }
     }
-    Ok(crate::report::EXIT_OK)
+    Ok(kumo_vmm::report::EXIT_OK)
 }
 
 /// Median, min and max (NaN for none).
@@ -280,7 +281,7 @@ fn print_qemu_summary(args: &MigrateBenchArgs, runs: &[QemuMigration]) {
     let mib = stats(&|q| q.transferred_bytes as f64 / (1024.0 * 1024.0));
     if args.json {
         let row = |(m, lo, hi): (f64, f64, f64)| json!({"median": m, "min": lo, "max": hi});
-        crate::outln!(
+        kumo_vmm::outln!(
             "{}",
             json!({
                 "vmm": "qemu",
@@ -289,19 +290,19 @@ fn print_qemu_summary(args: &MigrateBenchArgs, runs: &[QemuMigration]) {
             })
         );
     } else {
-        crate::outln!(
+        kumo_vmm::outln!(
             "QEMU 7.2 (query-migrate), same guest, {} vCPUs, {} MiB, {} runs",
             args.vcpus,
             args.memory,
             runs.len()
         );
-        crate::outln!("{:<40} {:>10} {:>10} {:>10}", "", "median", "min", "max");
+        kumo_vmm::outln!("{:<40} {:>10} {:>10} {:>10}", "", "median", "min", "max");
         for (name, (m, lo, hi)) in [
             ("total-time (ms)", total),
             ("downtime (ms, to the last byte sent)", down),
             ("RAM sent (MiB)", mib),
         ] {
-            crate::outln!("{name:<40} {m:>10.2} {lo:>10.2} {hi:>10.2}");
+            kumo_vmm::outln!("{name:<40} {m:>10.2} {lo:>10.2} {hi:>10.2}");
         }
     }
 }
@@ -388,7 +389,7 @@ fn print_summary(args: &MigrateBenchArgs, mode: DirtyLogMode, samples: &[&Sample
             .iter()
             .filter(|s| !s.guest_gap_ms.is_nan() && s.gap_began_before_save_ms.is_nan())
             .count();
-        crate::outln!(
+        kumo_vmm::outln!(
             "{}",
             json!({
                 "dirty_log": mode.name(),
@@ -398,7 +399,7 @@ fn print_summary(args: &MigrateBenchArgs, mode: DirtyLogMode, samples: &[&Sample
             })
         );
     } else {
-        crate::outln!(
+        kumo_vmm::outln!(
             "migration on loopback, {} dirty log, {} vCPUs, {} MiB, {}, after {} ms, {} runs",
             mode.name(),
             args.vcpus,
@@ -407,17 +408,17 @@ fn print_summary(args: &MigrateBenchArgs, mode: DirtyLogMode, samples: &[&Sample
             args.after_ms,
             samples.len()
         );
-        crate::outln!("{:<40} {:>10} {:>10} {:>10}", "", "median ms", "min", "max");
+        kumo_vmm::outln!("{:<40} {:>10} {:>10} {:>10}", "", "median ms", "min", "max");
         // Rows no run measured (the guest's gaps when it runs NPB) are left out.
         for (name, _, (m, lo, hi)) in rows.into_iter().filter(|(_, _, (m, _, _))| !m.is_nan()) {
-            crate::outln!("{name:<40} {m:>10.2} {lo:>10.2} {hi:>10.2}");
+            kumo_vmm::outln!("{name:<40} {m:>10.2} {lo:>10.2} {hi:>10.2}");
         }
         let unseen = samples
             .iter()
             .filter(|s| !s.guest_gap_ms.is_nan() && s.gap_began_before_save_ms.is_nan())
             .count();
         if unseen > 0 {
-            crate::outln!(
+            kumo_vmm::outln!(
                 "(in {unseen} of {} runs the pause fell in none of the guest's {} longest gaps: \
                  shorter than all of them)",
                 samples.len(),
@@ -425,4 +426,50 @@ fn print_summary(args: &MigrateBenchArgs, mode: DirtyLogMode, samples: &[&Sample
             );
         }
     }
+}
+
+#[derive(Args, Debug)]
+pub struct MigrateBenchArgs {
+    /// vCPUs of the guest.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub vcpus: u32,
+
+    /// Guest memory in MiB.
+    #[arg(long, value_name = "MIB", default_value_t = 256)]
+    pub memory: u64,
+
+    /// Migrate this long after the VM starts, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 500)]
+    pub after_ms: u64,
+
+    /// Downtime target of the copy rounds [default: 300, QEMU's].
+    #[arg(long, value_name = "MS")]
+    pub max_downtime_ms: Option<u64>,
+
+    /// Migrations to make (one VM each).
+    #[arg(long, value_name = "R", default_value_t = 5)]
+    pub runs: u32,
+
+    /// Dirty-page trackers to measure, comma-separated, taken in turn run after run
+    /// (interleaved): bitmap (KVM_GET_DIRTY_LOG), ring (KVM's dirty ring).
+    #[arg(long, value_name = "LIST", value_delimiter = ',', default_value = "bitmap,ring", value_parser = kumo_vmm::args::dirty_log)]
+    pub dirty_log: Vec<hv::migration::dirty::DirtyLogMode>,
+
+    /// Run these NPB benchmarks in the guest instead of the TSC gap probe (the
+    /// destination must verify them; there is no guest-seen downtime then).
+    #[arg(long, value_name = "LIST")]
+    pub npb: Option<String>,
+
+    /// After each kumo run, QEMU migrates the same guest (PVH on microvm, QMP
+    /// `migrate` to `-incoming tcp:` on loopback): its total time and downtime beside.
+    #[arg(long)]
+    pub qemu: bool,
+
+    /// Print one JSON object per run and a summary.
+    #[arg(long)]
+    pub json: bool,
+
+    /// The KVM device to open.
+    #[arg(long, value_name = "PATH", default_value = "/dev/kvm")]
+    pub kvm_device: PathBuf,
 }

@@ -143,7 +143,7 @@ pub fn migrate_once(
         children: Vec::new(),
     };
     let guest = dir.join("guest.elf");
-    std::fs::write(&guest, crate::guest::EMBEDDED_GUEST)?;
+    std::fs::write(&guest, kumo_vmm::guest::EMBEDDED_GUEST)?;
     // A migratable `+invtsc` CPU needs its TSC rate stated.
     let khz = hv::host_tsc_khz(kvm_device)?;
     let port = std::net::TcpListener::bind("127.0.0.1:0")?

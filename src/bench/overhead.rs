@@ -12,9 +12,12 @@ use anyhow::{Result, bail, ensure};
 use npb::Spec;
 use serde_json::json;
 
-use crate::cli::OverheadArgs;
-use crate::protocol::Event;
-use crate::{guest, native, run};
+use clap::Args;
+use kumo_lab::native;
+use kumo_vmm::guest;
+use kumo_vmm::protocol::Event;
+use kumo_vmm::run;
+use std::path::PathBuf;
 
 /// Times (seconds) of one benchmark's paired runs and what they say.
 #[derive(Debug, PartialEq)]
@@ -141,7 +144,7 @@ fn qemu_time(spec: Spec, vcpus: u32, huge_pages: bool) -> Result<f64> {
         guest::BarrierWait::Hlt,
         guest::VcpuBalloon::Off,
     );
-    let events = crate::qemu::run_guest(vcpus, memory_mib, huge_pages, &cmdline, QEMU_LIMIT)?;
+    let events = kumo_lab::qemu::run_guest(vcpus, memory_mib, huge_pages, &cmdline, QEMU_LIMIT)?;
     let result = events.iter().find_map(|event| match event {
         Event::Result(result) => Some(result),
         _ => None,
@@ -175,7 +178,7 @@ fn print(lines: &[(Spec, Summary, Option<Summary>)], args: &OverheadArgs) {
                 line["qemu_ratio_max"] = json!(q.ratio_max);
                 line["qemu_best_ratio"] = json!(q.best_ratio);
             }
-            crate::outln!("{line}");
+            kumo_vmm::outln!("{line}");
         }
         return;
     }
@@ -187,7 +190,7 @@ fn print(lines: &[(Spec, Summary, Option<Summary>)], args: &OverheadArgs) {
     } else {
         String::new()
     };
-    crate::outln!(
+    kumo_vmm::outln!(
         "{:<10} {:<5} {:>5} {:>4} {:>11} {:>11} {:>8} {:>15} {:>10}{qemu_head}",
         "benchmark",
         "class",
@@ -206,7 +209,7 @@ fn print(lines: &[(Spec, Summary, Option<Summary>)], args: &OverheadArgs) {
                 q.guest_median, q.ratio_median, q.ratio_min, q.ratio_max
             )
         });
-        crate::outln!(
+        kumo_vmm::outln!(
             "{:<10} {:<5} {:>5} {:>4} {:>11.3} {:>11.3} {:>8.3} {:>7.3}-{:<7.3} {:>10.3}{qemu}",
             spec.kernel.name(),
             spec.class.letter(),
@@ -220,13 +223,46 @@ fn print(lines: &[(Spec, Summary, Option<Summary>)], args: &OverheadArgs) {
             s.best_ratio
         );
     }
-    crate::outln!(
+    kumo_vmm::outln!(
         "ratio = guest time / native time of the same benchmark, median over the pairs; \
          best ratio = fastest guest / fastest native"
     );
     if args.qemu {
-        crate::outln!("QEMU ratio = QEMU's guest time / the same round's native time");
+        kumo_vmm::outln!("QEMU ratio = QEMU's guest time / the same round's native time");
     }
+}
+
+#[derive(Args, Debug)]
+pub struct OverheadArgs {
+    /// Benchmarks, comma-separated kernel.class items [default: every kernel, class S].
+    #[arg(long, value_name = "LIST")]
+    pub npb: Option<String>,
+
+    /// vCPUs of the guest and threads of the native run.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub vcpus: u32,
+
+    /// Native/guest pairs per benchmark.
+    #[arg(long, value_name = "R", default_value_t = 5)]
+    pub runs: u32,
+
+    /// Also run the same guest on QEMU (same vCPUs, memory and command line, RAM on a
+    /// memfd as kumo's) in every round, after the native and kumo runs.
+    #[arg(long)]
+    pub qemu: bool,
+
+    /// Both sides on the host's 2 MiB huge pages: the guest's RAM (`kumo --huge-pages`,
+    /// and QEMU's with `--qemu`) and the native arena (`kumo native --huge-pages`).
+    #[arg(long)]
+    pub huge_pages: bool,
+
+    /// Print one JSON object per line instead of a table.
+    #[arg(long)]
+    pub json: bool,
+
+    /// The KVM device to open.
+    #[arg(long, value_name = "PATH", default_value = "/dev/kvm")]
+    pub kvm_device: PathBuf,
 }
 
 #[cfg(test)]

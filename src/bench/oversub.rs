@@ -14,9 +14,11 @@ use npb::Spec;
 use serde_json::json;
 
 use crate::bench::overhead::median;
-use crate::cli::OversubArgs;
-use crate::guest::{self, BarrierWait, VcpuBalloon};
-use crate::{native, run};
+use clap::Args;
+use kumo_lab::native;
+use kumo_vmm::guest::{self, BarrierWait, VcpuBalloon};
+use kumo_vmm::run;
+use std::path::PathBuf;
 
 /// One guest run's figures.
 #[derive(Clone, Debug, Default)]
@@ -299,7 +301,7 @@ fn print(settings: &[Setting], args: &OversubArgs) {
         })
     };
     if !args.json {
-        crate::outln!(
+        kumo_vmm::outln!(
             "{:<6} {:>5} {:<14} {:>8} {:>15} {:>7} | per barrier: {:>7} {:>7} {:>8} {:>7} {:>8} {:>8} {:>9}",
             "bench",
             "vCPUs",
@@ -319,7 +321,7 @@ fn print(settings: &[Setting], args: &OversubArgs) {
     for setting in settings {
         let s = summarize(setting, native_of(setting));
         if args.json {
-            crate::outln!(
+            kumo_vmm::outln!(
                 "{}",
                 json!({
                     "benchmark": setting.spec.kernel.name(),
@@ -351,7 +353,7 @@ fn print(settings: &[Setting], args: &OversubArgs) {
         let ratio = s.ratio.map_or("-".to_string(), |r| format!("{r:.2}"));
         let range = format!("{:.3}-{:.3}", s.min_s, s.max_s);
         if setting.wait.is_none() {
-            crate::outln!(
+            kumo_vmm::outln!(
                 "{:<6} {:>5} {:<14} {:>8.3} {:>15} {:>7} |",
                 setting.spec.to_string(),
                 setting.vcpus,
@@ -362,7 +364,7 @@ fn print(settings: &[Setting], args: &OversubArgs) {
             );
             continue;
         }
-        crate::outln!(
+        kumo_vmm::outln!(
             "{:<6} {:>5} {:<14} {:>8.3} {:>15} {:>7} | {:>20.1} {:>7.0} {:>8.0} {:>7.0} {:>8.0} {:>8.0} {:>9.0}",
             setting.spec.to_string(),
             setting.vcpus,
@@ -380,10 +382,49 @@ fn print(settings: &[Setting], args: &OversubArgs) {
         );
     }
     if !args.json {
-        crate::outln!(
+        kumo_vmm::outln!(
             "per barrier, summed over the guest's CPUs: sleeps; spin_us spent spinning; spread_us from the \
              first to the last arrival; resume: us from the release to each waiter running; cpuwait: us \
              vCPU threads were runnable without a host CPU; vcpu_cpu: us of host CPU the vCPU threads used"
         );
     }
+}
+
+#[derive(Args, Debug)]
+pub struct OversubArgs {
+    /// Benchmarks, comma-separated kernel.class items.
+    #[arg(long, value_name = "LIST", default_value = "cg.W")]
+    pub npb: String,
+
+    /// vCPU (and native thread) counts, comma-separated.
+    #[arg(long, value_name = "LIST", default_value = "2,12")]
+    pub vcpus: String,
+
+    /// Guest wait mechanisms to compare, comma-separated (pv, hlt).
+    #[arg(long, value_name = "LIST", default_value = "pv,hlt")]
+    pub wait: String,
+
+    /// Rounds; each runs every setting once, in turn.
+    #[arg(long, value_name = "R", default_value_t = 3)]
+    pub runs: u32,
+
+    /// vCPU ballooning settings to compare for each guest run, comma-separated (off,
+    /// on, auto: on when the vCPUs outnumber the host CPUs).
+    #[arg(long, value_name = "LIST", default_value = "off,auto")]
+    pub balloon: String,
+
+    /// Barrier spins to compare, comma-separated: `team` (kumo's for a VM alone:
+    /// none when vCPUs outnumber host CPUs), `shared` (the spin before issue 16 and
+    /// of nodes: 50 us when they do), or microseconds. Both with a CPU per thread:
+    /// 2000 us.
+    #[arg(long, value_name = "LIST", default_value = "team")]
+    pub spin: String,
+
+    /// Print one JSON object per setting instead of a table.
+    #[arg(long)]
+    pub json: bool,
+
+    /// The KVM device to open.
+    #[arg(long, value_name = "PATH", default_value = "/dev/kvm")]
+    pub kvm_device: PathBuf,
 }

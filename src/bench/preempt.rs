@@ -21,8 +21,10 @@ use anyhow::{Result, bail, ensure};
 use serde_json::{Value, json};
 
 use crate::bench::overhead::{guest_time, median, native_time};
-use crate::cli::PreemptArgs;
-use crate::{guest, run};
+use clap::Args;
+use kumo_vmm::guest;
+use kumo_vmm::run;
+use std::path::PathBuf;
 
 /// One side's times (s) without and with the waker, and the waker's measured rate.
 #[derive(Debug, Default)]
@@ -164,11 +166,11 @@ impl Waker {
 fn print(rows: &[Value], json: bool) {
     if json {
         for row in rows {
-            crate::outln!("{row}");
+            kumo_vmm::outln!("{row}");
         }
         return;
     }
-    crate::outln!(
+    kumo_vmm::outln!(
         "{:<10} {:>6} {:>8} {:>10} {:>10} {:>10} {:>10} {:>11} {:>11}",
         "benchmark",
         "class",
@@ -182,7 +184,7 @@ fn print(rows: &[Value], json: bool) {
     );
     for r in rows {
         let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
-        crate::outln!(
+        kumo_vmm::outln!(
             "{:<10} {:>6} {:>8.0} {:>10.3} {:>10.3} {:>10.3} {:>10.3} {:>11.1} {:>11.1}",
             r["benchmark"].as_str().unwrap_or("?"),
             r["class"].as_str().unwrap_or("?"),
@@ -195,12 +197,44 @@ fn print(rows: &[Value], json: bool) {
             f("guest_us_per_preemption"),
         );
     }
-    crate::outln!(
+    kumo_vmm::outln!(
         "us = the workload's extra time with the waker per wake-up in its timed part, \
          the waker on host CPU {} with {} vCPU(s) / thread(s) (medians of the rounds)",
         rows.first().and_then(|r| r["pcpu"].as_u64()).unwrap_or(0),
         rows.first().and_then(|r| r["vcpus"].as_u64()).unwrap_or(1),
     );
+}
+
+#[derive(Args, Debug)]
+pub struct PreemptArgs {
+    /// Benchmarks, comma-separated kernel.class items, each run on one thread / vCPU.
+    #[arg(long, value_name = "LIST", default_value = "ep.W,bt.W")]
+    pub npb: String,
+
+    /// The waker's wake-ups per second.
+    #[arg(long, value_name = "HZ", default_value_t = 2000)]
+    pub hz: u32,
+
+    /// vCPUs of the guest and threads of the native twin. With 1, everything runs on
+    /// `--pcpu`; with more, only the waker does.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub vcpus: u32,
+
+    /// Rounds (each: native, guest, native with the waker, guest with the waker).
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    pub runs: u32,
+
+    /// The host CPU the waker (and with one vCPU, everything) runs on.
+    #[arg(long, value_name = "CPU", default_value_t = 1)]
+    pub pcpu: usize,
+
+    /// Print one JSON object per benchmark.
+    #[arg(long)]
+    pub json: bool,
+
+    /// The KVM device to open.
+    #[arg(long, value_name = "PATH", default_value = "/dev/kvm")]
+    pub kvm_device: PathBuf,
 }
 
 #[cfg(test)]

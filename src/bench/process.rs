@@ -15,7 +15,7 @@ use anyhow::{Context, Result, bail};
 use serde_json::json;
 
 use crate::bench::overhead::{median, summarize};
-use crate::cli::ProcessBenchArgs;
+use clap::Args;
 
 /// One finished run: wall time and peak resident set.
 #[derive(Debug, Clone, Copy)]
@@ -186,13 +186,13 @@ fn run_pairs(args: &ProcessBenchArgs, kernel: &Path, status: u8) -> Result<u8> {
     if args.json {
         for (name, times, peak) in &rows {
             let (lo, hi) = range(times);
-            crate::outln!(
+            kumo_vmm::outln!(
                 "{}",
                 json!({"vmm": name, "runs": times.len(), "median_ms": median(times),
                        "min_ms": lo, "max_ms": hi, "peak_rss_kib": peak})
             );
         }
-        crate::outln!(
+        kumo_vmm::outln!(
             "{}",
             json!({"kernel": kernel.display().to_string(), "memory_mib": args.memory,
                    "qemu": qemu,
@@ -201,7 +201,7 @@ fn run_pairs(args: &ProcessBenchArgs, kernel: &Path, status: u8) -> Result<u8> {
                    "qemu_over_kumo_max": pairs.as_ref().map(|p| p.ratio_max)})
         );
     } else {
-        crate::outln!(
+        kumo_vmm::outln!(
             "{:<14} {:>5} {:>11} {:>9} {:>9} {:>13}",
             "vmm",
             "runs",
@@ -212,7 +212,7 @@ fn run_pairs(args: &ProcessBenchArgs, kernel: &Path, status: u8) -> Result<u8> {
         );
         for (name, times, peak) in &rows {
             let (lo, hi) = range(times);
-            crate::outln!(
+            kumo_vmm::outln!(
                 "{name:<14} {:>5} {:>11.2} {:>9.2} {:>9.2} {peak:>13}",
                 times.len(),
                 median(times),
@@ -221,14 +221,41 @@ fn run_pairs(args: &ProcessBenchArgs, kernel: &Path, status: u8) -> Result<u8> {
             );
         }
         match &pairs {
-            Some(p) => crate::outln!(
+            Some(p) => kumo_vmm::outln!(
                 "QEMU / kumo, per interleaved pair: median {:.2}x (range {:.2}-{:.2}x)",
                 p.ratio_median,
                 p.ratio_min,
                 p.ratio_max
             ),
-            None => crate::outln!("QEMU not run (not installed, or --no-qemu)"),
+            None => kumo_vmm::outln!("QEMU not run (not installed, or --no-qemu)"),
         }
     }
-    Ok(crate::report::EXIT_OK)
+    Ok(kumo_vmm::report::EXIT_OK)
+}
+
+#[derive(Args, Debug)]
+pub struct ProcessBenchArgs {
+    /// The PVH ELF to boot [default: a trivial kernel that prints a line and exits].
+    #[arg(long, value_name = "ELF")]
+    pub kernel: Option<PathBuf>,
+
+    /// The exit status --kernel's kernel ends with (its debug-exit value).
+    #[arg(long, value_name = "N", default_value_t = 0, requires = "kernel")]
+    pub status: u8,
+
+    /// Guest memory of both VMMs, in MiB.
+    #[arg(long, value_name = "MIB", default_value_t = 256)]
+    pub memory: u64,
+
+    /// Runs of each VMM (interleaved).
+    #[arg(long, value_name = "R", default_value_t = 20)]
+    pub runs: u32,
+
+    /// Leave QEMU out even if it is installed.
+    #[arg(long)]
+    pub no_qemu: bool,
+
+    /// Print one JSON object per VMM and one for the comparison.
+    #[arg(long)]
+    pub json: bool,
 }

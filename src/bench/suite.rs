@@ -19,12 +19,18 @@ use hv::migration::dirty::DirtyLogMode;
 use npb::Spec;
 use serde_json::Value;
 
+use crate::bench::migrate::MigrateBenchArgs;
 use crate::bench::record::{self, Better, Figure, Host, Record};
+use crate::bench::switch::Mechanism;
+use crate::bench::switch::SwitchArgs;
 use crate::bench::{exit, migrate, overhead, process, switch};
-use crate::cli::{
-    IrqBenchArgs, Mechanism, MigrateBenchArgs, NetBenchArgs, NicKind, RecordArgs, SwitchArgs, Wait,
-};
-use crate::{guest, run};
+use crate::mpi::NetBenchArgs;
+use clap::Args;
+use kumo_vmm::args::NicKind;
+use kumo_vmm::args::Wait;
+use kumo_vmm::guest;
+use kumo_vmm::irq::IrqBenchArgs;
+use kumo_vmm::run;
 
 /// How much each primitive does per round.
 struct Plan {
@@ -186,7 +192,7 @@ pub fn run_record(args: &RecordArgs) -> Result<u8> {
         started.elapsed().as_secs_f64(),
         args.out.display()
     );
-    Ok(crate::report::EXIT_OK)
+    Ok(kumo_vmm::report::EXIT_OK)
 }
 
 /// Runs `a` and `b` back to back, `b` first when `flip`; returns their values as (a, b).
@@ -390,7 +396,7 @@ fn irq(plan: &Plan, path: IrqPath, kvm: &Path) -> Result<(f64, f64)> {
         json: true,
         kvm_device: kvm.to_path_buf(),
     };
-    let row = crate::irq::bench_path(&args, path, Instant::now())?;
+    let row = kumo_vmm::irq::bench_path(&args, path, Instant::now())?;
     if number(&row, "lost")? != 0.0 {
         bail!("{} path: interrupts were lost", path.name());
     }
@@ -455,4 +461,26 @@ fn migration(plan: &Plan, kvm: &Path) -> Result<hv::migration::live::Report> {
         kvm_device: PathBuf::from(kvm),
     };
     Ok(migrate::one_run(&args, DirtyLogMode::Bitmap, Instant::now())?.report)
+}
+
+#[derive(Args, Debug)]
+pub struct RecordArgs {
+    /// The record to write (docs/results/perf/YYYY-MM-DD-<short commit>.json for one to
+    /// keep).
+    #[arg(long, value_name = "FILE")]
+    pub out: PathBuf,
+
+    /// Rounds of the suite; each runs every primitive once (with its reference) [default:
+    /// 20, under 3 minutes on a quiet 2-core host; 1 with --quick].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub rounds: Option<u32>,
+
+    /// A much shorter suite (smaller inputs, fewer repetitions, class S instead of W):
+    /// for tests, not a record to compare with a full one.
+    #[arg(long)]
+    pub quick: bool,
+
+    /// The KVM device to open.
+    #[arg(long, value_name = "PATH", default_value = "/dev/kvm")]
+    pub kvm_device: PathBuf,
 }

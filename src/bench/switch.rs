@@ -18,9 +18,10 @@ use anyhow::{Context, Result, bail};
 use hv::placement::{Policy, VcpuControl};
 use serde_json::json;
 
-use crate::cli::{Mechanism, SwitchArgs};
-use crate::guest;
-use crate::run;
+use clap::Args;
+use kumo_vmm::guest;
+use kumo_vmm::run;
+use std::path::PathBuf;
 
 /// FIFO priorities: the chosen vCPU above the other; the controller above both.
 const RUNNING_RANK: u8 = 2;
@@ -30,9 +31,9 @@ const CONTROLLER_RANK: u8 = 3;
 pub fn run_switch(args: &SwitchArgs, epoch: Instant) -> Result<u8> {
     let row = measure(args, epoch)?;
     if args.json {
-        crate::outln!("{row}");
+        kumo_vmm::outln!("{row}");
     } else {
-        crate::outln!(
+        kumo_vmm::outln!(
             "mechanism {}: {} switches seen ({} requested, slice {} us on host CPU {}): \
              median {} us, p90 {} us, p99 {} us, max {} us",
             args.mechanism.name(),
@@ -52,7 +53,7 @@ pub fn run_switch(args: &SwitchArgs, epoch: Instant) -> Result<u8> {
 /// One run of the switch probe: the row `--json` prints (`bench record` takes its
 /// median from it).
 pub fn measure(args: &SwitchArgs, epoch: Instant) -> Result<serde_json::Value> {
-    crate::guest::check_host_cpu("--pcpu", args.pcpu)?;
+    kumo_vmm::guest::check_host_cpu("--pcpu", args.pcpu)?;
     if args.slice_us < 100 {
         bail!("--slice-us must be at least 100");
     }
@@ -86,7 +87,7 @@ pub fn measure(args: &SwitchArgs, epoch: Instant) -> Result<serde_json::Value> {
         .map_err(|_| anyhow::anyhow!("the controller thread panicked"))??;
     let fields = guest.measurement("switchprobe")?;
     let get = |key: &str| {
-        crate::protocol::number_field(fields, key)
+        kumo_vmm::protocol::number_field(fields, key)
             .with_context(|| format!("the guest's switchprobe line has no numeric {key}"))
     };
     let row = json!({
@@ -176,4 +177,49 @@ fn alternate(
         switches += 1;
     }
     Ok(switches)
+}
+
+/// How a scheduler hands a host CPU from one vCPU to another (`hv::placement`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mechanism {
+    /// SCHED_FIFO ranks: the kernel preempts inside KVM_RUN.
+    Fifo,
+    /// Park the running vCPU outside KVM_RUN (signal kick), unpark the next.
+    Park,
+}
+
+impl Mechanism {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mechanism::Fifo => "fifo",
+            Mechanism::Park => "park",
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct SwitchArgs {
+    /// The mechanism to measure.
+    #[arg(long, value_enum, default_value_t = Mechanism::Fifo)]
+    pub mechanism: Mechanism,
+
+    /// Time each vCPU holds the host CPU before the switch, in microseconds.
+    #[arg(long, value_name = "US", default_value_t = 1000)]
+    pub slice_us: u64,
+
+    /// How long the guest measures, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 2000)]
+    pub millis: u64,
+
+    /// The host CPU both vCPUs share (the controller runs on the next one).
+    #[arg(long, value_name = "CPU", default_value_t = 1)]
+    pub pcpu: usize,
+
+    /// Print one JSON object instead of a sentence.
+    #[arg(long)]
+    pub json: bool,
+
+    /// The KVM device to open.
+    #[arg(long, value_name = "PATH", default_value = "/dev/kvm")]
+    pub kvm_device: PathBuf,
 }

@@ -11,14 +11,15 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
-use crate::cli::WakeArgs;
-use crate::ctl::SchedUpdate;
-use crate::node;
-use crate::spec::node::{self as config, Domain, Node, SchedulerFile};
-use crate::spec::sched as sched_params;
+use clap::Args;
+use kumo_vmm::ctl::SchedUpdate;
+use kumo_vmm::node;
+use kumo_vmm::spec::node::{self as config, Domain, Node, SchedulerFile};
+use kumo_vmm::spec::sched as sched_params;
+use std::path::PathBuf;
 
 pub fn run_wake(args: &WakeArgs, epoch: Instant) -> Result<u8> {
-    crate::guest::check_host_cpu("--pcpu", args.pcpu)?;
+    kumo_vmm::guest::check_host_cpu("--pcpu", args.pcpu)?;
     if !(10..=1_000_000).contains(&args.period_us) {
         bail!("--period-us must be between 10 and 1000000");
     }
@@ -58,7 +59,7 @@ pub fn run_wake(args: &WakeArgs, epoch: Instant) -> Result<u8> {
             .map(|(_, f)| f)
             .context("the sleeper domain reported no wake-up measurement")?;
         let num = |key: &str| {
-            crate::protocol::number_field(fields, key)
+            kumo_vmm::protocol::number_field(fields, key)
                 .with_context(|| format!("the wake probe has no numeric {key}"))
         };
         let view = sched_params::view(params);
@@ -91,8 +92,8 @@ fn domain(name: &str, probe: String) -> Domain {
         probe: Some(probe),
         irq: None,
         irq_path: None,
-        spin_us: crate::guest::SHARED_SPIN_US,
-        barrier_wait: crate::guest::BarrierWait::Hlt,
+        spin_us: kumo_vmm::guest::SHARED_SPIN_US,
+        barrier_wait: kumo_vmm::guest::BarrierWait::Hlt,
         vcpu_balloon: false,
         mpi: None,
         ranks_per_vcpu: 1,
@@ -105,11 +106,11 @@ fn domain(name: &str, probe: String) -> Domain {
 fn print(rows: &[Value], json: bool) {
     if json {
         for row in rows {
-            crate::outln!("{row}");
+            kumo_vmm::outln!("{row}");
         }
         return;
     }
-    crate::outln!(
+    kumo_vmm::outln!(
         "{:>9} {:>8} {:>10} {:>7} {:>10} {:>10} {:>10} {:>10}",
         "slice ms",
         "tick ms",
@@ -122,7 +123,7 @@ fn print(rows: &[Value], json: bool) {
     );
     for r in rows {
         let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
-        crate::outln!(
+        kumo_vmm::outln!(
             "{:>9} {:>8} {:>10} {:>7} {:>10.1} {:>10.1} {:>10.1} {:>10.1}",
             f("tslice_ms"),
             f("tick_ms"),
@@ -134,7 +135,34 @@ fn print(rows: &[Value], json: bool) {
             f("max_us")
         );
     }
-    crate::outln!(
+    kumo_vmm::outln!(
         "wake-up latency: TSC deadline -> the sleeping vCPU's next ring-3 instruction, beside a busy vCPU on one host CPU"
     );
+}
+
+#[derive(Args, Debug)]
+pub struct WakeArgs {
+    /// Credit slices to compare, in milliseconds, comma-separated.
+    #[arg(long, value_name = "LIST", default_value = "30,1")]
+    pub tslice_ms: String,
+
+    /// How long each setting measures, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 3000)]
+    pub millis: u64,
+
+    /// The sleeper's timer period, in microseconds.
+    #[arg(long, value_name = "US", default_value_t = 1000)]
+    pub period_us: u64,
+
+    /// The host CPU both domains share.
+    #[arg(long, value_name = "CPU", default_value_t = 1)]
+    pub pcpu: usize,
+
+    /// Print one JSON object per setting.
+    #[arg(long)]
+    pub json: bool,
+
+    /// The KVM device to open.
+    #[arg(long, value_name = "PATH", default_value = "/dev/kvm")]
+    pub kvm_device: PathBuf,
 }

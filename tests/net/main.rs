@@ -7,7 +7,7 @@
 mod common;
 
 /// The guest's MPI built for the host, where `guests/user/src/comm.rs` expects it.
-use kumo::guest_mpi as mpi;
+use kumo_lab::guest_mpi as mpi;
 
 /// The guest's `Comm` adapter (NPB-MPI over the guest MPI), the same source file.
 #[path = "../../guests/user/src/comm.rs"]

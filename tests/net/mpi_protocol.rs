@@ -4,11 +4,11 @@
 //! must cost only resends. (The guest runs the same code over virtio-net: see
 //! `tests/qemu_net.rs`.)
 
-use kumo::guest_mpi as mpi;
+use kumo_lab::guest_mpi as mpi;
 
 use mpi::{Error, Mpi, Op, Request};
 
-use kumo::loopback as wire;
+use kumo_lab::loopback as wire;
 use wire::MemoryLink;
 
 /// Runs `job(mpi)` on `ranks` threads over one wire (64 KiB windows, so messages wrap

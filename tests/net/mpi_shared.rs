@@ -1,14 +1,14 @@
 //! The guest MPI's shared-memory channels (`guests/user/src/mpi.rs`, `Mpi::init_shared`)
 //! on the host: ranks are threads, groups of them share a block of memory (as the
-//! ranks of one VM do), the others meet on the in-memory wire of `kumo::loopback`. The
+//! ranks of one VM do), the others meet on the in-memory wire of `kumo_lab::loopback`. The
 //! NPB-MPI kernels must give every placement the same bits as the wire alone, and
 //! messages larger than a ring must stream through it.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
 
-use kumo::guest_mpi as mpi;
-use kumo::loopback::{MemoryLink, Wire};
+use kumo_lab::guest_mpi as mpi;
+use kumo_lab::loopback::{MemoryLink, Wire};
 use mpi::{Config, Mpi, Shared, Wait};
 
 use crate::comm;

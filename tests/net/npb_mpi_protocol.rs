@@ -13,7 +13,7 @@ use npb::mpi::Comm;
 use npb::team::Arena;
 use npb::{Class, Kernel, Outcome, Spec};
 
-use kumo::loopback as wire;
+use kumo_lab::loopback as wire;
 
 /// Runs `spec` on `ranks` threads, each an `Mpi` over one wire behind the guest's
 /// adapter with its own arena; returns each rank's outcome and the frames its link

@@ -108,16 +108,16 @@ pub mod program;
 pub mod report;
 
 use anyhow::{Context, Result};
-
-use crate::cli::SimArgs;
+use clap::Args;
+use std::path::PathBuf;
 
 pub fn run_sim(args: &SimArgs) -> Result<u8> {
     let sim = config::load(&args.config)?;
     let report = run(&sim)?;
     if args.json {
-        crate::outln!("{}", report.json());
+        kumo_vmm::outln!("{}", report.json());
     } else {
-        crate::out!("{}", report.text());
+        kumo_vmm::out!("{}", report.text());
     }
     Ok(0)
 }
@@ -134,6 +134,17 @@ pub fn run(sim: &config::Sim) -> Result<report::Report> {
         }
     }
     Ok(report::Report::new(runs))
+}
+
+#[derive(Args, Debug)]
+pub struct SimArgs {
+    /// The simulation file (TOML; see examples/sim-s1.toml).
+    #[arg(long, value_name = "PATH")]
+    pub config: PathBuf,
+
+    /// Print one JSON object (every run) instead of tables.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[cfg(test)]

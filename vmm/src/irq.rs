@@ -14,8 +14,10 @@ use hv::irq_device::{self, IrqDeviceSetup, IrqDevices};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::cli::{IrqBenchArgs, VmArgs};
+use crate::args::VmArgs;
 use crate::run::{self, GuestRun};
+use clap::Args;
+use std::path::PathBuf;
 
 /// Memory of the interrupt guests: the bench keeps one u64 sample per round on the heap.
 const MEMORY_MIB: u64 = 64;
@@ -334,4 +336,40 @@ fn print_bench(rows: &[serde_json::Map<String, Value>], as_json: bool) {
             num(fast, "median_us") / num(generic, "median_us")
         );
     }
+}
+
+#[derive(Args, Debug)]
+pub struct IrqBenchArgs {
+    /// The path to measure: generic (one event-loop thread, KVM_SIGNAL_MSI) or fast
+    /// (irqfd per vector) [default: both, side by side].
+    #[arg(long, value_name = "PATH", value_parser = crate::args::irq_path)]
+    pub path: Option<hv::irq::IrqPath>,
+
+    /// Interrupts per second of a second, noisy device on the generic path (0: none).
+    #[arg(long, value_name = "HZ", default_value_t = 0.0)]
+    pub noise_rate: f64,
+
+    /// vCPUs of the guest.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub vcpus: u32,
+
+    /// The vCPU the test vector is aimed at.
+    #[arg(long, value_name = "K", default_value_t = 1)]
+    pub target_vcpu: u32,
+
+    /// Doorbell rounds (one interrupt outstanding at a time).
+    #[arg(long, value_name = "R", default_value_t = 2000)]
+    pub rounds: u32,
+
+    /// The device's delay between doorbell and interrupt, in microseconds.
+    #[arg(long, value_name = "US", default_value_t = 0)]
+    pub delay_us: u64,
+
+    /// Print one JSON object per path.
+    #[arg(long)]
+    pub json: bool,
+
+    /// The KVM device to open.
+    #[arg(long, value_name = "PATH", default_value = "/dev/kvm")]
+    pub kvm_device: PathBuf,
 }

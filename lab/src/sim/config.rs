@@ -20,10 +20,10 @@ use anyhow::{Context, Result, anyhow, bail};
 use serde::Deserialize;
 
 use super::program::{self, Pattern, Phase, Step};
-use crate::ctl::SchedUpdate;
-use crate::spec::job::{MAX_GUEST_HZ, MAX_RANKS_PER_VCPU};
-use crate::spec::node::{DEFAULT_WEIGHT, WEIGHT_RANGE};
-use crate::spec::sched as sched_params;
+use kumo_vmm::ctl::SchedUpdate;
+use kumo_vmm::spec::job::{MAX_GUEST_HZ, MAX_RANKS_PER_VCPU};
+use kumo_vmm::spec::node::{DEFAULT_WEIGHT, WEIGHT_RANGE};
+use kumo_vmm::spec::sched as sched_params;
 
 /// Domain 0's name in reports and scenario overrides (as in `kumo node`).
 pub const DOM0: &str = "dom0";
@@ -62,7 +62,7 @@ struct SchedulerFile {
     tick_ms: Option<f64>,
     ratelimit_us: Option<u64>,
     /// "exact" (default) or "tick" (Xen 3.4's per-tick debit, no ratelimit).
-    accounting: Option<crate::ctl::Accounting>,
+    accounting: Option<kumo_vmm::ctl::Accounting>,
     /// Directed yield (see the scenario's key of that name).
     directed_yield: Option<bool>,
 }
@@ -194,7 +194,7 @@ struct ScenarioFile {
     tick_ms: Option<f64>,
     ratelimit_us: Option<u64>,
     /// "exact" (default) or "tick" (Xen 3.4's per-tick debit, no ratelimit).
-    accounting: Option<crate::ctl::Accounting>,
+    accounting: Option<kumo_vmm::ctl::Accounting>,
     /// Directed yield: a rank waiting for a message BOOSTs the sender's vCPU when it
     /// is a queued sibling in its own domain (`sched::Params::directed_yield`).
     directed_yield: Option<bool>,
@@ -306,7 +306,7 @@ pub struct Scenario {
 }
 
 pub fn load(path: &Path) -> Result<Sim> {
-    let text = crate::input::read_config("simulation file", path)?;
+    let text = kumo_vmm::input::read_config("simulation file", path)?;
     parse(&text).with_context(|| format!("in simulation file {}", path.display()))
 }
 

@@ -35,7 +35,7 @@ use serde::Serialize;
 use super::process::{Process, RunDir};
 use super::s1::{self, Scenario};
 use super::{Progress, Summary, node_problems, run_node_text};
-use crate::cli::ExperimentArgs;
+use crate::experiment::ExperimentArgs;
 
 /// The node's host CPU and the moving VM's (and its destinations').
 const NODE_CPU: usize = 0;
@@ -622,7 +622,7 @@ pub fn text(report: &Report) -> String {
             ms(r.migrated_mib),
         ]);
     }
-    out.push_str(&crate::output::table(&table, 2));
+    out.push_str(&kumo_vmm::output::table(&table, 2));
     out.push_str(&format!(
         "\ntuned speed-up: {TUNED} (1/1 ms, domain 0 at 1024) over {DEFAULT} with the same \
          migrations. S1 paper: Xen 3.4.2, SP.A on 2 nodes x 4 processes, a DomU moved ~10 s in \
@@ -701,15 +701,16 @@ mod tests {
     fn the_node_file_is_a_valid_node_with_a_wire_to_two_more_ranks() {
         for s in scenarios().unwrap() {
             let text = node_toml(&s, benchmark(true), Path::new("/tmp/w.sock"));
-            let node = crate::spec::node::parse(&text).unwrap_or_else(|e| panic!("{text}\n{e:#}"));
+            let node =
+                kumo_vmm::spec::node::parse(&text).unwrap_or_else(|e| panic!("{text}\n{e:#}"));
             assert_eq!(node.domains.len(), NODE_RANKS as usize);
             assert_eq!(node.pcpus, [NODE_CPU]);
             let net = node.network.unwrap();
             assert_eq!(net.job_size, Some(NODE_RANKS + MOVING_VCPUS));
             assert_eq!(
                 net.wire,
-                Some(crate::spec::job::WireSpec::Listen(
-                    crate::spec::job::WireAddr::Unix("/tmp/w.sock".into())
+                Some(kumo_vmm::spec::job::WireSpec::Listen(
+                    kumo_vmm::spec::job::WireAddr::Unix("/tmp/w.sock".into())
                 ))
             );
             assert!(node.domains[1].cmdline().contains("mpi=1:4:1"));

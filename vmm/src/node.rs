@@ -14,14 +14,16 @@ use devices::net::switch::SwitchStats;
 use hv::credit::{CreditDriver, Dom0Spec, DomainSpec, ParamChange};
 use hv::placement::ThreadGroup;
 
-use crate::cli::NodeArgs;
+use crate::args::LimitArgs;
 use crate::ctl;
 use crate::report::{self, Verdict};
 use crate::run::{self, GuestRun};
 use crate::spec::node::{self as config, Domain, Node};
 use crate::spec::sched as sched_params;
 use crate::wire::WireAttach;
+use clap::Args;
 use hv::builder::{Backends, DeviceSpec};
+use std::path::PathBuf;
 
 /// How long to wait for a domain's vCPU threads to start before placing them.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
@@ -153,7 +155,7 @@ pub fn run(
 ) -> Result<NodeOutcome> {
     let process_cpu_before = process_cpu_time();
     let nic_server_cpus = match &node.network {
-        Some(net) if net.nic == crate::cli::NicKind::Passthrough => Some(server_cpus(node)?),
+        Some(net) if net.nic == crate::args::NicKind::Passthrough => Some(server_cpus(node)?),
         _ => None,
     };
     // Domain 0: the threads that run each VM (and stop it), the control socket's, and
@@ -588,4 +590,27 @@ fn probe_summary(
         .filter_map(|k| fields.get(*k).map(|v| format!("{k}={v}")))
         .collect();
     Some(format!("{kind} {}", picked.join(" ")))
+}
+
+#[derive(Args, Debug)]
+pub struct NodeArgs {
+    /// The node file (TOML; see examples/).
+    #[arg(long, value_name = "PATH")]
+    pub config: PathBuf,
+
+    /// Where to create the control socket [default: $XDG_RUNTIME_DIR or /tmp,
+    /// kumo-<pid>.sock].
+    #[arg(long, value_name = "PATH")]
+    pub ctl_socket: Option<PathBuf>,
+
+    /// Print one JSON object per domain, then one for the node.
+    #[arg(long)]
+    pub json: bool,
+
+    /// The KVM device to open.
+    #[arg(long, value_name = "PATH", default_value = "/dev/kvm")]
+    pub kvm_device: PathBuf,
+
+    #[command(flatten)]
+    pub limits: LimitArgs,
 }

@@ -21,8 +21,9 @@ use npb::{Class, Kernel, Spec};
 use serde::Serialize;
 
 use super::{Summary, node_problems, run_interleaved, run_node_text};
-use crate::cli::{ExperimentArgs, NicKind};
+use crate::experiment::ExperimentArgs;
 use hv::irq::IrqPath;
+use kumo_vmm::args::NicKind;
 
 /// The job's ranks (one per VM) and the node's CPU.
 const RANKS: u32 = 2;
@@ -345,7 +346,7 @@ pub fn text(report: &Report) -> String {
             },
         ]);
     }
-    out.push_str(&crate::output::table(&table, 2));
+    out.push_str(&kumo_vmm::output::table(&table, 2));
     out.push_str(
         "\nS4: Xen 3.4.3, 8 nodes x 64 processes, an Intel 82574L GbE passed through, NPB \
          class B; (4) was 1-6 % faster than (3) and beat (2) except for FT and CG at class C.\n",
@@ -364,7 +365,7 @@ mod tests {
                 continue;
             };
             let text = node_toml(nic, path, &benchmarks(true));
-            let n = crate::spec::node::parse(&text).unwrap_or_else(|e| panic!("{text}\n{e:#}"));
+            let n = kumo_vmm::spec::node::parse(&text).unwrap_or_else(|e| panic!("{text}\n{e:#}"));
             let net = n.network.as_ref().unwrap();
             assert_eq!((net.nic, net.irq_path), (nic, path));
             assert_eq!(n.dom0_weight, 1024);

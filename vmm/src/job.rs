@@ -1,7 +1,7 @@
 //! Running an MPI job's VMs of this process: each VM boots the embedded guest with one
 //! NIC per rank on one network (domain 0's switch, or ports of a NIC server), the
 //! wire to ranks elsewhere is opened, and the runs are collected and judged. The
-//! `kumo mpi` command (`crate::mpi`) and the experiments drive it.
+//! `kumo mpi` command (`kumo::mpi`) and the experiments (`kumo_lab`) drive it.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

@@ -20,7 +20,7 @@ use npb::Spec;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::cli::VmArgs;
+use crate::args::VmArgs;
 use crate::ctl::{self, Controlled, DomainInfo, MigrateRequest, SchedParams, SchedUpdate};
 use crate::guest;
 use crate::irq::IrqRun;

@@ -24,6 +24,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, Result, bail};
+use clap::Args;
 use devices::net::switch::SwitchConfig;
 use devices::pci::msix::{CONTROL_ENABLE, MsiMessage, MsixSink};
 use devices::vfio_user::proto::{self, DeviceInfo, IoFd, IrqInfo, RegionInfo, Request, vfio};
@@ -33,8 +34,6 @@ use devices::virtio::net::{NetConfig, VirtioNet};
 use devices::virtio::transport::{self, TransportAction};
 use hv::net::{Network, ServedPort, WorkerStats};
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap};
-
-use crate::cli::NicServerArgs;
 
 /// Queue size of the served NICs (as kumo's emulated NIC).
 const QUEUE_SIZE: u16 = 256;
@@ -685,6 +684,30 @@ impl Drop for ServerProcess {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
+}
+
+#[derive(Args, Debug)]
+pub struct NicServerArgs {
+    /// Directory for the ports' sockets (`DIR/port-K.sock`).
+    #[arg(long, value_name = "DIR")]
+    pub dir: PathBuf,
+
+    /// Ports (NICs) to serve.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub ports: u32,
+
+    /// The MPI rank of port 0's MAC (port K has rank R+K's MAC, as `kumo mpi` gives).
+    #[arg(long, value_name = "R", default_value_t = 0)]
+    pub first_rank: u32,
+
+    /// Host CPUs the server's threads may run on, comma-separated [default: any].
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub cpus: Vec<usize>,
+
+    /// Microseconds the switch thread polls for doorbells after its last frame before
+    /// it sleeps (hardware does not sleep; give it only with CPUs of its own).
+    #[arg(long, value_name = "US", default_value_t = 0)]
+    pub poll_us: u64,
 }
 
 #[cfg(test)]

@@ -16,18 +16,20 @@ const USER_TARGET: &str = "x86_64-unknown-linux-gnu";
 const KERNEL_TARGET: &str = "x86_64-unknown-none";
 
 fn main() {
-    let root = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
+    // This crate is vmm/ in the workspace; the guest's sources are beside it.
+    let manifest = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
+    let root = manifest.parent().expect("vmm/ has a parent");
     let guests = root.join("guests");
     let target_dir = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR")).join("guest");
     for input in [
-        "guests/abi",
-        "guests/kernel",
-        "guests/user",
-        "guests/npb",
-        "guests/.cargo",
-        "guests/Cargo.toml",
-        "guests/Cargo.lock",
-        "rust-toolchain.toml",
+        "../guests/abi",
+        "../guests/kernel",
+        "../guests/user",
+        "../guests/npb",
+        "../guests/.cargo",
+        "../guests/Cargo.toml",
+        "../guests/Cargo.lock",
+        "../rust-toolchain.toml",
     ] {
         println!("cargo:rerun-if-changed={input}");
     }

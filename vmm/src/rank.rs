@@ -18,7 +18,8 @@ use hv::net::{Network, NicSetup, RunningNetwork};
 use npb::Spec;
 use serde::{Deserialize, Serialize};
 
-use crate::cli::{NicKind, Wait};
+use crate::args::NicKind;
+use crate::args::Wait;
 use crate::job::{Job, NpbReport};
 use crate::run::GuestRun;
 use crate::spec::job::{self as mpi, WireAddr, WireSpec};

@@ -18,11 +18,12 @@ use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
 use super::{Summary, run_interleaved};
-use crate::cli::{ExperimentArgs, NicKind};
+use crate::experiment::ExperimentArgs;
 use crate::guest_mpi::{self, Mpi, Wait};
 use crate::loopback::MemoryLink;
-use crate::protocol::Event;
 use hv::irq::IrqPath;
+use kumo_vmm::args::NicKind;
+use kumo_vmm::protocol::Event;
 
 /// Message sizes (IMB's powers of two, thinned).
 pub const SIZES: &[u64] = &[8, 128, 1024, 8192, 65536, 1 << 20];
@@ -209,11 +210,11 @@ fn vms(
     if let Some(rounds) = rounds {
         extra.push_str(&format!(" net_rounds={rounds}"));
     }
-    let job = crate::job::Job {
+    let job = kumo_vmm::job::Job {
         nic,
         ..Default::default()
     };
-    let runs = crate::job::run_job(2, 1, path, &extra, &job, kvm_device, epoch)
+    let runs = kumo_vmm::job::run_job(2, 1, path, &extra, &job, kvm_device, epoch)
         .with_context(|| format!("{}: the VMs", config.name))?
         .runs;
     let value = |kind: &str, field: &str, size: u64| -> Result<f64> {
@@ -398,7 +399,7 @@ pub fn text(report: &Report) -> String {
             }
             table.push(line);
         }
-        out.push_str(&crate::output::table(&table, 1));
+        out.push_str(&kumo_vmm::output::table(&table, 1));
         out.push('\n');
     }
     let bare = PAPER_LATENCY_US[0].1;

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::config::{DOM0, Program, Scenario, Sim};
 use super::model::{Outcome, Usage};
-use crate::spec::sched as sched_params;
+use kumo_vmm::spec::sched as sched_params;
 
 fn secs(ns: u64) -> f64 {
     ns as f64 / 1e9
@@ -227,7 +227,7 @@ impl Report {
                 run.switches.to_string(),
             ]);
         }
-        let mut out = crate::output::table(&main, 2);
+        let mut out = kumo_vmm::output::table(&main, 2);
         out.push_str(
             "time: simulated completion (max over ranks; '>' = cut at duration_s); speed-up \
              over the program's first scenario; busy-wait: domain CPU spent spinning\n\n",
@@ -255,7 +255,7 @@ impl Report {
             cpu.push(row);
         }
         out.push_str("CPU time per domain in s (busy-waiting in brackets)\n");
-        out.push_str(&crate::output::table(&cpu, 2));
+        out.push_str(&kumo_vmm::output::table(&cpu, 2));
         let mut guests = vec![
             ["program", "scenario", "guest ticks", "rank switches"]
                 .map(String::from)
@@ -273,7 +273,7 @@ impl Report {
         }
         if guests.len() > 1 {
             out.push_str("\nGuest schedulers (several ranks per vCPU, or a guest tick)\n");
-            out.push_str(&crate::output::table(&guests, 2));
+            out.push_str(&kumo_vmm::output::table(&guests, 2));
         }
         out
     }

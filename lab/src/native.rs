@@ -4,10 +4,10 @@
 use anyhow::{Result, bail};
 use npb::Spec;
 
-use crate::cli::NativeArgs;
-use crate::guest;
-use crate::protocol::BenchResult;
-use crate::report;
+use clap::Args;
+use kumo_vmm::guest;
+use kumo_vmm::protocol::BenchResult;
+use kumo_vmm::report;
 
 pub fn run_native(args: &NativeArgs) -> Result<u8> {
     let specs = match &args.npb {
@@ -139,7 +139,7 @@ fn result_of(spec: Spec, threads: u32, outcome: npb::Outcome) -> BenchResult {
 /// VMs, their NICs, domain 0's switch and the guests' MPI, and nothing else.
 fn run_mpi_native(args: &NativeArgs, ranks: u32) -> Result<u8> {
     let list = args.npb.as_deref().unwrap_or("ep.S,is.S,cg.S,ft.S");
-    let specs = crate::spec::job::parse_npb(list, ranks)?;
+    let specs = kumo_vmm::spec::job::parse_npb(list, ranks)?;
     let results = specs
         .iter()
         .map(|&spec| run_one_mpi(spec, ranks))
@@ -147,7 +147,7 @@ fn run_mpi_native(args: &NativeArgs, ranks: u32) -> Result<u8> {
     let verdict = report::judge_native(&specs, ranks, results);
     report::print(&verdict, args.json);
     if !args.json {
-        crate::outln!("MPI forms: {ranks} ranks, one host thread each, channels between them");
+        kumo_vmm::outln!("MPI forms: {ranks} ranks, one host thread each, channels between them");
     }
     Ok(verdict.exit_code())
 }
@@ -177,4 +177,29 @@ pub fn run_one_mpi(spec: Spec, ranks: u32) -> Result<BenchResult> {
             .map(|(key, value)| (key.to_string(), value.to_string()))
             .collect(),
     })
+}
+
+#[derive(Args, Debug)]
+pub struct NativeArgs {
+    /// Benchmarks, comma-separated kernel.class items [default: every kernel, class S].
+    #[arg(long, value_name = "LIST")]
+    pub npb: Option<String>,
+
+    /// Worker threads [default: 2, like the VM's default vCPUs].
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub threads: u32,
+
+    /// Run the NPB-MPI forms (`kumo mpi --npb`) on N ranks, one host thread each,
+    /// messages over in-process channels: the native twin of an MPI job.
+    #[arg(long, value_name = "N", conflicts_with = "threads")]
+    pub mpi_ranks: Option<u32>,
+
+    /// Put the team's arena on the host's 2 MiB huge pages (`MAP_HUGETLB`, from the
+    /// pool of /proc/sys/vm/nr_hugepages): the native side of `kumo --huge-pages`.
+    #[arg(long, conflicts_with = "mpi_ranks")]
+    pub huge_pages: bool,
+
+    /// Print one JSON object per line instead of a table.
+    #[arg(long)]
+    pub json: bool,
 }

@@ -20,9 +20,10 @@ use anyhow::{Context, Result, bail};
 
 use serde_json::{Value, json};
 
-use crate::cli::{CtlArgs, CtlCommand, DomainCommand};
+use crate::args::OnOff;
 use crate::spec::control::Request;
 pub use crate::spec::control::{Accounting, DomainInfo, MigrateRequest, SchedParams, SchedUpdate};
+use clap::{Args, Subcommand};
 
 /// Longest request line accepted.
 const MAX_REQUEST: u64 = 64 * 1024;
@@ -458,6 +459,102 @@ pub fn print_migration(reply: &Value) {
         reply["final_pages"],
         reply["total_bytes"].as_f64().unwrap_or(f64::NAN) / (1024.0 * 1024.0),
     );
+}
+
+#[derive(Args, Debug)]
+pub struct CtlArgs {
+    /// The node's control socket (printed by `kumo node` at start).
+    #[arg(long, value_name = "PATH")]
+    pub socket: PathBuf,
+
+    /// Print the node's JSON reply instead of text.
+    #[arg(long)]
+    pub json: bool,
+
+    #[command(subcommand)]
+    pub command: CtlCommand,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum CtlCommand {
+    /// Show the credit scheduler's parameters, or set some of them.
+    SchedCredit {
+        /// Time slice in milliseconds.
+        #[arg(long, value_name = "MS")]
+        tslice_ms: Option<f64>,
+        /// Accounting tick in milliseconds.
+        #[arg(long, value_name = "MS")]
+        tick_ms: Option<f64>,
+        /// Minimum run time before preemption in microseconds (0 = off).
+        #[arg(long, value_name = "US")]
+        ratelimit_us: Option<u64>,
+        /// exact, or tick (Xen 3.4: each tick debits a whole tick from the vCPU it
+        /// finds running; no ratelimit).
+        #[arg(long, value_name = "MODE")]
+        accounting: Option<sched::Accounting>,
+        /// on: a vCPU blocked at a barrier (paravirtual wait page) BOOSTs its
+        /// domain's queued vCPUs that have not arrived; off (default): ignore it.
+        #[arg(long, value_name = "on|off")]
+        directed_yield: Option<OnOff>,
+    },
+    /// Domains of the node.
+    #[command(subcommand)]
+    Domain(DomainCommand),
+    /// vCPU ballooning (`kumo --vcpu-balloon`): show how many host CPUs the running
+    /// VM's guest is told it has, or change it; a ballooning guest then runs its
+    /// team on that many vCPUs from its next barrier and parks the others.
+    VcpuBalloon {
+        /// The node's domain (a node has several VMs; a single VM needs none).
+        #[arg(long, value_name = "NAME")]
+        domain: Option<String>,
+        /// Host CPUs for the guest (1 up to its vCPU count).
+        #[arg(long, value_name = "N")]
+        active: Option<u32>,
+    },
+    /// Save the running VM to a file (`kumo --restore PATH` runs it again).
+    Snapshot {
+        /// The snapshot file to write (mode 0600).
+        path: PathBuf,
+        /// End the VM once it is saved (otherwise it runs on).
+        #[arg(long)]
+        stop: bool,
+    },
+    /// Move the running VM to another kumo started with `--incoming`; the source
+    /// ends only once the destination runs it.
+    Migrate {
+        /// The destination, tcp:HOST:PORT.
+        target: String,
+        /// A file holding the secret both ends share.
+        #[arg(long, value_name = "FILE")]
+        token_file: Option<PathBuf>,
+        /// Iterate copy rounds until the last one would take at most this long.
+        #[arg(long, value_name = "MS")]
+        max_downtime_ms: Option<u64>,
+        /// Give up, the VM running on here, if the destination does not acknowledge
+        /// a copy round within this long (default 30000).
+        #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
+        ack_timeout_ms: Option<u64>,
+        /// Pause the VM first and copy it once (non-live): the downtime is the whole
+        /// transfer.
+        #[arg(long, conflicts_with = "max_downtime_ms")]
+        stop_and_copy: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum DomainCommand {
+    /// Every domain with its weight, cap and CPU time so far.
+    List,
+    /// Change a domain's weight and/or cap.
+    Set {
+        /// The domain's name.
+        name: String,
+        #[arg(long, value_name = "W")]
+        weight: Option<u32>,
+        /// Percent of one host CPU; 0 = no cap.
+        #[arg(long, value_name = "C")]
+        cap: Option<u32>,
+    },
 }
 
 #[cfg(test)]

@@ -27,9 +27,9 @@ use serde::Serialize;
 use super::plot;
 use super::process::{Process, RunDir};
 use super::{Progress, Summary, interleaved, node_problems, run_node_text};
-use crate::cli::ExperimentArgs;
-use crate::ctl::Accounting;
-use crate::node;
+use crate::experiment::ExperimentArgs;
+use kumo_vmm::ctl::Accounting;
+use kumo_vmm::node;
 
 /// DomUs of the node, each with one vCPU.
 const DOMUS: usize = 2;
@@ -1029,7 +1029,7 @@ pub fn text(report: &Report) -> String {
             secs(r.vmm_cpu_s),
         ]);
     }
-    out.push_str(&crate::output::table(&table, 7));
+    out.push_str(&kumo_vmm::output::table(&table, 7));
     out.push_str(
         "\nspeed-up: over the scenario family's 30/10 ms baseline (xen3.4-* over xen3.4-30/10, \
          xen4-* over xen4-30/10). S1 paper: Xen 3.4.2, 2 nodes x 4 processes, class A; LU \
@@ -1112,7 +1112,8 @@ mod tests {
     fn every_real_node_file_is_a_valid_node() {
         for s in SCENARIOS {
             let text = node_toml(s, spec("cg.W"), &[0]);
-            let node = crate::spec::node::parse(&text).unwrap_or_else(|e| panic!("{text}\n{e:#}"));
+            let node =
+                kumo_vmm::spec::node::parse(&text).unwrap_or_else(|e| panic!("{text}\n{e:#}"));
             assert_eq!(node.domains.len(), DOMUS);
             for d in &node.domains {
                 assert_eq!((d.vcpus, d.ranks_per_vcpu), (1, RANKS_PER_VCPU));
@@ -1130,19 +1131,20 @@ mod tests {
         let cpus = two_node_cpus(4).unwrap();
         assert_eq!(cpus, [vec![0, 1], vec![2, 3]]);
         let [first, second] = two_node_tomls(&SCENARIOS[0], spec("cg.S"), &cpus, "unix:/tmp/w");
-        let first = crate::spec::node::parse(&first).unwrap_or_else(|e| panic!("{first}\n{e:#}"));
+        let first =
+            kumo_vmm::spec::node::parse(&first).unwrap_or_else(|e| panic!("{first}\n{e:#}"));
         // This host may not have CPUs 2 and 3: the second file is checked on 0 and 1.
         assert!(second.starts_with("pcpus = [2, 3]\n"), "{second}");
         let second = second.replace("pcpus = [2, 3]", "pcpus = [0, 1]");
         let second =
-            crate::spec::node::parse(&second).unwrap_or_else(|e| panic!("{second}\n{e:#}"));
-        let ranks = |n: &crate::spec::node::Node| -> Vec<u32> {
+            kumo_vmm::spec::node::parse(&second).unwrap_or_else(|e| panic!("{second}\n{e:#}"));
+        let ranks = |n: &kumo_vmm::spec::node::Node| -> Vec<u32> {
             n.domains.iter().flat_map(|d| d.ranks()).collect()
         };
         assert_eq!(ranks(&first), [0, 1, 2, 3]);
         assert_eq!(ranks(&second), [4, 5, 6, 7]);
         assert_eq!(first.pcpus, [0, 1]);
-        let wire = |n: &crate::spec::node::Node| n.network.as_ref().unwrap().wire.clone();
+        let wire = |n: &kumo_vmm::spec::node::Node| n.network.as_ref().unwrap().wire.clone();
         assert_eq!(wire(&first), Some("listen:unix:/tmp/w".parse().unwrap()));
         assert_eq!(wire(&second), Some("unix:/tmp/w".parse().unwrap()));
         assert!(

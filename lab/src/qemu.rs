@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::protocol::{Event, LineParser};
+use kumo_vmm::protocol::{Event, LineParser};
 
 /// How long a QEMU pair may run before it is killed.
 const PAIR_LIMIT: Duration = Duration::from_secs(300);
@@ -28,7 +28,7 @@ impl Scratch {
             .with_context(|| format!("cannot create {}", dir.display()))?;
         let guest = dir.join("guest.elf");
         let scratch = Scratch { dir, guest };
-        std::fs::write(&scratch.guest, crate::guest::EMBEDDED_GUEST)?;
+        std::fs::write(&scratch.guest, kumo_vmm::guest::EMBEDDED_GUEST)?;
         Ok(scratch)
     }
 }

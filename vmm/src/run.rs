@@ -11,7 +11,7 @@ use hv::passthrough::PassthroughSpec;
 use hv::{GuestExit, RunOutcome, Vm, VmConfig};
 use npb::Spec;
 
-use crate::cli::VmArgs;
+use crate::args::VmArgs;
 use crate::guest::{self, EMBEDDED_GUEST};
 use crate::protocol::{Event, LineParser};
 use crate::report::{self, Ending, Verdict};
