@@ -4,6 +4,7 @@
 //! virtio-net NIC on one switch, served by domain 0's switch thread (`hv::net`).
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -21,7 +22,6 @@ use kumo_vmm::spec::job::{
     MEMORY_MIB, NicKind, Wait, WireAddr, WireSpec, npb_extra, npb_memory_mib, parse_npb,
     sched_words,
 };
-use std::path::PathBuf;
 
 /// Why rank `rank`'s run has no `kind` line, or its fields.
 fn measurement<'a>(

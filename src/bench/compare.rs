@@ -9,12 +9,13 @@
 //! host's speed states move a figure and its reference alike, and the ratio keeps what
 //! they do not share.
 
+use std::path::PathBuf;
+
 use anyhow::Result;
+use clap::Args;
 use serde::Serialize;
 
 use crate::bench::record::{Better, Figure, Record};
-use clap::Args;
-use std::path::PathBuf;
 
 /// What changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

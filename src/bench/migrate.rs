@@ -9,20 +9,20 @@
 
 use std::io::Read;
 use std::net::TcpListener;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use clap::Args;
 use hv::migration::dirty::DirtyLogMode;
 use serde_json::json;
 
 use super::migrate_qemu::{self, QemuMigration, wait_for_boot};
 use crate::bench::overhead::median;
-use clap::Args;
 use kumo_vmm::guest;
 use kumo_vmm::migrate::{self, AppState, GUEST_NAME};
 use kumo_vmm::run;
-use std::path::PathBuf;
 
 /// How many of its longest gaps the guest's gap probe reports.
 const LONG_GAPS: usize = 8;

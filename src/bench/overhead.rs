@@ -6,6 +6,7 @@
 //! times of each side is reported beside the median as the figure robust to that.
 
 use std::path::Path;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail, ensure};
@@ -17,7 +18,6 @@ use kumo_lab::native;
 use kumo_vmm::guest;
 use kumo_vmm::protocol::Event;
 use kumo_vmm::run;
-use std::path::PathBuf;
 
 /// Times (seconds) of one benchmark's paired runs and what they say.
 #[derive(Debug, PartialEq)]

@@ -6,19 +6,19 @@
 //! what the guest's waits cost (`@kumo barrierstats`, summed over its CPUs) beside what
 //! the host saw (how long vCPU threads waited for a host CPU, the wait page's blocks).
 
+use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Result, bail, ensure};
+use clap::Args;
 use clap::ValueEnum;
 use npb::Spec;
 use serde_json::json;
 
 use crate::bench::overhead::median;
-use clap::Args;
 use kumo_lab::native;
 use kumo_vmm::guest::{self, BarrierWait, VcpuBalloon};
 use kumo_vmm::run;
-use std::path::PathBuf;
 
 /// One guest run's figures.
 #[derive(Clone, Debug, Default)]

@@ -12,19 +12,19 @@
 //! Runs alternate (native, guest, native with the waker, guest with the waker) so a
 //! drift of the host hits every kind alike.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail, ensure};
+use clap::Args;
 use serde_json::{Value, json};
 
 use crate::bench::overhead::{guest_time, median, native_time};
-use clap::Args;
 use kumo_vmm::guest;
 use kumo_vmm::run;
-use std::path::PathBuf;
 
 /// One side's times (s) without and with the waker, and the waker's measured rate.
 #[derive(Debug, Default)]

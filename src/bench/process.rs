@@ -12,10 +12,10 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use clap::Args;
 use serde_json::json;
 
 use crate::bench::overhead::{median, summarize};
-use clap::Args;
 
 /// One finished run: wall time and peak resident set.
 #[derive(Debug, Clone, Copy)]

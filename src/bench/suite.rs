@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
+use clap::Args;
 use hv::irq::IrqPath;
 use hv::migration::dirty::DirtyLogMode;
 use npb::Spec;
@@ -25,7 +26,6 @@ use crate::bench::switch::Mechanism;
 use crate::bench::switch::SwitchArgs;
 use crate::bench::{exit, migrate, overhead, process, switch};
 use crate::mpi::NetBenchArgs;
-use clap::Args;
 use kumo_vmm::args::NicKind;
 use kumo_vmm::args::Wait;
 use kumo_vmm::guest;

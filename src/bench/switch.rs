@@ -10,6 +10,7 @@
 //! - `park`: the controller parks the running vCPU (gate closed, signal kicks it out of
 //!   KVM_RUN) and unparks the other (it leaves its wait and enters KVM_RUN).
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -21,7 +22,6 @@ use serde_json::json;
 use clap::Args;
 use kumo_vmm::guest;
 use kumo_vmm::run;
-use std::path::PathBuf;
 
 /// FIFO priorities: the chosen vCPU above the other; the controller above both.
 const RUNNING_RANK: u8 = 2;

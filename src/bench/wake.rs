@@ -6,6 +6,7 @@
 //! (`probe=wake`), `hog` spins (`probe=busy`). A waking UNDER vCPU is BOOSTed and
 //! should preempt the hog at once; the tail shows when it is not.
 
+use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
@@ -16,7 +17,6 @@ use kumo_vmm::ctl::SchedUpdate;
 use kumo_vmm::node;
 use kumo_vmm::spec::node::{self as config, Domain, Node, SchedulerFile};
 use kumo_vmm::spec::sched as sched_params;
-use std::path::PathBuf;
 
 pub fn run_wake(args: &WakeArgs, epoch: Instant) -> Result<u8> {
     kumo_vmm::guest::check_host_cpu("--pcpu", args.pcpu)?;

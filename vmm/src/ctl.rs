@@ -17,13 +17,12 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-
+use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 
 use crate::args::OnOff;
 use crate::spec::control::Request;
 pub use crate::spec::control::{Accounting, DomainInfo, MigrateRequest, SchedParams, SchedUpdate};
-use clap::{Args, Subcommand};
 
 /// Longest request line accepted.
 const MAX_REQUEST: u64 = 64 * 1024;

@@ -4,20 +4,20 @@
 //! latency per path, with and without a noisy neighbour on the generic path).
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use clap::Args;
+use hv::builder::{Backends, DeviceSpec};
 use hv::irq::IrqPath;
 use hv::irq_device::responder::Round;
-use hv::irq_device::{self, IrqDeviceSetup, IrqDevices};
+use hv::irq_device::{IrqDeviceSetup, IrqDevices};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::args::VmArgs;
 use crate::run::{self, GuestRun};
-use clap::Args;
-use std::path::PathBuf;
 
 /// Memory of the interrupt guests: the bench keeps one u64 sample per round on the heap.
 const MEMORY_MIB: u64 = 64;
@@ -244,9 +244,16 @@ fn boot(
     epoch: Instant,
 ) -> Result<(GuestRun, IrqDevices)> {
     let config = run::embedded_config(vcpus, MEMORY_MIB, cmdline.into(), kvm_device);
-    let (guest, devices) =
-        run::boot_embedded(config, epoch, |vm| irq_device::attach(vm, setup, None))?;
-    let devices = devices.context("attaching the interrupt test device")?;
+    let spec = DeviceSpec {
+        irq_test: Some(*setup),
+        ..DeviceSpec::default()
+    };
+    let (vm, attached) = hv::builder::build_with_devices(config, &spec, Backends::default())
+        .context("attaching the interrupt test device")?;
+    let guest = run::run_collecting(vm, epoch)?;
+    let devices = attached
+        .irq_test
+        .context("the interrupt test device was not attached")?;
     Ok((guest, devices))
 }
 

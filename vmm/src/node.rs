@@ -2,10 +2,12 @@
 //! the node's host CPUs, each running its NPB list; reports each domain's results and
 //! the CPU time each domain and domain 0 (kumo's own threads) received.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow};
+use clap::Args;
 use hv::Vm;
 use hv::placement::VcpuControl;
 use serde_json::{Value, json};
@@ -21,9 +23,7 @@ use crate::run::{self, GuestRun};
 use crate::spec::node::{self as config, Domain, Node};
 use crate::spec::sched as sched_params;
 use crate::wire::WireAttach;
-use clap::Args;
 use hv::builder::{Backends, DeviceSpec};
-use std::path::PathBuf;
 
 /// How long to wait for a domain's vCPU threads to start before placing them.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
