@@ -185,6 +185,7 @@ impl Vm {
         console: Box<dyn std::io::Write + Send>,
         epoch: Instant,
     ) -> Result<RunOutcome, Error> {
+        tracing::debug!("boot: devices attached, the VM runs");
         kick::install_kick_handler()?;
         // Everything that ends the run reaches the coordinator here: vCPU ends, stop
         // requests and device failures (the last two as a request to look now).
@@ -198,6 +199,7 @@ impl Vm {
         // The console's last line, for the report on a guest that halted for good.
         let tail = ConsoleTail::default();
         let devices = self.devices.start(tail.wrap(console), &self.hub)?;
+        tracing::debug!("boot: platform devices started");
         let shared = Arc::new(Shared::new(
             devices.bus,
             devices.pci,

@@ -79,6 +79,7 @@ pub fn build_for_boot_with_dirty_log(config: VmConfig, dirty: DirtyLogMode) -> R
     let supported = kvm
         .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
         .map_err(ioctl("KVM_GET_SUPPORTED_CPUID"))?;
+    tracing::debug!("boot: supported CPUID read");
     let mut vcpus = Vec::with_capacity(config.vcpus as usize);
     let mut tsc_khz = 0;
     for index in 0..config.vcpus {
@@ -98,6 +99,7 @@ pub fn build_for_boot_with_dirty_log(config: VmConfig, dirty: DirtyLogMode) -> R
 
     tracing::debug!("builder: KVM VM, RAM and vCPUs made");
     let entry = elf::load(&memory, &config.kernel, &info)?;
+    tracing::debug!("boot: kernel loaded");
     for ((addr, _), bytes) in modules.iter().zip(&config.modules) {
         write(&memory, *addr, bytes)?;
     }
