@@ -141,7 +141,7 @@ pub fn attach(
     let fail = |why: String| device_error(spec, why);
     let backend: Arc<dyn Backend> = match spec {
         PassthroughSpec::Kernel(bdf) => {
-            Arc::new(vfio::VfioDevice::open(bdf).map_err(|e| Error::Device(e.to_string()))?)
+            Arc::new(vfio::VfioDevice::open(bdf, &vm.vm).map_err(|e| Error::Device(e.to_string()))?)
         }
         PassthroughSpec::VfioUser(socket) => {
             Arc::new(vfio_user::VfioUserClient::connect(socket).map_err(fail)?)

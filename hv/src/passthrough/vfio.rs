@@ -1,15 +1,30 @@
-//! The kernel's VFIO for `--passthrough BDF`: which host device, and whether this host
-//! can hand it to a VM. Each check names the one thing that is missing, in the order
-//! an administrator would fix them: the address is well formed, the device exists, it
-//! sits in an IOMMU group, it is bound to `vfio-pci`, and the VFIO container and group
-//! devices exist.
+//! The kernel's VFIO for `--passthrough BDF`, through rust-vmm's `vfio-ioctls`.
+//!
+//! First the checks: which host device, and whether this host can hand it to a VM. Each
+//! names the one thing that is missing, in the order an administrator would fix them:
+//! the address is well formed, the device exists, it sits in an IOMMU group, it is
+//! bound to `vfio-pci`, and the device files of one of the kernel's two VFIO interfaces
+//! exist: the device's own character device with `/dev/iommu` (iommufd, preferred when
+//! the host has both), or the type-1 container `/dev/vfio/vfio` with the group's device.
+//!
+//! Then [`VfioDevice`]: the crate opens the device on the interface [`check`] chose and
+//! does every ioctl (container or iommufd, group, device, region and interrupt info, DMA
+//! maps, `SET_IRQS`). kumo keeps what the crate leaves to its caller: region accesses
+//! that report their errors, the choice of which parts of a BAR become mappings (the
+//! crate's sparse-mmap areas, checked before they are trusted), and KVM's VFIO device.
 
-use std::os::fd::RawFd;
+use std::fs::File;
+use std::mem::ManuallyDrop;
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use devices::pci::passthrough::RegionAccess;
 use devices::vfio_user::proto::vfio as vfio_consts;
 use devices::vfio_user::proto::{DeviceInfo, IoFd, IrqInfo, RegionInfo};
+use iommufd_ioctls::IommuFd;
+use kvm_ioctls::VmFd;
+use vfio_ioctls::{VfioContainer, VfioDeviceFd, VfioIommufd, VfioOps, VfioRegionInfoCap};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::{Backend, DeviceMapping};
@@ -83,12 +98,21 @@ pub enum VfioError {
     WrongDriver { bdf: Bdf, driver: String },
     #[error("--passthrough {bdf}: no {} (load the vfio-pci module)", path.display())]
     NoVfio { bdf: Bdf, path: PathBuf },
+    #[error(
+        "--passthrough {bdf}: no {} (the device's VFIO character device: is devtmpfs mounted?)",
+        path.display()
+    )]
+    NoCdev { bdf: Bdf, path: PathBuf },
+    #[error("--passthrough {bdf}: no {} (load the iommufd module)", path.display())]
+    NoIommufd { bdf: Bdf, path: PathBuf },
     #[error("--passthrough {bdf}: {}: {why}", path.display())]
     Open {
         bdf: Bdf,
         path: PathBuf,
         why: String,
     },
+    #[error("--passthrough {bdf}: KVM's VFIO device: {why} (a kernel without CONFIG_KVM_VFIO?)")]
+    KvmVfio { bdf: Bdf, why: String },
 }
 
 /// Where the checks look (the real host's `/sys` and `/dev`, or a test's tree).
@@ -96,6 +120,7 @@ pub enum VfioError {
 pub struct HostPaths {
     pub sysfs_devices: PathBuf,
     pub dev_vfio: PathBuf,
+    pub dev_iommu: PathBuf,
 }
 
 impl Default for HostPaths {
@@ -103,18 +128,27 @@ impl Default for HostPaths {
         HostPaths {
             sysfs_devices: "/sys/bus/pci/devices".into(),
             dev_vfio: "/dev/vfio".into(),
+            dev_iommu: "/dev/iommu".into(),
         }
     }
 }
 
-/// The group device a VFIO user opens for `bdf`, after every check passed.
+/// The VFIO interface `bdf` is opened through, after every check passed, with the
+/// device files it opens.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct VfioTarget {
-    pub container: PathBuf,
-    pub group: PathBuf,
+pub enum VfioTarget {
+    /// iommufd: the device's own character device (`/dev/vfio/devices/vfioN`), bound
+    /// to `/dev/iommu`, whose address space holds guest RAM.
+    Cdev { device: PathBuf, iommufd: PathBuf },
+    /// The legacy interface: a container with a type-1 IOMMU (`/dev/vfio/vfio`) and
+    /// the device's group (`/dev/vfio/GROUP`).
+    Container { container: PathBuf, group: PathBuf },
 }
 
-/// Checks that `bdf` can be passed through on the host under `paths`.
+/// Checks that `bdf` can be passed through on the host under `paths`, and chooses the
+/// interface: iommufd where the host has all of it, else the container; if neither is
+/// whole, the missing piece named is the iommufd one when the kernel made the device a
+/// character device (its sysfs `vfio-dev`), the container one otherwise.
 pub fn check(bdf: &Bdf, paths: &HostPaths) -> Result<VfioTarget, VfioError> {
     let device = paths.sysfs_devices.join(bdf.to_string());
     if !device.exists() {
@@ -128,6 +162,30 @@ pub fn check(bdf: &Bdf, paths: &HostPaths) -> Result<VfioTarget, VfioError> {
     let driver = link_name(&device.join("driver")).unwrap_or_else(|| "no driver".into());
     if driver != "vfio-pci" {
         return Err(VfioError::WrongDriver { bdf: *bdf, driver });
+    }
+    let cdev = cdev_name(&device).map(|name| paths.dev_vfio.join("devices").join(name));
+    if let Some(cdev) = &cdev {
+        match (cdev.exists(), paths.dev_iommu.exists()) {
+            (true, true) => {
+                return Ok(VfioTarget::Cdev {
+                    device: cdev.clone(),
+                    iommufd: paths.dev_iommu.clone(),
+                });
+            }
+            (false, _) if !legacy_whole(paths, &group) => {
+                return Err(VfioError::NoCdev {
+                    bdf: *bdf,
+                    path: cdev.clone(),
+                });
+            }
+            (true, false) if !legacy_whole(paths, &group) => {
+                return Err(VfioError::NoIommufd {
+                    bdf: *bdf,
+                    path: paths.dev_iommu.clone(),
+                });
+            }
+            _ => {}
+        }
     }
     let container = paths.dev_vfio.join("vfio");
     if !container.exists() {
@@ -143,7 +201,26 @@ pub fn check(bdf: &Bdf, paths: &HostPaths) -> Result<VfioTarget, VfioError> {
             path: group,
         });
     }
-    Ok(VfioTarget { container, group })
+    Ok(VfioTarget::Container { container, group })
+}
+
+/// Whether the container interface's two device files exist for `group`.
+fn legacy_whole(paths: &HostPaths, group: &str) -> bool {
+    paths.dev_vfio.join("vfio").exists() && paths.dev_vfio.join(group).exists()
+}
+
+/// The name of the device's VFIO character device (`vfioN`), from its sysfs
+/// `vfio-dev` folder, if the kernel made one (the single folder in it, as the crate
+/// requires when it opens it).
+fn cdev_name(sysfs_device: &Path) -> Option<String> {
+    let mut entries = std::fs::read_dir(sysfs_device.join("vfio-dev"))
+        .ok()?
+        .filter_map(|entry| entry.ok());
+    let only = entries.next()?;
+    if entries.next().is_some() || !only.path().is_dir() {
+        return None;
+    }
+    Some(only.file_name().to_string_lossy().into_owned())
 }
 
 /// The last component of the symlink at `link` (a sysfs group number or driver name).
@@ -157,268 +234,131 @@ pub fn open(bdf: &Bdf) -> Result<VfioTarget, VfioError> {
     check(bdf, &HostPaths::default())
 }
 
-/// linux/vfio.h: ioctl numbers (`_IO(';', 100 + n)`) and the flags kumo uses.
-mod sys {
-    const fn io(nr: u64) -> u64 {
-        (b';' as u64) << 8 | nr
-    }
-    pub const GET_API_VERSION: u64 = io(100);
-    pub const CHECK_EXTENSION: u64 = io(101);
-    pub const SET_IOMMU: u64 = io(102);
-    pub const GROUP_GET_STATUS: u64 = io(103);
-    pub const GROUP_SET_CONTAINER: u64 = io(104);
-    pub const GROUP_GET_DEVICE_FD: u64 = io(106);
-    pub const DEVICE_GET_INFO: u64 = io(107);
-    pub const DEVICE_GET_REGION_INFO: u64 = io(108);
-    pub const DEVICE_GET_IRQ_INFO: u64 = io(109);
-    pub const DEVICE_SET_IRQS: u64 = io(110);
-    pub const IOMMU_MAP_DMA: u64 = io(113);
-    pub const API_VERSION: i32 = 0;
-    pub const TYPE1_IOMMU: u64 = 1;
-    pub const TYPE1V2_IOMMU: u64 = 3;
-    pub const GROUP_FLAGS_VIABLE: u32 = 1;
-    pub const DMA_MAP_READ_WRITE: u32 = 3;
-    pub const REGION_INFO_FLAG_MMAP: u32 = 1 << 2;
-    pub const REGION_INFO_FLAG_CAPS: u32 = 1 << 3;
-    pub const REGION_INFO_CAP_SPARSE_MMAP: u16 = 1;
-}
-
-/// A host device opened through the kernel's VFIO: container (with a type-1 IOMMU),
-/// group and device descriptors. Regions are read and written with `pread`/`pwrite`
-/// on the device descriptor at each region's offset; the parts of BARs the kernel lets
-/// us `mmap` (`VFIO_REGION_INFO_FLAG_MMAP`, cut by its sparse-mmap capability) are
-/// mapped and become direct windows into the guest, all but the MSI-X pages.
+/// A host device opened through the kernel's VFIO by `vfio-ioctls`, on either of its
+/// interfaces. Regions are read and written with `pread`/`pwrite` on the device
+/// descriptor at each region's offset; the parts of BARs the kernel lets us `mmap`
+/// (`VFIO_REGION_INFO_FLAG_MMAP`, cut by its sparse-mmap capability) are mapped and
+/// become direct windows into the guest, all but the MSI-X pages.
 pub struct VfioDevice {
     bdf: Bdf,
-    container: std::fs::File,
-    _group: std::fs::File,
-    device: std::fs::File,
-    /// Each region's offset in the device descriptor and size, by index.
-    regions: Vec<(u64, u64)>,
-}
-
-fn ioctl_error(bdf: &Bdf, path: &Path, what: &str) -> VfioError {
-    VfioError::Open {
-        bdf: *bdf,
-        path: path.to_owned(),
-        why: format!("{what}: {}", std::io::Error::last_os_error()),
-    }
+    /// Dropped first: the crate closes the device, then lets go of its group.
+    device: vfio_ioctls::VfioDevice,
+    /// The container or the iommufd: where guest RAM is mapped for the device's DMA.
+    dma: Arc<dyn VfioOps>,
 }
 
 impl VfioDevice {
-    /// Checks `bdf` (one line naming what is missing), then opens container, group and
-    /// device and reads the regions' layout.
-    pub fn open(bdf: &Bdf) -> Result<VfioDevice, VfioError> {
-        use std::os::fd::AsRawFd;
+    /// Checks `bdf` (one line naming what is missing), then opens it on the interface
+    /// the check chose, registered with `vm`'s KVM VFIO device (which tells KVM that a
+    /// device may DMA without snooping the CPU's caches).
+    pub fn open(bdf: &Bdf, vm: &VmFd) -> Result<VfioDevice, VfioError> {
         let target = open(bdf)?;
-        let rw = |path: &Path| {
-            std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(path)
-                .map_err(|e| VfioError::Open {
-                    bdf: *bdf,
-                    path: path.to_owned(),
-                    why: e.to_string(),
-                })
-        };
-        let container = rw(&target.container)?;
-        // SAFETY: argument-less ioctls on a descriptor this function owns.
-        let version = unsafe { libc::ioctl(container.as_raw_fd(), sys::GET_API_VERSION as _) };
-        if version != sys::API_VERSION {
-            return Err(ioctl_error(bdf, &target.container, "VFIO API version"));
-        }
-        // SAFETY: as above; the argument is an integer, not a pointer.
-        let iommu = if unsafe {
-            libc::ioctl(
-                container.as_raw_fd(),
-                sys::CHECK_EXTENSION as _,
-                sys::TYPE1V2_IOMMU,
-            )
-        } > 0
-        {
-            sys::TYPE1V2_IOMMU
-        } else {
-            sys::TYPE1_IOMMU
-        };
-        let group = rw(&target.group)?;
-        let mut status = [8u32, 0];
-        // SAFETY: `status` is a live vfio_group_status (argsz, flags) the kernel fills.
-        if unsafe {
-            libc::ioctl(
-                group.as_raw_fd(),
-                sys::GROUP_GET_STATUS as _,
-                status.as_mut_ptr(),
-            )
-        } < 0
-        {
-            return Err(ioctl_error(bdf, &target.group, "VFIO_GROUP_GET_STATUS"));
-        }
-        if status[1] & sys::GROUP_FLAGS_VIABLE == 0 {
-            return Err(VfioError::Open {
-                bdf: *bdf,
-                path: target.group.clone(),
-                why: "the IOMMU group is not viable (bind every device in it to vfio-pci)".into(),
-            });
-        }
-        let container_fd = container.as_raw_fd();
-        // SAFETY: the argument points at a live descriptor number for the call.
-        if unsafe {
-            libc::ioctl(
-                group.as_raw_fd(),
-                sys::GROUP_SET_CONTAINER as _,
-                &container_fd,
-            )
-        } < 0
-        {
-            return Err(ioctl_error(bdf, &target.group, "VFIO_GROUP_SET_CONTAINER"));
-        }
-        // SAFETY: an integer argument.
-        if unsafe { libc::ioctl(container_fd, sys::SET_IOMMU as _, iommu) } < 0 {
-            return Err(ioctl_error(bdf, &target.container, "VFIO_SET_IOMMU"));
-        }
-        let name = std::ffi::CString::new(bdf.to_string())
-            .map_err(|_| VfioError::NoIommuGroup { bdf: *bdf })?;
-        // SAFETY: `name` is a NUL-terminated string alive for the call; the kernel
-        // returns a new descriptor or -1.
-        let fd = unsafe {
-            libc::ioctl(
-                group.as_raw_fd(),
-                sys::GROUP_GET_DEVICE_FD as _,
-                name.as_ptr(),
-            )
-        };
-        if fd < 0 {
-            return Err(ioctl_error(bdf, &target.group, "VFIO_GROUP_GET_DEVICE_FD"));
-        }
-        // SAFETY: the kernel just returned this descriptor; nothing else owns it.
-        let device = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-        let mut opened = VfioDevice {
+        let kvm = kvm_vfio_device(vm).map_err(|why| VfioError::KvmVfio { bdf: *bdf, why })?;
+        let sysfs = HostPaths::default().sysfs_devices.join(bdf.to_string());
+        let failed = |path: &Path, why: String| VfioError::Open {
             bdf: *bdf,
-            container,
-            _group: group,
-            device,
-            regions: Vec::new(),
-        };
-        let info = opened.raw_device_info().map_err(|why| VfioError::Open {
-            bdf: *bdf,
-            path: target.group.clone(),
+            path: path.to_owned(),
             why,
-        })?;
-        for index in 0..info.regions.min(16) {
-            let region = opened
-                .raw_region_info(index)
-                .map_err(|why| VfioError::Open {
-                    bdf: *bdf,
-                    path: target.group.clone(),
-                    why,
-                })?;
-            opened.regions.push((region.offset, region.size));
-        }
-        Ok(opened)
-    }
-
-    /// An ioctl on the device descriptor whose argument the kernel reads (and fills).
-    ///
-    /// # Safety
-    /// `arg` points to a live, writable buffer at least as long as the `argsz` in it
-    /// (the structure `request` takes), for the duration of the call.
-    unsafe fn device_ioctl(&self, request: u64, arg: *mut u8, what: &str) -> Result<(), String> {
-        use std::os::fd::AsRawFd;
-        // SAFETY: the caller vouches for `arg`; the descriptor is this device's.
-        if unsafe { libc::ioctl(self.device.as_raw_fd(), request as _, arg) } < 0 {
-            return Err(format!("{what}: {}", std::io::Error::last_os_error()));
-        }
-        Ok(())
-    }
-
-    fn raw_device_info(&self) -> Result<DeviceInfo, String> {
-        let mut raw = [0u8; 16];
-        raw[0..4].copy_from_slice(&16u32.to_le_bytes());
-        // SAFETY: `raw` is a live vfio_device_info of argsz 16.
-        unsafe {
-            self.device_ioctl(
-                sys::DEVICE_GET_INFO,
-                raw.as_mut_ptr(),
-                "VFIO_DEVICE_GET_INFO",
-            )?
         };
-        let word = |at| le32(&raw, at).unwrap_or(0);
-        Ok(DeviceInfo {
-            flags: word(4),
-            regions: word(8),
-            irqs: word(12),
-        })
-    }
-
-    fn raw_region_info(&self, index: u32) -> Result<RegionInfo, String> {
-        let raw = self.region_info_bytes(index)?;
-        Ok(RegionInfo {
-            flags: le32(&raw, 4).unwrap_or(0),
-            index: le32(&raw, 8).unwrap_or(0),
-            size: le64(&raw, 16).unwrap_or(0),
-            offset: le64(&raw, 24).unwrap_or(0),
-        })
-    }
-
-    /// Region `index`'s `vfio_region_info` with its capability chain, as bytes.
-    fn region_info_bytes(&self, index: u32) -> Result<Vec<u8>, String> {
-        let mut argsz = 32u32;
-        for _ in 0..2 {
-            // The kernel copies the structure in and out: no alignment needed.
-            let mut raw = vec![0u8; argsz as usize];
-            raw[0..4].copy_from_slice(&argsz.to_le_bytes());
-            raw[8..12].copy_from_slice(&index.to_le_bytes());
-            // SAFETY: `raw` is a live buffer of `argsz` bytes the kernel fills with a
-            // vfio_region_info and its capabilities (never more than argsz).
-            unsafe {
-                self.device_ioctl(
-                    sys::DEVICE_GET_REGION_INFO,
-                    raw.as_mut_ptr(),
-                    &format!("VFIO_DEVICE_GET_REGION_INFO {index}"),
-                )?
-            };
-            let wanted = le32(&raw, 0).unwrap_or(0);
-            if wanted <= argsz || wanted > MAX_REGION_INFO {
-                return Ok(raw);
+        let (dma, device_path): (Arc<dyn VfioOps>, PathBuf) = match target {
+            VfioTarget::Cdev { device, iommufd } => {
+                let fd = IommuFd::new().map_err(|e| failed(&iommufd, e.to_string()))?;
+                let ops = VfioIommufd::new(Arc::new(fd), None, Some(kvm))
+                    .map_err(|e| failed(&iommufd, describe(&e)))?;
+                (Arc::new(ops), device)
             }
-            argsz = wanted; // the capabilities did not fit: ask again with room
-        }
-        Err(format!(
-            "VFIO_DEVICE_GET_REGION_INFO {index}: its size keeps growing"
-        ))
+            VfioTarget::Container { container, group } => {
+                let ops =
+                    VfioContainer::new(Some(kvm)).map_err(|e| failed(&container, describe(&e)))?;
+                (Arc::new(ops), group)
+            }
+        };
+        let device = vfio_ioctls::VfioDevice::new(&sysfs, dma.clone(), true)
+            .map_err(|e| failed(&device_path, describe(&e)))?;
+        Ok(VfioDevice {
+            bdf: *bdf,
+            device,
+            dma,
+        })
     }
 
     /// Where `[offset, offset + len)` of region `region` is in the device descriptor.
     fn locate(&self, region: u32, offset: u64, len: usize) -> Result<u64, String> {
-        region_position(&self.regions, region, offset, len)
+        let base = self.device.get_region_offset(region);
+        let size = self.device.get_region_size(region);
+        region_position(base, size, offset, len)
             .ok_or_else(|| format!("{}: access outside region {region}", self.bdf))
+    }
+
+    /// The device descriptor as a `File`, for `pread`/`pwrite`; never closed by kumo.
+    fn file(&self) -> ManuallyDrop<File> {
+        // SAFETY: the descriptor is the crate's device, open while `self` lives; the
+        // `File` is a view that is never dropped, so it never closes it.
+        ManuallyDrop::new(unsafe { File::from_raw_fd(self.device.as_raw_fd()) })
     }
 }
 
-/// The descriptor offset of an access wholly inside a region of `regions` ((offset,
-/// size) by index), if it is.
-fn region_position(regions: &[(u64, u64)], region: u32, offset: u64, len: usize) -> Option<u64> {
-    let &(base, size) = regions.get(region as usize)?;
+/// KVM's VFIO pseudo-device for `vm`, which the crate tells of each group or device.
+fn kvm_vfio_device(vm: &VmFd) -> Result<Arc<VfioDeviceFd>, String> {
+    let mut create = kvm_bindings::kvm_create_device {
+        type_: kvm_bindings::kvm_device_type_KVM_DEV_TYPE_VFIO,
+        fd: 0,
+        flags: 0,
+    };
+    let fd = vm.create_device(&mut create).map_err(|e| e.to_string())?;
+    Ok(Arc::new(VfioDeviceFd::new_from_kvm(fd)))
+}
+
+/// The crate's error as one line, with what to do where kumo knows it.
+fn describe(error: &vfio_ioctls::VfioError) -> String {
+    use vfio_ioctls::VfioError as E;
+    match error {
+        E::GroupViable => {
+            "the IOMMU group is not viable (bind every device in it to vfio-pci)".into()
+        }
+        E::VfioExtension | E::VfioType1V2 => "the VFIO container offers no type-1 v2 IOMMU".into(),
+        other => {
+            let mut line = other.to_string();
+            let mut source = std::error::Error::source(other);
+            while let Some(cause) = source {
+                let text = cause.to_string();
+                if !line.contains(&text) {
+                    line = format!("{line}: {text}");
+                }
+                source = cause.source();
+            }
+            line
+        }
+    }
+}
+
+/// The descriptor offset of an access wholly inside a region at `base` of `size`
+/// bytes, if it is.
+fn region_position(base: u64, size: u64, offset: u64, len: usize) -> Option<u64> {
     let end = offset.checked_add(len as u64)?;
     (end <= size).then(|| base.checked_add(offset)).flatten()
 }
 
+/// The crate's own `region_read`/`region_write` log a failure and return nothing (and
+/// add the offset unchecked); a device access must fail visibly, so kumo reads and
+/// writes the device descriptor itself, at the offsets the crate reported.
 impl RegionAccess for VfioDevice {
     fn region_read(&self, region: u32, offset: u64, data: &mut [u8]) -> Result<(), String> {
         let at = self.locate(region, offset, data.len())?;
-        std::os::unix::fs::FileExt::read_exact_at(&self.device, data, at).map_err(|e| e.to_string())
+        std::os::unix::fs::FileExt::read_exact_at(&*self.file(), data, at)
+            .map_err(|e| e.to_string())
     }
 
     fn region_write(&self, region: u32, offset: u64, data: &[u8]) -> Result<(), String> {
         let at = self.locate(region, offset, data.len())?;
-        std::os::unix::fs::FileExt::write_all_at(&self.device, data, at).map_err(|e| e.to_string())
+        std::os::unix::fs::FileExt::write_all_at(&*self.file(), data, at).map_err(|e| e.to_string())
     }
 }
 
 impl Backend for VfioDevice {
-    /// `VFIO_IOMMU_MAP_DMA` of this process's mapping of guest RAM: the IOMMU then
-    /// translates the device's guest-physical addresses to it.
+    /// Maps this process's mapping of guest RAM into the device's IOMMU address space
+    /// (`VFIO_IOMMU_MAP_DMA` on the container, `IOMMU_IOAS_MAP` on the iommufd) at
+    /// its guest-physical address, which is what the device is told.
     fn dma_map(
         &self,
         _fd: RawFd,
@@ -427,59 +367,45 @@ impl Backend for VfioDevice {
         guest: u64,
         size: u64,
     ) -> Result<(), String> {
-        use std::os::fd::AsRawFd;
-        // argsz, flags, vaddr, iova, size.
-        #[repr(C)]
-        struct DmaMap {
-            argsz: u32,
-            flags: u32,
-            vaddr: u64,
-            iova: u64,
-            size: u64,
-        }
-        let map = DmaMap {
-            argsz: std::mem::size_of::<DmaMap>() as u32,
-            flags: sys::DMA_MAP_READ_WRITE,
-            vaddr: host,
-            iova: guest,
-            size,
-        };
-        // SAFETY: `map` is a live vfio_iommu_type1_dma_map; `host..host + size` is
-        // guest RAM, mapped for the VM's lifetime, which outlives the container.
-        if unsafe { libc::ioctl(self.container.as_raw_fd(), sys::IOMMU_MAP_DMA as _, &map) } < 0 {
-            return Err(format!(
-                "VFIO_IOMMU_MAP_DMA: {}",
-                std::io::Error::last_os_error()
-            ));
-        }
-        Ok(())
+        let size = usize::try_from(size).map_err(|_| format!("{size:#x} bytes of RAM"))?;
+        // SAFETY: `host..host + size` is a region of guest RAM, mapped for the VM's
+        // lifetime, which outlives this device (and its container or iommufd, whose
+        // closing unmaps it). kumo reaches guest RAM only through vm-memory's volatile
+        // accesses and system calls, never a Rust reference, as the device's
+        // concurrent DMA requires.
+        unsafe { self.dma.vfio_dma_map(guest, size, host as *mut u8) }.map_err(|e| describe(&e))
     }
 
+    /// The crate checked the kernel's `VFIO_DEVICE_GET_INFO` when it opened the
+    /// device (a PCI device has at least the configuration region and the MSI-X
+    /// interrupt index, else it is refused) and keeps no more of it: this is what it
+    /// guarantees. The device sits under `/sys/bus/pci/devices`, so it is PCI.
     fn device_info(&self) -> Result<DeviceInfo, String> {
-        self.raw_device_info()
+        Ok(DeviceInfo {
+            flags: vfio_consts::DEVICE_FLAGS_PCI,
+            regions: vfio_consts::PCI_CONFIG_REGION_INDEX + 1,
+            irqs: vfio_consts::PCI_MSIX_IRQ_INDEX + 1,
+        })
     }
 
     fn region_info(&self, index: u32) -> Result<RegionInfo, String> {
-        self.raw_region_info(index)
+        Ok(RegionInfo {
+            flags: self.device.get_region_flags(index),
+            index,
+            size: self.device.get_region_size(index),
+            offset: self.device.get_region_offset(index),
+        })
     }
 
     fn irq_info(&self, index: u32) -> Result<IrqInfo, String> {
-        let mut raw = [0u8; 16];
-        raw[0..4].copy_from_slice(&16u32.to_le_bytes());
-        raw[8..12].copy_from_slice(&index.to_le_bytes());
-        // SAFETY: `raw` is a live vfio_irq_info of argsz 16.
-        unsafe {
-            self.device_ioctl(
-                sys::DEVICE_GET_IRQ_INFO,
-                raw.as_mut_ptr(),
-                "VFIO_DEVICE_GET_IRQ_INFO",
-            )?
-        };
-        let word = |at| le32(&raw, at).unwrap_or(0);
+        let irq = self
+            .device
+            .get_irq_info(index)
+            .ok_or_else(|| format!("{}: no interrupt index {index}", self.bdf))?;
         Ok(IrqInfo {
-            flags: word(4),
-            index: word(8),
-            count: word(12),
+            flags: irq.flags,
+            index: irq.index,
+            count: irq.count,
         })
     }
 
@@ -488,16 +414,19 @@ impl Backend for VfioDevice {
         Ok(Vec::new())
     }
 
+    /// `VFIO_DEVICE_SET_IRQS` (MSI-X, eventfds, trigger) through the crate.
     fn set_msix(&self, fds: &[RawFd]) -> Result<(), String> {
-        let mut raw = irq_set_msix(fds);
-        // SAFETY: `raw` is a live vfio_irq_set with its eventfd array, argsz covering it.
-        unsafe {
-            self.device_ioctl(
-                sys::DEVICE_SET_IRQS,
-                raw.as_mut_ptr().cast(),
-                "VFIO_DEVICE_SET_IRQS",
-            )
-        }
+        // The crate takes `EventFd`s; these are views of the caller's descriptors.
+        let views: Vec<ManuallyDrop<EventFd>> = fds
+            .iter()
+            // SAFETY: the caller keeps each descriptor open for the call; a view is
+            // never dropped, so it never closes one (the kernel takes its own reference
+            // to each eventfd).
+            .map(|&fd| ManuallyDrop::new(unsafe { EventFd::from_raw_fd(fd) }))
+            .collect();
+        self.device
+            .enable_msix(views.iter().map(|fd| &**fd).collect())
+            .map_err(|e| format!("{}: {}", self.bdf, describe(&e)))
     }
 
     fn hangup_fd(&self) -> Option<RawFd> {
@@ -509,98 +438,70 @@ impl Backend for VfioDevice {
     /// The areas of the BAR the kernel lets us map, each `mmap`ped from the device
     /// descriptor (areas not in whole pages stay trapped).
     fn map_region(&self, index: u32) -> Result<Vec<DeviceMapping>, String> {
-        use std::os::fd::AsRawFd;
-        let Some(&(base, size)) = self.regions.get(index as usize) else {
+        let size = self.device.get_region_size(index);
+        if size == 0 {
             return Ok(Vec::new());
-        };
-        let info = self.region_info_bytes(index)?;
+        }
+        let base = self.device.get_region_offset(index);
+        let flags = self.device.get_region_flags(index);
+        let caps = self.device.get_region_caps(index);
         let page = devices::pci::passthrough::WINDOW_PAGE;
-        mmap_areas(&info, size)?
+        mmap_areas(flags, &caps, size)
+            .map_err(|e| format!("{}: BAR {index}: {e}", self.bdf))?
             .into_iter()
             .filter(|&(offset, len)| offset % page == 0 && len % page == 0 && len > 0)
             .map(|(offset, len)| {
-                DeviceMapping::map(self.device.as_raw_fd(), base + offset, len, offset)
+                let at = base
+                    .checked_add(offset)
+                    .ok_or_else(|| format!("{}: BAR {index}: offset out of range", self.bdf))?;
+                DeviceMapping::map(self.device.as_raw_fd(), at, len, offset)
                     .map_err(|e| format!("{}: BAR {index}: {e}", self.bdf))
             })
             .collect()
     }
 }
 
-/// Largest `vfio_region_info` with capabilities kumo accepts from the kernel.
-const MAX_REGION_INFO: u32 = 4096;
-
-fn le32(bytes: &[u8], at: usize) -> Option<u32> {
-    Some(u32::from_le_bytes(bytes.get(at..at + 4)?.try_into().ok()?))
-}
-
-fn le64(bytes: &[u8], at: usize) -> Option<u64> {
-    Some(u64::from_le_bytes(bytes.get(at..at + 8)?.try_into().ok()?))
-}
+/// Most sparse-mmap areas kumo takes for one region.
+const MAX_SPARSE_AREAS: usize = 64;
 
 /// The parts `(offset, size)` of a region of `region_size` bytes that may be
-/// `mmap`ped, from its `vfio_region_info` bytes: none without the MMAP flag, the
-/// sparse-mmap capability's areas if it has one, else the whole region. The chain is
-/// walked with a bound and every offset checked: a malformed one is an error.
-fn mmap_areas(info: &[u8], region_size: u64) -> Result<Vec<(u64, u64)>, String> {
-    let bad = |why: &str| format!("region info: {why}");
-    let flags = le32(info, 4).ok_or_else(|| bad("short"))?;
-    if flags & sys::REGION_INFO_FLAG_MMAP == 0 {
+/// `mmap`ped, from the region's flags and the capabilities the crate parsed: none
+/// without the MMAP flag, the sparse-mmap capability's areas if it has one, else the
+/// whole region. The crate reads the capability chain as the kernel wrote it, unchecked;
+/// here every area is checked before it is mapped, and a bad one refuses the region.
+fn mmap_areas(
+    flags: u32,
+    caps: &[VfioRegionInfoCap],
+    region_size: u64,
+) -> Result<Vec<(u64, u64)>, String> {
+    if flags & vfio_bindings::bindings::vfio::VFIO_REGION_INFO_FLAG_MMAP == 0 {
         return Ok(Vec::new());
     }
-    let mut at = if flags & sys::REGION_INFO_FLAG_CAPS != 0 {
-        le32(info, 12).ok_or_else(|| bad("short"))? as usize
-    } else {
-        0
+    let mut sparse = caps.iter().filter_map(|cap| match cap {
+        VfioRegionInfoCap::SparseMmap(sparse) => Some(&sparse.areas),
+        _ => None,
+    });
+    let Some(areas) = sparse.next() else {
+        return Ok(vec![(0, region_size)]);
     };
-    for _ in 0..16 {
-        if at == 0 {
-            return Ok(vec![(0, region_size)]);
-        }
-        let header = le32(info, at).ok_or_else(|| bad("a capability lies outside it"))?;
-        let next = le32(info, at + 4).ok_or_else(|| bad("a capability lies outside it"))?;
-        if header as u16 == sys::REGION_INFO_CAP_SPARSE_MMAP {
-            let count = le32(info, at + 8).ok_or_else(|| bad("short sparse-mmap capability"))?;
-            if count > 64 {
-                return Err(bad("more than 64 sparse-mmap areas"));
-            }
-            return (0..count as usize)
-                .map(|i| {
-                    let area = at + 16 + 16 * i;
-                    let (offset, size) = le64(info, area)
-                        .zip(le64(info, area + 8))
-                        .ok_or_else(|| bad("a sparse-mmap area lies outside it"))?;
-                    match offset.checked_add(size) {
-                        Some(end) if end <= region_size => Ok((offset, size)),
-                        _ => Err(bad("a sparse-mmap area lies outside the region")),
-                    }
-                })
-                .collect();
-        }
-        if (next as usize) <= at {
-            // Capabilities only point forward; anything else would loop.
-            return if next == 0 {
-                Ok(vec![(0, region_size)])
-            } else {
-                Err(bad("the capability chain points backwards"))
-            };
-        }
-        at = next as usize;
+    if sparse.next().is_some() {
+        return Err("region info: two sparse-mmap capabilities".into());
     }
-    Err(bad("the capability chain is too long"))
-}
-
-/// A `vfio_irq_set` binding MSI-X vectors `0..fds.len()` to `fds`, as 32-bit words
-/// (argsz, flags, index, start, count, then the descriptors).
-fn irq_set_msix(fds: &[RawFd]) -> Vec<u32> {
-    let mut raw = vec![
-        (20 + 4 * fds.len()) as u32,
-        vfio_consts::IRQ_SET_DATA_EVENTFD | vfio_consts::IRQ_SET_ACTION_TRIGGER,
-        vfio_consts::PCI_MSIX_IRQ_INDEX,
-        0,
-        fds.len() as u32,
-    ];
-    raw.extend(fds.iter().map(|&fd| fd as u32));
-    raw
+    if areas.len() > MAX_SPARSE_AREAS {
+        return Err(format!(
+            "region info: more than {MAX_SPARSE_AREAS} sparse-mmap areas"
+        ));
+    }
+    areas
+        .iter()
+        .map(|area| match area.offset.checked_add(area.size) {
+            Some(end) if end <= region_size => Ok((area.offset, area.size)),
+            _ => Err(format!(
+                "region info: sparse-mmap area {:#x}+{:#x} lies outside the region",
+                area.offset, area.size
+            )),
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -641,14 +542,21 @@ mod tests {
         }
     }
 
-    /// A fake host: `/sys/bus/pci/devices/BDF` with the links given, and `/dev/vfio`.
-    fn host(group: Option<&str>, driver: Option<&str>, vfio: &[&str]) -> (tempdir::Dir, HostPaths) {
+    /// A fake host: `/sys/bus/pci/devices/BDF` with the links given (and a `vfio-dev`
+    /// folder naming `cdev` if given), and the files of `/dev/vfio` and `/dev` in `dev`.
+    fn host(
+        group: Option<&str>,
+        driver: Option<&str>,
+        cdev: Option<&str>,
+        dev: &[&str],
+    ) -> (tempdir::Dir, HostPaths) {
         let dir = tempdir::Dir::new();
         let sys = dir.path().join("sys");
-        let dev = dir.path().join("dev");
+        let dev_root = dir.path().join("dev");
+        let dev_vfio = dev_root.join("vfio");
         let device = sys.join("0000:03:00.0");
         std::fs::create_dir_all(&device).unwrap();
-        std::fs::create_dir_all(&dev).unwrap();
+        std::fs::create_dir_all(dev_vfio.join("devices")).unwrap();
         if let Some(group) = group {
             std::os::unix::fs::symlink(
                 format!("../../../kernel/iommu_groups/{group}"),
@@ -663,14 +571,18 @@ mod tests {
             )
             .unwrap();
         }
-        for name in vfio {
-            std::fs::write(dev.join(name), b"").unwrap();
+        if let Some(cdev) = cdev {
+            std::fs::create_dir_all(device.join("vfio-dev").join(cdev)).unwrap();
+        }
+        for name in dev {
+            std::fs::write(dev_root.join(name), b"").unwrap();
         }
         (
             dir,
             HostPaths {
                 sysfs_devices: sys,
-                dev_vfio: dev,
+                dev_vfio,
+                dev_iommu: dev_root.join("iommu"),
             },
         )
     }
@@ -702,155 +614,264 @@ mod tests {
 
     #[test]
     fn region_accesses_stay_inside_their_region() {
-        let regions = [(0x1000, 0x100), (0x10_0000, 0)];
-        assert_eq!(region_position(&regions, 0, 0xfc, 4), Some(0x10fc));
-        assert_eq!(region_position(&regions, 0, 0xfd, 4), None);
-        assert_eq!(region_position(&regions, 0, u64::MAX, 1), None);
-        assert_eq!(region_position(&regions, 1, 0, 1), None);
-        assert_eq!(region_position(&regions, 7, 0, 1), None);
-    }
-
-    #[test]
-    fn msix_eventfds_are_bound_with_the_kernels_layout() {
-        let raw = irq_set_msix(&[7, 9]);
-        assert_eq!(raw, vec![28, (1 << 2) | (1 << 5), 2, 0, 2, 7, 9]);
-        assert_eq!(sys::GROUP_GET_DEVICE_FD, 0x3b6a);
-        assert_eq!(sys::IOMMU_MAP_DMA, 0x3b71);
+        assert_eq!(region_position(0x1000, 0x100, 0xfc, 4), Some(0x10fc));
+        assert_eq!(region_position(0x1000, 0x100, 0xfd, 4), None);
+        assert_eq!(region_position(0x1000, 0x100, u64::MAX, 1), None);
+        assert_eq!(region_position(u64::MAX, 0x100, 1, 1), None);
+        // A region the crate does not know has size 0: nothing is inside it.
+        assert_eq!(region_position(0x10_0000, 0, 0, 1), None);
     }
 
     #[test]
     fn each_missing_piece_is_named() {
         let bdf: Bdf = "0000:03:00.0".parse().unwrap();
         let other: Bdf = "0000:04:00.0".parse().unwrap();
-        let (_d, paths) = host(Some("7"), Some("vfio-pci"), &["vfio", "7"]);
+        let legacy = ["vfio/vfio", "vfio/7"];
+        let (_d, paths) = host(Some("7"), Some("vfio-pci"), None, &legacy);
         assert!(matches!(
             check(&other, &paths),
             Err(VfioError::NoDevice { .. })
         ));
         assert_eq!(
             check(&bdf, &paths),
-            Ok(VfioTarget {
+            Ok(VfioTarget::Container {
                 container: paths.dev_vfio.join("vfio"),
                 group: paths.dev_vfio.join("7")
             })
         );
-        let (_d, paths) = host(None, Some("vfio-pci"), &["vfio"]);
+        let (_d, paths) = host(None, Some("vfio-pci"), None, &["vfio/vfio"]);
         assert_eq!(check(&bdf, &paths), Err(VfioError::NoIommuGroup { bdf }));
-        let (_d, paths) = host(Some("7"), Some("ixgbe"), &["vfio", "7"]);
+        let (_d, paths) = host(Some("7"), Some("ixgbe"), None, &legacy);
         let e = check(&bdf, &paths).unwrap_err();
         assert!(
             e.to_string().contains("bound to ixgbe, not vfio-pci"),
             "{e}"
         );
-        let (_d, paths) = host(Some("7"), None, &["vfio", "7"]);
+        let (_d, paths) = host(Some("7"), None, None, &legacy);
         assert!(
             check(&bdf, &paths)
                 .unwrap_err()
                 .to_string()
                 .contains("bound to no driver")
         );
-        let (_d, paths) = host(Some("7"), Some("vfio-pci"), &[]);
+        let (_d, paths) = host(Some("7"), Some("vfio-pci"), None, &[]);
         assert!(
             check(&bdf, &paths)
                 .unwrap_err()
                 .to_string()
                 .contains("/vfio (load the vfio-pci module)")
         );
-        let (_d, paths) = host(Some("7"), Some("vfio-pci"), &["vfio"]);
+        let (_d, paths) = host(Some("7"), Some("vfio-pci"), None, &["vfio/vfio"]);
         assert!(matches!(check(&bdf, &paths), Err(VfioError::NoVfio { .. })));
     }
 
-    /// A `vfio_region_info` of `flags` with the given capabilities (id, next, body).
-    fn region_info(flags: u32, caps: &[(u16, u32, Vec<u8>)]) -> Vec<u8> {
-        let mut info = vec![0u8; 32];
-        info[4..8].copy_from_slice(&flags.to_le_bytes());
-        if !caps.is_empty() {
-            info[12..16].copy_from_slice(&32u32.to_le_bytes());
-        }
-        for (id, next, body) in caps {
-            info.extend_from_slice(&u32::from(*id).to_le_bytes()); // id, version 0
-            info.extend_from_slice(&next.to_le_bytes());
-            info.extend_from_slice(body);
-        }
-        info
+    #[test]
+    fn iommufd_is_chosen_where_the_host_has_all_of_it() {
+        let bdf: Bdf = "0000:03:00.0".parse().unwrap();
+        let cdev = "vfio/devices/vfio0";
+        // Both interfaces whole: iommufd.
+        let (_d, paths) = host(
+            Some("7"),
+            Some("vfio-pci"),
+            Some("vfio0"),
+            &["vfio/vfio", "vfio/7", cdev, "iommu"],
+        );
+        assert_eq!(
+            check(&bdf, &paths),
+            Ok(VfioTarget::Cdev {
+                device: paths.dev_vfio.join("devices/vfio0"),
+                iommufd: paths.dev_iommu.clone(),
+            })
+        );
+        // Only iommufd (a kernel without the group interface).
+        let (_d, paths) = host(Some("7"), Some("vfio-pci"), Some("vfio0"), &[cdev, "iommu"]);
+        assert!(matches!(check(&bdf, &paths), Ok(VfioTarget::Cdev { .. })));
+        // No /dev/iommu, but the container is whole: the container.
+        let (_d, paths) = host(
+            Some("7"),
+            Some("vfio-pci"),
+            Some("vfio0"),
+            &["vfio/vfio", "vfio/7", cdev],
+        );
+        assert!(matches!(
+            check(&bdf, &paths),
+            Ok(VfioTarget::Container { .. })
+        ));
+        // Neither whole, the kernel made a character device: name the iommufd piece.
+        let (_d, paths) = host(Some("7"), Some("vfio-pci"), Some("vfio0"), &[cdev]);
+        let e = check(&bdf, &paths).unwrap_err();
+        assert_eq!(
+            e,
+            VfioError::NoIommufd {
+                bdf,
+                path: paths.dev_iommu.clone()
+            }
+        );
+        assert!(e.to_string().contains("(load the iommufd module)"), "{e}");
+        let (_d, paths) = host(Some("7"), Some("vfio-pci"), Some("vfio0"), &["iommu"]);
+        let e = check(&bdf, &paths).unwrap_err();
+        assert!(matches!(e, VfioError::NoCdev { .. }), "{e}");
+        assert!(e.to_string().contains("/vfio/devices/vfio0"), "{e}");
+        // A `vfio-dev` folder that is not one character device's: the container.
+        let (_d, paths) = host(Some("7"), Some("vfio-pci"), None, &["vfio/vfio", "vfio/7"]);
+        let vfio_dev = paths.sysfs_devices.join("0000:03:00.0/vfio-dev");
+        std::fs::create_dir_all(vfio_dev.join("vfio0")).unwrap();
+        std::fs::create_dir_all(vfio_dev.join("vfio1")).unwrap();
+        assert!(matches!(
+            check(&bdf, &paths),
+            Ok(VfioTarget::Container { .. })
+        ));
     }
 
-    fn sparse(areas: &[(u64, u64)]) -> Vec<u8> {
-        let mut body = (areas.len() as u32).to_le_bytes().to_vec();
-        body.extend_from_slice(&[0; 4]);
-        for (offset, size) in areas {
-            body.extend_from_slice(&offset.to_le_bytes());
-            body.extend_from_slice(&size.to_le_bytes());
+    /// Every check's line is one line.
+    #[test]
+    fn each_refusal_is_one_line() {
+        let bdf: Bdf = "0000:03:00.0".parse().unwrap();
+        let path = PathBuf::from("/dev/x");
+        for e in [
+            VfioError::NoDevice {
+                bdf,
+                path: path.clone(),
+            },
+            VfioError::NoIommuGroup { bdf },
+            VfioError::WrongDriver {
+                bdf,
+                driver: "ixgbe".into(),
+            },
+            VfioError::NoVfio {
+                bdf,
+                path: path.clone(),
+            },
+            VfioError::NoCdev {
+                bdf,
+                path: path.clone(),
+            },
+            VfioError::NoIommufd {
+                bdf,
+                path: path.clone(),
+            },
+            VfioError::KvmVfio {
+                bdf,
+                why: "ENODEV".into(),
+            },
+        ] {
+            let line = e.to_string();
+            assert!(line.starts_with("--passthrough 0000:03:00.0: "), "{line}");
+            assert!(!line.contains('\n'), "{line}");
         }
-        body
     }
 
     #[test]
+    fn the_crates_errors_read_as_one_line_with_the_remedy() {
+        use vfio_ioctls::VfioError as E;
+        assert!(describe(&E::GroupViable).contains("bind every device in it to vfio-pci"));
+        assert!(describe(&E::VfioType1V2).contains("type-1 v2"));
+        let e = E::OpenContainer(std::io::Error::from_raw_os_error(libc::ENOENT));
+        let line = describe(&e);
+        assert!(line.contains("/dev/vfio/vfio"), "{line}");
+        assert!(line.contains("No such file"), "{line}");
+        assert!(!line.contains('\n'), "{line}");
+        let e = E::GroupGetDeviceFD(vmm_sys_util::errno::Error::new(libc::EBUSY));
+        assert!(describe(&e).contains("busy"), "{}", describe(&e));
+    }
+
+    /// What of the crate's path runs on a host without VFIO: KVM's VFIO device is
+    /// made (as it is before any container or iommufd is opened), and opening the
+    /// interfaces fails with the crate's error, told as one line.
+    #[test]
+    fn kvm_vfio_device_and_the_crates_refusal_on_this_host() {
+        let Ok(kvm) = kvm_ioctls::Kvm::new() else {
+            eprintln!("no /dev/kvm: skipped");
+            return;
+        };
+        let vm = kvm.create_vm().unwrap();
+        let device = kvm_vfio_device(&vm).expect("KVM's VFIO device");
+        assert!(device.try_clone().is_ok());
+        if !Path::new("/dev/vfio/vfio").exists() {
+            let e = VfioContainer::new(Some(device.clone())).err().unwrap();
+            assert!(describe(&e).contains("/dev/vfio/vfio"), "{}", describe(&e));
+        }
+        if !Path::new("/dev/iommu").exists() {
+            assert!(IommuFd::new().is_err());
+        }
+    }
+
+    fn sparse(areas: &[(u64, u64)]) -> VfioRegionInfoCap {
+        VfioRegionInfoCap::SparseMmap(vfio_ioctls::VfioRegionInfoCapSparseMmap {
+            areas: areas
+                .iter()
+                .map(|&(offset, size)| vfio_ioctls::VfioRegionSparseMmapArea { offset, size })
+                .collect(),
+        })
+    }
+
+    const MMAP: u32 = vfio_bindings::bindings::vfio::VFIO_REGION_INFO_FLAG_MMAP;
+    const CAPS: u32 = vfio_bindings::bindings::vfio::VFIO_REGION_INFO_FLAG_CAPS;
+
+    #[test]
     fn mappable_areas_come_from_the_mmap_flag_and_the_sparse_capability() {
-        const MMAP: u32 = sys::REGION_INFO_FLAG_MMAP;
-        const CAPS: u32 = sys::REGION_INFO_FLAG_CAPS;
         let size = 0x10000;
-        assert_eq!(mmap_areas(&region_info(3, &[]), size), Ok(vec![]));
+        assert_eq!(mmap_areas(3, &[], size), Ok(vec![]));
+        assert_eq!(mmap_areas(3 | MMAP, &[], size), Ok(vec![(0, size)]));
+        // Sparse areas without the MMAP flag: nothing is mapped.
         assert_eq!(
-            mmap_areas(&region_info(3 | MMAP, &[]), size),
-            Ok(vec![(0, size)])
+            mmap_areas(3 | CAPS, &[sparse(&[(0, 0x1000)])], size),
+            Ok(vec![])
         );
         // The kernel's sparse areas around an MSI-X table at 0x8000, after another
-        // capability (id 3, MSI-X mappable: not one kumo needs).
+        // capability (MSI-X mappable: not one kumo needs).
         let areas = [(0, 0x8000), (0x9000, 0x7000)];
-        let info = region_info(3 | MMAP | CAPS, &[(3, 40, vec![]), (1, 0, sparse(&areas))]);
-        assert_eq!(mmap_areas(&info, size), Ok(areas.to_vec()));
-        // A chain without a sparse capability: the whole region.
-        let info = region_info(3 | MMAP | CAPS, &[(3, 0, vec![])]);
-        assert_eq!(mmap_areas(&info, size), Ok(vec![(0, size)]));
+        let caps = [VfioRegionInfoCap::MsixMappable, sparse(&areas)];
+        assert_eq!(mmap_areas(3 | MMAP | CAPS, &caps, size), Ok(areas.to_vec()));
+        // Capabilities without a sparse one: the whole region.
+        let caps = [VfioRegionInfoCap::MsixMappable];
+        assert_eq!(
+            mmap_areas(3 | MMAP | CAPS, &caps, size),
+            Ok(vec![(0, size)])
+        );
+        // A sparse capability with no areas: nothing may be mapped.
+        assert_eq!(
+            mmap_areas(3 | MMAP | CAPS, &[sparse(&[])], size),
+            Ok(vec![])
+        );
     }
 
     #[test]
     fn malformed_region_info_is_refused_never_trusted() {
-        const FLAGS: u32 = 3 | sys::REGION_INFO_FLAG_MMAP | sys::REGION_INFO_FLAG_CAPS;
+        const FLAGS: u32 = 3 | MMAP | CAPS;
         let size = 0x10000;
-        for (info, why) in [
-            (vec![0u8; 6], "short"),
+        let many: Vec<(u64, u64)> = (0..65).map(|i| (i * 0x100, 0x100)).collect();
+        for (caps, why) in [
+            (vec![sparse(&[(0x8000, 0x9000)])], "outside the region"),
+            (vec![sparse(&[(u64::MAX, 2)])], "outside the region"),
             (
-                region_info(FLAGS, &[(1, 0, sparse(&[(0x8000, 0x9000)]))]),
+                vec![sparse(&[(0, 0x1000), (0x10000, 1)])],
                 "outside the region",
             ),
+            (vec![sparse(&many)], "more than 64"),
             (
-                region_info(FLAGS, &[(1, 0, sparse(&[(u64::MAX, 2)]))]),
-                "outside the region",
-            ),
-            (region_info(FLAGS, &[(3, 32, vec![])]), "backwards"),
-            (region_info(FLAGS, &[(3, 4000, vec![])]), "outside it"),
-            (
-                {
-                    let mut info = region_info(FLAGS, &[(1, 0, sparse(&[(0, 0x1000)]))]);
-                    info[40..44].copy_from_slice(&1000u32.to_le_bytes()); // areas
-                    info
-                },
-                "more than 64",
-            ),
-            (
-                {
-                    let mut info = region_info(FLAGS, &[(1, 0, sparse(&[(0, 0x1000)]))]);
-                    info.truncate(50);
-                    info
-                },
-                "outside it",
+                vec![sparse(&[(0, 0x1000)]), sparse(&[(0, 0x2000)])],
+                "two sparse-mmap",
             ),
         ] {
-            let err = mmap_areas(&info, size).unwrap_err();
+            let err = mmap_areas(FLAGS, &caps, size).unwrap_err();
             assert!(err.contains(why), "{err} (wanted {why})");
         }
     }
 
     proptest::proptest! {
         #[test]
-        fn region_info_of_any_bytes_never_panics(
-            info in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..200),
+        fn any_sparse_areas_are_mapped_only_inside_the_region(
+            areas in proptest::collection::vec(
+                (proptest::prelude::any::<u64>(), proptest::prelude::any::<u64>()),
+                0..80,
+            ),
+            flags in proptest::prelude::any::<u32>(),
             size in proptest::prelude::any::<u64>(),
         ) {
-            if let Ok(areas) = mmap_areas(&info, size) {
-                for (offset, len) in areas {
+            if let Ok(mapped) = mmap_areas(flags, &[sparse(&areas)], size) {
+                proptest::prop_assert!(mapped.len() <= MAX_SPARSE_AREAS);
+                for (offset, len) in mapped {
                     proptest::prop_assert!(offset.checked_add(len).is_some_and(|e| e <= size));
                 }
             }
