@@ -465,6 +465,7 @@ pub fn json_lines(
             "frames": s.received,
             "bytes": s.received_bytes,
             "held": s.held,
+            "spoofed": s.spoofed,
         })),
     }));
     lines
