@@ -8,7 +8,7 @@
 //! still untrusted: bad JSON or unknown commands get an error reply, never a panic.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -139,7 +139,7 @@ fn bind_private(path: &Path) -> Result<UnixListener> {
     hidden.push(name);
     hidden.push(format!(".{}.tmp", std::process::id()));
     let staging = path.with_file_name(hidden);
-    let _ = std::fs::remove_file(&staging);
+    remove_stale_socket(&staging)?;
     let listener = UnixListener::bind(&staging)
         .with_context(|| format!("cannot create control socket {}", path.display()))?;
     let placed = std::fs::set_permissions(&staging, std::fs::Permissions::from_mode(0o600))
@@ -153,6 +153,28 @@ fn bind_private(path: &Path) -> Result<UnixListener> {
         return Err(e);
     }
     Ok(listener)
+}
+
+/// Removes what is at `path` only if kumo can prove it a stale socket (a crashed
+/// kumo's): a socket whose connections are refused. Nothing there is fine; anything
+/// else (a regular file, a directory, a link, a socket someone listens on or kumo may
+/// not reach) is refused and left alone.
+pub fn remove_stale_socket(path: &Path) -> Result<()> {
+    let shown = path.display();
+    let meta = match path.symlink_metadata() {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => bail!("cannot inspect {shown}: {e}"),
+    };
+    if !meta.file_type().is_socket() {
+        bail!("{shown} exists and is not a socket: not removing it");
+    }
+    match UnixStream::connect(path) {
+        Ok(_) => bail!("{shown} is in use by another kumo"),
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => std::fs::remove_file(path)
+            .map_err(|e| anyhow::anyhow!("cannot remove stale socket {shown}: {e}")),
+        Err(e) => bail!("{shown} is a socket kumo cannot tell is stale ({e}): not removing it"),
+    }
 }
 
 /// The listening socket; removed when dropped.
@@ -171,14 +193,7 @@ impl Server {
         target: Arc<dyn Controlled>,
         setup: impl FnOnce() -> K + Send + 'static,
     ) -> Result<Server> {
-        if path.exists() {
-            // A live kumo answers; a stale file from a crashed one can go.
-            if UnixStream::connect(path).is_ok() {
-                bail!("{} is in use by another kumo", path.display());
-            }
-            std::fs::remove_file(path)
-                .with_context(|| format!("cannot remove stale socket {}", path.display()))?;
-        }
+        remove_stale_socket(path)?;
         let listener = bind_private(path)?;
         crate::signals::track_socket(path.to_path_buf());
         let stop = Arc::new(AtomicBool::new(false));
@@ -673,6 +688,33 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn only_a_socket_proven_stale_is_replaced() {
+        let dir = std::env::temp_dir().join(format!("kumo-ctl-stale-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("ctl.sock");
+        // A regular file is not a socket: refused and left alone.
+        std::fs::write(&path, b"precious").unwrap();
+        let err = Server::start(&path, fake(), || ()).err().expect("refused");
+        assert!(format!("{err:#}").contains("not a socket"), "{err:#}");
+        assert_eq!(std::fs::read(&path).unwrap(), b"precious");
+        std::fs::remove_file(&path).unwrap();
+        // A directory neither.
+        std::fs::create_dir(&path).unwrap();
+        assert!(Server::start(&path, fake(), || ()).is_err());
+        assert!(path.is_dir());
+        std::fs::remove_dir(&path).unwrap();
+        // A socket nobody listens on (a crashed kumo's) is replaced.
+        drop(UnixListener::bind(&path).unwrap());
+        let server = Server::start(&path, fake(), || ()).unwrap();
+        assert_eq!(
+            request(&path, &json!({"cmd": "domain-list"})).unwrap()["domains"][0]["domain"],
+            "a"
+        );
+        drop(server);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
