@@ -451,8 +451,8 @@ pub fn run_controlled(args: &VmArgs, epoch: Instant) -> Result<u8> {
 /// `kumo --restore PATH`: runs a saved VM on from where it was saved.
 pub fn run_restore(args: &VmArgs, epoch: Instant) -> Result<u8> {
     let path = args.restore.as_deref().context("--restore needs a path")?;
-    let file = std::fs::File::open(path)
-        .with_context(|| format!("cannot open snapshot {}", path.display()))?;
+    // A regular file only: a FIFO without a writer would block the open for ever.
+    let (file, _) = crate::input::open_regular("snapshot", path)?;
     let (vm, meta) = hv::builder::build_from_snapshot(&mut BufReader::new(file), &args.kvm_device)
         .with_context(|| format!("cannot restore {}", path.display()))?;
     let app = AppState::parse(&meta.app)?;
