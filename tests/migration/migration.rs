@@ -308,6 +308,17 @@ fn a_guest_under_the_credit_scheduler_migrates_and_verifies() {
 }
 
 #[test]
+fn an_incoming_listener_beyond_loopback_needs_a_token() {
+    // Without --token-file anyone who reaches the port could hand kumo a VM to run:
+    // refused at once (today's kumo would wait for a VM, caught by the hang guard).
+    for address in ["0.0.0.0", "[::]"] {
+        let target = format!("tcp:{address}:{}", free_port());
+        let out = kumo(&["--incoming", &target]);
+        assert_one_line_error(&out, &target, "--token-file");
+    }
+}
+
+#[test]
 fn a_bad_token_is_refused_and_the_source_runs_on() {
     if !kvm_available() {
         return;

@@ -309,12 +309,32 @@ pub fn send_vm(
 pub fn run_incoming(args: &VmArgs, epoch: Instant) -> Result<u8> {
     let address = parse_tcp(args.incoming.as_deref().unwrap_or_default())?;
     let token = args.token_file.as_deref().map(read_token).transpose()?;
+    if token.is_none() {
+        refuse_open_listener(address)?;
+    }
     let listener =
         TcpListener::bind(address).with_context(|| format!("cannot listen on {address}"))?;
     eprintln!("kumo: waiting for a VM on {}", listener.local_addr()?);
     let (vm, meta) = receive_vm(&listener, token.as_deref(), &args.kvm_device)?;
     let app = AppState::parse(&meta.app)?;
     run_vm(vm, app, args.ctl_socket.as_deref(), epoch, args.json)
+}
+
+/// Without a token, whoever reaches the port may hand kumo a VM to run: only a
+/// loopback address (every address `address` resolves to) may listen so.
+fn refuse_open_listener(address: &str) -> Result<()> {
+    let addrs: Vec<_> = address
+        .to_socket_addrs()
+        .with_context(|| format!("cannot resolve {address}"))?
+        .collect();
+    if let Some(open) = addrs.iter().find(|a| !a.ip().is_loopback()) {
+        bail!(
+            "--incoming tcp:{address} listens beyond this host ({}) without --token-file: \
+             give one, or a loopback address such as 127.0.0.1",
+            open.ip()
+        );
+    }
+    Ok(())
 }
 
 /// Accepts one source on `listener`, checks its token, and builds the VM it sends.
