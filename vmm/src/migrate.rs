@@ -189,6 +189,64 @@ const ACK_TIMEOUT: Duration = PEER_TIMEOUT;
 /// The destination gives up on a source that stops sending for this long.
 const STREAM_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// The whole handshake (authentication) on either side: a peer that trickles a byte
+/// at a time gets each read within [`PEER_TIMEOUT`], but not the handshake within this.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `stream` with every read and write ending by one deadline, `at`: a peer cannot
+/// stretch the exchange by answering each read just in time, as it can a per-read
+/// timeout.
+struct Deadline<'a> {
+    stream: &'a TcpStream,
+    at: Instant,
+}
+
+impl Deadline<'_> {
+    fn expired() -> std::io::Error {
+        std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!(
+                "the handshake did not finish within {} s",
+                HANDSHAKE_TIMEOUT.as_secs()
+            ),
+        )
+    }
+
+    /// Time left, or the deadline's error.
+    fn left(&self) -> std::io::Result<Duration> {
+        let left = self.at.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            Err(Self::expired())
+        } else {
+            Ok(left)
+        }
+    }
+
+    fn timed_out(e: std::io::Error) -> std::io::Error {
+        match e.kind() {
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => Self::expired(),
+            _ => e,
+        }
+    }
+}
+
+impl std::io::Read for Deadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.stream.set_read_timeout(Some(self.left()?))?;
+        std::io::Read::read(&mut self.stream, buf).map_err(Self::timed_out)
+    }
+}
+
+impl std::io::Write for Deadline<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.stream.set_write_timeout(Some(self.left()?))?;
+        std::io::Write::write(&mut self.stream, buf).map_err(Self::timed_out)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// `tcp:HOST:PORT` -> `HOST:PORT`.
 pub fn parse_tcp(address: &str) -> Result<&str> {
     match address.strip_prefix("tcp:") {
@@ -291,10 +349,14 @@ pub fn send_vm(
     let stream = TcpStream::connect_timeout(&peer, PEER_TIMEOUT)
         .with_context(|| format!("cannot connect to {address}"))?;
     stream.set_nodelay(true)?;
+    let mut handshake = Deadline {
+        stream: &stream,
+        at: Instant::now() + HANDSHAKE_TIMEOUT,
+    };
+    hv::migration::auth::source(&mut handshake, token)
+        .with_context(|| format!("migration to {address}"))?;
     stream.set_read_timeout(Some(PEER_TIMEOUT))?;
     stream.set_write_timeout(Some(STREAM_TIMEOUT))?;
-    hv::migration::auth::source(&mut &stream, token)
-        .with_context(|| format!("migration to {address}"))?;
     let mut w = BufWriter::with_capacity(1 << 20, &stream);
     let mut replies = Replies {
         stream: &stream,
@@ -347,10 +409,15 @@ pub fn receive_vm(
 ) -> Result<(Vm, hv::migration::Meta)> {
     let (stream, peer) = listener.accept().context("accepting the source")?;
     stream.set_nodelay(true)?;
-    stream.set_read_timeout(Some(PEER_TIMEOUT))?;
-    stream.set_write_timeout(Some(PEER_TIMEOUT))?;
-    hv::migration::auth::destination(&mut &stream, token)
+    // A client that fails the handshake, or does not finish it in time, ends this
+    // kumo as a bad token does (one line, exit 2).
+    let mut handshake = Deadline {
+        stream: &stream,
+        at: Instant::now() + HANDSHAKE_TIMEOUT,
+    };
+    hv::migration::auth::destination(&mut handshake, token)
         .with_context(|| format!("incoming migration from {peer}"))?;
+    stream.set_write_timeout(Some(PEER_TIMEOUT))?;
     stream.set_read_timeout(Some(STREAM_TIMEOUT))?;
     // Each round is acknowledged as soon as it is in RAM: the source pauses the VM
     // only once this side has caught up.
