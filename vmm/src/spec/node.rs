@@ -626,13 +626,14 @@ fn check_net_items(net: &str) -> Result<(), String> {
             .strip_prefix("pingpong:")
             .or_else(|| item.strip_prefix("bw:"))
         else {
-            return Err(format!(
-                "'{item}' is not check, pingpong:SIZES or bw:SIZES"
-            ));
+            return Err(format!("'{item}' is not check, pingpong:SIZES or bw:SIZES"));
         };
         let sizes: Vec<&str> = sizes.split(',').collect();
         if sizes.len() > MAX_SIZES {
-            return Err(format!("'{item}' has {} sizes, at most {MAX_SIZES}", sizes.len()));
+            return Err(format!(
+                "'{item}' has {} sizes, at most {MAX_SIZES}",
+                sizes.len()
+            ));
         }
         for size in sizes {
             match size.parse::<u64>() {
@@ -1094,7 +1095,10 @@ guest_hz = 1000
             ("pingpong:", "'' in 'pingpong:'"),
             ("bw:1,x", "'x' in 'bw:1,x'"),
             ("pingpong:67108865", "'67108865' in"),
-            ("check+check+check+check+check+check+check+check+check", "9 items"),
+            (
+                "check+check+check+check+check+check+check+check+check",
+                "9 items",
+            ),
             ("pingpong:1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1", "17 sizes"),
         ] {
             let file = format!(
