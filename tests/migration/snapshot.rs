@@ -133,6 +133,19 @@ fn restore_refuses_a_fifo_at_once() {
 }
 
 #[test]
+fn an_errors_cause_is_printed_once() {
+    // The stream error quotes its cause and names it as its source: the chain printed
+    // both ("... (bad magic): ... (bad magic)").
+    let not_a_snapshot = scratch("magic.snap");
+    std::fs::write(&not_a_snapshot, [0x55u8; 100]).unwrap();
+    let out = kumo(&["--restore", not_a_snapshot.to_str().unwrap()]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert_eq!(stderr.matches("bad magic").count(), 1, "{stderr}");
+}
+
+#[test]
 fn restore_refuses_what_is_not_a_snapshot() {
     let missing = scratch("missing.snap");
     let out = kumo(&["--restore", missing.to_str().unwrap()]);

@@ -466,10 +466,11 @@ impl Controlled for VmTarget {
     }
     fn snapshot(&self, path: &Path, stop: bool) -> Result<Value, String> {
         self.write_snapshot(path, stop)
-            .map_err(|e| format!("{e:#}"))
+            .map_err(|e| crate::output::error_chain(&e))
     }
     fn migrate(&self, request: &MigrateRequest) -> Result<Value, String> {
-        self.migrate_to(request).map_err(|e| format!("{e:#}"))
+        self.migrate_to(request)
+            .map_err(|e| crate::output::error_chain(&e))
     }
     fn vcpu_balloon(&self, domain: Option<&str>, active: Option<u32>) -> Result<Value, String> {
         if let Some(name) = domain {
