@@ -290,7 +290,15 @@ pub fn request_waiting(socket: &Path, request: &Value, timeout: Option<Duration>
     let mut writer = stream.try_clone()?;
     writeln!(writer, "{request}")?;
     let mut reply = String::new();
-    BufReader::new(stream).read_line(&mut reply)?;
+    BufReader::new(stream).read_line(&mut reply).map_err(|e| {
+        crate::output::name_timeout(e, || {
+            format!(
+                "the kumo at {} sent no reply within {} s",
+                socket.display(),
+                crate::output::seconds(timeout)
+            )
+        })
+    })?;
     let reply: Value = serde_json::from_str(&reply)
         .with_context(|| format!("bad reply from {}: {reply:?}", socket.display()))?;
     if reply["ok"] != json!(true) {
@@ -688,6 +696,28 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn a_server_that_never_replies_is_named_not_eagain() {
+        let dir = std::env::temp_dir().join(format!("kumo-ctl-mute-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("mute.sock");
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path).unwrap();
+        let held = std::thread::spawn(move || listener.accept().map(|(s, _)| s));
+        let err = request_waiting(
+            &path,
+            &json!({"cmd": "domain-list"}),
+            Some(Duration::from_millis(200)),
+        )
+        .unwrap_err();
+        let text = crate::output::error_chain(&err);
+        assert!(text.contains(&path.display().to_string()), "{text}");
+        assert!(text.contains("no reply within 0.2 s"), "{text}");
+        assert!(!text.contains("os error 11"), "{text}");
+        drop(held.join());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

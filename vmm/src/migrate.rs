@@ -247,6 +247,45 @@ impl std::io::Write for Deadline<'_> {
     }
 }
 
+/// The migration's connection, its timeouts said as which peer stalled at what
+/// (not "Resource temporarily unavailable").
+struct Watched<'a> {
+    stream: &'a TcpStream,
+    /// "the source 10.0.0.1:4444", "the destination h:4444".
+    peer: &'a str,
+}
+
+impl std::io::Read for Watched<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        std::io::Read::read(&mut self.stream, buf).map_err(|e| {
+            crate::output::name_timeout(e, || {
+                format!(
+                    "{} sent nothing for {} s",
+                    self.peer,
+                    crate::output::seconds(self.stream.read_timeout().ok().flatten())
+                )
+            })
+        })
+    }
+}
+
+impl std::io::Write for Watched<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        std::io::Write::write(&mut self.stream, buf).map_err(|e| {
+            crate::output::name_timeout(e, || {
+                format!(
+                    "{} took nothing for {} s (its receive window stayed full)",
+                    self.peer,
+                    crate::output::seconds(self.stream.write_timeout().ok().flatten())
+                )
+            })
+        })
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::Write::flush(&mut self.stream)
+    }
+}
+
 /// `tcp:HOST:PORT` -> `HOST:PORT`.
 pub fn parse_tcp(address: &str) -> Result<&str> {
     match address.strip_prefix("tcp:") {
@@ -357,7 +396,14 @@ pub fn send_vm(
         .with_context(|| format!("migration to {address}"))?;
     stream.set_read_timeout(Some(PEER_TIMEOUT))?;
     stream.set_write_timeout(Some(STREAM_TIMEOUT))?;
-    let mut w = BufWriter::with_capacity(1 << 20, &stream);
+    let peer = format!("the destination {address}");
+    let mut w = BufWriter::with_capacity(
+        1 << 20,
+        Watched {
+            stream: &stream,
+            peer: &peer,
+        },
+    );
     let mut replies = Replies {
         stream: &stream,
         ack_timeout: ack_timeout.unwrap_or(ACK_TIMEOUT),
@@ -421,11 +467,16 @@ pub fn receive_vm(
     stream.set_read_timeout(Some(STREAM_TIMEOUT))?;
     // Each round is acknowledged as soon as it is in RAM: the source pauses the VM
     // only once this side has caught up.
+    let source = format!("the source {peer}");
+    let watched = || Watched {
+        stream: &stream,
+        peer: &source,
+    };
     let (vm, meta) = hv::builder::build_incoming(
-        &mut BufReader::with_capacity(1 << 20, &stream),
+        &mut BufReader::with_capacity(1 << 20, watched()),
         kvm_device,
         |round| {
-            hv::migration::stream::write_reply(&mut &stream, Reply::Applied(round))
+            hv::migration::stream::write_reply(&mut watched(), Reply::Applied(round))
                 .map_err(hv::Error::from)
         },
     )
@@ -625,4 +676,29 @@ pub fn run_vm(
     let verdict = run.judge(&specs, app.vcpus);
     report::print(&verdict, json);
     Ok(verdict.exit_code())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stalled_peer_is_named_with_what_it_did_not_do() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let stream = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let _silent = listener.accept().unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let mut watched = Watched {
+            stream: &stream,
+            peer: "the source 127.0.0.1:9",
+        };
+        let err = std::io::Read::read_exact(&mut watched, &mut [0u8; 8]).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::TimedOut);
+        assert_eq!(
+            err.to_string(),
+            "the source 127.0.0.1:9 sent nothing for 0.1 s"
+        );
+    }
 }

@@ -134,6 +134,24 @@ pub fn error_chain(err: &anyhow::Error) -> String {
     line
 }
 
+/// A socket timeout (`EAGAIN` from a read or write with `SO_RCVTIMEO`/`SO_SNDTIMEO`,
+/// printed as "Resource temporarily unavailable") said as what it is: `stalled()`
+/// names the peer and what it failed to do ("the source 10.0.0.1:4444 sent nothing
+/// for 60 s"). Other errors pass unchanged.
+pub fn name_timeout(e: std::io::Error, stalled: impl FnOnce() -> String) -> std::io::Error {
+    match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+            std::io::Error::new(std::io::ErrorKind::TimedOut, stalled())
+        }
+        _ => e,
+    }
+}
+
+/// Seconds, as timeouts are shown: `60`, `0.2`.
+pub fn seconds(d: Option<std::time::Duration>) -> String {
+    d.map_or_else(|| "ever".into(), |d| format!("{}", d.as_secs_f64()))
+}
+
 #[cfg(test)]
 mod chain_tests {
     /// An error that quotes its cause and names it as its source (as thiserror's
