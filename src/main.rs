@@ -104,7 +104,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => ExitCode::from(signalled.unwrap_or(code)),
         Err(err) => {
-            eprintln!("kumo: error: {err:#}");
+            eprintln!("kumo: error: {}", kumo_vmm::output::error_chain(&err));
             ExitCode::from(signalled.unwrap_or(EXIT_USAGE))
         }
     }

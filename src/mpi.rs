@@ -76,7 +76,7 @@ pub fn run_mpi(args: &MpiArgs, epoch: Instant) -> Result<u8> {
                 Some(fields),
             ),
             Err(e) => {
-                eprintln!("kumo: rank {rank}: {e:#}");
+                eprintln!("kumo: rank {rank}: {}", kumo_vmm::output::error_chain(&e));
                 (false, None)
             }
         };

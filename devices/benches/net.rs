@@ -10,7 +10,7 @@ use std::hint::black_box;
 use std::sync::Arc;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use devices::net::switch::{Route, Switch, SwitchConfig};
+use devices::net::switch::{Route, Sources, Switch, SwitchConfig};
 use devices::virtio::net::{HEADER_LEN, NetConfig, RxOutcome, VirtioNet};
 use devices::virtio::{Activation, InterruptCause, VirtioDevice, VirtioInterrupt, features};
 use virtio_queue::{Queue, QueueT};
@@ -97,7 +97,10 @@ fn forward(c: &mut Criterion) {
         );
         let (a, b) = (nic(&mem_a, 1), nic(&mem_b, 2));
         let mut switch = Switch::new(SwitchConfig::default());
-        let (pa, pb) = (switch.add_port(), switch.add_port());
+        let (pa, pb) = (
+            switch.add_port(Sources::Foreign),
+            switch.add_port(Sources::Foreign),
+        );
         let mut frame = vec![0u8; HEADER_LEN + size];
         frame[HEADER_LEN..HEADER_LEN + 6].copy_from_slice(&[0x52, 0x54, 0, 0, 0, 2]);
         frame[HEADER_LEN + 6..HEADER_LEN + 12].copy_from_slice(&[0x52, 0x54, 0, 0, 0, 1]);

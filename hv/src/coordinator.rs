@@ -120,9 +120,10 @@ impl<'a> Coordinator<'a> {
         let pace = |poll: Duration| dog_period.map_or(poll, |period| period.min(poll));
         let mut poll = pace(stop::POLL);
         let mut halts = HaltDetector::default();
+        let deadline = limits.deadline(started);
         while decision.is_none() {
-            let wait = match limits.timeout {
-                Some(limit) => poll.min(limit.saturating_sub(started.elapsed())),
+            let wait = match deadline {
+                Some(at) => poll.min(at.saturating_duration_since(Instant::now())),
                 None => poll,
             };
             match self.rx.recv_timeout(wait) {
@@ -154,7 +155,7 @@ impl<'a> Coordinator<'a> {
             } else if let Some(why) = self.health.failure() {
                 decision = Some(Err(Error::Device(why)));
             } else if let Some(limit) = limits.timeout
-                && started.elapsed() >= limit
+                && deadline.is_some_and(|at| Instant::now() >= at)
             {
                 decision = Some(Ok(GuestExit::Stopped(StopCause::Timeout(limit))));
             } else {

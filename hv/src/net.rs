@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use devices::net::switch::{PortId, Switch, SwitchConfig, SwitchStats};
+use devices::net::switch::{PortId, Sources, Switch, SwitchConfig, SwitchStats};
 use devices::virtio::VirtioPciDevice;
 use devices::virtio::net::{NetConfig, NetStats, QueueRole, VirtioNet};
 use devices::virtio::transport::{ActionSink, TransportAction};
@@ -372,7 +372,7 @@ impl Network {
         );
         let queues = 2u16;
         let notify = new_doorbells(queues)?;
-        let port = self.shared.switch().add_port();
+        let port = self.shared.switch().add_port(Sources::Assigned(setup.mac));
         let event_loop = vm.start_event_loop_in(dom0.cloned())?;
         // MSI-X: the configuration vector and one per queue.
         let sink = msix_sink(setup.irq_path, queues + 1, &event_loop, &vm.gsi_router())?;
@@ -404,10 +404,10 @@ impl Network {
     }
 
     /// A port for a NIC served to another process (before [`Network::start`]): `queues`
-    /// doorbell eventfds, no model until [`Network::plug`].
-    pub fn add_served_port(&self, queues: u16) -> Result<ServedPort, Error> {
+    /// doorbell eventfds, no model until [`Network::plug`]; it may send from `mac` only.
+    pub fn add_served_port(&self, queues: u16, mac: [u8; 6]) -> Result<ServedPort, Error> {
         let notify = new_doorbells(queues)?;
-        let port = self.shared.switch().add_port();
+        let port = self.shared.switch().add_port(Sources::Assigned(mac));
         let actions = Arc::new(PortActions {
             shared: Arc::downgrade(&self.shared),
             port,
@@ -475,7 +475,7 @@ impl Network {
 
     fn plug_wire(&self, wire: Arc<Wire>) -> Result<PortId, Error> {
         let mut switch = self.shared.switch();
-        let port = switch.add_port();
+        let port = switch.add_port(Sources::Foreign);
         switch.set_up(port, true);
         let mut ports = self.shared.ports();
         debug_assert_eq!(ports.len(), port, "ports are numbered in attach order");

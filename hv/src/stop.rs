@@ -3,7 +3,7 @@
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// 0: no request; otherwise the signal number that asked.
 static REQUESTED: AtomicI32 = AtomicI32::new(0);
@@ -114,11 +114,23 @@ pub fn signal_name(signal: i32) -> String {
 /// Bounds on one run of a VM.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RunLimits {
-    /// Wall time from the start of the run after which kumo stops the VM.
+    /// Wall time from the start of the run (or from `since`) after which kumo stops
+    /// the VM.
     pub timeout: Option<Duration>,
+    /// When `timeout` starts counting, if not at this VM's own start: VMs run together
+    /// (a node's domains, which start one after another) share one deadline.
+    pub since: Option<Instant>,
     /// CPU time a vCPU may use without progress before the VM is ended as stuck
     /// (see `watchdog`); None: no watchdog.
     pub watchdog: Option<Duration>,
+}
+
+impl RunLimits {
+    /// When a run that started at `started` reaches its time limit, if it has one.
+    pub fn deadline(&self, started: Instant) -> Option<Instant> {
+        self.timeout
+            .map(|limit| self.since.unwrap_or(started) + limit)
+    }
 }
 
 /// The watchdog bound a run gets unless told otherwise.
@@ -126,6 +138,7 @@ pub const DEFAULT_WATCHDOG: Duration = Duration::from_secs(10);
 
 static DEFAULT_LIMITS: Mutex<RunLimits> = Mutex::new(RunLimits {
     timeout: None,
+    since: None,
     watchdog: Some(DEFAULT_WATCHDOG),
 });
 
@@ -138,4 +151,36 @@ pub fn set_default_limits(limits: RunLimits) {
 /// The limits a new VM starts with.
 pub fn default_limits() -> RunLimits {
     *DEFAULT_LIMITS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod limit_tests {
+    use super::*;
+
+    #[test]
+    fn a_shared_start_gives_vms_that_start_late_the_same_deadline() {
+        let node_start = Instant::now();
+        let limits = RunLimits {
+            timeout: Some(Duration::from_secs(10)),
+            since: Some(node_start),
+            watchdog: None,
+        };
+        // The third domain starts 7 s after the node: it has 3 s left, not 10.
+        let late = node_start + Duration::from_secs(7);
+        assert_eq!(
+            limits.deadline(late),
+            Some(node_start + Duration::from_secs(10))
+        );
+        // Alone, a VM's limit counts from its own start; without one, no deadline.
+        let alone = RunLimits {
+            since: None,
+            ..limits
+        };
+        assert_eq!(alone.deadline(late), Some(late + Duration::from_secs(10)));
+        let unbounded = RunLimits {
+            timeout: None,
+            ..limits
+        };
+        assert_eq!(unbounded.deadline(late), None);
+    }
 }

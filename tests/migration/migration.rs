@@ -308,6 +308,56 @@ fn a_guest_under_the_credit_scheduler_migrates_and_verifies() {
 }
 
 #[test]
+fn an_incoming_listener_beyond_loopback_needs_a_token() {
+    // Without --token-file anyone who reaches the port could hand kumo a VM to run:
+    // refused at once (today's kumo would wait for a VM, caught by the hang guard).
+    for address in ["0.0.0.0", "[::]"] {
+        let target = format!("tcp:{address}:{}", free_port());
+        let out = kumo(&["--incoming", &target]);
+        assert_one_line_error(&out, &target, "--token-file");
+    }
+}
+
+#[test]
+fn a_client_that_trickles_its_handshake_is_dropped_at_the_handshake_deadline() {
+    // It sends one byte, then one more every 20 s whenever it is not dropped: each read
+    // of the destination gets a byte within its own timeout, so only a deadline for the
+    // whole handshake ends it (its 64-byte answer would take 21 minutes). Like any
+    // client that fails the handshake, it ends `kumo --incoming` with one line.
+    let port = free_port();
+    let dst = destination(port, &token("trickle.token", "secret"));
+    let mut client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    client
+        .set_read_timeout(Some(std::time::Duration::from_secs(20)))
+        .unwrap();
+    let mut sent = 0;
+    loop {
+        use std::io::{ErrorKind, Read, Write};
+        if client.write_all(&[0]).is_err() {
+            break;
+        }
+        sent += 1;
+        // The destination's hello, then 20 s of silence, or the end: dropped.
+        let dropped = loop {
+            match client.read(&mut [0u8; 64]) {
+                Ok(0) => break true,
+                Ok(_) => {}
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                    break false;
+                }
+                Err(_) => break true,
+            }
+        };
+        if dropped {
+            break;
+        }
+        // Hang guard: 15 bytes are 5 minutes.
+        assert!(sent < 15, "the destination still holds a trickling client");
+    }
+    assert_one_line_error(&dst.finish(), "destination", "handshake");
+}
+
+#[test]
 fn a_bad_token_is_refused_and_the_source_runs_on() {
     if !kvm_available() {
         return;

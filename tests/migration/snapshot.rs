@@ -115,11 +115,42 @@ fn a_vm_with_memory_above_4_gib_is_restored_from_its_snapshot() {
 }
 
 #[test]
+fn restore_refuses_a_fifo_at_once() {
+    // Opening a FIFO without a writer blocks: it is refused by its type, never opened
+    // for good (the hang guard catches a kumo that waits).
+    let fifo = scratch("fifo.snap");
+    let _ = std::fs::remove_file(&fifo);
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path; the return value is checked.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    for path in [fifo.to_str().unwrap(), "/dev/zero"] {
+        let out = kumo(&["--restore", path]);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(stderr.contains("not a regular file"), "{stderr}");
+    }
+}
+
+#[test]
+fn an_errors_cause_is_printed_once() {
+    // The stream error quotes its cause and names it as its source: the chain printed
+    // both ("... (bad magic): ... (bad magic)").
+    let not_a_snapshot = scratch("magic.snap");
+    std::fs::write(&not_a_snapshot, [0x55u8; 100]).unwrap();
+    let out = kumo(&["--restore", not_a_snapshot.to_str().unwrap()]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert_eq!(stderr.matches("bad magic").count(), 1, "{stderr}");
+}
+
+#[test]
 fn restore_refuses_what_is_not_a_snapshot() {
     let missing = scratch("missing.snap");
     let out = kumo(&["--restore", missing.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(text(&out.stderr).contains("cannot open snapshot"));
+    assert!(text(&out.stderr).contains("cannot read snapshot"));
     let not_a_snapshot = scratch("not.snap");
     std::fs::write(&not_a_snapshot, b"hello").unwrap();
     let out = kumo(&["--restore", not_a_snapshot.to_str().unwrap()]);

@@ -72,3 +72,21 @@ fn an_mpi_job_without_a_nic_fails_cleanly() {
     );
     assert!(stdout.contains("@kumo end status=1"), "{stdout}");
 }
+
+#[test]
+fn a_node_files_bad_net_value_is_one_line_before_any_guest_runs() {
+    // The guests would each refuse it (a dozen lines, status 1): kumo refuses it first.
+    let node = scratch("bad-net.toml");
+    std::fs::write(
+        &node,
+        "pcpus = [0]\n[network]\nnet = \"check+teleport\"\n\
+         [[domain]]\nname = \"a\"\nmpi = true\nvcpus = 2\n",
+    )
+    .unwrap();
+    let out = kumo(&["node", "--config", node.to_str().unwrap()]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("'teleport' is not check"), "{stderr}");
+    assert!(out.stdout.is_empty(), "{}", text(&out.stdout));
+}

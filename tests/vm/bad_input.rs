@@ -218,3 +218,17 @@ fn a_closed_stdout_ends_kumo_quietly() {
     assert!(out.status.success(), "{:?}: {stderr}", out.status);
     assert!(!stderr.contains("Broken pipe"), "{stderr}");
 }
+
+#[test]
+fn a_control_socket_path_that_is_a_regular_file_is_left_alone() {
+    if !kvm_available() {
+        return;
+    }
+    let file = scratch("not-a-socket");
+    std::fs::write(&file, b"precious").unwrap();
+    assert_rejected(
+        &["--ctl-socket", file.to_str().unwrap(), "--timeout", "30"],
+        "is not a socket",
+    );
+    assert_eq!(std::fs::read(&file).unwrap(), b"precious");
+}

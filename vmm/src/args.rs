@@ -148,6 +148,7 @@ impl LimitArgs {
         let duration = |s: f64| (s > 0.0).then(|| std::time::Duration::from_secs_f64(s));
         hv::RunLimits {
             timeout: self.timeout.and_then(duration),
+            since: None,
             watchdog: duration(self.watchdog),
         }
     }

@@ -8,7 +8,7 @@
 //! still untrusted: bad JSON or unknown commands get an error reply, never a panic.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -138,7 +138,7 @@ fn bind_private(path: &Path) -> Result<UnixListener> {
     hidden.push(name);
     hidden.push(format!(".{}.tmp", std::process::id()));
     let staging = path.with_file_name(hidden);
-    let _ = std::fs::remove_file(&staging);
+    remove_stale_socket(&staging)?;
     let listener = UnixListener::bind(&staging)
         .with_context(|| format!("cannot create control socket {}", path.display()))?;
     let placed = std::fs::set_permissions(&staging, std::fs::Permissions::from_mode(0o600))
@@ -152,6 +152,28 @@ fn bind_private(path: &Path) -> Result<UnixListener> {
         return Err(e);
     }
     Ok(listener)
+}
+
+/// Removes what is at `path` only if kumo can prove it a stale socket (a crashed
+/// kumo's): a socket whose connections are refused. Nothing there is fine; anything
+/// else (a regular file, a directory, a link, a socket someone listens on or kumo may
+/// not reach) is refused and left alone.
+pub fn remove_stale_socket(path: &Path) -> Result<()> {
+    let shown = path.display();
+    let meta = match path.symlink_metadata() {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => bail!("cannot inspect {shown}: {e}"),
+    };
+    if !meta.file_type().is_socket() {
+        bail!("{shown} exists and is not a socket: not removing it");
+    }
+    match UnixStream::connect(path) {
+        Ok(_) => bail!("{shown} is in use by another kumo"),
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => std::fs::remove_file(path)
+            .map_err(|e| anyhow::anyhow!("cannot remove stale socket {shown}: {e}")),
+        Err(e) => bail!("{shown} is a socket kumo cannot tell is stale ({e}): not removing it"),
+    }
 }
 
 /// The listening socket; removed when dropped.
@@ -170,14 +192,7 @@ impl Server {
         target: Arc<dyn Controlled>,
         setup: impl FnOnce() -> K + Send + 'static,
     ) -> Result<Server> {
-        if path.exists() {
-            // A live kumo answers; a stale file from a crashed one can go.
-            if UnixStream::connect(path).is_ok() {
-                bail!("{} is in use by another kumo", path.display());
-            }
-            std::fs::remove_file(path)
-                .with_context(|| format!("cannot remove stale socket {}", path.display()))?;
-        }
+        remove_stale_socket(path)?;
         let listener = bind_private(path)?;
         crate::signals::track_socket(path.to_path_buf());
         let stop = Arc::new(AtomicBool::new(false));
@@ -274,7 +289,15 @@ pub fn request_waiting(socket: &Path, request: &Value, timeout: Option<Duration>
     let mut writer = stream.try_clone()?;
     writeln!(writer, "{request}")?;
     let mut reply = String::new();
-    BufReader::new(stream).read_line(&mut reply)?;
+    BufReader::new(stream).read_line(&mut reply).map_err(|e| {
+        crate::output::name_timeout(e, || {
+            format!(
+                "the kumo at {} sent no reply within {} s",
+                socket.display(),
+                crate::output::seconds(timeout)
+            )
+        })
+    })?;
     let reply: Value = serde_json::from_str(&reply)
         .with_context(|| format!("bad reply from {}: {reply:?}", socket.display()))?;
     if reply["ok"] != json!(true) {
@@ -672,6 +695,55 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn a_server_that_never_replies_is_named_not_eagain() {
+        let dir = std::env::temp_dir().join(format!("kumo-ctl-mute-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("mute.sock");
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path).unwrap();
+        let held = std::thread::spawn(move || listener.accept().map(|(s, _)| s));
+        let err = request_waiting(
+            &path,
+            &json!({"cmd": "domain-list"}),
+            Some(Duration::from_millis(200)),
+        )
+        .unwrap_err();
+        let text = crate::output::error_chain(&err);
+        assert!(text.contains(&path.display().to_string()), "{text}");
+        assert!(text.contains("no reply within 0.2 s"), "{text}");
+        assert!(!text.contains("os error 11"), "{text}");
+        drop(held.join());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn only_a_socket_proven_stale_is_replaced() {
+        let dir = std::env::temp_dir().join(format!("kumo-ctl-stale-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("ctl.sock");
+        // A regular file is not a socket: refused and left alone.
+        std::fs::write(&path, b"precious").unwrap();
+        let err = Server::start(&path, fake(), || ()).err().expect("refused");
+        assert!(format!("{err:#}").contains("not a socket"), "{err:#}");
+        assert_eq!(std::fs::read(&path).unwrap(), b"precious");
+        std::fs::remove_file(&path).unwrap();
+        // A directory neither.
+        std::fs::create_dir(&path).unwrap();
+        assert!(Server::start(&path, fake(), || ()).is_err());
+        assert!(path.is_dir());
+        std::fs::remove_dir(&path).unwrap();
+        // A socket nobody listens on (a crashed kumo's) is replaced.
+        drop(UnixListener::bind(&path).unwrap());
+        let server = Server::start(&path, fake(), || ()).unwrap();
+        assert_eq!(
+            request(&path, &json!({"cmd": "domain-list"})).unwrap()["domains"][0]["domain"],
+            "a"
+        );
+        drop(server);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -11,9 +11,9 @@ use anyhow::{Context, Result, bail};
 /// The largest configuration file (node or simulation file) kumo reads.
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
-/// Reads the regular file at `path`, at most `limit` bytes; `what` names it in errors
-/// ("kernel", "module", "node file").
-pub fn read_bounded(what: &str, path: &Path, limit: u64) -> Result<Vec<u8>> {
+/// Opens the regular file at `path` for reading; anything else (a FIFO, a device, a
+/// directory) is refused at once, never waited on. `what` names it in errors.
+pub fn open_regular(what: &str, path: &Path) -> Result<(File, std::fs::Metadata)> {
     let context = || format!("cannot read {what} {}", path.display());
     // O_NONBLOCK: opening a FIFO with no writer would otherwise block before we can
     // look at what it is. It does not change reads of a regular file.
@@ -33,6 +33,14 @@ pub fn read_bounded(what: &str, path: &Path, limit: u64) -> Result<Vec<u8>> {
             kind(&meta)
         );
     }
+    Ok((file, meta))
+}
+
+/// Reads the regular file at `path`, at most `limit` bytes; `what` names it in errors
+/// ("kernel", "module", "node file").
+pub fn read_bounded(what: &str, path: &Path, limit: u64) -> Result<Vec<u8>> {
+    let context = || format!("cannot read {what} {}", path.display());
+    let (file, meta) = open_regular(what, path)?;
     if meta.len() > limit {
         bail!(
             "{what} {} is {} bytes; at most {limit} fit",

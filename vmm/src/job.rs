@@ -191,6 +191,12 @@ pub fn run_job_in(
     }
     drop(server);
     tracing::debug!(?stats, ?switch, "switch");
+    if stats.spoofed > 0 {
+        tracing::warn!(
+            frames = stats.spoofed,
+            "the switch dropped frames from a source MAC their port may not send from"
+        );
+    }
     let runs = runs
         .into_iter()
         .enumerate()

@@ -189,6 +189,103 @@ const ACK_TIMEOUT: Duration = PEER_TIMEOUT;
 /// The destination gives up on a source that stops sending for this long.
 const STREAM_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// The whole handshake (authentication) on either side: a peer that trickles a byte
+/// at a time gets each read within [`PEER_TIMEOUT`], but not the handshake within this.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `stream` with every read and write ending by one deadline, `at`: a peer cannot
+/// stretch the exchange by answering each read just in time, as it can a per-read
+/// timeout.
+struct Deadline<'a> {
+    stream: &'a TcpStream,
+    at: Instant,
+}
+
+impl Deadline<'_> {
+    fn expired() -> std::io::Error {
+        std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!(
+                "the handshake did not finish within {} s",
+                HANDSHAKE_TIMEOUT.as_secs()
+            ),
+        )
+    }
+
+    /// Time left, or the deadline's error.
+    fn left(&self) -> std::io::Result<Duration> {
+        let left = self.at.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            Err(Self::expired())
+        } else {
+            Ok(left)
+        }
+    }
+
+    fn timed_out(e: std::io::Error) -> std::io::Error {
+        match e.kind() {
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => Self::expired(),
+            _ => e,
+        }
+    }
+}
+
+impl std::io::Read for Deadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.stream.set_read_timeout(Some(self.left()?))?;
+        std::io::Read::read(&mut self.stream, buf).map_err(Self::timed_out)
+    }
+}
+
+impl std::io::Write for Deadline<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.stream.set_write_timeout(Some(self.left()?))?;
+        std::io::Write::write(&mut self.stream, buf).map_err(Self::timed_out)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The migration's connection, its timeouts said as which peer stalled at what
+/// (not "Resource temporarily unavailable").
+struct Watched<'a> {
+    stream: &'a TcpStream,
+    /// "the source 10.0.0.1:4444", "the destination h:4444".
+    peer: &'a str,
+}
+
+impl std::io::Read for Watched<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        std::io::Read::read(&mut self.stream, buf).map_err(|e| {
+            crate::output::name_timeout(e, || {
+                format!(
+                    "{} sent nothing for {} s",
+                    self.peer,
+                    crate::output::seconds(self.stream.read_timeout().ok().flatten())
+                )
+            })
+        })
+    }
+}
+
+impl std::io::Write for Watched<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        std::io::Write::write(&mut self.stream, buf).map_err(|e| {
+            crate::output::name_timeout(e, || {
+                format!(
+                    "{} took nothing for {} s (its receive window stayed full)",
+                    self.peer,
+                    crate::output::seconds(self.stream.write_timeout().ok().flatten())
+                )
+            })
+        })
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::Write::flush(&mut self.stream)
+    }
+}
+
 /// `tcp:HOST:PORT` -> `HOST:PORT`.
 pub fn parse_tcp(address: &str) -> Result<&str> {
     match address.strip_prefix("tcp:") {
@@ -291,11 +388,22 @@ pub fn send_vm(
     let stream = TcpStream::connect_timeout(&peer, PEER_TIMEOUT)
         .with_context(|| format!("cannot connect to {address}"))?;
     stream.set_nodelay(true)?;
+    let mut handshake = Deadline {
+        stream: &stream,
+        at: Instant::now() + HANDSHAKE_TIMEOUT,
+    };
+    hv::migration::auth::source(&mut handshake, token)
+        .with_context(|| format!("migration to {address}"))?;
     stream.set_read_timeout(Some(PEER_TIMEOUT))?;
     stream.set_write_timeout(Some(STREAM_TIMEOUT))?;
-    hv::migration::auth::source(&mut &stream, token)
-        .with_context(|| format!("migration to {address}"))?;
-    let mut w = BufWriter::with_capacity(1 << 20, &stream);
+    let peer = format!("the destination {address}");
+    let mut w = BufWriter::with_capacity(
+        1 << 20,
+        Watched {
+            stream: &stream,
+            peer: &peer,
+        },
+    );
     let mut replies = Replies {
         stream: &stream,
         ack_timeout: ack_timeout.unwrap_or(ACK_TIMEOUT),
@@ -309,12 +417,32 @@ pub fn send_vm(
 pub fn run_incoming(args: &VmArgs, epoch: Instant) -> Result<u8> {
     let address = parse_tcp(args.incoming.as_deref().unwrap_or_default())?;
     let token = args.token_file.as_deref().map(read_token).transpose()?;
+    if token.is_none() {
+        refuse_open_listener(address)?;
+    }
     let listener =
         TcpListener::bind(address).with_context(|| format!("cannot listen on {address}"))?;
     eprintln!("kumo: waiting for a VM on {}", listener.local_addr()?);
     let (vm, meta) = receive_vm(&listener, token.as_deref(), &args.kvm_device)?;
     let app = AppState::parse(&meta.app)?;
     run_vm(vm, app, args.ctl_socket.as_deref(), epoch, args.json)
+}
+
+/// Without a token, whoever reaches the port may hand kumo a VM to run: only a
+/// loopback address (every address `address` resolves to) may listen so.
+fn refuse_open_listener(address: &str) -> Result<()> {
+    let addrs: Vec<_> = address
+        .to_socket_addrs()
+        .with_context(|| format!("cannot resolve {address}"))?
+        .collect();
+    if let Some(open) = addrs.iter().find(|a| !a.ip().is_loopback()) {
+        bail!(
+            "--incoming tcp:{address} listens beyond this host ({}) without --token-file: \
+             give one, or a loopback address such as 127.0.0.1",
+            open.ip()
+        );
+    }
+    Ok(())
 }
 
 /// Accepts one source on `listener`, checks its token, and builds the VM it sends.
@@ -327,18 +455,28 @@ pub fn receive_vm(
 ) -> Result<(Vm, hv::migration::Meta)> {
     let (stream, peer) = listener.accept().context("accepting the source")?;
     stream.set_nodelay(true)?;
-    stream.set_read_timeout(Some(PEER_TIMEOUT))?;
-    stream.set_write_timeout(Some(PEER_TIMEOUT))?;
-    hv::migration::auth::destination(&mut &stream, token)
+    // A client that fails the handshake, or does not finish it in time, ends this
+    // kumo as a bad token does (one line, exit 2).
+    let mut handshake = Deadline {
+        stream: &stream,
+        at: Instant::now() + HANDSHAKE_TIMEOUT,
+    };
+    hv::migration::auth::destination(&mut handshake, token)
         .with_context(|| format!("incoming migration from {peer}"))?;
+    stream.set_write_timeout(Some(PEER_TIMEOUT))?;
     stream.set_read_timeout(Some(STREAM_TIMEOUT))?;
     // Each round is acknowledged as soon as it is in RAM: the source pauses the VM
     // only once this side has caught up.
+    let source = format!("the source {peer}");
+    let watched = || Watched {
+        stream: &stream,
+        peer: &source,
+    };
     let (vm, meta) = hv::builder::build_incoming(
-        &mut BufReader::with_capacity(1 << 20, &stream),
+        &mut BufReader::with_capacity(1 << 20, watched()),
         kvm_device,
         |round| {
-            hv::migration::stream::write_reply(&mut &stream, Reply::Applied(round))
+            hv::migration::stream::write_reply(&mut watched(), Reply::Applied(round))
                 .map_err(hv::Error::from)
         },
     )
@@ -379,10 +517,11 @@ impl Controlled for VmTarget {
     }
     fn snapshot(&self, path: &Path, stop: bool) -> Result<Value, String> {
         self.write_snapshot(path, stop)
-            .map_err(|e| format!("{e:#}"))
+            .map_err(|e| crate::output::error_chain(&e))
     }
     fn migrate(&self, request: &MigrateRequest) -> Result<Value, String> {
-        self.migrate_to(request).map_err(|e| format!("{e:#}"))
+        self.migrate_to(request)
+            .map_err(|e| crate::output::error_chain(&e))
     }
     fn vcpu_balloon(&self, domain: Option<&str>, active: Option<u32>) -> Result<Value, String> {
         if let Some(name) = domain {
@@ -451,8 +590,8 @@ pub fn run_controlled(args: &VmArgs, epoch: Instant) -> Result<u8> {
 /// `kumo --restore PATH`: runs a saved VM on from where it was saved.
 pub fn run_restore(args: &VmArgs, epoch: Instant) -> Result<u8> {
     let path = args.restore.as_deref().context("--restore needs a path")?;
-    let file = std::fs::File::open(path)
-        .with_context(|| format!("cannot open snapshot {}", path.display()))?;
+    // A regular file only: a FIFO without a writer would block the open for ever.
+    let (file, _) = crate::input::open_regular("snapshot", path)?;
     let (vm, meta) = hv::builder::build_from_snapshot(&mut BufReader::new(file), &args.kvm_device)
         .with_context(|| format!("cannot restore {}", path.display()))?;
     let app = AppState::parse(&meta.app)?;
@@ -537,4 +676,29 @@ pub fn run_vm(
     let verdict = run.judge(&specs, app.vcpus);
     report::print(&verdict, json);
     Ok(verdict.exit_code())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stalled_peer_is_named_with_what_it_did_not_do() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let stream = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let _silent = listener.accept().unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let mut watched = Watched {
+            stream: &stream,
+            peer: "the source 127.0.0.1:9",
+        };
+        let err = std::io::Read::read_exact(&mut watched, &mut [0u8; 8]).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::TimedOut);
+        assert_eq!(
+            err.to_string(),
+            "the source 127.0.0.1:9 sent nothing for 0.1 s"
+        );
+    }
 }

@@ -73,17 +73,13 @@ pub fn run(args: &NicServerArgs) -> Result<u8> {
     let network = Arc::new(Network::new(SwitchConfig::default())?);
     let mut listeners = Vec::new();
     for k in 0..args.ports {
-        let served = network.add_served_port(QUEUES)?;
+        let mac = crate::spec::job::mac(args.first_rank + k);
+        let served = network.add_served_port(QUEUES, mac)?;
         let path = port_socket(&args.dir, k);
         let listener =
             listen_at(&path).with_context(|| format!("cannot listen on {}", path.display()))?;
         crate::signals::track_socket(path.clone());
-        listeners.push((
-            listener,
-            served,
-            crate::spec::job::mac(args.first_rank + k),
-            path,
-        ));
+        listeners.push((listener, served, mac, path));
     }
     let _running = network.start_polling(None, std::time::Duration::from_micros(args.poll_us))?;
     eprintln!(
@@ -785,7 +781,7 @@ mod tests {
             raw in proptest::collection::vec((0u16..16, proptest::collection::vec(any::<u8>(), 0..48)), 0..20),
         ) {
             let network = Network::new(SwitchConfig::default()).unwrap();
-            let served = network.add_served_port(QUEUES).unwrap();
+            let served = network.add_served_port(QUEUES, [2, 0, 0, 0, 0, 1]).unwrap();
             let mut session = Session {
                 served: &served,
                 mac: [2, 0, 0, 0, 0, 1],
@@ -811,7 +807,7 @@ mod tests {
     #[test]
     fn dma_maps_must_fit_their_file_and_not_overlap() {
         let network = Network::new(SwitchConfig::default()).unwrap();
-        let served = network.add_served_port(QUEUES).unwrap();
+        let served = network.add_served_port(QUEUES, [2, 0, 0, 0, 0, 1]).unwrap();
         let mut session = Session {
             served: &served,
             mac: [2, 0, 0, 0, 0, 1],

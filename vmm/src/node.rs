@@ -256,6 +256,14 @@ pub fn run(
         None => None,
     };
     let start = Instant::now();
+    // One deadline for the node: its VMs start one after another, and a --timeout
+    // counted from each one's own start would end the node late.
+    for vm in &mut vms {
+        vm.set_limits(hv::RunLimits {
+            since: Some(start),
+            ..hv::stop::default_limits()
+        });
+    }
     let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
     let mut contended = vec![Duration::ZERO; node.domains.len()];
     let runs: Vec<Result<GuestRun>> = std::thread::scope(|scope| {
@@ -465,6 +473,7 @@ pub fn json_lines(
             "frames": s.received,
             "bytes": s.received_bytes,
             "held": s.held,
+            "spoofed": s.spoofed,
         })),
     }));
     lines

@@ -115,3 +115,79 @@ mod tests {
         assert_eq!(table(&rows, 1), "a    bb   1\nccc   d  22\n");
     }
 }
+
+/// An error and its causes on one line, `outer: cause: cause`, each text once: many
+/// errors quote their cause in their own text (`VM stream: {0}`, a context naming the
+/// I/O error) and name it as their source too, which `{:#}` would print again.
+pub fn error_chain(err: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
+/// A socket timeout (`EAGAIN` from a read or write with `SO_RCVTIMEO`/`SO_SNDTIMEO`,
+/// printed as "Resource temporarily unavailable") said as what it is: `stalled()`
+/// names the peer and what it failed to do ("the source 10.0.0.1:4444 sent nothing
+/// for 60 s"). Other errors pass unchanged.
+pub fn name_timeout(e: std::io::Error, stalled: impl FnOnce() -> String) -> std::io::Error {
+    match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+            std::io::Error::new(std::io::ErrorKind::TimedOut, stalled())
+        }
+        _ => e,
+    }
+}
+
+/// Seconds, as timeouts are shown: `60`, `0.2`.
+pub fn seconds(d: Option<std::time::Duration>) -> String {
+    d.map_or_else(|| "ever".into(), |d| format!("{}", d.as_secs_f64()))
+}
+
+#[cfg(test)]
+mod chain_tests {
+    /// An error that quotes its cause and names it as its source (as thiserror's
+    /// `#[error("VM stream: {0}")] Stream(#[from] ...)` does).
+    #[derive(Debug)]
+    struct Quoting(std::io::Error);
+
+    impl std::fmt::Display for Quoting {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "VM stream: {}", self.0)
+        }
+    }
+
+    impl std::error::Error for Quoting {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn a_cause_quoted_by_its_error_is_printed_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the stream ended");
+        let err = anyhow::Error::from(Quoting(io)).context("cannot restore x.snap");
+        assert_eq!(
+            format!("{err:#}"),
+            "cannot restore x.snap: VM stream: the stream ended: the stream ended",
+            "what {{:#}} prints"
+        );
+        assert_eq!(
+            super::error_chain(&err),
+            "cannot restore x.snap: VM stream: the stream ended"
+        );
+        // Causes that are not quoted are all kept, in order.
+        let err = anyhow::anyhow!("EOF")
+            .context("reading")
+            .context("migration to h:1");
+        assert_eq!(super::error_chain(&err), "migration to h:1: reading: EOF");
+    }
+}

@@ -3,6 +3,12 @@
 //!
 //! - **Learning**: each frame's source MAC is bound to the port it came in on (a bounded
 //!   table; a MAC seen on a new port moves).
+//! - **No spoofing**: a port may only send from the MACs it is allowed ([`Sources`]): a
+//!   guest NIC's port from the MAC it was assigned, a wire (the node's uplink) from any
+//!   MAC not assigned to a port here. Other frames are dropped and counted
+//!   ([`SwitchStats::spoofed`]) before anything is learned from them, so a peer cannot
+//!   move a local guest's MAC to its own port and take its traffic (as Xen's
+//!   `vif` anti-spoofing rules and Linux bridges' locked ports refuse).
 //! - **Forwarding**: unicast to a learned MAC goes to its port; broadcast, multicast and
 //!   unknown unicast are flooded to every other port that is up.
 //! - **Queues**: each destination port keeps one FIFO per source port, each bounded to
@@ -104,6 +110,18 @@ pub enum DropReason {
     NoDestination,
     /// The source port does not exist or is down.
     BadSource,
+    /// From a source MAC the port may not send from ([`Sources`]).
+    Spoofed,
+}
+
+/// Which source MACs a port may send from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sources {
+    /// A guest NIC's port: only the MAC it was assigned.
+    Assigned([u8; 6]),
+    /// A wire to other hosts or processes: any MAC not assigned to a port of this
+    /// switch (what is behind the wire moves between its ports freely).
+    Foreign,
 }
 
 /// Where a frame can go, decided from its header alone ([`Switch::route`]).
@@ -149,6 +167,8 @@ pub struct SwitchStats {
     pub hairpin: u64,
     pub no_destination: u64,
     pub bad_source: u64,
+    /// Frames dropped because their source MAC was not the port's to send from.
+    pub spoofed: u64,
     /// Queued frame copies discarded because their destination went down or away.
     pub discarded: u64,
     /// Source MACs not learned because the table was full.
@@ -163,6 +183,7 @@ struct Parked {
 
 struct Port {
     up: bool,
+    sources: Sources,
     /// Frames for this port, one FIFO per source port.
     inbox: Vec<VecDeque<Arc<[u8]>>>,
     /// Frames in `inbox`.
@@ -174,9 +195,10 @@ struct Port {
 }
 
 impl Port {
-    fn new(ports: usize) -> Port {
+    fn new(ports: usize, sources: Sources) -> Port {
         Port {
             up: true,
+            sources,
             inbox: (0..ports).map(|_| VecDeque::new()).collect(),
             pending: 0,
             cursor: 0,
@@ -190,6 +212,8 @@ pub struct Switch {
     config: SwitchConfig,
     ports: Vec<Option<Port>>,
     macs: HashMap<[u8; 6], PortId>,
+    /// MACs assigned to ports ([`Sources::Assigned`]), with how many ports hold each.
+    assigned: HashMap<[u8; 6], usize>,
     stats: SwitchStats,
 }
 
@@ -206,6 +230,7 @@ impl Switch {
             },
             ports: Vec::new(),
             macs: HashMap::new(),
+            assigned: HashMap::new(),
             stats: SwitchStats::default(),
         }
     }
@@ -214,8 +239,8 @@ impl Switch {
         self.stats
     }
 
-    /// A new port, up.
-    pub fn add_port(&mut self) -> PortId {
+    /// A new port, up, that may send from `sources`.
+    pub fn add_port(&mut self, sources: Sources) -> PortId {
         let id = self
             .ports
             .iter()
@@ -228,7 +253,14 @@ impl Switch {
         for port in self.ports.iter_mut().flatten() {
             port.inbox.resize_with(count, VecDeque::new);
         }
-        self.ports[id] = Some(Port::new(count));
+        self.ports[id] = Some(Port::new(count, sources));
+        if let Sources::Assigned(mac) = sources {
+            *self.assigned.entry(mac).or_default() += 1;
+            // Whoever sent from it before it was assigned loses it.
+            if self.macs.get(&mac).is_some_and(|&owner| owner != id) {
+                self.macs.remove(&mac);
+            }
+        }
         id
     }
 
@@ -236,8 +268,17 @@ impl Switch {
     /// owed by blocked sources are forgiven. Returns sources unblocked by this.
     pub fn remove_port(&mut self, port: PortId) -> Vec<PortId> {
         let unblocked = self.set_up(port, false);
-        if let Some(slot) = self.ports.get_mut(port) {
-            *slot = None;
+        let removed = self.ports.get_mut(port).and_then(Option::take);
+        if let Some(Port {
+            sources: Sources::Assigned(mac),
+            ..
+        }) = removed
+            && let Some(count) = self.assigned.get_mut(&mac)
+        {
+            *count -= 1;
+            if *count == 0 {
+                self.assigned.remove(&mac);
+            }
         }
         // Frames it sent that still wait elsewhere are delivered as usual.
         unblocked
@@ -341,6 +382,16 @@ impl Switch {
         }
     }
 
+    /// Whether `source` may send a frame with this header (from its source MAC).
+    fn may_send(&self, source: PortId, header: &[u8]) -> bool {
+        let mac = &header[6..12];
+        match self.port(source).map(|p| p.sources) {
+            Some(Sources::Assigned(own)) => mac == own,
+            Some(Sources::Foreign) => !self.assigned.contains_key(mac),
+            None => false,
+        }
+    }
+
     fn learn(&mut self, source: PortId, frame: &[u8]) {
         let mut mac = [0u8; 6];
         mac.copy_from_slice(&frame[6..12]);
@@ -361,6 +412,7 @@ impl Switch {
             DropReason::Hairpin => &mut self.stats.hairpin,
             DropReason::NoDestination => &mut self.stats.no_destination,
             DropReason::BadSource => &mut self.stats.bad_source,
+            DropReason::Spoofed => &mut self.stats.spoofed,
         };
         *counter += 1;
         Ingress::Dropped(reason)
@@ -379,6 +431,9 @@ impl Switch {
         }
         if frame.len() > self.config.max_frame {
             return self.drop_frame(DropReason::Giant);
+        }
+        if !self.may_send(source, frame) {
+            return self.drop_frame(DropReason::Spoofed);
         }
         self.stats.received += 1;
         self.stats.received_bytes += frame.len() as u64;
@@ -422,7 +477,8 @@ impl Switch {
     /// whether it can skip the queues: unicast to a learned port other than the
     /// source, with nothing queued there (so order holds, and a sender going direct
     /// cannot overtake senders waiting in the round-robin) and `source` not blocked. Learns the source MAC. Everything else (floods,
-    /// malformed frames, a blocked source) is [`Route::Switched`].
+    /// malformed frames, a blocked source, a spoofed source MAC, which
+    /// [`Switch::ingress`] then drops) is [`Route::Switched`].
     pub fn route(&mut self, source: PortId, header: &[u8], len: usize) -> Route {
         let usable = self
             .port(source)
@@ -431,6 +487,7 @@ impl Switch {
             || header.len() < ETHERNET_HEADER_LEN
             || len < ETHERNET_HEADER_LEN
             || len > self.config.max_frame
+            || !self.may_send(source, header)
         {
             return Route::Switched;
         }
@@ -571,7 +628,7 @@ mod tests {
             ..SwitchConfig::default()
         });
         for _ in 0..ports {
-            s.add_port();
+            s.add_port(Sources::Foreign);
         }
         s
     }
@@ -624,7 +681,7 @@ mod tests {
             max_frame: 100,
             ..SwitchConfig::default()
         });
-        let (a, b) = (s.add_port(), s.add_port());
+        let (a, b) = (s.add_port(Sources::Foreign), s.add_port(Sources::Foreign));
         assert_eq!(s.ingress(a, &[0; 13]), Ingress::Dropped(DropReason::Runt));
         assert_eq!(s.ingress(a, &[0; 101]), Ingress::Dropped(DropReason::Giant));
         assert_eq!(
@@ -829,6 +886,75 @@ mod tests {
         let _ = s.ingress(0, &[0u8; 4]);
         assert_eq!(s.stats().received, 2);
         assert_eq!(s.stats().received_bytes, 16 + 1000);
+    }
+
+    #[test]
+    fn a_port_cannot_send_from_a_mac_that_is_not_its_own() {
+        let mut s = Switch::new(SwitchConfig::default());
+        let a = s.add_port(Sources::Assigned(mac(1)));
+        let b = s.add_port(Sources::Assigned(mac(2)));
+        let wire = s.add_port(Sources::Foreign);
+        // Everyone announces itself; the peer behind the wire is mac 9.
+        let _ = s.ingress(a, &frame([0xff; 6], mac(1), 0));
+        let _ = s.ingress(b, &frame([0xff; 6], mac(2), 0));
+        let _ = s.ingress(wire, &frame([0xff; 6], mac(9), 0));
+        for port in [a, b, wire] {
+            let _ = drain(&mut s, port);
+        }
+        // The wire's peer claims guest a's MAC, switched or by the direct path: dropped,
+        // and a keeps its MAC (and so its traffic).
+        assert_eq!(
+            s.ingress(wire, &frame(mac(2), mac(1), 1)),
+            Ingress::Dropped(DropReason::Spoofed)
+        );
+        assert_eq!(
+            s.route(wire, &frame(mac(2), mac(1), 2), 16),
+            Route::Switched
+        );
+        assert_eq!(s.lookup(&mac(1)), Some(a));
+        // A guest claims another guest's MAC, or one behind the wire, or a new one.
+        for src in [mac(1), mac(9), mac(7)] {
+            assert_eq!(
+                s.ingress(b, &frame([0xff; 6], src, 3)),
+                Ingress::Dropped(DropReason::Spoofed)
+            );
+        }
+        assert_eq!(s.route(b, &frame(mac(9), mac(1), 4), 16), Route::Switched);
+        assert_eq!(
+            (s.lookup(&mac(1)), s.lookup(&mac(9)), s.lookup(&mac(7))),
+            (Some(a), Some(wire), None)
+        );
+        assert_eq!(
+            s.stats().spoofed,
+            4,
+            "route() only declines: ingress counts"
+        );
+        // What is the port's own still flows: b to a, a to the wire, the wire's peer
+        // (any MAC nobody here was assigned) to b.
+        assert_eq!(s.route(b, &frame(mac(1), mac(2), 5), 16), Route::Direct(a));
+        assert_eq!(
+            s.ingress(a, &frame(mac(9), mac(1), 6)),
+            Ingress::Forwarded(1)
+        );
+        assert_eq!(
+            s.ingress(wire, &frame(mac(2), mac(8), 7)),
+            Ingress::Forwarded(1)
+        );
+        assert_eq!(drain(&mut s, wire), [(1, 6)]);
+        assert_eq!(drain(&mut s, b), [(8, 7)]);
+        // A guest's MAC stays its own while its driver resets, and is free once its
+        // port is gone.
+        let _ = s.set_up(a, false);
+        assert_eq!(
+            s.ingress(wire, &frame([0xff; 6], mac(1), 8)),
+            Ingress::Dropped(DropReason::Spoofed)
+        );
+        let _ = s.remove_port(a);
+        assert_eq!(
+            s.ingress(wire, &frame([0xff; 6], mac(1), 9)),
+            Ingress::Forwarded(1)
+        );
+        assert_eq!(s.stats().spoofed, 5);
     }
 
     #[test]

@@ -12,7 +12,7 @@ use super::transport::*;
 use super::{
     Activation, InterruptCause, VirtioDevice, VirtioInterrupt, VirtioPciDevice, features, status,
 };
-use crate::net::switch::{Switch, SwitchConfig};
+use crate::net::switch::{Sources, Switch, SwitchConfig};
 use crate::pci::config;
 use crate::pci::msix::{self, MsiMessage, MsixSink};
 
@@ -845,7 +845,10 @@ fn held_frames_on_a_full_rx_ring_are_released_when_buffers_appear() {
         queue_frames: 2,
         ..SwitchConfig::default()
     });
-    let (pa, pb) = (switch.add_port(), switch.add_port());
+    let (pa, pb) = (
+        switch.add_port(Sources::Foreign),
+        switch.add_port(Sources::Foreign),
+    );
     let b_mac = mac(0xb);
     // B announces itself so the switch learns its MAC.
     let hello = frame([0xff; 6], b_mac, 10, 0);
@@ -1433,7 +1436,10 @@ fn unicast_frames_go_straight_from_tx_buffers_into_rx_buffers_in_order() {
     let (a, mut rings_a, _) = active_net(1, &mem_a);
     let (b, mut rings_b, _) = active_net(1, &mem_b);
     let mut switch = Switch::new(SwitchConfig::default());
-    let (pa, pb) = (switch.add_port(), switch.add_port());
+    let (pa, pb) = (
+        switch.add_port(Sources::Foreign),
+        switch.add_port(Sources::Foreign),
+    );
     let b_mac = mac(0xb);
     let hello = frame([0xff; 6], b_mac, 10, 0);
     mem_b

@@ -302,7 +302,11 @@ fn standby_side(
         match migrate(&args, at_s) {
             Ok(m) => migrations.push(m),
             Err(e) => {
-                problems.push(format!("migration {}: {e:#}", k + 1));
+                problems.push(format!(
+                    "migration {}: {}",
+                    k + 1,
+                    kumo_vmm::output::error_chain(&e)
+                ));
                 break;
             }
         }

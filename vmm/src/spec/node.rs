@@ -606,17 +606,56 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
     })
 }
 
+/// The guest's `net=` grammar and limits (`guests/user/src/network.rs`, `parse_net`):
+/// at most 8 items joined by `+`, each `check`, `pingpong:SIZES` or `bw:SIZES`, SIZES 1
+/// to 16 byte counts of at most 64 MiB joined by `,`. Checked here so a bad value is
+/// one line before any guest runs, not an error from every guest.
+fn check_net_items(net: &str) -> Result<(), String> {
+    const MAX_ITEMS: usize = 8;
+    const MAX_SIZES: usize = 16;
+    const MAX_SIZE: u64 = 64 << 20;
+    let items: Vec<&str> = net.split('+').collect();
+    if items.len() > MAX_ITEMS {
+        return Err(format!("{} items, at most {MAX_ITEMS}", items.len()));
+    }
+    for item in items {
+        if item == "check" {
+            continue;
+        }
+        let Some(sizes) = item
+            .strip_prefix("pingpong:")
+            .or_else(|| item.strip_prefix("bw:"))
+        else {
+            return Err(format!("'{item}' is not check, pingpong:SIZES or bw:SIZES"));
+        };
+        let sizes: Vec<&str> = sizes.split(',').collect();
+        if sizes.len() > MAX_SIZES {
+            return Err(format!(
+                "'{item}' has {} sizes, at most {MAX_SIZES}",
+                sizes.len()
+            ));
+        }
+        for size in sizes {
+            match size.parse::<u64>() {
+                Ok(n) if n <= MAX_SIZE => {}
+                _ => {
+                    return Err(format!(
+                        "'{size}' in '{item}' is not a size of at most {MAX_SIZE} bytes"
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 fn validate_network(file: NetworkFile) -> Result<Network> {
     if file.npb.is_some() && file.net.is_some() {
         bail!("[network]: give net (the guests' network workloads) or npb (NPB-MPI), not both");
     }
     let net = file.net.unwrap_or_else(|| "check".into());
-    if net.is_empty()
-        || !net
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || ":,+".contains(c))
-    {
-        bail!("[network]: net '{net}' is not a list of the guest's net= items");
+    if let Err(problem) = check_net_items(&net) {
+        bail!("[network]: net '{net}' is not a list of the guest's net= items: {problem}");
     }
     let wait = file.wait.unwrap_or_else(|| "spin".into());
     if wait != "spin" && wait != "block" && wait != "yield" {
@@ -1049,6 +1088,33 @@ guest_hz = 1000
         assert!(error(wait).contains("wait 'nap' is not spin, block or yield"));
         let net = "pcpus = [0]\n[network]\nnet = \"x y\"\n[[domain]]\nname = \"a\"\nmpi = true\n";
         assert!(error(net).contains("not a list of the guest's net= items"));
+        // What the guest's parser refuses is refused here, naming the item.
+        for (bad, named) in [
+            ("chek", "'chek' is not check"),
+            ("check+", "'' is not check"),
+            ("pingpong:", "'' in 'pingpong:'"),
+            ("bw:1,x", "'x' in 'bw:1,x'"),
+            ("pingpong:67108865", "'67108865' in"),
+            (
+                "check+check+check+check+check+check+check+check+check",
+                "9 items",
+            ),
+            ("pingpong:1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1", "17 sizes"),
+        ] {
+            let file = format!(
+                "pcpus = [0]\n[network]\nnet = \"{bad}\"\n[[domain]]\nname = \"a\"\nmpi = true\n"
+            );
+            let err = error(&file);
+            assert!(err.contains(named), "{bad}: {err}");
+        }
+        for good in ["check", "pingpong:0,64,67108864+bw:1500+check"] {
+            let file = format!(
+                "pcpus = [0]\n[network]\nnet = \"{good}\"\n[[domain]]\nname = \"a\"\nmpi = true\nvcpus = 2\n"
+            );
+            if let Err(e) = node(&file) {
+                panic!("{good} was refused: {e:#}");
+            }
+        }
     }
 
     #[test]
