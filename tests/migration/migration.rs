@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use common::*;
 
 /// A loopback port nobody listens on now.
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -20,7 +20,7 @@ fn free_port() -> u16 {
 }
 
 /// Waits (hang guard of the test's process) until something listens on `port`.
-fn wait_listening(port: u16) {
+pub(crate) fn wait_listening(port: u16) {
     let wanted = format!("0100007F:{port:04X}");
     let start = std::time::Instant::now();
     loop {
@@ -40,7 +40,7 @@ fn wait_listening(port: u16) {
     }
 }
 
-fn token(name: &str, secret: &str) -> std::path::PathBuf {
+pub(crate) fn token(name: &str, secret: &str) -> std::path::PathBuf {
     let path = scratch(name);
     std::fs::write(&path, secret).unwrap();
     path
@@ -133,7 +133,7 @@ fn assert_verified(out: &std::process::Output, who: &str) {
 }
 
 /// The JSON lines of a run that exited 0.
-fn succeeded(out: &std::process::Output, who: &str) -> Vec<serde_json::Value> {
+pub(crate) fn succeeded(out: &std::process::Output, who: &str) -> Vec<serde_json::Value> {
     assert!(
         out.status.success(),
         "{who}: {:?}: {}",
@@ -152,7 +152,7 @@ fn assert_benchmark_verified(out: &std::process::Output, benchmark: &str, who: &
 }
 
 /// One line on stderr, kumo's error format, exit status 2.
-fn assert_one_line_error(out: &std::process::Output, who: &str, needle: &str) {
+pub(crate) fn assert_one_line_error(out: &std::process::Output, who: &str, needle: &str) {
     assert_eq!(out.status.code(), Some(2), "{who}: {}", text(&out.stderr));
     let err = text(&out.stderr);
     let errors: Vec<&str> = err

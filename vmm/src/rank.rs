@@ -71,7 +71,9 @@ impl RankApp {
                 self.wire_wait_s
             );
         }
-        self.job().check_shape(1, self.local_ranks(vcpus)).map(|_| ())
+        self.job()
+            .check_shape(1, self.local_ranks(vcpus))
+            .map(|_| ())
     }
 
     /// Checks the rank's NICs and ranks per vCPU against the VM's `vcpus` (a node's
@@ -158,6 +160,8 @@ pub struct RankNetwork {
 pub fn attach(vm: &mut Vm, rank: &RankApp, vcpus: u32) -> Result<RankNetwork> {
     rank.check(vcpus)?;
     let network = Network::new(SwitchConfig::default())?;
+    // The network is this VM's: its wire goes with it when it moves.
+    network.moves_with_its_vm();
     for (k, &mac) in rank.macs.iter().enumerate() {
         let setup = NicSetup {
             mac,
