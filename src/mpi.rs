@@ -141,10 +141,7 @@ fn run_npb(args: &MpiArgs, list: &str, epoch: Instant) -> Result<u8> {
     let ranks = args.job_size.unwrap_or(args.vms.saturating_mul(local));
     let specs = parse_npb(list, ranks)?;
     if args.ctl_socket.is_some() {
-        if !sched.is_empty() {
-            bail!("--ranks-per-vcpu and --guest-hz do not apply to --ctl-socket rank VMs");
-        }
-        return run_controlled(args, &specs, epoch);
+        return run_controlled(args, &specs, &sched, epoch);
     }
     let job = Job {
         size: ranks,
@@ -363,8 +360,9 @@ fn parse_sizes(list: &str) -> Result<Vec<u64>> {
 }
 
 /// `kumo mpi --vms 1 --npb LIST --ctl-socket PATH`: this process's VM of the job,
-/// saveable and movable while it runs.
-pub fn run_controlled(args: &MpiArgs, specs: &[Spec], epoch: Instant) -> Result<u8> {
+/// saveable and movable while it runs; `sched` holds the guest scheduler's words
+/// (`--ranks-per-vcpu`, `--guest-hz`).
+pub fn run_controlled(args: &MpiArgs, specs: &[Spec], sched: &str, epoch: Instant) -> Result<u8> {
     let socket = args
         .ctl_socket
         .as_deref()
@@ -392,26 +390,28 @@ pub fn run_controlled(args: &MpiArgs, specs: &[Spec], epoch: Instant) -> Result<
         None => None,
     };
     let first = args.first_rank;
+    let local = args.vcpus.saturating_mul(args.ranks_per_vcpu);
     let rank = rank::RankApp {
         first_rank: first,
-        job_size: args.job_size.unwrap_or(args.vcpus),
+        job_size: args.job_size.unwrap_or(local),
         wait: args.wait,
         irq_path: args.irq_path,
-        macs: (first..first.saturating_add(args.vcpus))
+        macs: (first..first.saturating_add(local))
             .map(kumo_vmm::spec::job::mac)
             .collect(),
         wire,
         wire_wait_s: args.wire_wait.min(rank::MAX_WIRE_WAIT_S),
+        ranks_per_vcpu: args.ranks_per_vcpu,
+        guest_hz: args.guest_hz,
     };
-    rank.job().check_shape(1, args.vcpus)?;
+    rank.job().check_shape(1, local)?;
     kumo_vmm::run::check_guest_vcpus(args.vcpus, &args.kvm_device)?;
     let config = kumo_vmm::run::embedded_config(
         args.vcpus,
-        npb_memory_mib(specs, rank.job_size, args.vcpus),
+        npb_memory_mib(specs, rank.job_size, local),
         format!(
-            "mpi={first}:{}:{} {}",
+            "mpi={first}:{}:{local} {}{sched}",
             rank.job_size,
-            args.vcpus,
             npb_extra(specs, args.wait)
         ),
         &args.kvm_device,

@@ -339,6 +339,60 @@ impl CreditDriver {
         Ok(())
     }
 
+    /// Adds a domain to the running scheduler (a node's domain that arrived by
+    /// migration): its vCPUs start runnable with no credit, and are placed once
+    /// their threads exist. A name may be reused only by a domain whose earlier
+    /// holder ended (moved away); changes then apply to the newest.
+    pub fn add_domain(&self, spec: DomainSpec) -> Result<(), Error> {
+        let mut state = self.lock();
+        let live =
+            |state: &State, d: &Dom| d.vcpus.iter().any(|v| !state.vcpus[v.0 as usize].removed);
+        if state
+            .doms
+            .iter()
+            .any(|d| d.name == spec.name && live(&state, d))
+        {
+            return Err(Error::Scheduler(format!(
+                "domain '{}' is already scheduled here",
+                spec.name
+            )));
+        }
+        let now = state.now();
+        let id = state
+            .sched
+            .add_domain(spec.weight, spec.cap)
+            .map_err(|e| Error::Scheduler(format!("domain '{}': {e}", spec.name)))?;
+        let mut ids = Vec::new();
+        let mut tickles = Tickles::new();
+        for index in 0..spec.control.vcpus() {
+            let v = state
+                .sched
+                .add_vcpu(now, id)
+                .map_err(|e| Error::Scheduler(e.to_string()))?;
+            debug_assert_eq!(v.0 as usize, state.vcpus.len(), "vCPU ids in order");
+            tickles.extend(state.sched.wake(now, v));
+            ids.push(v);
+            state.vcpus.push(VcpuRef {
+                runner: Runner::Vcpu {
+                    control: spec.control.clone(),
+                    index,
+                },
+                blocked: false,
+                removed: false,
+                applied: None,
+            });
+        }
+        state.doms.push(Dom {
+            name: spec.name,
+            id,
+            vcpus: ids,
+        });
+        state.reschedule(now, tickles);
+        drop(state);
+        self.shared.poke.notify_all();
+        Ok(())
+    }
+
     pub fn domains(&self) -> Vec<DomainView> {
         let state = self.lock();
         state.doms.iter().map(|d| state.view(d)).collect()
@@ -352,7 +406,7 @@ impl CreditDriver {
         cap: Option<u32>,
     ) -> Result<DomainView, Error> {
         let mut state = self.lock();
-        let Some(d) = state.doms.iter().position(|d| d.name == name) else {
+        let Some(d) = state.doms.iter().rposition(|d| d.name == name) else {
             return Err(Error::Scheduler(format!("no domain '{name}'")));
         };
         let id = state.doms[d].id;

@@ -103,6 +103,11 @@ enum Change {
     Down(PortId),
     /// A port's TX may move again (a receiver it waited on went away).
     Resume(PortId),
+    /// A NIC attached while the switch thread runs: its doorbells join the epoll set.
+    Added(PortId),
+    /// A gratuitous frame (RARP, as QEMU's self-announce) from this MAC on this port:
+    /// learning switches on the way, across wires too, bind the MAC to where it is now.
+    Announce(PortId, [u8; 6]),
 }
 
 /// What is plugged into a switch port.
@@ -126,6 +131,12 @@ struct Shared {
     changes: Mutex<VecDeque<Change>>,
     control: EventFd,
     gate: Gate,
+    /// The switch thread has its epoll set: NICs attached from now on are announced
+    /// to it ([`Change::Added`]). Set and read with `ports` locked.
+    started: std::sync::atomic::AtomicBool,
+    /// Every NIC is one VM's, which takes the network with it when it moves
+    /// ([`Network::moves_with_its_vm`]).
+    one_vm: std::sync::atomic::AtomicBool,
 }
 
 /// Holds the switch thread still while a VM of the network is paused (a snapshot or
@@ -204,6 +215,8 @@ impl Gate {
 struct NicQuiesce {
     shared: Weak<Shared>,
     event_loop: crate::irq::LoopFlush,
+    /// The NIC's switch port.
+    port: PortId,
 }
 
 impl crate::migration::Quiesce for NicQuiesce {
@@ -218,13 +231,22 @@ impl crate::migration::Quiesce for NicQuiesce {
             shared.gate.release();
         }
     }
-    /// The VM runs elsewhere now: the network's wires close at once, so a listening
+    /// The VM runs elsewhere now. A network that is the VM's alone
+    /// ([`Network::moves_with_its_vm`]): its wires close at once, so a listening
     /// peer takes the destination's connection as the same port without waiting for
-    /// this process to tear the VM down. Closed before the switch moves again: frames
-    /// the guest queued before the pause leave from the destination only.
+    /// this process to tear the VM down. A network other VMs share (a node's): the
+    /// NIC's port goes down, forgetting its MAC (frames for it flood, the wire
+    /// included, until the destination announces it) and dropping what was queued
+    /// for it. Either before the switch moves again: frames the guest queued before
+    /// the pause leave from the destination only.
     fn hand_off(&self) {
         if let Some(shared) = self.shared.upgrade() {
-            shared.close_wires_and_release();
+            if shared.one_vm.load(Ordering::Relaxed) {
+                shared.close_wires_and_release();
+            } else {
+                shared.port_gone(self.port);
+                shared.gate.release();
+            }
         }
     }
 }
@@ -245,6 +267,23 @@ impl Shared {
             wire.close();
         }
         self.gate.release();
+    }
+
+    /// `port`'s NIC is gone (unplugged, or its VM moved away): the port goes down
+    /// and the senders it held move again.
+    fn port_gone(&self, port: PortId) {
+        // Its MAC may now arrive over a wire (the VM moved to another node).
+        let unblocked = self.switch().release_port(port);
+        self.tell(unblocked.into_iter().map(Change::Resume));
+    }
+
+    /// Queues changes for the switch thread and wakes it.
+    fn tell(&self, changes: impl IntoIterator<Item = Change>) {
+        self.changes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(changes);
+        let _ = self.control.write(1);
     }
 
     fn switch(&self) -> MutexGuard<'_, Switch> {
@@ -332,6 +371,8 @@ impl Network {
                 changes: Mutex::new(VecDeque::new()),
                 control: EventFd::new(EFD_NONBLOCK).map_err(os("creating an eventfd"))?,
                 gate: Gate::default(),
+                started: std::sync::atomic::AtomicBool::new(false),
+                one_vm: std::sync::atomic::AtomicBool::new(false),
             }),
         })
     }
@@ -392,6 +433,7 @@ impl Network {
         vm.migration_hub().add_quiescer(Arc::new(NicQuiesce {
             shared: Arc::downgrade(&self.shared),
             event_loop: event_loop.flusher(),
+            port,
         }));
         let mut ports = self.shared.ports();
         debug_assert_eq!(ports.len(), port, "ports are numbered in attach order");
@@ -400,7 +442,31 @@ impl Network {
             notify,
             _in_vm: Some((transport, event_loop)),
         })));
+        // A VM arriving at a running network (a node's domain migrated here): the
+        // switch thread adds its doorbells.
+        if self.shared.started.load(Ordering::Relaxed) {
+            drop(ports);
+            self.shared.tell([Change::Added(port)]);
+        }
         Ok(port)
+    }
+
+    /// Every NIC of this network is one VM's, and the network (its wires) goes
+    /// with that VM when it moves: its hand-off closes the wires, so a listening
+    /// peer takes the destination's connection as the same port (a rank VM of
+    /// `kumo mpi --ctl-socket`). Without it a moving VM's NICs leave the network
+    /// and the wires stay (a node's domain moving to another node).
+    pub fn moves_with_its_vm(&self) {
+        self.shared.one_vm.store(true, Ordering::Relaxed);
+    }
+
+    /// Sends a gratuitous broadcast frame (RARP, as QEMU announces a migrated VM) from
+    /// `mac` on NIC `port`: this switch, and every learning switch the flood reaches
+    /// across the wires, binds `mac` to the way to this port. A VM that arrived
+    /// from another node announces each of its MACs so that its old node's switch
+    /// sends their frames down the wire rather than flooding them.
+    pub fn announce(&self, port: PortId, mac: [u8; 6]) {
+        self.shared.tell([Change::Announce(port, mac)]);
     }
 
     /// A port for a NIC served to another process (before [`Network::start`]): `queues`
@@ -519,7 +585,8 @@ impl Network {
         };
         add(stop.as_raw_fd(), STOP)?;
         add(self.shared.control.as_raw_fd(), CONTROL)?;
-        for (port, endpoint) in self.shared.ports().iter().enumerate() {
+        let ports = self.shared.ports();
+        for (port, endpoint) in ports.iter().enumerate() {
             match endpoint {
                 Endpoint::Nic(nic) => {
                     for (queue, fd) in nic.notify.iter().enumerate() {
@@ -529,6 +596,9 @@ impl Network {
                 Endpoint::Wire(wire) => add(wire.event.as_raw_fd(), token(port, 0))?,
             }
         }
+        // NICs attached from now on are added by the switch thread (`Change::Added`).
+        self.shared.started.store(true, Ordering::Relaxed);
+        drop(ports);
         let shared = self.shared.clone();
         let thread_stop = stop.try_clone().map_err(os("duplicating an eventfd"))?;
         self.shared.gate.set(|g| g.running = true);
@@ -684,6 +754,21 @@ fn keep_freed_memory() {
     unsafe { libc::mallopt(libc::M_TRIM_THRESHOLD, 64 << 20) };
 }
 
+/// A RARP request from `mac` to everyone (QEMU's self-announce frame): ignored by the
+/// guests' MPI (another EtherType), learnt by every switch it crosses.
+fn announcement(mac: [u8; 6]) -> Vec<u8> {
+    let mut frame = vec![0xff; 6];
+    frame.extend_from_slice(&mac);
+    frame.extend_from_slice(&0x8035u16.to_be_bytes()); // RARP
+    frame.extend_from_slice(&[0, 1, 8, 0, 6, 4, 0, 3]); // Ethernet/IPv4, request reverse
+    frame.extend_from_slice(&mac);
+    frame.extend_from_slice(&[0; 4]);
+    frame.extend_from_slice(&mac);
+    frame.extend_from_slice(&[0; 4]);
+    frame.resize(60, 0); // the Ethernet minimum, without FCS
+    frame
+}
+
 fn token(port: PortId, queue: u16) -> u64 {
     ((port as u64) << 16) | u64::from(queue)
 }
@@ -728,7 +813,7 @@ impl Worker {
                     }
                     CONTROL => {
                         let _ = self.shared.control.read();
-                        self.apply_changes();
+                        self.apply_changes(epoll);
                     }
                     data => self.doorbell((data >> 16) as PortId, data as u16),
                 }
@@ -752,7 +837,7 @@ impl Worker {
         }
     }
 
-    fn apply_changes(&mut self) {
+    fn apply_changes(&mut self, epoll: &Epoll) {
         loop {
             let change = self
                 .shared
@@ -774,6 +859,30 @@ impl Worker {
                     }
                 }
                 Change::Resume(port) => self.push(Work::Transmit(port)),
+                Change::Added(port) => {
+                    if let Some(nic) = self.shared.nic(port) {
+                        for (queue, fd) in nic.notify.iter().enumerate() {
+                            let event = EpollEvent::new(EventSet::IN, token(port, queue as u16));
+                            if let Err(e) = epoll.ctl(ControlOperation::Add, fd.as_raw_fd(), event)
+                            {
+                                tracing::error!("switch port {port}: its doorbells: {e}");
+                            }
+                        }
+                    }
+                    self.push(Work::Transmit(port));
+                }
+                Change::Announce(port, mac) => {
+                    let mut switch = self.shared.switch();
+                    let taken = switch.ingress(port, &announcement(mac));
+                    tracing::debug!("port {port} announced {mac:02x?}: {taken:?}");
+                    let receivers: Vec<PortId> = (0..self.shared.ports().len())
+                        .filter(|&p| switch.pending(p) > 0)
+                        .collect();
+                    drop(switch);
+                    for receiver in receivers {
+                        self.push(Work::Deliver(receiver));
+                    }
+                }
             }
         }
     }
@@ -974,6 +1083,33 @@ mod tests {
         gate.hold(&network.shared.control);
         drop(running);
         assert!(!gate.lock().running);
+    }
+
+    #[test]
+    fn an_announcement_floods_a_rarp_frame_and_binds_the_mac_to_its_port() {
+        let network = Network::new(SwitchConfig::default()).unwrap();
+        let (a_near, _a_far) = UnixStream::pair().unwrap();
+        let (b_near, mut b_far) = UnixStream::pair().unwrap();
+        let a = network.attach_wire(a_near, None).unwrap();
+        network.attach_wire(b_near, None).unwrap();
+        let running = network.start(None).unwrap();
+        let mac = [2, 0x6b, 0x75, 0, 0, 7];
+        network.announce(a, mac);
+        b_far
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut length = [0u8; 4];
+        b_far.read_exact(&mut length).unwrap();
+        let mut got = vec![0u8; u32::from_be_bytes(length) as usize];
+        b_far.read_exact(&mut got).unwrap();
+        assert_eq!(got.len(), 60);
+        assert_eq!(&got[..6], &[0xff; 6], "broadcast");
+        assert_eq!(&got[6..12], &mac, "from the MAC announced");
+        assert_eq!(&got[12..14], &[0x80, 0x35], "RARP");
+        // This switch (like the one across the wire) sends that MAC's frames the way
+        // the announcement came.
+        assert_eq!(network.shared.switch().lookup(&mac), Some(a));
+        drop(running);
     }
 
     #[test]

@@ -100,6 +100,7 @@ fn domain(name: &str, probe: String) -> Domain {
         guest_hz: None,
         passthrough: Vec::new(),
         passthrough_irq_path: hv::irq::IrqPath::Generic,
+        incoming: None,
     }
 }
 

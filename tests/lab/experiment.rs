@@ -122,8 +122,8 @@ fn s2_quick_measures_every_configuration_and_size_and_draws_both_figures() {
 }
 
 #[test]
-#[ignore = "slow (121 s in a debug build): .ci/run runs it with --include-ignored"]
-fn migrate_quick_moves_a_vm_of_a_running_mpi_job_under_both_slices() {
+#[ignore = "slow (70 s in a debug build): .ci/run runs it with --include-ignored"]
+fn migrate_quick_moves_a_domu_of_a_running_mpi_job_to_a_standby_node_under_both_slices() {
     if !kvm_available() {
         return;
     }
@@ -131,6 +131,8 @@ fn migrate_quick_moves_a_vm_of_a_running_mpi_job_under_both_slices() {
     let (report, out_dir) = quick_run("migrate");
     assert_eq!(report["experiment"], "migrate");
     assert_eq!(report["ok"], true, "{report}");
+    // S1's benchmark, its DomU moved between two nodes (`kumo ctl migrate --domain`).
+    assert_eq!(report["benchmark"], "sp.S", "{report}");
     let runs = report["runs"].as_array().unwrap();
     // Both scenarios, each without and with one stop-and-copy migration.
     assert_eq!(runs.len(), 2 * 2, "{report}");

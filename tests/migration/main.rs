@@ -7,4 +7,5 @@
 mod common;
 
 mod migration;
+mod node_domain;
 mod snapshot;

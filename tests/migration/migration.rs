@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use common::*;
 
 /// A loopback port nobody listens on now.
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -20,7 +20,7 @@ fn free_port() -> u16 {
 }
 
 /// Waits (hang guard of the test's process) until something listens on `port`.
-fn wait_listening(port: u16) {
+pub(crate) fn wait_listening(port: u16) {
     let wanted = format!("0100007F:{port:04X}");
     let start = std::time::Instant::now();
     loop {
@@ -40,7 +40,7 @@ fn wait_listening(port: u16) {
     }
 }
 
-fn token(name: &str, secret: &str) -> std::path::PathBuf {
+pub(crate) fn token(name: &str, secret: &str) -> std::path::PathBuf {
     let path = scratch(name);
     std::fs::write(&path, secret).unwrap();
     path
@@ -133,7 +133,7 @@ fn assert_verified(out: &std::process::Output, who: &str) {
 }
 
 /// The JSON lines of a run that exited 0.
-fn succeeded(out: &std::process::Output, who: &str) -> Vec<serde_json::Value> {
+pub(crate) fn succeeded(out: &std::process::Output, who: &str) -> Vec<serde_json::Value> {
     assert!(
         out.status.success(),
         "{who}: {:?}: {}",
@@ -152,7 +152,7 @@ fn assert_benchmark_verified(out: &std::process::Output, benchmark: &str, who: &
 }
 
 /// One line on stderr, kumo's error format, exit status 2.
-fn assert_one_line_error(out: &std::process::Output, who: &str, needle: &str) {
+pub(crate) fn assert_one_line_error(out: &std::process::Output, who: &str, needle: &str) {
     assert_eq!(out.status.code(), Some(2), "{who}: {}", text(&out.stderr));
     let err = text(&out.stderr);
     let errors: Vec<&str> = err
@@ -835,6 +835,79 @@ fn move_a_rank_mid_job(name: &str, options: &[&str]) {
     assert_job_verified(&dst.finish(), "destination (rank 0)");
     assert_other_rank_ended_well(&listening.finish(), "rank 1");
     assert!(!wire.exists(), "the listener's socket was left behind");
+}
+
+/// The job of the multi-rank move: CG.W on 4 ranks, 2 per vCPU of each process's one
+/// VM, ranks spinning. A rank that waits for the other rank of its vCPU spins until
+/// the guest's periodic LAPIC timer tick preempts it: a tick lost in the move would
+/// hang the job (and the hang guard fail the test). Seconds of work per kernel.
+const MULTI_RANK_JOB: &str = "cg.W,cg.W,cg.W";
+
+/// One VM of 1 vCPU x 2 ranks (ranks `first`, `first + 1`) of a 4-rank
+/// [`MULTI_RANK_JOB`] on `wire`, ticking at 1000 Hz, with more options.
+fn multi_rank_vm(first: u32, wire: &str, extra: &[&str]) -> Background {
+    let first = first.to_string();
+    let mut args = vec![
+        "mpi",
+        "--vms",
+        "1",
+        "--vcpus",
+        "1",
+        "--ranks-per-vcpu",
+        "2",
+        "--guest-hz",
+        "1000",
+        "--job-size",
+        "4",
+        "--first-rank",
+        &first,
+        "--wire",
+        wire,
+        "--npb",
+        MULTI_RANK_JOB,
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    kumo_background(&args)
+}
+
+#[test]
+#[ignore = "slow (20 s in a debug build): .ci/run runs it with --include-ignored"]
+fn a_rank_vm_of_two_ranks_per_vcpu_migrates_and_its_guest_tick_keeps_preempting() {
+    if !kvm_available() {
+        return;
+    }
+    let _turn = take_turn();
+    let wire = scratch("multi-rank-move.wire");
+    let socket = scratch("multi-rank-move.sock");
+    let secret = token("multi-rank-move.token", "multi-rank secret");
+    let port = free_port();
+    let dst = destination(port, &secret);
+    let listening = multi_rank_vm(2, &format!("listen:unix:{}", wire.display()), &[]);
+    let moving = multi_rank_vm(
+        0,
+        &format!("unix:{}", wire.display()),
+        &["--ctl-socket", socket.to_str().unwrap()],
+    );
+    wait_for_path(&socket);
+    let ctl = migrate_once_running(&socket, port, &secret, &[]);
+    assert!(ctl.status.success(), "kumo ctl: {}", text(&ctl.stderr));
+    let reply: serde_json::Value = serde_json::from_slice(&ctl.stdout).unwrap();
+    assert_eq!(reply["ok"], true, "{reply}");
+    let src = moving.finish();
+    assert!(src.status.success(), "source: {}", text(&src.stderr));
+    assert!(json_lines(&src).is_empty(), "the source judged nothing");
+    // Ranks 0 and 1 finish on the destination, still taking turns on its vCPU.
+    let lines = succeeded(&dst.finish(), "destination (ranks 0-1)");
+    let kernels = MULTI_RANK_JOB.split(',').count();
+    assert_eq!(lines.len(), kernels + 1, "{lines:?}");
+    for row in &lines[..kernels] {
+        assert_eq!(row["benchmark"], "cg", "{row}");
+        assert_eq!(row["ranks"], 4, "{row}");
+        assert_eq!(row["ranks_per_vcpu"], 2, "{row}");
+        assert_eq!(row["verified"], true, "{row}");
+    }
+    assert_other_rank_ended_well(&listening.finish(), "ranks 2-3");
 }
 
 #[test]

@@ -357,11 +357,18 @@ pub fn run_ctl(args: &CtlArgs) -> Result<u8> {
         }
         CtlCommand::Migrate {
             target,
+            to,
+            domain,
             token_file,
             max_downtime_ms,
             ack_timeout_ms,
             stop_and_copy,
         } => {
+            let target = match (target, to) {
+                (Some(target), None) | (None, Some(target)) => target,
+                (Some(_), Some(_)) => bail!("migrate: give the destination once (TARGET or --to)"),
+                (None, None) => bail!("migrate: give the destination, tcp:HOST:PORT (or --to)"),
+            };
             let token_file = token_file
                 .as_ref()
                 .map(std::path::absolute)
@@ -374,6 +381,7 @@ pub fn run_ctl(args: &CtlArgs) -> Result<u8> {
                 "max_downtime_ms": max_downtime_ms,
                 "ack_timeout_ms": ack_timeout_ms,
                 "stop_and_copy": stop_and_copy,
+                "domain": domain,
             })
         }
         CtlCommand::VcpuBalloon { domain, active } => {
@@ -471,8 +479,11 @@ pub fn default_socket_path() -> PathBuf {
 /// `kumo ctl ... migrate` without --json.
 pub fn print_migration(reply: &Value) {
     let rounds = reply["rounds"].as_array().map_or(0, Vec::len);
+    let domain = reply["domain"]
+        .as_str()
+        .map_or(String::new(), |d| format!("domain '{d}' "));
     crate::outln!(
-        "migrated to {}: total {:.1} ms, downtime {:.1} ms, {} live round{} + final {} pages, {:.1} MiB sent",
+        "migrated {domain}to {}: total {:.1} ms, downtime {:.1} ms, {} live round{} + final {} pages, {:.1} MiB sent",
         reply["target"].as_str().unwrap_or("?"),
         reply["total_ms"].as_f64().unwrap_or(f64::NAN),
         reply["downtime_ms"].as_f64().unwrap_or(f64::NAN),
@@ -545,7 +556,14 @@ pub enum CtlCommand {
     /// ends only once the destination runs it.
     Migrate {
         /// The destination, tcp:HOST:PORT.
-        target: String,
+        target: Option<String>,
+        /// The destination (the same as TARGET).
+        #[arg(long, value_name = "ADDR")]
+        to: Option<String>,
+        /// The node's domain to move to the node whose domain waits at the
+        /// destination (`incoming = "tcp:HOST:PORT"` in its node file).
+        #[arg(long, value_name = "NAME")]
+        domain: Option<String>,
         /// A file holding the secret both ends share.
         #[arg(long, value_name = "FILE")]
         token_file: Option<PathBuf>,

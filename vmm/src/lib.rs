@@ -18,6 +18,7 @@ pub mod kvm_stats;
 pub mod migrate;
 pub mod nic_server;
 pub mod node;
+pub mod node_move;
 pub mod output;
 pub mod protocol;
 pub mod rank;

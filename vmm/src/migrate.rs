@@ -315,6 +315,9 @@ pub fn read_token(path: &Path) -> Result<Vec<u8>> {
 
 impl VmTarget {
     fn migrate_to(&self, request: &MigrateRequest) -> Result<Value> {
+        if let Some(name) = &request.domain {
+            bail!("migrate --domain {name}: this kumo runs one VM, not a node");
+        }
         let address = parse_tcp(&request.target)?;
         let token = request.token_file.as_deref().map(read_token).transpose()?;
         let report = send_vm(
@@ -453,6 +456,17 @@ pub fn receive_vm(
     token: Option<&[u8]>,
     kvm_device: &Path,
 ) -> Result<(Vm, hv::migration::Meta)> {
+    receive_vm_in(listener, token, kvm_device, None)
+}
+
+/// As [`receive_vm`], the thread that tells the source a member of `dom0` (a node's
+/// domain 0, whose work that is) if given.
+pub fn receive_vm_in(
+    listener: &TcpListener,
+    token: Option<&[u8]>,
+    kvm_device: &Path,
+    dom0: Option<Arc<hv::placement::ThreadGroup>>,
+) -> Result<(Vm, hv::migration::Meta)> {
     let (stream, peer) = listener.accept().context("accepting the source")?;
     stream.set_nodelay(true)?;
     // A client that fails the handshake, or does not finish it in time, ends this
@@ -487,6 +501,7 @@ pub fn receive_vm(
     std::thread::Builder::new()
         .name("migrate-ack".into())
         .spawn(move || {
+            let _member = dom0.as_ref().map(|group| group.join_current());
             if control.wait_started(PEER_TIMEOUT)
                 && let Err(e) = hv::migration::stream::write_reply(&mut &stream, Reply::Running)
                     .inspect(|()| tracing::debug!("incoming VM runs; source told"))

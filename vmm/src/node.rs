@@ -18,6 +18,7 @@ use hv::placement::ThreadGroup;
 
 use crate::args::LimitArgs;
 use crate::ctl;
+use crate::node_move::{Movable, NodeControl, Slot};
 use crate::report::{self, Verdict};
 use crate::run::{self, GuestRun};
 use crate::spec::node::{self as config, Domain, Node};
@@ -41,6 +42,11 @@ pub struct DomainReport {
     pub directed_boosts: u64,
     /// Probe results the guest printed (`@kumo wakeprobe ...`), by kind.
     pub measurements: Vec<(String, std::collections::BTreeMap<String, String>)>,
+    /// It was migrated to this address (`kumo ctl migrate --domain`) and finished
+    /// there: no results here.
+    pub migrated_to: Option<String>,
+    /// It arrived by migration on this address (`incoming` in the node file).
+    pub arrived_on: Option<String>,
 }
 
 pub fn run_node(args: &NodeArgs, epoch: Instant) -> Result<u8> {
@@ -182,11 +188,22 @@ pub fn run(
         }
         None => None,
     };
+    // Domains that arrive by migration: their listeners now, so that a source can
+    // connect as soon as the node runs.
+    let arrivals = node
+        .domains
+        .iter()
+        .map(crate::node_move::listen)
+        .collect::<Result<Vec<_>>>()?;
     let mut vms = Vec::new();
     // Every VM's device backends, kept until every VM has ended (their threads feed
     // the VMs' interrupts).
     let mut attached = Vec::new();
     for domain in &node.domains {
+        if domain.incoming.is_some() {
+            vms.push(None);
+            continue;
+        }
         let config = run::embedded_config(
             domain.vcpus,
             domain.memory_mib,
@@ -206,27 +223,31 @@ pub fn run(
         // What a ballooning guest runs its teams on: the node's CPUs.
         let pcpus = u32::try_from(node.pcpus.len()).unwrap_or(u32::MAX);
         vm.control().host_cpus().set(pcpus);
-        vms.push(vm);
+        vms.push(Some(vm));
         attached.push(devices);
     }
-    let (network, _wire) = match (network, &node.network) {
+    // The network stays at hand while its switch runs: domains that arrive plug
+    // their NICs into it.
+    let (running, _wire) = match (&network, &node.network) {
         (Some(network), Some(net)) => {
             let wire = net
                 .wire
                 .as_ref()
-                .map(|spec| spec.attach(&network, net.wire_wait, Some(&dom0)))
+                .map(|spec| spec.attach(network, net.wire_wait, Some(&dom0)))
                 .transpose()?;
             (Some(network.start(Some(dom0.clone()))?), wire)
         }
         _ => (None, None),
     };
-    let controls: Vec<Arc<VcpuControl>> = vms.iter().map(Vm::control).collect();
+    let controls: Vec<Option<Arc<VcpuControl>>> =
+        vms.iter().map(|vm| vm.as_ref().map(Vm::control)).collect();
     let credit = node.uses_credit();
     let driver = if credit {
         let specs = node
             .domains
             .iter()
             .zip(&controls)
+            .filter_map(|(d, control)| control.as_ref().map(|control| (d, control)))
             .map(|(d, control)| DomainSpec {
                 name: d.name.clone(),
                 weight: d.weight as u16,
@@ -246,19 +267,63 @@ pub fn run(
     } else {
         None
     };
-    let _server = match socket {
-        Some(path) => Some(crate::sched_control::serve(
+    // Each domain's console, recorded so that a migration carries it; and what the
+    // control socket may move.
+    let consoles: Vec<Arc<std::sync::Mutex<Vec<u8>>>> = node
+        .domains
+        .iter()
+        .map(|_| Arc::new(std::sync::Mutex::new(Vec::new())))
+        .collect();
+    let slots = node
+        .domains
+        .iter()
+        .zip(&vms)
+        .zip(&consoles)
+        .map(|((d, vm), console)| {
+            let slot = match vm {
+                None => Slot::Waiting,
+                Some(vm) => match crate::node_move::app_of(node, d) {
+                    Ok(app) => Slot::Movable(Arc::new(Movable::new(vm, console.clone(), app))),
+                    Err(why) => Slot::Fixed(why),
+                },
+            };
+            (d.name.clone(), slot)
+        })
+        .collect();
+    let node_control = Arc::new(NodeControl::new(
+        crate::sched_control::SchedControl::new(
             driver.clone(),
-            node.domains.iter().cloned().zip(controls.clone()).collect(),
+            node.domains
+                .iter()
+                .cloned()
+                .zip(controls.clone())
+                .filter_map(|(d, control)| control.map(|control| (d, control)))
+                .collect(),
+        ),
+        driver.clone(),
+        slots,
+    ));
+    let _server = match socket {
+        Some(path) => Some(crate::node_move::serve(
+            node_control.clone(),
             path,
             dom0.clone(),
         )?),
         None => None,
     };
+    let destination = crate::node_move::Destination {
+        node,
+        network: network.as_ref(),
+        dom0: &dom0,
+        driver: driver.as_ref(),
+        control: &node_control,
+        kvm_device,
+        epoch,
+    };
     let start = Instant::now();
     // One deadline for the node: its VMs start one after another, and a --timeout
     // counted from each one's own start would end the node late.
-    for vm in &mut vms {
+    for vm in vms.iter_mut().flatten() {
         vm.set_limits(hv::RunLimits {
             since: Some(start),
             ..hv::stop::default_limits()
@@ -266,24 +331,44 @@ pub fn run(
     }
     let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
     let mut contended = vec![Duration::ZERO; node.domains.len()];
-    let runs: Vec<Result<GuestRun>> = std::thread::scope(|scope| {
+    let runs: Vec<Result<Ran>> = std::thread::scope(|scope| {
         let handles: Vec<_> = vms
             .into_iter()
-            .map(|vm| {
+            .zip(arrivals)
+            .zip(&consoles)
+            .zip(&node.domains)
+            .map(|(((vm, arrival), console), domain)| {
                 let done = done_tx.clone();
                 let dom0 = dom0.clone();
+                let destination = &destination;
                 scope.spawn(move || {
                     let _member = dom0.join_current();
-                    let run = run::run_collecting(vm, epoch);
+                    let ran = match (vm, arrival) {
+                        (Some(vm), _) => {
+                            run::run_collecting_recorded(vm, epoch, Some(console.clone()), &[])
+                                .map(|run| Ran::Here(Box::new(run)))
+                        }
+                        // A domain whose VM never arrived is that domain's failure,
+                        // not the node's.
+                        (None, Some(arrival)) => Ok(
+                            match crate::node_move::receive_and_run(destination, domain, arrival) {
+                                Ok(arrived) => Ran::Arrived(Box::new(arrived)),
+                                Err(e) => Ran::NeverArrived(format!("{e:#}")),
+                            },
+                        ),
+                        (None, None) => Err(anyhow!("an incoming domain without its listener")),
+                    };
                     let _ = done.send(());
-                    run
+                    ran
                 })
             })
             .collect();
         // Without kumo's scheduler, confine every vCPU thread to the node's CPUs as
         // soon as it exists and let the host share them (the driver places them
         // itself otherwise).
-        for (control, domain) in controls.iter().zip(&node.domains).filter(|_| !credit) {
+        let started = controls.iter().zip(&node.domains);
+        let started = started.filter_map(|(c, d)| c.as_ref().map(|c| (c, d)));
+        for (control, domain) in started.filter(|_| !credit) {
             if !control.wait_started(START_TIMEOUT) {
                 tracing::warn!("domain '{}': vCPU threads did not all start", domain.name);
             }
@@ -299,6 +384,7 @@ pub fn run(
         loop {
             let ended = controls
                 .iter()
+                .flatten()
                 .any(|c| (0..c.vcpus()).any(|v| c.has_ended(v)));
             if ended {
                 break;
@@ -309,6 +395,7 @@ pub fn run(
             }
         }
         for (slot, control) in contended.iter_mut().zip(&controls) {
+            let Some(control) = control else { continue };
             *slot = (0..control.vcpus())
                 .filter_map(|v| control.cpu_time(v))
                 .sum();
@@ -322,14 +409,26 @@ pub fn run(
             .collect()
     });
     let wall = start.elapsed();
-    let switch = network.as_ref().map(|n| n.switch_stats());
+    let switch = running.as_ref().map(|n| n.switch_stats());
     // Weights and caps may have changed at run time: report the final ones.
     let final_views = driver.as_ref().map(|d| d.domains()).unwrap_or_default();
     let changes = driver
         .as_ref()
         .map(|d| d.param_changes())
         .unwrap_or_default();
+    // Where each domain was sent, if it was (a migration sets it before it starts).
+    let sent_to: Vec<Option<String>> = node
+        .domains
+        .iter()
+        .map(|d| match node_control.slot(&d.name) {
+            Some(Slot::Movable(m)) => m.migrated_to(),
+            _ => None,
+        })
+        .collect();
     drop(_server);
+    // The control holds the scheduler too: both go before the domains' threads'
+    // scheduling is given back.
+    drop(node_control);
     drop(driver);
     let mut reports = Vec::new();
     let mut vcpu_cpu_total = Duration::ZERO;
@@ -339,22 +438,61 @@ pub fn run(
         .zip(contended)
         .enumerate()
     {
-        let run = run.with_context(|| format!("domain '{}'", domain.name))?;
+        let ran = run.with_context(|| format!("domain '{}'", domain.name))?;
         let mut domain = domain.clone();
-        let view = final_views.iter().find(|v| v.name == domain.name);
+        let view = final_views.iter().rfind(|v| v.name == domain.name);
         if let Some(view) = view {
             domain.weight = u32::from(view.weight);
             domain.cap = view.cap;
         }
+        let arrived_on = domain.incoming.as_ref().map(|i| i.address.clone());
+        let (run, verdict) = match ran {
+            Ran::Here(run) => {
+                let run = *run;
+                let verdict = if node.domains[i].mpi.is_some() {
+                    run.judge_ranks(&node.domains[i].specs, node.domains[i].vcpus)
+                } else {
+                    run.judge(&node.domains[i].specs, node.domains[i].vcpus)
+                };
+                (run, verdict)
+            }
+            Ran::Arrived(arrived) => {
+                let specs = arrived.specs();
+                domain.vcpus = arrived.app.vcpus;
+                let verdict = if arrived.app.rank.is_some() {
+                    arrived.run.judge_ranks(&specs, domain.vcpus)
+                } else {
+                    arrived.run.judge(&specs, domain.vcpus)
+                };
+                domain.specs = specs;
+                (arrived.run, verdict)
+            }
+            Ran::NeverArrived(error) => {
+                reports.push(DomainReport {
+                    verdict: moved_verdict(domain.vcpus, vec![error]),
+                    domain,
+                    cpu: Duration::ZERO,
+                    cpu_contended: Duration::ZERO,
+                    directed_boosts: 0,
+                    measurements: Vec::new(),
+                    migrated_to: None,
+                    arrived_on,
+                });
+                continue;
+            }
+        };
+        // A domain that moved on finishes (and is judged) where it went.
+        let migrated_to = (run.outcome.exit == hv::GuestExit::HandedOff)
+            .then(|| sent_to[i].clone().unwrap_or_else(|| "another node".into()));
+        let verdict = match &migrated_to {
+            Some(_) => moved_verdict(domain.vcpus, Vec::new()),
+            None => verdict,
+        };
         let cpu: Duration = run.outcome.vcpu_cpu_time.iter().sum();
         vcpu_cpu_total += cpu;
         reports.push(DomainReport {
             domain,
-            verdict: if node.domains[i].mpi.is_some() {
-                run.judge_ranks(&node.domains[i].specs, node.domains[i].vcpus)
-            } else {
-                run.judge(&node.domains[i].specs, node.domains[i].vcpus)
-            },
+            verdict,
             cpu,
             cpu_contended,
             directed_boosts: view.map_or(0, |v| v.directed_boosts),
@@ -368,6 +506,8 @@ pub fn run(
                     _ => None,
                 })
                 .collect(),
+            migrated_to,
+            arrived_on,
         });
     }
     let dom0_cpu = dom0.cpu_time();
@@ -385,6 +525,29 @@ pub fn run(
         switch,
         changes,
     })
+}
+
+/// How a domain's thread ended: its VM ran here (to its end, or until it moved on),
+/// or arrived by migration and ran here, or never arrived.
+enum Ran {
+    Here(Box<GuestRun>),
+    Arrived(Box<crate::node_move::Arrived>),
+    NeverArrived(String),
+}
+
+/// The verdict on a domain that has no results here: it moved to another node (no
+/// problems: it is judged there), or its VM never came (`problems`).
+fn moved_verdict(vcpus: u32, problems: Vec<String>) -> Verdict {
+    Verdict {
+        rows: Vec::new(),
+        vcpus,
+        boot_ms: None,
+        problems,
+        crashed: false,
+        stopped: None,
+        native: false,
+        kvm_stats: None,
+    }
 }
 
 /// CPU time that went to neither domain's vCPUs.
@@ -433,6 +596,8 @@ pub fn json_lines(
                 "cpu_s": r.cpu.as_secs_f64(),
                 "cpu_contended_s": r.cpu_contended.as_secs_f64(),
                 "directed_boosts": r.directed_boosts,
+                "migrated_to": r.migrated_to,
+                "arrived_on": r.arrived_on,
                 "ok": r.verdict.problems.is_empty(),
                 "problems": r.verdict.problems,
                 "results": results,

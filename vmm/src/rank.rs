@@ -36,13 +36,25 @@ pub struct RankApp {
     pub wait: Wait,
     #[serde(with = "crate::irq::path_name")]
     pub irq_path: IrqPath,
-    /// Each vCPU's rank's NIC, in slot order.
+    /// Each rank's NIC, in slot order (`ranks_per_vcpu` per vCPU).
     pub macs: Vec<[u8; 6]>,
     /// The wire to the job's other ranks: the path this VM's side connects to (None:
     /// the whole job runs in this VM).
     pub wire: Option<PathBuf>,
     /// How long to wait for the wire's other side, in seconds.
     pub wire_wait_s: f64,
+    /// MPI ranks per vCPU, multiplexed by the guest's scheduler on its periodic LAPIC
+    /// timer tick (the tick's state travels with the vCPU's LAPIC).
+    #[serde(default = "one")]
+    pub ranks_per_vcpu: u32,
+    /// The guest scheduler's tick in Hz, if the job named one (the guest's default
+    /// otherwise); the guest was booted with it, so this only describes the rank.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest_hz: Option<u32>,
+}
+
+fn one() -> u32 {
+    1
 }
 
 /// The longest wait for a wire a stream may ask for.
@@ -52,19 +64,50 @@ impl RankApp {
     /// Checks a description that came from a stream (a file or a peer) against the
     /// VM's `vcpus`.
     fn check(&self, vcpus: u32) -> Result<()> {
-        if self.macs.len() != vcpus as usize {
-            bail!(
-                "the stream's rank has {} NICs for {vcpus} vCPUs",
-                self.macs.len()
-            );
-        }
+        self.check_nics(vcpus)?;
         if !(0.0..=MAX_WIRE_WAIT_S).contains(&self.wire_wait_s) {
             bail!(
                 "the stream's wire wait ({} s) is not 0 to {MAX_WIRE_WAIT_S} s",
                 self.wire_wait_s
             );
         }
-        self.job().check_shape(1, vcpus).map(|_| ())
+        self.job()
+            .check_shape(1, self.local_ranks(vcpus))
+            .map(|_| ())
+    }
+
+    /// Checks the rank's NICs and ranks per vCPU against the VM's `vcpus` (a node's
+    /// domain, whose network is its node's, needs no more).
+    pub fn check_nics(&self, vcpus: u32) -> Result<()> {
+        if !(1..=mpi::MAX_RANKS_PER_VCPU).contains(&self.ranks_per_vcpu) {
+            bail!(
+                "the stream's rank has {} ranks per vCPU (1 to {})",
+                self.ranks_per_vcpu,
+                mpi::MAX_RANKS_PER_VCPU
+            );
+        }
+        if let Some(hz) = self.guest_hz
+            && !(1..=mpi::MAX_GUEST_HZ).contains(&hz)
+        {
+            bail!(
+                "the stream's guest tick ({hz} Hz) is not 1 to {} Hz",
+                mpi::MAX_GUEST_HZ
+            );
+        }
+        let local = self.local_ranks(vcpus);
+        if self.macs.len() != local as usize {
+            bail!(
+                "the stream's rank has {} NICs for {vcpus} vCPUs x {} ranks",
+                self.macs.len(),
+                self.ranks_per_vcpu
+            );
+        }
+        Ok(())
+    }
+
+    /// The ranks a VM of `vcpus` vCPUs runs.
+    pub fn local_ranks(&self, vcpus: u32) -> u32 {
+        vcpus.saturating_mul(self.ranks_per_vcpu)
     }
 
     pub fn job(&self) -> Job {
@@ -93,7 +136,7 @@ impl RankApp {
             ranks: self.job_size,
             vms: 1,
             vcpus,
-            ranks_per_vcpu: 1,
+            ranks_per_vcpu: self.ranks_per_vcpu,
             wait: self.wait,
             irq_path: self.irq_path,
             nic: NicKind::Emulated,
@@ -117,6 +160,8 @@ pub struct RankNetwork {
 pub fn attach(vm: &mut Vm, rank: &RankApp, vcpus: u32) -> Result<RankNetwork> {
     rank.check(vcpus)?;
     let network = Network::new(SwitchConfig::default())?;
+    // The network is this VM's: its wire goes with it when it moves.
+    network.moves_with_its_vm();
     for (k, &mac) in rank.macs.iter().enumerate() {
         let setup = NicSetup {
             mac,
@@ -154,6 +199,8 @@ mod tests {
             macs: vec![mpi::mac(1)],
             wire: Some("/tmp/w.sock".into()),
             wire_wait_s: 30.0,
+            ranks_per_vcpu: 1,
+            guest_hz: None,
         }
     }
 
@@ -178,7 +225,49 @@ mod tests {
             let e = format!("{:#}", r.check(vcpus).unwrap_err());
             assert!(e.contains(needle), "{e} (wanted {needle})");
         };
-        refused(rank(), 2, "1 NICs for 2 vCPUs");
+        refused(rank(), 2, "1 NICs for 2 vCPUs x 1 ranks");
+        // Two ranks per vCPU: two NICs per vCPU, and the tick's rate in range.
+        let two = RankApp {
+            job_size: 4,
+            first_rank: 2,
+            macs: vec![mpi::mac(2), mpi::mac(3)],
+            ranks_per_vcpu: 2,
+            guest_hz: Some(1000),
+            ..rank()
+        };
+        assert!(two.check(1).is_ok());
+        refused(two.clone(), 2, "2 NICs for 2 vCPUs x 2 ranks");
+        refused(
+            RankApp {
+                ranks_per_vcpu: 17,
+                ..two.clone()
+            },
+            1,
+            "17 ranks per vCPU",
+        );
+        refused(
+            RankApp {
+                guest_hz: Some(0),
+                ..two.clone()
+            },
+            1,
+            "guest tick (0 Hz)",
+        );
+        refused(
+            RankApp {
+                first_rank: 3,
+                ..two.clone()
+            },
+            1,
+            "do not fit a job of 4 ranks",
+        );
+        // A stream of a kumo before ranks per vCPU travelled: one per vCPU.
+        let old = serde_json::to_string(&rank())
+            .unwrap()
+            .replace(",\"ranks_per_vcpu\":1", "");
+        assert!(!old.contains("ranks_per_vcpu"), "{old}");
+        let back: RankApp = serde_json::from_str(&old).unwrap();
+        assert_eq!(back, rank());
         for wait in [f64::NAN, -1.0, 1e9] {
             refused(
                 RankApp {

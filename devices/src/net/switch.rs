@@ -122,6 +122,10 @@ pub enum Sources {
     /// A wire to other hosts or processes: any MAC not assigned to a port of this
     /// switch (what is behind the wire moves between its ports freely).
     Foreign,
+    /// A port whose NIC left for good (its VM moved to another host): it sends
+    /// nothing, and its MAC is no longer this switch's to guard (it may come back
+    /// over a wire).
+    Released,
 }
 
 /// Where a frame can go, decided from its header alone ([`Switch::route`]).
@@ -284,6 +288,23 @@ impl Switch {
         unblocked
     }
 
+    /// `port`'s NIC left for good (its VM moved away): the port goes down (as
+    /// [`Switch::set_up`]) and gives up its assigned MAC, so frames from that MAC
+    /// arriving over a wire are no longer spoofed. Returns sources unblocked by this.
+    pub fn release_port(&mut self, port: PortId) -> Vec<PortId> {
+        let unblocked = self.set_up(port, false);
+        if let Some(p) = self.port_mut(port)
+            && let Sources::Assigned(mac) = std::mem::replace(&mut p.sources, Sources::Released)
+            && let Some(count) = self.assigned.get_mut(&mac)
+        {
+            *count -= 1;
+            if *count == 0 {
+                self.assigned.remove(&mac);
+            }
+        }
+        unblocked
+    }
+
     /// Whether `port` exists and is up.
     pub fn is_up(&self, port: PortId) -> bool {
         self.port(port).is_some_and(|p| p.up)
@@ -388,7 +409,7 @@ impl Switch {
         match self.port(source).map(|p| p.sources) {
             Some(Sources::Assigned(own)) => mac == own,
             Some(Sources::Foreign) => !self.assigned.contains_key(mac),
-            None => false,
+            Some(Sources::Released) | None => false,
         }
     }
 
@@ -955,6 +976,34 @@ mod tests {
             Ingress::Forwarded(1)
         );
         assert_eq!(s.stats().spoofed, 5);
+    }
+
+    /// A VM that moved to another node keeps its port here (down), but its MAC now
+    /// lives behind the wire: frames from it over the wire are its, not spoofed, and
+    /// the released port itself sends nothing.
+    #[test]
+    fn a_released_port_gives_its_mac_to_the_wire() {
+        let mut s = Switch::new(SwitchConfig::default());
+        let moved = s.add_port(Sources::Assigned(mac(1)));
+        let stays = s.add_port(Sources::Assigned(mac(2)));
+        let wire = s.add_port(Sources::Foreign);
+        assert_eq!(
+            s.ingress(wire, &frame(mac(2), mac(1), 1)),
+            Ingress::Dropped(DropReason::Spoofed)
+        );
+        let _ = s.release_port(moved);
+        assert!(!s.is_up(moved));
+        assert_eq!(
+            s.ingress(wire, &frame(mac(2), mac(1), 2)),
+            Ingress::Forwarded(1)
+        );
+        assert_eq!(drain(&mut s, stays), [(1, 2)]);
+        assert_eq!(s.lookup(&mac(1)), Some(wire));
+        let _ = s.set_up(moved, true);
+        assert_eq!(
+            s.ingress(moved, &frame(mac(2), mac(1), 3)),
+            Ingress::Dropped(DropReason::Spoofed)
+        );
     }
 
     #[test]

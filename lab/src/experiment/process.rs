@@ -18,12 +18,28 @@ pub struct Process {
 
 impl Process {
     pub fn start(name: &str, dir: &Path, args: &[String]) -> Result<Process> {
+        Process::spawn(name, dir, args, Stdio::null())
+    }
+
+    /// As [`Process::start`], its standard output written to `stdout`.
+    pub fn start_capturing(
+        name: &str,
+        dir: &Path,
+        args: &[String],
+        stdout: &Path,
+    ) -> Result<Process> {
+        let file = std::fs::File::create(stdout)
+            .with_context(|| format!("creating {}", stdout.display()))?;
+        Process::spawn(name, dir, args, file.into())
+    }
+
+    fn spawn(name: &str, dir: &Path, args: &[String], stdout: Stdio) -> Result<Process> {
         let exe = std::env::current_exe().context("finding kumo's own executable")?;
         let stderr = dir.join(format!("{name}.err"));
         let child = Command::new(exe)
             .args(args)
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(stdout)
             .stderr(std::fs::File::create(&stderr)?)
             .spawn()
             .with_context(|| format!("starting {name}"))?;

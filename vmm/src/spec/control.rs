@@ -87,6 +87,9 @@ pub struct MigrateRequest {
     /// Pause first and copy once (no live rounds).
     #[serde(default)]
     pub stop_and_copy: bool,
+    /// The node's domain to move (a node runs several; a single VM needs none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub domain: Option<String>,
 }
 
 /// One request line of the control socket.

@@ -161,6 +161,14 @@ pub struct DomainFile {
     pub passthrough: Vec<String>,
     /// Their interrupt path (default: `[network]`'s, else generic).
     pub passthrough_irq_path: Option<String>,
+    /// A domain that arrives by migration: `tcp:HOST:PORT` where the node waits for
+    /// it (`kumo ctl ... migrate --domain NAME --to tcp:HOST:PORT` on its node). Its
+    /// vCPUs, memory, workload and NICs come with it; it runs under this node's
+    /// scheduler with this entry's weight and cap, its NICs on this node's switch.
+    pub incoming: Option<String>,
+    /// With `incoming`: the file holding the secret the source must prove it knows
+    /// (as `kumo --incoming --token-file`).
+    pub token_file: Option<std::path::PathBuf>,
 }
 
 fn one() -> u32 {
@@ -199,6 +207,25 @@ pub struct Domain {
     /// Its assigned devices (its ranks' NICs if it is in the MPI job).
     pub passthrough: Vec<hv::passthrough::PassthroughSpec>,
     pub passthrough_irq_path: hv::irq::IrqPath,
+    /// It arrives by migration (nothing above but its name, weight and cap applies
+    /// until it does).
+    pub incoming: Option<Incoming>,
+}
+
+/// Where an incoming domain waits for its VM.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Incoming {
+    /// `tcp:HOST:PORT`, as written.
+    pub address: String,
+    pub token_file: Option<std::path::PathBuf>,
+}
+
+/// Whether `address` is `tcp:HOST:PORT`.
+fn is_tcp_address(address: &str) -> bool {
+    address.strip_prefix("tcp:").is_some_and(|rest| {
+        rest.rsplit_once(':')
+            .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok())
+    })
 }
 
 /// A domain's ranks in the node's MPI job: one per vCPU from `first`, each with a NIC.
@@ -391,6 +418,13 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
                 d.cap
             );
         }
+        if let Some(address) = &d.incoming {
+            domains.push(incoming_domain(name, address, &d)?);
+            continue;
+        }
+        if d.token_file.is_some() {
+            bail!("domain '{name}': token_file applies to an incoming domain only");
+        }
         guest::check_vcpus(d.vcpus).with_context(|| format!("domain '{name}'"))?;
         if d.vcpus == 0 {
             bail!("domain '{name}': vcpus must be at least 1");
@@ -510,6 +544,7 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
             guest_hz: d.guest_hz,
             passthrough,
             passthrough_irq_path,
+            incoming: None,
         });
     }
     let network = file.network.map(validate_network).transpose()?;
@@ -584,7 +619,11 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
         }
     }
     // Domains share the node's CPUs unless every vCPU has one of its own.
-    let total_vcpus: u32 = domains.iter().map(|d| d.vcpus).sum();
+    let total_vcpus: u32 = domains
+        .iter()
+        .filter(|d| d.incoming.is_none())
+        .map(|d| d.vcpus)
+        .sum();
     let spin = guest::barrier_spin_us(total_vcpus, file.pcpus.len());
     for d in &mut domains {
         // Ranks that share a vCPU wait for each other on it: a wait that yields must
@@ -647,6 +686,59 @@ fn check_net_items(net: &str) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// A domain that arrives by migration: its name, weight and cap from the file,
+/// everything else from the VM it receives.
+fn incoming_domain(name: String, address: &str, d: &DomainFile) -> Result<Domain> {
+    if !is_tcp_address(address) {
+        bail!("domain '{name}': incoming '{address}' is not tcp:HOST:PORT");
+    }
+    let given = [
+        ("npb", !d.npb.trim().is_empty()),
+        ("mpi", d.mpi),
+        ("memory_mib", d.memory_mib.is_some()),
+        ("idle_ms", d.idle_ms.is_some()),
+        ("probe", d.probe.is_some()),
+        ("irq", d.irq.is_some()),
+        ("irq_path", d.irq_path.is_some()),
+        ("ranks_per_vcpu", d.ranks_per_vcpu.is_some()),
+        ("guest_hz", d.guest_hz.is_some()),
+        ("barrier_wait", d.barrier_wait.is_some()),
+        ("vcpu_balloon", d.vcpu_balloon.is_some()),
+        ("passthrough", !d.passthrough.is_empty()),
+        ("passthrough_irq_path", d.passthrough_irq_path.is_some()),
+    ];
+    if let Some((key, _)) = given.iter().find(|(_, set)| *set) {
+        bail!(
+            "domain '{name}': an incoming domain brings its workload, memory and devices \
+             with it: leave out {key}"
+        );
+    }
+    Ok(Domain {
+        name,
+        vcpus: d.vcpus,
+        memory_mib: 0,
+        weight: d.weight,
+        cap: d.cap,
+        specs: Vec::new(),
+        idle_ms: None,
+        probe: None,
+        irq: None,
+        irq_path: None,
+        spin_us: 0,
+        barrier_wait: guest::BarrierWait::Hlt,
+        vcpu_balloon: false,
+        mpi: None,
+        ranks_per_vcpu: 1,
+        guest_hz: None,
+        passthrough: Vec::new(),
+        passthrough_irq_path: hv::irq::IrqPath::Generic,
+        incoming: Some(Incoming {
+            address: address.to_string(),
+            token_file: d.token_file.clone(),
+        }),
+    })
 }
 
 fn validate_network(file: NetworkFile) -> Result<Network> {
@@ -1183,5 +1275,55 @@ mpi = true
         assert!(error(three).contains("is.S cannot run on 3 MPI ranks"));
         let both = "pcpus = [0]\n[network]\nnpb = \"ep.S\"\nnet = \"check\"\n[[domain]]\nname = \"a\"\nmpi = true\n[[domain]]\nname = \"b\"\nmpi = true\n";
         assert!(error(both).contains("not both"));
+    }
+
+    #[test]
+    fn an_incoming_domain_takes_a_name_weight_cap_and_address_only() {
+        let standby = "pcpus = [0]\n[network]\njob_size = 4\nwire = \"unix:/tmp/w\"\n\
+            [[domain]]\nname = \"u1\"\nweight = 512\nincoming = \"tcp:127.0.0.1:4444\"\n\
+            token_file = \"/tmp/tok\"\n";
+        let n = node(standby).unwrap();
+        let d = &n.domains[0];
+        assert_eq!(d.weight, 512);
+        assert_eq!(
+            d.incoming,
+            Some(Incoming {
+                address: "tcp:127.0.0.1:4444".into(),
+                token_file: Some("/tmp/tok".into()),
+            })
+        );
+        assert!(d.mpi.is_none() && d.ranks().is_empty());
+        // What comes with the VM cannot be given; the address must be TCP.
+        let with =
+            |extra: &str| standby.replace("weight = 512\n", &format!("weight = 512\n{extra}\n"));
+        for (extra, key) in [
+            ("npb = \"ep.S\"", "leave out npb"),
+            ("mpi = true", "leave out mpi"),
+            ("memory_mib = 256", "leave out memory_mib"),
+            ("ranks_per_vcpu = 2", "leave out ranks_per_vcpu"),
+            (
+                "passthrough = [\"vfio-user:/tmp/x\"]",
+                "leave out passthrough",
+            ),
+        ] {
+            let e = error(&with(extra));
+            assert!(
+                e.contains("an incoming domain brings") && e.contains(key),
+                "{e}"
+            );
+        }
+        let e = error(&standby.replace("tcp:127.0.0.1:4444", "unix:/tmp/x"));
+        assert!(
+            e.contains("incoming 'unix:/tmp/x' is not tcp:HOST:PORT"),
+            "{e}"
+        );
+        let e = error(&standby.replace("tcp:127.0.0.1:4444", "tcp:h:99999"));
+        assert!(e.contains("is not tcp:HOST:PORT"), "{e}");
+        let e =
+            error("pcpus = [0]\n[[domain]]\nname = \"a\"\nnpb = \"ep.S\"\ntoken_file = \"/t\"\n");
+        assert!(
+            e.contains("token_file applies to an incoming domain only"),
+            "{e}"
+        );
     }
 }
