@@ -19,10 +19,10 @@ use hv::migration::dirty::DirtyLogMode;
 use serde_json::json;
 
 use super::migrate_qemu::{self, QemuMigration, wait_for_boot};
-use crate::bench::overhead::median;
 use kumo_vmm::guest;
 use kumo_vmm::migrate::{self, AppState, GUEST_NAME};
 use kumo_vmm::run;
+use kumo_vmm::stats::Summary;
 
 /// How many of its longest gaps the guest's gap probe reports.
 const LONG_GAPS: usize = 8;
@@ -251,14 +251,9 @@ pub fn run_bench(args: &MigrateBenchArgs, epoch: Instant) -> Result<u8> {
     Ok(kumo_vmm::report::EXIT_OK)
 }
 
-/// Median, min and max (NaN for none).
+/// Median, min and max (NaN each for none, printed `null`).
 fn spread(v: Vec<f64>) -> (f64, f64, f64) {
-    if v.is_empty() {
-        return (f64::NAN, f64::NAN, f64::NAN);
-    }
-    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
-    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    (median(&v), lo, hi)
+    Summary::of(&v).map_or((f64::NAN, f64::NAN, f64::NAN), |s| (s.median, s.min, s.max))
 }
 
 /// QEMU migrating the same guest, as `kumo bench migrate --qemu` sets it beside.

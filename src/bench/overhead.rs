@@ -18,6 +18,7 @@ use kumo_lab::native;
 use kumo_vmm::guest;
 use kumo_vmm::protocol::Event;
 use kumo_vmm::run;
+use kumo_vmm::stats;
 
 /// Times (seconds) of one benchmark's paired runs and what they say.
 #[derive(Debug, PartialEq)]
@@ -42,19 +43,19 @@ pub fn summarize(native: &[f64], guest: &[f64]) -> Option<Summary> {
         guest_median: median(guest),
         ratio_median: median(&ratios),
         ratio_min: min(&ratios),
-        ratio_max: ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+        ratio_max: stats::max(&ratios).unwrap_or(f64::NAN),
         best_ratio: min(guest) / min(native),
     })
 }
 
 fn min(values: &[f64]) -> f64 {
-    values.iter().copied().fold(f64::INFINITY, f64::min)
+    stats::min(values).unwrap_or(f64::NAN)
 }
 
-/// The median, as the performance record takes it (the mean of the middle two for an
-/// even count): one quantile for every bench.
+/// The median (`kumo_vmm::stats`: the mean of the middle two for an even count), NaN
+/// for no value: one quantile for every bench.
 pub(crate) fn median(values: &[f64]) -> f64 {
-    crate::bench::record::spread(values).0
+    stats::median(values).unwrap_or(f64::NAN)
 }
 
 pub fn run_overhead(args: &OverheadArgs) -> Result<u8> {

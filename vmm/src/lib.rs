@@ -26,4 +26,5 @@ pub mod run;
 pub mod sched_control;
 pub mod signals;
 pub mod spec;
+pub mod stats;
 pub mod wire;

@@ -34,7 +34,7 @@ use serde::Serialize;
 
 use super::process::{Process, RunDir};
 use super::s1::{self, Scenario};
-use super::{Progress, Summary, node_problems, run_node_text};
+use super::{Progress, Summary, node_problems, run_node_text, summary_cell};
 use crate::experiment::ExperimentArgs;
 
 /// The node's host CPU and the moving VM's (and its destinations').
@@ -618,7 +618,7 @@ pub fn text(report: &Report) -> String {
         table.push(vec![
             r.mode.clone(),
             r.scenario.clone(),
-            Summary::cell(r.time_s),
+            summary_cell(r.time_s),
             s1::pct(r.speedup_pct),
             s1::pct(r.paper_pct),
             ms(r.migration_ms),
