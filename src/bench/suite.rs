@@ -377,11 +377,12 @@ fn boot_ms(kvm: &Path) -> Result<f64> {
         .context("the guest reported no workload start")
 }
 
-/// A number field of a bench's row.
-fn number(row: &serde_json::Map<String, Value>, key: &str) -> Result<f64> {
+/// A number field of a bench's row, as its `--json` prints it.
+fn number<T: serde::Serialize>(row: &T, key: &str) -> Result<f64> {
+    let row = serde_json::to_value(row)?;
     row.get(key)
         .and_then(Value::as_f64)
-        .with_context(|| format!("no numeric {key} in {}", Value::Object(row.clone())))
+        .with_context(|| format!("no numeric {key} in {row}"))
 }
 
 /// Median and p90 of doorbell-to-handler latency to halted vCPU 1, on `path`.

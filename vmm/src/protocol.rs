@@ -4,6 +4,8 @@
 
 use std::collections::BTreeMap;
 
+use serde::{Deserialize, Serialize};
+
 const PREFIX: &str = "@kumo ";
 
 /// One benchmark's outcome as the guest reported it.
@@ -90,6 +92,55 @@ pub fn fields_json(
         .iter()
         .map(|(k, v)| (k.clone(), field_json(k, v)))
         .collect()
+}
+
+/// The fields of one of the guest's `@kumo` lines as JSON values (each through
+/// [`field_json`]): an object of its keys, in their alphabetical order.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct GuestFields(pub BTreeMap<String, serde_json::Value>);
+
+impl GuestFields {
+    pub fn of(fields: &BTreeMap<String, String>) -> GuestFields {
+        GuestFields(fields_json(fields).into_iter().collect())
+    }
+
+    pub fn get(&self, key: &str) -> Option<&serde_json::Value> {
+        self.0.get(key)
+    }
+}
+
+/// A JSON row of kumo's own fields (`T`, a struct, first, in its declaration order)
+/// and the guest's (after them): where both have a key, kumo's wins and the guest's is
+/// left out, so no key appears twice.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WithGuest<T> {
+    #[serde(flatten)]
+    pub kumo: T,
+    #[serde(flatten)]
+    pub guest: GuestFields,
+}
+
+impl<T: Serialize> WithGuest<T> {
+    pub fn new(kumo: T, mut guest: GuestFields) -> WithGuest<T> {
+        if let Ok(serde_json::Value::Object(own)) = serde_json::to_value(&kumo) {
+            guest.0.retain(|k, _| !own.contains_key(k));
+        }
+        WithGuest { kumo, guest }
+    }
+}
+
+/// Which `@kumo` measurement line a row holds (`irqbench`, `wakeprobe`, ...): kumo's
+/// field of a measurement's row.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Probe {
+    pub probe: String,
+}
+
+/// `{"ok": bool}`: the last line of `kumo mpi --json` and of an NPB-MPI job's.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct OkLine {
+    pub ok: bool,
 }
 
 /// Parses one console line; `None` if it is ordinary guest text.
@@ -202,6 +253,31 @@ impl LineParser {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kumo_fields_win_over_the_guests_and_come_first() {
+        #[derive(Serialize)]
+        struct Own {
+            rank: u32,
+            verified: bool,
+        }
+        let fields: BTreeMap<String, String> =
+            [("verified", "maybe"), ("bytes", "12"), ("fnv", "0123")]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+        let row = WithGuest::new(
+            Own {
+                rank: 1,
+                verified: true,
+            },
+            GuestFields::of(&fields),
+        );
+        assert_eq!(
+            serde_json::to_string(&row).unwrap(),
+            r#"{"rank":1,"verified":true,"bytes":12,"fnv":"0123"}"#
+        );
+    }
 
     #[test]
     fn guest_fields_become_json_numbers_and_booleans() {
