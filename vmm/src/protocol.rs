@@ -84,6 +84,20 @@ pub fn number_field(fields: &BTreeMap<String, String>, key: &str) -> Option<serd
         .filter(serde_json::Value::is_number)
 }
 
+/// Field `key` of the guest's `fields` as a finite number, or None.
+pub fn f64_field(fields: &BTreeMap<String, String>, key: &str) -> Option<f64> {
+    fields
+        .get(key)?
+        .parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite())
+}
+
+/// Field `key` of the guest's `fields` as a count, or None.
+pub fn u64_field(fields: &BTreeMap<String, String>, key: &str) -> Option<u64> {
+    fields.get(key)?.parse().ok()
+}
+
 /// The guest's fields as a JSON object (see [`field_json`]).
 pub fn fields_json(
     fields: &BTreeMap<String, String>,
