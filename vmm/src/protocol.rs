@@ -75,15 +75,6 @@ pub fn field_json(key: &str, text: &str) -> serde_json::Value {
 /// contain no letter, and must not then turn into a number.
 const TEXT_FIELDS: &[&str] = &["fnv"];
 
-/// Field `key` of the guest's `fields` as a JSON number (an integer stays one), or
-/// None if it is missing or not a number.
-pub fn number_field(fields: &BTreeMap<String, String>, key: &str) -> Option<serde_json::Value> {
-    fields
-        .get(key)
-        .map(|text| field_json(key, text))
-        .filter(serde_json::Value::is_number)
-}
-
 /// Field `key` of the guest's `fields` as a finite number, or None.
 pub fn f64_field(fields: &BTreeMap<String, String>, key: &str) -> Option<f64> {
     fields
@@ -267,6 +258,19 @@ impl LineParser {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn typed_fields_read_numbers_and_counts() {
+        let fields: BTreeMap<String, String> = [("n", "1995"), ("us", "52.00"), ("x", "nan")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        assert_eq!(u64_field(&fields, "n"), Some(1995));
+        assert_eq!(f64_field(&fields, "us"), Some(52.0));
+        assert_eq!(f64_field(&fields, "x"), None);
+        assert_eq!(u64_field(&fields, "us"), None);
+        assert_eq!(f64_field(&fields, "missing"), None);
+    }
 
     #[test]
     fn kumo_fields_win_over_the_guests_and_come_first() {
