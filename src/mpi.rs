@@ -9,8 +9,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use hv::irq::IrqPath;
+use kumo_vmm::protocol::{GuestFields, OkLine, WithGuest};
 use npb::Spec;
-use serde_json::{Value, json};
+use serde::Serialize;
+use serde_json::Value;
 
 use clap::Args;
 use kumo_vmm::args::LimitArgs;
@@ -81,35 +83,34 @@ pub fn run_mpi(args: &MpiArgs, epoch: Instant) -> Result<u8> {
             }
         };
         ok &= verified;
-        let mut row = serde_json::Map::new();
-        row.insert("rank".into(), json!(rank));
-        row.insert("vms".into(), json!(args.vms));
-        row.insert("vcpus".into(), json!(args.vcpus));
-        row.insert("wait".into(), json!(Wait::name(args.wait)));
-        row.insert("irq_path".into(), json!(args.irq_path.name()));
-        row.insert("nic".into(), json!(args.nic.name()));
-        row.insert("verified".into(), json!(verified));
-        for (k, v) in fields.into_iter().flatten() {
-            row.entry(k.clone())
-                .or_insert_with(|| kumo_vmm::protocol::field_json(k, v));
-        }
-        rows.push(row);
+        let kumo = RankRow {
+            rank,
+            vms: args.vms,
+            vcpus: args.vcpus,
+            wait: Wait::name(args.wait),
+            irq_path: args.irq_path.name(),
+            nic: args.nic.name(),
+            verified,
+        };
+        let guest = fields.map(GuestFields::of).unwrap_or_default();
+        rows.push(WithGuest::new(kumo, guest));
     }
     if args.json {
         for row in &rows {
-            kumo_vmm::outln!("{}", Value::Object(row.clone()));
+            kumo_vmm::output::json_line(row);
         }
-        kumo_vmm::outln!("{}", json!({ "ok": ok }));
+        kumo_vmm::output::json_line(&OkLine { ok });
     } else {
         kumo_vmm::outln!("rank  messages        bytes  stress_s  verified");
-        for row in &rows {
+        for row in rows.iter().map(as_map) {
+            let row = &row;
             kumo_vmm::outln!(
                 "{:<5} {:>8} {:>12} {:>9} {:>9}",
                 row["rank"],
                 text(row, "messages"),
                 text(row, "bytes"),
                 text(row, "stress_s"),
-                if row["verified"] == json!(true) {
+                if row["verified"] == Value::Bool(true) {
                     "yes"
                 } else {
                     "NO"
@@ -177,6 +178,54 @@ fn run_npb(args: &MpiArgs, list: &str, epoch: Instant) -> Result<u8> {
     Ok(report.print(firsts.zip(&runs)))
 }
 
+/// kumo's fields of a rank's row of `kumo mpi --json` (beside the guest's `netcheck`
+/// fields).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RankRow {
+    pub rank: u32,
+    pub vms: u32,
+    pub vcpus: u32,
+    /// `"spin"` or `"block"`.
+    pub wait: &'static str,
+    /// `"generic"` or `"fast"`.
+    pub irq_path: &'static str,
+    /// `"emulated"` or `"passthrough"`.
+    pub nic: &'static str,
+    pub verified: bool,
+}
+
+/// kumo's fields of a `kumo bench net --json` row (beside the guest's `pingpong`
+/// fields).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PingPongRow {
+    /// `"generic"`, `"fast"`, or `"qemu"` on QEMU's rows.
+    pub irq_path: &'static str,
+    /// `"emulated"`, `"passthrough"`, or `"qemu"`.
+    pub nic: &'static str,
+    pub wait: &'static str,
+    /// Domain 0's switch thread over the whole run; absent on QEMU's and
+    /// passthrough's rows, which have none.
+    #[serde(flatten)]
+    pub switch: Option<SwitchCost>,
+}
+
+/// What domain 0's switch thread did over a whole `kumo bench net` job (all sizes).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct SwitchCost {
+    pub switch_wakeups: u64,
+    pub switch_frames: u64,
+    /// µs the thread was busy (woken to done).
+    pub switch_busy_us: f64,
+}
+
+/// A row as a JSON object, for the table's lookups by key.
+fn as_map<T: Serialize>(row: &T) -> serde_json::Map<String, Value> {
+    match serde_json::to_value(row) {
+        Ok(Value::Object(map)) => map,
+        _ => serde_json::Map::new(),
+    }
+}
+
 /// A row's value as the table prints it.
 fn text(row: &serde_json::Map<String, Value>, key: &str) -> String {
     match row.get(key) {
@@ -219,7 +268,7 @@ pub fn run_bench(args: &NetBenchArgs, epoch: Instant) -> Result<u8> {
     }
     if args.json {
         for row in &rows {
-            kumo_vmm::outln!("{}", Value::Object(row.clone()));
+            kumo_vmm::output::json_line(row);
         }
     } else {
         kumo_vmm::outln!(
@@ -234,7 +283,8 @@ pub fn run_bench(args: &NetBenchArgs, epoch: Instant) -> Result<u8> {
             "MB/s",
             "sw_us/frame"
         );
-        for row in &rows {
+        for row in rows.iter().map(as_map) {
+            let row = &row;
             let per_frame = match (
                 row.get("switch_busy_us").and_then(Value::as_f64),
                 row.get("switch_frames").and_then(Value::as_u64),
@@ -273,7 +323,7 @@ pub fn pingpong(
     wait: Wait,
     setting: Option<(NicKind, IrqPath)>,
     epoch: Instant,
-) -> Result<Vec<serde_json::Map<String, Value>>> {
+) -> Result<Vec<WithGuest<PingPongRow>>> {
     let list: Vec<String> = sizes.iter().map(u64::to_string).collect();
     let mut extra = format!("wait={} net=pingpong:{}", Wait::name(wait), list.join(","));
     if let Some(rounds) = args.rounds {
@@ -309,26 +359,18 @@ pub fn pingpong(
     }
     let mut rows = Vec::new();
     for fields in found {
-        let mut row: serde_json::Map<String, Value> = kumo_vmm::protocol::fields_json(&fields);
-        row.insert(
-            "irq_path".into(),
-            json!(setting.map_or("qemu", |(_, path)| path.name())),
-        );
-        row.insert(
-            "nic".into(),
-            json!(setting.map_or("qemu", |(nic, _)| nic.name())),
-        );
-        row.insert("wait".into(), json!(Wait::name(wait)));
-        if let Some(switch) = &switch {
+        let kumo = PingPongRow {
+            irq_path: setting.map_or("qemu", |(_, path)| path.name()),
+            nic: setting.map_or("qemu", |(nic, _)| nic.name()),
+            wait: Wait::name(wait),
             // The whole run's (every size): the switch thread's own time.
-            row.insert("switch_wakeups".into(), json!(switch.wakeups));
-            row.insert("switch_frames".into(), json!(switch.delivered));
-            row.insert(
-                "switch_busy_us".into(),
-                json!(switch.busy.as_secs_f64() * 1e6),
-            );
-        }
-        rows.push(row);
+            switch: switch.as_ref().map(|s| SwitchCost {
+                switch_wakeups: s.wakeups,
+                switch_frames: s.delivered,
+                switch_busy_us: s.busy.as_secs_f64() * 1e6,
+            }),
+        };
+        rows.push(WithGuest::new(kumo, GuestFields::of(&fields)));
     }
     Ok(rows)
 }

@@ -7,6 +7,7 @@
 //! `kumo --incoming` (`kumo_vmm::migrate::send_vm` / `receive_vm`), over a TCP
 //! connection to 127.0.0.1 with a fresh random token per run.
 
+use std::collections::BTreeMap;
 use std::io::Read;
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -16,13 +17,13 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use hv::migration::dirty::DirtyLogMode;
-use serde_json::json;
+use serde::Serialize;
 
 use super::migrate_qemu::{self, QemuMigration, wait_for_boot};
-use crate::bench::overhead::median;
 use kumo_vmm::guest;
 use kumo_vmm::migrate::{self, AppState, GUEST_NAME};
 use kumo_vmm::run;
+use kumo_vmm::stats::Summary;
 
 /// How many of its longest gaps the guest's gap probe reports.
 const LONG_GAPS: usize = 8;
@@ -191,46 +192,41 @@ pub fn run_bench(args: &MigrateBenchArgs, epoch: Instant) -> Result<u8> {
         let dirty = args.dirty_log[i as usize % args.dirty_log.len()];
         let s = one_run(args, dirty, epoch).with_context(|| format!("run {}", i + 1))?;
         if args.json {
-            kumo_vmm::outln!(
-                "{}",
-                json!({
-                    "run": i + 1,
-                    "dirty_log": dirty.name(),
-                    "memory_mib": args.memory,
-                    "vcpus": args.vcpus,
-                    "npb": args.npb,
-                    "total_ms": s.report.total_ms,
-                    "downtime_ms": s.report.downtime_ms,
-                    "pause_ms": s.report.pause_ms,
-                    "harvest_ms": s.report.harvest_ms,
-                    "final_pages_ms": s.report.final_pages_ms,
-                    "state_ms": s.report.state_ms,
-                    "sent_ms": s.report.sent_ms,
-                    "guest_gap_ms": (!s.guest_gap_ms.is_nan()).then_some(s.guest_gap_ms),
-                    "gap_began_before_save_ms": (!s.gap_began_before_save_ms.is_nan()).then_some(s.gap_began_before_save_ms),
-                    "gap_ended_after_save_ms": (!s.gap_ended_after_save_ms.is_nan()).then_some(s.gap_ended_after_save_ms),
-                    "rounds": s.report.rounds,
-                    "final_pages": s.report.final_pages,
-                    "total_bytes": s.report.total_bytes,
-                })
-            );
+            let gap = |ms: f64| (!ms.is_nan()).then_some(ms);
+            kumo_vmm::output::json_line(&RunLine {
+                run: i + 1,
+                dirty_log: dirty.name(),
+                memory_mib: args.memory,
+                vcpus: args.vcpus,
+                npb: args.npb.clone(),
+                total_ms: s.report.total_ms,
+                downtime_ms: s.report.downtime_ms,
+                pause_ms: s.report.pause_ms,
+                harvest_ms: s.report.harvest_ms,
+                final_pages_ms: s.report.final_pages_ms,
+                state_ms: s.report.state_ms,
+                sent_ms: s.report.sent_ms,
+                guest_gap_ms: gap(s.guest_gap_ms),
+                gap_began_before_save_ms: gap(s.gap_began_before_save_ms),
+                gap_ended_after_save_ms: gap(s.gap_ended_after_save_ms),
+                rounds: s.report.rounds.clone(),
+                final_pages: s.report.final_pages,
+                total_bytes: s.report.total_bytes,
+            });
         }
         samples.push(s);
         if args.qemu {
             let q = qemu_run(args).with_context(|| format!("QEMU's run {}", i + 1))?;
             if args.json {
-                kumo_vmm::outln!(
-                    "{}",
-                    json!({
-                        "run": i + 1,
-                        "vmm": "qemu",
-                        "memory_mib": args.memory,
-                        "vcpus": args.vcpus,
-                        "total_ms": q.total_ms,
-                        "downtime_ms": q.downtime_ms,
-                        "total_bytes": q.transferred_bytes,
-                    })
-                );
+                kumo_vmm::output::json_line(&QemuRunLine {
+                    run: i + 1,
+                    vmm: "qemu",
+                    memory_mib: args.memory,
+                    vcpus: args.vcpus,
+                    total_ms: q.total_ms,
+                    downtime_ms: q.downtime_ms,
+                    total_bytes: q.transferred_bytes,
+                });
             }
             qemu.push(q);
         }
@@ -251,14 +247,95 @@ pub fn run_bench(args: &MigrateBenchArgs, epoch: Instant) -> Result<u8> {
     Ok(kumo_vmm::report::EXIT_OK)
 }
 
-/// Median, min and max (NaN for none).
+/// Median, min and max (NaN each for none, printed `null`).
 fn spread(v: Vec<f64>) -> (f64, f64, f64) {
-    if v.is_empty() {
-        return (f64::NAN, f64::NAN, f64::NAN);
-    }
-    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
-    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    (median(&v), lo, hi)
+    Summary::of(&v).map_or((f64::NAN, f64::NAN, f64::NAN), |s| (s.median, s.min, s.max))
+}
+
+/// A kumo run of `kumo bench migrate --json` (ms; the guest's gaps `null` when it did
+/// not measure them).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RunLine {
+    pub run: u32,
+    /// `"bitmap"` or `"ring"`.
+    pub dirty_log: &'static str,
+    pub memory_mib: u64,
+    pub vcpus: u32,
+    pub npb: Option<String>,
+    pub total_ms: f64,
+    pub downtime_ms: f64,
+    pub pause_ms: f64,
+    pub harvest_ms: f64,
+    pub final_pages_ms: f64,
+    pub state_ms: f64,
+    pub sent_ms: f64,
+    pub guest_gap_ms: Option<f64>,
+    pub gap_began_before_save_ms: Option<f64>,
+    pub gap_ended_after_save_ms: Option<f64>,
+    pub rounds: Vec<hv::migration::live::Round>,
+    pub final_pages: u64,
+    pub total_bytes: u64,
+}
+
+/// QEMU's run (`--qemu`), after kumo's of the same number.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct QemuRunLine {
+    pub run: u32,
+    pub vmm: &'static str,
+    pub memory_mib: u64,
+    pub vcpus: u32,
+    pub total_ms: f64,
+    pub downtime_ms: f64,
+    pub total_bytes: u64,
+}
+
+/// A figure's median and range over QEMU's runs (`null` each without one).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct QemuRange {
+    pub median: Option<f64>,
+    pub min: Option<f64>,
+    pub max: Option<f64>,
+}
+
+/// QEMU's figures over its runs.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct QemuFigures {
+    pub total_ms: QemuRange,
+    pub downtime_ms: QemuRange,
+    pub sent_mib: QemuRange,
+}
+
+/// QEMU's summary line (`--qemu`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct QemuSummaryLine {
+    pub vmm: &'static str,
+    pub runs: usize,
+    pub summary: QemuFigures,
+}
+
+/// A figure's median and range in ms over a tracker's runs (`null` each when no run
+/// measured it).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct MsRange {
+    pub median_ms: Option<f64>,
+    pub min_ms: Option<f64>,
+    pub max_ms: Option<f64>,
+}
+
+/// A dirty-page tracker's summary line: each figure of its runs, by name (`total`,
+/// `downtime_host`, ..., `gap_after_save`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TrackerSummaryLine {
+    pub dirty_log: &'static str,
+    pub runs: usize,
+    /// Runs whose pause fell in none of the guest's longest gaps.
+    pub pause_in_no_long_gap: usize,
+    pub summary: BTreeMap<&'static str, MsRange>,
+}
+
+/// NaN (no value) as `None`.
+fn finite(v: f64) -> Option<f64> {
+    v.is_finite().then_some(v)
 }
 
 /// QEMU migrating the same guest, as `kumo bench migrate --qemu` sets it beside.
@@ -280,15 +357,20 @@ fn print_qemu_summary(args: &MigrateBenchArgs, runs: &[QemuMigration]) {
     let down = stats(&|q| q.downtime_ms);
     let mib = stats(&|q| q.transferred_bytes as f64 / (1024.0 * 1024.0));
     if args.json {
-        let row = |(m, lo, hi): (f64, f64, f64)| json!({"median": m, "min": lo, "max": hi});
-        kumo_vmm::outln!(
-            "{}",
-            json!({
-                "vmm": "qemu",
-                "runs": runs.len(),
-                "summary": {"total_ms": row(total), "downtime_ms": row(down), "sent_mib": row(mib)},
-            })
-        );
+        let row = |(m, lo, hi): (f64, f64, f64)| QemuRange {
+            median: finite(m),
+            min: finite(lo),
+            max: finite(hi),
+        };
+        kumo_vmm::output::json_line(&QemuSummaryLine {
+            vmm: "qemu",
+            runs: runs.len(),
+            summary: QemuFigures {
+                total_ms: row(total),
+                downtime_ms: row(down),
+                sent_mib: row(mib),
+            },
+        });
     } else {
         kumo_vmm::outln!(
             "QEMU 7.2 (query-migrate), same guest, {} vCPUs, {} MiB, {} runs",
@@ -376,28 +458,27 @@ fn print_summary(args: &MigrateBenchArgs, mode: DirtyLogMode, samples: &[&Sample
         ),
     ];
     if args.json {
-        let summary: serde_json::Map<String, serde_json::Value> = rows
+        let summary = rows
             .iter()
-            .map(|(_, key, (m, lo, hi))| {
-                (
-                    key.to_string(),
-                    json!({"median_ms": m, "min_ms": lo, "max_ms": hi}),
-                )
+            .map(|&(_, key, (m, lo, hi))| {
+                let range = MsRange {
+                    median_ms: finite(m),
+                    min_ms: finite(lo),
+                    max_ms: finite(hi),
+                };
+                (key, range)
             })
             .collect();
         let unseen = samples
             .iter()
             .filter(|s| !s.guest_gap_ms.is_nan() && s.gap_began_before_save_ms.is_nan())
             .count();
-        kumo_vmm::outln!(
-            "{}",
-            json!({
-                "dirty_log": mode.name(),
-                "runs": samples.len(),
-                "pause_in_no_long_gap": unseen,
-                "summary": summary,
-            })
-        );
+        kumo_vmm::output::json_line(&TrackerSummaryLine {
+            dirty_log: mode.name(),
+            runs: samples.len(),
+            pause_in_no_long_gap: unseen,
+            summary,
+        });
     } else {
         kumo_vmm::outln!(
             "migration on loopback, {} dirty log, {} vCPUs, {} MiB, {}, after {} ms, {} runs",

@@ -10,7 +10,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use serde_json::{Value, json};
+use serde::de::{DeserializeOwned, IgnoredAny};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 /// A migration that has not completed after this long has failed.
 const LIMIT: Duration = Duration::from_secs(120);
@@ -94,7 +96,7 @@ impl Qmp {
             writer: stream,
         };
         qmp.line()?; // the greeting
-        qmp.execute("qmp_capabilities", json!({}))?;
+        let _: IgnoredAny = qmp.execute("qmp_capabilities", &NoArguments {})?;
         Ok(qmp)
     }
 
@@ -107,16 +109,24 @@ impl Qmp {
     }
 
     /// Runs `command`; its `return` (events met meanwhile are skipped).
-    fn execute(&mut self, command: &str, arguments: Value) -> Result<Value> {
-        let request = json!({"execute": command, "arguments": arguments});
-        writeln!(self.writer, "{request}")?;
+    fn execute<A: Serialize, R: DeserializeOwned>(
+        &mut self,
+        command: &str,
+        arguments: &A,
+    ) -> Result<R> {
+        let request = QmpCommand {
+            execute: command,
+            arguments,
+        };
+        writeln!(self.writer, "{}", serde_json::to_string(&request)?)?;
         loop {
             let reply = self.line()?;
             if let Some(error) = reply.get("error") {
                 bail!("QMP {command}: {error}");
             }
             if let Some(value) = reply.get("return") {
-                return Ok(value.clone());
+                return R::deserialize(value)
+                    .with_context(|| format!("QMP {command} returned {value}"));
             }
         }
     }
@@ -175,20 +185,25 @@ pub fn migrate_once(
     // `after` counts from the guest's start, as on kumo's side.
     wait_for_boot(|| Ok(std::fs::read(&console).unwrap_or_default()))?;
     std::thread::sleep(after);
-    src.execute(
+    let _: IgnoredAny = src.execute(
         "migrate-set-parameters",
-        json!({
-            "downtime-limit": max_downtime.as_millis() as u64,
-            "max-bandwidth": 10u64 << 30,
-        }),
+        &MigrateParameters {
+            downtime_limit: max_downtime.as_millis() as u64,
+            max_bandwidth: 10u64 << 30,
+        },
     )?;
-    src.execute("migrate", json!({"uri": format!("tcp:127.0.0.1:{port}")}))?;
+    let _: IgnoredAny = src.execute(
+        "migrate",
+        &MigrateArguments {
+            uri: format!("tcp:127.0.0.1:{port}"),
+        },
+    )?;
     let started = Instant::now();
     let info = loop {
-        let info = src.execute("query-migrate", json!({}))?;
-        match info.get("status").and_then(Value::as_str) {
+        let info: MigrationInfo = src.execute("query-migrate", &NoArguments {})?;
+        match info.status.as_deref() {
             Some("completed") => break info,
-            Some("failed" | "cancelled") => bail!("QEMU's migration failed: {info}"),
+            Some("failed" | "cancelled") => bail!("QEMU's migration failed: {info:?}"),
             _ if started.elapsed() > LIMIT => bail!("QEMU's migration did not complete"),
             _ => std::thread::sleep(Duration::from_millis(2)),
         }
@@ -196,29 +211,71 @@ pub fn migrate_once(
     // The destination runs the guest on (it finishes loading just after the source
     // says completed).
     loop {
-        let status = match dst.execute("query-status", json!({})) {
+        let status: StatusInfo = match dst.execute("query-status", &NoArguments {}) {
             Ok(status) => status,
             // Gone already: the guest ran to its end there (its debug exit ends QEMU).
             Err(_) if pair.children[0].try_wait()?.is_some() => break,
             Err(e) => return Err(e),
         };
-        if status.get("running") == Some(&Value::Bool(true)) {
+        if status.running {
             break;
         }
         if started.elapsed() > LIMIT {
-            bail!("QEMU's destination does not run the guest: {status}");
+            bail!("QEMU's destination does not run the guest: {status:?}");
         }
         std::thread::sleep(Duration::from_millis(2));
     }
-    let number = |key: &str| info.get(key).and_then(Value::as_f64);
     Ok(QemuMigration {
-        total_ms: number("total-time").context("query-migrate has no total-time")?,
-        downtime_ms: number("downtime").context("query-migrate has no downtime")?,
-        transferred_bytes: info
-            .pointer("/ram/transferred")
-            .and_then(Value::as_u64)
-            .unwrap_or(0),
+        total_ms: info.total_time.context("query-migrate has no total-time")?,
+        downtime_ms: info.downtime.context("query-migrate has no downtime")?,
+        transferred_bytes: info.ram.map_or(0, |r| r.transferred),
     })
+}
+
+/// A QMP command line.
+#[derive(Serialize)]
+struct QmpCommand<'a, A> {
+    execute: &'a str,
+    arguments: &'a A,
+}
+
+/// `{}`: a command without arguments.
+#[derive(Serialize)]
+struct NoArguments {}
+
+/// `migrate-set-parameters`' arguments (ms, bytes per second).
+#[derive(Serialize)]
+#[serde(rename_all = "kebab-case")]
+struct MigrateParameters {
+    downtime_limit: u64,
+    max_bandwidth: u64,
+}
+
+/// `migrate`'s arguments.
+#[derive(Serialize)]
+struct MigrateArguments {
+    uri: String,
+}
+
+/// What `query-migrate` returns that we read (ms, bytes).
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+struct MigrationInfo {
+    status: Option<String>,
+    total_time: Option<f64>,
+    downtime: Option<f64>,
+    ram: Option<RamInfo>,
+}
+
+#[derive(Debug, Deserialize)]
+struct RamInfo {
+    transferred: u64,
+}
+
+/// What `query-status` returns that we read.
+#[derive(Debug, Deserialize)]
+struct StatusInfo {
+    running: bool,
 }
 
 /// Waits until the guest's console (as `read` gives it so far) says its ring 3 has

@@ -11,15 +11,18 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail, ensure};
 use npb::Spec;
-use serde_json::json;
+use serde::Serialize;
 
 use clap::Args;
 use kumo_lab::native;
 use kumo_vmm::guest;
 use kumo_vmm::protocol::Event;
 use kumo_vmm::run;
+use kumo_vmm::stats;
 
-/// Times (seconds) of one benchmark's paired runs and what they say.
+/// Times (seconds) of one benchmark's paired runs and what they say. Not
+/// `stats::Summary` (one series' median and range): this pairs two series, each
+/// native run with the guest run beside it, and summarises their ratios.
 #[derive(Debug, PartialEq)]
 pub struct Summary {
     pub native_median: f64,
@@ -42,19 +45,19 @@ pub fn summarize(native: &[f64], guest: &[f64]) -> Option<Summary> {
         guest_median: median(guest),
         ratio_median: median(&ratios),
         ratio_min: min(&ratios),
-        ratio_max: ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+        ratio_max: stats::max(&ratios).unwrap_or(f64::NAN),
         best_ratio: min(guest) / min(native),
     })
 }
 
 fn min(values: &[f64]) -> f64 {
-    values.iter().copied().fold(f64::INFINITY, f64::min)
+    stats::min(values).unwrap_or(f64::NAN)
 }
 
-/// The median, as the performance record takes it (the mean of the middle two for an
-/// even count): one quantile for every bench.
+/// The median (`kumo_vmm::stats`: the mean of the middle two for an even count), NaN
+/// for no value: one quantile for every bench.
 pub(crate) fn median(values: &[f64]) -> f64 {
-    crate::bench::record::spread(values).0
+    stats::median(values).unwrap_or(f64::NAN)
 }
 
 pub fn run_overhead(args: &OverheadArgs) -> Result<u8> {
@@ -156,29 +159,56 @@ fn qemu_time(spec: Spec, vcpus: u32, huge_pages: bool) -> Result<f64> {
     }
 }
 
+/// A row of `kumo bench overhead --json`: one benchmark's paired runs (times in s).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OverheadRow {
+    pub benchmark: &'static str,
+    pub class: String,
+    pub vcpus: u32,
+    pub runs: u32,
+    pub native_median_s: f64,
+    pub guest_median_s: f64,
+    pub ratio_median: f64,
+    pub ratio_min: f64,
+    pub ratio_max: f64,
+    pub best_ratio: f64,
+    /// With `--qemu` only (absent without).
+    #[serde(flatten)]
+    pub qemu: Option<QemuOverhead>,
+}
+
+/// QEMU's side of an overhead row, against the same native runs.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct QemuOverhead {
+    pub qemu_median_s: f64,
+    pub qemu_ratio_median: f64,
+    pub qemu_ratio_min: f64,
+    pub qemu_ratio_max: f64,
+    pub qemu_best_ratio: f64,
+}
+
 fn print(lines: &[(Spec, Summary, Option<Summary>)], args: &OverheadArgs) {
     if args.json {
         for (spec, s, qemu) in lines {
-            let mut line = json!({
-                "benchmark": spec.kernel.name(),
-                "class": spec.class.letter().to_string(),
-                "vcpus": args.vcpus,
-                "runs": args.runs,
-                "native_median_s": s.native_median,
-                "guest_median_s": s.guest_median,
-                "ratio_median": s.ratio_median,
-                "ratio_min": s.ratio_min,
-                "ratio_max": s.ratio_max,
-                "best_ratio": s.best_ratio,
+            kumo_vmm::output::json_line(&OverheadRow {
+                benchmark: spec.kernel.name(),
+                class: spec.class.letter().to_string(),
+                vcpus: args.vcpus,
+                runs: args.runs,
+                native_median_s: s.native_median,
+                guest_median_s: s.guest_median,
+                ratio_median: s.ratio_median,
+                ratio_min: s.ratio_min,
+                ratio_max: s.ratio_max,
+                best_ratio: s.best_ratio,
+                qemu: qemu.as_ref().map(|q| QemuOverhead {
+                    qemu_median_s: q.guest_median,
+                    qemu_ratio_median: q.ratio_median,
+                    qemu_ratio_min: q.ratio_min,
+                    qemu_ratio_max: q.ratio_max,
+                    qemu_best_ratio: q.best_ratio,
+                }),
             });
-            if let Some(q) = qemu {
-                line["qemu_median_s"] = json!(q.guest_median);
-                line["qemu_ratio_median"] = json!(q.ratio_median);
-                line["qemu_ratio_min"] = json!(q.ratio_min);
-                line["qemu_ratio_max"] = json!(q.ratio_max);
-                line["qemu_best_ratio"] = json!(q.best_ratio);
-            }
-            kumo_vmm::outln!("{line}");
         }
         return;
     }

@@ -13,7 +13,7 @@ use anyhow::{Result, bail, ensure};
 use clap::Args;
 use clap::ValueEnum;
 use npb::Spec;
-use serde_json::json;
+use serde::Serialize;
 
 use crate::bench::overhead::median;
 use kumo_lab::native;
@@ -234,7 +234,44 @@ fn guest_sample(
     })
 }
 
-/// A setting's medians over its rounds.
+/// A row of `kumo bench oversub --json`: one setting's rounds and their medians.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OversubRow {
+    pub benchmark: &'static str,
+    pub class: String,
+    pub vcpus: u32,
+    /// `"native"`, `"pv"`, `"hlt"` or `"auto"`.
+    pub wait: &'static str,
+    pub spin_us: u64,
+    pub balloon: bool,
+    pub runs: usize,
+    pub times_s: Vec<f64>,
+    pub median_s: f64,
+    /// `null` on the native row.
+    pub ratio_to_native_median: Option<f64>,
+    /// Barriers per run (a median, so a float); 0.0 on the native row.
+    pub barriers: f64,
+    pub per_barrier: PerBarrier,
+    pub resume_us_per_waiter: f64,
+}
+
+/// Per-barrier medians of a setting (counts, and µs).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PerBarrier {
+    pub sleeps: f64,
+    pub wakes: f64,
+    pub spin_us: f64,
+    pub sleep_us: f64,
+    pub arrival_spread_us: f64,
+    pub vcpu_cpu_wait_us: f64,
+    pub vcpu_cpu_us: f64,
+    pub pv_blocks: f64,
+}
+
+/// A setting's medians over its rounds: the time, its range, the ratio to native and
+/// every per-barrier figure. Not `stats::Summary`: that summarises one series, this
+/// takes the median of a dozen series of guest samples, some per barrier or per
+/// resumed waiter first.
 struct Summary {
     time_s: f64,
     min_s: f64,
@@ -321,33 +358,30 @@ fn print(settings: &[Setting], args: &OversubArgs) {
     for setting in settings {
         let s = summarize(setting, native_of(setting));
         if args.json {
-            kumo_vmm::outln!(
-                "{}",
-                json!({
-                    "benchmark": setting.spec.kernel.name(),
-                    "class": setting.spec.class.letter().to_string(),
-                    "vcpus": setting.vcpus,
-                    "wait": setting.wait.map_or("native", BarrierWait::name),
-                    "spin_us": setting.spin.micros(setting.vcpus),
-                    "balloon": setting.balloon,
-                    "runs": setting.samples.len(),
-                    "times_s": setting.samples.iter().map(|x| x.time_s).collect::<Vec<_>>(),
-                    "median_s": s.time_s,
-                    "ratio_to_native_median": s.ratio,
-                    "barriers": s.per.barriers,
-                    "per_barrier": {
-                        "sleeps": s.per.sleeps,
-                        "wakes": s.per.wakes,
-                        "spin_us": s.per.spin_us,
-                        "sleep_us": s.per.sleep_us,
-                        "arrival_spread_us": s.per.spread_us,
-                        "vcpu_cpu_wait_us": s.per.run_delay_us,
-                        "vcpu_cpu_us": s.per.cpu_us,
-                        "pv_blocks": s.per.pv_blocks,
-                    },
-                    "resume_us_per_waiter": s.per.resume_us,
-                })
-            );
+            kumo_vmm::output::json_line(&OversubRow {
+                benchmark: setting.spec.kernel.name(),
+                class: setting.spec.class.letter().to_string(),
+                vcpus: setting.vcpus,
+                wait: setting.wait.map_or("native", BarrierWait::name),
+                spin_us: setting.spin.micros(setting.vcpus),
+                balloon: setting.balloon,
+                runs: setting.samples.len(),
+                times_s: setting.samples.iter().map(|x| x.time_s).collect(),
+                median_s: s.time_s,
+                ratio_to_native_median: s.ratio,
+                barriers: s.per.barriers,
+                per_barrier: PerBarrier {
+                    sleeps: s.per.sleeps,
+                    wakes: s.per.wakes,
+                    spin_us: s.per.spin_us,
+                    sleep_us: s.per.sleep_us,
+                    arrival_spread_us: s.per.spread_us,
+                    vcpu_cpu_wait_us: s.per.run_delay_us,
+                    vcpu_cpu_us: s.per.cpu_us,
+                    pv_blocks: s.per.pv_blocks,
+                },
+                resume_us_per_waiter: s.per.resume_us,
+            });
             continue;
         }
         let ratio = s.ratio.map_or("-".to_string(), |r| format!("{r:.2}"));

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail, ensure};
 use clap::Args;
-use serde_json::{Value, json};
+use serde::Serialize;
 
 use crate::bench::overhead::{guest_time, median, native_time};
 use kumo_vmm::guest;
@@ -86,22 +86,22 @@ pub fn run_preempt(args: &PreemptArgs) -> Result<u8> {
             );
         }
         let (native_us, guest_us) = (native_side.cost_us(), guest_side.cost_us());
-        rows.push(json!({
-            "benchmark": spec.kernel.name(),
-            "class": spec.class.letter().to_string(),
-            "pcpu": args.pcpu,
-            "vcpus": args.vcpus,
-            "hz": args.hz,
-            "runs": args.runs,
-            "wakes_per_s": median(&guest_side.rates),
-            "native_s": median(&native_side.quiet),
-            "native_woken_s": median(&native_side.woken),
-            "guest_s": median(&guest_side.quiet),
-            "guest_woken_s": median(&guest_side.woken),
-            "native_us_per_preemption": native_us,
-            "guest_us_per_preemption": guest_us,
-            "guest_minus_native_us": guest_us - native_us,
-        }));
+        rows.push(PreemptRow {
+            benchmark: spec.kernel.name(),
+            class: spec.class.letter().to_string(),
+            pcpu: args.pcpu,
+            vcpus: args.vcpus,
+            hz: args.hz,
+            runs: args.runs,
+            wakes_per_s: median(&guest_side.rates),
+            native_s: median(&native_side.quiet),
+            native_woken_s: median(&native_side.woken),
+            guest_s: median(&guest_side.quiet),
+            guest_woken_s: median(&guest_side.woken),
+            native_us_per_preemption: native_us,
+            guest_us_per_preemption: guest_us,
+            guest_minus_native_us: guest_us - native_us,
+        });
     }
     print(&rows, args.json);
     Ok(0)
@@ -163,10 +163,32 @@ impl Waker {
     }
 }
 
-fn print(rows: &[Value], json: bool) {
+/// A row of `kumo bench preempt --json`: one benchmark's medians over the rounds.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PreemptRow {
+    pub benchmark: &'static str,
+    pub class: String,
+    /// The host CPU the waker ran on.
+    pub pcpu: usize,
+    pub vcpus: u32,
+    /// The waker's wake-ups per second asked for.
+    pub hz: u32,
+    pub runs: u32,
+    /// The waker's wake-ups per second made (beside the guest).
+    pub wakes_per_s: f64,
+    pub native_s: f64,
+    pub native_woken_s: f64,
+    pub guest_s: f64,
+    pub guest_woken_s: f64,
+    pub native_us_per_preemption: f64,
+    pub guest_us_per_preemption: f64,
+    pub guest_minus_native_us: f64,
+}
+
+fn print(rows: &[PreemptRow], json: bool) {
     if json {
         for row in rows {
-            kumo_vmm::outln!("{row}");
+            kumo_vmm::output::json_line(row);
         }
         return;
     }
@@ -183,25 +205,24 @@ fn print(rows: &[Value], json: bool) {
         "guest us"
     );
     for r in rows {
-        let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
         kumo_vmm::outln!(
             "{:<10} {:>6} {:>8.0} {:>10.3} {:>10.3} {:>10.3} {:>10.3} {:>11.1} {:>11.1}",
-            r["benchmark"].as_str().unwrap_or("?"),
-            r["class"].as_str().unwrap_or("?"),
-            f("wakes_per_s"),
-            f("native_s"),
-            f("native_woken_s"),
-            f("guest_s"),
-            f("guest_woken_s"),
-            f("native_us_per_preemption"),
-            f("guest_us_per_preemption"),
+            r.benchmark,
+            r.class,
+            r.wakes_per_s,
+            r.native_s,
+            r.native_woken_s,
+            r.guest_s,
+            r.guest_woken_s,
+            r.native_us_per_preemption,
+            r.guest_us_per_preemption,
         );
     }
     kumo_vmm::outln!(
         "us = the workload's extra time with the waker per wake-up in its timed part, \
          the waker on host CPU {} with {} vCPU(s) / thread(s) (medians of the rounds)",
-        rows.first().and_then(|r| r["pcpu"].as_u64()).unwrap_or(0),
-        rows.first().and_then(|r| r["vcpus"].as_u64()).unwrap_or(1),
+        rows.first().map_or(0, |r| r.pcpu),
+        rows.first().map_or(1, |r| r.vcpus),
     );
 }
 

@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use serde_json::json;
+use kumo_vmm::stats;
+use serde::Serialize;
 
 use crate::bench::overhead::{median, summarize};
 
@@ -148,6 +149,31 @@ pub fn run_process(args: &ProcessBenchArgs) -> Result<u8> {
     result
 }
 
+/// A VMM's line of `kumo bench process --json` (ms: process spawn to exit).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct VmmLine {
+    /// `"kumo"` or `"qemu-microvm"`.
+    pub vmm: &'static str,
+    pub runs: usize,
+    pub median_ms: f64,
+    pub min_ms: f64,
+    pub max_ms: f64,
+    /// The largest peak RSS of its runs.
+    pub peak_rss_kib: u64,
+}
+
+/// The last line of `kumo bench process --json`: QEMU's time over kumo's, per
+/// interleaved pair (`null` without QEMU).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ComparisonLine {
+    pub kernel: String,
+    pub memory_mib: u64,
+    pub qemu: bool,
+    pub qemu_over_kumo_median: Option<f64>,
+    pub qemu_over_kumo_min: Option<f64>,
+    pub qemu_over_kumo_max: Option<f64>,
+}
+
 fn run_pairs(args: &ProcessBenchArgs, kernel: &Path, status: u8) -> Result<u8> {
     let qemu = !args.no_qemu && qemu_installed();
     let mut kumo_runs = Vec::new();
@@ -171,8 +197,8 @@ fn run_pairs(args: &ProcessBenchArgs, kernel: &Path, status: u8) -> Result<u8> {
     let pairs = summarize(&kumo_ms, &qemu_ms);
     let range = |v: &[f64]| {
         (
-            v.iter().copied().fold(f64::INFINITY, f64::min),
-            v.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+            stats::min(v).unwrap_or(f64::NAN),
+            stats::max(v).unwrap_or(f64::NAN),
         )
     };
     let rows: Vec<(&str, &[f64], u64)> = if qemu {
@@ -184,22 +210,25 @@ fn run_pairs(args: &ProcessBenchArgs, kernel: &Path, status: u8) -> Result<u8> {
         vec![("kumo", &kumo_ms, rss(&kumo_runs))]
     };
     if args.json {
-        for (name, times, peak) in &rows {
+        for &(name, times, peak) in &rows {
             let (lo, hi) = range(times);
-            kumo_vmm::outln!(
-                "{}",
-                json!({"vmm": name, "runs": times.len(), "median_ms": median(times),
-                       "min_ms": lo, "max_ms": hi, "peak_rss_kib": peak})
-            );
+            kumo_vmm::output::json_line(&VmmLine {
+                vmm: name,
+                runs: times.len(),
+                median_ms: median(times),
+                min_ms: lo,
+                max_ms: hi,
+                peak_rss_kib: peak,
+            });
         }
-        kumo_vmm::outln!(
-            "{}",
-            json!({"kernel": kernel.display().to_string(), "memory_mib": args.memory,
-                   "qemu": qemu,
-                   "qemu_over_kumo_median": pairs.as_ref().map(|p| p.ratio_median),
-                   "qemu_over_kumo_min": pairs.as_ref().map(|p| p.ratio_min),
-                   "qemu_over_kumo_max": pairs.as_ref().map(|p| p.ratio_max)})
-        );
+        kumo_vmm::output::json_line(&ComparisonLine {
+            kernel: kernel.display().to_string(),
+            memory_mib: args.memory,
+            qemu,
+            qemu_over_kumo_median: pairs.as_ref().map(|p| p.ratio_median),
+            qemu_over_kumo_min: pairs.as_ref().map(|p| p.ratio_min),
+            qemu_over_kumo_max: pairs.as_ref().map(|p| p.ratio_max),
+        });
     } else {
         kumo_vmm::outln!(
             "{:<14} {:>5} {:>11} {:>9} {:>9} {:>13}",

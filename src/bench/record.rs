@@ -6,6 +6,7 @@ use std::path::Path;
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
+use kumo_vmm::stats::Spread;
 use serde::{Deserialize, Serialize};
 
 /// The record's format. A reader refuses any other (bad input, exit 2).
@@ -113,25 +114,12 @@ impl Figure {
     }
 }
 
-/// Median, 10th and 90th percentile (linear between the closest ranks).
+/// Median, 10th and 90th percentile (`kumo_vmm::stats`: linear between the closest
+/// ranks); NaN each for no finite sample (a record that `Record::parse` refuses).
 pub fn spread(values: &[f64]) -> (f64, f64, f64) {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    (
-        percentile(&sorted, 0.5),
-        percentile(&sorted, 0.1),
-        percentile(&sorted, 0.9),
-    )
-}
-
-/// The `q` quantile of sorted values (NaN for none).
-fn percentile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let at = q * (sorted.len() - 1) as f64;
-    let (lo, hi) = (at.floor() as usize, at.ceil() as usize);
-    sorted[lo] + (sorted[hi] - sorted[lo]) * (at - lo as f64)
+    Spread::of(values, 0.1).map_or((f64::NAN, f64::NAN, f64::NAN), |s| {
+        (s.median, s.low, s.high)
+    })
 }
 
 impl Record {
@@ -313,12 +301,10 @@ mod tests {
     }
 
     #[test]
-    fn spread_interpolates_between_ranks() {
+    fn spread_is_the_median_and_the_10th_and_90th_percentiles() {
         assert_eq!(spread(&[3.0, 1.0, 2.0]), (2.0, 1.2, 2.8));
         assert_eq!(spread(&[5.0]), (5.0, 5.0, 5.0));
-        let (m, lo, hi) = spread(&[1.0, 2.0, 3.0, 4.0]);
-        assert_eq!(m, 2.5);
-        assert!((lo - 1.3).abs() < 1e-12 && (hi - 3.7).abs() < 1e-12);
+        assert!(spread(&[]).0.is_nan());
     }
 
     #[test]

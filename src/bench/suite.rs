@@ -377,11 +377,12 @@ fn boot_ms(kvm: &Path) -> Result<f64> {
         .context("the guest reported no workload start")
 }
 
-/// A number field of a bench's row.
-fn number(row: &serde_json::Map<String, Value>, key: &str) -> Result<f64> {
+/// A number field of a bench's row, as its `--json` prints it.
+fn number<T: serde::Serialize>(row: &T, key: &str) -> Result<f64> {
+    let row = serde_json::to_value(row)?;
     row.get(key)
         .and_then(Value::as_f64)
-        .with_context(|| format!("no numeric {key} in {}", Value::Object(row.clone())))
+        .with_context(|| format!("no numeric {key} in {row}"))
 }
 
 /// Median and p90 of doorbell-to-handler latency to halted vCPU 1, on `path`.
@@ -413,10 +414,7 @@ fn switch_us(plan: &Plan, mechanism: Mechanism, kvm: &Path) -> Result<f64> {
         json: true,
         kvm_device: kvm.to_path_buf(),
     };
-    let row = switch::measure(&args, Instant::now())?;
-    row.get("median_us")
-        .and_then(Value::as_f64)
-        .context("the switch probe gave no median")
+    Ok(switch::measure(&args, Instant::now())?.median_us)
 }
 
 /// Median half round trip of each of `sizes` between two VMs whose ranks wait by
@@ -439,7 +437,7 @@ fn messages_us(sizes: &[u64], wait: Wait, kvm: &Path) -> Result<Vec<f64>> {
         .map(|&size| {
             let row = rows
                 .iter()
-                .find(|r| r.get("size").and_then(Value::as_u64) == Some(size))
+                .find(|r| r.guest.get("size").and_then(Value::as_u64) == Some(size))
                 .with_context(|| format!("no ping-pong row for {size} bytes"))?;
             number(row, "median_us")
         })

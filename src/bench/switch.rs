@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use hv::placement::{Policy, VcpuControl};
-use serde_json::json;
+use serde::Serialize;
 
 use clap::Args;
 use kumo_vmm::guest;
@@ -31,20 +31,20 @@ const CONTROLLER_RANK: u8 = 3;
 pub fn run_switch(args: &SwitchArgs, epoch: Instant) -> Result<u8> {
     let row = measure(args, epoch)?;
     if args.json {
-        kumo_vmm::outln!("{row}");
+        kumo_vmm::output::json_line(&row);
     } else {
         kumo_vmm::outln!(
             "mechanism {}: {} switches seen ({} requested, slice {} us on host CPU {}): \
              median {} us, p90 {} us, p99 {} us, max {} us",
             args.mechanism.name(),
-            row["switches_seen"],
-            row["switches_requested"],
+            row.switches_seen,
+            row.switches_requested,
             args.slice_us,
             args.pcpu,
-            row["median_us"],
-            row["p90_us"],
-            row["p99_us"],
-            row["max_us"],
+            row.median_us,
+            row.p90_us,
+            row.p99_us,
+            row.max_us,
         );
     }
     Ok(0)
@@ -52,7 +52,7 @@ pub fn run_switch(args: &SwitchArgs, epoch: Instant) -> Result<u8> {
 
 /// One run of the switch probe: the row `--json` prints (`bench record` takes its
 /// median from it).
-pub fn measure(args: &SwitchArgs, epoch: Instant) -> Result<serde_json::Value> {
+pub fn measure(args: &SwitchArgs, epoch: Instant) -> Result<SwitchRow> {
     kumo_vmm::guest::check_host_cpu("--pcpu", args.pcpu)?;
     if args.slice_us < 100 {
         bail!("--slice-us must be at least 100");
@@ -87,22 +87,40 @@ pub fn measure(args: &SwitchArgs, epoch: Instant) -> Result<serde_json::Value> {
         .map_err(|_| anyhow::anyhow!("the controller thread panicked"))??;
     let fields = guest.measurement("switchprobe")?;
     let get = |key: &str| {
-        kumo_vmm::protocol::number_field(fields, key)
+        kumo_vmm::protocol::f64_field(fields, key)
             .with_context(|| format!("the guest's switchprobe line has no numeric {key}"))
     };
-    let row = json!({
-        "mechanism": args.mechanism.name(),
-        "slice_us": args.slice_us,
-        "pcpu": args.pcpu,
-        "millis": args.millis,
-        "switches_requested": switches,
-        "switches_seen": get("switches")?,
-        "median_us": get("median_us")?,
-        "p90_us": get("p90_us")?,
-        "p99_us": get("p99_us")?,
-        "max_us": get("max_us")?,
-    });
-    Ok(row)
+    Ok(SwitchRow {
+        mechanism: args.mechanism.name(),
+        slice_us: args.slice_us,
+        pcpu: args.pcpu,
+        millis: args.millis,
+        switches_requested: switches,
+        switches_seen: kumo_vmm::protocol::u64_field(fields, "switches")
+            .context("the guest's switchprobe line has no count of switches")?,
+        median_us: get("median_us")?,
+        p90_us: get("p90_us")?,
+        p99_us: get("p99_us")?,
+        max_us: get("max_us")?,
+    })
+}
+
+/// `kumo bench switch --json`'s object.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SwitchRow {
+    pub mechanism: &'static str,
+    pub slice_us: u64,
+    pub pcpu: usize,
+    pub millis: u64,
+    /// Switches the controller made.
+    pub switches_requested: u64,
+    /// Switches the guest saw.
+    pub switches_seen: u64,
+    /// µs of a hand-over, guest TSC.
+    pub median_us: f64,
+    pub p90_us: f64,
+    pub p99_us: f64,
+    pub max_us: f64,
 }
 
 /// Pins both vCPUs to `pcpu` and alternates them every `slice` until `stop`. Returns

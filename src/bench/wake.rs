@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use serde_json::{Value, json};
+use serde::Serialize;
 
 use clap::Args;
 use kumo_vmm::ctl::SchedUpdate;
@@ -59,22 +59,23 @@ pub fn run_wake(args: &WakeArgs, epoch: Instant) -> Result<u8> {
             .map(|(_, f)| f)
             .context("the sleeper domain reported no wake-up measurement")?;
         let num = |key: &str| {
-            kumo_vmm::protocol::number_field(fields, key)
+            kumo_vmm::protocol::f64_field(fields, key)
                 .with_context(|| format!("the wake probe has no numeric {key}"))
         };
         let view = sched_params::view(params);
-        rows.push(json!({
-            "tslice_ms": view.tslice_ms,
-            "tick_ms": view.tick_ms,
-            "ratelimit_us": view.ratelimit_us,
-            "period_us": args.period_us,
-            "wakes": num("wakes")?,
-            "median_us": num("median_us")?,
-            "p90_us": num("p90_us")?,
-            "p99_us": num("p99_us")?,
-            "max_us": num("max_us")?,
-            "hog_cpu_s": reports[1].cpu.as_secs_f64(),
-        }));
+        rows.push(WakeRow {
+            tslice_ms: view.tslice_ms,
+            tick_ms: view.tick_ms,
+            ratelimit_us: view.ratelimit_us,
+            period_us: args.period_us,
+            wakes: kumo_vmm::protocol::u64_field(fields, "wakes")
+                .context("the wake probe has no count of wakes")?,
+            median_us: num("median_us")?,
+            p90_us: num("p90_us")?,
+            p99_us: num("p99_us")?,
+            max_us: num("max_us")?,
+            hog_cpu_s: reports[1].cpu.as_secs_f64(),
+        });
     }
     print(&rows, args.json);
     Ok(0)
@@ -104,10 +105,27 @@ fn domain(name: &str, probe: String) -> Domain {
     }
 }
 
-fn print(rows: &[Value], json: bool) {
+/// A row of `kumo bench wake --json`: one slice's setting and the sleeper's wake-up
+/// latency (µs, guest TSC).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WakeRow {
+    pub tslice_ms: f64,
+    pub tick_ms: f64,
+    pub ratelimit_us: u64,
+    pub period_us: u64,
+    pub wakes: u64,
+    pub median_us: f64,
+    pub p90_us: f64,
+    pub p99_us: f64,
+    pub max_us: f64,
+    /// CPU time the busy domain got.
+    pub hog_cpu_s: f64,
+}
+
+fn print(rows: &[WakeRow], json: bool) {
     if json {
         for row in rows {
-            kumo_vmm::outln!("{row}");
+            kumo_vmm::output::json_line(row);
         }
         return;
     }
@@ -123,17 +141,16 @@ fn print(rows: &[Value], json: bool) {
         "max us"
     );
     for r in rows {
-        let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
         kumo_vmm::outln!(
             "{:>9} {:>8} {:>10} {:>7} {:>10.1} {:>10.1} {:>10.1} {:>10.1}",
-            f("tslice_ms"),
-            f("tick_ms"),
-            f("ratelimit_us"),
-            f("wakes"),
-            f("median_us"),
-            f("p90_us"),
-            f("p99_us"),
-            f("max_us")
+            r.tslice_ms,
+            r.tick_ms,
+            r.ratelimit_us,
+            r.wakes,
+            r.median_us,
+            r.p90_us,
+            r.p99_us,
+            r.max_us
         );
     }
     kumo_vmm::outln!(

@@ -122,6 +122,51 @@ pub fn node_json(config: &std::path::Path, timeout_s: u32) -> Vec<serde_json::Va
     json_lines(&out)
 }
 
+/// Keys whose values are text by contract even when they are all digits: `fnv`, a
+/// hash in hex (docs/json.md, `TEXT_FIELDS` in vmm/src/protocol.rs).
+const TEXT_KEYS: &[&str] = &["fnv"];
+
+/// The path (`[2].results[0].time_s`) of every string in `value` that reads as a
+/// number (`"45.55"`, `"8"`, `"NaN"`), at any depth.
+pub fn numeric_strings(value: &serde_json::Value) -> Vec<String> {
+    fn walk(value: &serde_json::Value, path: String, key: Option<&str>, out: &mut Vec<String>) {
+        match value {
+            serde_json::Value::String(s) => {
+                let text = key.is_some_and(|k| TEXT_KEYS.contains(&k));
+                if !text && s.trim().parse::<f64>().is_ok() {
+                    out.push(format!("{path} = {s:?}"));
+                }
+            }
+            serde_json::Value::Array(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    walk(item, format!("{path}[{i}]"), key, out);
+                }
+            }
+            serde_json::Value::Object(map) => {
+                for (k, v) in map {
+                    walk(v, format!("{path}.{k}"), Some(k), out);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    walk(value, String::new(), None, &mut out);
+    out
+}
+
+/// `--json`'s rule: every number is a JSON number, never a string that reads as one.
+pub fn assert_numbers_are_numbers(lines: &[serde_json::Value]) {
+    assert!(!lines.is_empty(), "no JSON line to check");
+    for (i, line) in lines.iter().enumerate() {
+        let found = numeric_strings(line);
+        assert!(
+            found.is_empty(),
+            "line {i}: numbers as strings {found:?}: {line}"
+        );
+    }
+}
+
 /// The JSON lines kumo printed.
 pub fn json_lines(out: &Output) -> Vec<serde_json::Value> {
     text(&out.stdout)

@@ -21,6 +21,7 @@ fn runs(path: &str) -> Vec<Value> {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let lines = json_lines(&out);
     assert_eq!(lines.len(), 1, "--json prints one object");
+    assert_numbers_are_numbers(&lines);
     lines[0]["runs"].as_array().unwrap().clone()
 }
 

@@ -175,6 +175,7 @@ fn a_running_ep_guest_migrates_and_verifies_on_the_destination() {
     let src = source(&socket);
     let ctl = migrate(&socket, port, &secret);
     assert!(ctl.status.success(), "migrate: {}", text(&ctl.stderr));
+    assert_numbers_are_numbers(&json_lines(&ctl));
     let report = &json_lines(&ctl)[0];
     assert!(report["downtime_ms"].as_f64().unwrap() > 0.0, "{report}");
     assert!(report["total_ms"].as_f64().unwrap() >= report["downtime_ms"].as_f64().unwrap());

@@ -23,6 +23,7 @@ fn assert_job_verified(args: &[&str], ranks: usize) {
     assert_eq!(out.status.code(), Some(0), "kumo {full:?}: {stderr}");
     let lines = json_lines(&out);
     assert_eq!(lines.len(), ranks + 1, "{}", text(&out.stdout));
+    assert_numbers_are_numbers(&lines);
     for (rank, line) in lines[..ranks].iter().enumerate() {
         assert_eq!(line["rank"], serde_json::json!(rank), "{line}");
         assert_eq!(line["verified"], serde_json::json!(true), "{line}");
@@ -129,6 +130,7 @@ fn the_net_bench_reports_every_size() {
         assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
         let lines = json_lines(&out);
         // Numbers are JSON numbers (jq and pandas users get numbers, not text).
+        assert_numbers_are_numbers(&lines);
         let sizes: Vec<u64> = lines.iter().map(|l| l["size"].as_u64().unwrap()).collect();
         assert_eq!(sizes, [8, 65536, 8, 65536]);
         // Both NICs side by side, each with its switch thread's work.

@@ -26,6 +26,7 @@ fn run_node(name: &str, text: &str) -> Vec<Value> {
     let out = kumo(&["node", "--config", path.to_str().unwrap(), "--json"]);
     assert!(out.status.success(), "{}", text_of(&out.stderr));
     let lines = json_lines(&out);
+    assert_numbers_are_numbers(&lines);
     let node = lines.last().unwrap();
     assert_eq!(node["scheduler"], "credit", "{node}");
     lines[..lines.len() - 1].to_vec()

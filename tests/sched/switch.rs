@@ -18,6 +18,7 @@ fn switch(mechanism: &str) -> serde_json::Value {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let lines = json_lines(&out);
     assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_numbers_are_numbers(&lines);
     lines[0].clone()
 }
 

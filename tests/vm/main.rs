@@ -15,6 +15,7 @@ mod guest_memory_functions;
 mod high_memory;
 mod huge_pages;
 mod irq;
+mod json_numbers;
 mod native_and_bench;
 mod perf_record;
 mod pvh_kernels;

@@ -16,13 +16,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use crate::args::OnOff;
+pub use crate::spec::control::{
+    Accounting, BalloonState, DomainInfo, MigrateRequest, MigrationReply, SchedParams, SchedUpdate,
+    SnapshotReport,
+};
+use crate::spec::control::{DomainList, DomainSetReply, Reply, ReplyValue, Request};
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
-use serde_json::{Value, json};
-
-use crate::args::OnOff;
-use crate::spec::control::Request;
-pub use crate::spec::control::{Accounting, DomainInfo, MigrateRequest, SchedParams, SchedUpdate};
 
 /// Longest request line accepted.
 const MAX_REQUEST: u64 = 64 * 1024;
@@ -44,16 +45,20 @@ pub trait Controlled: Send + Sync {
     ) -> Result<DomainInfo, String>;
     /// Saves the VM to `path`; with `stop` the VM then ends here. Only a kumo running
     /// one VM has this.
-    fn snapshot(&self, _path: &Path, _stop: bool) -> Result<Value, String> {
+    fn snapshot(&self, _path: &Path, _stop: bool) -> Result<SnapshotReport, String> {
         Err(NO_SINGLE_VM.into())
     }
     /// Moves the VM to another kumo (`kumo --incoming`); see `crate::migrate`.
-    fn migrate(&self, _request: &MigrateRequest) -> Result<Value, String> {
+    fn migrate(&self, _request: &MigrateRequest) -> Result<MigrationReply, String> {
         Err(NO_SINGLE_VM.into())
     }
     /// The host CPUs the guest of the VM (or of the node's `domain`) is told it may
     /// use (vCPU ballooning), set to `active` first if given.
-    fn vcpu_balloon(&self, _domain: Option<&str>, _active: Option<u32>) -> Result<Value, String> {
+    fn vcpu_balloon(
+        &self,
+        _domain: Option<&str>,
+        _active: Option<u32>,
+    ) -> Result<BalloonState, String> {
         Err("vcpu-balloon needs a kumo running a VM or a node (started with --ctl-socket)".into())
     }
 }
@@ -63,7 +68,7 @@ pub trait Controlled: Send + Sync {
 pub fn vcpu_balloon_of(
     control: &hv::placement::VcpuControl,
     active: Option<u32>,
-) -> Result<Value, String> {
+) -> Result<BalloonState, String> {
     let vcpus = u32::try_from(control.vcpus()).unwrap_or(u32::MAX);
     if let Some(n) = active {
         if !(1..=vcpus).contains(&n) {
@@ -73,26 +78,29 @@ pub fn vcpu_balloon_of(
         }
         control.host_cpus().set(n);
     }
-    Ok(json!({"active": control.host_cpus().count(), "vcpus": vcpus}))
+    Ok(BalloonState {
+        active: control.host_cpus().count(),
+        vcpus,
+    })
 }
 
 const NO_SINGLE_VM: &str =
     "snapshot and migrate need a kumo running one VM (started with --ctl-socket)";
 
 /// Answers one request line.
-pub fn answer(target: &dyn Controlled, line: &str) -> Value {
+pub fn answer(target: &dyn Controlled, line: &str) -> Reply<ReplyValue> {
     let request: Request = match serde_json::from_str(line) {
         Ok(r) => r,
-        Err(e) => return json!({"ok": false, "error": format!("bad request: {e}")}),
+        Err(e) => return Reply::of(Err(format!("bad request: {e}"))),
     };
-    let result = match request {
+    Reply::of(match request {
         Request::SchedCredit {
             tslice_ms: None,
             tick_ms: None,
             ratelimit_us: None,
             accounting: None,
             directed_yield: None,
-        } => Ok(json!(target.sched_params())),
+        } => Ok(ReplyValue::Sched(target.sched_params())),
         Request::SchedCredit {
             tslice_ms,
             tick_ms,
@@ -107,23 +115,21 @@ pub fn answer(target: &dyn Controlled, line: &str) -> Value {
                 accounting,
                 directed_yield,
             })
-            .map(|p| json!(p)),
-        Request::DomainList {} => Ok(json!({"domains": target.domains()})),
+            .map(ReplyValue::Sched),
+        Request::DomainList {} => Ok(ReplyValue::Domains(DomainList {
+            domains: target.domains(),
+        })),
         Request::DomainSet { name, weight, cap } => target
             .set_domain(&name, weight, cap)
-            .map(|d| json!({"domain": d})),
-        Request::Snapshot { path, stop } => target.snapshot(&path, stop),
-        Request::Migrate(request) => target.migrate(&request),
-        Request::VcpuBalloon { domain, active } => target.vcpu_balloon(domain.as_deref(), active),
-    };
-    match result {
-        Ok(Value::Object(mut fields)) => {
-            fields.insert("ok".into(), json!(true));
-            Value::Object(fields)
-        }
-        Ok(other) => json!({"ok": true, "value": other}),
-        Err(error) => json!({"ok": false, "error": error}),
-    }
+            .map(|domain| ReplyValue::Domain(DomainSetReply { domain })),
+        Request::Snapshot { path, stop } => target.snapshot(&path, stop).map(ReplyValue::Snapshot),
+        Request::Migrate(request) => target
+            .migrate(&request)
+            .map(|m| ReplyValue::Migrated(Box::new(m))),
+        Request::VcpuBalloon { domain, active } => target
+            .vcpu_balloon(domain.as_deref(), active)
+            .map(ReplyValue::Balloon),
+    })
 }
 
 /// Binds a socket that only its owner can reach from the moment it appears at
@@ -265,20 +271,24 @@ fn serve_client(stream: UnixStream, target: &dyn Controlled) -> std::io::Result<
         let reply = if line.ends_with('\n') {
             answer(target, line.trim())
         } else {
-            json!({"ok": false, "error": "request too long or not newline-terminated"})
+            Reply::of(Err("request too long or not newline-terminated".to_string()))
         };
-        writeln!(writer, "{reply}")?;
+        writeln!(writer, "{}", serde_json::to_string(&reply)?)?;
     }
 }
 
-/// Sends one request and returns the reply (the `kumo ctl` side).
-pub fn request(socket: &Path, request: &Value) -> Result<Value> {
+/// Sends one request and returns the reply's value (the `kumo ctl` side).
+pub fn request(socket: &Path, request: &Request) -> Result<ReplyValue> {
     request_waiting(socket, request, Some(IDLE_TIMEOUT))
 }
 
 /// As [`request`], waiting up to `timeout` for the reply (`None`: as long as it
 /// takes, for snapshots and migrations).
-pub fn request_waiting(socket: &Path, request: &Value, timeout: Option<Duration>) -> Result<Value> {
+pub fn request_waiting(
+    socket: &Path,
+    request: &Request,
+    timeout: Option<Duration>,
+) -> Result<ReplyValue> {
     let stream = UnixStream::connect(socket).with_context(|| {
         format!(
             "cannot connect to {} (is a kumo node running there?)",
@@ -287,7 +297,7 @@ pub fn request_waiting(socket: &Path, request: &Value, timeout: Option<Duration>
     })?;
     stream.set_read_timeout(timeout)?;
     let mut writer = stream.try_clone()?;
-    writeln!(writer, "{request}")?;
+    writeln!(writer, "{}", serde_json::to_string(request)?)?;
     let mut reply = String::new();
     BufReader::new(stream).read_line(&mut reply).map_err(|e| {
         crate::output::name_timeout(e, || {
@@ -298,17 +308,20 @@ pub fn request_waiting(socket: &Path, request: &Value, timeout: Option<Duration>
             )
         })
     })?;
-    let reply: Value = serde_json::from_str(&reply)
+    let parsed: Reply<ReplyValue> = serde_json::from_str(&reply)
         .with_context(|| format!("bad reply from {}: {reply:?}", socket.display()))?;
-    if reply["ok"] != json!(true) {
-        bail!(
+    match parsed {
+        Reply {
+            ok: true,
+            value: Some(value),
+            ..
+        } => Ok(value),
+        Reply { ok: true, .. } => bail!("bad reply from {}: {reply:?}", socket.display()),
+        Reply { error, .. } => bail!(
             "{}",
-            reply["error"]
-                .as_str()
-                .unwrap_or("the node refused the request")
-        );
+            error.as_deref().unwrap_or("the node refused the request")
+        ),
     }
-    Ok(reply)
 }
 
 /// `kumo ctl`: one request, its reply printed.
@@ -320,40 +333,29 @@ pub fn run_ctl(args: &CtlArgs) -> Result<u8> {
             ratelimit_us,
             accounting,
             directed_yield,
-        } => {
-            let mut req = json!({"cmd": "sched-credit"});
-            for (key, value) in [
-                ("tslice_ms", tslice_ms.map(|v| json!(v))),
-                ("tick_ms", tick_ms.map(|v| json!(v))),
-                ("ratelimit_us", ratelimit_us.map(|v| json!(v))),
-                ("accounting", accounting.map(|a| json!(Accounting::from(a)))),
-                ("directed_yield", directed_yield.map(|on| json!(on.is_on()))),
-            ] {
-                if let Some(value) = value {
-                    req[key] = value;
-                }
-            }
-            req
-        }
-        CtlCommand::Domain(DomainCommand::List) => json!({"cmd": "domain-list"}),
+        } => Request::SchedCredit {
+            tslice_ms: *tslice_ms,
+            tick_ms: *tick_ms,
+            ratelimit_us: *ratelimit_us,
+            accounting: accounting.map(Accounting::from),
+            directed_yield: directed_yield.map(OnOff::is_on),
+        },
+        CtlCommand::Domain(DomainCommand::List) => Request::DomainList {},
         CtlCommand::Domain(DomainCommand::Set { name, weight, cap }) => {
             if weight.is_none() && cap.is_none() {
                 bail!("domain set {name}: give --weight and/or --cap");
             }
-            let mut req = json!({"cmd": "domain-set", "name": name});
-            if let Some(w) = weight {
-                req["weight"] = json!(w);
+            Request::DomainSet {
+                name: name.clone(),
+                weight: *weight,
+                cap: *cap,
             }
-            if let Some(c) = cap {
-                req["cap"] = json!(c);
-            }
-            req
         }
         CtlCommand::Snapshot { path, stop } => {
             // The server resolves the path in its own working directory: make it ours.
             let path = std::path::absolute(path)
                 .with_context(|| format!("bad snapshot path {}", path.display()))?;
-            json!({"cmd": "snapshot", "path": path, "stop": stop})
+            Request::Snapshot { path, stop: *stop }
         }
         CtlCommand::Migrate {
             target,
@@ -374,19 +376,19 @@ pub fn run_ctl(args: &CtlArgs) -> Result<u8> {
                 .map(std::path::absolute)
                 .transpose()
                 .context("bad --token-file path")?;
-            json!({
-                "cmd": "migrate",
-                "target": target,
-                "token_file": token_file,
-                "max_downtime_ms": max_downtime_ms,
-                "ack_timeout_ms": ack_timeout_ms,
-                "stop_and_copy": stop_and_copy,
-                "domain": domain,
+            Request::Migrate(MigrateRequest {
+                target: target.clone(),
+                token_file,
+                max_downtime_ms: *max_downtime_ms,
+                ack_timeout_ms: *ack_timeout_ms,
+                stop_and_copy: *stop_and_copy,
+                domain: domain.clone(),
             })
         }
-        CtlCommand::VcpuBalloon { domain, active } => {
-            json!({"cmd": "vcpu-balloon", "domain": domain, "active": active})
-        }
+        CtlCommand::VcpuBalloon { domain, active } => Request::VcpuBalloon {
+            domain: domain.clone(),
+            active: *active,
+        },
     };
     // Snapshots and migrations take as long as they take (a migration waits up to
     // its acknowledgement timeout per round): no idle limit on their reply.
@@ -396,23 +398,22 @@ pub fn run_ctl(args: &CtlArgs) -> Result<u8> {
     );
     let reply = request_waiting(&args.socket, &req, (!long).then_some(IDLE_TIMEOUT))?;
     if args.json {
-        crate::outln!("{reply}");
+        crate::output::json_line(&Reply::of(Ok(reply)));
         return Ok(0);
     }
-    match &args.command {
-        CtlCommand::SchedCredit { .. } => crate::outln!(
-            "credit: tslice {} ms, tick {} ms, ratelimit {} us, accounting {}, directed yield {}",
-            reply["tslice_ms"],
-            reply["tick_ms"],
-            reply["ratelimit_us"],
-            reply["accounting"].as_str().unwrap_or("?"),
-            if reply["directed_yield"] == json!(true) {
-                "on"
-            } else {
-                "off"
-            }
+    match reply {
+        ReplyValue::Sched(p) => crate::outln!(
+            "credit: tslice {:?} ms, tick {:?} ms, ratelimit {} us, accounting {}, directed yield {}",
+            p.tslice_ms,
+            p.tick_ms,
+            p.ratelimit_us,
+            match p.accounting {
+                Accounting::Exact => "exact",
+                Accounting::Tick => "tick",
+            },
+            if p.directed_yield { "on" } else { "off" }
         ),
-        CtlCommand::Domain(DomainCommand::List) => {
+        ReplyValue::Domains(list) => {
             crate::outln!(
                 "{:<12} {:>6} {:>4} {:>5} {:>9}",
                 "domain",
@@ -421,47 +422,31 @@ pub fn run_ctl(args: &CtlArgs) -> Result<u8> {
                 "vCPUs",
                 "cpu (s)"
             );
-            let number = |v: &Value| {
-                v.as_u64()
-                    .map_or_else(|| "?".to_string(), |n| n.to_string())
-            };
-            for d in reply["domains"].as_array().into_iter().flatten() {
+            for d in &list.domains {
                 crate::outln!(
                     "{:<12} {:>6} {:>4} {:>5} {:>9.3}",
-                    d["domain"].as_str().unwrap_or("?"),
-                    number(&d["weight"]),
-                    number(&d["cap"]),
-                    number(&d["vcpus"]),
-                    d["cpu_s"].as_f64().unwrap_or(f64::NAN)
+                    d.domain,
+                    d.weight,
+                    d.cap,
+                    d.vcpus,
+                    d.cpu_s
                 );
             }
         }
-        CtlCommand::Snapshot { .. } => crate::outln!(
+        ReplyValue::Snapshot(s) => crate::outln!(
             "snapshot {}: {} pages, {} bytes, VM paused {:.1} ms{}",
-            reply["path"].as_str().unwrap_or("?"),
-            reply["pages"],
-            reply["bytes"],
-            reply["paused_ms"].as_f64().unwrap_or(f64::NAN),
-            if reply["stopped"] == json!(true) {
-                "; the VM stopped"
-            } else {
-                ""
-            }
+            s.path.display(),
+            s.pages,
+            s.bytes,
+            s.paused_ms,
+            if s.stopped { "; the VM stopped" } else { "" }
         ),
-        CtlCommand::Migrate { .. } => print_migration(&reply),
-        CtlCommand::VcpuBalloon { .. } => crate::outln!(
-            "vcpu-balloon: {} host CPUs for {} vCPUs",
-            reply["active"],
-            reply["vcpus"]
-        ),
-        CtlCommand::Domain(DomainCommand::Set { .. }) => {
-            let d = &reply["domain"];
-            crate::outln!(
-                "{}: weight {}, cap {}",
-                d["domain"].as_str().unwrap_or("?"),
-                d["weight"],
-                d["cap"]
-            );
+        ReplyValue::Migrated(m) => print_migration(&m),
+        ReplyValue::Balloon(b) => {
+            crate::outln!("vcpu-balloon: {} host CPUs for {} vCPUs", b.active, b.vcpus)
+        }
+        ReplyValue::Domain(DomainSetReply { domain: d }) => {
+            crate::outln!("{}: weight {}, cap {}", d.domain, d.weight, d.cap);
         }
     }
     Ok(0)
@@ -477,20 +462,22 @@ pub fn default_socket_path() -> PathBuf {
 }
 
 /// `kumo ctl ... migrate` without --json.
-pub fn print_migration(reply: &Value) {
-    let rounds = reply["rounds"].as_array().map_or(0, Vec::len);
-    let domain = reply["domain"]
-        .as_str()
+pub fn print_migration(reply: &MigrationReply) {
+    let m = &reply.report;
+    let rounds = m.rounds.len();
+    let domain = reply
+        .domain
+        .as_deref()
         .map_or(String::new(), |d| format!("domain '{d}' "));
     crate::outln!(
         "migrated {domain}to {}: total {:.1} ms, downtime {:.1} ms, {} live round{} + final {} pages, {:.1} MiB sent",
-        reply["target"].as_str().unwrap_or("?"),
-        reply["total_ms"].as_f64().unwrap_or(f64::NAN),
-        reply["downtime_ms"].as_f64().unwrap_or(f64::NAN),
+        reply.target,
+        m.total_ms,
+        m.downtime_ms,
         rounds,
         if rounds == 1 { "" } else { "s" },
-        reply["final_pages"],
-        reply["total_bytes"].as_f64().unwrap_or(f64::NAN) / (1024.0 * 1024.0),
+        m.final_pages,
+        m.total_bytes as f64 / (1024.0 * 1024.0),
     );
 }
 
@@ -602,6 +589,12 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
+    use serde_json::{Value, json};
+
+    /// The reply as the client reads it.
+    fn answer_json(target: &dyn Controlled, line: &str) -> Value {
+        serde_json::to_value(answer(target, line)).unwrap()
+    }
 
     struct Fake {
         params: Mutex<SchedParams>,
@@ -666,10 +659,10 @@ mod tests {
     #[test]
     fn requests_are_answered_and_bad_ones_refused() {
         let f = fake();
-        let show = answer(f.as_ref(), r#"{"cmd":"sched-credit"}"#);
+        let show = answer_json(f.as_ref(), r#"{"cmd":"sched-credit"}"#);
         assert_eq!(show["ok"], true);
         assert_eq!(show["tslice_ms"], 30.0);
-        let set = answer(
+        let set = answer_json(
             f.as_ref(),
             r#"{"cmd":"sched-credit","tslice_ms":1,"ratelimit_us":0}"#,
         );
@@ -678,7 +671,7 @@ mod tests {
             (json!(true), json!(1.0))
         );
         assert_eq!(f.sched_params().ratelimit_us, 0);
-        let out_of_range = answer(f.as_ref(), r#"{"cmd":"sched-credit","tslice_ms":0.01}"#);
+        let out_of_range = answer_json(f.as_ref(), r#"{"cmd":"sched-credit","tslice_ms":0.01}"#);
         assert_eq!(out_of_range["ok"], false);
         assert!(
             out_of_range["error"]
@@ -686,18 +679,18 @@ mod tests {
                 .unwrap()
                 .contains("0.1..=1000")
         );
-        let set = answer(
+        let set = answer_json(
             f.as_ref(),
             r#"{"cmd":"domain-set","name":"a","weight":512}"#,
         );
         assert_eq!(set["domain"]["weight"], 512);
         // A node has no single VM to save or move.
-        let snap = answer(f.as_ref(), r#"{"cmd":"snapshot","path":"/tmp/x"}"#);
+        let snap = answer_json(f.as_ref(), r#"{"cmd":"snapshot","path":"/tmp/x"}"#);
         assert_eq!(snap["ok"], false);
         assert!(snap["error"].as_str().unwrap().contains("--ctl-socket"));
-        let bad = answer(f.as_ref(), r#"{"cmd":"migrate","target":"tcp:h:1","x":1}"#);
+        let bad = answer_json(f.as_ref(), r#"{"cmd":"migrate","target":"tcp:h:1","x":1}"#);
         assert!(bad["error"].as_str().unwrap().starts_with("bad request"));
-        let missing = answer(f.as_ref(), r#"{"cmd":"domain-set","name":"zz"}"#);
+        let missing = answer_json(f.as_ref(), r#"{"cmd":"domain-set","name":"zz"}"#);
         assert_eq!(missing["error"], "no domain 'zz'");
         for bad in [
             "",
@@ -706,7 +699,7 @@ mod tests {
             r#"{"cmd":"reboot"}"#,
             r#"{"cmd":"domain-list","x":1}"#,
         ] {
-            let reply = answer(f.as_ref(), bad);
+            let reply = answer_json(f.as_ref(), bad);
             assert_eq!(reply["ok"], false, "{bad}");
             assert!(
                 reply["error"].as_str().unwrap().starts_with("bad request"),
@@ -725,7 +718,7 @@ mod tests {
         let held = std::thread::spawn(move || listener.accept().map(|(s, _)| s));
         let err = request_waiting(
             &path,
-            &json!({"cmd": "domain-list"}),
+            &Request::DomainList {},
             Some(Duration::from_millis(200)),
         )
         .unwrap_err();
@@ -756,10 +749,11 @@ mod tests {
         // A socket nobody listens on (a crashed kumo's) is replaced.
         drop(UnixListener::bind(&path).unwrap());
         let server = Server::start(&path, fake(), || ()).unwrap();
-        assert_eq!(
-            request(&path, &json!({"cmd": "domain-list"})).unwrap()["domains"][0]["domain"],
-            "a"
-        );
+        let reply = request(&path, &Request::DomainList {}).unwrap();
+        let ReplyValue::Domains(list) = reply else {
+            panic!("{reply:?}")
+        };
+        assert_eq!(list.domains[0].domain, "a");
         drop(server);
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -773,9 +767,17 @@ mod tests {
         let server = Server::start(&path, f.clone(), || ()).unwrap();
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
-        let reply = request(&path, &json!({"cmd": "domain-list"})).unwrap();
-        assert_eq!(reply["domains"][0]["domain"], "a");
-        let err = request(&path, &json!({"cmd": "domain-set", "name": "b"})).unwrap_err();
+        let reply = request(&path, &Request::DomainList {}).unwrap();
+        let ReplyValue::Domains(list) = reply else {
+            panic!("{reply:?}")
+        };
+        assert_eq!(list.domains[0].domain, "a");
+        let set_b = Request::DomainSet {
+            name: "b".into(),
+            weight: None,
+            cap: None,
+        };
+        let err = request(&path, &set_b).unwrap_err();
         assert_eq!(err.to_string(), "no domain 'b'");
         // A second server on a live socket is refused; a dropped one cleans up.
         assert!(Server::start(&path, f.clone(), || ()).is_err());

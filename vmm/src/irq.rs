@@ -14,9 +14,10 @@ use hv::irq::IrqPath;
 use hv::irq_device::responder::Round;
 use hv::irq_device::{IrqDeviceSetup, IrqDevices};
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::args::VmArgs;
+use crate::protocol::{GuestFields, WithGuest};
 use crate::run::{self, GuestRun};
 
 /// Memory of the interrupt guests: the bench keeps one u64 sample per round on the heap.
@@ -101,13 +102,14 @@ impl IrqRun {
             && fields
                 .get("rounds")
                 .is_some_and(|v| *v == rounds.to_string());
-        let mut row = crate::protocol::fields_json(fields);
-        row.insert("path".into(), json!(self.path.name()));
-        row.insert("vcpus".into(), json!(vcpus));
-        row.insert("host_rounds".into(), json!(host_rounds));
-        row.insert("verified".into(), json!(ok));
+        let kumo = IrqRoundsRow {
+            path: self.path.name(),
+            vcpus,
+            host_rounds,
+            verified: ok,
+        };
         if as_json {
-            crate::outln!("{}", Value::Object(row));
+            crate::output::json_line(&WithGuest::new(kumo, GuestFields::of(fields)));
         } else {
             crate::outln!(
                 "interrupt rounds, {} path, {vcpus} vCPUs: {} rounds, lost {}, median {} us; \
@@ -149,11 +151,12 @@ fn report_check(
 ) -> Result<u8> {
     let fields = guest.measurement("irqcheck")?;
     let verified = fields.get("verified").is_some_and(|v| v == "true");
-    let mut row = crate::protocol::fields_json(fields);
-    row.insert("path".into(), json!(path.name()));
-    row.insert("host_rounds".into(), json!(host_rounds));
     if as_json {
-        crate::outln!("{}", Value::Object(row));
+        let kumo = IrqCheckRow {
+            path: path.name(),
+            host_rounds,
+        };
+        crate::output::json_line(&WithGuest::new(kumo, GuestFields::of(fields)));
     } else {
         crate::outln!(
             "interrupt check, {} path, {} vCPUs: {} vectors x {} CPUs delivered {} \
@@ -203,7 +206,7 @@ pub fn run_bench(args: &IrqBenchArgs, epoch: Instant) -> Result<u8> {
     print_bench(&rows, args.json);
     let lost = rows
         .iter()
-        .any(|r| r.get("lost").and_then(Value::as_f64) != Some(0.0));
+        .any(|r| r.guest.get("lost").and_then(Value::as_f64) != Some(0.0));
     Ok(if lost { 1 } else { 0 })
 }
 
@@ -213,7 +216,7 @@ pub fn bench_path(
     args: &IrqBenchArgs,
     path: IrqPath,
     epoch: Instant,
-) -> Result<serde_json::Map<String, Value>> {
+) -> Result<WithGuest<IrqBenchRow>> {
     let setup = IrqDeviceSetup {
         path,
         delay: Duration::from_micros(args.delay_us),
@@ -222,17 +225,56 @@ pub fn bench_path(
     let cmdline = format!("irq=bench:{}:{}", args.rounds, args.target_vcpu);
     let (guest, devices) = boot(&cmdline, args.vcpus, &setup, &args.kvm_device, epoch)?;
     let fields = guest.measurement("irqbench")?;
-    let mut row = crate::protocol::fields_json(fields);
-    row.insert("path".into(), json!(path.name()));
-    row.insert("vcpus".into(), json!(args.vcpus));
-    row.insert("noise_rate".into(), json!(args.noise_rate));
-    row.insert("delay_us".into(), json!(args.delay_us));
     let host = HostView::of(&devices.host_rounds());
-    row.insert("host_rounds".into(), json!(host.rounds));
-    row.insert("host_device_us".into(), json!(host.device_us));
-    row.insert("host_period_us".into(), json!(host.period_us));
-    row.insert("noise_raised".into(), json!(devices.noise_raised()));
-    Ok(row)
+    let kumo = IrqBenchRow {
+        path: path.name(),
+        vcpus: args.vcpus,
+        noise_rate: args.noise_rate,
+        delay_us: args.delay_us,
+        host_rounds: host.rounds,
+        host_device_us: host.device_us,
+        host_period_us: host.period_us,
+        noise_raised: devices.noise_raised(),
+    };
+    Ok(WithGuest::new(kumo, GuestFields::of(fields)))
+}
+
+/// kumo's fields of `kumo --irq-check --irq-rounds N --json` (beside the guest's
+/// `irqbench` fields).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct IrqRoundsRow {
+    /// `"generic"` or `"fast"`.
+    pub path: &'static str,
+    pub vcpus: u32,
+    /// Doorbells this kumo's device answered (after the move, on a migrated VM).
+    pub host_rounds: usize,
+    /// No interrupt lost, and the rounds asked for made.
+    pub verified: bool,
+}
+
+/// kumo's fields of `kumo --irq-check --json` (beside the guest's `irqcheck` fields).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct IrqCheckRow {
+    pub path: &'static str,
+    pub host_rounds: usize,
+}
+
+/// kumo's fields of a `kumo bench irq --json` row (beside the guest's `irqbench`
+/// fields).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct IrqBenchRow {
+    pub path: &'static str,
+    pub vcpus: u32,
+    /// `--noise-rate`, interrupts per second.
+    pub noise_rate: f64,
+    pub delay_us: u64,
+    pub host_rounds: usize,
+    /// Median µs, doorbell seen to interrupt raised (host clock); 0.0 without a round.
+    pub host_device_us: f64,
+    /// Median µs, doorbell to doorbell; 0.0 with fewer than two rounds.
+    pub host_period_us: f64,
+    /// Interrupts the noise device raised.
+    pub noise_raised: usize,
 }
 
 /// Boots the embedded guest with `cmdline` and the test devices of `setup`.
@@ -279,33 +321,30 @@ impl HostView {
             .collect();
         HostView {
             rounds: rounds.len(),
-            device_us: median(device),
-            period_us: median(period),
+            // 0.0 with no round (or one, for the period): kumo's printed shape.
+            device_us: crate::stats::median(&device).unwrap_or(0.0),
+            period_us: crate::stats::median(&period).unwrap_or(0.0),
         }
     }
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    if values.is_empty() {
-        return 0.0;
-    }
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
 }
 
 fn text<'a>(fields: &'a BTreeMap<String, String>, key: &str) -> &'a str {
     fields.get(key).map_or("?", String::as_str)
 }
 
-fn print_bench(rows: &[serde_json::Map<String, Value>], as_json: bool) {
+fn print_bench(rows: &[WithGuest<IrqBenchRow>], as_json: bool) {
     if as_json {
         for row in rows {
-            crate::outln!("{}", Value::Object(row.clone()));
+            crate::output::json_line(row);
         }
         return;
     }
-    let num = |row: &serde_json::Map<String, Value>, key: &str| {
-        row.get(key).and_then(Value::as_f64).unwrap_or(f64::NAN)
+    let num = |row: &WithGuest<IrqBenchRow>, key: &str| {
+        let own = serde_json::to_value(&row.kumo).unwrap_or(Value::Null);
+        own.get(key)
+            .or_else(|| row.guest.get(key))
+            .and_then(Value::as_f64)
+            .unwrap_or(f64::NAN)
     };
     crate::outln!(
         "{:<8} {:>6} {:>9} {:>9} {:>9} {:>9} {:>5} {:>7} {:>11} {:>11}",
@@ -323,7 +362,7 @@ fn print_bench(rows: &[serde_json::Map<String, Value>], as_json: bool) {
     for row in rows {
         crate::outln!(
             "{:<8} {:>6} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>5} {:>7} {:>11.1} {:>11.1}",
-            row.get("path").and_then(Value::as_str).unwrap_or("?"),
+            row.kumo.path,
             num(row, "rounds"),
             num(row, "median_us"),
             num(row, "p90_us"),

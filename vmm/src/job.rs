@@ -13,9 +13,10 @@ use hv::irq::IrqPath;
 use hv::net::{Network, NicSetup, WorkerStats};
 use hv::passthrough::PassthroughSpec;
 use npb::Spec;
-use serde_json::{Value, json};
+use serde::Serialize;
 
 use crate::nic_server::ServerProcess;
+use crate::protocol::{OkLine, WithGuest};
 use crate::run::{self, GuestRun};
 use crate::spec::job::{MAX_RANKS, MAX_VMS, MEMORY_MIB, NicKind, Wait, WireSpec, mac};
 use crate::wire::WireAttach;
@@ -251,26 +252,28 @@ impl NpbReport<'_> {
             }
         }
         let ok = code == crate::report::EXIT_OK;
-        let objects: Vec<serde_json::Map<String, Value>> = rows
+        let objects: Vec<WithGuest<NpbMpiRow>> = rows
             .iter()
             .map(|row| {
-                let mut obj = serde_json::Map::new();
-                obj.insert("benchmark".into(), json!(row.spec.kernel.name()));
-                obj.insert("class".into(), json!(row.spec.class.letter().to_string()));
-                obj.insert("ranks".into(), json!(ranks));
-                obj.insert("vms".into(), json!(self.vms));
-                obj.insert("vcpus".into(), json!(self.vcpus));
-                obj.insert("ranks_per_vcpu".into(), json!(self.ranks_per_vcpu));
-                obj.insert("nic".into(), json!(self.nic.name()));
-                crate::report::insert_result(&mut obj, row.result.as_ref());
-                obj
+                let (result, guest) = crate::report::ResultFields::of(row.result.as_ref());
+                let kumo = NpbMpiRow {
+                    benchmark: row.spec.kernel.name(),
+                    class: row.spec.class.letter().to_string(),
+                    ranks,
+                    vms: self.vms,
+                    vcpus: self.vcpus,
+                    ranks_per_vcpu: self.ranks_per_vcpu,
+                    nic: self.nic.name(),
+                    result,
+                };
+                WithGuest::new(kumo, guest)
             })
             .collect();
         if self.json {
             for obj in &objects {
-                crate::outln!("{}", Value::Object(obj.clone()));
+                crate::output::json_line(obj);
             }
-            crate::outln!("{}", json!({ "ok": ok }));
+            crate::output::json_line(&OkLine { ok });
         } else {
             crate::outln!(
                 "{:<10} {:<5} {:>5} {:>4} {:>12} {:>12}  verified",
@@ -282,24 +285,17 @@ impl NpbReport<'_> {
                 "Mop/s"
             );
             for obj in &objects {
-                let number = |key: &str| {
-                    obj[key]
-                        .as_f64()
-                        .map_or("-".to_string(), |v| format!("{v:.3}"))
-                };
+                let row = &obj.kumo;
+                let number = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
                 crate::outln!(
                     "{:<10} {:<5} {:>5} {:>4} {:>12} {:>12}  {}",
-                    obj["benchmark"].as_str().unwrap_or("-"),
-                    obj["class"].as_str().unwrap_or("-"),
+                    row.benchmark,
+                    row.class,
                     ranks,
                     self.vms,
-                    number("time_s"),
-                    number("mops"),
-                    if obj["verified"] == json!(true) {
-                        "yes"
-                    } else {
-                        "NO"
-                    }
+                    number(row.result.time_s),
+                    number(row.result.mops),
+                    if row.result.verified { "yes" } else { "NO" }
                 );
             }
             crate::outln!(
@@ -315,4 +311,19 @@ impl NpbReport<'_> {
         }
         code
     }
+}
+
+/// A benchmark's row of `kumo mpi --npb LIST --json` (rank 0's result).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NpbMpiRow {
+    pub benchmark: &'static str,
+    pub class: String,
+    pub ranks: u32,
+    pub vms: u32,
+    pub vcpus: u32,
+    pub ranks_per_vcpu: u32,
+    /// `"emulated"` or `"passthrough"`.
+    pub nic: &'static str,
+    #[serde(flatten)]
+    pub result: crate::report::ResultFields,
 }

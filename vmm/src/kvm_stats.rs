@@ -3,7 +3,22 @@
 //! reach kumo, which are most of a guest's exits.
 
 use hv::kvm_stats::{Counter, KvmStats};
-use serde_json::{Map, Value, json};
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+/// `--kvm-stats`'s JSON line: `{"kvm_stats":{"vm":{..},"vcpus":[{..},..]}}`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct KvmStatsLine {
+    pub kvm_stats: KvmStatsJson,
+}
+
+/// Every counter by KVM's name: the VM's, and each vCPU's (index = vCPU).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct KvmStatsJson {
+    pub vm: BTreeMap<String, u64>,
+    pub vcpus: Vec<BTreeMap<String, u64>>,
+}
 
 /// Prints `stats` on stdout: a table of the counters that are not zero everywhere
 /// (a column for the VM and one per vCPU), or one JSON line with all of them.
@@ -12,22 +27,22 @@ pub fn print(stats: &KvmStats, json: bool) {
         eprintln!("kumo: KVM on this host gave no statistics (KVM_GET_STATS_FD needs Linux 5.14)");
     }
     if json {
-        crate::outln!("{}", to_json(stats));
+        crate::output::json_line(&to_json(stats));
     } else {
         crate::out!("{}", table(stats));
     }
 }
 
-fn to_json(stats: &KvmStats) -> Value {
-    let object = |counters: &[Counter]| {
-        let map: Map<String, Value> = counters
-            .iter()
-            .map(|c| (c.name.clone(), json!(c.value)))
-            .collect();
-        Value::Object(map)
+fn to_json(stats: &KvmStats) -> KvmStatsLine {
+    let object = |counters: &[Counter]| -> BTreeMap<String, u64> {
+        counters.iter().map(|c| (c.name.clone(), c.value)).collect()
     };
-    let vcpus: Vec<Value> = stats.vcpus.iter().map(|c| object(c)).collect();
-    json!({ "kvm_stats": { "vm": object(&stats.vm), "vcpus": vcpus } })
+    KvmStatsLine {
+        kvm_stats: KvmStatsJson {
+            vm: object(&stats.vm),
+            vcpus: stats.vcpus.iter().map(|c| object(c)).collect(),
+        },
+    }
 }
 
 fn table(stats: &KvmStats) -> String {
@@ -96,7 +111,7 @@ mod tests {
 
     #[test]
     fn json_keeps_every_counter() {
-        let value = to_json(&stats());
+        let value = serde_json::to_value(to_json(&stats())).unwrap();
         assert_eq!(value["kvm_stats"]["vm"]["mmu_recycled"], 0);
         assert_eq!(value["kvm_stats"]["vcpus"][1]["exits"], 7338);
         assert_eq!(value["kvm_stats"]["vcpus"].as_array().unwrap().len(), 2);

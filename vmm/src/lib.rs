@@ -27,4 +27,5 @@ pub mod run;
 pub mod sched_control;
 pub mod signals;
 pub mod spec;
+pub mod stats;
 pub mod wire;

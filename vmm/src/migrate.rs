@@ -18,7 +18,6 @@ use hv::migration::stream::Reply;
 use hv::{GuestExit, Vm};
 use npb::Spec;
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
 
 use crate::args::VmArgs;
 use crate::ctl::{self, Controlled, DomainInfo, MigrateRequest, SchedParams, SchedUpdate};
@@ -130,7 +129,7 @@ impl VmTarget {
         serde_json::to_string(&app).unwrap_or_default()
     }
 
-    fn write_snapshot(&self, path: &Path, stop: bool) -> Result<Value> {
+    fn write_snapshot(&self, path: &Path, stop: bool) -> Result<ctl::SnapshotReport> {
         let file = OpenOptions::new()
             .write(true)
             .create(true)
@@ -170,13 +169,13 @@ impl VmTarget {
         if let Some(paused) = stopping {
             paused.hand_off();
         }
-        Ok(json!({
-            "path": path,
-            "pages": written.pages,
-            "bytes": written.bytes,
-            "paused_ms": paused_ms,
-            "stopped": stop,
-        }))
+        Ok(ctl::SnapshotReport {
+            path: path.to_path_buf(),
+            pages: written.pages,
+            bytes: written.bytes,
+            paused_ms,
+            stopped: stop,
+        })
     }
 }
 
@@ -314,7 +313,7 @@ pub fn read_token(path: &Path) -> Result<Vec<u8>> {
 }
 
 impl VmTarget {
-    fn migrate_to(&self, request: &MigrateRequest) -> Result<Value> {
+    fn migrate_to(&self, request: &MigrateRequest) -> Result<ctl::MigrationReply> {
         if let Some(name) = &request.domain {
             bail!("migrate --domain {name}: this kumo runs one VM, not a node");
         }
@@ -328,9 +327,11 @@ impl VmTarget {
             pacing(request.max_downtime_ms, request.stop_and_copy),
             request.ack_timeout_ms.map(Duration::from_millis),
         )?;
-        let mut value = json!(report);
-        value["target"] = json!(request.target);
-        Ok(value)
+        Ok(ctl::MigrationReply {
+            report,
+            target: request.target.clone(),
+            domain: None,
+        })
     }
 }
 
@@ -530,15 +531,19 @@ impl Controlled for VmTarget {
     ) -> Result<DomainInfo, String> {
         self.sched.set_domain(name, weight, cap)
     }
-    fn snapshot(&self, path: &Path, stop: bool) -> Result<Value, String> {
+    fn snapshot(&self, path: &Path, stop: bool) -> Result<ctl::SnapshotReport, String> {
         self.write_snapshot(path, stop)
             .map_err(|e| crate::output::error_chain(&e))
     }
-    fn migrate(&self, request: &MigrateRequest) -> Result<Value, String> {
+    fn migrate(&self, request: &MigrateRequest) -> Result<ctl::MigrationReply, String> {
         self.migrate_to(request)
             .map_err(|e| crate::output::error_chain(&e))
     }
-    fn vcpu_balloon(&self, domain: Option<&str>, active: Option<u32>) -> Result<Value, String> {
+    fn vcpu_balloon(
+        &self,
+        domain: Option<&str>,
+        active: Option<u32>,
+    ) -> Result<ctl::BalloonState, String> {
         if let Some(name) = domain {
             return Err(format!(
                 "vcpu-balloon --domain {name}: this kumo runs one VM, not a node"

@@ -10,7 +10,7 @@ use anyhow::{Context, Result, anyhow};
 use clap::Args;
 use hv::Vm;
 use hv::placement::VcpuControl;
-use serde_json::{Value, json};
+use serde::Serialize;
 
 use devices::net::switch::SwitchStats;
 use hv::credit::{CreditDriver, Dom0Spec, DomainSpec, ParamChange};
@@ -19,8 +19,10 @@ use hv::placement::ThreadGroup;
 use crate::args::LimitArgs;
 use crate::ctl;
 use crate::node_move::{Movable, NodeControl, Slot};
+use crate::protocol::{GuestFields, Probe, WithGuest};
 use crate::report::{self, Verdict};
 use crate::run::{self, GuestRun};
+use crate::spec::control::SchedParams;
 use crate::spec::node::{self as config, Domain, Node};
 use crate::spec::sched as sched_params;
 use crate::wire::WireAttach;
@@ -570,6 +572,77 @@ fn process_cpu_time() -> Duration {
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
+/// A domain's line of `kumo node --json`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DomainLine {
+    pub domain: String,
+    pub weight: u32,
+    pub cap: u32,
+    pub vcpus: u32,
+    pub cpu_s: f64,
+    pub cpu_contended_s: f64,
+    pub directed_boosts: u64,
+    /// Where the domain moved to (`kumo ctl migrate --domain`), if it did.
+    pub migrated_to: Option<String>,
+    /// Where the domain arrived from, if it came by migration.
+    pub arrived_on: Option<String>,
+    pub ok: bool,
+    pub problems: Vec<String>,
+    /// The domain's benchmark rows, as `kumo --json` prints them.
+    pub results: Vec<WithGuest<report::BenchRow>>,
+    /// Each measurement line of the guest: its kind, then its fields.
+    pub probes: Vec<WithGuest<Probe>>,
+}
+
+/// Scheduler parameters from a moment on (`at_s`: seconds since the scheduler
+/// started).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SchedChange {
+    #[serde(flatten)]
+    pub params: SchedParams,
+    pub at_s: f64,
+}
+
+/// Domain 0's switch: frames and bytes it received, frames it held, frames it dropped
+/// for a source MAC their port does not own.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct SwitchLine {
+    pub frames: u64,
+    pub bytes: u64,
+    pub held: u64,
+    pub spoofed: u64,
+}
+
+/// The node's line, after its domains'.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NodeLine {
+    /// Always `true`: tells this line from a domain's.
+    pub node: bool,
+    pub pcpus: Vec<usize>,
+    /// `"credit"` or `"host"`.
+    pub scheduler: &'static str,
+    /// What was in force at the end (`null` without the credit scheduler).
+    pub sched: Option<SchedParams>,
+    /// What the node started with.
+    pub sched_initial: Option<SchedParams>,
+    pub sched_changes: Vec<SchedChange>,
+    pub dom0_weight: u32,
+    pub dom0_frame_cost_us: f64,
+    pub dom0_kib_cost_us: f64,
+    pub dom0_cpu_s: f64,
+    pub vmm_cpu_s: f64,
+    pub wall_s: f64,
+    pub switch: Option<SwitchLine>,
+}
+
+/// A line of `kumo node --json`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum NodeJsonLine {
+    Domain(Box<DomainLine>),
+    Node(Box<NodeLine>),
+}
+
 /// One JSON object per domain, then the node's line.
 pub fn json_lines(
     node: &Node,
@@ -578,69 +651,75 @@ pub fn json_lines(
     wall: Duration,
     switch: Option<SwitchStats>,
     changes: &[ParamChange],
-) -> Vec<Value> {
-    let mut lines: Vec<Value> = reports
+) -> Vec<NodeJsonLine> {
+    let mut lines: Vec<NodeJsonLine> = reports
         .iter()
         .map(|r| {
-            let results: Vec<Value> = r
+            let results = r
                 .verdict
                 .json_lines()
                 .into_iter()
-                .filter(|line| line.get("benchmark").is_some())
+                .filter_map(|line| match line {
+                    report::JsonLine::Bench(row) => Some(row),
+                    report::JsonLine::Summary(_) => None,
+                })
                 .collect();
-            json!({
-                "domain": r.domain.name,
-                "weight": r.domain.weight,
-                "cap": r.domain.cap,
-                "vcpus": r.domain.vcpus,
-                "cpu_s": r.cpu.as_secs_f64(),
-                "cpu_contended_s": r.cpu_contended.as_secs_f64(),
-                "directed_boosts": r.directed_boosts,
-                "migrated_to": r.migrated_to,
-                "arrived_on": r.arrived_on,
-                "ok": r.verdict.problems.is_empty(),
-                "problems": r.verdict.problems,
-                "results": results,
-                "probes": r.measurements.iter().map(|(kind, fields)| {
-                    let mut obj = serde_json::Map::new();
-                    obj.insert("probe".into(), json!(kind));
-                    for (k, v) in fields {
-                        obj.insert(k.clone(), crate::protocol::field_json(k, v));
-                    }
-                    Value::Object(obj)
-                }).collect::<Vec<_>>(),
-            })
+            let probes = r
+                .measurements
+                .iter()
+                .map(|(kind, fields)| {
+                    WithGuest::new(
+                        Probe {
+                            probe: kind.clone(),
+                        },
+                        GuestFields::of(fields),
+                    )
+                })
+                .collect();
+            NodeJsonLine::Domain(Box::new(DomainLine {
+                domain: r.domain.name.clone(),
+                weight: r.domain.weight,
+                cap: r.domain.cap,
+                vcpus: r.domain.vcpus,
+                cpu_s: r.cpu.as_secs_f64(),
+                cpu_contended_s: r.cpu_contended.as_secs_f64(),
+                directed_boosts: r.directed_boosts,
+                migrated_to: r.migrated_to.clone(),
+                arrived_on: r.arrived_on.clone(),
+                ok: r.verdict.problems.is_empty(),
+                problems: r.verdict.problems.clone(),
+                results,
+                probes,
+            }))
         })
         .collect();
-    lines.push(json!({
-        "node": true,
-        "pcpus": node.pcpus,
-        "scheduler": if node.uses_credit() { "credit" } else { "host" },
-        // What was in force at the end; what the node started with; and each change
-        // (seconds since the scheduler started, and the parameters from then on).
-        "sched": node.uses_credit().then(|| {
-            let last = changes.last().map_or(node.params, |c| c.params);
-            json!(sched_params::view(last))
+    let credit = node.uses_credit();
+    lines.push(NodeJsonLine::Node(Box::new(NodeLine {
+        node: true,
+        pcpus: node.pcpus.clone(),
+        scheduler: if credit { "credit" } else { "host" },
+        sched: credit.then(|| sched_params::view(changes.last().map_or(node.params, |c| c.params))),
+        sched_initial: credit.then(|| sched_params::view(node.params)),
+        sched_changes: changes
+            .iter()
+            .map(|c| SchedChange {
+                params: sched_params::view(c.params),
+                at_s: c.at.as_secs_f64(),
+            })
+            .collect(),
+        dom0_weight: node.dom0_weight,
+        dom0_frame_cost_us: node.dom0_cost.frame_us,
+        dom0_kib_cost_us: node.dom0_cost.kib_us,
+        dom0_cpu_s: overhead.dom0.as_secs_f64(),
+        vmm_cpu_s: overhead.vmm.as_secs_f64(),
+        wall_s: wall.as_secs_f64(),
+        switch: switch.map(|s| SwitchLine {
+            frames: s.received,
+            bytes: s.received_bytes,
+            held: s.held,
+            spoofed: s.spoofed,
         }),
-        "sched_initial": node.uses_credit().then(|| json!(sched_params::view(node.params))),
-        "sched_changes": changes.iter().map(|c| {
-            let mut change = json!(sched_params::view(c.params));
-            change["at_s"] = json!(c.at.as_secs_f64());
-            change
-        }).collect::<Vec<_>>(),
-        "dom0_weight": node.dom0_weight,
-        "dom0_frame_cost_us": node.dom0_cost.frame_us,
-        "dom0_kib_cost_us": node.dom0_cost.kib_us,
-        "dom0_cpu_s": overhead.dom0.as_secs_f64(),
-        "vmm_cpu_s": overhead.vmm.as_secs_f64(),
-        "wall_s": wall.as_secs_f64(),
-        "switch": switch.map(|s| json!({
-            "frames": s.received,
-            "bytes": s.received_bytes,
-            "held": s.held,
-            "spoofed": s.spoofed,
-        })),
-    }));
+    })));
     lines
 }
 
@@ -655,7 +734,7 @@ fn print(
 ) -> Result<()> {
     if json {
         for line in json_lines(node, reports, overhead, wall, switch, changes) {
-            crate::outln!("{line}");
+            crate::output::json_line(&line);
         }
         return Ok(());
     }

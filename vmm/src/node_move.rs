@@ -26,7 +26,6 @@ use hv::credit::{CreditDriver, DomainSpec};
 use hv::migration::Hub;
 use hv::net::{Network, NicSetup};
 use hv::placement::{ThreadGroup, VcpuControl};
-use serde_json::{Value, json};
 
 use crate::ctl::{self, Controlled, DomainInfo, MigrateRequest, SchedParams, SchedUpdate};
 use crate::migrate::{self, AppState, GUEST_NAME};
@@ -194,7 +193,7 @@ impl NodeControl {
         }
     }
 
-    fn migrate_domain(&self, request: &MigrateRequest) -> Result<Value> {
+    fn migrate_domain(&self, request: &MigrateRequest) -> Result<ctl::MigrationReply> {
         let Some(name) = &request.domain else {
             let names: Vec<String> = self.slots().iter().map(|(n, _)| n.clone()).collect();
             bail!(
@@ -240,10 +239,11 @@ impl NodeControl {
                 return Err(e.context(format!("domain '{name}'")));
             }
         };
-        let mut value = json!(report);
-        value["target"] = json!(request.target);
-        value["domain"] = json!(name);
-        Ok(value)
+        Ok(ctl::MigrationReply {
+            report,
+            target: request.target.clone(),
+            domain: Some(name.clone()),
+        })
     }
 }
 
@@ -265,10 +265,14 @@ impl Controlled for NodeControl {
     ) -> Result<DomainInfo, String> {
         self.sched.set_domain(name, weight, cap)
     }
-    fn migrate(&self, request: &MigrateRequest) -> Result<Value, String> {
+    fn migrate(&self, request: &MigrateRequest) -> Result<ctl::MigrationReply, String> {
         self.migrate_domain(request).map_err(|e| format!("{e:#}"))
     }
-    fn vcpu_balloon(&self, domain: Option<&str>, active: Option<u32>) -> Result<Value, String> {
+    fn vcpu_balloon(
+        &self,
+        domain: Option<&str>,
+        active: Option<u32>,
+    ) -> Result<ctl::BalloonState, String> {
         self.sched.vcpu_balloon(domain, active)
     }
 }

@@ -71,6 +71,16 @@ macro_rules! outln {
     ($($arg:tt)*) => { $crate::output::out(format_args!("{}\n", format_args!($($arg)*))) };
 }
 
+/// Prints `value` as one compact JSON line on standard output (`--json`'s lines).
+pub fn json_line<T: serde::Serialize>(value: &T) {
+    match serde_json::to_string(value) {
+        Ok(line) => out(format_args!("{line}\n")),
+        // Only a map with non-string keys or a failing Serialize impl refuse; kumo's
+        // types have neither.
+        Err(e) => eprintln!("kumo: cannot print a JSON line: {e}"),
+    }
+}
+
 /// Aligns `rows` in columns: the first `left` left-aligned, the others right.
 pub fn table(rows: &[Vec<String>], left: usize) -> String {
     let columns = rows.iter().map(Vec::len).max().unwrap_or(0);

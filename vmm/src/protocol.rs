@@ -4,6 +4,8 @@
 
 use std::collections::BTreeMap;
 
+use serde::{Deserialize, Serialize};
+
 const PREFIX: &str = "@kumo ";
 
 /// One benchmark's outcome as the guest reported it.
@@ -73,13 +75,18 @@ pub fn field_json(key: &str, text: &str) -> serde_json::Value {
 /// contain no letter, and must not then turn into a number.
 const TEXT_FIELDS: &[&str] = &["fnv"];
 
-/// Field `key` of the guest's `fields` as a JSON number (an integer stays one), or
-/// None if it is missing or not a number.
-pub fn number_field(fields: &BTreeMap<String, String>, key: &str) -> Option<serde_json::Value> {
+/// Field `key` of the guest's `fields` as a finite number, or None.
+pub fn f64_field(fields: &BTreeMap<String, String>, key: &str) -> Option<f64> {
     fields
-        .get(key)
-        .map(|text| field_json(key, text))
-        .filter(serde_json::Value::is_number)
+        .get(key)?
+        .parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite())
+}
+
+/// Field `key` of the guest's `fields` as a count, or None.
+pub fn u64_field(fields: &BTreeMap<String, String>, key: &str) -> Option<u64> {
+    fields.get(key)?.parse().ok()
 }
 
 /// The guest's fields as a JSON object (see [`field_json`]).
@@ -90,6 +97,55 @@ pub fn fields_json(
         .iter()
         .map(|(k, v)| (k.clone(), field_json(k, v)))
         .collect()
+}
+
+/// The fields of one of the guest's `@kumo` lines as JSON values (each through
+/// [`field_json`]): an object of its keys, in their alphabetical order.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct GuestFields(pub BTreeMap<String, serde_json::Value>);
+
+impl GuestFields {
+    pub fn of(fields: &BTreeMap<String, String>) -> GuestFields {
+        GuestFields(fields_json(fields).into_iter().collect())
+    }
+
+    pub fn get(&self, key: &str) -> Option<&serde_json::Value> {
+        self.0.get(key)
+    }
+}
+
+/// A JSON row of kumo's own fields (`T`, a struct, first, in its declaration order)
+/// and the guest's (after them): where both have a key, kumo's wins and the guest's is
+/// left out, so no key appears twice.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WithGuest<T> {
+    #[serde(flatten)]
+    pub kumo: T,
+    #[serde(flatten)]
+    pub guest: GuestFields,
+}
+
+impl<T: Serialize> WithGuest<T> {
+    pub fn new(kumo: T, mut guest: GuestFields) -> WithGuest<T> {
+        if let Ok(serde_json::Value::Object(own)) = serde_json::to_value(&kumo) {
+            guest.0.retain(|k, _| !own.contains_key(k));
+        }
+        WithGuest { kumo, guest }
+    }
+}
+
+/// Which `@kumo` measurement line a row holds (`irqbench`, `wakeprobe`, ...): kumo's
+/// field of a measurement's row.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Probe {
+    pub probe: String,
+}
+
+/// `{"ok": bool}`: the last line of `kumo mpi --json` and of an NPB-MPI job's.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct OkLine {
+    pub ok: bool,
 }
 
 /// Parses one console line; `None` if it is ordinary guest text.
@@ -202,6 +258,44 @@ impl LineParser {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn typed_fields_read_numbers_and_counts() {
+        let fields: BTreeMap<String, String> = [("n", "1995"), ("us", "52.00"), ("x", "nan")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        assert_eq!(u64_field(&fields, "n"), Some(1995));
+        assert_eq!(f64_field(&fields, "us"), Some(52.0));
+        assert_eq!(f64_field(&fields, "x"), None);
+        assert_eq!(u64_field(&fields, "us"), None);
+        assert_eq!(f64_field(&fields, "missing"), None);
+    }
+
+    #[test]
+    fn kumo_fields_win_over_the_guests_and_come_first() {
+        #[derive(Serialize)]
+        struct Own {
+            rank: u32,
+            verified: bool,
+        }
+        let fields: BTreeMap<String, String> =
+            [("verified", "maybe"), ("bytes", "12"), ("fnv", "0123")]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+        let row = WithGuest::new(
+            Own {
+                rank: 1,
+                verified: true,
+            },
+            GuestFields::of(&fields),
+        );
+        assert_eq!(
+            serde_json::to_string(&row).unwrap(),
+            r#"{"rank":1,"verified":true,"bytes":12,"fnv":"0123"}"#
+        );
+    }
 
     #[test]
     fn guest_fields_become_json_numbers_and_booleans() {

@@ -3,9 +3,9 @@
 use std::fmt::Write as _;
 
 use npb::Spec;
-use serde_json::{Map, Value, json};
+use serde::Serialize;
 
-use crate::protocol::{BenchResult, Event};
+use crate::protocol::{BenchResult, Event, GuestFields, WithGuest};
 
 /// Exit statuses of `kumo` for the embedded guest.
 pub const EXIT_OK: u8 = 0;
@@ -25,26 +25,72 @@ pub fn stop_status(cause: hv::StopCause) -> u8 {
     }
 }
 
-/// A benchmark's result fields of its JSON object: time, Mop/s, verdict and the
-/// guest's extra values, or nulls and an error when it printed none.
-pub(crate) fn insert_result(obj: &mut Map<String, Value>, result: Option<&BenchResult>) {
-    match result {
-        Some(r) => {
-            obj.insert("time_s".into(), json!(r.time_s));
-            obj.insert("mops".into(), json!(r.mops));
-            obj.insert("verified".into(), json!(r.verified));
-            for (k, v) in &r.extra {
-                obj.entry(k.clone())
-                    .or_insert_with(|| crate::protocol::field_json(k, v));
-            }
-        }
-        None => {
-            obj.insert("time_s".into(), Value::Null);
-            obj.insert("mops".into(), Value::Null);
-            obj.insert("verified".into(), json!(false));
-            obj.insert("error".into(), json!("no result"));
+/// A benchmark's result fields of its JSON row: time, Mop/s and verdict, or nulls and
+/// an error when the guest printed no result.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ResultFields {
+    pub time_s: Option<f64>,
+    pub mops: Option<f64>,
+    pub verified: bool,
+    /// `"no result"`, only without a result.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<&'static str>,
+}
+
+impl ResultFields {
+    /// The result's fields, and the guest's other values (checksums and the like).
+    pub fn of(result: Option<&BenchResult>) -> (ResultFields, GuestFields) {
+        match result {
+            Some(r) => (
+                ResultFields {
+                    time_s: Some(r.time_s),
+                    mops: Some(r.mops),
+                    verified: r.verified,
+                    error: None,
+                },
+                GuestFields::of(&r.extra),
+            ),
+            None => (
+                ResultFields {
+                    time_s: None,
+                    mops: None,
+                    verified: false,
+                    error: Some("no result"),
+                },
+                GuestFields::default(),
+            ),
         }
     }
+}
+
+/// A benchmark's row of `kumo --json` and `kumo native --json`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BenchRow {
+    pub benchmark: &'static str,
+    pub class: String,
+    /// The threads the guest ran it on, or the VM's vCPUs without a result.
+    pub vcpus: u32,
+    #[serde(flatten)]
+    pub result: ResultFields,
+}
+
+/// The summary line after the benchmark rows.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SummaryLine {
+    /// `"vm"` or `"native"`.
+    pub mode: &'static str,
+    pub boot_ms: Option<f64>,
+    pub vcpus: u32,
+    pub ok: bool,
+    pub problems: Vec<String>,
+}
+
+/// A line of `kumo --json`: a benchmark's row or the summary.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum JsonLine {
+    Bench(WithGuest<BenchRow>),
+    Summary(SummaryLine),
 }
 
 /// One requested benchmark and what the guest said about it.
@@ -251,26 +297,27 @@ impl Verdict {
     }
 
     /// One JSON object per benchmark, then one with the run's summary.
-    pub fn json_lines(&self) -> Vec<Value> {
-        let mut lines: Vec<Value> = self
+    pub fn json_lines(&self) -> Vec<JsonLine> {
+        let mut lines: Vec<JsonLine> = self
             .rows
             .iter()
             .map(|row| {
-                let mut obj = Map::new();
-                obj.insert("benchmark".into(), json!(row.spec.kernel.name()));
-                obj.insert("class".into(), json!(row.spec.class.letter().to_string()));
-                let vcpus = row.result.as_ref().map_or(self.vcpus, |r| r.threads);
-                obj.insert("vcpus".into(), json!(vcpus));
-                insert_result(&mut obj, row.result.as_ref());
-                Value::Object(obj)
+                let (result, guest) = ResultFields::of(row.result.as_ref());
+                let kumo = BenchRow {
+                    benchmark: row.spec.kernel.name(),
+                    class: row.spec.class.letter().to_string(),
+                    vcpus: row.result.as_ref().map_or(self.vcpus, |r| r.threads),
+                    result,
+                };
+                JsonLine::Bench(WithGuest::new(kumo, guest))
             })
             .collect();
-        lines.push(json!({
-            "mode": if self.native { "native" } else { "vm" },
-            "boot_ms": self.boot_ms,
-            "vcpus": self.vcpus,
-            "ok": self.problems.is_empty(),
-            "problems": self.problems,
+        lines.push(JsonLine::Summary(SummaryLine {
+            mode: if self.native { "native" } else { "vm" },
+            boot_ms: self.boot_ms,
+            vcpus: self.vcpus,
+            ok: self.problems.is_empty(),
+            problems: self.problems.clone(),
         }));
         lines
     }
@@ -281,7 +328,7 @@ impl Verdict {
 pub fn print(verdict: &Verdict, json: bool) {
     if json {
         for line in verdict.json_lines() {
-            crate::outln!("{line}");
+            crate::output::json_line(&line);
         }
     } else {
         crate::out!("{}", verdict.table());
@@ -295,6 +342,7 @@ pub fn print(verdict: &Verdict, json: bool) {
 mod tests {
     use super::*;
     use crate::protocol::parse_line;
+    use serde_json::json;
 
     fn events(lines: &[&str]) -> Vec<Event> {
         lines.iter().filter_map(|l| parse_line(l)).collect()
@@ -318,7 +366,11 @@ mod tests {
             v.table()
                 .contains("ep         S           2        0.500        67.10  yes")
         );
-        let json = v.json_lines();
+        let json: Vec<serde_json::Value> = v
+            .json_lines()
+            .iter()
+            .map(|l| serde_json::to_value(l).unwrap())
+            .collect();
         assert_eq!(json[0]["verified"], json!(true));
         assert_eq!(json[0]["vcpus"], json!(2));
         assert_eq!(json[0]["sx"], json!(-3247.8));
@@ -337,7 +389,8 @@ mod tests {
         assert_eq!(v.exit_code(), EXIT_UNVERIFIED);
         assert!(v.problems.iter().any(|p| p.contains("1 of 2 vCPUs")));
         assert!(v.problems.iter().any(|p| p == "no result for ep.W"));
-        assert_eq!(v.json_lines()[1]["error"], json!("no result"));
+        let line = serde_json::to_value(&v.json_lines()[1]).unwrap();
+        assert_eq!(line["error"], json!("no result"));
 
         let unverified = EP_S_OK.replace("verified=true", "verified=false");
         let ev = events(&[&unverified, "@kumo end status=1"]);

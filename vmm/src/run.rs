@@ -10,10 +10,11 @@ use hv::builder::{Backends, DeviceSpec};
 use hv::passthrough::PassthroughSpec;
 use hv::{GuestExit, RunOutcome, Vm, VmConfig};
 use npb::Spec;
+use serde::Serialize;
 
 use crate::args::VmArgs;
 use crate::guest::{self, EMBEDDED_GUEST};
-use crate::protocol::{Event, LineParser};
+use crate::protocol::{Event, GuestFields, LineParser, Probe, WithGuest};
 use crate::report::{self, Ending, Verdict};
 
 /// Why a run has no result here: its VM went to a snapshot or another kumo.
@@ -456,30 +457,59 @@ pub fn run_kernel(args: &VmArgs, kernel: &Path, epoch: Instant) -> Result<u8> {
     Ok(code)
 }
 
+/// A `--kernel` run's result row: the guest's benchmark, class and threads, then its
+/// result (as `kumo --json`'s rows).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct KernelResultRow {
+    pub benchmark: String,
+    pub class: String,
+    pub threads: u32,
+    #[serde(flatten)]
+    pub result: report::ResultFields,
+}
+
+/// A line of a `--kernel` run's `--json`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum KernelJsonLine {
+    Result(WithGuest<KernelResultRow>),
+    Measurement(WithGuest<Probe>),
+    /// The last line: kumo's exit status, and whether it is 0.
+    End {
+        ok: bool,
+        status: u8,
+    },
+}
+
 /// A `--kernel` run's `--json`: a row per `@kumo result` line (as `kumo --json` prints
 /// the embedded guest's) and per measurement line, then `{"ok", "status"}`.
 fn print_kernel_json(events: &[Event], status: u8) {
     for event in events {
-        let mut row = serde_json::Map::new();
-        match event {
-            Event::Result(result) => {
-                row.insert("benchmark".into(), result.benchmark.clone().into());
-                row.insert("class".into(), result.class.clone().into());
-                row.insert("threads".into(), result.threads.into());
-                report::insert_result(&mut row, Some(result));
+        let line = match event {
+            Event::Result(r) => {
+                let (result, guest) = report::ResultFields::of(Some(r));
+                let kumo = KernelResultRow {
+                    benchmark: r.benchmark.clone(),
+                    class: r.class.clone(),
+                    threads: r.threads,
+                    result,
+                };
+                KernelJsonLine::Result(WithGuest::new(kumo, guest))
             }
-            Event::Measurement { kind, fields } => {
-                row = crate::protocol::fields_json(fields);
-                row.insert("probe".into(), kind.clone().into());
-            }
+            Event::Measurement { kind, fields } => KernelJsonLine::Measurement(WithGuest::new(
+                Probe {
+                    probe: kind.clone(),
+                },
+                GuestFields::of(fields),
+            )),
             _ => continue,
-        }
-        crate::outln!("{}", serde_json::Value::Object(row));
+        };
+        crate::output::json_line(&line);
     }
-    crate::outln!(
-        "{}",
-        serde_json::json!({ "ok": status == report::EXIT_OK, "status": status })
-    );
+    crate::output::json_line(&KernelJsonLine::End {
+        ok: status == report::EXIT_OK,
+        status,
+    });
 }
 
 /// Writes the embedded guest ELF to `path`.

@@ -9,8 +9,6 @@ use anyhow::Result;
 use hv::credit::CreditDriver;
 use hv::placement::{ThreadGroup, VcpuControl};
 
-use serde_json::Value;
-
 use crate::ctl::{self, Controlled, DomainInfo, SchedParams, SchedUpdate};
 use crate::spec::node::{self as config, Domain};
 use crate::spec::sched as sched_params;
@@ -99,7 +97,11 @@ impl Controlled for SchedControl {
         }
     }
 
-    fn vcpu_balloon(&self, domain: Option<&str>, active: Option<u32>) -> Result<Value, String> {
+    fn vcpu_balloon(
+        &self,
+        domain: Option<&str>,
+        active: Option<u32>,
+    ) -> Result<ctl::BalloonState, String> {
         let names = || {
             let names: Vec<&str> = self.domains.iter().map(|(d, _)| d.name.as_str()).collect();
             names.join(", ")

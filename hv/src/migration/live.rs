@@ -26,7 +26,7 @@ use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
 use kvm_bindings::KVM_MEM_LOG_DIRTY_PAGES;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use vm_memory::{Bytes, GuestAddress};
 
 use super::stream::{self, PAGE_SIZE, RamWriter, Reply, StreamError};
@@ -59,7 +59,7 @@ impl Default for Options {
 }
 
 /// One copy round.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Round {
     pub pages: u64,
     pub bytes: u64,
@@ -123,7 +123,7 @@ pub fn await_running(r: &mut impl Read) -> Result<(), Error> {
 }
 
 /// What a migration did and how long it took (host view).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Report {
     /// The live rounds (the first is the full pass).
     pub rounds: Vec<Round>,

@@ -37,7 +37,7 @@ use serde::Serialize;
 
 use super::process::{Process, RunDir};
 use super::s1::{self, Scenario};
-use super::{Progress, Summary, node_problems};
+use super::{Progress, Summary, node_problems, summary_cell};
 use crate::experiment::ExperimentArgs;
 
 /// The node's host CPU and the standby node's.
@@ -703,7 +703,7 @@ pub fn text(report: &Report) -> String {
         table.push(vec![
             r.mode.clone(),
             r.scenario.clone(),
-            Summary::cell(r.time_s),
+            summary_cell(r.time_s),
             s1::pct(r.speedup_pct),
             s1::pct(r.paper_pct),
             ms(r.migration_ms),

@@ -140,44 +140,16 @@ pub fn node_problems(outcome: &kumo_vmm::node::NodeOutcome) -> Vec<String> {
         .collect()
 }
 
-/// Median and range of repeated measurements.
-#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
-pub struct Summary {
-    pub median: f64,
-    pub min: f64,
-    pub max: f64,
-    pub n: usize,
-}
+/// Median and range of repeated measurements: the one summary of every figure
+/// (`kumo_vmm::stats`).
+pub use kumo_vmm::stats::Summary;
 
-impl Summary {
-    /// None for no values.
-    pub fn of(values: &[f64]) -> Option<Summary> {
-        let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
-        if v.is_empty() {
-            return None;
-        }
-        v.sort_by(f64::total_cmp);
-        let n = v.len();
-        let median = if n % 2 == 1 {
-            v[n / 2]
-        } else {
-            (v[n / 2 - 1] + v[n / 2]) / 2.0
-        };
-        Some(Summary {
-            median,
-            min: v[0],
-            max: v[n - 1],
-            n,
-        })
-    }
-
-    /// A table cell of times: the median, with the range when there were several runs.
-    pub fn cell(summary: Option<Summary>) -> String {
-        match summary {
-            Some(t) if t.n > 1 => format!("{:.3} [{:.3}-{:.3}]", t.median, t.min, t.max),
-            Some(t) => format!("{:.3}", t.median),
-            None => "no result".into(),
-        }
+/// A table cell of times: the median, with the range when there were several runs.
+pub fn summary_cell(summary: Option<Summary>) -> String {
+    match summary {
+        Some(t) if t.n > 1 => format!("{:.3} [{:.3}-{:.3}]", t.median, t.min, t.max),
+        Some(t) => format!("{:.3}", t.median),
+        None => "no result".into(),
     }
 }
 
@@ -285,12 +257,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_summary_has_the_median_and_the_range() {
-        let s = Summary::of(&[3.0, 1.0, 2.0]).unwrap();
-        assert_eq!((s.median, s.min, s.max, s.n), (2.0, 1.0, 3.0, 3));
-        assert_eq!(Summary::of(&[4.0, 1.0, 2.0, 3.0]).unwrap().median, 2.5);
-        assert!(Summary::of(&[]).is_none());
-        assert!(Summary::of(&[f64::NAN]).is_none());
+    fn a_cell_shows_the_range_of_several_runs() {
+        assert_eq!(
+            summary_cell(Summary::of(&[3.0, 1.0, 2.0])),
+            "2.000 [1.000-3.000]"
+        );
+        assert_eq!(summary_cell(Summary::of(&[2.5])), "2.500");
+        assert_eq!(summary_cell(None), "no result");
     }
 
     #[test]

@@ -26,7 +26,7 @@ use serde::Serialize;
 
 use super::plot;
 use super::process::{Process, RunDir};
-use super::{Progress, Summary, interleaved, node_problems, run_node_text};
+use super::{Progress, Summary, interleaved, node_problems, run_node_text, summary_cell};
 use crate::experiment::ExperimentArgs;
 use kumo_vmm::ctl::Accounting;
 use kumo_vmm::node;
@@ -733,7 +733,7 @@ pub(super) fn speedup_pct(base: Option<f64>, time: Option<f64>) -> Option<f64> {
 }
 
 pub(super) fn median_of(values: impl Iterator<Item = f64>) -> Option<f64> {
-    Summary::of(&values.collect::<Vec<_>>()).map(|s| s.median)
+    kumo_vmm::stats::median(&values.collect::<Vec<_>>())
 }
 
 /// The table's rows from every real run and the simulation (of the one-node shape),
@@ -1019,7 +1019,7 @@ pub fn text(report: &Report) -> String {
             format!("{} us", s.ratelimit_us),
             accounting_name(s.accounting).to_string(),
             s.dom0_weight.to_string(),
-            Summary::cell(r.time_s),
+            summary_cell(r.time_s),
             pct(r.speedup_pct),
             pct(r.paper_pct),
             secs(r.sim_time_s),

@@ -17,7 +17,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
-use super::{Summary, run_interleaved};
+use super::{Summary, run_interleaved, summary_cell};
 use crate::experiment::ExperimentArgs;
 use crate::guest_mpi::{self, Mpi, Wait};
 use crate::loopback::MemoryLink;
@@ -388,10 +388,10 @@ pub fn text(report: &Report) -> String {
                     .iter()
                     .find(|r| r.config == config.name && r.size == size);
                 line.push(match row {
-                    Some(r) if config.nic.is_none() => Summary::cell(pick(r)),
+                    Some(r) if config.nic.is_none() => summary_cell(pick(r)),
                     Some(r) => format!(
                         "{} ({})",
-                        Summary::cell(pick(r)),
+                        summary_cell(pick(r)),
                         vs(r).map_or("-".into(), |x| format!("{x:.2}x"))
                     ),
                     None => "-".into(),

@@ -20,7 +20,7 @@ use anyhow::{Context, Result};
 use npb::{Class, Kernel, Spec};
 use serde::Serialize;
 
-use super::{Summary, node_problems, run_interleaved, run_node_text};
+use super::{Summary, node_problems, run_interleaved, run_node_text, summary_cell};
 use crate::experiment::ExperimentArgs;
 use hv::irq::IrqPath;
 use kumo_vmm::args::NicKind;
@@ -337,7 +337,7 @@ pub fn text(report: &Report) -> String {
         table.push(vec![
             r.benchmark.clone(),
             r.config.name.to_string(),
-            Summary::cell(r.time_s),
+            summary_cell(r.time_s),
             r.relative.map_or("-".into(), |x| format!("{x:.2}x")),
             match r.config.paper {
                 Some((lo, hi)) if lo == hi => format!("{lo:.2}x"),

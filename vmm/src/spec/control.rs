@@ -62,7 +62,7 @@ pub struct SchedUpdate {
 }
 
 /// A domain as `domain list` shows it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DomainInfo {
     pub domain: String,
     pub weight: u32,
@@ -92,21 +92,28 @@ pub struct MigrateRequest {
     pub domain: Option<String>,
 }
 
-/// One request line of the control socket.
-#[derive(Debug, Deserialize)]
+/// One request line of the control socket (`kumo ctl` sends it, the server reads it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "cmd", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum Request {
     SchedCredit {
+        #[serde(skip_serializing_if = "Option::is_none")]
         tslice_ms: Option<f64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
         tick_ms: Option<f64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
         ratelimit_us: Option<u64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
         accounting: Option<Accounting>,
+        #[serde(skip_serializing_if = "Option::is_none")]
         directed_yield: Option<bool>,
     },
     DomainList {},
     DomainSet {
         name: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
         weight: Option<u32>,
+        #[serde(skip_serializing_if = "Option::is_none")]
         cap: Option<u32>,
     },
     Snapshot {
@@ -119,4 +126,87 @@ pub enum Request {
         domain: Option<String>,
         active: Option<u32>,
     },
+}
+
+/// `snapshot`'s reply: the file, what it holds, how long the VM was paused.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SnapshotReport {
+    pub path: PathBuf,
+    pub pages: u64,
+    pub bytes: u64,
+    pub paused_ms: f64,
+    /// The VM ended here (`--stop`).
+    pub stopped: bool,
+}
+
+/// `migrate`'s reply: what the migration did (host view) and where the VM went.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MigrationReply {
+    #[serde(flatten)]
+    pub report: hv::migration::live::Report,
+    /// `tcp:HOST:PORT`, as asked.
+    pub target: String,
+    /// The node's domain that moved (none for a single VM).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub domain: Option<String>,
+}
+
+/// `vcpu-balloon`'s reply: the host CPUs the guest is told it may use, of its vCPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BalloonState {
+    pub active: u32,
+    pub vcpus: u32,
+}
+
+/// `domain-list`'s reply.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DomainList {
+    pub domains: Vec<DomainInfo>,
+}
+
+/// `domain-set`'s reply: the domain as it is now.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DomainSetReply {
+    pub domain: DomainInfo,
+}
+
+/// What a successful request's reply carries, beside `"ok": true`: one shape per
+/// command.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ReplyValue {
+    Sched(SchedParams),
+    Domains(DomainList),
+    Domain(DomainSetReply),
+    Snapshot(SnapshotReport),
+    Migrated(Box<MigrationReply>),
+    Balloon(BalloonState),
+}
+
+/// One reply line: `{"ok":true, ...the value's fields}` or `{"ok":false,
+/// "error":"..."}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Reply<T> {
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(flatten)]
+    pub value: Option<T>,
+}
+
+impl<T> Reply<T> {
+    pub fn of(result: Result<T, String>) -> Reply<T> {
+        match result {
+            Ok(value) => Reply {
+                ok: true,
+                error: None,
+                value: Some(value),
+            },
+            Err(error) => Reply {
+                ok: false,
+                error: Some(error),
+                value: None,
+            },
+        }
+    }
 }
