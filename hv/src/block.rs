@@ -1,6 +1,6 @@
 //! Disks: a virtio-blk device (`devices::virtio::block`) per raw image file on the VM's
 //! PCI bus, wired like the NIC (`net.rs`): the shared virtio PCI transport, MSI-X
-//! through an irqfd per vector (`irq::fast_msix_sink`), and the queue doorbell either
+//! through an irqfd per vector (`irq::fast_group`), and the queue doorbell either
 //! served on the vCPU thread or by a backend thread.
 //!
 //! Where requests are served ([`DiskIo`]):
@@ -29,7 +29,7 @@ use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::Error;
-use crate::irq::fast_msix_sink;
+use crate::irq::fast_group;
 use crate::vm::Vm;
 
 /// Which thread serves a disk's requests (see the module documentation).
@@ -221,7 +221,7 @@ fn attach_one(vm: &mut Vm, index: usize, disk: OpenDisk) -> Result<Disk, Error> 
         .map_err(|e| Error::Device(e.to_string()))?,
     );
     // MSI-X: the configuration vector and the queue's.
-    let sink = fast_msix_sink(2, &vm.gsi_router())?;
+    let sink = Arc::new(fast_group(2, &vm.gsi_router())?);
     let doorbell = match setup.io {
         DiskIo::Vcpu => None,
         DiskIo::Thread => Some(EventFd::new(0).map_err(os("creating a disk doorbell eventfd"))?),

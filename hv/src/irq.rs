@@ -9,7 +9,10 @@
 //!   injected by the kernel: no user-space hop. Re-targeting rewrites the route; a
 //!   masked vector's irqfd is unregistered.
 //!
-//! Devices see neither: they raise a vector through [`VectorSink`].
+//! Devices see neither: a device model holds an [`InterruptSourceGroup`] (from
+//! `devices`), and [`interrupt_group`] gives it one on the path chosen for it. On the
+//! fast path the group's `notifier(v)` is vector `v`'s irqfd itself, so a backend
+//! thread or another process can raise it with one eventfd write.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -24,47 +27,19 @@ use kvm_bindings::{
 use kvm_ioctls::VmFd;
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
-use devices::pci::{MsiMessage, MsixSink};
+use devices::interrupt::{InterruptSourceGroup, MsiMessage, RouteTable};
 
 use crate::Error;
 use crate::kvm::ioctl;
 use crate::placement::ThreadGroup;
 
-/// A message-signalled interrupt as a device (or its MSI-X table) writes it: the
-/// address names the destination APIC, the data the vector and delivery mode.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Msi {
-    pub address: u64,
-    pub data: u32,
-}
-
-impl Msi {
-    /// A fixed, edge-triggered interrupt of `vector` to the CPU with `apic_id`
-    /// (physical destination; IDs above 255 in the extended destination bits 11:5, as
-    /// KVM's `KVM_X2APIC_API` and Linux's "ext_dest_id" use them).
-    pub fn fixed(apic_id: u32, vector: u8) -> Msi {
-        let low = u64::from(apic_id & 0xff) << 12;
-        let high = u64::from((apic_id >> 8) & 0x7f) << 5;
-        Msi {
-            address: 0xfee0_0000 | low | high,
-            data: u32::from(vector),
-        }
+fn kvm_msi(msi: MsiMessage) -> kvm_msi {
+    kvm_msi {
+        address_lo: msi.address as u32,
+        address_hi: (msi.address >> 32) as u32,
+        data: msi.data,
+        ..Default::default()
     }
-
-    fn kvm(self) -> kvm_msi {
-        kvm_msi {
-            address_lo: self.address as u32,
-            address_hi: (self.address >> 32) as u32,
-            data: self.data,
-            ..Default::default()
-        }
-    }
-}
-
-/// How a device raises one of its interrupts; the path behind it is the VMM's choice.
-pub trait VectorSink: Send + Sync {
-    /// Delivers `msi` (the generic path uses it; the fast path's route already holds it).
-    fn raise(&self, msi: Msi);
 }
 
 /// Which path a device's interrupts take (`--irq-path`).
@@ -111,7 +86,7 @@ pub struct IrqStats {
 // Generic path.
 
 struct LoopState {
-    queue: Mutex<VecDeque<Msi>>,
+    queue: Mutex<VecDeque<MsiMessage>>,
     wake: EventFd,
     stop: AtomicBool,
     stats: IrqStats,
@@ -251,14 +226,14 @@ fn run_loop(vm: &VmFd, state: &LoopState) {
 
 /// One `KVM_SIGNAL_MSI`: the generic path's injection primitive. `Ok(false)` when KVM
 /// coalesced it (the vector was already pending) or the guest's APIC blocked it.
-pub(crate) fn signal_msi(vm: &VmFd, msi: Msi) -> Result<bool, Error> {
-    vm.signal_msi(msi.kvm())
+pub(crate) fn signal_msi(vm: &VmFd, msi: MsiMessage) -> Result<bool, Error> {
+    vm.signal_msi(kvm_msi(msi))
         .map(|delivered| delivered > 0)
         .map_err(ioctl("KVM_SIGNAL_MSI"))
 }
 
-fn inject(vm: &VmFd, msi: Msi, stats: &IrqStats) {
-    match vm.signal_msi(msi.kvm()) {
+fn inject(vm: &VmFd, msi: MsiMessage, stats: &IrqStats) {
+    match vm.signal_msi(kvm_msi(msi)) {
         // 0 = the interrupt was coalesced or blocked by the guest's APIC state; it is
         // still "delivered" as far as the device is concerned, like on hardware.
         Ok(_) => stats.injected.fetch_add(1, Ordering::Relaxed),
@@ -277,8 +252,9 @@ pub struct GenericSink {
     state: Arc<LoopState>,
 }
 
-impl VectorSink for GenericSink {
-    fn raise(&self, msi: Msi) {
+impl GenericSink {
+    /// Queues `msi` to the loop, which injects it with `KVM_SIGNAL_MSI`.
+    pub fn raise(&self, msi: MsiMessage) {
         lock(&self.state.queue).push_back(msi);
         self.state.queued.fetch_add(1, Ordering::SeqCst);
         if let Err(e) = self.state.wake.write(1) {
@@ -302,7 +278,7 @@ pub struct GsiRouter {
 }
 
 struct Routes {
-    msi: BTreeMap<u32, Msi>,
+    msi: BTreeMap<u32, MsiMessage>,
     next_gsi: u32,
 }
 
@@ -379,7 +355,7 @@ pub struct FastVector {
     gsi: u32,
     eventfd: EventFd,
     /// The message the GSI routes to, while the irqfd is registered.
-    routed: Mutex<Option<Msi>>,
+    routed: Mutex<Option<MsiMessage>>,
 }
 
 impl FastVector {
@@ -390,7 +366,7 @@ impl FastVector {
     /// Points the vector at `msi` (registering the irqfd if it was masked), or masks
     /// it (`None`: the irqfd is unregistered, so a write to the eventfd is not
     /// delivered). Called when the guest rewrites or (un)masks the MSI-X entry.
-    pub fn route(&self, msi: Option<Msi>) -> Result<(), Error> {
+    pub fn route(&self, msi: Option<MsiMessage>) -> Result<(), Error> {
         let mut routed = lock(&self.routed);
         if *routed == msi {
             return Ok(());
@@ -431,12 +407,6 @@ impl FastVector {
     }
 }
 
-impl VectorSink for FastVector {
-    fn raise(&self, _msi: Msi) {
-        self.trigger();
-    }
-}
-
 impl Drop for FastVector {
     fn drop(&mut self) {
         if lock(&self.routed).is_some() {
@@ -448,106 +418,120 @@ impl Drop for FastVector {
     }
 }
 
-/// A PCI device's MSI-X vectors on `path`: what its model's [`MsixSink`] calls do.
-/// Generic: each message queued to `event_loop` (the message travels with the
-/// interrupt, so a re-route needs nothing). Fast: an irqfd per vector on its own GSI
-/// from `router`, re-routed whenever the guest rewrites or (un)masks the entry.
-pub fn msix_sink(
+/// A PCI device's MSI-X vectors on `path`, as the group its model raises them through.
+/// Generic: each trigger queues the vector's route to `event_loop`. Fast: an irqfd per
+/// vector on its own GSI from `router`, re-routed whenever the guest rewrites or
+/// (un)masks the entry.
+pub fn interrupt_group(
     path: IrqPath,
     vectors: u16,
     event_loop: &EventLoop,
     router: &Arc<GsiRouter>,
-) -> Result<Arc<dyn MsixSink>, Error> {
+) -> Result<Arc<dyn InterruptSourceGroup>, Error> {
     Ok(match path {
-        IrqPath::Generic => Arc::new(GenericMsix(event_loop.sink())),
-        IrqPath::Fast => fast_msix_sink(vectors, router)?,
+        IrqPath::Generic => Arc::new(GenericGroup {
+            sink: event_loop.sink(),
+            routes: RouteTable::new(vectors),
+        }),
+        IrqPath::Fast => Arc::new(fast_group(vectors, router)?),
     })
 }
 
-/// The fast path's sink alone (no event loop needed): an irqfd per vector.
-pub fn fast_msix_sink(vectors: u16, router: &Arc<GsiRouter>) -> Result<Arc<dyn MsixSink>, Error> {
-    Ok(Arc::new(FastMsix(
+/// The fast path's group alone (no event loop needed): an irqfd per vector, each
+/// handed out by [`InterruptSourceGroup::notifier`].
+pub fn fast_group(vectors: u16, router: &Arc<GsiRouter>) -> Result<FastGroup, Error> {
+    Ok(FastGroup(
         (0..vectors)
             .map(|_| router.vector())
             .collect::<Result<Vec<_>, _>>()?,
-    )))
+    ))
 }
 
-fn msi(message: MsiMessage) -> Msi {
-    Msi {
-        address: message.address,
-        data: message.data,
+/// The generic path's group: the routes the device told it; a trigger queues its
+/// vector's route to the event loop.
+struct GenericGroup {
+    sink: GenericSink,
+    routes: RouteTable,
+}
+
+impl InterruptSourceGroup for GenericGroup {
+    fn trigger(&self, index: u16) {
+        if let Some(msi) = self.routes.get(index) {
+            self.sink.raise(msi);
+        }
+    }
+
+    fn update(&self, index: u16, route: Option<MsiMessage>) {
+        self.routes.set(index, route);
     }
 }
 
-struct GenericMsix(GenericSink);
-
-impl MsixSink for GenericMsix {
-    fn send(&self, _vector: u16, message: MsiMessage) {
-        self.0.raise(msi(message));
-    }
-    fn reroute(&self, _vector: u16, _route: Option<MsiMessage>) {}
+/// The generic path injecting on the calling thread: `KVM_SIGNAL_MSI` at once, no
+/// queue (for a device whose own thread is its event loop: a passthrough device's
+/// `pt-irq` thread).
+pub fn inject_now_group(vm: Arc<VmFd>, vectors: u16) -> Arc<dyn InterruptSourceGroup> {
+    Arc::new(InjectNow {
+        vm,
+        routes: RouteTable::new(vectors),
+    })
 }
 
-struct FastMsix(Vec<FastVector>);
+struct InjectNow {
+    vm: Arc<VmFd>,
+    routes: RouteTable,
+}
 
-impl MsixSink for FastMsix {
-    fn send(&self, vector: u16, _message: MsiMessage) {
-        if let Some(fast) = self.0.get(usize::from(vector)) {
+impl InterruptSourceGroup for InjectNow {
+    fn trigger(&self, index: u16) {
+        if let Some(msi) = self.routes.get(index)
+            && let Err(e) = signal_msi(&self.vm, msi)
+        {
+            tracing::warn!("interrupt {msi:x?}: {e}");
+        }
+    }
+
+    fn update(&self, index: u16, route: Option<MsiMessage>) {
+        self.routes.set(index, route);
+    }
+}
+
+/// The fast path's group: vector `v` is an irqfd on its own GSI. A trigger is one
+/// eventfd write (no lock, no queue); `notifier(v)` hands out that irqfd, for a
+/// device outside kumo (a passthrough device's server) or a backend thread to write.
+pub struct FastGroup(Vec<FastVector>);
+
+impl InterruptSourceGroup for FastGroup {
+    fn trigger(&self, index: u16) {
+        if let Some(fast) = self.0.get(usize::from(index)) {
             fast.trigger();
         }
     }
 
-    fn reroute(&self, vector: u16, route: Option<MsiMessage>) {
-        if let Some(fast) = self.0.get(usize::from(vector))
-            && let Err(e) = fast.route(route.map(msi))
+    fn update(&self, index: u16, route: Option<MsiMessage>) {
+        if let Some(fast) = self.0.get(usize::from(index))
+            && let Err(e) = fast.route(route)
         {
             // The guest cannot make this fail with valid messages; KVM refusing a
             // route leaves the vector undeliverable, which the guest will see.
-            tracing::warn!("re-routing fast vector {vector}: {e}");
+            tracing::warn!("re-routing fast vector {index}: {e}");
         }
     }
-}
 
-/// The fast path's sink for `vectors` vectors, and a duplicate of each vector's irqfd:
-/// for a device outside kumo (a passthrough device's server), which raises vector `v`
-/// by writing `fds[v]`, injected by KVM with no kumo thread in between.
-pub fn fast_msix_with_eventfds(
-    vectors: u16,
-    router: &Arc<GsiRouter>,
-) -> Result<(Arc<dyn MsixSink>, Vec<EventFd>), Error> {
-    let fast = (0..vectors)
-        .map(|_| router.vector())
-        .collect::<Result<Vec<_>, _>>()?;
-    let fds = fast
-        .iter()
-        .map(|v| {
-            v.eventfd.try_clone().map_err(|source| Error::Os {
-                what: "duplicating an irqfd",
-                source,
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok((Arc::new(FastMsix(fast)), fds))
+    fn notifier(&self, index: u16) -> Option<EventFd> {
+        let fast = self.0.get(usize::from(index))?;
+        match fast.eventfd.try_clone() {
+            Ok(fd) => Some(fd),
+            Err(e) => {
+                tracing::error!("duplicating the irqfd of GSI {}: {e}", fast.gsi);
+                None
+            }
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn fixed_messages_encode_destination_and_vector() {
-        assert_eq!(
-            Msi::fixed(0, 0x41),
-            Msi {
-                address: 0xfee0_0000,
-                data: 0x41
-            }
-        );
-        assert_eq!(Msi::fixed(3, 0x50).address, 0xfee0_3000);
-        // APIC ID 0x1_23: low byte in 19:12, the rest in the extended bits 11:5.
-        assert_eq!(Msi::fixed(0x123, 0x30).address, 0xfee2_3000 | (1 << 5));
-    }
 
     #[test]
     fn paths_parse_by_name() {

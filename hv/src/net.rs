@@ -34,7 +34,7 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use crate::Error;
-use crate::irq::{EventLoop, IrqPath, msix_sink};
+use crate::irq::{EventLoop, IrqPath, interrupt_group};
 use crate::placement::ThreadGroup;
 use crate::vm::Vm;
 use crate::wire::Wire;
@@ -375,7 +375,7 @@ impl Network {
         let port = self.shared.switch().add_port(Sources::Assigned(setup.mac));
         let event_loop = vm.start_event_loop_in(dom0.cloned())?;
         // MSI-X: the configuration vector and one per queue.
-        let sink = msix_sink(setup.irq_path, queues + 1, &event_loop, &vm.gsi_router())?;
+        let sink = interrupt_group(setup.irq_path, queues + 1, &event_loop, &vm.gsi_router())?;
         let actions = Arc::new(PortActions {
             shared: Arc::downgrade(&self.shared),
             port,

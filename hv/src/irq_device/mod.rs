@@ -18,7 +18,7 @@ use devices::irq_test::{self, Doorbell, IrqTestDevice};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use crate::Error;
-use crate::irq::{EventLoop, IrqPath, IrqStats, LoopFlush, msix_sink};
+use crate::irq::{EventLoop, IrqPath, IrqStats, LoopFlush, interrupt_group};
 use crate::migration::Quiesce;
 use crate::placement::ThreadGroup;
 use crate::vm::Vm;
@@ -80,7 +80,7 @@ pub fn attach(
     dom0: Option<&Arc<ThreadGroup>>,
 ) -> Result<IrqDevices, Error> {
     let event_loop = vm.start_event_loop_in(dom0.cloned())?;
-    let sink = msix_sink(setup.path, VECTORS, &event_loop, &vm.gsi_router())?;
+    let sink = interrupt_group(setup.path, VECTORS, &event_loop, &vm.gsi_router())?;
     let doorbells = (0..VECTORS)
         .map(|_| new_eventfd())
         .collect::<Result<Vec<_>, _>>()?;
@@ -109,7 +109,7 @@ pub fn attach(
         Some(hz) if hz > 0.0 => {
             let noisy = Arc::new(IrqTestDevice::new(
                 1,
-                msix_sink(IrqPath::Generic, 1, &event_loop, &vm.gsi_router())?,
+                interrupt_group(IrqPath::Generic, 1, &event_loop, &vm.gsi_router())?,
                 Arc::new(NoDoorbells),
             ));
             noisy.place_bar0(vm.allocate_bar(irq_test::BAR0_SIZE)?);

@@ -23,12 +23,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 
-use devices::pci::MsiMessage;
-use devices::pci::MsixSink;
+use devices::interrupt::InterruptSourceGroup;
 use devices::pci::passthrough::{CONFIG_REGION, DeviceLayout, PassthroughDevice, RegionAccess};
 use devices::vfio_user::proto::vfio as consts;
 use devices::vfio_user::proto::{DeviceInfo, IoFd, IrqInfo, RegionInfo};
-use kvm_ioctls::VmFd;
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
@@ -36,7 +34,7 @@ use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 use crate::Error;
 pub use crate::bar_windows::DeviceMapping;
 use crate::bar_windows::HostWindow;
-use crate::irq::{IrqPath, Msi, fast_msix_with_eventfds};
+use crate::irq::{IrqPath, fast_group, inject_now_group};
 use crate::placement::ThreadGroup;
 use crate::{DeviceHealth, Vm};
 
@@ -228,10 +226,15 @@ pub fn attach_backend(
         what: "creating an eventfd",
         source,
     })?;
-    let (sink, irq_fds, generic): (Arc<dyn MsixSink>, Vec<EventFd>, bool) = match path {
+    let (sink, irq_fds, generic): (Arc<dyn InterruptSourceGroup>, Vec<EventFd>, bool) = match path {
+        // The device's server writes each vector's irqfd itself: the group's notifiers.
         IrqPath::Fast => {
-            let (sink, fds) = fast_msix_with_eventfds(vectors, &vm.gsi_router())?;
-            (sink, fds, false)
+            let group = fast_group(vectors, &vm.gsi_router())?;
+            let fds = (0..vectors)
+                .map(|v| group.notifier(v))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| fail("duplicating an irqfd failed".into()))?;
+            (Arc::new(group), fds, false)
         }
         IrqPath::Generic => {
             let fds = (0..vectors)
@@ -241,7 +244,7 @@ pub fn attach_backend(
                     what: "creating an interrupt eventfd",
                     source,
                 })?;
-            (Arc::new(InjectNow(vm.vm.clone())), fds, true)
+            (inject_now_group(vm.vm.clone(), vectors), fds, true)
         }
     };
     let device = Arc::new(
@@ -295,23 +298,6 @@ pub fn attach_backend(
         stop,
         threads,
     })
-}
-
-/// The generic path's injection: `KVM_SIGNAL_MSI` from the thread that read the
-/// device's eventfd (that thread is this device's event loop).
-struct InjectNow(Arc<VmFd>);
-
-impl MsixSink for InjectNow {
-    fn send(&self, _vector: u16, message: MsiMessage) {
-        let msi = Msi {
-            address: message.address,
-            data: message.data,
-        };
-        if let Err(e) = crate::irq::signal_msi(&self.0, msi) {
-            tracing::warn!("passthrough interrupt {msi:x?}: {e}");
-        }
-    }
-    fn reroute(&self, _vector: u16, _route: Option<MsiMessage>) {}
 }
 
 /// epoll token of the interrupt thread's stop eventfd.
