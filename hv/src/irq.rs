@@ -15,21 +15,22 @@
 //! thread or another process can raise it with one eventfd write.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use kvm_bindings::{
     KVM_IRQ_ROUTING_IRQCHIP, KVM_IRQ_ROUTING_MSI, KVM_IRQCHIP_IOAPIC, KvmIrqRouting,
     kvm_irq_routing_entry, kvm_msi,
 };
 use kvm_ioctls::VmFd;
+use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use devices::interrupt::{InterruptSourceGroup, MsiMessage, RouteTable};
 
 use crate::Error;
+use crate::backend_worker::{BackendWorker, Control, Events, Handler};
 use crate::kvm::ioctl;
 use crate::placement::ThreadGroup;
 
@@ -87,20 +88,21 @@ pub struct IrqStats {
 
 struct LoopState {
     queue: Mutex<VecDeque<MsiMessage>>,
+    /// Written once per queued message; the loop waits on it edge-triggered, so a
+    /// wake-up is one `epoll_wait` and the counter is never read.
     wake: EventFd,
-    stop: AtomicBool,
     stats: IrqStats,
-    /// Messages queued so far, and of them handed to KVM (for [`LoopFlush`]).
-    queued: AtomicU64,
-    handled: Mutex<u64>,
-    caught_up: Condvar,
 }
 
-/// The generic path's event-loop thread.
+/// The generic path's event-loop thread, on the [`BackendWorker`]: stopped when
+/// dropped, paused (after injecting everything queued) through [`EventLoop::control`].
 pub struct EventLoop {
     state: Arc<LoopState>,
-    thread: Option<JoinHandle<()>>,
+    worker: BackendWorker,
 }
+
+/// epoll token of the loop's wake eventfd.
+const WAKE: u64 = 0;
 
 impl EventLoop {
     /// Starts the loop thread (`irq-loop`) injecting into `vm`.
@@ -113,31 +115,26 @@ impl EventLoop {
     pub fn start_in(vm: Arc<VmFd>, dom0: Option<Arc<ThreadGroup>>) -> Result<EventLoop, Error> {
         let state = Arc::new(LoopState {
             queue: Mutex::new(VecDeque::new()),
-            wake: EventFd::new(0).map_err(|source| Error::Os {
+            wake: EventFd::new(EFD_NONBLOCK).map_err(|source| Error::Os {
                 what: "creating the event loop's eventfd",
                 source,
             })?,
-            stop: AtomicBool::new(false),
             stats: IrqStats::default(),
-            queued: AtomicU64::new(0),
-            handled: Mutex::new(0),
-            caught_up: Condvar::new(),
         });
-        let loop_state = state.clone();
-        let thread = std::thread::Builder::new()
-            .name("irq-loop".into())
-            .spawn(move || {
-                let _member = dom0.map(|group| group.join_current());
-                run_loop(&vm, &loop_state)
-            })
-            .map_err(|source| Error::Os {
-                what: "spawning the event loop thread",
-                source,
-            })?;
-        Ok(EventLoop {
-            state,
-            thread: Some(thread),
-        })
+        let events = Events::new()?;
+        events.add_edge(state.wake.as_raw_fd(), WAKE)?;
+        let worker = BackendWorker::spawn(
+            "irq-loop",
+            Control::new()?,
+            events,
+            dom0,
+            Injector {
+                vm,
+                state: state.clone(),
+                batch: VecDeque::new(),
+            },
+        )?;
+        Ok(EventLoop { state, worker })
     }
 
     /// A handle sources use to queue interrupts.
@@ -151,49 +148,10 @@ impl EventLoop {
         &self.state.stats
     }
 
-    /// A handle that waits for the queue to drain (a VM's pause uses it).
-    pub fn flusher(&self) -> LoopFlush {
-        LoopFlush {
-            state: self.state.clone(),
-        }
-    }
-}
-
-/// Waits until everything queued to an [`EventLoop`] so far is in KVM.
-pub struct LoopFlush {
-    state: Arc<LoopState>,
-}
-
-/// A loop that does not catch up within this long has stopped (it never blocks).
-const FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
-
-impl LoopFlush {
-    pub fn flush(&self) {
-        let target = self.state.queued.load(Ordering::SeqCst);
-        let deadline = Instant::now() + FLUSH_TIMEOUT;
-        let mut handled = lock(&self.state.handled);
-        while *handled < target {
-            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
-                tracing::warn!("the interrupt event loop did not drain");
-                return;
-            };
-            handled = self
-                .state
-                .caught_up
-                .wait_timeout(handled, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
-    }
-}
-
-impl Drop for EventLoop {
-    fn drop(&mut self) {
-        self.state.stop.store(true, Ordering::SeqCst);
-        let _ = self.state.wake.write(1);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
+    /// Pausing the loop (a VM's pause): [`Control::pause`] returns once everything
+    /// queued so far is in KVM; what is queued later waits for [`Control::resume`].
+    pub fn control(&self) -> Arc<Control> {
+        self.worker.control().clone()
     }
 }
 
@@ -203,24 +161,29 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn run_loop(vm: &VmFd, state: &LoopState) {
-    let mut batch = VecDeque::new();
-    loop {
-        // Blocks until a source queues something (eventfd counter > 0).
-        if let Err(e) = state.wake.read() {
-            tracing::error!("event loop: reading its eventfd failed ({e}); stopping");
-            return;
+/// The event loop's handler: injects every queued message, in order.
+struct Injector {
+    vm: Arc<VmFd>,
+    state: Arc<LoopState>,
+    batch: VecDeque<MsiMessage>,
+}
+
+impl Injector {
+    fn inject_queued(&mut self) {
+        std::mem::swap(&mut self.batch, &mut *lock(&self.state.queue));
+        for msi in self.batch.drain(..) {
+            inject(&self.vm, msi, &self.state.stats);
         }
-        std::mem::swap(&mut batch, &mut *lock(&state.queue));
-        let count = batch.len() as u64;
-        for msi in batch.drain(..) {
-            inject(vm, msi, &state.stats);
-        }
-        *lock(&state.handled) += count;
-        state.caught_up.notify_all();
-        if state.stop.load(Ordering::SeqCst) {
-            return;
-        }
+    }
+}
+
+impl Handler for Injector {
+    fn handle(&mut self, _token: u64, _events: EventSet) {
+        self.inject_queued();
+    }
+
+    fn quiesce(&mut self) {
+        self.inject_queued();
     }
 }
 
@@ -256,7 +219,6 @@ impl GenericSink {
     /// Queues `msi` to the loop, which injects it with `KVM_SIGNAL_MSI`.
     pub fn raise(&self, msi: MsiMessage) {
         lock(&self.state.queue).push_back(msi);
-        self.state.queued.fetch_add(1, Ordering::SeqCst);
         if let Err(e) = self.state.wake.write(1) {
             tracing::error!("waking the event loop failed: {e}");
         }
