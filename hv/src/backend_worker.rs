@@ -190,11 +190,12 @@ impl Control {
         self.changed.notify_all();
     }
 
-    /// The thread's side, between two wake-ups: parks while paused.
-    fn park(&self) {
+    /// The thread's side, between two wake-ups: parks while paused. Whether the
+    /// worker is stopping.
+    fn park(&self) -> bool {
         let mut state = self.lock();
         if state.holds == 0 || state.stopping {
-            return;
+            return state.stopping;
         }
         state.parked = true;
         self.changed.notify_all();
@@ -202,6 +203,7 @@ impl Control {
             state = self.wait(state);
         }
         state.parked = false;
+        state.stopping
     }
 }
 
@@ -285,12 +287,13 @@ impl Drop for BackendWorker {
 fn run(events: &Events, control: &Control, handler: &mut impl Handler) {
     let mut ready = [EpollEvent::default(); 64];
     loop {
+        // One atomic load a wake-up; a stop that is not asked while paused arrives as
+        // the stop eventfd's event.
         if control.wanted.load(Ordering::SeqCst) > 0 {
             handler.quiesce();
-            control.park();
-        }
-        if control.lock().stopping {
-            return;
+            if control.park() {
+                return;
+            }
         }
         let timeout = handler
             .timeout()

@@ -131,8 +131,9 @@ struct Shared {
 }
 
 /// A NIC's part in pausing its VM: the switch thread held between passes, then the
-/// NIC's interrupts still queued on the generic path delivered into KVM (so the
-/// vCPUs' saved LAPICs hold them).
+/// NIC's generic-path event loop paused once its queue is in KVM (so the vCPUs'
+/// saved LAPICs hold those interrupts).
+///
 /// A VM's hold on its network for migration. Weak, as [`PortActions`]: the network
 /// owns the VM's NIC, whose device owns these, and a strong reference back kept every
 /// network, its NICs' interrupt threads and their VMs' memory alive after the run.
