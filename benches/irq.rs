@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use hv::irq::{Msi, VectorSink};
+use devices::interrupt::MsiMessage;
 use hv::testing::{PvhImage, asm};
 use hv::{Vm, VmConfig};
 
@@ -32,7 +32,7 @@ fn injection(c: &mut Criterion) {
         return;
     }
     let vm = idle_vm();
-    let msi = Msi::fixed(0, 0x41);
+    let msi = MsiMessage::fixed(0, 0x41);
     let mut group = c.benchmark_group("irq_injection");
 
     group.bench_function("kvm_signal_msi", |b| {

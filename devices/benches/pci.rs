@@ -7,19 +7,20 @@ use std::hint::black_box;
 use std::sync::Arc;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use devices::irq_test::{self, Doorbell, IrqTestDevice, MsixSink};
-use devices::pci::{MsiMessage, PciBus};
+use devices::interrupt::{InterruptSourceGroup, MsiMessage};
+use devices::irq_test::{self, Doorbell, IrqTestDevice};
+use devices::pci::PciBus;
 
 const ECAM: u64 = 0xe000_0000;
 const BAR: u64 = 0xc000_0000;
 
 struct Null;
 
-impl MsixSink for Null {
-    fn send(&self, _vector: u16, message: MsiMessage) {
-        black_box(message);
+impl InterruptSourceGroup for Null {
+    fn trigger(&self, vector: u16) {
+        black_box(vector);
     }
-    fn reroute(&self, _vector: u16, route: Option<MsiMessage>) {
+    fn update(&self, _vector: u16, route: Option<MsiMessage>) {
         black_box(route);
     }
 }

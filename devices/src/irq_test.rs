@@ -2,16 +2,17 @@
 //! `kumo_abi::irq_device` and `docs/guest-abi.md`): one 8 KiB memory BAR holding a
 //! doorbell per vector, the MSI-X table and the PBA.
 //!
-//! The model is KVM-free. The VMM supplies where messages go ([`MsixSink`]) and what
+//! The model is KVM-free. The VMM supplies where interrupts go ([`InterruptSourceGroup`]) and what
 //! a doorbell write that reached this model does ([`Doorbell`]; normally doorbells
 //! are ioeventfds that never reach it, and the VMM's responder thread calls
 //! [`IrqTestDevice::fire`] after its delay).
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::interrupt::{InterruptSourceGroup, MsiMessage};
 use crate::pci::PciDevice;
 use crate::pci::config::{self, Bar, BarKind, BarRegion, ConfigSpace};
-use crate::pci::msix::{self, MsiMessage, Msix, Update};
+use crate::pci::msix::{self, Msix, Update};
 use crate::state::{DeviceStateError, PciDeviceState};
 
 const KIND: &str = "irq-test";
@@ -24,10 +25,6 @@ pub use kumo_abi::irq_device::{
 const CLASS: u32 = 0x08_80_00;
 /// Vectors (and doorbells) the device has: the table fits its 2 KiB.
 pub const MAX_VECTORS: u16 = 128;
-
-/// Where the device's interrupts go (defined with MSI-X, shared with the virtio
-/// transport; re-exported here so existing users keep their path).
-pub use crate::pci::msix::MsixSink;
 
 /// A doorbell write that reached the model (the VMM's ioeventfd did not take it,
 /// e.g. because the guest moved the BAR).
@@ -45,13 +42,17 @@ struct State {
 /// The device. Shared by vCPU threads (register accesses) and the responder (fire).
 pub struct IrqTestDevice {
     state: Mutex<State>,
-    sink: Arc<dyn MsixSink>,
+    sink: Arc<dyn InterruptSourceGroup>,
     doorbell: Arc<dyn Doorbell>,
 }
 
 impl IrqTestDevice {
     /// A device with `vectors` vectors (1..=[`MAX_VECTORS`], clamped).
-    pub fn new(vectors: u16, sink: Arc<dyn MsixSink>, doorbell: Arc<dyn Doorbell>) -> Self {
+    pub fn new(
+        vectors: u16,
+        sink: Arc<dyn InterruptSourceGroup>,
+        doorbell: Arc<dyn Doorbell>,
+    ) -> Self {
         let vectors = vectors.clamp(1, MAX_VECTORS);
         let mut config = ConfigSpace::new(VENDOR_ID, DEVICE_ID, CLASS, 1);
         let msix = Msix::new(vectors);
@@ -100,8 +101,8 @@ impl IrqTestDevice {
     /// The device raises `vector`: sent now through the sink, or held pending if masked.
     pub fn fire(&self, vector: u16) {
         let mut state = self.state();
-        if let Some(message) = state.msix.fire(vector) {
-            self.sink.send(vector, message);
+        if state.msix.fire(vector).is_some() {
+            self.sink.trigger(vector);
         }
     }
 
@@ -118,12 +119,7 @@ impl IrqTestDevice {
     /// Tells the sink about changes, with the device locked so a concurrent `fire`
     /// sees the new route.
     fn apply(&self, update: Update) {
-        for (vector, route) in update.rerouted {
-            self.sink.reroute(vector, route);
-        }
-        for (vector, message) in update.deliver {
-            self.sink.send(vector, message);
-        }
+        update.apply_to(&*self.sink);
     }
 }
 
@@ -159,7 +155,7 @@ impl PciDevice for IrqTestDevice {
         state.config = config;
         state.msix = msix;
         for vector in 0..state.msix.vectors() {
-            self.sink.reroute(vector, state.msix.route(vector));
+            self.sink.update(vector, state.msix.route(vector));
         }
         Ok(())
     }
@@ -236,14 +232,17 @@ mod tests {
     struct Recorder {
         sent: Mutex<Vec<(u16, MsiMessage)>>,
         routes: Mutex<Vec<(u16, Option<MsiMessage>)>>,
+        table: crate::interrupt::RouteTable,
         rung: Mutex<Vec<u16>>,
     }
 
-    impl MsixSink for Recorder {
-        fn send(&self, vector: u16, message: MsiMessage) {
+    impl InterruptSourceGroup for Recorder {
+        fn trigger(&self, vector: u16) {
+            let message = self.table.get(vector).expect("a routed vector");
             self.sent.lock().unwrap().push((vector, message));
         }
-        fn reroute(&self, vector: u16, route: Option<MsiMessage>) {
+        fn update(&self, vector: u16, route: Option<MsiMessage>) {
+            self.table.set(vector, route);
             self.routes.lock().unwrap().push((vector, route));
         }
     }

@@ -4,24 +4,25 @@
 use std::sync::{Arc, Mutex};
 
 use devices::PioDevice;
-use devices::irq_test::{self, Doorbell, IrqTestDevice, MsixSink};
+use devices::interrupt::{InterruptSourceGroup, MsiMessage};
+use devices::irq_test::{self, Doorbell, IrqTestDevice};
 use devices::pci::PciDevice;
-use devices::pci::{BarAllocator, ConfigPorts, MsiMessage, PciBus, PciError};
+use devices::pci::{BarAllocator, ConfigPorts, PciBus, PciError};
 use proptest::prelude::*;
 
 const ECAM: u64 = 0xe000_0000;
 
 #[derive(Default)]
 struct Recorder {
-    sent: Mutex<Vec<(u16, MsiMessage)>>,
+    sent: Mutex<Vec<u16>>,
     rung: Mutex<Vec<u16>>,
 }
 
-impl MsixSink for Recorder {
-    fn send(&self, vector: u16, message: MsiMessage) {
-        self.sent.lock().unwrap().push((vector, message));
+impl InterruptSourceGroup for Recorder {
+    fn trigger(&self, vector: u16) {
+        self.sent.lock().unwrap().push(vector);
     }
-    fn reroute(&self, _vector: u16, _route: Option<MsiMessage>) {}
+    fn update(&self, _vector: u16, _route: Option<MsiMessage>) {}
 }
 
 impl Doorbell for Recorder {

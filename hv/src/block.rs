@@ -1,6 +1,6 @@
 //! Disks: a virtio-blk device (`devices::virtio::block`) per raw image file on the VM's
 //! PCI bus, wired like the NIC (`net.rs`): the shared virtio PCI transport, MSI-X
-//! through an irqfd per vector (`irq::fast_msix_sink`), and the queue doorbell either
+//! through an irqfd per vector (`irq::fast_group`), and the queue doorbell either
 //! served on the vCPU thread or by a backend thread.
 //!
 //! Where requests are served ([`DiskIo`]):
@@ -9,16 +9,16 @@
 //!   complete when the guest's write instruction retires: no thread wake-up, and a
 //!   polling driver needs no interrupt.
 //! - `thread`: the doorbell is a KVM ioeventfd (no exit to kumo); a backend thread per
-//!   disk wakes on it and serves the queue while the vCPU runs on. The vCPU spends no
-//!   time in I/O, at the cost of a thread wake-up per doorbell.
+//!   disk (on the [`BackendWorker`], the doorbell edge-triggered: one `epoll_wait` per
+//!   wake-up) wakes on it and serves the queue while the vCPU runs on. The vCPU spends
+//!   no time in I/O, at the cost of a thread wake-up per doorbell.
 //!
 //! README "Disks" has both measured from the guest (`blk=check`'s polled 4 KiB reads).
 
 use std::fs::File;
+use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::thread::JoinHandle;
 
 use devices::virtio::VirtioPciDevice;
 use devices::virtio::block::{
@@ -26,10 +26,12 @@ use devices::virtio::block::{
 };
 use devices::virtio::transport::{ActionSink, BAR_SIZE, TransportAction};
 use vm_memory::GuestMemoryMmap;
+use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::Error;
-use crate::irq::fast_msix_sink;
+use crate::backend_worker::{BackendWorker, Control, Events, Handler};
+use crate::irq::fast_group;
 use crate::vm::Vm;
 
 /// Which thread serves a disk's requests (see the module documentation).
@@ -141,30 +143,11 @@ impl ActionSink for DiskActions {
     }
 }
 
-/// The backend thread of a `thread` disk; stopped and joined when dropped.
-struct Backend {
-    stop: Arc<AtomicBool>,
-    doorbell: EventFd,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Drop for Backend {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        let _ = self.doorbell.write(1);
-        if let Some(thread) = self.thread.take()
-            && thread.join().is_err()
-        {
-            tracing::error!("a disk backend thread panicked");
-        }
-    }
-}
-
 /// A disk on a VM: its model (for counters) and, in thread mode, its backend.
 pub struct Disk {
     blk: Arc<VirtioBlock<GuestMemoryMmap>>,
     _transport: Arc<VirtioPciDevice>,
-    _backend: Option<Backend>,
+    _backend: Option<BackendWorker>,
 }
 
 impl Disk {
@@ -221,7 +204,7 @@ fn attach_one(vm: &mut Vm, index: usize, disk: OpenDisk) -> Result<Disk, Error> 
         .map_err(|e| Error::Device(e.to_string()))?,
     );
     // MSI-X: the configuration vector and the queue's.
-    let sink = fast_msix_sink(2, &vm.gsi_router())?;
+    let sink = Arc::new(fast_group(2, &vm.gsi_router())?);
     let doorbell = match setup.io {
         DiskIo::Vcpu => None,
         DiskIo::Thread => Some(EventFd::new(0).map_err(os("creating a disk doorbell eventfd"))?),
@@ -256,40 +239,38 @@ fn attach_one(vm: &mut Vm, index: usize, disk: OpenDisk) -> Result<Disk, Error> 
     })
 }
 
-/// The backend thread `disk<index>`: waits on the doorbell (a blocking eventfd read)
-/// and serves the queue, until stopped.
+/// The backend thread `disk<index>`: waits on the doorbell and serves the queue, until
+/// stopped. It stays out of domain 0, as it always has (its scheduling is the host's).
 fn start_backend(
     index: usize,
     blk: Arc<VirtioBlock<GuestMemoryMmap>>,
     doorbell: EventFd,
-) -> Result<Backend, Error> {
-    let stop = Arc::new(AtomicBool::new(false));
-    let thread_stop = stop.clone();
-    let thread_doorbell = doorbell
-        .try_clone()
-        .map_err(os("duplicating a disk doorbell eventfd"))?;
-    let thread = std::thread::Builder::new()
-        .name(format!("disk{index}"))
-        .spawn(move || {
-            while !thread_stop.load(Ordering::SeqCst) {
-                match thread_doorbell.read() {
-                    Ok(_) => {
-                        blk.process();
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(e) => {
-                        tracing::error!("disk {index}: doorbell read failed: {e}; the disk stops");
-                        return;
-                    }
-                }
-            }
-        })
-        .map_err(os("spawning a disk backend thread"))?;
-    Ok(Backend {
-        stop,
-        doorbell,
-        thread: Some(thread),
-    })
+) -> Result<BackendWorker, Error> {
+    let events = Events::new()?;
+    events.add_edge(doorbell.as_raw_fd(), 0)?;
+    BackendWorker::spawn(
+        &format!("disk{index}"),
+        Control::new()?,
+        events,
+        None,
+        Serve {
+            blk,
+            _doorbell: doorbell,
+        },
+    )
+}
+
+/// A disk backend's handler: every doorbell serves the queue.
+struct Serve {
+    blk: Arc<VirtioBlock<GuestMemoryMmap>>,
+    /// Kept open while the worker waits on it.
+    _doorbell: EventFd,
+}
+
+impl Handler for Serve {
+    fn handle(&mut self, _token: u64, _events: EventSet) {
+        self.blk.process();
+    }
 }
 
 #[cfg(test)]

@@ -9,62 +9,38 @@
 //!   injected by the kernel: no user-space hop. Re-targeting rewrites the route; a
 //!   masked vector's irqfd is unregistered.
 //!
-//! Devices see neither: they raise a vector through [`VectorSink`].
+//! Devices see neither: a device model holds an [`InterruptSourceGroup`] (from
+//! `devices`), and [`interrupt_group`] gives it one on the path chosen for it. On the
+//! fast path the group's `notifier(v)` is vector `v`'s irqfd itself, so a backend
+//! thread or another process can raise it with one eventfd write.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use kvm_bindings::{
     KVM_IRQ_ROUTING_IRQCHIP, KVM_IRQ_ROUTING_MSI, KVM_IRQCHIP_IOAPIC, KvmIrqRouting,
     kvm_irq_routing_entry, kvm_msi,
 };
 use kvm_ioctls::VmFd;
+use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
-use devices::pci::{MsiMessage, MsixSink};
+use devices::interrupt::{InterruptSourceGroup, MsiMessage, RouteTable};
 
 use crate::Error;
+use crate::backend_worker::{BackendWorker, Control, Events, Handler};
 use crate::kvm::ioctl;
 use crate::placement::ThreadGroup;
 
-/// A message-signalled interrupt as a device (or its MSI-X table) writes it: the
-/// address names the destination APIC, the data the vector and delivery mode.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Msi {
-    pub address: u64,
-    pub data: u32,
-}
-
-impl Msi {
-    /// A fixed, edge-triggered interrupt of `vector` to the CPU with `apic_id`
-    /// (physical destination; IDs above 255 in the extended destination bits 11:5, as
-    /// KVM's `KVM_X2APIC_API` and Linux's "ext_dest_id" use them).
-    pub fn fixed(apic_id: u32, vector: u8) -> Msi {
-        let low = u64::from(apic_id & 0xff) << 12;
-        let high = u64::from((apic_id >> 8) & 0x7f) << 5;
-        Msi {
-            address: 0xfee0_0000 | low | high,
-            data: u32::from(vector),
-        }
+fn kvm_msi(msi: MsiMessage) -> kvm_msi {
+    kvm_msi {
+        address_lo: msi.address as u32,
+        address_hi: (msi.address >> 32) as u32,
+        data: msi.data,
+        ..Default::default()
     }
-
-    fn kvm(self) -> kvm_msi {
-        kvm_msi {
-            address_lo: self.address as u32,
-            address_hi: (self.address >> 32) as u32,
-            data: self.data,
-            ..Default::default()
-        }
-    }
-}
-
-/// How a device raises one of its interrupts; the path behind it is the VMM's choice.
-pub trait VectorSink: Send + Sync {
-    /// Delivers `msi` (the generic path uses it; the fast path's route already holds it).
-    fn raise(&self, msi: Msi);
 }
 
 /// Which path a device's interrupts take (`--irq-path`).
@@ -111,21 +87,22 @@ pub struct IrqStats {
 // Generic path.
 
 struct LoopState {
-    queue: Mutex<VecDeque<Msi>>,
+    queue: Mutex<VecDeque<MsiMessage>>,
+    /// Written once per queued message; the loop waits on it edge-triggered, so a
+    /// wake-up is one `epoll_wait` and the counter is never read.
     wake: EventFd,
-    stop: AtomicBool,
     stats: IrqStats,
-    /// Messages queued so far, and of them handed to KVM (for [`LoopFlush`]).
-    queued: AtomicU64,
-    handled: Mutex<u64>,
-    caught_up: Condvar,
 }
 
-/// The generic path's event-loop thread.
+/// The generic path's event-loop thread, on the [`BackendWorker`]: stopped when
+/// dropped, paused (after injecting everything queued) through [`EventLoop::control`].
 pub struct EventLoop {
     state: Arc<LoopState>,
-    thread: Option<JoinHandle<()>>,
+    worker: BackendWorker,
 }
+
+/// epoll token of the loop's wake eventfd.
+const WAKE: u64 = 0;
 
 impl EventLoop {
     /// Starts the loop thread (`irq-loop`) injecting into `vm`.
@@ -138,31 +115,26 @@ impl EventLoop {
     pub fn start_in(vm: Arc<VmFd>, dom0: Option<Arc<ThreadGroup>>) -> Result<EventLoop, Error> {
         let state = Arc::new(LoopState {
             queue: Mutex::new(VecDeque::new()),
-            wake: EventFd::new(0).map_err(|source| Error::Os {
+            wake: EventFd::new(EFD_NONBLOCK).map_err(|source| Error::Os {
                 what: "creating the event loop's eventfd",
                 source,
             })?,
-            stop: AtomicBool::new(false),
             stats: IrqStats::default(),
-            queued: AtomicU64::new(0),
-            handled: Mutex::new(0),
-            caught_up: Condvar::new(),
         });
-        let loop_state = state.clone();
-        let thread = std::thread::Builder::new()
-            .name("irq-loop".into())
-            .spawn(move || {
-                let _member = dom0.map(|group| group.join_current());
-                run_loop(&vm, &loop_state)
-            })
-            .map_err(|source| Error::Os {
-                what: "spawning the event loop thread",
-                source,
-            })?;
-        Ok(EventLoop {
-            state,
-            thread: Some(thread),
-        })
+        let events = Events::new()?;
+        events.add_edge(state.wake.as_raw_fd(), WAKE)?;
+        let worker = BackendWorker::spawn(
+            "irq-loop",
+            Control::new()?,
+            events,
+            dom0,
+            Injector {
+                vm,
+                state: state.clone(),
+                batch: VecDeque::new(),
+            },
+        )?;
+        Ok(EventLoop { state, worker })
     }
 
     /// A handle sources use to queue interrupts.
@@ -176,49 +148,10 @@ impl EventLoop {
         &self.state.stats
     }
 
-    /// A handle that waits for the queue to drain (a VM's pause uses it).
-    pub fn flusher(&self) -> LoopFlush {
-        LoopFlush {
-            state: self.state.clone(),
-        }
-    }
-}
-
-/// Waits until everything queued to an [`EventLoop`] so far is in KVM.
-pub struct LoopFlush {
-    state: Arc<LoopState>,
-}
-
-/// A loop that does not catch up within this long has stopped (it never blocks).
-const FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
-
-impl LoopFlush {
-    pub fn flush(&self) {
-        let target = self.state.queued.load(Ordering::SeqCst);
-        let deadline = Instant::now() + FLUSH_TIMEOUT;
-        let mut handled = lock(&self.state.handled);
-        while *handled < target {
-            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
-                tracing::warn!("the interrupt event loop did not drain");
-                return;
-            };
-            handled = self
-                .state
-                .caught_up
-                .wait_timeout(handled, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
-    }
-}
-
-impl Drop for EventLoop {
-    fn drop(&mut self) {
-        self.state.stop.store(true, Ordering::SeqCst);
-        let _ = self.state.wake.write(1);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
+    /// Pausing the loop (a VM's pause): [`Control::pause`] returns once everything
+    /// queued so far is in KVM; what is queued later waits for [`Control::resume`].
+    pub fn control(&self) -> Arc<Control> {
+        self.worker.control().clone()
     }
 }
 
@@ -228,37 +161,42 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn run_loop(vm: &VmFd, state: &LoopState) {
-    let mut batch = VecDeque::new();
-    loop {
-        // Blocks until a source queues something (eventfd counter > 0).
-        if let Err(e) = state.wake.read() {
-            tracing::error!("event loop: reading its eventfd failed ({e}); stopping");
-            return;
+/// The event loop's handler: injects every queued message, in order.
+struct Injector {
+    vm: Arc<VmFd>,
+    state: Arc<LoopState>,
+    batch: VecDeque<MsiMessage>,
+}
+
+impl Injector {
+    fn inject_queued(&mut self) {
+        std::mem::swap(&mut self.batch, &mut *lock(&self.state.queue));
+        for msi in self.batch.drain(..) {
+            inject(&self.vm, msi, &self.state.stats);
         }
-        std::mem::swap(&mut batch, &mut *lock(&state.queue));
-        let count = batch.len() as u64;
-        for msi in batch.drain(..) {
-            inject(vm, msi, &state.stats);
-        }
-        *lock(&state.handled) += count;
-        state.caught_up.notify_all();
-        if state.stop.load(Ordering::SeqCst) {
-            return;
-        }
+    }
+}
+
+impl Handler for Injector {
+    fn handle(&mut self, _token: u64, _events: EventSet) {
+        self.inject_queued();
+    }
+
+    fn quiesce(&mut self) {
+        self.inject_queued();
     }
 }
 
 /// One `KVM_SIGNAL_MSI`: the generic path's injection primitive. `Ok(false)` when KVM
 /// coalesced it (the vector was already pending) or the guest's APIC blocked it.
-pub(crate) fn signal_msi(vm: &VmFd, msi: Msi) -> Result<bool, Error> {
-    vm.signal_msi(msi.kvm())
+pub(crate) fn signal_msi(vm: &VmFd, msi: MsiMessage) -> Result<bool, Error> {
+    vm.signal_msi(kvm_msi(msi))
         .map(|delivered| delivered > 0)
         .map_err(ioctl("KVM_SIGNAL_MSI"))
 }
 
-fn inject(vm: &VmFd, msi: Msi, stats: &IrqStats) {
-    match vm.signal_msi(msi.kvm()) {
+fn inject(vm: &VmFd, msi: MsiMessage, stats: &IrqStats) {
+    match vm.signal_msi(kvm_msi(msi)) {
         // 0 = the interrupt was coalesced or blocked by the guest's APIC state; it is
         // still "delivered" as far as the device is concerned, like on hardware.
         Ok(_) => stats.injected.fetch_add(1, Ordering::Relaxed),
@@ -277,10 +215,10 @@ pub struct GenericSink {
     state: Arc<LoopState>,
 }
 
-impl VectorSink for GenericSink {
-    fn raise(&self, msi: Msi) {
+impl GenericSink {
+    /// Queues `msi` to the loop, which injects it with `KVM_SIGNAL_MSI`.
+    pub fn raise(&self, msi: MsiMessage) {
         lock(&self.state.queue).push_back(msi);
-        self.state.queued.fetch_add(1, Ordering::SeqCst);
         if let Err(e) = self.state.wake.write(1) {
             tracing::error!("waking the event loop failed: {e}");
         }
@@ -302,7 +240,7 @@ pub struct GsiRouter {
 }
 
 struct Routes {
-    msi: BTreeMap<u32, Msi>,
+    msi: BTreeMap<u32, MsiMessage>,
     next_gsi: u32,
 }
 
@@ -379,7 +317,7 @@ pub struct FastVector {
     gsi: u32,
     eventfd: EventFd,
     /// The message the GSI routes to, while the irqfd is registered.
-    routed: Mutex<Option<Msi>>,
+    routed: Mutex<Option<MsiMessage>>,
 }
 
 impl FastVector {
@@ -390,7 +328,7 @@ impl FastVector {
     /// Points the vector at `msi` (registering the irqfd if it was masked), or masks
     /// it (`None`: the irqfd is unregistered, so a write to the eventfd is not
     /// delivered). Called when the guest rewrites or (un)masks the MSI-X entry.
-    pub fn route(&self, msi: Option<Msi>) -> Result<(), Error> {
+    pub fn route(&self, msi: Option<MsiMessage>) -> Result<(), Error> {
         let mut routed = lock(&self.routed);
         if *routed == msi {
             return Ok(());
@@ -431,12 +369,6 @@ impl FastVector {
     }
 }
 
-impl VectorSink for FastVector {
-    fn raise(&self, _msi: Msi) {
-        self.trigger();
-    }
-}
-
 impl Drop for FastVector {
     fn drop(&mut self) {
         if lock(&self.routed).is_some() {
@@ -448,106 +380,120 @@ impl Drop for FastVector {
     }
 }
 
-/// A PCI device's MSI-X vectors on `path`: what its model's [`MsixSink`] calls do.
-/// Generic: each message queued to `event_loop` (the message travels with the
-/// interrupt, so a re-route needs nothing). Fast: an irqfd per vector on its own GSI
-/// from `router`, re-routed whenever the guest rewrites or (un)masks the entry.
-pub fn msix_sink(
+/// A PCI device's MSI-X vectors on `path`, as the group its model raises them through.
+/// Generic: each trigger queues the vector's route to `event_loop`. Fast: an irqfd per
+/// vector on its own GSI from `router`, re-routed whenever the guest rewrites or
+/// (un)masks the entry.
+pub fn interrupt_group(
     path: IrqPath,
     vectors: u16,
     event_loop: &EventLoop,
     router: &Arc<GsiRouter>,
-) -> Result<Arc<dyn MsixSink>, Error> {
+) -> Result<Arc<dyn InterruptSourceGroup>, Error> {
     Ok(match path {
-        IrqPath::Generic => Arc::new(GenericMsix(event_loop.sink())),
-        IrqPath::Fast => fast_msix_sink(vectors, router)?,
+        IrqPath::Generic => Arc::new(GenericGroup {
+            sink: event_loop.sink(),
+            routes: RouteTable::new(vectors),
+        }),
+        IrqPath::Fast => Arc::new(fast_group(vectors, router)?),
     })
 }
 
-/// The fast path's sink alone (no event loop needed): an irqfd per vector.
-pub fn fast_msix_sink(vectors: u16, router: &Arc<GsiRouter>) -> Result<Arc<dyn MsixSink>, Error> {
-    Ok(Arc::new(FastMsix(
+/// The fast path's group alone (no event loop needed): an irqfd per vector, each
+/// handed out by [`InterruptSourceGroup::notifier`].
+pub fn fast_group(vectors: u16, router: &Arc<GsiRouter>) -> Result<FastGroup, Error> {
+    Ok(FastGroup(
         (0..vectors)
             .map(|_| router.vector())
             .collect::<Result<Vec<_>, _>>()?,
-    )))
+    ))
 }
 
-fn msi(message: MsiMessage) -> Msi {
-    Msi {
-        address: message.address,
-        data: message.data,
+/// The generic path's group: the routes the device told it; a trigger queues its
+/// vector's route to the event loop.
+struct GenericGroup {
+    sink: GenericSink,
+    routes: RouteTable,
+}
+
+impl InterruptSourceGroup for GenericGroup {
+    fn trigger(&self, index: u16) {
+        if let Some(msi) = self.routes.get(index) {
+            self.sink.raise(msi);
+        }
+    }
+
+    fn update(&self, index: u16, route: Option<MsiMessage>) {
+        self.routes.set(index, route);
     }
 }
 
-struct GenericMsix(GenericSink);
-
-impl MsixSink for GenericMsix {
-    fn send(&self, _vector: u16, message: MsiMessage) {
-        self.0.raise(msi(message));
-    }
-    fn reroute(&self, _vector: u16, _route: Option<MsiMessage>) {}
+/// The generic path injecting on the calling thread: `KVM_SIGNAL_MSI` at once, no
+/// queue (for a device whose own thread is its event loop: a passthrough device's
+/// `pt-irq` thread).
+pub fn inject_now_group(vm: Arc<VmFd>, vectors: u16) -> Arc<dyn InterruptSourceGroup> {
+    Arc::new(InjectNow {
+        vm,
+        routes: RouteTable::new(vectors),
+    })
 }
 
-struct FastMsix(Vec<FastVector>);
+struct InjectNow {
+    vm: Arc<VmFd>,
+    routes: RouteTable,
+}
 
-impl MsixSink for FastMsix {
-    fn send(&self, vector: u16, _message: MsiMessage) {
-        if let Some(fast) = self.0.get(usize::from(vector)) {
+impl InterruptSourceGroup for InjectNow {
+    fn trigger(&self, index: u16) {
+        if let Some(msi) = self.routes.get(index)
+            && let Err(e) = signal_msi(&self.vm, msi)
+        {
+            tracing::warn!("interrupt {msi:x?}: {e}");
+        }
+    }
+
+    fn update(&self, index: u16, route: Option<MsiMessage>) {
+        self.routes.set(index, route);
+    }
+}
+
+/// The fast path's group: vector `v` is an irqfd on its own GSI. A trigger is one
+/// eventfd write (no lock, no queue); `notifier(v)` hands out that irqfd, for a
+/// device outside kumo (a passthrough device's server) or a backend thread to write.
+pub struct FastGroup(Vec<FastVector>);
+
+impl InterruptSourceGroup for FastGroup {
+    fn trigger(&self, index: u16) {
+        if let Some(fast) = self.0.get(usize::from(index)) {
             fast.trigger();
         }
     }
 
-    fn reroute(&self, vector: u16, route: Option<MsiMessage>) {
-        if let Some(fast) = self.0.get(usize::from(vector))
-            && let Err(e) = fast.route(route.map(msi))
+    fn update(&self, index: u16, route: Option<MsiMessage>) {
+        if let Some(fast) = self.0.get(usize::from(index))
+            && let Err(e) = fast.route(route)
         {
             // The guest cannot make this fail with valid messages; KVM refusing a
             // route leaves the vector undeliverable, which the guest will see.
-            tracing::warn!("re-routing fast vector {vector}: {e}");
+            tracing::warn!("re-routing fast vector {index}: {e}");
         }
     }
-}
 
-/// The fast path's sink for `vectors` vectors, and a duplicate of each vector's irqfd:
-/// for a device outside kumo (a passthrough device's server), which raises vector `v`
-/// by writing `fds[v]`, injected by KVM with no kumo thread in between.
-pub fn fast_msix_with_eventfds(
-    vectors: u16,
-    router: &Arc<GsiRouter>,
-) -> Result<(Arc<dyn MsixSink>, Vec<EventFd>), Error> {
-    let fast = (0..vectors)
-        .map(|_| router.vector())
-        .collect::<Result<Vec<_>, _>>()?;
-    let fds = fast
-        .iter()
-        .map(|v| {
-            v.eventfd.try_clone().map_err(|source| Error::Os {
-                what: "duplicating an irqfd",
-                source,
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok((Arc::new(FastMsix(fast)), fds))
+    fn notifier(&self, index: u16) -> Option<EventFd> {
+        let fast = self.0.get(usize::from(index))?;
+        match fast.eventfd.try_clone() {
+            Ok(fd) => Some(fd),
+            Err(e) => {
+                tracing::error!("duplicating the irqfd of GSI {}: {e}", fast.gsi);
+                None
+            }
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn fixed_messages_encode_destination_and_vector() {
-        assert_eq!(
-            Msi::fixed(0, 0x41),
-            Msi {
-                address: 0xfee0_0000,
-                data: 0x41
-            }
-        );
-        assert_eq!(Msi::fixed(3, 0x50).address, 0xfee0_3000);
-        // APIC ID 0x1_23: low byte in 19:12, the rest in the extended bits 11:5.
-        assert_eq!(Msi::fixed(0x123, 0x30).address, 0xfee2_3000 | (1 << 5));
-    }
 
     #[test]
     fn paths_parse_by_name() {

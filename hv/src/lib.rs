@@ -17,6 +17,7 @@
 //! ```
 
 pub mod acpi;
+pub mod backend_worker;
 pub mod bar_windows;
 pub mod block;
 pub mod boot;

@@ -14,27 +14,27 @@
 //! the rest in the sender's TX ring until the receiver's guest posts buffers (its RX
 //! doorbell wakes this thread). Malformed frames are dropped and counted by the switch.
 //!
-//! One thread serves every NIC of the network (an epoll loop over their doorbells), and
-//! it joins domain 0 when given one, so the credit scheduler charges its work to
-//! domain 0 as Xen charges netback's.
+//! One thread serves every NIC of the network (a [`BackendWorker`] over their
+//! doorbells), and it joins domain 0 when given one, so the credit scheduler charges
+//! its work to domain 0 as Xen charges netback's.
 
 use std::collections::VecDeque;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use devices::net::switch::{PortId, Sources, Switch, SwitchConfig, SwitchStats};
 use devices::virtio::VirtioPciDevice;
 use devices::virtio::net::{NetConfig, NetStats, QueueRole, VirtioNet};
 use devices::virtio::transport::{ActionSink, TransportAction};
 use vm_memory::GuestMemoryMmap;
-use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use crate::Error;
-use crate::irq::{EventLoop, IrqPath, msix_sink};
+use crate::backend_worker::{BackendWorker, Control, Events, Handler, RESERVED_TOKENS};
+use crate::irq::{EventLoop, IrqPath, interrupt_group};
 use crate::placement::ThreadGroup;
 use crate::vm::Vm;
 use crate::wire::Wire;
@@ -51,9 +51,9 @@ pub struct NicSetup {
 
 /// Queue size of kumo's NICs (the guest may use fewer entries).
 const QUEUE_SIZE: u16 = 256;
-/// epoll token of the stop eventfd and of the control (activate/reset) eventfd.
-const STOP: u64 = u64::MAX;
-const CONTROL: u64 = u64::MAX - 1;
+/// epoll token of the control (activate/reset) eventfd; ports' doorbells are
+/// `port << 16 | queue`, far below it.
+const CONTROL: u64 = RESERVED_TOKENS - 1;
 
 /// One NIC: the device model, one eventfd per queue doorbell. A NIC in one of this
 /// process's VMs has its model from the start; a NIC served to another process (see
@@ -130,7 +130,9 @@ struct Shared {
     ports: Mutex<Vec<Endpoint>>,
     changes: Mutex<VecDeque<Change>>,
     control: EventFd,
-    gate: Gate,
+    /// Stops and holds the switch thread: while a VM of the network is paused (a
+    /// snapshot or a migration) it writes no guest RAM and raises no interrupt.
+    worker: Arc<Control>,
     /// The switch thread has its epoll set: NICs attached from now on are announced
     /// to it ([`Change::Added`]). Set and read with `ports` locked.
     started: std::sync::atomic::AtomicBool,
@@ -139,82 +141,16 @@ struct Shared {
     one_vm: std::sync::atomic::AtomicBool,
 }
 
-/// Holds the switch thread still while a VM of the network is paused (a snapshot or
-/// a migration): it writes no guest RAM and raises no interrupt from then on.
-#[derive(Default)]
-struct Gate {
-    state: Mutex<GateState>,
-    changed: std::sync::Condvar,
-}
-
-#[derive(Default)]
-struct GateState {
-    /// Pauses under way that hold the switch.
-    holds: u32,
-    /// The switch thread is held (between two passes).
-    parked: bool,
-    /// The switch thread runs (it parks only then).
-    running: bool,
-    /// The network is ending: nothing parks or waits any more.
-    stopping: bool,
-}
-
-impl Gate {
-    fn lock(&self) -> MutexGuard<'_, GateState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Holds the switch thread; returns once it is parked (at once if it does not run).
-    fn hold(&self, wake: &EventFd) {
-        let mut st = self.lock();
-        st.holds += 1;
-        if !st.running || st.stopping {
-            return;
-        }
-        drop(st);
-        let _ = wake.write(1);
-        let mut st = self.lock();
-        while st.running && !st.parked && !st.stopping {
-            st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
-        }
-    }
-
-    fn release(&self) {
-        let mut st = self.lock();
-        st.holds = st.holds.saturating_sub(1);
-        drop(st);
-        self.changed.notify_all();
-    }
-
-    /// The switch thread's side, between passes: parks while held.
-    fn park_if_held(&self) {
-        let mut st = self.lock();
-        if st.holds == 0 || st.stopping {
-            return;
-        }
-        st.parked = true;
-        self.changed.notify_all();
-        while st.holds > 0 && !st.stopping {
-            st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
-        }
-        st.parked = false;
-    }
-
-    fn set(&self, update: impl FnOnce(&mut GateState)) {
-        update(&mut self.lock());
-        self.changed.notify_all();
-    }
-}
-
 /// A NIC's part in pausing its VM: the switch thread held between passes, then the
-/// NIC's interrupts still queued on the generic path delivered into KVM (so the
-/// vCPUs' saved LAPICs hold them).
+/// NIC's generic-path event loop paused once its queue is in KVM (so the vCPUs'
+/// saved LAPICs hold those interrupts).
+///
 /// A VM's hold on its network for migration. Weak, as [`PortActions`]: the network
 /// owns the VM's NIC, whose device owns these, and a strong reference back kept every
 /// network, its NICs' interrupt threads and their VMs' memory alive after the run.
 struct NicQuiesce {
     shared: Weak<Shared>,
-    event_loop: crate::irq::LoopFlush,
+    event_loop: Arc<Control>,
     /// The NIC's switch port.
     port: PortId,
 }
@@ -222,13 +158,14 @@ struct NicQuiesce {
 impl crate::migration::Quiesce for NicQuiesce {
     fn quiesce(&self) {
         if let Some(shared) = self.shared.upgrade() {
-            shared.gate.hold(&shared.control);
+            shared.worker.pause();
         }
-        self.event_loop.flush();
+        self.event_loop.pause();
     }
     fn resume(&self) {
+        self.event_loop.resume();
         if let Some(shared) = self.shared.upgrade() {
-            shared.gate.release();
+            shared.worker.resume();
         }
     }
     /// The VM runs elsewhere now. A network that is the VM's alone
@@ -240,12 +177,13 @@ impl crate::migration::Quiesce for NicQuiesce {
     /// for it. Either before the switch moves again: frames the guest queued before
     /// the pause leave from the destination only.
     fn hand_off(&self) {
+        self.event_loop.resume();
         if let Some(shared) = self.shared.upgrade() {
             if shared.one_vm.load(Ordering::Relaxed) {
                 shared.close_wires_and_release();
             } else {
                 shared.port_gone(self.port);
-                shared.gate.release();
+                shared.worker.resume();
             }
         }
     }
@@ -266,7 +204,7 @@ impl Shared {
         for wire in wires {
             wire.close();
         }
-        self.gate.release();
+        self.worker.resume();
     }
 
     /// `port`'s NIC is gone (unplugged, or its VM moved away): the port goes down
@@ -370,7 +308,7 @@ impl Network {
                 ports: Mutex::new(Vec::new()),
                 changes: Mutex::new(VecDeque::new()),
                 control: EventFd::new(EFD_NONBLOCK).map_err(os("creating an eventfd"))?,
-                gate: Gate::default(),
+                worker: Control::new()?,
                 started: std::sync::atomic::AtomicBool::new(false),
                 one_vm: std::sync::atomic::AtomicBool::new(false),
             }),
@@ -416,7 +354,7 @@ impl Network {
         let port = self.shared.switch().add_port(Sources::Assigned(setup.mac));
         let event_loop = vm.start_event_loop_in(dom0.cloned())?;
         // MSI-X: the configuration vector and one per queue.
-        let sink = msix_sink(setup.irq_path, queues + 1, &event_loop, &vm.gsi_router())?;
+        let sink = interrupt_group(setup.irq_path, queues + 1, &event_loop, &vm.gsi_router())?;
         let actions = Arc::new(PortActions {
             shared: Arc::downgrade(&self.shared),
             port,
@@ -432,7 +370,7 @@ impl Network {
             .add_device_writes(Arc::new(NicWrites(net.clone())));
         vm.migration_hub().add_quiescer(Arc::new(NicQuiesce {
             shared: Arc::downgrade(&self.shared),
-            event_loop: event_loop.flusher(),
+            event_loop: event_loop.control(),
             port,
         }));
         let mut ports = self.shared.ports();
@@ -572,61 +510,42 @@ impl Network {
         poll: Duration,
     ) -> Result<RunningNetwork, Error> {
         keep_freed_memory();
-        let stop = EventFd::new(EFD_NONBLOCK).map_err(os("creating an eventfd"))?;
-        let epoll = Epoll::new().map_err(os("creating an epoll instance"))?;
-        let add = |fd: i32, token: u64| {
-            epoll
-                .ctl(
-                    ControlOperation::Add,
-                    fd,
-                    EpollEvent::new(EventSet::IN, token),
-                )
-                .map_err(os("adding an eventfd to epoll"))
-        };
-        add(stop.as_raw_fd(), STOP)?;
-        add(self.shared.control.as_raw_fd(), CONTROL)?;
+        let events = Events::new()?;
+        events.add(self.shared.control.as_raw_fd(), CONTROL)?;
         let ports = self.shared.ports();
         for (port, endpoint) in ports.iter().enumerate() {
             match endpoint {
                 Endpoint::Nic(nic) => {
                     for (queue, fd) in nic.notify.iter().enumerate() {
-                        add(fd.as_raw_fd(), token(port, queue as u16))?;
+                        events.add(fd.as_raw_fd(), token(port, queue as u16))?;
                     }
                 }
-                Endpoint::Wire(wire) => add(wire.event.as_raw_fd(), token(port, 0))?,
+                Endpoint::Wire(wire) => events.add(wire.event.as_raw_fd(), token(port, 0))?,
             }
         }
         // NICs attached from now on are added by the switch thread (`Change::Added`).
         self.shared.started.store(true, Ordering::Relaxed);
         drop(ports);
-        let shared = self.shared.clone();
-        let thread_stop = stop.try_clone().map_err(os("duplicating an eventfd"))?;
-        self.shared.gate.set(|g| g.running = true);
-        let thread = std::thread::Builder::new()
-            .name("net-switch".into())
-            .spawn(move || {
-                let _member = dom0.as_ref().map(|g| g.join_current());
-                if dom0.is_none() {
-                    boost_current_thread();
-                }
-                let gate = shared.clone();
-                Worker {
-                    shared,
-                    work: VecDeque::new(),
-                    queued: Vec::new(),
-                    poll,
-                }
-                .run(&epoll, &thread_stop);
-                gate.gate.set(|g| g.running = false);
-            })
-            .map_err(|e| {
-                self.shared.gate.set(|g| g.running = false);
-                os("spawning the switch thread")(e)
-            })?;
+        let boost = dom0.is_none();
+        let worker = BackendWorker::spawn(
+            "net-switch",
+            self.shared.worker.clone(),
+            events.clone(),
+            dom0,
+            Worker {
+                shared: self.shared.clone(),
+                work: VecDeque::new(),
+                queued: Vec::new(),
+                poll,
+                events,
+                last_work: Instant::now(),
+                woke: None,
+                boost,
+            },
+        )?;
         Ok(RunningNetwork {
             shared: self.shared.clone(),
-            stop,
-            thread: Some(thread),
+            worker,
         })
     }
 
@@ -695,8 +614,7 @@ impl WorkerStats {
 /// The switch thread; stopped and joined when dropped.
 pub struct RunningNetwork {
     shared: Arc<Shared>,
-    stop: EventFd,
-    thread: Option<JoinHandle<()>>,
+    worker: BackendWorker,
 }
 
 impl RunningNetwork {
@@ -711,13 +629,7 @@ impl RunningNetwork {
 
 impl Drop for RunningNetwork {
     fn drop(&mut self) {
-        self.shared.gate.set(|g| g.stopping = true);
-        let _ = self.stop.write(1);
-        if let Some(thread) = self.thread.take()
-            && thread.join().is_err()
-        {
-            tracing::error!("the switch thread panicked");
-        }
+        self.worker.stop();
         for endpoint in self.shared.ports().iter() {
             if let Endpoint::Wire(wire) = endpoint {
                 wire.close();
@@ -787,49 +699,52 @@ struct Worker {
     queued: Vec<Work>,
     /// How long to poll for doorbells after the last work before sleeping.
     poll: Duration,
+    /// The thread's own epoll set, for NICs attached while it runs.
+    events: Events,
+    last_work: Instant,
+    /// When the current wake-up began.
+    woke: Option<Instant>,
+    /// Not in a credit domain 0: take a larger CFS share (`boost_current_thread`).
+    boost: bool,
 }
 
-impl Worker {
-    fn run(mut self, epoll: &Epoll, stop: &EventFd) {
-        let mut events = vec![EpollEvent::default(); 64];
-        let mut last_work = std::time::Instant::now();
-        loop {
-            let polling = !self.poll.is_zero() && last_work.elapsed() < self.poll;
-            let n = match epoll.wait(if polling { 0 } else { -1 }, &mut events) {
-                Ok(0) => continue, // polled, nothing yet
-                Ok(n) => n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    tracing::error!("switch thread: epoll_wait: {e}; the network stops");
-                    return;
-                }
-            };
-            let woke = std::time::Instant::now();
-            for event in &events[..n] {
-                match event.data() {
-                    STOP => {
-                        let _ = stop.read();
-                        return;
-                    }
-                    CONTROL => {
-                        let _ = self.shared.control.read();
-                        self.apply_changes(epoll);
-                    }
-                    data => self.doorbell((data >> 16) as PortId, data as u16),
-                }
-            }
-            self.drain();
-            self.shared.wakeups.fetch_add(1, Ordering::Relaxed);
-            self.shared
-                .busy_ns
-                .fetch_add(woke.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            self.shared.gate.park_if_held();
-            if !self.poll.is_zero() {
-                last_work = std::time::Instant::now();
-            }
+impl Handler for Worker {
+    fn started(&mut self) {
+        if self.boost {
+            boost_current_thread();
         }
     }
 
+    fn timeout(&mut self) -> Option<Duration> {
+        let polling = !self.poll.is_zero() && self.last_work.elapsed() < self.poll;
+        polling.then_some(Duration::ZERO)
+    }
+
+    fn handle(&mut self, token: u64, _events: EventSet) {
+        self.woke.get_or_insert_with(Instant::now);
+        match token {
+            CONTROL => {
+                let _ = self.shared.control.read();
+                self.apply_changes();
+            }
+            data => self.doorbell((data >> 16) as PortId, data as u16),
+        }
+    }
+
+    fn after_events(&mut self) {
+        let woke = self.woke.take().unwrap_or_else(Instant::now);
+        self.drain();
+        self.shared.wakeups.fetch_add(1, Ordering::Relaxed);
+        self.shared
+            .busy_ns
+            .fetch_add(woke.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        if !self.poll.is_zero() {
+            self.last_work = Instant::now();
+        }
+    }
+}
+
+impl Worker {
     fn push(&mut self, work: Work) {
         if !self.queued.contains(&work) {
             self.queued.push(work);
@@ -837,7 +752,7 @@ impl Worker {
         }
     }
 
-    fn apply_changes(&mut self, epoll: &Epoll) {
+    fn apply_changes(&mut self) {
         loop {
             let change = self
                 .shared
@@ -862,8 +777,8 @@ impl Worker {
                 Change::Added(port) => {
                     if let Some(nic) = self.shared.nic(port) {
                         for (queue, fd) in nic.notify.iter().enumerate() {
-                            let event = EpollEvent::new(EventSet::IN, token(port, queue as u16));
-                            if let Err(e) = epoll.ctl(ControlOperation::Add, fd.as_raw_fd(), event)
+                            if let Err(e) =
+                                self.events.add(fd.as_raw_fd(), token(port, queue as u16))
                             {
                                 tracing::error!("switch port {port}: its doorbells: {e}");
                             }
@@ -1024,17 +939,17 @@ mod tests {
     fn a_held_switch_forwards_nothing_until_released() {
         let network = Network::new(SwitchConfig::default()).unwrap();
         // Not running yet: holding returns at once.
-        network.shared.gate.hold(&network.shared.control);
-        network.shared.gate.release();
+        network.shared.worker.pause();
+        network.shared.worker.resume();
         let (a_near, mut a_far) = UnixStream::pair().unwrap();
         let (b_near, mut b_far) = UnixStream::pair().unwrap();
         network.attach_wire(a_near, None).unwrap();
         network.attach_wire(b_near, None).unwrap();
         let running = network.start(None).unwrap();
-        let gate = &network.shared.gate;
-        gate.hold(&network.shared.control);
+        let gate = &network.shared.worker;
+        gate.pause();
         assert!(
-            gate.lock().parked,
+            gate.is_parked(),
             "hold returns once the switch thread is parked"
         );
         let (frame, bytes) = framed();
@@ -1052,7 +967,7 @@ mod tests {
             ),
             "{err}"
         );
-        gate.release();
+        gate.resume();
         b_far
             .set_read_timeout(Some(Duration::from_secs(10)))
             .unwrap();
@@ -1068,7 +983,7 @@ mod tests {
         handed.attach_wire(c_near, None).unwrap();
         handed.attach_wire(d_near, None).unwrap();
         let handed_running = handed.start(None).unwrap();
-        handed.shared.gate.hold(&handed.shared.control);
+        handed.shared.worker.pause();
         (&d_far).write_all(&bytes).unwrap();
         handed.shared.close_wires_and_release();
         c_far
@@ -1077,12 +992,12 @@ mod tests {
         let mut rest = Vec::new();
         c_far.read_to_end(&mut rest).unwrap();
         assert!(rest.is_empty(), "the wire ended with nothing forwarded");
-        assert_eq!(handed.shared.gate.lock().holds, 0, "released");
+        assert_eq!(handed.shared.worker.holds(), 0, "released");
         drop(handed_running);
         // A network dropped while held still ends.
-        gate.hold(&network.shared.control);
+        gate.pause();
         drop(running);
-        assert!(!gate.lock().running);
+        assert!(!gate.is_running());
     }
 
     #[test]

@@ -16,13 +16,14 @@ use crate::bar_windows::HostWindow;
 use crate::coordinator::{Coordinator, DeviceHealth, Unwake};
 use crate::device_manager::DeviceManager;
 use crate::halt::ConsoleTail;
-use crate::irq::{EventLoop, GsiRouter, Msi};
+use crate::irq::{EventLoop, GsiRouter};
 use crate::kick;
 use crate::migration::Hub;
 use crate::placement::VcpuControl;
 use crate::stop::{self, RunLimits};
 use crate::vcpu::{self, Shared, ToCoordinator};
 use crate::{Error, GuestExit, RunOutcome};
+use devices::interrupt::MsiMessage;
 
 /// A created VM, ready to run.
 pub struct Vm {
@@ -121,7 +122,7 @@ impl Vm {
 
     /// Injects `msi` now, from this thread (`KVM_SIGNAL_MSI`; what the event loop does
     /// for each queued interrupt). `Ok(false)`: coalesced or blocked by the guest.
-    pub fn signal_msi(&self, msi: Msi) -> Result<bool, Error> {
+    pub fn signal_msi(&self, msi: MsiMessage) -> Result<bool, Error> {
         crate::irq::signal_msi(&self.vm, msi)
     }
 

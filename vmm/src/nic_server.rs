@@ -25,8 +25,9 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
+use devices::interrupt::{InterruptSourceGroup, MsiMessage};
 use devices::net::switch::SwitchConfig;
-use devices::pci::msix::{CONTROL_ENABLE, MsiMessage, MsixSink};
+use devices::pci::msix::CONTROL_ENABLE;
 use devices::vfio_user::proto::{self, DeviceInfo, IoFd, IrqInfo, RegionInfo, Request, vfio};
 use devices::vfio_user::socket::{self, Message, SocketError};
 use devices::virtio::VirtioPciDevice;
@@ -159,8 +160,8 @@ fn serve_port(
 #[derive(Default)]
 struct Irqs(Mutex<Vec<Option<File>>>);
 
-impl MsixSink for Irqs {
-    fn send(&self, vector: u16, _message: MsiMessage) {
+impl InterruptSourceGroup for Irqs {
+    fn trigger(&self, vector: u16) {
         let fds = self.0.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(Some(fd)) = fds.get(usize::from(vector)) {
             // An eventfd write of 1; a full counter (a client that never reads) only
@@ -170,7 +171,7 @@ impl MsixSink for Irqs {
         }
     }
     // The client's table decides where vectors go; the server's is always open.
-    fn reroute(&self, _vector: u16, _route: Option<MsiMessage>) {}
+    fn update(&self, _vector: u16, _route: Option<MsiMessage>) {}
 }
 
 /// A DMA region the client mapped.

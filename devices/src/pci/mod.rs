@@ -13,4 +13,4 @@ pub use bus::{
     PciBusState, PciDevice, PciError, WindowWiring,
 };
 pub use config::{Bar, BarKind, BarRegion, ConfigError, ConfigSpace, ConfigSpaceState};
-pub use msix::{MsiMessage, Msix, MsixSink, MsixState, Update};
+pub use msix::{Msix, MsixState, Update};

@@ -21,55 +21,9 @@ pub const CONTROL_FUNCTION_MASK: u16 = 1 << 14;
 /// Vector control: this vector masked.
 const ENTRY_MASKED: u32 = 1;
 
+use crate::interrupt::{InterruptSourceGroup, MsiMessage};
 use crate::state::DeviceStateError;
 pub use crate::state::MsixState;
-
-/// A message-signalled interrupt as the table holds it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct MsiMessage {
-    pub address: u64,
-    pub data: u32,
-}
-
-impl MsiMessage {
-    /// The destination APIC ID: address bits 19:12, and bits 11:5 above them (the
-    /// extended destination ID that KVM's x2APIC API and Linux use beyond 255 CPUs).
-    pub fn destination(&self) -> u32 {
-        let low = (self.address >> 12) & 0xff;
-        let high = (self.address >> 5) & 0x7f;
-        (low | (high << 8)) as u32
-    }
-
-    /// The IDT vector.
-    pub fn vector(&self) -> u8 {
-        self.data as u8
-    }
-
-    /// Delivery mode (0 fixed, 1 lowest priority, 2 SMI, 4 NMI, 5 INIT, 7 ExtINT).
-    pub fn delivery_mode(&self) -> u8 {
-        ((self.data >> 8) & 0x7) as u8
-    }
-
-    /// Logical (rather than physical) destination mode.
-    pub fn logical_destination(&self) -> bool {
-        self.address & (1 << 2) != 0
-    }
-
-    /// Level-triggered (rather than edge).
-    pub fn level_triggered(&self) -> bool {
-        self.data & (1 << 15) != 0
-    }
-}
-
-/// Where a device's MSI-X messages go: the VMM implements it (the generic event path
-/// or an irqfd per vector). Shared by every MSI-X device model (the interrupt test
-/// device, the virtio transport), so one VMM type serves them all.
-pub trait MsixSink: Send + Sync {
-    /// Send `message` (vector `vector` of the device) now.
-    fn send(&self, vector: u16, message: MsiMessage);
-    /// `vector` now routes to `route` (`None`: it may not be delivered).
-    fn reroute(&self, vector: u16, route: Option<MsiMessage>);
-}
 
 /// What changed for the VMM after a guest write.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -85,6 +39,17 @@ pub struct Update {
 impl Update {
     pub fn is_empty(&self) -> bool {
         self.rerouted.is_empty() && self.deliver.is_empty()
+    }
+
+    /// Tells `group` the new routes, then triggers the released vectors. Call it with
+    /// the device's MSI-X state locked, so a concurrent fire sees the new routes.
+    pub fn apply_to(self, group: &dyn InterruptSourceGroup) {
+        for (vector, route) in self.rerouted {
+            group.update(vector, route);
+        }
+        for (vector, _message) in self.deliver {
+            group.trigger(vector);
+        }
     }
 }
 
@@ -397,22 +362,6 @@ mod tests {
             "all entries start masked"
         );
         msix
-    }
-
-    #[test]
-    fn messages_decode_destination_vector_and_mode() {
-        let m = message(3, 0x41);
-        assert_eq!(
-            (m.destination(), m.vector(), m.delivery_mode()),
-            (3, 0x41, 0)
-        );
-        assert_eq!(message(0x1_23, 0x30).destination(), 0x123);
-        let nmi = MsiMessage {
-            address: 0xfee0_0004,
-            data: 0x8400,
-        };
-        assert_eq!(nmi.delivery_mode(), 4);
-        assert!(nmi.logical_destination() && nmi.level_triggered());
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //!   kept here and also forwarded, so the device sees memory and bus-master enable.
 //! - The MSI-X capability: virtualized. Its message control (enable, function mask)
 //!   is kumo's; the table and PBA in the BAR are trapped and served by kumo's
-//!   [`Msix`], whose route changes go to the VMM's [`MsixSink`] (irqfd routes on the
+//!   [`Msix`], whose route changes go to the VMM's [`InterruptSourceGroup`] (irqfd routes on the
 //!   fast path). The device signals vector `v` by its eventfd; it never sees the table.
 //! - Every other capability byte and every other BAR byte: forwarded to the device,
 //!   except where the backend can map the BAR into this process: those pages become
@@ -25,7 +25,8 @@ use super::bus::{DirectWindow, Doorbell, PciDevice};
 use super::config::{
     self, Bar, BarKind, BarRegion, COMMAND, CONFIG_SIZE, ConfigError, ConfigSpace, STATUS,
 };
-use super::msix::{self, Msix, MsixSink, Update};
+use super::msix::{self, Msix, Update};
+use crate::interrupt::InterruptSourceGroup;
 
 /// Largest BAR kumo places for a passthrough device.
 pub const MAX_BAR_SIZE: u64 = 1 << 30;
@@ -107,7 +108,7 @@ pub struct PassthroughDevice {
     layout: MsixLayout,
     /// The MSI-X capability's bytes `[cap, cap + 12)`, as the device has them.
     msix_cap_bytes: [u8; 12],
-    sink: Arc<dyn MsixSink>,
+    sink: Arc<dyn InterruptSourceGroup>,
     doorbells: Vec<Doorbell>,
     windows: Vec<DirectWindow>,
 }
@@ -150,7 +151,7 @@ impl PassthroughDevice {
     pub fn new(
         access: Arc<dyn RegionAccess>,
         layout: &DeviceLayout,
-        sink: Arc<dyn MsixSink>,
+        sink: Arc<dyn InterruptSourceGroup>,
     ) -> Result<PassthroughDevice, PassthroughError> {
         let c = &layout.config;
         let class = dword(c, config::REVISION) >> 8;
@@ -304,20 +305,15 @@ impl PassthroughDevice {
     /// Held in the PBA while masked, as the table says.
     pub fn fire(&self, vector: u16) {
         let mut state = self.state();
-        if let Some(message) = state.msix.fire(vector) {
-            self.sink.send(vector, message);
+        if state.msix.fire(vector).is_some() {
+            self.sink.trigger(vector);
         }
     }
 
     /// Route changes go to the sink with the state locked, so a concurrent
     /// [`fire`](Self::fire) sees the new route.
     fn apply(&self, update: Update) {
-        for (vector, route) in update.rerouted {
-            self.sink.reroute(vector, route);
-        }
-        for (vector, message) in update.deliver {
-            self.sink.send(vector, message);
-        }
+        update.apply_to(&*self.sink);
     }
 
     /// Message control as the guest reads it: the device's table size, kumo's enable
@@ -522,7 +518,7 @@ fn direct_windows(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pci::MsiMessage;
+    use crate::interrupt::MsiMessage;
     use crate::virtio::VirtioPciDevice;
     use crate::virtio::net::{NetConfig, VirtioNet};
     use crate::virtio::transport::{self, ActionSink, TransportAction};
@@ -535,11 +531,11 @@ mod tests {
         sent: Mutex<Vec<u16>>,
     }
 
-    impl MsixSink for Recorder {
-        fn send(&self, vector: u16, _message: MsiMessage) {
+    impl InterruptSourceGroup for Recorder {
+        fn trigger(&self, vector: u16) {
             self.sent.lock().unwrap().push(vector);
         }
-        fn reroute(&self, vector: u16, route: Option<MsiMessage>) {
+        fn update(&self, vector: u16, route: Option<MsiMessage>) {
             self.reroutes.lock().unwrap().push((vector, route));
         }
     }
@@ -722,7 +718,7 @@ mod tests {
     #[test]
     fn untrustworthy_layouts_are_refused() {
         let real = real();
-        let sink: Arc<dyn MsixSink> = Arc::new(Recorder::default());
+        let sink: Arc<dyn InterruptSourceGroup> = Arc::new(Recorder::default());
         let try_with = |edit: &dyn Fn(&mut DeviceLayout)| {
             let mut layout = layout_of(&real);
             edit(&mut layout);

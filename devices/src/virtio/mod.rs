@@ -11,14 +11,14 @@
 //! - [`net`]: virtio-net on top.
 //!
 //! KVM-free: guest memory is any `vm_memory::GuestMemory`, interrupts leave through
-//! [`crate::pci::MsixSink`], queue notifications arrive as calls from the VMM (which
+//! [`crate::interrupt::InterruptSourceGroup`], queue notifications arrive as calls from the VMM (which
 //! normally serves the notify doorbells with ioeventfds).
 //!
 //! # Wiring a NIC (what the VMM does)
 //!
 //! 1. `let nic = Arc::new(VirtioNet::new(NetConfig { mac, queue_pairs, queue_size },
 //!    guest_memory.clone())?)`, then `VirtioPciDevice::new(nic.clone(), sink, actions)?`
-//!    where `sink` is the VMM's [`crate::pci::MsixSink`] for the domain's `irq_path`
+//!    where `sink` is the VMM's [`crate::interrupt::InterruptSourceGroup`] for the domain's `irq_path`
 //!    (the same types that serve the interrupt test device) and `actions` its
 //!    [`transport::ActionSink`]. `place_bar(addr)` (32 KiB, from the `BarAllocator`),
 //!    then `PciBus::add`.

@@ -12,9 +12,10 @@ use super::transport::*;
 use super::{
     Activation, InterruptCause, VirtioDevice, VirtioInterrupt, VirtioPciDevice, features, status,
 };
+use crate::interrupt::{InterruptSourceGroup, MsiMessage, RouteTable};
 use crate::net::switch::{Sources, Switch, SwitchConfig};
 use crate::pci::config;
-use crate::pci::msix::{self, MsiMessage, MsixSink};
+use crate::pci::msix;
 
 pub(super) type Mem = GuestMemoryMmap<()>;
 
@@ -32,15 +33,18 @@ pub(super) fn memory() -> Mem {
 pub(super) struct Recorder {
     pub(super) sent: Mutex<Vec<(u16, MsiMessage)>>,
     routes: Mutex<Vec<(u16, Option<MsiMessage>)>>,
+    table: RouteTable,
     actions: Mutex<Vec<TransportAction>>,
     pub(super) causes: Mutex<Vec<InterruptCause>>,
 }
 
-impl MsixSink for Recorder {
-    fn send(&self, vector: u16, message: MsiMessage) {
+impl InterruptSourceGroup for Recorder {
+    fn trigger(&self, vector: u16) {
+        let message = self.table.get(vector).expect("a routed vector");
         self.sent.lock().unwrap().push((vector, message));
     }
-    fn reroute(&self, vector: u16, route: Option<MsiMessage>) {
+    fn update(&self, vector: u16, route: Option<MsiMessage>) {
+        self.table.set(vector, route);
         self.routes.lock().unwrap().push((vector, route));
     }
 }

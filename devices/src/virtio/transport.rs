@@ -26,7 +26,7 @@
 //! Interrupts: the device raises them through the [`VirtioInterrupt`] handle it gets
 //! at activation; the transport maps the cause to the vector the driver chose for it
 //! and fires it through [`Msix`] (held in the PBA while masked) into the VMM's
-//! [`MsixSink`]. INTx is not modelled: with MSI-X disabled only the ISR bits are set.
+//! [`InterruptSourceGroup`]. INTx is not modelled: with MSI-X disabled only the ISR bits are set.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -35,9 +35,10 @@ use vm_memory::GuestAddress;
 
 use super::{Activation, InterruptCause, LiveState, VirtioDevice, VirtioInterrupt, features};
 use super::{VIRTIO_DEVICE_ID_BASE, VIRTIO_VENDOR_ID, status};
+use crate::interrupt::InterruptSourceGroup;
 use crate::pci::PciDevice;
 use crate::pci::config::{self, Bar, BarKind, BarRegion, ConfigError, ConfigSpace};
-use crate::pci::msix::{self, Msix, MsixSink, Update};
+use crate::pci::msix::{self, Msix, Update};
 use crate::state::{DeviceStateError, PciDeviceState};
 pub use crate::state::{QueueState, VirtioState};
 
@@ -197,7 +198,7 @@ struct IrqState {
 
 struct Irq {
     state: Mutex<IrqState>,
-    sink: Arc<dyn MsixSink>,
+    sink: Arc<dyn InterruptSourceGroup>,
 }
 
 impl Irq {
@@ -208,12 +209,7 @@ impl Irq {
     /// Tells the sink about route changes, with the state locked so a concurrent
     /// trigger sees the new route.
     fn apply(&self, update: Update) {
-        for (vector, route) in update.rerouted {
-            self.sink.reroute(vector, route);
-        }
-        for (vector, message) in update.deliver {
-            self.sink.send(vector, message);
-        }
+        update.apply_to(&*self.sink);
     }
 }
 
@@ -235,10 +231,8 @@ impl VirtioInterrupt for Irq {
             state.isr |= bit;
             return;
         }
-        if vector != NO_VECTOR
-            && let Some(message) = state.msix.fire(vector)
-        {
-            self.sink.send(vector, message);
+        if vector != NO_VECTOR && state.msix.fire(vector).is_some() {
+            self.sink.trigger(vector);
         }
     }
 }
@@ -292,7 +286,7 @@ impl VirtioPciDevice {
     /// come through [`PciDevice`] to `actions`.
     pub fn new(
         device: Arc<dyn VirtioDevice>,
-        sink: Arc<dyn MsixSink>,
+        sink: Arc<dyn InterruptSourceGroup>,
         actions: Arc<dyn ActionSink>,
     ) -> Result<VirtioPciDevice, TransportError> {
         let sizes = device.queue_max_sizes();
@@ -963,7 +957,7 @@ impl PciDevice for VirtioPciDevice {
         irq.config_vector = v.config_vector;
         irq.queue_vectors.clone_from(&v.queue_vectors);
         for vector in 0..irq.msix.vectors() {
-            self.irq.sink.reroute(vector, irq.msix.route(vector));
+            self.irq.sink.update(vector, irq.msix.route(vector));
         }
         drop(irq);
         drop(state);

@@ -18,7 +18,8 @@ use devices::irq_test::{self, Doorbell, IrqTestDevice};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use crate::Error;
-use crate::irq::{EventLoop, IrqPath, IrqStats, LoopFlush, msix_sink};
+use crate::backend_worker::Control;
+use crate::irq::{EventLoop, IrqPath, IrqStats, interrupt_group};
 use crate::migration::Quiesce;
 use crate::placement::ThreadGroup;
 use crate::vm::Vm;
@@ -80,7 +81,7 @@ pub fn attach(
     dom0: Option<&Arc<ThreadGroup>>,
 ) -> Result<IrqDevices, Error> {
     let event_loop = vm.start_event_loop_in(dom0.cloned())?;
-    let sink = msix_sink(setup.path, VECTORS, &event_loop, &vm.gsi_router())?;
+    let sink = interrupt_group(setup.path, VECTORS, &event_loop, &vm.gsi_router())?;
     let doorbells = (0..VECTORS)
         .map(|_| new_eventfd())
         .collect::<Result<Vec<_>, _>>()?;
@@ -109,7 +110,7 @@ pub fn attach(
         Some(hz) if hz > 0.0 => {
             let noisy = Arc::new(IrqTestDevice::new(
                 1,
-                msix_sink(IrqPath::Generic, 1, &event_loop, &vm.gsi_router())?,
+                interrupt_group(IrqPath::Generic, 1, &event_loop, &vm.gsi_router())?,
                 Arc::new(NoDoorbells),
             ));
             noisy.place_bar0(vm.allocate_bar(irq_test::BAR0_SIZE)?);
@@ -130,7 +131,7 @@ pub fn attach(
     responders.extend(noise.iter().map(|n| n.control().clone()));
     vm.migration_hub().add_quiescer(Arc::new(Quiet {
         responders,
-        event_loop: event_loop.flusher(),
+        event_loop: event_loop.control(),
     }));
     Ok(IrqDevices {
         responder,
@@ -142,19 +143,20 @@ pub fn attach(
 
 /// The devices' threads as a pause sees them: responders first (they feed the loop).
 struct Quiet {
-    responders: Vec<Arc<responder::Control>>,
-    event_loop: LoopFlush,
+    responders: Vec<Arc<Control>>,
+    event_loop: Arc<Control>,
 }
 
 impl Quiesce for Quiet {
     fn quiesce(&self) {
         for responder in &self.responders {
-            responder.quiesce();
+            responder.pause();
         }
-        self.event_loop.flush();
+        self.event_loop.pause();
     }
 
     fn resume(&self) {
+        self.event_loop.resume();
         for responder in &self.responders {
             responder.resume();
         }

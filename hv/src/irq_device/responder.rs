@@ -7,16 +7,15 @@
 //! vector was raised), which `kumo bench irq` sets beside the guest's measurements.
 
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
-use std::thread::JoinHandle;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
-use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
 
 use crate::Error;
+use crate::backend_worker::{BackendWorker, Control, Events, Handler};
 use crate::placement::ThreadGroup;
 
 /// The last part of a delay is spun rather than slept.
@@ -69,68 +68,13 @@ impl HostLog {
     }
 }
 
-/// The running responder thread; stopped and joined on drop.
+/// The running responder thread, on the [`BackendWorker`]: stopped and joined on drop;
+/// a pause ([`Responder::control`]) answers the doorbells already rung, without their
+/// delay, then parks it.
 pub struct Responder {
-    control: Arc<Control>,
-    thread: Option<JoinHandle<()>>,
+    worker: BackendWorker,
     log: Arc<HostLog>,
 }
-
-/// How long [`Control::quiesce`] waits for the thread to park (it parks within one
-/// round; a thread that has died never will).
-const PARK_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// Stopping and holding the responder thread from outside.
-pub struct Control {
-    stop: AtomicBool,
-    /// Wakes the thread from its epoll wait.
-    wake: EventFd,
-    hold: Mutex<Hold>,
-    changed: Condvar,
-}
-
-#[derive(Default)]
-struct Hold {
-    /// Someone wants the thread parked.
-    requested: bool,
-    /// The thread answered every doorbell that had rung and is parked.
-    parked: bool,
-}
-
-impl Control {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Hold> {
-        self.hold.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Has the thread answer every doorbell rung so far (without its delay), then
-    /// park until [`Control::resume`]. Returns once it is parked.
-    pub fn quiesce(&self) {
-        self.lock().requested = true;
-        let _ = self.wake.write(1);
-        let mut hold = self.lock();
-        let deadline = Instant::now() + PARK_TIMEOUT;
-        while !hold.parked && !self.stop.load(Ordering::SeqCst) {
-            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
-                tracing::warn!("the test device's thread did not park");
-                return;
-            };
-            hold = self
-                .changed
-                .wait_timeout(hold, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
-    }
-
-    /// Lets a parked thread go on.
-    pub fn resume(&self) {
-        self.lock().requested = false;
-        self.changed.notify_all();
-    }
-}
-
-/// Epoll data of the stop eventfd (doorbells use their vector index).
-const STOP_TOKEN: u64 = u64::MAX;
 
 impl Responder {
     /// Starts thread `name` answering `trigger` with `fire` after `delay`, a member of
@@ -143,23 +87,11 @@ impl Responder {
         dom0: Option<Arc<ThreadGroup>>,
     ) -> Result<Responder, Error> {
         let os = |what: &'static str| move |source: std::io::Error| Error::Os { what, source };
-        let epoll = Epoll::new().map_err(os("creating the test device's epoll"))?;
-        let wake = EventFd::new(EFD_NONBLOCK).map_err(os("creating an eventfd"))?;
-        let wake_fd = wake.try_clone().map_err(os("duplicating an eventfd"))?;
-        let add = |fd: i32, token: u64| {
-            epoll
-                .ctl(
-                    ControlOperation::Add,
-                    fd,
-                    EpollEvent::new(EventSet::IN, token),
-                )
-                .map_err(os("adding to the test device's epoll"))
-        };
-        add(wake_fd.as_raw_fd(), STOP_TOKEN)?;
+        let events = Events::new()?;
         let source = match trigger {
             Trigger::Doorbells(doorbells) => {
                 for (index, fd) in doorbells.iter().enumerate() {
-                    add(fd.as_raw_fd(), index as u64)?;
+                    events.add(fd.as_raw_fd(), index as u64)?;
                 }
                 Source::Doorbells(doorbells)
             }
@@ -174,44 +106,30 @@ impl Responder {
                     .reset(period, Some(period))
                     .map_err(errno)
                     .map_err(os("arming a timerfd"))?;
-                add(timer.as_raw_fd(), 0)?;
+                events.add(timer.as_raw_fd(), 0)?;
                 Source::Timer(timer)
             }
         };
-        let control = Arc::new(Control {
-            stop: AtomicBool::new(false),
-            wake,
-            hold: Mutex::new(Hold::default()),
-            changed: Condvar::new(),
-        });
         let log = Arc::new(HostLog::default());
-        let worker = Worker {
-            epoll,
-            source,
-            delay,
-            fire,
-            control: control.clone(),
-            log: log.clone(),
-            origin: Instant::now(),
-            wake_fd,
-        };
-        let thread = std::thread::Builder::new()
-            .name(name.into())
-            .spawn(move || {
-                let _member = dom0.map(|group| group.join_current());
-                worker.run()
-            })
-            .map_err(os("spawning the test device's thread"))?;
-        Ok(Responder {
-            control,
-            thread: Some(thread),
-            log,
-        })
+        let worker = BackendWorker::spawn(
+            name,
+            Control::new()?,
+            events,
+            dom0,
+            Answer {
+                source,
+                delay,
+                fire,
+                log: log.clone(),
+                origin: Instant::now(),
+            },
+        )?;
+        Ok(Responder { worker, log })
     }
 
     /// Holding the thread (for a pause of the VM).
     pub fn control(&self) -> &Arc<Control> {
-        &self.control
+        self.worker.control()
     }
 
     /// The host's log of rounds.
@@ -220,74 +138,38 @@ impl Responder {
     }
 }
 
-impl Drop for Responder {
-    fn drop(&mut self) {
-        self.control.stop.store(true, Ordering::SeqCst);
-        let _ = self.control.wake.write(1);
-        self.control.resume();
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
 enum Source {
     Doorbells(Vec<EventFd>),
     Timer(TimerFd),
 }
 
-struct Worker {
-    epoll: Epoll,
+/// The responder's handler.
+struct Answer {
     source: Source,
     delay: Duration,
     fire: Fire,
-    control: Arc<Control>,
     log: Arc<HostLog>,
     origin: Instant,
-    /// The epoll's side of `Control::wake`.
-    wake_fd: EventFd,
 }
 
-impl Worker {
-    fn run(mut self) {
-        let mut events = [EpollEvent::default(); 32];
-        while !self.control.stop.load(Ordering::SeqCst) {
-            if self.control.lock().requested {
-                self.park();
-                continue;
-            }
-            let ready = match self.epoll.wait(-1, &mut events) {
-                Ok(n) => n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    tracing::error!("test device: epoll_wait failed ({e}); stopping");
-                    return;
-                }
-            };
-            for event in &events[..ready] {
-                let token = event.data();
-                if token == STOP_TOKEN {
-                    let _ = self.wake_fd.read();
-                    continue;
-                }
-                let rung = self.origin.elapsed();
-                // Rings that arrived together are answered once, as coalesced MSIs are.
-                let asked = match &mut self.source {
-                    Source::Doorbells(fds) => fds
-                        .get(token as usize)
-                        .is_some_and(|fd| fd.read().is_ok_and(|n| n > 0)),
-                    Source::Timer(timer) => timer.wait().is_ok_and(|n| n > 0),
-                };
-                if asked {
-                    self.answer(token as usize, rung);
-                }
-            }
+impl Handler for Answer {
+    fn handle(&mut self, token: u64, _events: EventSet) {
+        let rung = self.origin.elapsed();
+        // Rings that arrived together are answered once, as coalesced MSIs are.
+        let asked = match &mut self.source {
+            Source::Doorbells(fds) => fds
+                .get(token as usize)
+                .is_some_and(|fd| fd.read().is_ok_and(|n| n > 0)),
+            Source::Timer(timer) => timer.wait().is_ok_and(|n| n > 0),
+        };
+        if asked {
+            self.answer(token as usize, rung);
         }
     }
 
-    /// Answers every doorbell that has rung (a paused VM's vCPUs ring no more), then
-    /// waits until resumed or stopped.
-    fn park(&mut self) {
+    /// Answers every doorbell that has rung (a paused VM's vCPUs ring no more), before
+    /// the worker parks.
+    fn quiesce(&mut self) {
         if let Source::Doorbells(fds) = &self.source {
             let rung: Vec<usize> = (0..fds.len())
                 .filter(|&i| fds[i].read().is_ok_and(|n| n > 0))
@@ -297,19 +179,10 @@ impl Worker {
                 self.fire_now(vector, now);
             }
         }
-        let control = self.control.clone();
-        let mut hold = control.lock();
-        hold.parked = true;
-        control.changed.notify_all();
-        while hold.requested && !control.stop.load(Ordering::SeqCst) {
-            hold = control
-                .changed
-                .wait(hold)
-                .unwrap_or_else(|e| e.into_inner());
-        }
-        hold.parked = false;
     }
+}
 
+impl Answer {
     fn answer(&self, vector: usize, rung: Duration) {
         if !self.delay.is_zero() {
             // Sleep most of the delay and spin the end: a sleep alone overshoots by
@@ -344,6 +217,8 @@ impl Worker {
 #[cfg(test)]
 mod tests {
     use std::sync::mpsc;
+
+    use vmm_sys_util::eventfd::EFD_NONBLOCK;
 
     use super::*;
 

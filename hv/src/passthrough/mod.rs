@@ -8,8 +8,10 @@
 //!   decodes (a guest write signals the device without an exit to kumo).
 //! - Interrupts, fast path: vector `v`'s eventfd is a KVM irqfd routed to the vCPU the
 //!   guest programmed in the (trapped) MSI-X table; the device writes it, KVM injects.
-//!   Generic path: kumo's own eventfds, read by one thread per device that injects with
-//!   `KVM_SIGNAL_MSI` (the event-loop model of `crate::irq`, for comparison).
+//!   Generic path: kumo's own eventfds, read by one thread per device (`pt-irq`, on the
+//!   [`BackendWorker`]) that fires the vector through the trapped MSI-X table and
+//!   injects with `KVM_SIGNAL_MSI` (the event-loop model of `crate::irq`, for
+//!   comparison).
 //!
 //! Backends: [`vfio_user`] (a device server over a UNIX socket; exercised here) and
 //! [`vfio`] (the kernel's VFIO: its checks, which name what a host lacks).
@@ -23,20 +25,19 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 
-use devices::pci::MsiMessage;
-use devices::pci::MsixSink;
+use devices::interrupt::InterruptSourceGroup;
 use devices::pci::passthrough::{CONFIG_REGION, DeviceLayout, PassthroughDevice, RegionAccess};
 use devices::vfio_user::proto::vfio as consts;
 use devices::vfio_user::proto::{DeviceInfo, IoFd, IrqInfo, RegionInfo};
-use kvm_ioctls::VmFd;
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
-use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use crate::Error;
+use crate::backend_worker::{BackendWorker, Control, Events, Handler};
 pub use crate::bar_windows::DeviceMapping;
 use crate::bar_windows::HostWindow;
-use crate::irq::{IrqPath, Msi, fast_msix_with_eventfds};
+use crate::irq::{IrqPath, fast_group, inject_now_group};
 use crate::placement::ThreadGroup;
 use crate::{DeviceHealth, Vm};
 
@@ -77,8 +78,9 @@ pub struct Attached {
     backend: Arc<dyn Backend>,
     /// Set before the connection is closed on purpose, so the monitor stays quiet.
     closing: Arc<AtomicBool>,
-    /// Ends the generic path's interrupt thread.
-    stop: EventFd,
+    /// The generic path's interrupt thread.
+    irqs: Option<BackendWorker>,
+    /// The failure monitor.
     threads: Vec<JoinHandle<()>>,
 }
 
@@ -86,7 +88,9 @@ impl Drop for Attached {
     /// Disconnects from the server (which then unplugs the port) and ends the threads.
     fn drop(&mut self) {
         self.closing.store(true, Ordering::SeqCst);
-        let _ = self.stop.write(1);
+        if let Some(mut irqs) = self.irqs.take() {
+            irqs.stop();
+        }
         self.backend.shutdown();
         for thread in self.threads.drain(..) {
             let _ = thread.join();
@@ -224,14 +228,15 @@ pub fn attach_backend(
     let health = vm.device_health();
     let mut threads = Vec::new();
     let closing = Arc::new(AtomicBool::new(false));
-    let stop = EventFd::new(EFD_NONBLOCK).map_err(|source| Error::Os {
-        what: "creating an eventfd",
-        source,
-    })?;
-    let (sink, irq_fds, generic): (Arc<dyn MsixSink>, Vec<EventFd>, bool) = match path {
+    let (sink, irq_fds, generic): (Arc<dyn InterruptSourceGroup>, Vec<EventFd>, bool) = match path {
+        // The device's server writes each vector's irqfd itself: the group's notifiers.
         IrqPath::Fast => {
-            let (sink, fds) = fast_msix_with_eventfds(vectors, &vm.gsi_router())?;
-            (sink, fds, false)
+            let group = fast_group(vectors, &vm.gsi_router())?;
+            let fds = (0..vectors)
+                .map(|v| group.notifier(v))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| fail("duplicating an irqfd failed".into()))?;
+            (Arc::new(group), fds, false)
         }
         IrqPath::Generic => {
             let fds = (0..vectors)
@@ -241,7 +246,7 @@ pub fn attach_backend(
                     what: "creating an interrupt eventfd",
                     source,
                 })?;
-            (Arc::new(InjectNow(vm.vm.clone())), fds, true)
+            (inject_now_group(vm.vm.clone(), vectors), fds, true)
         }
     };
     let device = Arc::new(
@@ -254,19 +259,11 @@ pub fn attach_backend(
     backend
         .set_msix(&raw)
         .map_err(|e| fail(format!("SET_IRQS: {e}")))?;
-    if generic {
-        let stop = stop.try_clone().map_err(|source| Error::Os {
-            what: "duplicating an eventfd",
-            source,
-        })?;
-        threads.push(spawn_generic_irqs(
-            device.clone(),
-            irq_fds,
-            stop,
-            spec,
-            dom0,
-        )?);
-    }
+    let irqs = if generic {
+        Some(spawn_generic_irqs(device.clone(), irq_fds, dom0)?)
+    } else {
+        None
+    };
     // Each window lies in one mapping of its BAR (windows are cut from them).
     let windows = device
         .windows()
@@ -292,98 +289,45 @@ pub fn attach_backend(
     Ok(Attached {
         backend,
         closing,
-        stop,
+        irqs,
         threads,
     })
 }
-
-/// The generic path's injection: `KVM_SIGNAL_MSI` from the thread that read the
-/// device's eventfd (that thread is this device's event loop).
-struct InjectNow(Arc<VmFd>);
-
-impl MsixSink for InjectNow {
-    fn send(&self, _vector: u16, message: MsiMessage) {
-        let msi = Msi {
-            address: message.address,
-            data: message.data,
-        };
-        if let Err(e) = crate::irq::signal_msi(&self.0, msi) {
-            tracing::warn!("passthrough interrupt {msi:x?}: {e}");
-        }
-    }
-    fn reroute(&self, _vector: u16, _route: Option<MsiMessage>) {}
-}
-
-/// epoll token of the interrupt thread's stop eventfd.
-const STOP: u64 = u64::MAX;
 
 /// One thread (`pt-irq`) reading the device's interrupt eventfds and firing the
 /// vectors through the trapped MSI-X table (held in the PBA while masked).
 fn spawn_generic_irqs(
     device: Arc<PassthroughDevice>,
     fds: Vec<EventFd>,
-    stop: EventFd,
-    spec: &PassthroughSpec,
     dom0: Option<Arc<ThreadGroup>>,
-) -> Result<JoinHandle<()>, Error> {
-    let epoll = Epoll::new().map_err(|source| Error::Os {
-        what: "creating an epoll instance",
-        source,
-    })?;
+) -> Result<BackendWorker, Error> {
+    let events = Events::new()?;
     for (vector, fd) in fds.iter().enumerate() {
-        epoll
-            .ctl(
-                ControlOperation::Add,
-                fd.as_raw_fd(),
-                EpollEvent::new(EventSet::IN, vector as u64),
-            )
-            .map_err(|source| Error::Os {
-                what: "adding an eventfd to epoll",
-                source,
-            })?;
+        events.add(fd.as_raw_fd(), vector as u64)?;
     }
-    epoll
-        .ctl(
-            ControlOperation::Add,
-            stop.as_raw_fd(),
-            EpollEvent::new(EventSet::IN, STOP),
-        )
-        .map_err(|source| Error::Os {
-            what: "adding an eventfd to epoll",
-            source,
-        })?;
-    let name = spec.to_string();
-    std::thread::Builder::new()
-        .name("pt-irq".into())
-        .spawn(move || {
-            let _member = dom0.as_ref().map(|g| g.join_current());
-            let mut events = vec![EpollEvent::default(); fds.len() + 1];
-            loop {
-                let n = match epoll.wait(-1, &mut events) {
-                    Ok(n) => n,
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                    Err(e) => {
-                        tracing::error!("{name}: interrupt thread: {e}");
-                        return;
-                    }
-                };
-                for event in &events[..n] {
-                    if event.data() == STOP {
-                        return;
-                    }
-                    let vector = event.data() as usize;
-                    if let Some(fd) = fds.get(vector)
-                        && fd.read().is_ok()
-                    {
-                        device.fire(vector as u16);
-                    }
-                }
-            }
-        })
-        .map_err(|source| Error::Os {
-            what: "spawning a passthrough interrupt thread",
-            source,
-        })
+    BackendWorker::spawn(
+        "pt-irq",
+        Control::new()?,
+        events,
+        dom0,
+        FireVectors { device, fds },
+    )
+}
+
+/// The `pt-irq` thread's handler.
+struct FireVectors {
+    device: Arc<PassthroughDevice>,
+    fds: Vec<EventFd>,
+}
+
+impl Handler for FireVectors {
+    fn handle(&mut self, token: u64, _events: EventSet) {
+        if let Some(fd) = self.fds.get(token as usize)
+            && fd.read().is_ok()
+        {
+            self.device.fire(token as u16);
+        }
+    }
 }
 
 /// A thread (`pt-monitor`) that waits for the server to hang up (its process died)

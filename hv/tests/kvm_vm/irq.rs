@@ -11,7 +11,7 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use hv::irq::{Msi, VectorSink};
+use devices::interrupt::MsiMessage;
 use hv::testing::{LOAD_ADDRESS, PvhImage, asm, kvm_available};
 use hv::{GuestExit, Vm, VmConfig};
 
@@ -182,7 +182,7 @@ fn the_generic_path_delivers_in_order() {
     let (running, event_loop) = start(3, |vm| vm.start_event_loop().expect("event loop"));
     let sink = event_loop.sink();
     for vector in [0x41, 0x43, 0x42] {
-        sink.raise(Msi::fixed(0, vector));
+        sink.raise(MsiMessage::fixed(0, vector));
         assert_eq!(running.next_byte(), letter(vector));
     }
     assert!(running.finish().is_empty());
@@ -207,21 +207,21 @@ fn the_fast_path_delivers_reroutes_and_masks() {
     let b = router.vector().expect("vector");
     assert_ne!(a.gsi(), b.gsi());
 
-    a.route(Some(Msi::fixed(0, 0x44))).expect("route");
+    a.route(Some(MsiMessage::fixed(0, 0x44))).expect("route");
     a.trigger();
     assert_eq!(running.next_byte(), letter(0x44));
 
     // The guest rewrote the entry: same GSI, new vector.
-    a.route(Some(Msi::fixed(0, 0x45))).expect("re-route");
+    a.route(Some(MsiMessage::fixed(0, 0x45))).expect("re-route");
     a.trigger();
     assert_eq!(running.next_byte(), letter(0x45));
 
     // Masked: the irqfd is gone, a trigger is not delivered. Another vector through
     // the generic path proves the guest was still taking interrupts.
-    b.route(Some(Msi::fixed(0, 0x46))).expect("route");
+    b.route(Some(MsiMessage::fixed(0, 0x46))).expect("route");
     b.route(None).expect("mask");
     b.trigger();
-    event_loop.sink().raise(Msi::fixed(0, 0x47));
+    event_loop.sink().raise(MsiMessage::fixed(0, 0x47));
     assert_eq!(running.next_byte(), letter(0x47));
     // The guest has now counted 3 and exits; a delivered masked vector would show.
     assert!(running.finish().is_empty());
@@ -237,11 +237,11 @@ fn a_vector_dropped_while_routed_leaves_the_table_clean() {
     });
     {
         let gone = router.vector().expect("vector");
-        gone.route(Some(Msi::fixed(0, 0x41))).expect("route");
+        gone.route(Some(MsiMessage::fixed(0, 0x41))).expect("route");
     }
     // Another vector's route commits the table without the dropped GSI.
     let kept = Arc::new(router.vector().expect("vector"));
-    kept.route(Some(Msi::fixed(0, 0x42))).expect("route");
+    kept.route(Some(MsiMessage::fixed(0, 0x42))).expect("route");
     kept.trigger();
     assert_eq!(running.next_byte(), letter(0x42));
     drop(event_loop);
