@@ -95,6 +95,7 @@ fn npb(spec: Spec, ranks: usize, group: usize, wait: Wait) -> Vec<Outcome> {
 }
 
 #[test]
+#[ignore = "10 s; multirank's four ranks on one vCPU stay in the default run: .ci/run runs it with --include-ignored"]
 fn npb_kernels_give_the_same_bits_over_shared_memory_as_over_the_wire() {
     for kernel in [Kernel::Cg, Kernel::Is, Kernel::Ft, Kernel::Mg] {
         let spec = Spec {

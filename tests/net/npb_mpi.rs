@@ -249,6 +249,7 @@ fn an_npb_mpi_rank_without_a_nic_fails_cleanly_and_runs_no_shared_memory_form() 
 }
 
 #[test]
+#[ignore = "6 s (class A); every MPI kernel on two VMs stays in the default run: .ci/run runs it with --include-ignored"]
 fn class_a_kernels_in_one_job_share_one_heap() {
     // IS A and then FT A on 2 ranks: each rank's memory is sized for the larger one
     // alone, so the kernels must reuse one heap (they once took one each and FT ran

@@ -564,6 +564,7 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "25 s in a debug build; class S on 1-8 threads stays in the default run: .ci/run runs it with --include-ignored"]
     fn every_kernel_class_w_verifies_on_two_threads() {
         every_kernel(Class::W, 2);
     }
