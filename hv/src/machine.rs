@@ -27,6 +27,20 @@ pub(crate) fn machine(
     huge_pages: bool,
 ) -> Result<(Kvm, VmFd, GuestMemoryMmap, File), Error> {
     memory_map::check_size(mem_size.div_ceil(MIB))?;
+    let (memory, memfd) = create_memory(mem_size, huge_pages)?;
+    tracing::debug!("boot: RAM mapped");
+    let (kvm, vm) = machine_for(kvm_device, vcpus, &memory, mem_size)?;
+    Ok((kvm, vm, memory, memfd))
+}
+
+/// As [`machine`], for guest RAM already made (`memory`, `mem_size` bytes): a new VM
+/// loads its kernel into RAM on another thread meanwhile.
+pub(crate) fn machine_for(
+    kvm_device: &std::path::Path,
+    vcpus: u32,
+    memory: &GuestMemoryMmap,
+    mem_size: u64,
+) -> Result<(Kvm, VmFd), Error> {
     let kvm = kvm::open(kvm_device)?;
     let max = kvm::max_vcpus(&kvm);
     if vcpus > max {
@@ -39,17 +53,15 @@ pub(crate) fn machine(
     crate::teardown::keep(vm.as_raw_fd());
     // Boot time is spent here: each step says when it ended (`RUST_LOG=debug`).
     tracing::debug!("boot: KVM opened, VM created");
-    let (memory, memfd) = create_memory(mem_size, huge_pages)?;
-    tracing::debug!("boot: RAM mapped");
     for region in memory_map::ram_regions(mem_size) {
-        set_memory_slot(&vm, &memory, &region, 0)?;
+        set_memory_slot(&vm, memory, &region, 0)?;
     }
     tracing::debug!("boot: RAM slots given to KVM");
     vm.set_tss_address(KVM_TSS_ADDR)
         .map_err(ioctl("KVM_SET_TSS_ADDR"))?;
     vm.create_irq_chip().map_err(ioctl("KVM_CREATE_IRQCHIP"))?;
     tracing::debug!("boot: TSS and irqchip");
-    Ok((kvm, vm, memory, memfd))
+    Ok((kvm, vm))
 }
 
 /// Gives `vcpu` the CPUID `entries`.
