@@ -30,7 +30,7 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use crate::Error;
-use crate::placement::ThreadGroup;
+use crate::placement::{Membership, ThreadGroup};
 
 /// Tokens from here up are the worker's own (stop and pause); a handler's are below.
 pub const RESERVED_TOKENS: u64 = u64::MAX - 1;
@@ -249,9 +249,9 @@ impl BackendWorker {
             .name(name.into())
             .spawn(move || {
                 let _running = Running(thread_control.clone());
-                let _member = dom0.map(|group| group.join_current());
+                let member = dom0.map(|group| group.join_current());
                 handler.started();
-                run(&events, &thread_control, &mut handler);
+                run(&events, &thread_control, member.as_ref(), &mut handler);
             })
             .map_err(|e| {
                 control.set(|s| s.running = false);
@@ -286,7 +286,12 @@ impl Drop for BackendWorker {
     }
 }
 
-fn run(events: &Events, control: &Control, handler: &mut impl Handler) {
+fn run(
+    events: &Events,
+    control: &Control,
+    member: Option<&Membership>,
+    handler: &mut impl Handler,
+) {
     let mut ready = [EpollEvent::default(); 64];
     loop {
         // One atomic load a wake-up; a stop that is not asked while paused arrives as
@@ -309,6 +314,11 @@ fn run(events: &Events, control: &Control, handler: &mut impl Handler) {
                 return;
             }
         };
+        // Domain 0 woke to work: the credit driver may sleep through its ticks
+        // until then (`credit.rs`, "tickless").
+        if let Some(member) = member {
+            member.note_activity();
+        }
         for event in &ready[..n] {
             match event.data() {
                 STOP => return,

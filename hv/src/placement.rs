@@ -415,6 +415,12 @@ pub struct ThreadGroup {
     departed_ns: AtomicU64,
     /// Bumped when a thread joins, so a placer knows to place the newcomer.
     joins: AtomicU64,
+    /// Bumped by members each time they wake to do work ([`Membership::note_activity`]).
+    activity: AtomicU64,
+    /// A thread (the credit driver) sleeping until the group's next activity: the
+    /// first member to wake unparks it ([`ThreadGroup::watch`]).
+    watched: AtomicBool,
+    watcher: Mutex<Option<std::thread::Thread>>,
 }
 
 struct Member {
@@ -427,6 +433,14 @@ struct Member {
 pub struct Membership {
     group: std::sync::Arc<ThreadGroup>,
     tid: libc::pid_t,
+}
+
+impl Membership {
+    /// Says that the calling member woke to do work: one atomic add, and one unpark
+    /// when a watcher sleeps on the group.
+    pub fn note_activity(&self) {
+        self.group.note_activity();
+    }
 }
 
 impl Drop for Membership {
@@ -463,6 +477,48 @@ impl ThreadGroup {
     /// How many threads have ever joined.
     pub fn joins(&self) -> u64 {
         self.joins.load(Ordering::Acquire)
+    }
+
+    /// How many times members woke to do work (those that say so).
+    pub fn activity(&self) -> u64 {
+        self.activity.load(Ordering::SeqCst)
+    }
+
+    fn note_activity(&self) {
+        // SeqCst on both sides (here: add, then load; in `watch`: store, then load):
+        // either the watcher sees this activity before it sleeps, or this sees the
+        // watch and unparks it.
+        self.activity.fetch_add(1, Ordering::SeqCst);
+        if self.watched.load(Ordering::SeqCst) && self.watched.swap(false, Ordering::SeqCst) {
+            let watcher = self.watcher.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(thread) = watcher.as_ref() {
+                thread.unpark();
+            }
+        }
+    }
+
+    /// Arms a wake-up of the calling thread at the group's next activity. Returns
+    /// `false`, without arming, when there was activity since `seen` (the value of
+    /// [`ThreadGroup::activity`] the caller last looked at): then it must not sleep.
+    /// The caller sleeps with `std::thread::park_timeout` and disarms with
+    /// [`ThreadGroup::unwatch`] when it wakes.
+    pub fn watch(&self, seen: u64) -> bool {
+        {
+            let mut watcher = self.watcher.lock().unwrap_or_else(|e| e.into_inner());
+            if watcher.as_ref().map(|t| t.id()) != Some(std::thread::current().id()) {
+                *watcher = Some(std::thread::current());
+            }
+        }
+        self.watched.store(true, Ordering::SeqCst);
+        if self.activity.load(Ordering::SeqCst) != seen {
+            self.watched.store(false, Ordering::SeqCst);
+            return false;
+        }
+        true
+    }
+
+    pub fn unwatch(&self) {
+        self.watched.store(false, Ordering::SeqCst);
     }
 
     fn tids(&self) -> Vec<libc::pid_t> {

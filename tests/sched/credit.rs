@@ -365,3 +365,36 @@ fn bench_wake_measures_each_slice() {
         assert!(f(row, "hog_cpu_s") > 0.05, "{row}");
     }
 }
+
+/// Runs a node to completion; returns its node line (the last).
+fn node_line(name: &str, text: &str) -> Value {
+    let path = node_file(name, text);
+    let out = kumo(&["node", "--config", path.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{}", text_of(&out.stderr));
+    let lines = json_lines(&out);
+    for domain in &lines[..lines.len() - 1] {
+        assert_eq!(domain["ok"], true, "{domain}");
+    }
+    lines.last().unwrap().clone()
+}
+
+/// Each host CPU has one busy vCPU and domain 0 sleeps: no tick can change who runs,
+/// so the driver sleeps through its 1 ms ticks (and says so).
+#[test]
+fn the_driver_sleeps_tickless_while_each_cpu_has_one_vcpu() {
+    if !kvm_available() {
+        return;
+    }
+    let _turn = take_turn();
+    let node = node_line(
+        "tickless",
+        "pcpus = [0, 1]\n[scheduler]\nkind = \"credit\"\ntslice_ms = 1\ntick_ms = 1\n\
+         accounting = \"tick\"\n\
+         [[domain]]\nname = \"a\"\nnpb = \"ep.W\"\n[[domain]]\nname = \"b\"\nnpb = \"ep.W\"\n",
+    );
+    let driver = &node["credit_driver"];
+    assert!(
+        driver["tickless_sleeps"].as_u64().unwrap() > 0,
+        "never tickless: {node}"
+    );
+}

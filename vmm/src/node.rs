@@ -418,6 +418,7 @@ pub fn run(
         .as_ref()
         .map(|d| d.param_changes())
         .unwrap_or_default();
+    let driver_stats = driver.as_ref().map(|d| d.stats());
     // Where each domain was sent, if it was (a migration sets it before it starts).
     let sent_to: Vec<Option<String>> = node
         .domains
@@ -522,6 +523,7 @@ pub fn run(
         overhead: Overhead {
             dom0: dom0_cpu,
             vmm,
+            driver: driver_stats,
         },
         wall,
         switch,
@@ -559,6 +561,8 @@ pub struct Overhead {
     pub dom0: Duration,
     /// The rest of kumo: the credit scheduler's driver, set-up and teardown.
     pub vmm: Duration,
+    /// How often the credit scheduler's driver ran and slept tickless.
+    pub driver: Option<hv::credit::DriverStats>,
 }
 
 /// User plus system CPU time of the whole process.
@@ -631,6 +635,8 @@ pub struct NodeLine {
     pub dom0_kib_cost_us: f64,
     pub dom0_cpu_s: f64,
     pub vmm_cpu_s: f64,
+    /// The credit driver's runs and tickless sleeps (`null` without it).
+    pub credit_driver: Option<hv::credit::DriverStats>,
     pub wall_s: f64,
     pub switch: Option<SwitchLine>,
 }
@@ -712,6 +718,7 @@ pub fn json_lines(
         dom0_kib_cost_us: node.dom0_cost.kib_us,
         dom0_cpu_s: overhead.dom0.as_secs_f64(),
         vmm_cpu_s: overhead.vmm.as_secs_f64(),
+        credit_driver: overhead.driver,
         wall_s: wall.as_secs_f64(),
         switch: switch.map(|s| SwitchLine {
             frames: s.received,
