@@ -42,17 +42,29 @@ pub(crate) fn machine_for(
     mem_size: u64,
 ) -> Result<(Kvm, VmFd), Error> {
     let kvm = kvm::open(kvm_device)?;
-    let max = kvm::max_vcpus(&kvm);
+    let vm = machine_on(&kvm, vcpus, memory, mem_size)?;
+    Ok((kvm, vm))
+}
+
+/// As [`machine_for`], on KVM already opened (a new VM queries it on another thread
+/// meanwhile).
+pub(crate) fn machine_on(
+    kvm: &Kvm,
+    vcpus: u32,
+    memory: &GuestMemoryMmap,
+    mem_size: u64,
+) -> Result<VmFd, Error> {
+    let max = kvm::max_vcpus(kvm);
     if vcpus > max {
         return Err(Error::TooManyVcpus {
             requested: vcpus,
             max,
         });
     }
-    let vm = create_vm(&kvm)?;
+    let vm = create_vm(kvm)?;
     crate::teardown::keep(vm.as_raw_fd());
     // Boot time is spent here: each step says when it ended (`RUST_LOG=debug`).
-    tracing::debug!("boot: KVM opened, VM created");
+    tracing::debug!("boot: VM created");
     for region in memory_map::ram_regions(mem_size) {
         set_memory_slot(&vm, memory, &region, 0)?;
     }
@@ -61,7 +73,7 @@ pub(crate) fn machine_for(
         .map_err(ioctl("KVM_SET_TSS_ADDR"))?;
     vm.create_irq_chip().map_err(ioctl("KVM_CREATE_IRQCHIP"))?;
     tracing::debug!("boot: TSS and irqchip");
-    Ok((kvm, vm))
+    Ok(vm)
 }
 
 /// Gives `vcpu` the CPUID `entries`.
