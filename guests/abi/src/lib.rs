@@ -65,6 +65,10 @@ pub struct BootInfo {
     /// The identity map's page-directory-pointer table (512 entries, writable from
     /// ring 3 like all of the guest's memory).
     pub pdpt: u64,
+    /// TSC when the BSP reached long mode and the supervisor's Rust code.
+    pub main_tsc: u64,
+    /// TSC when the BSP, its set-up done, began to start the APs.
+    pub aps_tsc: u64,
 }
 
 /// Page directories [`BootInfo::high_tables`] holds for a high range.

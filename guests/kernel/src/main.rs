@@ -111,6 +111,8 @@ static BOOT_INFO: BspWritten<BootInfo> = BspWritten(UnsafeCell::new(BootInfo {
     high_end: 0,
     high_tables: 0,
     pdpt: 0,
+    main_tsc: 0,
+    aps_tsc: 0,
 }));
 /// Ring-3 stacks: `USER_STACK_SIZE` per CPU from here.
 static USER_STACKS: BspWritten<u64> = BspWritten(UnsafeCell::new(0));
@@ -129,6 +131,7 @@ static SERIAL_LOCK: AtomicBool = AtomicBool::new(false);
 /// The BSP in long mode on CPU 0's stack; `start_info` is the PVH `hvm_start_info`.
 #[unsafe(no_mangle)]
 extern "C" fn bsp_main(start_info: u32) -> ! {
+    let main_tsc = rdtsc();
     let si = u64::from(start_info);
     let leaf1 = cpuid(1, 0);
     let x2apic = leaf1[2] & (1 << 21) != 0;
@@ -189,6 +192,12 @@ extern "C" fn bsp_main(start_info: u32) -> ! {
     // host cores with it) and still time out.
     let tsc_deadline = x2apic && leaf1[2] & (1 << 24) != 0;
     TSC_DEADLINE.store(tsc_deadline, Ordering::Relaxed);
+    // SAFETY: BSP-only, before the APs start (see `BspWritten`).
+    unsafe {
+        let info = &mut *BOOT_INFO.0.get();
+        info.main_tsc = main_tsc;
+        info.aps_tsc = rdtsc();
+    }
     start_aps(cpus, tsc_khz, tsc_deadline);
     enter_user(0, header.entry)
 }

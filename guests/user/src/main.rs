@@ -237,16 +237,33 @@ extern "C" fn user_main(info: &'static BootInfo, cpu: u32) -> ! {
 }
 
 fn master(info: &'static BootInfo) -> ! {
+    let user_tsc = sys::rdtsc();
     highmem::map(info);
     sys::mark_start();
+    let start_tsc = sys::rdtsc();
     let mut line = Line::new();
     let _ = write!(
         line,
         "@kumo boot cpus={} tsc_khz={}",
         info.cpus, info.tsc_khz
     );
-    if let Some(micros) = ((sys::rdtsc() - info.entry_tsc) * 1000).checked_div(info.tsc_khz) {
+    // Where the guest's boot went: ring 0 (emulated on PVM hosts) to long mode, its
+    // set-up, starting the APs, then ring 3 to the workload's start.
+    let us = |from: u64, to: u64| (to.saturating_sub(from) * 1000).checked_div(info.tsc_khz);
+    if let Some(micros) = us(info.entry_tsc, start_tsc) {
         let _ = write!(line, " entry_to_start_us={micros}");
+    }
+    if info.main_tsc != 0 {
+        for (key, from, to) in [
+            ("long_mode_us", info.entry_tsc, info.main_tsc),
+            ("setup_us", info.main_tsc, info.aps_tsc),
+            ("aps_us", info.aps_tsc, user_tsc),
+            ("ring3_us", user_tsc, start_tsc),
+        ] {
+            if let Some(micros) = us(from, to) {
+                let _ = write!(line, " {key}={micros}");
+            }
+        }
     }
     line.emit();
 
