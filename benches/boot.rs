@@ -11,7 +11,7 @@ fn config(vcpus: u32) -> VmConfig {
     VmConfig {
         vcpus,
         memory_mib: 64,
-        kernel: EMBEDDED_GUEST.to_vec(),
+        kernel: EMBEDDED_GUEST.into(),
         cmdline: "npb=".to_string(),
         modules: Vec::new(),
         kvm_device: "/dev/kvm".into(),

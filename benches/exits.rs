@@ -24,7 +24,7 @@ fn config(kernel: Vec<u8>) -> VmConfig {
     VmConfig {
         vcpus: 1,
         memory_mib: 64,
-        kernel,
+        kernel: kernel.into(),
         cmdline: String::new(),
         modules: Vec::new(),
         kvm_device: "/dev/kvm".into(),

@@ -17,7 +17,7 @@ fn idle_vm() -> Vm {
     hv::builder::build_for_boot(VmConfig {
         vcpus: 1,
         memory_mib: 16,
-        kernel: PvhImage::new(&asm::halt_forever()).build(),
+        kernel: PvhImage::new(&asm::halt_forever()).build().into(),
         cmdline: String::new(),
         modules: Vec::new(),
         kvm_device: "/dev/kvm".into(),

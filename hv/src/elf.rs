@@ -2,7 +2,7 @@
 //! ELF32 kernels alike: both carry the same Xen note naming a 32-bit entry point, and
 //! the headers differ only in field widths and offsets (see [`Format`]).
 
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::GuestMemoryMmap;
 
 use crate::Error;
 use crate::layout::{BOOT_DATA, MIB};
@@ -342,13 +342,8 @@ pub fn load(mem: &GuestMemoryMmap, image: &[u8], info: &KernelInfo) -> Result<u3
     for s in &info.segments {
         // `inspect` checked that the file range lies inside `image`.
         let bytes = &image[s.offset as usize..(s.offset + s.filesz) as usize];
-        mem.write_slice(bytes, GuestAddress(s.paddr)).map_err(|e| {
-            Error::GuestMemory(format!(
-                "loading {} bytes of the kernel at {:#x}: {e}",
-                bytes.len(),
-                s.paddr
-            ))
-        })?;
+        crate::machine::write(mem, s.paddr, bytes)
+            .map_err(|e| Error::GuestMemory(format!("loading the kernel: {e}")))?;
     }
     Ok(info.entry)
 }

@@ -5,7 +5,7 @@
 //! let config = hv::VmConfig {
 //!     vcpus: 1,
 //!     memory_mib: 64,
-//!     kernel: hv::testing::PvhImage::new(&[0xb0, 0x2a, 0xe6, 0xf4]).build(),
+//!     kernel: hv::testing::PvhImage::new(&[0xb0, 0x2a, 0xe6, 0xf4]).build().into(),
 //!     cmdline: String::new(),
 //!     modules: Vec::new(),
 //!     kvm_device: "/dev/kvm".into(),
@@ -67,8 +67,10 @@ pub use vm::Vm;
 pub struct VmConfig {
     pub vcpus: u32,
     pub memory_mib: u64,
-    /// The PVH ELF kernel's bytes.
-    pub kernel: Vec<u8>,
+    /// The PVH ELF kernel's bytes: borrowed when they are the program's own (copying
+    /// kumo's 820 KiB guest into a fresh allocation cost ~0.7 ms of boot in page
+    /// faults), owned when read from a file.
+    pub kernel: std::borrow::Cow<'static, [u8]>,
     pub cmdline: String,
     /// Loaded page-aligned after the kernel and listed in `hvm_start_info`.
     pub modules: Vec<Vec<u8>>,

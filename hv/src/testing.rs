@@ -298,7 +298,7 @@ pub fn code_vm(vcpus: u32, memory_mib: u64, code: &[u8]) -> crate::VmConfig {
     crate::VmConfig {
         vcpus,
         memory_mib,
-        kernel: PvhImage::new(code).build(),
+        kernel: PvhImage::new(code).build().into(),
         cmdline: "test".into(),
         modules: Vec::new(),
         kvm_device: "/dev/kvm".into(),

@@ -32,7 +32,7 @@ fn run(loops: u32, kvm_device: &Path) -> Result<Duration> {
     let vm = hv::builder::build_for_boot(VmConfig {
         vcpus: 1,
         memory_mib: 64,
-        kernel: guest(loops),
+        kernel: guest(loops).into(),
         cmdline: String::new(),
         modules: Vec::new(),
         kvm_device: kvm_device.to_path_buf(),

@@ -231,7 +231,7 @@ pub fn embedded_config(
     VmConfig {
         vcpus,
         memory_mib,
-        kernel: EMBEDDED_GUEST.to_vec(),
+        kernel: EMBEDDED_GUEST.into(),
         cmdline,
         modules: Vec::new(),
         kvm_device: kvm_device.to_path_buf(),
@@ -396,7 +396,7 @@ pub fn run_kernel(args: &VmArgs, kernel: &Path, epoch: Instant) -> Result<u8> {
     let config = VmConfig {
         vcpus: args.vcpus,
         memory_mib,
-        kernel: image,
+        kernel: image.into(),
         cmdline: args.cmdline.clone().unwrap_or_default(),
         modules,
         kvm_device: args.kvm_device.clone(),

@@ -149,7 +149,7 @@ fn start<T>(count: u8, setup: impl FnOnce(&Vm) -> T) -> (Running, T) {
     let vm = hv::builder::build_for_boot(VmConfig {
         vcpus: 1,
         memory_mib: 16,
-        kernel: interrupt_guest(count),
+        kernel: interrupt_guest(count).into(),
         cmdline: String::new(),
         modules: Vec::new(),
         kvm_device: "/dev/kvm".into(),

@@ -35,7 +35,7 @@ impl Console {
 
 fn config(vcpus: u32, kernel: Vec<u8>) -> VmConfig {
     VmConfig {
-        kernel,
+        kernel: kernel.into(),
         ..hv::testing::code_vm(vcpus, 16, &[])
     }
 }
@@ -381,7 +381,10 @@ fn bad_configurations_are_refused_with_the_right_error() {
     assert!(e.to_string().contains(&format!("limit of {max}")), "{e}");
 
     let e = new_err(VmConfig {
-        kernel: PvhImage::new(&[0xf4]).load_address(0x200_0000).build(),
+        kernel: PvhImage::new(&[0xf4])
+            .load_address(0x200_0000)
+            .build()
+            .into(),
         ..ok()
     });
     assert!(
@@ -438,14 +441,14 @@ fn bad_configurations_are_refused_with_the_right_error() {
     );
 
     let e = new_err(VmConfig {
-        kernel: b"#!/bin/sh\necho not a kernel\n".to_vec(),
+        kernel: b"#!/bin/sh\necho not a kernel\n".as_slice().into(),
         ..ok()
     });
     assert!(matches!(e, Error::NotElf), "{e}");
     assert!(e.to_string().contains("not an ELF"), "{e}");
 
     let e = new_err(VmConfig {
-        kernel: PvhImage::new(&[0xf4]).without_pvh_note().build(),
+        kernel: PvhImage::new(&[0xf4]).without_pvh_note().build().into(),
         ..ok()
     });
     assert!(matches!(e, Error::NoPvhNote), "{e}");
@@ -455,7 +458,7 @@ fn bad_configurations_are_refused_with_the_right_error() {
     );
 
     let e = new_err(VmConfig {
-        kernel: PvhImage::new(&[0xf4; 100]).truncate(300).build(),
+        kernel: PvhImage::new(&[0xf4; 100]).truncate(300).build().into(),
         ..ok()
     });
     assert!(matches!(e, Error::MalformedElf(_)), "{e}");

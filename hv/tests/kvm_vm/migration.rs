@@ -34,7 +34,7 @@ fn config(vcpus: u32) -> VmConfig {
     VmConfig {
         vcpus,
         memory_mib: 64,
-        kernel: counting_guest(),
+        kernel: counting_guest().into(),
         cmdline: String::new(),
         modules: Vec::new(),
         kvm_device: "/dev/kvm".into(),
