@@ -17,6 +17,10 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .init();
+    tracing::debug!(
+        since_start_us = epoch.elapsed().as_micros() as u64,
+        "boot: tracing ready"
+    );
     // The host CPUs kumo may use are read once, here, before any thread is pinned:
     // a node pins the thread that runs it, and a count taken then would be 1.
     hv::placement::host_cpus();
@@ -25,6 +29,10 @@ fn main() -> ExitCode {
         eprintln!("kumo: error: cannot set up signal handling: {e}");
         return ExitCode::from(EXIT_USAGE);
     }
+    tracing::debug!(
+        since_start_us = epoch.elapsed().as_micros() as u64,
+        "boot: host CPUs read, signals set"
+    );
     let cli = match kumo::cli::parse() {
         Ok(cli) => cli,
         Err(refusal) => {
