@@ -405,3 +405,91 @@ fn a_node_whose_domains_are_assigned_ports_of_a_running_server_runs_its_job_on_t
         "the switch carried frames: {switch}"
     );
 }
+
+/// A memfd of `len` bytes, sealed against shrinking and growing if `sealed`.
+fn client_memfd(len: u64, sealed: bool) -> std::fs::File {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    // SAFETY: a NUL-terminated name and memfd_create's own flags; checked below.
+    let fd = unsafe {
+        libc::memfd_create(
+            c"kumo-hostile-client".as_ptr(),
+            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+        )
+    };
+    assert!(fd >= 0, "{}", std::io::Error::last_os_error());
+    // SAFETY: a new descriptor nothing else owns.
+    let file = unsafe { std::fs::File::from_raw_fd(fd) };
+    file.set_len(len).unwrap();
+    if sealed {
+        // SAFETY: F_ADD_SEALS on our own descriptor; it takes no pointer.
+        let done = unsafe {
+            libc::fcntl(
+                file.as_raw_fd(),
+                libc::F_ADD_SEALS,
+                libc::F_SEAL_SHRINK | libc::F_SEAL_GROW,
+            )
+        };
+        assert_eq!(done, 0, "{}", std::io::Error::last_os_error());
+    }
+    file
+}
+
+/// A client that could shrink the memory it handed the server (truncate it, then ring
+/// TX) made the server die of SIGBUS, taking every other client's NIC with it. The
+/// server now takes only memory sealed against shrinking: the hostile client's
+/// unsealed memfd is refused, its sealed one cannot be truncated, and the victim on
+/// the next port is served throughout.
+#[test]
+fn a_client_cannot_shrink_the_memory_it_mapped_and_take_down_another() {
+    use std::os::fd::AsRawFd;
+    let server = Server::start("pt-shrink", 2);
+    let connect = |port: u32| {
+        let stream = UnixStream::connect(server.socket(port)).unwrap();
+        let version = Request::Version {
+            major: 0,
+            minor: 1,
+            capabilities: "{}".into(),
+        };
+        socket::send(&stream, &version.encode(0), &[]).unwrap();
+        let reply = socket::receive(&stream).unwrap();
+        assert!(proto::check_reply(&reply.header, 0, proto::command::VERSION).is_ok());
+        stream
+    };
+    let map = |stream: &UnixStream, id: u16, memory: &std::fs::File| {
+        let request = Request::DmaMap {
+            flags: 3,
+            offset: 0,
+            address: 0,
+            size: 1 << 20,
+        };
+        socket::send(stream, &request.encode(id), &[memory.as_raw_fd()]).unwrap();
+        let reply = socket::receive(stream).unwrap();
+        proto::check_reply(&reply.header, id, proto::command::DMA_MAP)
+    };
+    let victim = connect(1);
+    assert!(map(&victim, 1, &client_memfd(1 << 20, true)).is_ok());
+
+    let hostile = connect(0);
+    let unsealed = client_memfd(1 << 20, false);
+    assert!(
+        map(&hostile, 1, &unsealed).is_err(),
+        "memory its client can still shrink must be refused"
+    );
+    let sealed = client_memfd(1 << 20, true);
+    assert!(map(&hostile, 2, &sealed).is_ok());
+    assert!(
+        sealed.set_len(0).is_err(),
+        "a sealed memfd cannot be truncated under the server"
+    );
+    drop(hostile);
+
+    // The victim's port is still served: a region read of its configuration space.
+    let read = Request::RegionRead {
+        region: proto::vfio::PCI_CONFIG_REGION_INDEX,
+        offset: 0,
+        count: 4,
+    };
+    socket::send(&victim, &read.encode(2), &[]).unwrap();
+    let reply = socket::receive(&victim).expect("the server still answers the victim");
+    assert!(proto::check_reply(&reply.header, 2, proto::command::REGION_READ).is_ok());
+}
