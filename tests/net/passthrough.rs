@@ -493,3 +493,110 @@ fn a_client_cannot_shrink_the_memory_it_mapped_and_take_down_another() {
     let reply = socket::receive(&victim).expect("the server still answers the victim");
     assert!(proto::check_reply(&reply.header, 2, proto::command::REGION_READ).is_ok());
 }
+
+/// How a [`stalling_proxy`] fails its client.
+#[derive(Clone, Copy, Debug)]
+enum Stall {
+    /// No reply at all.
+    Silent,
+    /// The reply's header and a few bytes of its body, then nothing.
+    Truncated,
+}
+
+/// A vfio-user proxy at `listen` in front of the server at `server`: it passes every
+/// message (and its descriptors) both ways until the first access to BAR 0 (the
+/// guest driving the device, not kumo attaching it), which it fails as `stall`
+/// says, keeping the connection open.
+fn stalling_proxy(
+    listen: std::path::PathBuf,
+    server: String,
+    stall: Stall,
+) -> std::thread::JoinHandle<()> {
+    use std::os::fd::AsRawFd;
+    let _ = std::fs::remove_file(&listen);
+    let listener = std::os::unix::net::UnixListener::bind(&listen).unwrap();
+    std::thread::spawn(move || {
+        let (client, _) = listener.accept().unwrap();
+        let upstream = UnixStream::connect(&server).unwrap();
+        while let Ok(message) = socket::receive(&client) {
+            let bar0 = matches!(
+                Request::parse(message.header.command, &message.body),
+                Ok(Request::RegionRead { region: 0, .. } | Request::RegionWrite { region: 0, .. })
+            );
+            if bar0 {
+                if let Stall::Truncated = stall {
+                    let whole =
+                        proto::encode_reply(message.header.id, message.header.command, &[0; 24]);
+                    let mut c = &client;
+                    c.write_all(&whole[..proto::HEADER_SIZE + 4]).unwrap();
+                }
+                // Hold the connection open, silent, until the client leaves.
+                let mut sink = Vec::new();
+                let _ = std::io::Read::read_to_end(&mut &client, &mut sink);
+                return;
+            }
+            let fds: Vec<_> = message.fds.iter().map(|f| f.as_raw_fd()).collect();
+            let mut bytes = message.header.encode().to_vec();
+            bytes.extend_from_slice(&message.body);
+            socket::send(&upstream, &bytes, &fds).unwrap();
+            let reply = socket::receive(&upstream).unwrap();
+            let fds: Vec<_> = reply.fds.iter().map(|f| f.as_raw_fd()).collect();
+            let mut bytes = reply.header.encode().to_vec();
+            bytes.extend_from_slice(&reply.body);
+            socket::send(&client, &bytes, &fds).unwrap();
+        }
+    })
+}
+
+/// A server that stops answering at run time (silent, or a reply cut short) used to
+/// hold the vCPU in a `recvmsg` restarted by every kick: neither the 5 s device
+/// timeout nor `--timeout` ended the run. Now the device fails at the deadline with
+/// one report naming the server and the request it did not answer.
+#[test]
+fn a_server_that_stops_answering_fails_the_device_with_one_report() {
+    if !kvm_available() {
+        return;
+    }
+    let _one = one_job();
+    let server = Server::start("pt-stall", 1);
+    let guest = dumped_guest();
+    for stall in [Stall::Silent, Stall::Truncated] {
+        let proxy = scratch(&format!("pt-stall-proxy-{stall:?}.sock"));
+        let proxying = stalling_proxy(proxy.clone(), server.socket(0), stall);
+        let device = format!("vfio-user:{}", proxy.display());
+        let mut run = kumo_background(&[
+            "--kernel",
+            guest.to_str().unwrap(),
+            "--cmdline",
+            "mpi=0:2 net=check",
+            "--passthrough",
+            &device,
+            "--timeout",
+            "60",
+        ]);
+        // The device's 5 s, or at worst --timeout's 60 s, must end it: 120 s only
+        // keeps a hung kumo from hanging the suite.
+        let start = std::time::Instant::now();
+        while run.running() {
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(120),
+                "{stall:?}: kumo still running after 120 s"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let out = run.finish();
+        proxying.join().unwrap();
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stall:?}: {stderr}");
+        assert!(!stderr.contains("time limit"), "{stall:?}: {stderr}");
+        let report: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.contains("did not answer REGION_"))
+            .collect();
+        assert_eq!(report.len(), 1, "{stall:?}: one report: {stderr}");
+        assert!(report[0].contains(&proxy.display().to_string()), "{stderr}");
+        if let Stall::Truncated = stall {
+            assert!(report[0].contains("truncated reply"), "{stderr}");
+        }
+    }
+}
