@@ -18,6 +18,7 @@
 pub mod boot_timer;
 pub mod bus;
 pub mod debug_exit;
+pub mod guest_errors;
 pub mod interrupt;
 pub mod irq_test;
 pub mod net;

@@ -19,6 +19,11 @@
 //! (`irq.rs`). Each registers its descriptors, level-triggered (the handler reads
 //! them) or edge-triggered ([`Events::add_edge`]: the handler need not read them, so a
 //! wake-up costs one `epoll_wait`, as the blocking `read` it replaces did).
+//!
+//! A handler never works without bound inside one call: a disk serves a queue's worth
+//! of requests, then asks for a zero timeout ([`Handler::timeout`]) and goes on in
+//! [`Handler::timed_out`], so a stop or pause is seen between two portions of work
+//! and no device thread outlives its VM's stop.
 
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -60,6 +65,11 @@ pub trait Handler: Send + 'static {
     fn timeout(&mut self) -> Option<Duration> {
         None
     }
+
+    /// The wait [`Handler::timeout`] allowed ended with no event: a handler that cut
+    /// its work short (a budget ran out) goes on here, after the worker looked at stop
+    /// and pause.
+    fn timed_out(&mut self) {}
 }
 
 /// The descriptors a worker waits on. A clone is the same set: a handler keeps one
@@ -306,7 +316,11 @@ fn run(
             .timeout()
             .map_or(-1, |t| i32::try_from(t.as_millis()).unwrap_or(i32::MAX));
         let n = match events.epoll.wait(timeout, &mut ready) {
-            Ok(0) => continue, // polled, nothing yet
+            Ok(0) => {
+                // Polled, nothing yet (the stop and pause checks are behind us).
+                handler.timed_out();
+                continue;
+            }
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => {
@@ -466,6 +480,52 @@ mod tests {
         fd.write(1).unwrap();
         control.resume();
         assert_eq!(rx.recv_timeout(WAIT), Ok("event"));
+    }
+
+    /// Works forever in portions, as a disk on a self-perpetuating queue would.
+    struct Endless {
+        portions: Arc<AtomicU32>,
+    }
+
+    impl Handler for Endless {
+        fn handle(&mut self, _token: u64, _events: EventSet) {
+            self.timed_out();
+        }
+        fn timeout(&mut self) -> Option<Duration> {
+            Some(Duration::ZERO)
+        }
+        fn timed_out(&mut self) {
+            self.portions.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn a_handler_with_endless_work_still_pauses_and_stops() {
+        let portions = Arc::new(AtomicU32::new(0));
+        let handler = Endless {
+            portions: portions.clone(),
+        };
+        let mut worker = BackendWorker::spawn(
+            "test-endless",
+            Control::new().unwrap(),
+            Events::new().unwrap(),
+            None,
+            handler,
+        )
+        .unwrap();
+        while portions.load(Ordering::SeqCst) < 3 {
+            std::thread::yield_now();
+        }
+        let control = worker.control().clone();
+        control.pause();
+        assert!(control.is_parked());
+        let parked_at = portions.load(Ordering::SeqCst);
+        control.resume();
+        while portions.load(Ordering::SeqCst) == parked_at {
+            std::thread::yield_now();
+        }
+        worker.stop();
+        assert!(!control.is_running());
     }
 
     #[test]

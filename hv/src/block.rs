@@ -19,6 +19,7 @@ use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use devices::virtio::VirtioPciDevice;
 use devices::virtio::block::{
@@ -132,7 +133,10 @@ impl ActionSink for DiskActions {
                 Some(fd) => {
                     let _ = fd.write(1);
                 }
-                // vCPU mode: serve the queue here, on the vCPU thread that rang.
+                // vCPU mode: serve the queue here, on the vCPU thread that rang, a
+                // queue's worth at most (the most a driver can have outstanding): then
+                // the vCPU goes back to its guest and its stop checks. What a budget
+                // leaves waits for the next doorbell.
                 None => {
                     self.blk.process();
                 }
@@ -255,21 +259,42 @@ fn start_backend(
         None,
         Serve {
             blk,
+            more: false,
             _doorbell: doorbell,
         },
     )
 }
 
-/// A disk backend's handler: every doorbell serves the queue.
+/// A disk backend's handler: every doorbell serves the queue, a queue's worth at a
+/// time; while requests are left the worker polls (looking at stop and pause between
+/// two portions) and the next portion is served when the poll finds nothing else.
 struct Serve {
     blk: Arc<VirtioBlock<GuestMemoryMmap>>,
+    /// The last portion left requests in the queue.
+    more: bool,
     /// Kept open while the worker waits on it.
     _doorbell: EventFd,
 }
 
+impl Serve {
+    fn serve(&mut self) {
+        self.more = self.blk.process().more;
+    }
+}
+
 impl Handler for Serve {
     fn handle(&mut self, _token: u64, _events: EventSet) {
-        self.blk.process();
+        self.serve();
+    }
+
+    fn timeout(&mut self) -> Option<Duration> {
+        self.more.then_some(Duration::ZERO)
+    }
+
+    fn timed_out(&mut self) {
+        if self.more {
+            self.serve();
+        }
     }
 }
 

@@ -22,7 +22,9 @@ const _: () = assert!(size_of::<hvm_modlist_entry>() == MODLIST_ENTRY_SIZE);
 const _: () = assert!(size_of::<hvm_memmap_table_entry>() == MEMMAP_ENTRY_SIZE);
 
 /// Most modules the list at `MODLIST..MODLIST_END` holds.
-pub const MAX_MODULES: usize = (MODLIST_END - MODLIST) as usize / MODLIST_ENTRY_SIZE;
+/// (The clock offset word, `CLOCK_OFFSET`, ends the page: the list stops before it.)
+pub const MAX_MODULES: usize = (CLOCK_OFFSET - MODLIST) as usize / MODLIST_ENTRY_SIZE;
+const _: () = assert!(CLOCK_OFFSET + 8 <= MODLIST_END);
 /// Longest command line (its NUL must fit too).
 pub const MAX_CMDLINE: usize = CMDLINE_MAX as usize - 1;
 

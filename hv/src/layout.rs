@@ -6,6 +6,9 @@ pub const START_INFO: u64 = 0x6000;
 pub const MODLIST: u64 = 0x6040;
 /// End of the module list's space.
 pub const MODLIST_END: u64 = 0x7000;
+/// The guest's clock offset (kumo_abi::CLOCK_OFFSET): TSC ticks its snapshot spent on
+/// disk, which the guest leaves out of its clock. Past the last module entry.
+pub const CLOCK_OFFSET: u64 = 0x6ff8;
 /// The PVH memory map (`hvm_memmap_table_entry` array).
 pub const MEMMAP: u64 = 0x7000;
 pub const MEMMAP_END: u64 = 0x8000;

@@ -137,9 +137,9 @@ pub(crate) fn create_memory(size: u64, huge_pages: bool) -> Result<(GuestMemoryM
                 memory_mib: size / MIB,
             });
         }
-        libc::MFD_CLOEXEC | libc::MFD_HUGETLB | libc::MFD_HUGE_2MB
+        libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING | libc::MFD_HUGETLB | libc::MFD_HUGE_2MB
     } else {
-        libc::MFD_CLOEXEC
+        libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING
     };
     // SAFETY: the name is a valid NUL-terminated string and `flags` are memfd_create's
     // own; the return value is checked.
@@ -158,6 +158,23 @@ pub(crate) fn create_memory(size: u64, huge_pages: bool) -> Result<(GuestMemoryM
     })?;
     if huge_pages {
         take_huge_pages(&file, size)?;
+    }
+    // Fixed size from here on: a vfio-user device server maps this file and refuses
+    // one its client could shrink under it (hole punching, which snapshots and
+    // migration use, stays allowed).
+    // SAFETY: F_ADD_SEALS on the descriptor we own; it takes no pointer.
+    let sealed = unsafe {
+        libc::fcntl(
+            file.as_raw_fd(),
+            libc::F_ADD_SEALS,
+            libc::F_SEAL_SHRINK | libc::F_SEAL_GROW,
+        )
+    };
+    if sealed != 0 {
+        return Err(Error::Os {
+            what: "sealing the guest RAM memfd's size",
+            source: std::io::Error::last_os_error(),
+        });
     }
     let ranges = memory_map::ram_regions(size)
         .iter()

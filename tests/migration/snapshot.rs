@@ -300,3 +300,43 @@ fn a_vm_with_the_interrupt_test_device_is_snapshotted_mid_run_and_both_copies_de
         "the restored device answered {here} rounds"
     );
 }
+
+/// The guest's benchmark clock leaves out the time its snapshot waited on disk. On
+/// kvm_pvm the guest's TSC is the host's and KVM's TSC controls are not honoured, so
+/// a restored EP timed the wait too; now kumo tells the guest, at restore, how long it
+/// was away (`kumo_abi::CLOCK_OFFSET`).
+#[test]
+fn a_restored_runs_time_leaves_out_the_time_its_snapshot_waited() {
+    if !kvm_available() {
+        return;
+    }
+    const WAITED_S: f64 = 6.0;
+    let socket = scratch("clock.sock");
+    let file = scratch("clock.snap");
+    let source = kumo_background(&[
+        "--npb",
+        "ep.W",
+        "--json",
+        "--ctl-socket",
+        socket.to_str().unwrap(),
+    ]);
+    wait_for_path(&socket);
+    let ctl = snapshot(&socket, &file, true);
+    assert!(ctl.status.success(), "snapshot: {}", text(&ctl.stderr));
+    let source_out = source.finish();
+    assert!(
+        text(&source_out.stdout).is_empty(),
+        "the snapshot must find EP running: {}",
+        text(&source_out.stdout)
+    );
+    std::thread::sleep(std::time::Duration::from_secs_f64(WAITED_S));
+    let restored = kumo(&["--restore", file.to_str().unwrap(), "--json"]);
+    assert!(restored.status.success(), "{}", text(&restored.stderr));
+    let lines = json_lines(&restored);
+    assert_eq!(lines[0]["verified"], true, "{}", lines[0]);
+    let time = lines[0]["time_s"].as_f64().unwrap();
+    assert!(
+        time < WAITED_S,
+        "EP.W's time {time} s includes the {WAITED_S} s its snapshot waited"
+    );
+}

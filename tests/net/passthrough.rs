@@ -405,3 +405,198 @@ fn a_node_whose_domains_are_assigned_ports_of_a_running_server_runs_its_job_on_t
         "the switch carried frames: {switch}"
     );
 }
+
+/// A memfd of `len` bytes, sealed against shrinking and growing if `sealed`.
+fn client_memfd(len: u64, sealed: bool) -> std::fs::File {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    // SAFETY: a NUL-terminated name and memfd_create's own flags; checked below.
+    let fd = unsafe {
+        libc::memfd_create(
+            c"kumo-hostile-client".as_ptr(),
+            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+        )
+    };
+    assert!(fd >= 0, "{}", std::io::Error::last_os_error());
+    // SAFETY: a new descriptor nothing else owns.
+    let file = unsafe { std::fs::File::from_raw_fd(fd) };
+    file.set_len(len).unwrap();
+    if sealed {
+        // SAFETY: F_ADD_SEALS on our own descriptor; it takes no pointer.
+        let done = unsafe {
+            libc::fcntl(
+                file.as_raw_fd(),
+                libc::F_ADD_SEALS,
+                libc::F_SEAL_SHRINK | libc::F_SEAL_GROW,
+            )
+        };
+        assert_eq!(done, 0, "{}", std::io::Error::last_os_error());
+    }
+    file
+}
+
+/// A client that could shrink the memory it handed the server (truncate it, then ring
+/// TX) made the server die of SIGBUS, taking every other client's NIC with it. The
+/// server now takes only memory sealed against shrinking: the hostile client's
+/// unsealed memfd is refused, its sealed one cannot be truncated, and the victim on
+/// the next port is served throughout.
+#[test]
+fn a_client_cannot_shrink_the_memory_it_mapped_and_take_down_another() {
+    use std::os::fd::AsRawFd;
+    let server = Server::start("pt-shrink", 2);
+    let connect = |port: u32| {
+        let stream = UnixStream::connect(server.socket(port)).unwrap();
+        let version = Request::Version {
+            major: 0,
+            minor: 1,
+            capabilities: "{}".into(),
+        };
+        socket::send(&stream, &version.encode(0), &[]).unwrap();
+        let reply = socket::receive(&stream).unwrap();
+        assert!(proto::check_reply(&reply.header, 0, proto::command::VERSION).is_ok());
+        stream
+    };
+    let map = |stream: &UnixStream, id: u16, memory: &std::fs::File| {
+        let request = Request::DmaMap {
+            flags: 3,
+            offset: 0,
+            address: 0,
+            size: 1 << 20,
+        };
+        socket::send(stream, &request.encode(id), &[memory.as_raw_fd()]).unwrap();
+        let reply = socket::receive(stream).unwrap();
+        proto::check_reply(&reply.header, id, proto::command::DMA_MAP)
+    };
+    let victim = connect(1);
+    assert!(map(&victim, 1, &client_memfd(1 << 20, true)).is_ok());
+
+    let hostile = connect(0);
+    let unsealed = client_memfd(1 << 20, false);
+    assert!(
+        map(&hostile, 1, &unsealed).is_err(),
+        "memory its client can still shrink must be refused"
+    );
+    let sealed = client_memfd(1 << 20, true);
+    assert!(map(&hostile, 2, &sealed).is_ok());
+    assert!(
+        sealed.set_len(0).is_err(),
+        "a sealed memfd cannot be truncated under the server"
+    );
+    drop(hostile);
+
+    // The victim's port is still served: a region read of its configuration space.
+    let read = Request::RegionRead {
+        region: proto::vfio::PCI_CONFIG_REGION_INDEX,
+        offset: 0,
+        count: 4,
+    };
+    socket::send(&victim, &read.encode(2), &[]).unwrap();
+    let reply = socket::receive(&victim).expect("the server still answers the victim");
+    assert!(proto::check_reply(&reply.header, 2, proto::command::REGION_READ).is_ok());
+}
+
+/// How a [`stalling_proxy`] fails its client.
+#[derive(Clone, Copy, Debug)]
+enum Stall {
+    /// No reply at all.
+    Silent,
+    /// The reply's header and a few bytes of its body, then nothing.
+    Truncated,
+}
+
+/// A vfio-user proxy at `listen` in front of the server at `server`: it passes every
+/// message (and its descriptors) both ways until the first access to BAR 0 (the
+/// guest driving the device, not kumo attaching it), which it fails as `stall`
+/// says, keeping the connection open.
+fn stalling_proxy(
+    listen: std::path::PathBuf,
+    server: String,
+    stall: Stall,
+) -> std::thread::JoinHandle<()> {
+    use std::os::fd::AsRawFd;
+    let _ = std::fs::remove_file(&listen);
+    let listener = std::os::unix::net::UnixListener::bind(&listen).unwrap();
+    std::thread::spawn(move || {
+        let (client, _) = listener.accept().unwrap();
+        let upstream = UnixStream::connect(&server).unwrap();
+        while let Ok(message) = socket::receive(&client) {
+            let bar0 = matches!(
+                Request::parse(message.header.command, &message.body),
+                Ok(Request::RegionRead { region: 0, .. } | Request::RegionWrite { region: 0, .. })
+            );
+            if bar0 {
+                if let Stall::Truncated = stall {
+                    let whole =
+                        proto::encode_reply(message.header.id, message.header.command, &[0; 24]);
+                    let mut c = &client;
+                    c.write_all(&whole[..proto::HEADER_SIZE + 4]).unwrap();
+                }
+                // Hold the connection open, silent, until the client leaves.
+                let mut sink = Vec::new();
+                let _ = std::io::Read::read_to_end(&mut &client, &mut sink);
+                return;
+            }
+            let fds: Vec<_> = message.fds.iter().map(|f| f.as_raw_fd()).collect();
+            let mut bytes = message.header.encode().to_vec();
+            bytes.extend_from_slice(&message.body);
+            socket::send(&upstream, &bytes, &fds).unwrap();
+            let reply = socket::receive(&upstream).unwrap();
+            let fds: Vec<_> = reply.fds.iter().map(|f| f.as_raw_fd()).collect();
+            let mut bytes = reply.header.encode().to_vec();
+            bytes.extend_from_slice(&reply.body);
+            socket::send(&client, &bytes, &fds).unwrap();
+        }
+    })
+}
+
+/// A server that stops answering at run time (silent, or a reply cut short) used to
+/// hold the vCPU in a `recvmsg` restarted by every kick: neither the 5 s device
+/// timeout nor `--timeout` ended the run. Now the device fails at the deadline with
+/// one report naming the server and the request it did not answer.
+#[test]
+fn a_server_that_stops_answering_fails_the_device_with_one_report() {
+    if !kvm_available() {
+        return;
+    }
+    let _one = one_job();
+    let server = Server::start("pt-stall", 1);
+    let guest = dumped_guest();
+    for stall in [Stall::Silent, Stall::Truncated] {
+        let proxy = scratch(&format!("pt-stall-proxy-{stall:?}.sock"));
+        let proxying = stalling_proxy(proxy.clone(), server.socket(0), stall);
+        let device = format!("vfio-user:{}", proxy.display());
+        let mut run = kumo_background(&[
+            "--kernel",
+            guest.to_str().unwrap(),
+            "--cmdline",
+            "mpi=0:2 net=check",
+            "--passthrough",
+            &device,
+            "--timeout",
+            "60",
+        ]);
+        // The device's 5 s, or at worst --timeout's 60 s, must end it: 120 s only
+        // keeps a hung kumo from hanging the suite.
+        let start = std::time::Instant::now();
+        while run.running() {
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(120),
+                "{stall:?}: kumo still running after 120 s"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let out = run.finish();
+        proxying.join().unwrap();
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stall:?}: {stderr}");
+        assert!(!stderr.contains("time limit"), "{stall:?}: {stderr}");
+        let report: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.contains("did not answer REGION_"))
+            .collect();
+        assert_eq!(report.len(), 1, "{stall:?}: one report: {stderr}");
+        assert!(report[0].contains(&proxy.display().to_string()), "{stderr}");
+        if let Stall::Truncated = stall {
+            assert!(report[0].contains("truncated reply"), "{stderr}");
+        }
+    }
+}

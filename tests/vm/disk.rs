@@ -3,7 +3,7 @@
 
 use crate::common;
 
-use common::{assert_refused, dumped_guest, kumo, kvm_available, scratch, text};
+use common::{assert_refused, dumped_guest, kumo, kumo_background, kvm_available, scratch, text};
 
 const SECTORS: usize = 256;
 const PATTERN: &[u8] = b"written by kumo's guest through virtio-blk\n";
@@ -216,4 +216,105 @@ fn rust_hypervisor_firmware_finds_the_disk_then_stops_and_kumo_says_so() {
         stderr.contains(r#"last console line: "Unable to boot from any virtio-blk device""#),
         "{stderr}"
     );
+}
+
+/// The guest's status when a hostile disk probe got through (`blk.rs`'s
+/// `STATUS_PROBE_DONE`).
+const PROBE_DONE: i32 = 7;
+
+/// The image `blk=loop` feeds on: sector `j` holds avail.flags 1, avail.idx `j + 2`,
+/// ring entries 0 (head 0) and, in its last 16 bytes, a read header for sector `j + 1`
+/// (both mod 2^16, so the loop closes on itself).
+fn self_perpetuating_image(name: &str) -> std::path::PathBuf {
+    let mut bytes = vec![0u8; 65536 * 512];
+    for (j, sector) in bytes.chunks_mut(512).enumerate() {
+        sector[0..2].copy_from_slice(&1u16.to_le_bytes());
+        sector[2..4].copy_from_slice(&((j + 2) as u16).to_le_bytes());
+        // Header at 496: type 0 (read), reserved, sector.
+        sector[504..512].copy_from_slice(&(((j + 1) % 65536) as u64).to_le_bytes());
+    }
+    let path = scratch(name);
+    std::fs::write(&path, &bytes).unwrap();
+    path
+}
+
+/// Runs kumo; `None` if it had not ended after `limit` (then it is killed).
+fn kumo_within(args: &[&str], limit: std::time::Duration) -> Option<std::process::Output> {
+    let mut run = kumo_background(args);
+    let start = std::time::Instant::now();
+    while run.running() {
+        if start.elapsed() > limit {
+            return None; // dropped: killed
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    Some(run.finish())
+}
+
+#[test]
+fn a_self_perpetuating_queue_cannot_keep_kumo_running() {
+    if !kvm_available() {
+        return;
+    }
+    let image = self_perpetuating_image("blk-loop.img");
+    let guest = dumped_guest();
+    for io in ["thread", "vcpu"] {
+        let disk = format!("{},io={io}", image.display());
+        let args = [
+            "--kernel",
+            guest.to_str().unwrap(),
+            "--cmdline",
+            "blk=loop",
+            "--vcpus",
+            "1",
+            "--disk",
+            &disk,
+            "--timeout",
+            "20",
+        ];
+        // The guest ends at once; kumo must follow it, well before --timeout's 20 s
+        // would have to (the limit only keeps a hung kumo from hanging the suite).
+        let out = kumo_within(&args, std::time::Duration::from_secs(60))
+            .unwrap_or_else(|| panic!("io={io}: kumo still running 60 s after its guest ended"));
+        assert_eq!(
+            out.status.code(),
+            Some(PROBE_DONE),
+            "io={io}: {}\n{}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn a_bad_ring_rung_many_times_is_reported_in_a_few_lines() {
+    if !kvm_available() {
+        return;
+    }
+    let (image, _) = image("blk-badring.img");
+    let guest = dumped_guest();
+    for io in ["thread", "vcpu"] {
+        let disk = format!("{},io={io}", image.display());
+        let out = kumo(&[
+            "--kernel",
+            guest.to_str().unwrap(),
+            "--cmdline",
+            "blk=badring",
+            "--vcpus",
+            "1",
+            "--disk",
+            &disk,
+        ]);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(PROBE_DONE), "io={io}: {stderr}");
+        // 2000 doorbells on a ring the device refuses: said, but not 2000 times.
+        let said = stderr.lines().filter(|l| l.contains("ring")).count();
+        assert!(said >= 1, "io={io}: the bad ring went unreported: {stderr}");
+        assert!(
+            stderr.lines().count() <= 10,
+            "io={io}: {} lines for one bad ring:\n{}",
+            stderr.lines().count(),
+            &stderr[..stderr.len().min(2000)]
+        );
+    }
 }

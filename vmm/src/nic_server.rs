@@ -414,6 +414,12 @@ impl Session<'_> {
         if offset.checked_add(size).is_none() || usize::try_from(size).is_err() {
             return Err(inval);
         }
+        // A file the client could shrink after this check would turn the server's
+        // next DMA into a SIGBUS that ends every client's NIC: only a memfd sealed
+        // against shrinking keeps the size checked here.
+        if !sealed_against_shrinking(&file) {
+            return Err(libc::EPERM as u32);
+        }
         let file_len = file.metadata().map_err(|_| inval)?.len();
         if offset + size > file_len {
             return Err(inval);
@@ -707,24 +713,48 @@ pub struct NicServerArgs {
     pub poll_us: u64,
 }
 
+/// Whether `file` carries `F_SEAL_SHRINK` (a memfd's seal, which no one can lift): its
+/// size can then only grow, so pages inside it stay mapped.
+fn sealed_against_shrinking(file: &File) -> bool {
+    // SAFETY: F_GET_SEALS on a descriptor we own reads its seals; it takes no pointer.
+    let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
+    seals >= 0 && seals & libc::F_SEAL_SHRINK != 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    /// 1 MiB of "guest memory" in a file, as a client's memfd would be.
-    fn guest_file(name: &str) -> File {
-        let path =
-            std::env::temp_dir().join(format!("kumo-nic-test-{}-{name}", std::process::id()));
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .unwrap();
-        file.set_len(1 << 20).unwrap();
-        let _ = std::fs::remove_file(&path);
+    /// 1 MiB of "guest memory" in a memfd sealed against shrinking, as a client's is.
+    fn guest_file(_name: &str) -> File {
+        let file = memfd(1 << 20);
+        // SAFETY: F_ADD_SEALS on our own descriptor; it takes no pointer.
+        let done = unsafe {
+            libc::fcntl(
+                file.as_raw_fd(),
+                libc::F_ADD_SEALS,
+                libc::F_SEAL_SHRINK | libc::F_SEAL_GROW,
+            )
+        };
+        assert_eq!(done, 0, "{}", std::io::Error::last_os_error());
+        file
+    }
+
+    /// A memfd of `len` bytes that may be sealed (and is not yet).
+    fn memfd(len: u64) -> File {
+        use std::os::fd::FromRawFd;
+        // SAFETY: a NUL-terminated name and memfd_create's own flags; checked below.
+        let fd = unsafe {
+            libc::memfd_create(
+                c"kumo-nic-test".as_ptr(),
+                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+            )
+        };
+        assert!(fd >= 0, "{}", std::io::Error::last_os_error());
+        // SAFETY: a new descriptor nothing else owns.
+        let file = unsafe { File::from_raw_fd(fd) };
+        file.set_len(len).unwrap();
         file
     }
 
@@ -819,6 +849,11 @@ mod tests {
         };
         let inval = libc::EINVAL as u32;
         assert_eq!(session.map(vec![], 0, 0, 4096), Err(inval), "no descriptor");
+        assert_eq!(
+            session.map(vec![memfd(1 << 20)], 0, 0, 4096),
+            Err(libc::EPERM as u32),
+            "a memfd its client could still shrink"
+        );
         assert_eq!(
             session.map(vec![guest_file("a")], 0, 0, 2 << 20),
             Err(inval),

@@ -24,6 +24,11 @@
 //! calls [`VirtioBlock::process`]: the vCPU thread whose doorbell write exited (I/O
 //! on the vCPU) or a backend thread woken by the doorbell's ioeventfd. A driver reset
 //! takes the same lock, so it waits for the request in progress.
+//!
+//! Bounded work: one call serves at most a queue's worth of requests (the most a
+//! driver can have outstanding), then returns and says whether more are waiting. A
+//! read whose data rewrites the ring (a guest making each request make another) thus
+//! cannot keep the serving thread away from its stop and pause checks.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -35,9 +40,10 @@ use vm_memory::{Address, Bytes, GuestAddress, GuestMemory};
 
 use super::chain::{self, Segment};
 use super::{
-    ActivateError, Activation, InterruptCause, TYPE_BLOCK, VirtioDevice, VirtioInterrupt, features,
-    read_config_window, serve_chains, wants_interrupt,
+    ActivateError, Activation, InterruptCause, Served, TYPE_BLOCK, VirtioDevice, VirtioInterrupt,
+    features, read_config_window, serve_chains, wants_interrupt,
 };
+use crate::guest_errors::GuestErrorLog;
 
 pub const SECTOR_SIZE: u64 = 512;
 /// Most data bytes one request may carry (larger ones get `IOERR`).
@@ -136,6 +142,8 @@ pub struct VirtioBlock<M> {
     mem: M,
     active: Mutex<Option<Active>>,
     counters: Counters,
+    /// Broken rings, logged a few times, then counted.
+    guest_errors: GuestErrorLog,
 }
 
 /// What one request came to: its status and the data bytes written into the chain.
@@ -172,12 +180,16 @@ impl<M: GuestMemory + Send + Sync> VirtioBlock<M> {
             .map_err(|e| BlockError::Image(e.to_string()))?
             .len();
         Ok(VirtioBlock {
-            config,
             image,
             sectors: len / SECTOR_SIZE,
             mem,
+            guest_errors: GuestErrorLog::new(format!(
+                "virtio-blk {}",
+                String::from_utf8_lossy(&config.id).trim_end_matches('\0')
+            )),
             active: Mutex::new(None),
             counters: Counters::default(),
+            config,
         })
     }
 
@@ -212,20 +224,24 @@ impl<M: GuestMemory + Send + Sync> VirtioBlock<M> {
         self.active.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Serves every request the driver queued (on a doorbell, from whichever thread
-    /// serves it) and raises the queue's interrupt if the driver wants one. Returns the
-    /// requests served.
-    pub fn process(&self) -> usize {
+    /// Serves the requests the driver queued (on a doorbell, from whichever thread
+    /// serves it), at most a queue's worth, and raises the queue's interrupt if the
+    /// driver wants one. If the result says `more`, call again once the caller has
+    /// looked at whether it must stop.
+    pub fn process(&self) -> Served {
         let mut active = self.lock();
         let Some(Active { queue, interrupt }) = active.as_mut() else {
-            return 0;
+            return Served::default();
         };
         if !queue.ready() {
-            return 0;
+            return Served::default();
         }
         let mem = &self.mem;
-        let served = serve_chains(queue, mem, |chain| self.request(chain) as u32);
-        if served > 0 && wants_interrupt(queue, mem) {
+        let budget = usize::from(queue.size());
+        let served = serve_chains(queue, mem, budget, &self.guest_errors, |chain| {
+            self.request(chain) as u32
+        });
+        if served.chains > 0 && wants_interrupt(queue, mem) {
             let interrupt = interrupt.clone();
             drop(active);
             interrupt.trigger(InterruptCause::Queue(0));

@@ -126,7 +126,7 @@ fn reads_return_the_image_and_writes_reach_the_file() {
     assert_eq!(blk.sectors(), SECTORS);
 
     submit(&mem, &mut ring, 0, request::IN, 3, 1024, &[]);
-    assert_eq!(blk.process(), 1);
+    assert_eq!(blk.process().chains, 1);
     assert_eq!(status_byte(&mem), status::OK);
     assert_eq!(data(&mem, 1024), bytes[3 * 512..5 * 512]);
     assert_eq!(ring.used(&mem, 0).1, 1025, "data and status written");
@@ -134,7 +134,7 @@ fn reads_return_the_image_and_writes_reach_the_file() {
 
     let pattern = vec![0x5a; 512];
     submit(&mem, &mut ring, 3, request::OUT, SECTORS - 1, 512, &pattern);
-    assert_eq!(blk.process(), 1);
+    assert_eq!(blk.process().chains, 1);
     assert_eq!(status_byte(&mem), status::OK);
     assert_eq!(ring.used(&mem, 1).1, 1, "only the status byte");
     submit(&mem, &mut ring, 6, request::FLUSH, 0, 0, &[]);
@@ -192,7 +192,7 @@ fn bad_requests_get_ioerr_or_unsupp() {
     for (kind, sector, len, expected) in cases {
         // Served at once, so the descriptors can be reused.
         submit(&mem, &mut ring, 0, kind, sector, len, &vec![0x11; len]);
-        assert_eq!(blk.process(), 1);
+        assert_eq!(blk.process().chains, 1);
         assert_eq!(status_byte(&mem), expected, "{kind} {sector} {len}");
     }
     assert_eq!(std::fs::read(&path).unwrap(), bytes);
@@ -221,7 +221,7 @@ fn chains_without_a_status_byte_are_returned_unused() {
     ring.desc(&mem, 1, STATUS_AT, 1, WRITE | NEXT, 2);
     ring.desc(&mem, 2, HEADER_AT, HEADER_LEN as u32, 0, 0);
     ring.offer(&mem, 1);
-    assert_eq!(blk.process(), 2);
+    assert_eq!(blk.process().chains, 2);
     assert_eq!(ring.used(&mem, 0).1, 0);
     assert_eq!(ring.used(&mem, 1).1, 0);
     assert_eq!(blk.stats().malformed, 2);
@@ -251,7 +251,7 @@ fn the_transport_shows_capacity_and_a_reset_stops_service() {
     .unwrap();
     blk.reset();
     submit(&mem, &mut ring, 0, request::IN, 0, 512, &[]);
-    assert_eq!(blk.process(), 0, "a reset device serves nothing");
+    assert_eq!(blk.process().chains, 0, "a reset device serves nothing");
     assert!(!blk.is_active());
 }
 
@@ -447,7 +447,7 @@ proptest! {
         ).unwrap();
         let rec = Arc::new(Recorder::default());
         blk.activate(Activation { features: features::VERSION_1, queues: vec![ring.queue(false)], interrupt: rec }).unwrap();
-        prop_assert_eq!(blk.process(), requests.len(), "every chain is returned");
+        prop_assert_eq!(blk.process().chains, requests.len(), "every chain is returned");
 
         let mut after = vec![0u8; P_MEM];
         mem.read_slice(&mut after, GuestAddress(0)).unwrap();
@@ -491,4 +491,35 @@ fn the_plausible_request_strategy_reaches_real_reads_and_writes() {
     blk.process();
     assert_eq!(status_byte(&mem), status::OK);
     assert_eq!(data(&mem, 512), bytes[bytes.len() - 512..]);
+}
+
+/// A read whose data buffer is the avail ring and the request's own header: each one
+/// makes one more request available, for the next sector. The device must stop after
+/// a queue's worth and say more is waiting, not serve the chain reaction forever.
+#[test]
+fn a_request_that_makes_requests_is_served_a_queue_s_worth_at_a_time() {
+    const AVAIL: u64 = 0x10400; // Ring::at(0x10000, ..)'s avail ring
+    const HEADER: u64 = AVAIL + 512 - HEADER_LEN as u64;
+    let dir = std::env::temp_dir().join(format!("kumo-blk-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("loop.img");
+    let mut bytes = vec![0u8; SECTORS as usize * 512];
+    for (j, sector) in bytes.chunks_mut(512).enumerate() {
+        sector[2..4].copy_from_slice(&((j + 2) as u16).to_le_bytes());
+        sector[504..512].copy_from_slice(&(j as u64 + 1).to_le_bytes());
+    }
+    std::fs::write(&path, &bytes).unwrap();
+    let (blk, mut ring, _rec, mem) = active(&path, false);
+    let header = [0u8; HEADER_LEN]; // read, sector 0
+    mem.write_slice(&header, GuestAddress(HEADER)).unwrap();
+    ring.desc(&mem, 0, HEADER, HEADER_LEN as u32, NEXT, 1);
+    ring.desc(&mem, 1, AVAIL, 512, NEXT | WRITE, 2);
+    ring.desc(&mem, 2, STATUS_AT, 1, WRITE, 0);
+    ring.offer(&mem, 0);
+    let first = blk.process();
+    assert_eq!(first.chains, usize::from(QSIZE), "one queue's worth");
+    assert!(first.more, "and the rest is said to wait");
+    let second = blk.process();
+    assert_eq!(second.chains, usize::from(QSIZE), "the next call goes on");
+    assert_eq!(blk.stats().reads, 2 * u64::from(QSIZE));
 }

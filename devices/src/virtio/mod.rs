@@ -52,8 +52,10 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use virtio_queue::{DescriptorChain, Queue, QueueT};
+use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
 use vm_memory::GuestMemory;
+
+use crate::guest_errors::GuestErrorLog;
 
 pub mod block;
 pub mod chain;
@@ -242,30 +244,73 @@ pub(crate) fn wants_interrupt<M: GuestMemory>(queue: &mut Queue, mem: &M) -> boo
     flags.map_or(true, |f| u16::from_le(f) & VIRTQ_AVAIL_F_NO_INTERRUPT == 0)
 }
 
-/// Serves every request chain the driver queued on `queue`: `handle` gets each chain
-/// and returns how many bytes it wrote into it (the used length). Re-arms
-/// notifications and serves what came meanwhile. Returns the chains served (the
-/// caller then raises the queue's interrupt if [`wants_interrupt`] says so). A ring
-/// whose index the guest corrupted yields nothing: it stops rather than spins.
+/// The next chain the driver made available on `queue`, if any. A ring the guest broke
+/// (an index further ahead than the queue has entries, a ring outside its memory) is
+/// the guest's error: told to `errors`, which keeps a flood of them to a few lines,
+/// and answered with nothing.
+pub(crate) fn pop_chain<'m, M: GuestMemory>(
+    queue: &mut Queue,
+    mem: &'m M,
+    errors: &GuestErrorLog,
+) -> Option<DescriptorChain<&'m M>> {
+    match queue.iter(mem) {
+        Ok(mut available) => available.next(),
+        Err(e) => {
+            errors.report(format_args!("bad ring: {e}"));
+            None
+        }
+    }
+}
+
+/// What one pass of [`serve_chains`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Served {
+    /// Chains answered.
+    pub chains: usize,
+    /// The budget ran out with chains still available: call again (after looking at
+    /// whether the device must stop or pause).
+    pub more: bool,
+}
+
+/// Serves the request chains the driver queued on `queue`, at most `budget` of them:
+/// `handle` gets each chain and returns how many bytes it wrote into it (the used
+/// length). Re-arms notifications and serves what came meanwhile, within the budget.
+/// The caller then raises the queue's interrupt if [`wants_interrupt`] says so.
+///
+/// The budget bounds a device's work per doorbell, as Firecracker and Cloud
+/// Hypervisor bound theirs: a guest whose requests make more requests (a read that
+/// rewrites `avail.idx`) would otherwise keep the serving thread forever, deaf to the
+/// VM's stop. A ring whose index the guest corrupted yields nothing.
 pub(crate) fn serve_chains<'m, M: GuestMemory>(
     queue: &mut Queue,
     mem: &'m M,
+    budget: usize,
+    errors: &GuestErrorLog,
     mut handle: impl FnMut(DescriptorChain<&'m M>) -> u32,
-) -> usize {
-    let mut served = 0;
+) -> Served {
+    let mut served = Served::default();
+    let mut popped = 0usize;
     loop {
-        let mut popped = 0usize;
-        while let Some(chain) = queue.pop_descriptor_chain(mem) {
+        let mut this_round = 0usize;
+        while popped < budget {
+            let Some(chain) = pop_chain(queue, mem, errors) else {
+                break;
+            };
             popped += 1;
+            this_round += 1;
             let head = chain.head_index();
             let written = handle(chain);
             if queue.add_used(mem, head, written).is_ok() {
-                served += 1;
+                served.chains += 1;
             }
         }
-        match queue.enable_notification(mem) {
-            Ok(true) if popped > 0 => continue,
-            _ => break,
+        let again = matches!(queue.enable_notification(mem), Ok(true));
+        if popped >= budget {
+            served.more = again;
+            break;
+        }
+        if !(again && this_round > 0) {
+            break;
         }
     }
     served

@@ -50,8 +50,9 @@ use vm_memory::GuestMemory;
 use super::chain::{self, ChainError, Direction, Segment};
 use super::{
     ActivateError, Activation, InterruptCause, TYPE_NET, VirtioDevice, VirtioInterrupt, WriteLog,
-    features, read_config_window, serve_chains, wants_interrupt,
+    features, pop_chain, read_config_window, serve_chains, wants_interrupt,
 };
+use crate::guest_errors::GuestErrorLog;
 
 /// Bytes of `virtio_net_hdr_v1`.
 pub const HEADER_LEN: usize = 12;
@@ -250,6 +251,8 @@ pub struct VirtioNet<M> {
     active: RwLock<Option<Arc<Active>>>,
     counters: Counters,
     writes: WriteLog,
+    /// Broken rings, logged a few times, then counted.
+    guest_errors: GuestErrorLog,
 }
 
 impl<M: GuestMemory + Send + Sync> VirtioNet<M> {
@@ -261,7 +264,12 @@ impl<M: GuestMemory + Send + Sync> VirtioNet<M> {
         if Queue::new(config.queue_size).is_err() {
             return Err(NetError::QueueSize(config.queue_size));
         }
+        let m = config.mac;
         Ok(VirtioNet {
+            guest_errors: GuestErrorLog::new(format!(
+                "virtio-net {:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+                m[0], m[1], m[2], m[3], m[4], m[5]
+            )),
             config,
             mem,
             active: RwLock::new(None),
@@ -404,7 +412,7 @@ impl<M: GuestMemory + Send + Sync> VirtioNet<M> {
                     report.more = true;
                     break 'drain;
                 }
-                let Some(chain) = queue.pop_descriptor_chain(mem) else {
+                let Some(chain) = pop_chain(&mut queue, mem, &self.guest_errors) else {
                     break;
                 };
                 popped += 1;
@@ -490,7 +498,9 @@ impl<M: GuestMemory + Send + Sync> VirtioNet<M> {
         }
         let mem = &self.mem;
         let mut handled = 0;
-        let served = serve_chains(&mut queue, mem, |chain| {
+        // A queue's worth a doorbell; the rest waits for the next.
+        let budget = usize::from(queue.size());
+        let served = serve_chains(&mut queue, mem, budget, &self.guest_errors, |chain| {
             let written = match chain::walk_split(chain, 4096) {
                 Ok((readable, writable)) => {
                     let ack = self.ctrl_command(&active, &readable);
@@ -510,7 +520,7 @@ impl<M: GuestMemory + Send + Sync> VirtioNet<M> {
             written as u32
         });
         self.writes.record_used_ring(&queue);
-        if served > 0 && wants_interrupt(&mut queue, mem) {
+        if served.chains > 0 && wants_interrupt(&mut queue, mem) {
             drop(queue);
             active.interrupt.trigger(InterruptCause::Queue(index));
         }
@@ -683,7 +693,7 @@ impl<M: GuestMemory + Send + Sync> RxBatch<'_, M> {
         let mem = &self.net.mem;
         let mut empty_rounds = 0;
         loop {
-            let Some(chain) = queue.pop_descriptor_chain(mem) else {
+            let Some(chain) = pop_chain(queue, mem, &self.net.guest_errors) else {
                 // Ask for a notification when buffers come; if some came meanwhile,
                 // look again (once: a corrupt ring index must not make us spin).
                 match queue.enable_notification(mem) {

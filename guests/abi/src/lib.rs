@@ -23,6 +23,14 @@ pub struct UserHeader {
 /// "KUMOUSR1", little-endian.
 pub const USER_MAGIC: u64 = u64::from_le_bytes(*b"KUMOUSR1");
 
+/// Physical address of a u64 the hypervisor keeps for the guest's clock: TSC ticks
+/// during which the guest did not run although its TSC went on (a snapshot waiting on
+/// disk before `kumo --restore`; on kvm_pvm the guest's TSC is the host's, and KVM's
+/// TSC offset is not honoured). Ring 3's clock is the TSC minus this word; values
+/// handed to the supervisor (deadlines) are raw TSC. 0 at boot; in the PVH module
+/// list's page, past the entries kumo can write (docs/guest-abi.md).
+pub const CLOCK_OFFSET: u64 = 0x6ff8;
+
 /// Most CPUs the guest brings up (GDT, TSS and stacks are sized for this).
 pub const MAX_CPUS: usize = 64;
 

@@ -6,6 +6,9 @@
 //! `blk=check` on the command line runs [`check`]: the disk's size, serial and first
 //! sector, a write of sector 1 read back (or the refusal a read-only disk answers),
 //! a flush, and the time of 4 KiB reads; one `@kumo blk` line says what it saw.
+//!
+//! Two hostile probes check that a guest cannot make kumo's disk work without end or
+//! flood its log: `blk=loop` ([`self_perpetuating`]) and `blk=badring` ([`bad_ring`]).
 
 use core::fmt::Write;
 
@@ -254,4 +257,73 @@ pub fn check(info: &BootInfo) -> bool {
     let _ = write!(line, " kicks={} ok={}", disk.queue.kicks, u8::from(ok));
     line.emit();
     ok
+}
+
+/// Where the self-perpetuating request keeps its header: in the avail ring's page, 16
+/// bytes before the end of the 512-byte read that overwrites the ring.
+const LOOP_HEADER_AT: u64 = SECTOR - 16;
+/// Its status byte: past that read.
+const LOOP_STATUS_AT: u64 = 1024;
+/// Status of a hostile probe that got its request back (kumo went on).
+pub const STATUS_PROBE_DONE: u32 = 7;
+
+/// `blk=loop`: one read request whose data buffer is the avail ring's page, so the
+/// sector it reads rewrites `avail.idx` (one more available) and the request's own
+/// header (the next sector). Given an image whose sector `j` holds avail.idx `j + 2`,
+/// ring entries 0 and a header for sector `j + 1` (mod 2^16), a device that serves a
+/// queue until it is empty never stops. The guest rings once, waits for the first used
+/// entry, and exits with [`STATUS_PROBE_DONE`]: kumo must end with it.
+pub fn self_perpetuating(info: &BootInfo) -> ! {
+    let mut memory = Bump::new(info.heap_start, info.heap_end);
+    let Ok(mut disk) = Disk::open(info, &mut memory) else {
+        let mut line = Line::new();
+        let _ = write!(line, "@kumo blk error=open");
+        line.emit();
+        sys::exit(1);
+    };
+    let ring = disk.queue.avail_addr();
+    let header = ring + LOOP_HEADER_AT;
+    let status = ring + LOOP_STATUS_AT;
+    // SAFETY: the avail ring's page belongs to this queue; the ring itself ends long
+    // before these bytes.
+    unsafe {
+        core::ptr::write_volatile(header as *mut u32, T_IN);
+        core::ptr::write_volatile((header + 4) as *mut u32, 0);
+        core::ptr::write_volatile((header + 8) as *mut u64, 0);
+    }
+    disk.queue.set_desc(0, header, 16, false);
+    disk.queue.chain(0, 1);
+    disk.queue.set_desc(1, ring, SECTOR as u32, true);
+    disk.queue.chain(1, 2);
+    disk.queue.set_desc(2, status, 1, true);
+    disk.queue.push(0);
+    disk.queue.publish();
+    let mut polls = 0u64;
+    while !disk.queue.has_used() && polls < POLL_LIMIT {
+        polls += 1;
+        core::hint::spin_loop();
+    }
+    sys::exit(STATUS_PROBE_DONE)
+}
+
+/// Doorbells [`bad_ring`] rings.
+const BAD_RING_KICKS: u32 = 2000;
+
+/// `blk=badring`: sets `avail.idx` further ahead than the queue has entries (a ring
+/// the device must refuse) and rings the doorbell [`BAD_RING_KICKS`] times, then exits
+/// with [`STATUS_PROBE_DONE`]. kumo must say so in a few lines, not one per doorbell.
+pub fn bad_ring(info: &BootInfo) -> ! {
+    let mut memory = Bump::new(info.heap_start, info.heap_end);
+    let Ok(mut disk) = Disk::open(info, &mut memory) else {
+        let mut line = Line::new();
+        let _ = write!(line, "@kumo blk error=open");
+        line.emit();
+        sys::exit(1);
+    };
+    let beyond = disk.queue.size.wrapping_mul(2).wrapping_add(1);
+    disk.queue.set_avail_idx(beyond);
+    for _ in 0..BAD_RING_KICKS {
+        disk.queue.kick();
+    }
+    sys::exit(STATUS_PROBE_DONE)
 }

@@ -335,8 +335,11 @@ fn master(info: &'static BootInfo) -> ! {
             IrqMode::Bench { rounds, target } => irq::bench(info, rounds, target),
         };
     }
-    if plan.blk {
-        all_verified &= blk::check(info);
+    match plan.blk {
+        Some(BlkMode::Check) => all_verified &= blk::check(info),
+        Some(BlkMode::Loop) => blk::self_perpetuating(info),
+        Some(BlkMode::BadRing) => blk::bad_ring(info),
+        None => {}
     }
     if plan.net.any() || !mpi_specs.is_empty() {
         all_verified &= run_mpi(info, &plan);
@@ -694,8 +697,16 @@ struct Plan {
     mpi: bool,
     /// `mpi=`, `wait=`, `net=`, `net_rounds=`, `net_seed=`, `net_drop=`.
     net: network::Plan,
-    /// `blk=check`: the virtio-blk driver's check of the first disk.
-    blk: bool,
+    /// `blk=check`: the virtio-blk driver's check of the first disk; `blk=loop`,
+    /// `blk=badring`: the hostile disk probes (see `blk.rs`).
+    blk: Option<BlkMode>,
+}
+
+#[derive(Clone, Copy)]
+enum BlkMode {
+    Check,
+    Loop,
+    BadRing,
 }
 
 /// `irq=check` or `irq=bench:ROUNDS:CPU`.
@@ -758,7 +769,7 @@ fn parse_command_line(cmdline: &str) -> Result<Plan, ()> {
         balloon: None,
         mpi: false,
         net: network::Plan::new(),
-        blk: false,
+        blk: None,
     };
     let mut mpi_given = false;
     let mut npb_items = None;
@@ -897,8 +908,13 @@ fn parse_command_line(cmdline: &str) -> Result<Plan, ()> {
                 }
             }
         } else if let Some(mode) = word.strip_prefix("blk=") {
-            plan.blk = mode == "check";
-            if !plan.blk {
+            plan.blk = match mode {
+                "check" => Some(BlkMode::Check),
+                "loop" => Some(BlkMode::Loop),
+                "badring" => Some(BlkMode::BadRing),
+                _ => None,
+            };
+            if plan.blk.is_none() {
                 error("bad-blk", mode);
                 ok = false;
             }
@@ -924,7 +940,7 @@ fn parse_command_line(cmdline: &str) -> Result<Plan, ()> {
             || plan.probe.is_some()
             || plan.idle.is_some()
             || plan.net.any()
-            || plan.blk
+            || plan.blk.is_some()
             || mpi_given => {}
         None => {
             for spec in Spec::defaults() {

@@ -62,7 +62,7 @@ pub fn wait_until(word: *const u32, expected: u32, until_tsc: u64) -> bool {
             call::WAIT_UNTIL,
             word as u64,
             u64::from(expected),
-            until_tsc,
+            until_tsc.wrapping_add(clock_offset()),
         ) == 0
     }
 }
@@ -120,12 +120,23 @@ pub fn fault(kind: u64) {
 /// TSC-deadline timer.
 pub fn sleep_until(until: u64) -> bool {
     // SAFETY: no pointers involved.
-    unsafe { trap(call::SLEEP, until, 0) == 0 }
+    unsafe { trap(call::SLEEP, until.wrapping_add(clock_offset()), 0) == 0 }
 }
 
+/// The guest's clock in TSC ticks: the TSC less the time the VM spent saved
+/// (`kumo_abi::CLOCK_OFFSET`), so a benchmark timed across a snapshot and a restore
+/// does not count the time the snapshot waited on disk.
 pub fn rdtsc() -> u64 {
     // SAFETY: RDTSC is allowed in ring 3 (CR4.TSD clear) and has no side effects.
-    unsafe { core::arch::x86_64::_rdtsc() }
+    let tsc = unsafe { core::arch::x86_64::_rdtsc() };
+    tsc.wrapping_sub(clock_offset())
+}
+
+/// What to take off the TSC for the guest's clock (written by kumo at a restore).
+fn clock_offset() -> u64 {
+    // SAFETY: an aligned u64 in guest RAM (identity-mapped, readable from ring 3)
+    // that only the hypervisor writes, while the VM does not run.
+    unsafe { core::ptr::read_volatile(kumo_abi::CLOCK_OFFSET as *const u64) }
 }
 
 /// This CPU multiplexes the tasks of `queue` (the caller is its current task), ticking

@@ -445,6 +445,19 @@ impl Queue {
         true
     }
 
+    /// The guest address of the avail ring (its page is this queue's alone): for the
+    /// hostile disk probes, which point a request's buffers at it.
+    pub fn avail_addr(&self) -> u64 {
+        self.avail
+    }
+
+    /// Writes `avail.idx` as given, whatever was pushed: for the hostile disk probes.
+    pub fn set_avail_idx(&mut self, idx: u16) {
+        fence(Ordering::Release);
+        // SAFETY: avail.idx of this queue's ring.
+        unsafe { core::ptr::write_volatile((self.avail + 2) as *mut u16, idx) };
+    }
+
     /// Notifies the device whatever it asked for (extra notifications are allowed):
     /// for a ring that has stopped moving.
     pub fn kick(&mut self) {

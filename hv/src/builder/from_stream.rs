@@ -24,16 +24,30 @@ use crate::{Error, Vm};
 
 /// Reads a whole stream (header first) from `r` and builds the VM it describes.
 /// Returns the VM, ready to run, and the stream's META (with the program's `app`).
+///
+/// The guest's clock leaves out the time between the save and now (the snapshot
+/// waited on disk): see [`continue_clock`].
 pub fn build_from_snapshot(r: &mut impl Read, kvm_device: &Path) -> Result<(Vm, Meta), Error> {
-    build_incoming(r, kvm_device, |_| Ok(()))
+    build(r, kvm_device, |_| Ok(()), true)
 }
 
 /// [`build_from_snapshot`] for a migration: `applied(round)` is called at each `SYNC`, once
 /// every page before it is in RAM, to acknowledge the round to the source.
+/// The guest's clock runs on through the downtime, as a live migration's does
+/// everywhere.
 pub fn build_incoming(
     r: &mut impl Read,
     kvm_device: &Path,
+    applied: impl FnMut(u32) -> Result<(), Error>,
+) -> Result<(Vm, Meta), Error> {
+    build(r, kvm_device, applied, false)
+}
+
+fn build(
+    r: &mut impl Read,
+    kvm_device: &Path,
     mut applied: impl FnMut(u32) -> Result<(), Error>,
+    leave_out_time_saved: bool,
 ) -> Result<(Vm, Meta), Error> {
     stream::read_header(r)?;
     let first = stream::read_section(r)?;
@@ -98,6 +112,10 @@ pub fn build_incoming(
                     return Err(StreamError::Order("END".into()).into());
                 };
                 apply(&mut vm, &vcpus, &vm_state, devices)?;
+                if leave_out_time_saved && let Some(saved) = vcpus.first().and_then(VcpuState::tsc)
+                {
+                    continue_clock(&vm, saved)?;
+                }
                 return Ok((vm, meta));
             }
             tag => return Err(StreamError::Order(tag_name(&tag)).into()),
@@ -204,6 +222,33 @@ fn create(meta: &Meta, kvm_device: &Path) -> Result<Vm, Error> {
         vcpus.push(vcpu);
     }
     super::finish(kvm, vm, vcpus, dirty, memory, memfd)
+}
+
+/// Takes the time a restored VM spent saved out of its guest's clock. On a KVM that
+/// honours the restored TSC (it continues from the saved value) there is nothing to
+/// take; on kvm_pvm the guest's TSC is the host's, and neither `KVM_SET_MSRS` of
+/// IA32_TSC nor `KVM_VCPU_TSC_OFFSET` changes what the guest reads
+/// (docs/migration.md), so vCPU 0's TSC now, less its saved value, is added to the
+/// guest's clock offset word (`layout::CLOCK_OFFSET`), which kumo's guest subtracts.
+fn continue_clock(vm: &Vm, saved: u64) -> Result<(), Error> {
+    let Some(fd) = vm.vcpus.first() else {
+        return Ok(());
+    };
+    let now = state::get_msrs(fd, &[state::MSR_IA32_TSC])?
+        .first()
+        .map(|m| m.data)
+        .ok_or_else(|| Error::Migration("KVM_GET_MSRS returned no TSC".into()))?;
+    let away = now.saturating_sub(saved);
+    let at = GuestAddress(crate::layout::CLOCK_OFFSET);
+    let offset: u64 = vm
+        .memory
+        .read_obj(at)
+        .map_err(|e| Error::GuestMemory(e.to_string()))?;
+    vm.memory
+        .write_obj(offset.wrapping_add(away), at)
+        .map_err(|e| Error::GuestMemory(e.to_string()))?;
+    tracing::debug!("the guest's clock leaves out {away} TSC ticks spent saved");
+    Ok(())
 }
 
 /// Puts the saved irqchip, clock, vCPU and device state into a created VM.

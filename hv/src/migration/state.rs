@@ -96,7 +96,7 @@ fn msrs_of(entries: &[kvm_msr_entry]) -> Result<Msrs, Error> {
 
 /// Reads the MSRs in `indices` that this vCPU has; an index KVM refuses is dropped
 /// (KVM_GET_MSRS stops at the first one it cannot read).
-fn get_msrs(vcpu: &VcpuFd, indices: &[u32]) -> Result<Vec<kvm_msr_entry>, Error> {
+pub(crate) fn get_msrs(vcpu: &VcpuFd, indices: &[u32]) -> Result<Vec<kvm_msr_entry>, Error> {
     let mut wanted: Vec<kvm_msr_entry> = indices
         .iter()
         .map(|&index| kvm_msr_entry {

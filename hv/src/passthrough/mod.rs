@@ -130,6 +130,9 @@ pub trait Backend: RegionAccess {
     }
     /// A descriptor that reports a hang-up when the device goes away, if there is one.
     fn hangup_fd(&self) -> Option<RawFd>;
+    /// Where to report, while the VM runs, a failure found during an access (a server
+    /// that stopped answering). Backends without such failures ignore it.
+    fn report_failures_to(&self, _health: Arc<DeviceHealth>) {}
     /// Lets go of the device (closing its connection).
     fn shutdown(&self);
 }
@@ -277,6 +280,7 @@ pub fn attach_backend(
         })
         .collect::<Result<Vec<_>, _>>()?;
     vm.add_pci_device_wired(device, doorbell_fds, windows)?;
+    backend.report_failures_to(health.clone());
     if let Some(fd) = backend.hangup_fd() {
         threads.push(spawn_monitor(
             backend.clone(),

@@ -3,17 +3,23 @@
 //! checked before use. Every exchange is one request and its reply under one lock
 //! (vCPU threads share the socket); a reply that does not answer the request, or a
 //! server silent for [`REPLY_TIMEOUT`], fails the access and the device.
+//!
+//! The timeout is a deadline per request that the vCPU threads' kicks do not restart.
+//! A server that missed it (silent, or a reply cut short) has lost step with the
+//! client: the connection counts as broken, every later access fails at once, and
+//! the VM gets one report naming the server and the request it did not answer.
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use devices::pci::passthrough::RegionAccess;
 
 use super::Backend;
+use crate::coordinator::DeviceHealth;
 use devices::vfio_user::proto::{
     self, DeviceInfo, IoFd, IrqInfo, MAX_DATA, RegionInfo, Request, parse_io_fds,
     parse_region_read, vfio,
@@ -27,8 +33,36 @@ pub const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct VfioUserClient {
     path: PathBuf,
     stream: UnixStream,
-    /// The next message id; held across each request and its reply.
-    next_id: Mutex<u16>,
+    /// The next message id and, once the server missed a deadline, why the connection
+    /// is broken; held across each request and its reply.
+    exchange: Mutex<Exchange>,
+    /// Where a broken connection is reported while the VM runs.
+    health: Mutex<Option<Arc<DeviceHealth>>>,
+}
+
+#[derive(Default)]
+struct Exchange {
+    next_id: u16,
+    broken: Option<String>,
+}
+
+/// A request's name in a report.
+fn command_name(command: u16) -> String {
+    use proto::command::*;
+    match command {
+        VERSION => "VERSION".into(),
+        DMA_MAP => "DMA_MAP".into(),
+        DMA_UNMAP => "DMA_UNMAP".into(),
+        DEVICE_GET_INFO => "DEVICE_GET_INFO".into(),
+        DEVICE_GET_REGION_INFO => "DEVICE_GET_REGION_INFO".into(),
+        DEVICE_GET_REGION_IO_FDS => "DEVICE_GET_REGION_IO_FDS".into(),
+        DEVICE_GET_IRQ_INFO => "DEVICE_GET_IRQ_INFO".into(),
+        DEVICE_SET_IRQS => "DEVICE_SET_IRQS".into(),
+        REGION_READ => "REGION_READ".into(),
+        REGION_WRITE => "REGION_WRITE".into(),
+        DEVICE_RESET => "DEVICE_RESET".into(),
+        other => format!("command {other}"),
+    }
 }
 
 impl VfioUserClient {
@@ -36,13 +70,15 @@ impl VfioUserClient {
     pub fn connect(path: &Path) -> Result<VfioUserClient, String> {
         let stream = UnixStream::connect(path)
             .map_err(|e| format!("cannot connect to {}: {e}", path.display()))?;
+        // A server that stops reading cannot hold a sender for ever either.
         stream
-            .set_read_timeout(Some(REPLY_TIMEOUT))
+            .set_write_timeout(Some(REPLY_TIMEOUT))
             .map_err(|e| e.to_string())?;
         let client = VfioUserClient {
             path: path.to_owned(),
             stream,
-            next_id: Mutex::new(0),
+            exchange: Mutex::new(Exchange::default()),
+            health: Mutex::new(None),
         };
         let reply = client.call(
             &Request::Version {
@@ -69,21 +105,57 @@ impl VfioUserClient {
         &self.path
     }
 
-    /// One request and its checked reply.
+    /// One request and its checked reply, within [`REPLY_TIMEOUT`].
     pub fn call(&self, request: &Request, fds: &[RawFd]) -> Result<Message, String> {
-        let mut next = self.next_id.lock().unwrap_or_else(|e| e.into_inner());
-        let id = *next;
-        *next = next.wrapping_add(1);
+        let mut exchange = self.exchange.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(why) = &exchange.broken {
+            return Err(why.clone());
+        }
+        let id = exchange.next_id;
+        exchange.next_id = id.wrapping_add(1);
         let command = request.command();
-        socket::send(&self.stream, &request.encode(id), fds).map_err(|e| e.to_string())?;
-        let reply = socket::receive(&self.stream).map_err(|e| match e {
-            socket::SocketError::Io(io) if io.kind() == std::io::ErrorKind::WouldBlock => {
-                format!("no reply within {} s", REPLY_TIMEOUT.as_secs())
+        let deadline = Instant::now() + REPLY_TIMEOUT;
+        let sent = socket::send(&self.stream, &request.encode(id), fds);
+        let reply = sent.and_then(|()| socket::receive_by(&self.stream, deadline));
+        let reply = match reply {
+            Ok(reply) => reply,
+            Err(e) => {
+                let why = self.missed(command, &e);
+                // A hang-up is the monitor's to report; anything else leaves the
+                // stream out of step (a late reply would answer the next request).
+                if !matches!(e, socket::SocketError::Closed) {
+                    exchange.broken = Some(why.clone());
+                    drop(exchange);
+                    self.report(&why);
+                }
+                return Err(why);
             }
-            other => other.to_string(),
-        })?;
+        };
         proto::check_reply(&reply.header, id, command).map_err(|e| e.to_string())?;
         Ok(reply)
+    }
+
+    /// What the server failed to do for `command`.
+    fn missed(&self, command: u16, error: &socket::SocketError) -> String {
+        let name = command_name(command);
+        match error {
+            socket::SocketError::Late { .. } => format!(
+                "the server at {} did not answer {name} within {} s: {error}",
+                self.path.display(),
+                REPLY_TIMEOUT.as_secs()
+            ),
+            other => format!(
+                "the server at {} failed {name}: {other}",
+                self.path.display()
+            ),
+        }
+    }
+
+    /// Tells the running VM its device failed (once: the first report wins).
+    fn report(&self, why: &str) {
+        if let Some(health) = &*self.health.lock().unwrap_or_else(|e| e.into_inner()) {
+            health.fail(format!("passthrough vfio-user: {why}; the device failed"));
+        }
     }
 }
 
@@ -173,6 +245,10 @@ impl Backend for VfioUserClient {
 
     fn hangup_fd(&self) -> Option<RawFd> {
         Some(self.stream.as_raw_fd())
+    }
+
+    fn report_failures_to(&self, health: Arc<DeviceHealth>) {
+        *self.health.lock().unwrap_or_else(|e| e.into_inner()) = Some(health);
     }
 
     /// Closes the connection (the server sees the client leave).
