@@ -141,5 +141,12 @@ fn with_seccomp_log_a_forbidden_call_is_let_through() {
 
 #[test]
 fn an_unknown_seccomp_mode_is_refused() {
-    assert_refused(&["--seccomp", "strict"], "seccomp mode");
+    // clap's own refusal (status 2), with kumo's reason.
+    let out = kumo(&["--seccomp", "strict"]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("'strict' is not a seccomp mode (off, log or kill)"),
+        "{stderr}"
+    );
 }

@@ -201,9 +201,15 @@ fn migration(r: &mut Rules) -> Result<(), BackendError> {
     allow(r, POSITIONED_IO);
     allow(r, SOCKET_IO);
     allow(r, PLACEMENT);
+    // fstatfs: whether guest RAM is on huge pages decides how its pages are written.
     allow(
         r,
-        &[libc::SYS_ftruncate, libc::SYS_connect, libc::SYS_socket],
+        &[
+            libc::SYS_ftruncate,
+            libc::SYS_connect,
+            libc::SYS_socket,
+            libc::SYS_fstatfs,
+        ],
     );
     ioctls(r, &[KVM_TYPE, VFIO_TYPE, TTY_SOCKET_TYPE])?;
     open_read_only(r)
