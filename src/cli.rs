@@ -117,7 +117,7 @@ pub enum Mode {
 }
 
 /// Options every VM run reads.
-const VM_RUN: [&str; 4] = ["vcpus", "kvm_device", "timeout", "watchdog"];
+const VM_RUN: [&str; 5] = ["vcpus", "kvm_device", "timeout", "watchdog", "seccomp"];
 
 impl Mode {
     const ALL: [Mode; 6] = [

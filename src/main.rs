@@ -51,6 +51,12 @@ fn main() -> ExitCode {
         _ => vm.limits.limits(),
     };
     hv::stop::set_default_limits(limits);
+    hv::seccomp::set_mode(match &cli.command {
+        Some(Command::Node(args)) => args.limits.seccomp,
+        Some(Command::Mpi(args)) => args.limits.seccomp,
+        Some(Command::NicServer(args)) => args.seccomp,
+        _ => vm.limits.seccomp,
+    });
     let result = match (&cli.command, &vm.dump_guest, &vm.kernel) {
         (Some(Command::Native(args)), _, _) => kumo_lab::native::run_native(args),
         (Some(Command::Bench(BenchCommand::Overhead(args))), _, _) => {

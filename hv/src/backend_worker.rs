@@ -261,6 +261,7 @@ impl BackendWorker {
                 let _running = Running(thread_control.clone());
                 let member = dom0.map(|group| group.join_current());
                 handler.started();
+                crate::seccomp::apply_or_exit(crate::seccomp::ThreadKind::Backend);
                 run(&events, &thread_control, member.as_ref(), &mut handler);
             })
             .map_err(|e| {

@@ -781,6 +781,7 @@ fn drive(shared: &Shared) {
     if let Err(e) = placement::confine_thread(0, &home) {
         tracing::warn!("cannot confine the credit driver: {e}");
     }
+    crate::seccomp::apply_or_exit(crate::seccomp::ThreadKind::Credit);
     let dom0 = state.dom0();
     let mut seen_activity = dom0.as_ref().map_or(0, |g| g.activity());
     let mut quiet_since: Option<u64> = None;

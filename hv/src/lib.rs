@@ -44,6 +44,7 @@ pub mod passthrough;
 pub mod placement;
 pub mod pvwait;
 pub mod regs;
+pub mod seccomp;
 pub mod stop;
 pub mod teardown;
 pub mod testing;
@@ -127,6 +128,8 @@ pub enum Error {
     },
     #[error("KVM API version {0} is not supported (kumo needs 12)")]
     KvmApiVersion(i32),
+    #[error("seccomp: {0}")]
+    Seccomp(#[from] crate::seccomp::Error),
     #[error("the VM needs at least 1 vCPU")]
     NoVcpus,
     #[error("{requested} vCPUs is above this host's KVM limit of {max} vCPUs")]

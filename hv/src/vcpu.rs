@@ -143,7 +143,11 @@ pub(crate) fn thread_main(
     let _ = vmm_sys_util::signal::unblock_signal(kick::kick_signal());
     kick::set_kvm_run(vcpu.get_kvm_run());
     shared.control.register(index as usize);
-    let end = run_loop(index, &mut vcpu, &shared);
+    // Set up: from here on the thread only runs the guest and serves its exits.
+    let end = match crate::seccomp::apply(crate::seccomp::ThreadKind::Vcpu) {
+        Ok(()) => run_loop(index, &mut vcpu, &shared),
+        Err(e) => VcpuEnd::Error(e.into()),
+    };
     shared.record_kvm_stats(index, &vcpu);
     kick::set_kvm_run(std::ptr::null_mut());
     shared.control.record_final_cpu_time(index as usize);

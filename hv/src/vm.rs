@@ -211,10 +211,31 @@ impl Vm {
         let (handles, spawn_error) = spawn_vcpus(self.vcpus, &shared, &tx);
         tracing::debug!("vCPU threads started");
         drop(tx);
-        let mut coordinator =
-            Coordinator::new(rx, &shared, &self.control, &self.health, &tail, handles);
-        let decision = coordinator.decide(self.limits, spawn_error);
-        coordinator.stop_all(&self.hub);
+        // The coordinator has a thread of its own, so that its filter confines only
+        // this VM's steady state (the caller may build more VMs after this one).
+        let (control, health, hub, limits) = (&self.control, &self.health, &self.hub, self.limits);
+        let decision = std::thread::scope(|scope| {
+            let coordinator = std::thread::Builder::new()
+                .name("coordinator".into())
+                .spawn_scoped(scope, || {
+                    crate::seccomp::apply_or_exit(crate::seccomp::ThreadKind::Coordinator);
+                    let mut coordinator =
+                        Coordinator::new(rx, &shared, control, health, &tail, handles);
+                    let decision = coordinator.decide(limits, spawn_error);
+                    coordinator.stop_all(hub);
+                    decision
+                })
+                .map_err(|source| Error::Os {
+                    what: "spawning the coordinator thread",
+                    source,
+                })?;
+            coordinator.join().unwrap_or_else(|_| {
+                Err(Error::Os {
+                    what: "the coordinator thread",
+                    source: std::io::Error::other("it panicked"),
+                })
+            })
+        });
 
         let workload_started = devices
             .timer

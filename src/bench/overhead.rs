@@ -69,8 +69,8 @@ pub fn run_overhead(args: &OverheadArgs) -> Result<u8> {
     run::check_guest_vcpus(args.vcpus, &args.kvm_device)?;
     let mut lines = Vec::new();
     for &spec in &specs {
-        let (mut native_times, mut guest_times, mut qemu_times) =
-            (Vec::new(), Vec::new(), Vec::new());
+        let (mut native_times, mut guest_times, mut qemu_times, mut unfiltered_times) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for round in 1..=args.runs {
             native_times.push(native_time(spec, args.vcpus, args.huge_pages)?);
             guest_times.push(guest_time(
@@ -79,13 +79,21 @@ pub fn run_overhead(args: &OverheadArgs) -> Result<u8> {
                 &args.kvm_device,
                 args.huge_pages,
             )?);
+            let mut unfiltered = String::new();
+            if args.seccomp_off_too {
+                unfiltered_times.push(guest_time_unfiltered(spec, args)?);
+                unfiltered = format!(
+                    ", guest without seccomp {:.3} s",
+                    unfiltered_times.last().unwrap()
+                );
+            }
             let mut qemu = String::new();
             if args.qemu {
                 qemu_times.push(qemu_time(spec, args.vcpus, args.huge_pages)?);
                 qemu = format!(", QEMU {:.3} s", qemu_times.last().unwrap());
             }
             eprintln!(
-                "kumo: {spec} pair {round}/{}: native {:.3} s, guest {:.3} s{qemu}",
+                "kumo: {spec} pair {round}/{}: native {:.3} s, guest {:.3} s{unfiltered}{qemu}",
                 args.runs,
                 native_times.last().unwrap(),
                 guest_times.last().unwrap()
@@ -93,7 +101,9 @@ pub fn run_overhead(args: &OverheadArgs) -> Result<u8> {
         }
         let kumo = summarize(&native_times, &guest_times).expect("runs >= 1, paired");
         let qemu = summarize(&native_times, &qemu_times);
-        lines.push((spec, kumo, qemu));
+        // Filtered over unfiltered guest runs of the same round: what seccomp costs.
+        let seccomp = summarize(&unfiltered_times, &guest_times);
+        lines.push((spec, kumo, qemu, seccomp));
     }
     print(&lines, args);
     Ok(0)
@@ -130,6 +140,15 @@ pub(crate) fn guest_time(
         Some(result) => Ok(result.time_s),
         None => bail!("{spec} in the guest gave no result"),
     }
+}
+
+/// As [`guest_time`] with every seccomp filter off, whatever `--seccomp` says.
+fn guest_time_unfiltered(spec: Spec, args: &OverheadArgs) -> Result<f64> {
+    let mode = hv::seccomp::mode();
+    hv::seccomp::set_mode(hv::seccomp::Mode::Off);
+    let time = guest_time(spec, args.vcpus, &args.kvm_device, args.huge_pages);
+    hv::seccomp::set_mode(mode);
+    time
 }
 
 /// How long one QEMU run may take: longer than any class this host can hold.
@@ -175,6 +194,21 @@ pub struct OverheadRow {
     /// With `--qemu` only (absent without).
     #[serde(flatten)]
     pub qemu: Option<QemuOverhead>,
+    /// With `--seccomp-off-too` only (absent without).
+    #[serde(flatten)]
+    pub seccomp: Option<SeccompOverhead>,
+}
+
+/// The guest with its seccomp filters against the same guest without, each round's
+/// two runs back to back.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SeccompOverhead {
+    pub seccomp_off_median_s: f64,
+    /// Filtered guest time / unfiltered guest time of the same round, median.
+    pub seccomp_ratio_median: f64,
+    pub seccomp_ratio_min: f64,
+    pub seccomp_ratio_max: f64,
+    pub seccomp_best_ratio: f64,
 }
 
 /// QEMU's side of an overhead row, against the same native runs.
@@ -187,9 +221,11 @@ pub struct QemuOverhead {
     pub qemu_best_ratio: f64,
 }
 
-fn print(lines: &[(Spec, Summary, Option<Summary>)], args: &OverheadArgs) {
+type Line = (Spec, Summary, Option<Summary>, Option<Summary>);
+
+fn print(lines: &[Line], args: &OverheadArgs) {
     if args.json {
-        for (spec, s, qemu) in lines {
+        for (spec, s, qemu, seccomp) in lines {
             kumo_vmm::output::json_line(&OverheadRow {
                 benchmark: spec.kernel.name(),
                 class: spec.class.letter().to_string(),
@@ -207,6 +243,13 @@ fn print(lines: &[(Spec, Summary, Option<Summary>)], args: &OverheadArgs) {
                     qemu_ratio_min: q.ratio_min,
                     qemu_ratio_max: q.ratio_max,
                     qemu_best_ratio: q.best_ratio,
+                }),
+                seccomp: seccomp.as_ref().map(|q| SeccompOverhead {
+                    seccomp_off_median_s: q.native_median,
+                    seccomp_ratio_median: q.ratio_median,
+                    seccomp_ratio_min: q.ratio_min,
+                    seccomp_ratio_max: q.ratio_max,
+                    seccomp_best_ratio: q.best_ratio,
                 }),
             });
         }
@@ -232,7 +275,13 @@ fn print(lines: &[(Spec, Summary, Option<Summary>)], args: &OverheadArgs) {
         "ratio min-max",
         "best ratio"
     );
-    for (spec, s, qemu) in lines {
+    for (spec, s, qemu, seccomp) in lines {
+        let seccomp = seccomp.as_ref().map_or(String::new(), |q| {
+            format!(
+                " {:>10.3} {:>13.4} {:>7.4}-{:<7.4}",
+                q.native_median, q.ratio_median, q.ratio_min, q.ratio_max
+            )
+        });
         let qemu = qemu.as_ref().map_or(String::new(), |q| {
             format!(
                 " {:>9.3} {:>11.3} {:>7.3}-{:<7.3}",
@@ -252,6 +301,12 @@ fn print(lines: &[(Spec, Summary, Option<Summary>)], args: &OverheadArgs) {
             s.ratio_max,
             s.best_ratio
         );
+        if !seccomp.is_empty() {
+            kumo_vmm::outln!(
+                "{:<10} seccomp: off (s), filtered/off ratio, min-max:{seccomp}",
+                ""
+            );
+        }
     }
     kumo_vmm::outln!(
         "ratio = guest time / native time of the same benchmark, median over the pairs; \
@@ -289,6 +344,11 @@ pub struct OverheadArgs {
     /// Print one JSON object per line instead of a table.
     #[arg(long)]
     pub json: bool,
+
+    /// Also run the guest with every seccomp filter off in every round, right after the
+    /// filtered guest (`--seccomp`'s mode, kill by default): the filters' cost.
+    #[arg(long)]
+    pub seccomp_off_too: bool,
 
     /// The KVM device to open.
     #[arg(long, value_name = "PATH", default_value = "/dev/kvm")]

@@ -197,8 +197,14 @@ pub struct Background {
 }
 
 pub fn kumo_background(args: &[&str]) -> Background {
+    kumo_background_with_env(args, &[])
+}
+
+/// [`kumo_background`] with environment variables set.
+pub fn kumo_background_with_env(args: &[&str], env: &[(&str, &str)]) -> Background {
     let mut child = Command::new(kumo_bin())
         .args(args)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

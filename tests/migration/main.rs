@@ -8,4 +8,5 @@ mod common;
 
 mod migration;
 mod node_domain;
+mod seccomp;
 mod snapshot;

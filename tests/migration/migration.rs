@@ -48,7 +48,7 @@ pub(crate) fn token(name: &str, secret: &str) -> std::path::PathBuf {
 
 /// The source: EP.A on one vCPU, with a socket. Seconds of work: EP.W (0.5 s) ended before
 /// the copy rounds paused it on a busy CI host.
-fn source(socket: &Path) -> Background {
+pub(crate) fn source(socket: &Path) -> Background {
     source_with(socket, "ep.A", &[])
 }
 
@@ -75,7 +75,7 @@ fn source_on(socket: &Path, npb: &str, vcpus: u32, extra: &[&str]) -> Background
     s
 }
 
-fn destination(port: u16, token: &Path) -> Background {
+pub(crate) fn destination(port: u16, token: &Path) -> Background {
     let d = kumo_background(&[
         "--incoming",
         &format!("tcp:127.0.0.1:{port}"),
@@ -88,7 +88,7 @@ fn destination(port: u16, token: &Path) -> Background {
 }
 
 /// `kumo ctl --json migrate`, retried while the source VM has not started yet.
-fn migrate(socket: &Path, port: u16, token: &Path) -> std::process::Output {
+pub(crate) fn migrate(socket: &Path, port: u16, token: &Path) -> std::process::Output {
     migrate_with(socket, port, token, &[])
 }
 

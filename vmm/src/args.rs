@@ -141,6 +141,12 @@ pub struct LimitArgs {
     /// seconds of CPU time with no exit and no change of its registers; 0: no watchdog.
     #[arg(long, value_name = "SECONDS", default_value_t = 10.0, value_parser = seconds)]
     pub watchdog: f64,
+
+    /// A seccomp filter per thread kind (vCPU, backend, coordinator, API, migration,
+    /// credit driver), on once each thread is set up: kill (a forbidden call ends kumo
+    /// with status 3 and names the thread and the call), log (the kernel logs it), off.
+    #[arg(long, value_name = "MODE", default_value = "kill", value_parser = seccomp_mode)]
+    pub seccomp: hv::seccomp::Mode,
 }
 
 impl LimitArgs {
@@ -168,6 +174,10 @@ impl OnOff {
 }
 
 pub fn irq_path(text: &str) -> Result<hv::irq::IrqPath, String> {
+    text.parse()
+}
+
+pub fn seccomp_mode(text: &str) -> Result<hv::seccomp::Mode, String> {
     text.parse()
 }
 

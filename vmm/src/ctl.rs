@@ -207,6 +207,7 @@ impl Server {
             .name("ctl".into())
             .spawn(move || {
                 let _kept = setup();
+                hv::seccomp::apply_or_exit(hv::seccomp::ThreadKind::Api);
                 serve(&listener, target.as_ref(), &thread_stop)
             })?;
         Ok(Server {

@@ -503,6 +503,7 @@ pub fn receive_vm_in(
         .name("migrate-ack".into())
         .spawn(move || {
             let _member = dom0.as_ref().map(|group| group.join_current());
+            hv::seccomp::apply_or_exit(hv::seccomp::ThreadKind::Migration);
             if control.wait_started(PEER_TIMEOUT)
                 && let Err(e) = hv::migration::stream::write_reply(&mut &stream, Reply::Running)
                     .inspect(|()| tracing::debug!("incoming VM runs; source told"))

@@ -129,6 +129,7 @@ fn serve_port(
     network: &Network,
     path: &Path,
 ) {
+    hv::seccomp::apply_or_exit(hv::seccomp::ThreadKind::NicServer);
     for stream in listener.incoming() {
         let stream = match stream {
             Ok(s) => s,
@@ -588,6 +589,8 @@ impl ServerProcess {
             command.arg("--poll-us").arg(OWN_CPU_POLL_US.to_string());
         }
         let child = command
+            .arg("--seccomp")
+            .arg(hv::seccomp::mode().name())
             .arg("--dir")
             .arg(&dir)
             .arg("--ports")
@@ -691,6 +694,10 @@ impl Drop for ServerProcess {
 
 #[derive(Args, Debug)]
 pub struct NicServerArgs {
+    /// Seccomp filters on the port threads and the switch (see `kumo --help`).
+    #[arg(long, value_name = "MODE", default_value = "kill", value_parser = crate::args::seccomp_mode)]
+    pub seccomp: hv::seccomp::Mode,
+
     /// Directory for the ports' sockets (`DIR/port-K.sock`).
     #[arg(long, value_name = "DIR")]
     pub dir: PathBuf,
