@@ -164,7 +164,7 @@ impl Mode {
                 "npb",
                 "json",
                 "sched",
-                "ctl_socket",
+                "api_socket",
                 "dirty_log",
                 "passthrough",
                 "irq_path",
@@ -190,12 +190,12 @@ impl Mode {
                 "irq_path",
                 "irq_rounds",
                 "json",
-                "ctl_socket",
+                "api_socket",
                 "dirty_log",
             ],
             Mode::DumpGuest => &["dump_guest"],
-            Mode::Restore => &["restore", "json", "ctl_socket"],
-            Mode::Incoming => &["incoming", "token_file", "json", "ctl_socket"],
+            Mode::Restore => &["restore", "json", "api_socket"],
+            Mode::Incoming => &["incoming", "token_file", "json", "api_socket"],
         }
     }
 

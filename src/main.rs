@@ -88,7 +88,7 @@ fn main() -> ExitCode {
         (None, Some(path), _) => run::dump_guest(path),
         (None, None, None) if vm.restore.is_some() => kumo_vmm::migrate::run_restore(vm, epoch),
         (None, None, None) if vm.incoming.is_some() => kumo_vmm::migrate::run_incoming(vm, epoch),
-        (None, None, None) if vm.ctl_socket.is_some() => {
+        (None, None, None) if vm.api_socket.is_some() => {
             kumo_vmm::migrate::run_controlled(vm, epoch)
         }
         (None, None, None) if vm.irq_check => kumo_vmm::irq::run_check(vm, epoch),
