@@ -207,3 +207,6 @@ pub fn default_socket_path() -> PathBuf {
         .unwrap_or_else(std::env::temp_dir);
     dir.join(format!("kumo-{}.sock", std::process::id()))
 }
+
+#[cfg(test)]
+mod tests;

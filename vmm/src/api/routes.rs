@@ -208,8 +208,13 @@ fn decode(text: &str) -> Result<String, String> {
 /// route's JSON (malformed, unknown or missing fields), or a body where none belongs.
 pub fn parse(matched: &Matched, body: &[u8]) -> Result<Call, Answer> {
     fn json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Answer> {
-        serde_json::from_slice(body)
-            .map_err(|e| Answer::error(400, format!("bad request body: {e}")))
+        let bad = |e: serde_json::Error| Answer::error(400, format!("bad request body: {e}"));
+        let value: serde_json::Value = serde_json::from_slice(body).map_err(bad)?;
+        // serde would take an array for a struct's fields in order: only objects here.
+        if !value.is_object() {
+            return Err(Answer::error(400, "bad request body: not a JSON object"));
+        }
+        serde_json::from_value(value).map_err(bad)
     }
     let name = || -> Result<String, Answer> {
         let raw = matched.parameter.as_deref().unwrap_or_default();
@@ -270,7 +275,12 @@ fn empty_body(body: &[u8]) -> Result<(), Answer> {
     #[derive(serde::Deserialize)]
     #[serde(deny_unknown_fields)]
     struct Nothing {}
-    serde_json::from_slice::<Nothing>(body)
+    let value: serde_json::Value = serde_json::from_slice(body)
+        .map_err(|e| Answer::error(400, format!("bad request body: {e}")))?;
+    if !value.is_object() {
+        return Err(Answer::error(400, "bad request body: not a JSON object"));
+    }
+    serde_json::from_value::<Nothing>(value)
         .map(drop)
         .map_err(|e| Answer::error(400, format!("bad request body: {e}")))
 }
