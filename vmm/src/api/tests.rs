@@ -513,3 +513,22 @@ fn an_answer_is_json_with_one_message() {
     assert_eq!(a.status, 409);
     assert_eq!(a.body, br#"{"error":"busy"}"#);
 }
+
+/// The OpenAPI document lists exactly the routes the server answers.
+#[test]
+fn the_openapi_document_matches_the_routes() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/api.openapi.json");
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
+    let mut documented = std::collections::BTreeSet::new();
+    for (route, item) in doc["paths"].as_object().unwrap() {
+        for method in item.as_object().unwrap().keys() {
+            if ["get", "put", "post", "delete", "patch", "head", "options"]
+                .contains(&method.as_str())
+            {
+                documented.insert((method.to_uppercase(), route.clone()));
+            }
+        }
+    }
+    assert_eq!(documented, routes::route_set());
+}
