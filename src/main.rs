@@ -48,6 +48,7 @@ fn main() -> ExitCode {
         (Some(Command::Bench(BenchCommand::Overhead(args))), _, _) => {
             kumo::bench::overhead::run_overhead(args)
         }
+        (Some(Command::Bench(BenchCommand::Api(args))), _, _) => kumo::bench::api::run_api(args),
         (Some(Command::Node(args)), _, _) => kumo_vmm::node::run_node(args, epoch),
         (Some(Command::Ctl(args)), _, _) => kumo_vmm::ctl::run_ctl(args),
         (Some(Command::Sim(args)), _, _) => kumo_lab::sim::run_sim(args),

@@ -119,3 +119,145 @@ pub fn request(
         }
     })
 }
+
+/// The duration of each of `n` round trips of `GET route` on one kept-alive
+/// connection (what a polling tool sees).
+pub fn round_trips(socket: &Path, route: &str, n: usize) -> Result<Vec<Duration>> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .build()
+        .context("starting the client's runtime")?;
+    runtime.block_on(async {
+        let mut client = Client::connect(socket).await?;
+        let mut times = Vec::with_capacity(n);
+        for _ in 0..n {
+            let start = std::time::Instant::now();
+            let reply = client.send("GET", route, None).await?;
+            times.push(start.elapsed());
+            if reply.status != 200 {
+                bail!("GET {route}: {} {}", reply.status, reply.error_message());
+            }
+        }
+        Ok(times)
+    })
+}
+
+/// What pollers did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PollCount {
+    /// Answers with status 200.
+    pub answered: u64,
+    /// Anything else: other statuses, refused connections (the VM not up yet, or
+    /// gone), closed connections.
+    pub failed: u64,
+}
+
+/// `clients` concurrent clients, each on its own kept-alive connection, each
+/// sending `GET route` every `interval` until stopped; on one thread
+/// (`kumo-api-pollers`) with a tokio current-thread runtime.
+pub struct Pollers {
+    stop: Option<tokio::sync::watch::Sender<bool>>,
+    thread: Option<std::thread::JoinHandle<PollCount>>,
+}
+
+impl Pollers {
+    pub fn start(
+        socket: &Path,
+        route: &str,
+        clients: usize,
+        interval: Duration,
+    ) -> Result<Pollers> {
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let socket = socket.to_path_buf();
+        let route = route.to_string();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .build()
+            .context("starting the pollers' runtime")?;
+        let thread = std::thread::Builder::new()
+            .name("kumo-api-pollers".into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let tasks: Vec<_> = (0..clients)
+                        .map(|_| {
+                            tokio::spawn(poll(
+                                socket.clone(),
+                                route.clone(),
+                                interval,
+                                stopped.clone(),
+                            ))
+                        })
+                        .collect();
+                    let mut total = PollCount::default();
+                    for task in tasks {
+                        let count = task.await.unwrap_or_default();
+                        total.answered += count.answered;
+                        total.failed += count.failed;
+                    }
+                    total
+                })
+            })
+            .context("starting the pollers' thread")?;
+        Ok(Pollers {
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+
+    /// Stops every poller and says what they did.
+    pub fn stop(mut self) -> PollCount {
+        self.finish()
+    }
+
+    fn finish(&mut self) -> PollCount {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(true);
+        }
+        self.thread
+            .take()
+            .and_then(|t| t.join().ok())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Pollers {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+/// One poller: reconnects whenever its connection is refused or closed.
+async fn poll(
+    socket: std::path::PathBuf,
+    route: String,
+    interval: Duration,
+    mut stopped: tokio::sync::watch::Receiver<bool>,
+) -> PollCount {
+    let mut count = PollCount::default();
+    let mut client: Option<Client> = None;
+    let mut ticks = tokio::time::interval(interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stopped.changed() => return count,
+            _ = ticks.tick() => {}
+        }
+        if client.is_none() {
+            client = Client::connect(&socket).await.ok();
+        }
+        let Some(c) = client.as_mut() else {
+            count.failed += 1;
+            continue;
+        };
+        match c.send("GET", &route, None).await {
+            Ok(reply) if reply.status == 200 => count.answered += 1,
+            Ok(_) => count.failed += 1,
+            Err(_) => {
+                count.failed += 1;
+                client = None;
+            }
+        }
+    }
+}
