@@ -225,3 +225,38 @@ fn an_api_socket_in_use_is_refused() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_ep_a_verified(&source.finish());
 }
+
+/// `kumo bench api --json` times its round trips against a running VM and pairs
+/// quiet and polled runs whose benchmarks verified: one object, numbers as numbers.
+#[test]
+fn bench_api_prints_one_json_row_of_numbers() {
+    if !kvm_available() {
+        return;
+    }
+    let out = kumo(&[
+        "bench",
+        "api",
+        "--runs",
+        "1",
+        "--requests",
+        "50",
+        "--clients",
+        "10",
+        "--poll-ms",
+        "10",
+        "--npb",
+        "ep.S",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let lines = json_lines(&out);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_numbers_are_numbers(&lines);
+    let row = &lines[0];
+    assert_eq!(row["requests"], 50);
+    assert_eq!(row["clients"], 10);
+    let median = row["rtt_median_us"].as_f64().unwrap();
+    assert!(median > 0.0 && median <= row["rtt_p90_us"].as_f64().unwrap());
+    assert!(row["ratio_median"].as_f64().unwrap() > 0.0);
+    assert!(row["polls_answered"].as_u64().unwrap() > 0, "{row}");
+}
