@@ -167,11 +167,27 @@ impl SchedTarget for SchedControl {
     }
 
     fn info(&self) -> VmInfo {
+        // Without domains of its own this serves a single VM under `--sched`: the
+        // driver knows its vCPUs.
+        let (kind, vcpus, domains) = if self.domains.is_empty() {
+            let vcpus = SchedTarget::domains(self)
+                .iter()
+                .filter(|d| d.domain != hv::credit::DOM0_NAME)
+                .map(|d| d.vcpus)
+                .sum();
+            (RunKind::Vm, vcpus, 1)
+        } else {
+            (
+                RunKind::Node,
+                self.domains.iter().map(|(d, _)| d.vcpus).sum(),
+                u32::try_from(self.domains.len()).unwrap_or(u32::MAX),
+            )
+        };
         VmInfo {
-            kind: RunKind::Node,
+            kind,
             state: RunState::Running,
-            vcpus: self.domains.iter().map(|(d, _)| d.vcpus).sum(),
-            domains: u32::try_from(self.domains.len()).unwrap_or(u32::MAX),
+            vcpus,
+            domains,
             pid: std::process::id(),
             credit_scheduler: self.driver.is_some(),
         }
