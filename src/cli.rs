@@ -12,6 +12,7 @@ use kumo_vmm::irq::IrqBenchArgs;
 use kumo_vmm::nic_server::NicServerArgs;
 use kumo_vmm::node::NodeArgs;
 
+use crate::bench::api::ApiArgs;
 use crate::bench::compare::CompareArgs;
 use crate::bench::migrate::MigrateBenchArgs;
 use crate::bench::overhead::OverheadArgs;
@@ -50,7 +51,7 @@ pub enum Command {
     Bench(BenchCommand),
     /// Run several VMs (domains) on a set of host CPUs, from a node file.
     Node(NodeArgs),
-    /// Inspect and change a running kumo node through its control socket.
+    /// Inspect and change a running kumo (VM or node) through its HTTP API socket.
     Ctl(CtlArgs),
     /// Simulate a cluster under the credit scheduler (the same scheduler code).
     Sim(SimArgs),
@@ -71,6 +72,9 @@ pub enum Command {
 pub enum BenchCommand {
     /// Guest/native time ratio per benchmark, from alternating native and guest runs.
     Overhead(OverheadArgs),
+    /// The HTTP control API: GET vm.info round trips, and what 100 clients polling
+    /// vm.counters cost a guest (runs with and without them, alternated).
+    Api(ApiArgs),
     /// Cost of switching a host CPU between two vCPUs, per scheduling mechanism.
     Switch(SwitchArgs),
     /// Wake-up latency of a halted vCPU beside a busy one, per credit slice.
@@ -164,7 +168,7 @@ impl Mode {
                 "npb",
                 "json",
                 "sched",
-                "ctl_socket",
+                "api_socket",
                 "dirty_log",
                 "passthrough",
                 "irq_path",
@@ -190,12 +194,12 @@ impl Mode {
                 "irq_path",
                 "irq_rounds",
                 "json",
-                "ctl_socket",
+                "api_socket",
                 "dirty_log",
             ],
             Mode::DumpGuest => &["dump_guest"],
-            Mode::Restore => &["restore", "json", "ctl_socket"],
-            Mode::Incoming => &["incoming", "token_file", "json", "ctl_socket"],
+            Mode::Restore => &["restore", "json", "api_socket"],
+            Mode::Incoming => &["incoming", "token_file", "json", "api_socket"],
         }
     }
 

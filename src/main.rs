@@ -62,6 +62,7 @@ fn main() -> ExitCode {
         (Some(Command::Bench(BenchCommand::Overhead(args))), _, _) => {
             kumo::bench::overhead::run_overhead(args)
         }
+        (Some(Command::Bench(BenchCommand::Api(args))), _, _) => kumo::bench::api::run_api(args),
         (Some(Command::Node(args)), _, _) => kumo_vmm::node::run_node(args, epoch),
         (Some(Command::Ctl(args)), _, _) => kumo_vmm::ctl::run_ctl(args),
         (Some(Command::Sim(args)), _, _) => kumo_lab::sim::run_sim(args),
@@ -102,7 +103,7 @@ fn main() -> ExitCode {
         (None, Some(path), _) => run::dump_guest(path),
         (None, None, None) if vm.restore.is_some() => kumo_vmm::migrate::run_restore(vm, epoch),
         (None, None, None) if vm.incoming.is_some() => kumo_vmm::migrate::run_incoming(vm, epoch),
-        (None, None, None) if vm.ctl_socket.is_some() => {
+        (None, None, None) if vm.api_socket.is_some() => {
             kumo_vmm::migrate::run_controlled(vm, epoch)
         }
         (None, None, None) if vm.irq_check => kumo_vmm::irq::run_check(vm, epoch),

@@ -41,8 +41,8 @@ pub fn run_mpi(args: &MpiArgs, epoch: Instant) -> Result<u8> {
     if let Some(list) = &args.npb {
         return run_npb(args, list, epoch);
     }
-    if args.ctl_socket.is_some() {
-        bail!("--ctl-socket applies to --npb jobs (a rank VM that can move)");
+    if args.api_socket.is_some() {
+        bail!("--api-socket applies to --npb jobs (a rank VM that can move)");
     }
     let sched = sched_words(args.ranks_per_vcpu, args.guest_hz)?;
     let local = args.vcpus.saturating_mul(args.ranks_per_vcpu);
@@ -141,7 +141,7 @@ fn run_npb(args: &MpiArgs, list: &str, epoch: Instant) -> Result<u8> {
     let local = args.vcpus.saturating_mul(args.ranks_per_vcpu);
     let ranks = args.job_size.unwrap_or(args.vms.saturating_mul(local));
     let specs = parse_npb(list, ranks)?;
-    if args.ctl_socket.is_some() {
+    if args.api_socket.is_some() {
         return run_controlled(args, &specs, &sched, epoch);
     }
     let job = Job {
@@ -401,32 +401,32 @@ fn parse_sizes(list: &str) -> Result<Vec<u64>> {
     Ok(sizes)
 }
 
-/// `kumo mpi --vms 1 --npb LIST --ctl-socket PATH`: this process's VM of the job,
+/// `kumo mpi --vms 1 --npb LIST --api-socket PATH`: this process's VM of the job,
 /// saveable and movable while it runs; `sched` holds the guest scheduler's words
 /// (`--ranks-per-vcpu`, `--guest-hz`).
 pub fn run_controlled(args: &MpiArgs, specs: &[Spec], sched: &str, epoch: Instant) -> Result<u8> {
     let socket = args
-        .ctl_socket
+        .api_socket
         .as_deref()
-        .context("--ctl-socket needs a path")?;
+        .context("--api-socket needs a path")?;
     if args.vms != 1 {
         bail!(
-            "--ctl-socket serves one VM: give --vms 1 (not {})",
+            "--api-socket serves one VM: give --vms 1 (not {})",
             args.vms
         );
     }
     if args.nic != NicKind::Emulated || args.nic_server.is_some() {
-        bail!("--ctl-socket moves emulated NICs only: a passthrough NIC's server cannot move");
+        bail!("--api-socket moves emulated NICs only: a passthrough NIC's server cannot move");
     }
     let wire = match &args.wire {
         Some(WireSpec::Listen(_)) => bail!(
-            "--ctl-socket: a listening wire cannot move with its VM; give this side \
+            "--api-socket: a listening wire cannot move with its VM; give this side \
              --wire unix:PATH (and the other side listen:unix:PATH)"
         ),
         Some(WireSpec::Connect(WireAddr::Unix(path))) => Some(path.clone()),
         // The migration stream names the wire by a path (`rank::RankApp`).
         Some(WireSpec::Connect(WireAddr::Tcp { .. })) => bail!(
-            "--ctl-socket: a rank VM that moves rejoins over a UNIX wire only; give this \
+            "--api-socket: a rank VM that moves rejoins over a UNIX wire only; give this \
              side --wire unix:PATH (and the other side listen:unix:PATH)"
         ),
         None => None,
@@ -540,11 +540,12 @@ pub struct MpiArgs {
     #[arg(long)]
     pub json: bool,
 
-    /// Serve the control socket (mode 0600) of this process's one VM (--vms 1, with
-    /// --npb): `kumo ctl ... migrate` moves the rank to a `kumo --incoming`, which
-    /// rejoins the job on the same wire (the VM's side must connect: --wire unix:PATH).
-    #[arg(long, value_name = "PATH")]
-    pub ctl_socket: Option<PathBuf>,
+    /// Serve the HTTP control API (UNIX socket, mode 0600) of this process's one VM
+    /// (--vms 1, with --npb): `kumo ctl ... migrate` moves the rank to a `kumo
+    /// --incoming`, which rejoins the job on the same wire (the VM's side must
+    /// connect: --wire unix:PATH). `--ctl-socket` is an alias.
+    #[arg(long, value_name = "PATH", alias = "ctl-socket")]
+    pub api_socket: Option<PathBuf>,
 
     /// The KVM device to open.
     #[arg(long, value_name = "PATH", default_value = "/dev/kvm")]

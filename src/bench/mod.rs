@@ -4,6 +4,7 @@
 //! `bench record` runs a suite of them into a performance record (`suite.rs`,
 //! `record.rs`), and `bench compare` sets two records side by side (`compare.rs`).
 
+pub mod api;
 pub mod compare;
 pub mod exit;
 pub mod migrate;

@@ -975,7 +975,7 @@ fn a_rank_vm_with_a_control_socket_is_refused_unless_it_is_one_movable_vm() {
                 "--ctl-socket",
                 "/tmp/x.sock",
             ][..],
-            "--ctl-socket serves one VM: give --vms 1 (not 2)",
+            "--api-socket serves one VM: give --vms 1 (not 2)",
         ),
         (
             &[
@@ -1011,7 +1011,7 @@ fn a_rank_vm_with_a_control_socket_is_refused_unless_it_is_one_movable_vm() {
         ),
         (
             &["mpi", "--vms", "1", "--ctl-socket", "/tmp/x.sock"][..],
-            "--ctl-socket applies to --npb jobs",
+            "--api-socket applies to --npb jobs",
         ),
     ] {
         assert_refused(args, needle);

@@ -320,7 +320,7 @@ fn the_single_vm_form_runs_under_the_credit_scheduler() {
     ]);
     assert!(out.status.success(), "{}", text_of(&out.stderr));
     assert_eq!(json_lines(&out)[0]["verified"], true);
-    assert!(text_of(&out.stderr).contains("control socket"));
+    assert!(text_of(&out.stderr).contains("API socket"));
     for (spec, why) in [
         ("credit:tslice=0.01ms", "100 us to 1000 ms"),
         ("credit:slice=1ms", "unknown parameter 'slice'"),

@@ -6,6 +6,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod api;
 mod bad_input;
 mod boot;
 mod disk;

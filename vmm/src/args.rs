@@ -85,7 +85,7 @@ pub struct VmArgs {
 
     /// With --irq-check: instead of the delivery check, N doorbell rounds on vector 0,
     /// one interrupt outstanding at a time, lost ones counted (long enough to snapshot
-    /// or migrate the VM mid-run with --ctl-socket).
+    /// or migrate the VM mid-run with --api-socket).
     #[arg(long, value_name = "N", requires = "irq_check")]
     pub irq_rounds: Option<u32>,
 
@@ -104,14 +104,15 @@ pub struct VmArgs {
     #[arg(long, value_name = "PATH", default_value = "/dev/kvm")]
     pub kvm_device: PathBuf,
 
-    /// Serve a control socket for this VM at PATH (mode 0600): `kumo ctl --socket
-    /// PATH snapshot|migrate`.
-    #[arg(long, value_name = "PATH", conflicts_with_all = ["kernel", "dump_guest", "passthrough"])]
-    pub ctl_socket: Option<PathBuf>,
+    /// Serve the HTTP control API for this VM on the UNIX socket PATH (mode 0600):
+    /// `kumo ctl --socket PATH snapshot|migrate|...`, or `curl --unix-socket PATH
+    /// http://localhost/api/v1/vm.info` (docs/api.md). `--ctl-socket` is an alias.
+    #[arg(long, value_name = "PATH", alias = "ctl-socket", conflicts_with_all = ["kernel", "dump_guest", "passthrough"])]
+    pub api_socket: Option<PathBuf>,
 
-    /// How a --ctl-socket VM tracks the pages its vCPUs write while it migrates:
+    /// How a --api-socket VM tracks the pages its vCPUs write while it migrates:
     /// bitmap (KVM_GET_DIRTY_LOG) or ring (KVM's dirty ring, chosen when the VM is made).
-    #[arg(long, value_name = "KIND", value_parser = dirty_log, requires = "ctl_socket")]
+    #[arg(long, value_name = "KIND", value_parser = dirty_log, requires = "api_socket")]
     pub dirty_log: Option<hv::migration::dirty::DirtyLogMode>,
 
     /// Run the VM saved in PATH (by `kumo ctl ... snapshot`) from where it was saved.

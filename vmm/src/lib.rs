@@ -8,6 +8,7 @@
 //! The commands (`src/` of the `kumo` package) and the research harness (`lab/`) sit
 //! above it; nothing here imports them, and Cargo enforces that.
 
+pub mod api;
 pub mod args;
 pub mod ctl;
 pub mod guest;
@@ -28,4 +29,5 @@ pub mod sched_control;
 pub mod signals;
 pub mod spec;
 pub mod stats;
+pub mod vm_pause;
 pub mod wire;

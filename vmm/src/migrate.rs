@@ -1,4 +1,4 @@
-//! A single VM that can be saved and moved: its control socket (`--ctl-socket`),
+//! A single VM that can be saved and moved: its API socket (`--api-socket`),
 //! `snapshot` to a file and `kumo --restore`, `migrate` to `kumo --incoming`. The VMM side (pausing, state, the
 //! stream) is `hv::migration`; this module adds what the program knows: which NPB
 //! benchmarks the guest runs and what its console printed so far, so a restored run
@@ -19,14 +19,18 @@ use hv::{GuestExit, Vm};
 use npb::Spec;
 use serde::{Deserialize, Serialize};
 
+use crate::api::{self, Controlled, Refused, SchedTarget};
 use crate::args::VmArgs;
-use crate::ctl::{self, Controlled, DomainInfo, MigrateRequest, SchedParams, SchedUpdate};
 use crate::guest;
 use crate::irq::IrqRun;
 use crate::rank::RankApp;
 use crate::report::{self, EXIT_OK};
 use crate::run::{self, HANDED_OFF};
 use crate::sched_control::SchedControl;
+use crate::spec::control::{
+    BalloonState, Counters, MigrateRequest, MigrationReply, RunKind, RunState, SchedParams,
+    SchedUpdate, SnapshotReport, VmInfo,
+};
 
 /// What a snapshot or migration stream carries for kumo itself (META's `app`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -46,7 +50,7 @@ pub struct AppState {
     /// where the VM goes (its state travels with the PCI bus's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub irq: Option<IrqRun>,
-    /// A rank VM of an MPI job (`kumo mpi --ctl-socket`): its NICs are rebuilt where
+    /// A rank VM of an MPI job (`kumo mpi --api-socket`): its NICs are rebuilt where
     /// the VM goes (their state travels with the PCI bus's) and it rejoins the wire.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rank: Option<RankApp>,
@@ -106,6 +110,8 @@ pub struct VmTarget {
     sched: SchedControl,
     /// The vCPU threads' control: the host CPU count the guest sees.
     control: Arc<hv::placement::VcpuControl>,
+    /// Held paused through the API (`vm.pause`).
+    pause: crate::vm_pause::PauseHold,
 }
 
 impl VmTarget {
@@ -129,7 +135,7 @@ impl VmTarget {
         serde_json::to_string(&app).unwrap_or_default()
     }
 
-    fn write_snapshot(&self, path: &Path, stop: bool) -> Result<ctl::SnapshotReport> {
+    fn write_snapshot(&self, path: &Path, stop: bool) -> Result<SnapshotReport> {
         let file = OpenOptions::new()
             .write(true)
             .create(true)
@@ -169,7 +175,7 @@ impl VmTarget {
         if let Some(paused) = stopping {
             paused.hand_off();
         }
-        Ok(ctl::SnapshotReport {
+        Ok(SnapshotReport {
             path: path.to_path_buf(),
             pages: written.pages,
             bytes: written.bytes,
@@ -313,7 +319,7 @@ pub fn read_token(path: &Path) -> Result<Vec<u8>> {
 }
 
 impl VmTarget {
-    fn migrate_to(&self, request: &MigrateRequest) -> Result<ctl::MigrationReply> {
+    fn migrate_to(&self, request: &MigrateRequest) -> Result<MigrationReply> {
         if let Some(name) = &request.domain {
             bail!("migrate --domain {name}: this kumo runs one VM, not a node");
         }
@@ -327,7 +333,7 @@ impl VmTarget {
             pacing(request.max_downtime_ms, request.stop_and_copy),
             request.ack_timeout_ms.map(Duration::from_millis),
         )?;
-        Ok(ctl::MigrationReply {
+        Ok(MigrationReply {
             report,
             target: request.target.clone(),
             domain: None,
@@ -429,7 +435,7 @@ pub fn run_incoming(args: &VmArgs, epoch: Instant) -> Result<u8> {
     eprintln!("kumo: waiting for a VM on {}", listener.local_addr()?);
     let (vm, meta) = receive_vm(&listener, token.as_deref(), &args.kvm_device)?;
     let app = AppState::parse(&meta.app)?;
-    run_vm(vm, app, args.ctl_socket.as_deref(), epoch, args.json)
+    run_vm(vm, app, args.api_socket.as_deref(), epoch, args.json)
 }
 
 /// Without a token, whoever reaches the port may hand kumo a VM to run: only a
@@ -514,47 +520,89 @@ pub fn receive_vm_in(
     Ok((vm, meta))
 }
 
+impl VmTarget {
+    /// Refuses what a VM held paused through the API cannot do.
+    fn running(&self) -> Result<(), Refused> {
+        if self.pause.is_paused() {
+            return Err(Refused::conflict(
+                "the VM is paused (PUT /api/v1/vm.resume first)",
+            ));
+        }
+        self.hub
+            .check_running()
+            .map_err(|e| Refused::conflict(e.to_string()))
+    }
+}
+
 impl Controlled for VmTarget {
-    fn sched_params(&self) -> SchedParams {
-        self.sched.sched_params()
+    fn sched(&self) -> &dyn SchedTarget {
+        &self.sched
     }
-    fn set_sched_params(&self, update: SchedUpdate) -> Result<SchedParams, String> {
-        self.sched.set_sched_params(update)
+    fn info(&self) -> VmInfo {
+        VmInfo {
+            kind: if self.app.rank.is_some() {
+                RunKind::Rank
+            } else {
+                RunKind::Vm
+            },
+            state: if self.pause.is_paused() {
+                RunState::Paused
+            } else {
+                RunState::Running
+            },
+            vcpus: u32::try_from(self.control.vcpus()).unwrap_or(u32::MAX),
+            domains: 1,
+            pid: std::process::id(),
+            credit_scheduler: self.driver.is_some(),
+        }
     }
-    fn domains(&self) -> Vec<DomainInfo> {
-        self.sched.domains()
+    fn counters(&self) -> Counters {
+        Counters {
+            vcpus: api::vcpu_counters(&self.control, None),
+        }
     }
-    fn set_domain(
-        &self,
-        name: &str,
-        weight: Option<u32>,
-        cap: Option<u32>,
-    ) -> Result<DomainInfo, String> {
-        self.sched.set_domain(name, weight, cap)
+    fn pause(&self) -> Result<VmInfo, Refused> {
+        self.pause.pause(&self.hub).map_err(Refused::conflict)?;
+        Ok(self.info())
     }
-    fn snapshot(&self, path: &Path, stop: bool) -> Result<ctl::SnapshotReport, String> {
+    fn resume(&self) -> Result<VmInfo, Refused> {
+        self.pause.resume().map_err(Refused::conflict)?;
+        Ok(self.info())
+    }
+    fn snapshot(&self, path: &Path, stop: bool) -> Result<SnapshotReport, Refused> {
+        self.running()?;
         self.write_snapshot(path, stop)
-            .map_err(|e| crate::output::error_chain(&e))
+            .map_err(|e| Refused::failed(crate::output::error_chain(&e)))
     }
-    fn migrate(&self, request: &MigrateRequest) -> Result<ctl::MigrationReply, String> {
+    fn check_migrate(&self, request: &MigrateRequest) -> Result<(), Refused> {
+        if let Some(name) = &request.domain {
+            return Err(Refused::bad(format!(
+                "migrate --domain {name}: this kumo runs one VM, not a node"
+            )));
+        }
+        parse_tcp(&request.target).map_err(|e| Refused::bad(format!("{e:#}")))?;
+        self.running()
+    }
+    fn migrate(&self, request: &MigrateRequest) -> Result<MigrationReply, Refused> {
+        self.running()?;
         self.migrate_to(request)
-            .map_err(|e| crate::output::error_chain(&e))
+            .map_err(|e| Refused::failed(crate::output::error_chain(&e)))
     }
     fn vcpu_balloon(
         &self,
         domain: Option<&str>,
         active: Option<u32>,
-    ) -> Result<ctl::BalloonState, String> {
+    ) -> Result<BalloonState, Refused> {
         if let Some(name) = domain {
-            return Err(format!(
+            return Err(Refused::bad(format!(
                 "vcpu-balloon --domain {name}: this kumo runs one VM, not a node"
-            ));
+            )));
         }
-        ctl::vcpu_balloon_of(&self.control, active)
+        api::vcpu_balloon_of(&self.control, active)
     }
 }
 
-/// `kumo --ctl-socket PATH [--npb ...]` (or `--irq-check`): the embedded guest,
+/// `kumo --api-socket PATH [--npb ...]` (or `--irq-check`): the embedded guest,
 /// saveable while it runs.
 pub fn run_controlled(args: &VmArgs, epoch: Instant) -> Result<u8> {
     run::check_guest_vcpus(args.vcpus, &args.kvm_device)?;
@@ -605,7 +653,7 @@ pub fn run_controlled(args: &VmArgs, epoch: Instant) -> Result<u8> {
         rank: None,
         host_cpus_word: None,
     };
-    run_vm(vm, app, args.ctl_socket.as_deref(), epoch, args.json)
+    run_vm(vm, app, args.api_socket.as_deref(), epoch, args.json)
 }
 
 /// `kumo --restore PATH`: runs a saved VM on from where it was saved.
@@ -616,7 +664,7 @@ pub fn run_restore(args: &VmArgs, epoch: Instant) -> Result<u8> {
     let (vm, meta) = hv::builder::build_from_snapshot(&mut BufReader::new(file), &args.kvm_device)
         .with_context(|| format!("cannot restore {}", path.display()))?;
     let app = AppState::parse(&meta.app)?;
-    run_vm(vm, app, args.ctl_socket.as_deref(), epoch, args.json)
+    run_vm(vm, app, args.api_socket.as_deref(), epoch, args.json)
 }
 
 /// Runs a created or restored VM of the embedded guest, serving `socket` if given,
@@ -666,15 +714,16 @@ pub fn run_vm(
         driver: driver.clone(),
         sched: SchedControl::new(driver, Vec::new()),
         control: vm.control(),
+        pause: crate::vm_pause::PauseHold::default(),
     });
     let dom0 = credit.as_ref().map(|c| c.dom0.clone());
     let server = socket
-        .map(|path| -> Result<ctl::Server> {
-            // The socket's thread is domain 0's work when a scheduler runs.
-            let server = ctl::Server::start(path, target, move || {
+        .map(|path| -> Result<api::Server> {
+            // The API's threads are domain 0's work when a scheduler runs.
+            let server = api::Server::start(path, target, move || {
                 dom0.as_ref().map(|group| group.join_current())
             })?;
-            eprintln!("kumo: control socket {}", server.path().display());
+            server.announce();
             Ok(server)
         })
         .transpose()?;

@@ -16,8 +16,8 @@ use devices::net::switch::SwitchStats;
 use hv::credit::{CreditDriver, Dom0Spec, DomainSpec, ParamChange};
 use hv::placement::ThreadGroup;
 
+use crate::api;
 use crate::args::LimitArgs;
-use crate::ctl;
 use crate::node_move::{Movable, NodeControl, Slot};
 use crate::protocol::{GuestFields, Probe, WithGuest};
 use crate::report::{self, Verdict};
@@ -54,9 +54,9 @@ pub struct DomainReport {
 pub fn run_node(args: &NodeArgs, epoch: Instant) -> Result<u8> {
     let node = config::load(&args.config)?;
     let socket = args
-        .ctl_socket
+        .api_socket
         .clone()
-        .unwrap_or_else(ctl::default_socket_path);
+        .unwrap_or_else(api::default_socket_path);
     let outcome = run(&node, &args.kvm_device, Some(&socket), epoch)?;
     let (reports, overhead, wall) = (&outcome.reports, outcome.overhead, outcome.wall);
     print(
@@ -858,10 +858,10 @@ pub struct NodeArgs {
     #[arg(long, value_name = "PATH")]
     pub config: PathBuf,
 
-    /// Where to create the control socket [default: $XDG_RUNTIME_DIR or /tmp,
-    /// kumo-<pid>.sock].
-    #[arg(long, value_name = "PATH")]
-    pub ctl_socket: Option<PathBuf>,
+    /// Where to create the API socket (HTTP, `kumo ctl`, `curl --unix-socket`)
+    /// [default: $XDG_RUNTIME_DIR or /tmp, kumo-<pid>.sock].
+    #[arg(long, value_name = "PATH", alias = "ctl-socket")]
+    pub api_socket: Option<PathBuf>,
 
     /// Print one JSON object per domain, then one for the node.
     #[arg(long)]

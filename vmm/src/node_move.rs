@@ -27,11 +27,12 @@ use hv::migration::Hub;
 use hv::net::{Network, NicSetup};
 use hv::placement::{ThreadGroup, VcpuControl};
 
-use crate::ctl::{self, Controlled, DomainInfo, MigrateRequest, SchedParams, SchedUpdate};
+use crate::api::{self, Controlled, Refused, SchedTarget};
 use crate::migrate::{self, AppState, GUEST_NAME};
 use crate::rank::RankApp;
 use crate::run::{self, GuestRun};
 use crate::sched_control::SchedControl;
+use crate::spec::control::{MigrateRequest, MigrationReply};
 use crate::spec::job::{NicKind, Wait};
 use crate::spec::node::{Domain, Node};
 
@@ -193,7 +194,7 @@ impl NodeControl {
         }
     }
 
-    fn migrate_domain(&self, request: &MigrateRequest) -> Result<ctl::MigrationReply> {
+    fn migrate_domain(&self, request: &MigrateRequest) -> Result<MigrationReply> {
         let Some(name) = &request.domain else {
             let names: Vec<String> = self.slots().iter().map(|(n, _)| n.clone()).collect();
             bail!(
@@ -239,7 +240,7 @@ impl NodeControl {
                 return Err(e.context(format!("domain '{name}'")));
             }
         };
-        Ok(ctl::MigrationReply {
+        Ok(MigrationReply {
             report,
             target: request.target.clone(),
             domain: Some(name.clone()),
@@ -247,44 +248,61 @@ impl NodeControl {
     }
 }
 
-impl Controlled for NodeControl {
-    fn sched_params(&self) -> SchedParams {
-        self.sched.sched_params()
-    }
-    fn set_sched_params(&self, update: SchedUpdate) -> Result<SchedParams, String> {
-        self.sched.set_sched_params(update)
-    }
-    fn domains(&self) -> Vec<DomainInfo> {
-        self.sched.domains()
-    }
-    fn set_domain(
-        &self,
-        name: &str,
-        weight: Option<u32>,
-        cap: Option<u32>,
-    ) -> Result<DomainInfo, String> {
-        self.sched.set_domain(name, weight, cap)
-    }
-    fn migrate(&self, request: &MigrateRequest) -> Result<ctl::MigrationReply, String> {
-        self.migrate_domain(request).map_err(|e| format!("{e:#}"))
-    }
-    fn vcpu_balloon(
-        &self,
-        domain: Option<&str>,
-        active: Option<u32>,
-    ) -> Result<ctl::BalloonState, String> {
-        self.sched.vcpu_balloon(domain, active)
+impl NodeControl {
+    /// What can be told before a domain's migration starts: the domain is named, is
+    /// here, can move and is not moving already; the target parses.
+    fn check_domain_move(&self, request: &MigrateRequest) -> Result<(), Refused> {
+        let Some(name) = &request.domain else {
+            let names: Vec<String> = self.slots().iter().map(|(n, _)| n.clone()).collect();
+            return Err(Refused::bad(format!(
+                "migrate: name the node's domain with --domain ({})",
+                names.join(", ")
+            )));
+        };
+        match self.slot(name) {
+            Some(Slot::Movable(m)) => match m.migrated_to() {
+                Some(to) => Err(Refused::conflict(format!(
+                    "migrate --domain {name}: it is moving (or moved) to {to}"
+                ))),
+                None => Ok(()),
+            },
+            Some(Slot::Fixed(why)) => {
+                Err(Refused::conflict(format!("migrate --domain {name}: {why}")))
+            }
+            Some(Slot::Waiting) => Err(Refused::conflict(format!(
+                "migrate --domain {name}: it has not arrived here yet"
+            ))),
+            None => Err(Refused::not_found(format!(
+                "migrate --domain {name}: the node has no such domain"
+            ))),
+        }?;
+        migrate::parse_tcp(&request.target).map_err(|e| Refused::bad(format!("{e:#}")))?;
+        Ok(())
     }
 }
 
-/// Serves the node's control socket at `path` (its thread domain 0's).
+/// A node's control: its scheduler's, and its domains' moves.
+impl Controlled for NodeControl {
+    fn sched(&self) -> &dyn SchedTarget {
+        &self.sched
+    }
+    fn check_migrate(&self, request: &MigrateRequest) -> Result<(), Refused> {
+        self.check_domain_move(request)
+    }
+    fn migrate(&self, request: &MigrateRequest) -> Result<MigrationReply, Refused> {
+        self.migrate_domain(request)
+            .map_err(|e| Refused::failed(format!("{e:#}")))
+    }
+}
+
+/// Serves the node's API at `path` (its threads domain 0's).
 pub fn serve(
     control: Arc<NodeControl>,
     path: &Path,
     dom0: Arc<ThreadGroup>,
-) -> Result<ctl::Server> {
-    let server = ctl::Server::start(path, control, move || dom0.join_current())?;
-    eprintln!("kumo: control socket {}", server.path().display());
+) -> Result<api::Server> {
+    let server = api::Server::start(path, control, move || dom0.join_current())?;
+    server.announce();
     Ok(server)
 }
 
@@ -515,6 +533,7 @@ mod tests {
 
     #[test]
     fn a_node_refuses_what_it_cannot_move_in_one_line() {
+        use crate::api::Refusal;
         let control = NodeControl::new(
             SchedControl::new(None, Vec::new()),
             None,
@@ -531,24 +550,35 @@ mod tests {
             stop_and_copy: false,
             domain: domain.map(Into::into),
         };
-        for (domain, wanted) in [
+        for (domain, wanted, kind) in [
             (
                 None,
                 "migrate: name the node's domain with --domain (fixed, later)",
+                Refusal::BadValue,
             ),
-            (Some("fixed"), "migrate --domain fixed: it cannot"),
+            (
+                Some("fixed"),
+                "migrate --domain fixed: it cannot",
+                Refusal::Conflict,
+            ),
             (
                 Some("later"),
                 "migrate --domain later: it has not arrived here yet",
+                Refusal::Conflict,
             ),
             (
                 Some("zz"),
                 "migrate --domain zz: the node has no such domain",
+                Refusal::NotFound,
             ),
         ] {
+            // Refused before the API accepts it (with the status it answers)...
+            let checked = control.check_migrate(&request(domain)).unwrap_err();
+            assert_eq!((checked.kind, checked.message.as_str()), (kind, wanted));
+            // ...and by the migration itself, in the same one line.
             let e = control.migrate(&request(domain)).unwrap_err();
-            assert_eq!(e, wanted);
-            assert!(!e.contains('\n'));
+            assert_eq!(e.message, wanted);
+            assert!(!e.message.contains('\n'));
         }
     }
 }

@@ -1,5 +1,5 @@
 //! One rank VM of an MPI job that can be moved: `kumo mpi --vms 1 --npb LIST
-//! --ctl-socket PATH` runs this process's VM of the job under a control socket, and
+//! --api-socket PATH` runs this process's VM of the job under an API socket, and
 //! `kumo ctl ... migrate` sends it to a `kumo --incoming`. What the destination needs
 //! to rebuild it travels in the stream's program state ([`RankApp`]): it plugs the
 //! NICs into the same PCI slots (their state, with the PCI bus's, goes in before the

@@ -165,11 +165,11 @@ fn start_credit(
     params: sched::Params,
 ) -> Result<(
     hv::placement::Membership,
-    crate::ctl::Server,
+    crate::api::Server,
     Arc<hv::credit::CreditDriver>,
 )> {
     let credit = start_credit_driver(vm, params)?;
-    let socket = crate::ctl::default_socket_path();
+    let socket = crate::api::default_socket_path();
     let server = crate::sched_control::serve(
         Some(credit.driver.clone()),
         Vec::new(),

@@ -1,4 +1,4 @@
-//! What a running kumo's control socket serves: the credit scheduler's parameters and
+//! What a running kumo's API serves of its scheduler: the credit scheduler's parameters and
 //! its domains' weights and caps (nodes, and single VMs under `--sched`). Apart from
 //! `node` and `run` so that both use it and neither depends on the other for it.
 
@@ -9,26 +9,29 @@ use anyhow::Result;
 use hv::credit::CreditDriver;
 use hv::placement::{ThreadGroup, VcpuControl};
 
-use crate::ctl::{self, Controlled, DomainInfo, SchedParams, SchedUpdate};
+use crate::api::{self, Controlled, Refused, SchedTarget};
+use crate::spec::control::{
+    BalloonState, Counters, DomainInfo, RunKind, RunState, SchedParams, SchedUpdate, VmInfo,
+};
 use crate::spec::node::{self as config, Domain};
 use crate::spec::sched as sched_params;
 
-/// Serves the control socket at `path` for a scheduler (or, without one, for domains
-/// the host schedules), and says where it is.
+/// Serves the API at `path` for a scheduler (or, without one, for domains the host
+/// schedules), and says where it is.
 pub fn serve(
     driver: Option<Arc<CreditDriver>>,
     domains: Vec<(Domain, Arc<VcpuControl>)>,
     path: &std::path::Path,
     dom0: Arc<ThreadGroup>,
-) -> Result<ctl::Server> {
+) -> Result<api::Server> {
     let control = Arc::new(SchedControl::new(driver, domains));
-    // The socket's thread is part of domain 0 (scheduled with it).
-    let server = ctl::Server::start(path, control, move || dom0.join_current())?;
-    eprintln!("kumo: control socket {}", server.path().display());
+    // The API's threads are part of domain 0 (scheduled with it).
+    let server = api::Server::start(path, control, move || dom0.join_current())?;
+    server.announce();
     Ok(server)
 }
 
-/// What the control socket sees: the credit driver (if any) and the domains.
+/// What the API sees: the credit driver (if any) and the domains.
 pub struct SchedControl {
     driver: Option<Arc<CreditDriver>>,
     domains: Vec<(Domain, Arc<VcpuControl>)>,
@@ -43,7 +46,15 @@ impl SchedControl {
     }
 }
 
+/// A kumo whose only control is its scheduler's (a single VM started with `--sched`
+/// and no API socket of its own).
 impl Controlled for SchedControl {
+    fn sched(&self) -> &dyn SchedTarget {
+        self
+    }
+}
+
+impl SchedTarget for SchedControl {
     fn sched_params(&self) -> SchedParams {
         match &self.driver {
             Some(d) => sched_params::view(d.params()),
@@ -51,19 +62,19 @@ impl Controlled for SchedControl {
                 tslice_ms: 0.0,
                 tick_ms: 0.0,
                 ratelimit_us: 0,
-                accounting: crate::ctl::Accounting::Exact,
+                accounting: crate::spec::control::Accounting::Exact,
                 directed_yield: false,
             },
         }
     }
 
-    fn set_sched_params(&self, update: SchedUpdate) -> Result<SchedParams, String> {
-        let driver = self
-            .driver
-            .as_ref()
-            .ok_or("this node has no credit scheduler (scheduler kind = host)")?;
-        let params = sched_params::apply(driver.params(), update).map_err(|e| e.to_string())?;
-        driver.set_params(params).map_err(|e| e.to_string())?;
+    fn set_sched_params(&self, update: SchedUpdate) -> Result<SchedParams, Refused> {
+        let driver = self.driver()?;
+        let params = sched_params::apply(driver.params(), update)
+            .map_err(|e| Refused::bad(e.to_string()))?;
+        driver
+            .set_params(params)
+            .map_err(|e| Refused::bad(e.to_string()))?;
         Ok(sched_params::view(params))
     }
 
@@ -101,28 +112,28 @@ impl Controlled for SchedControl {
         &self,
         domain: Option<&str>,
         active: Option<u32>,
-    ) -> Result<ctl::BalloonState, String> {
+    ) -> Result<BalloonState, Refused> {
         let names = || {
             let names: Vec<&str> = self.domains.iter().map(|(d, _)| d.name.as_str()).collect();
             names.join(", ")
         };
         let Some(name) = domain else {
-            return Err(format!(
+            return Err(Refused::bad(format!(
                 "vcpu-balloon: name the node's domain with --domain ({})",
                 names()
-            ));
+            )));
         };
         let (_, control) = self
             .domains
             .iter()
             .find(|(d, _)| d.name == name)
             .ok_or_else(|| {
-                format!(
+                Refused::not_found(format!(
                     "vcpu-balloon: no domain '{name}' (the node has {})",
                     names()
-                )
+                ))
             })?;
-        ctl::vcpu_balloon_of(control, active)
+        api::vcpu_balloon_of(control, active)
     }
 
     fn set_domain(
@@ -130,31 +141,73 @@ impl Controlled for SchedControl {
         name: &str,
         weight: Option<u32>,
         cap: Option<u32>,
-    ) -> Result<DomainInfo, String> {
-        let driver = self
-            .driver
-            .as_ref()
-            .ok_or("this node has no credit scheduler (scheduler kind = host)")?;
+    ) -> Result<DomainInfo, Refused> {
+        let driver = self.driver()?;
         let weight = match weight {
             Some(w) if !(config::WEIGHT_RANGE.0..=config::WEIGHT_RANGE.1).contains(&w) => {
-                return Err(format!(
+                return Err(Refused::bad(format!(
                     "weight {w} is outside {}..={}",
                     config::WEIGHT_RANGE.0,
                     config::WEIGHT_RANGE.1
-                ));
+                )));
             }
             Some(w) => Some(w as u16),
             None => None,
         };
         let v = driver
             .set_domain(name, weight, cap)
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| Refused::bad(e.to_string()))?;
         Ok(DomainInfo {
             domain: v.name,
             weight: u32::from(v.weight),
             cap: v.cap,
             vcpus: v.vcpus,
             cpu_s: v.cpu.as_secs_f64(),
+        })
+    }
+
+    fn info(&self) -> VmInfo {
+        // Without domains of its own this serves a single VM under `--sched`: the
+        // driver knows its vCPUs.
+        let (kind, vcpus, domains) = if self.domains.is_empty() {
+            let vcpus = SchedTarget::domains(self)
+                .iter()
+                .filter(|d| d.domain != hv::credit::DOM0_NAME)
+                .map(|d| d.vcpus)
+                .sum();
+            (RunKind::Vm, vcpus, 1)
+        } else {
+            (
+                RunKind::Node,
+                self.domains.iter().map(|(d, _)| d.vcpus).sum(),
+                u32::try_from(self.domains.len()).unwrap_or(u32::MAX),
+            )
+        };
+        VmInfo {
+            kind,
+            state: RunState::Running,
+            vcpus,
+            domains,
+            pid: std::process::id(),
+            credit_scheduler: self.driver.is_some(),
+        }
+    }
+
+    fn counters(&self) -> Counters {
+        Counters {
+            vcpus: self
+                .domains
+                .iter()
+                .flat_map(|(d, control)| api::vcpu_counters(control, Some(&d.name)))
+                .collect(),
+        }
+    }
+}
+
+impl SchedControl {
+    fn driver(&self) -> Result<&Arc<CreditDriver>, Refused> {
+        self.driver.as_ref().ok_or_else(|| {
+            Refused::conflict("this kumo has no credit scheduler (scheduler kind = host)")
         })
     }
 }

@@ -298,7 +298,7 @@ fn standby_side(
             "node",
             "--config",
             &text(&config),
-            "--ctl-socket",
+            "--api-socket",
             &text(&dir.join("standby.sock")),
             "--json",
         ]),

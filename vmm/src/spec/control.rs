@@ -1,6 +1,7 @@
-//! The control protocol's types: what a `kumo ctl` client sends (one JSON object per
-//! line, [`Request`]) and the values replies carry. Plain serde data; the server that
-//! answers is `crate::ctl`.
+//! The control API's types: the JSON bodies a client sends to `/api/v1/...` and the
+//! values the API answers with. Plain serde data; the HTTP server that answers is
+//! `crate::api`, its client `kumo ctl` (`crate::ctl`). Request bodies refuse unknown
+//! fields, so a misspelt field is an error rather than silently ignored.
 
 use std::path::PathBuf;
 
@@ -51,14 +52,143 @@ impl From<sched::Accounting> for Accounting {
     }
 }
 
-/// A change to some of the parameters.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize)]
+/// A change to some of the parameters (`PUT /api/v1/sched.credit`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SchedUpdate {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tslice_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tick_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ratelimit_us: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub accounting: Option<Accounting>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub directed_yield: Option<bool>,
+}
+
+/// A change to a domain's weight and/or cap (`PUT /api/v1/domains/{name}`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DomainUpdate {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<u32>,
+    /// Percent of one host CPU; 0 = no cap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cap: Option<u32>,
+}
+
+/// `PUT /api/v1/vm.snapshot`'s body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotRequest {
+    /// Resolved in the server's working directory: send an absolute path.
+    pub path: PathBuf,
+    /// End the VM once it is saved.
+    #[serde(default)]
+    pub stop: bool,
+}
+
+/// `PUT /api/v1/vm.balloon`'s body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BalloonRequest {
+    /// The node's domain (a single VM needs none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub domain: Option<String>,
+    /// Host CPUs the guest is told it may use.
+    pub active: u32,
+}
+
+/// What kind of kumo answers the API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunKind {
+    /// One VM (`kumo --api-socket`).
+    Vm,
+    /// One rank VM of an MPI job (`kumo mpi --vms 1 --npb ... --api-socket`).
+    Rank,
+    /// A node of several domains (`kumo node`).
+    Node,
+}
+
+/// Whether the VM runs or was paused through the API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunState {
+    Running,
+    Paused,
+}
+
+/// `GET /api/v1/vm.info`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VmInfo {
+    pub kind: RunKind,
+    pub state: RunState,
+    /// vCPUs of the VM (of every domain, for a node).
+    pub vcpus: u32,
+    /// The node's domains (one for a single VM).
+    pub domains: u32,
+    /// The kumo process.
+    pub pid: u32,
+    /// Whether a credit scheduler runs (`--sched`, node `scheduler = credit`).
+    pub credit_scheduler: bool,
+}
+
+/// One vCPU in `GET /api/v1/vm.counters`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VcpuCounters {
+    /// The node's domain (absent for a single VM).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub domain: Option<String>,
+    pub vcpu: u32,
+    /// Host CPU time of its thread so far (0 before it starts).
+    pub cpu_s: f64,
+    /// Runnable (running or waiting for a host CPU) rather than asleep.
+    pub runnable: bool,
+    /// Held at its gate (ballooned out or parked by the scheduler).
+    pub parked: bool,
+}
+
+/// `GET /api/v1/vm.counters`: cheap per-vCPU counters, read from the host's
+/// `/proc` on each request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Counters {
+    pub vcpus: Vec<VcpuCounters>,
+}
+
+/// Where a migration started with `PUT /api/v1/vm.migrate` is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MigrationState {
+    Running,
+    Succeeded,
+    Failed,
+}
+
+/// `GET /api/v1/vm.migrate/{id}` (and the 202 reply of `PUT /api/v1/vm.migrate`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MigrationProgress {
+    pub id: u64,
+    pub state: MigrationState,
+    pub target: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub domain: Option<String>,
+    /// Since the request was accepted.
+    pub elapsed_ms: f64,
+    /// Once it succeeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<MigrationReply>,
+    /// Once it failed: why (the VM runs on here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Every error reply's body: one message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApiError {
+    pub error: String,
 }
 
 /// A domain as `domain list` shows it.
@@ -71,7 +201,7 @@ pub struct DomainInfo {
     pub cpu_s: f64,
 }
 
-/// `migrate`'s parameters as the control socket receives them.
+/// `PUT /api/v1/vm.migrate`'s body.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct MigrateRequest {
@@ -90,42 +220,6 @@ pub struct MigrateRequest {
     /// The node's domain to move (a node runs several; a single VM needs none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub domain: Option<String>,
-}
-
-/// One request line of the control socket (`kumo ctl` sends it, the server reads it).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "cmd", rename_all = "kebab-case", deny_unknown_fields)]
-pub enum Request {
-    SchedCredit {
-        #[serde(skip_serializing_if = "Option::is_none")]
-        tslice_ms: Option<f64>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        tick_ms: Option<f64>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        ratelimit_us: Option<u64>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        accounting: Option<Accounting>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        directed_yield: Option<bool>,
-    },
-    DomainList {},
-    DomainSet {
-        name: String,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        weight: Option<u32>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        cap: Option<u32>,
-    },
-    Snapshot {
-        path: PathBuf,
-        #[serde(default)]
-        stop: bool,
-    },
-    Migrate(MigrateRequest),
-    VcpuBalloon {
-        domain: Option<String>,
-        active: Option<u32>,
-    },
 }
 
 /// `snapshot`'s reply: the file, what it holds, how long the VM was paused.
@@ -183,8 +277,8 @@ pub enum ReplyValue {
     Balloon(BalloonState),
 }
 
-/// One reply line: `{"ok":true, ...the value's fields}` or `{"ok":false,
-/// "error":"..."}`.
+/// What `kumo ctl --json` prints: `{"ok":true, ...the value's fields}` (the shape
+/// scripts read since the JSON-lines socket; kept so they keep working).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Reply<T> {
     pub ok: bool,
