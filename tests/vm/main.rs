@@ -20,3 +20,4 @@ mod native_and_bench;
 mod perf_record;
 mod pvh_kernels;
 mod robustness;
+mod soak;
