@@ -19,6 +19,7 @@ use crate::bench::overhead::OverheadArgs;
 use crate::bench::oversub::OversubArgs;
 use crate::bench::preempt::PreemptArgs;
 use crate::bench::process::ProcessBenchArgs;
+use crate::bench::soak::SoakArgs;
 use crate::bench::suite::RecordArgs;
 use crate::bench::switch::SwitchArgs;
 use crate::bench::wake::WakeArgs;
@@ -94,6 +95,9 @@ pub enum BenchCommand {
     /// Where the time goes at barriers when vCPUs outnumber host CPUs: guest (each
     /// wait mechanism) beside native threads, interleaved.
     Oversub(OversubArgs),
+    /// Many boots and loopback live migrations in one process: fails if RSS, open
+    /// file descriptors or threads grow after the warm-up.
+    Soak(SoakArgs),
     /// Run a fixed, short suite of kumo's primitives (boot, process start, exits,
     /// interrupts, vCPU switches, messages, dirty log, migration, NPB guest/native)
     /// and write a performance record (JSON) for `kumo bench compare`.

@@ -88,6 +88,9 @@ fn main() -> ExitCode {
         (Some(Command::Bench(BenchCommand::Oversub(args))), _, _) => {
             kumo::bench::oversub::run(args)
         }
+        (Some(Command::Bench(BenchCommand::Soak(args))), _, _) => {
+            kumo::bench::soak::run_soak(args, epoch)
+        }
         (Some(Command::Bench(BenchCommand::Record(args))), _, _) => {
             kumo::bench::suite::run_record(args)
         }

@@ -247,11 +247,6 @@ pub fn run_bench(args: &MigrateBenchArgs, epoch: Instant) -> Result<u8> {
     Ok(kumo_vmm::report::EXIT_OK)
 }
 
-/// Median, min and max (NaN each for none, printed `null`).
-fn spread(v: Vec<f64>) -> (f64, f64, f64) {
-    Summary::of(&v).map_or((f64::NAN, f64::NAN, f64::NAN), |s| (s.median, s.min, s.max))
-}
-
 /// A kumo run of `kumo bench migrate --json` (ms; the guest's gaps `null` when it did
 /// not measure them).
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -333,9 +328,24 @@ pub struct TrackerSummaryLine {
     pub summary: BTreeMap<&'static str, MsRange>,
 }
 
-/// NaN (no value) as `None`.
-fn finite(v: f64) -> Option<f64> {
-    v.is_finite().then_some(v)
+impl QemuRange {
+    fn of(s: Option<Summary>) -> Self {
+        Self {
+            median: s.map(|s| s.median),
+            min: s.map(|s| s.min),
+            max: s.map(|s| s.max),
+        }
+    }
+}
+
+impl MsRange {
+    fn of(s: Option<Summary>) -> Self {
+        Self {
+            median_ms: s.map(|s| s.median),
+            min_ms: s.map(|s| s.min),
+            max_ms: s.map(|s| s.max),
+        }
+    }
 }
 
 /// QEMU migrating the same guest, as `kumo bench migrate --qemu` sets it beside.
@@ -352,23 +362,19 @@ fn qemu_run(args: &MigrateBenchArgs) -> Result<QemuMigration> {
 }
 
 fn print_qemu_summary(args: &MigrateBenchArgs, runs: &[QemuMigration]) {
-    let stats = |f: &dyn Fn(&QemuMigration) -> f64| spread(runs.iter().map(f).collect());
+    let stats =
+        |f: &dyn Fn(&QemuMigration) -> f64| Summary::of(&runs.iter().map(f).collect::<Vec<_>>());
     let total = stats(&|q| q.total_ms);
     let down = stats(&|q| q.downtime_ms);
     let mib = stats(&|q| q.transferred_bytes as f64 / (1024.0 * 1024.0));
     if args.json {
-        let row = |(m, lo, hi): (f64, f64, f64)| QemuRange {
-            median: finite(m),
-            min: finite(lo),
-            max: finite(hi),
-        };
         kumo_vmm::output::json_line(&QemuSummaryLine {
             vmm: "qemu",
             runs: runs.len(),
             summary: QemuFigures {
-                total_ms: row(total),
-                downtime_ms: row(down),
-                sent_mib: row(mib),
+                total_ms: QemuRange::of(total),
+                downtime_ms: QemuRange::of(down),
+                sent_mib: QemuRange::of(mib),
             },
         });
     } else {
@@ -379,26 +385,25 @@ fn print_qemu_summary(args: &MigrateBenchArgs, runs: &[QemuMigration]) {
             runs.len()
         );
         kumo_vmm::outln!("{:<40} {:>10} {:>10} {:>10}", "", "median", "min", "max");
-        for (name, (m, lo, hi)) in [
+        for (name, summary) in [
             ("total-time (ms)", total),
             ("downtime (ms, to the last byte sent)", down),
             ("RAM sent (MiB)", mib),
         ] {
+            // (NaN, as before, if no QEMU run measured it.)
+            let (m, lo, hi) =
+                summary.map_or((f64::NAN, f64::NAN, f64::NAN), |s| (s.median, s.min, s.max));
             kumo_vmm::outln!("{name:<40} {m:>10.2} {lo:>10.2} {hi:>10.2}");
         }
     }
 }
 
 fn print_summary(args: &MigrateBenchArgs, mode: DirtyLogMode, samples: &[&Sample]) {
-    let pick = |f: &dyn Fn(&Sample) -> f64| -> (f64, f64, f64) {
-        let v: Vec<f64> = samples
-            .iter()
-            .map(|s| f(s))
-            .filter(|x| !x.is_nan())
-            .collect();
-        spread(v)
+    // Summary::of leaves out what a run did not measure (NaN).
+    let pick = |f: &dyn Fn(&Sample) -> f64| -> Option<Summary> {
+        Summary::of(&samples.iter().map(|s| f(s)).collect::<Vec<_>>())
     };
-    let rows: [(&str, &str, (f64, f64, f64)); 13] = [
+    let rows: [(&str, &str, Option<Summary>); 13] = [
         ("total", "total", pick(&|s| s.report.total_ms)),
         (
             "downtime (host)",
@@ -460,14 +465,7 @@ fn print_summary(args: &MigrateBenchArgs, mode: DirtyLogMode, samples: &[&Sample
     if args.json {
         let summary = rows
             .iter()
-            .map(|&(_, key, (m, lo, hi))| {
-                let range = MsRange {
-                    median_ms: finite(m),
-                    min_ms: finite(lo),
-                    max_ms: finite(hi),
-                };
-                (key, range)
-            })
+            .map(|&(_, key, summary)| (key, MsRange::of(summary)))
             .collect();
         let unseen = samples
             .iter()
@@ -491,7 +489,16 @@ fn print_summary(args: &MigrateBenchArgs, mode: DirtyLogMode, samples: &[&Sample
         );
         kumo_vmm::outln!("{:<40} {:>10} {:>10} {:>10}", "", "median ms", "min", "max");
         // Rows no run measured (the guest's gaps when it runs NPB) are left out.
-        for (name, _, (m, lo, hi)) in rows.into_iter().filter(|(_, _, (m, _, _))| !m.is_nan()) {
+        for (name, _, summary) in rows {
+            let Some(Summary {
+                median: m,
+                min: lo,
+                max: hi,
+                ..
+            }) = summary
+            else {
+                continue;
+            };
             kumo_vmm::outln!("{name:<40} {m:>10.2} {lo:>10.2} {hi:>10.2}");
         }
         let unseen = samples

@@ -14,6 +14,7 @@ pub mod oversub;
 pub mod preempt;
 pub mod process;
 pub mod record;
+pub mod soak;
 pub mod suite;
 pub mod switch;
 pub mod wake;

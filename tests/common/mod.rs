@@ -363,8 +363,19 @@ pub fn peer_firmware() -> Option<std::path::PathBuf> {
     }
 }
 
-/// `kumo ctl ... snapshot`, retried while the VM has not started its vCPUs yet
-/// (the socket is up a moment before the VM runs).
+/// `kumo ARGS` (a `kumo ctl` request), retried while the VM has not started its vCPUs
+/// yet (the socket is up a moment before the VM runs).
+pub fn ctl_once_running(args: &[&str]) -> Output {
+    loop {
+        let out = kumo(args);
+        if out.status.success() || !text(&out.stderr).contains("not running yet") {
+            return out;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// `kumo ctl ... snapshot`, retried while the VM has not started yet.
 pub fn snapshot(
     socket: &std::path::Path,
     path: &std::path::Path,
@@ -380,13 +391,29 @@ pub fn snapshot(
     if stop {
         args.push("--stop");
     }
-    loop {
-        let out = kumo(&args);
-        if out.status.success() || !text(&out.stderr).contains("not running yet") {
-            return out;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
+    ctl_once_running(&args)
+}
+
+/// `kumo ctl --socket SOCKET --json migrate WHERE... --token-file TOKEN OPTIONS...`
+/// (`WHERE`: a VM's `tcp:HOST:PORT`, or a node's `--domain NAME --to tcp:HOST:PORT`),
+/// retried while the VM has not started yet.
+pub fn migrate_once_running(
+    socket: &std::path::Path,
+    to: &[&str],
+    token: &std::path::Path,
+    options: &[&str],
+) -> Output {
+    let mut args = vec![
+        "ctl",
+        "--socket",
+        socket.to_str().unwrap(),
+        "--json",
+        "migrate",
+    ];
+    args.extend_from_slice(to);
+    args.extend_from_slice(&["--token-file", token.to_str().unwrap()]);
+    args.extend_from_slice(options);
+    ctl_once_running(&args)
 }
 
 /// `kumo --npb ep.A --json --ctl-socket SOCKET EXTRA...` in the background, once its

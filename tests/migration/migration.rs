@@ -108,24 +108,7 @@ fn migrate_once_running(
     options: &[&str],
 ) -> std::process::Output {
     let target = format!("tcp:127.0.0.1:{port}");
-    let mut args = vec![
-        "ctl",
-        "--socket",
-        socket.to_str().unwrap(),
-        "--json",
-        "migrate",
-        &target,
-        "--token-file",
-        token.to_str().unwrap(),
-    ];
-    args.extend_from_slice(options);
-    loop {
-        let out = kumo(&args);
-        if out.status.success() || !text(&out.stderr).contains("not running yet") {
-            return out;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
+    common::migrate_once_running(socket, &[&target], token, options)
 }
 
 fn assert_verified(out: &std::process::Output, who: &str) {

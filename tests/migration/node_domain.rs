@@ -71,27 +71,7 @@ fn migrate_domain(
     options: &[&str],
 ) -> std::process::Output {
     let to = format!("tcp:127.0.0.1:{port}");
-    let mut args = vec![
-        "ctl",
-        "--socket",
-        socket.to_str().unwrap(),
-        "--json",
-        "migrate",
-        "--domain",
-        domain,
-        "--to",
-        &to,
-        "--token-file",
-        secret.to_str().unwrap(),
-    ];
-    args.extend_from_slice(options);
-    loop {
-        let out = kumo(&args);
-        if out.status.success() || !text(&out.stderr).contains("not running yet") {
-            return out;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
+    common::migrate_once_running(socket, &["--domain", domain, "--to", &to], secret, options)
 }
 
 /// The node's JSON line of `domain`.

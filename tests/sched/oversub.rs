@@ -459,13 +459,7 @@ fn an_oversubscribed_vm_blocked_in_kumo_snapshots_and_restores() {
         file.to_str().unwrap(),
         "--stop",
     ];
-    let ctl = loop {
-        let out = kumo(&args);
-        if out.status.success() || !text(&out.stderr).contains("not running yet") {
-            break out;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    };
+    let ctl = ctl_once_running(&args);
     assert!(ctl.status.success(), "snapshot: {}", text(&ctl.stderr));
     let source_out = source.finish();
     assert!(source_out.status.success(), "{}", text(&source_out.stderr));

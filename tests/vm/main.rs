@@ -22,3 +22,4 @@ mod perf_record;
 mod pvh_kernels;
 mod robustness;
 mod seccomp;
+mod soak;

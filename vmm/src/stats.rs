@@ -40,6 +40,11 @@ pub fn median(values: &[f64]) -> Option<f64> {
     quantile(values, 0.5)
 }
 
+/// [`median`] of values as an iterator gives them (a field of each of a run's rows).
+pub fn median_of(values: impl IntoIterator<Item = f64>) -> Option<f64> {
+    median(&values.into_iter().collect::<Vec<_>>())
+}
+
 /// The smallest finite value.
 pub fn min(values: &[f64]) -> Option<f64> {
     values
@@ -119,6 +124,8 @@ mod tests {
         assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), Some(2.5));
         assert_eq!(median(&[7.0]), Some(7.0));
         assert_eq!(median(&[1.0, 2.0]), Some(1.5));
+        assert_eq!(median_of([4.0, 1.0, 3.0, 2.0]), Some(2.5));
+        assert_eq!(median_of(std::iter::empty()), None);
     }
 
     #[test]

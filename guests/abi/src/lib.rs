@@ -277,3 +277,17 @@ pub mod irq_device {
     pub const MSIX_PBA: u64 = 0x1800;
     pub const BAR0_SIZE: u64 = 0x2000;
 }
+
+/// The limits of the runtime's `net=` workload list, which kumo checks a node file's
+/// `[network] net` against before any guest runs (one line instead of an error from
+/// every guest): at most [`net::MAX_ITEMS`] items joined by `+`, each `check`,
+/// `pingpong:SIZES` or `bw:SIZES`, SIZES at most [`net::MAX_SIZES`] byte counts of at
+/// most [`net::MAX_MESSAGE`] joined by `,`.
+pub mod net {
+    /// Most items in `net=`.
+    pub const MAX_ITEMS: usize = 8;
+    /// Most sizes in one `pingpong:` or `bw:` item.
+    pub const MAX_SIZES: usize = 16;
+    /// Largest message size in an item, in bytes.
+    pub const MAX_MESSAGE: u64 = 64 << 20;
+}

@@ -9,6 +9,8 @@
 use core::fmt::Write;
 
 use kumo_abi::BootInfo;
+// `net=`'s limits: kumo checks node files against the same ones.
+use kumo_abi::net::{MAX_ITEMS, MAX_MESSAGE as MAX_PINGPONG, MAX_SIZES};
 
 use npb::Spec;
 use npb::team::Arena;
@@ -19,11 +21,7 @@ use crate::net::{MAX_NICS, Nic};
 use crate::virtio::Bump;
 use crate::{Line, sys};
 
-/// Most items in `net=` and sizes in one `pingpong:`.
-const MAX_ITEMS: usize = 8;
-const MAX_SIZES: usize = 16;
-/// Largest ping-pong message and largest random message of `check`.
-const MAX_PINGPONG: u64 = 64 << 20;
+/// Largest random message of `check`.
 const CHECK_MAX_MESSAGE: usize = 4 << 20;
 /// `check` also exchanges one message this large (streamed through the window).
 const CHECK_BIG_MESSAGE: usize = 16 << 20;

@@ -538,9 +538,11 @@ pub fn rows(scenarios: &[Scenario], modes: &[Mode], runs: &[Run]) -> Vec<Row> {
                     .then(|| s1::speedup_pct(base, t.map(|t| t.median)))
                     .flatten(),
                 paper_pct: mode.paper_pct.filter(|_| tuned),
-                migration_ms: s1::median_of(moves().map(|m| m.total_ms)),
-                downtime_ms: s1::median_of(moves().map(|m| m.downtime_ms)),
-                migrated_mib: s1::median_of(moves().map(|m| m.bytes as f64 / (1 << 20) as f64)),
+                migration_ms: kumo_vmm::stats::median_of(moves().map(|m| m.total_ms)),
+                downtime_ms: kumo_vmm::stats::median_of(moves().map(|m| m.downtime_ms)),
+                migrated_mib: kumo_vmm::stats::median_of(
+                    moves().map(|m| m.bytes as f64 / (1 << 20) as f64),
+                ),
                 verified: !mine.is_empty() && mine.iter().all(|r| r.verified),
             });
         }

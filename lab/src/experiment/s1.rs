@@ -30,6 +30,7 @@ use super::{Progress, Summary, interleaved, node_problems, run_node_text, summar
 use crate::experiment::ExperimentArgs;
 use kumo_vmm::ctl::Accounting;
 use kumo_vmm::node;
+use kumo_vmm::stats;
 
 /// DomUs of the node, each with one vCPU.
 const DOMUS: usize = 2;
@@ -627,8 +628,8 @@ pub fn traffic(runs: &[RealRun], spec: Spec, baseline: &str) -> Traffic {
             .collect();
     }
     Traffic {
-        frames: median_of(mine.iter().map(|r| r.frames as f64)).unwrap_or(0.0),
-        bytes: median_of(mine.iter().map(|r| r.bytes as f64)).unwrap_or(0.0),
+        frames: stats::median_of(mine.iter().map(|r| r.frames as f64)).unwrap_or(0.0),
+        bytes: stats::median_of(mine.iter().map(|r| r.bytes as f64)).unwrap_or(0.0),
         exchanges_per_step: None,
     }
 }
@@ -732,10 +733,6 @@ pub(super) fn speedup_pct(base: Option<f64>, time: Option<f64>) -> Option<f64> {
     }
 }
 
-pub(super) fn median_of(values: impl Iterator<Item = f64>) -> Option<f64> {
-    kumo_vmm::stats::median(&values.collect::<Vec<_>>())
-}
-
 /// The table's rows from every real run and the simulation (of the one-node shape),
 /// for each shape in `shapes` (1 or 2 nodes).
 pub fn rows(
@@ -783,10 +780,12 @@ pub fn rows(
                         sim_of(s.baseline, &bench),
                         sim_of(s.name, &bench),
                     ),
-                    wait_s: median_of(mine.iter().map(|r| r.rank_wait_s.iter().sum())),
-                    domain_cpu_s: median_of(mine.iter().map(|r| r.domain_cpu_s.iter().sum())),
-                    dom0_cpu_s: median_of(mine.iter().map(|r| r.dom0_cpu_s)),
-                    vmm_cpu_s: median_of(mine.iter().map(|r| r.vmm_cpu_s)),
+                    wait_s: stats::median_of(mine.iter().map(|r| r.rank_wait_s.iter().sum())),
+                    domain_cpu_s: stats::median_of(
+                        mine.iter().map(|r| r.domain_cpu_s.iter().sum()),
+                    ),
+                    dom0_cpu_s: stats::median_of(mine.iter().map(|r| r.dom0_cpu_s)),
+                    vmm_cpu_s: stats::median_of(mine.iter().map(|r| r.vmm_cpu_s)),
                     verified: !mine.is_empty() && mine.iter().all(|r| r.verified),
                 });
             }
@@ -849,7 +848,7 @@ pub fn run(args: &ExperimentArgs, epoch: Instant) -> Result<u8> {
         let mut traffic = traffic(&real_runs, spec, baseline.baseline);
         let serial_s = serial_seconds(spec);
         let bench = spec.to_string();
-        let target_s = median_of(
+        let target_s = stats::median_of(
             real_runs
                 .iter()
                 .filter(|r| r.nodes == 1 && r.scenario == baseline.name && r.benchmark == bench)

@@ -21,7 +21,7 @@ use serde::Deserialize;
 
 use super::program::{self, Pattern, Phase, Step};
 use kumo_vmm::ctl::SchedUpdate;
-use kumo_vmm::spec::job::{MAX_GUEST_HZ, MAX_RANKS_PER_VCPU};
+use kumo_vmm::spec::job::{MAX_GUEST_HZ, MAX_RANKS_PER_VCPU, Wait};
 use kumo_vmm::spec::node::{DEFAULT_WEIGHT, WEIGHT_RANGE};
 use kumo_vmm::spec::sched as sched_params;
 
@@ -165,7 +165,12 @@ struct ProgramFile {
     name: String,
     #[serde(default = "one_u64")]
     iterations: u64,
-    #[serde(default)]
+    /// How its ranks wait for a message or for domain 0's I/O, as the guest's ranks
+    /// do (`kumo_vmm::spec::job::Wait`): spin keeps the vCPU runnable, burning its pCPU
+    /// (S1's case); block halts until it arrives (with several ranks per vCPU the
+    /// others run; the vCPU halts when all sleep); yield hands the vCPU to another
+    /// rank of it after every idle poll (alone, as spinning).
+    #[serde(default = "spin")]
     wait: Wait,
     compute_ms: Option<f64>,
     pattern: Option<String>,
@@ -173,6 +178,11 @@ struct ProgramFile {
     phases: Option<Vec<String>>,
     #[serde(rename = "rank", default)]
     ranks: Vec<RankFile>,
+}
+
+/// MPI's busy-wait: a program's way of waiting unless it says otherwise.
+fn spin() -> Wait {
+    Wait::Spin
 }
 
 fn one_u64() -> u64 {
@@ -216,31 +226,6 @@ struct ScenarioDomainFile {
     node: Option<String>,
     weight: Option<u32>,
     cap: Option<u32>,
-}
-
-/// How a rank waits for a message or for domain 0's I/O.
-#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum Wait {
-    /// MPI's busy-wait: the vCPU stays runnable and burns its pCPU (S1's case).
-    #[default]
-    Spin,
-    /// Halt until it arrives (an interrupt-driven receive). With several ranks per
-    /// vCPU the rank sleeps and the others run; the vCPU halts when all sleep.
-    Block,
-    /// Poll, and hand the vCPU to another rank of it after every idle poll (the
-    /// guest's `sched_yield`); alone, as spinning.
-    Yield,
-}
-
-impl Wait {
-    pub fn name(self) -> &'static str {
-        match self {
-            Wait::Spin => "spin",
-            Wait::Block => "block",
-            Wait::Yield => "yield",
-        }
-    }
 }
 
 /// A validated simulation.

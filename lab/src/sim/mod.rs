@@ -149,8 +149,9 @@ pub struct SimArgs {
 
 #[cfg(test)]
 mod tests {
-    use super::config::{Wait, parse};
+    use super::config::parse;
     use super::*;
+    use kumo_vmm::spec::job::Wait;
 
     /// One node of `pcpus`, one single-vCPU domain per weight, free switches and wakes.
     fn cluster(pcpus: u32, weights: &[u32], program: &str, duration_s: f64) -> String {

@@ -30,8 +30,9 @@ use std::collections::{BinaryHeap, VecDeque};
 use anyhow::{Result, anyhow, bail};
 use sched::{PcpuId, Scheduler, Tickles, VcpuId};
 
-use super::config::{Program, Scenario, Sim, Wait};
+use super::config::{Program, Scenario, Sim};
 use super::program::Phase;
+use kumo_vmm::spec::job::Wait;
 
 /// Check for a deadlock (everyone waiting, nothing on the way) this often.
 const DEADLOCK_CHECK_EVERY: u64 = 4096;

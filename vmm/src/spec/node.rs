@@ -645,14 +645,11 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
     })
 }
 
-/// The guest's `net=` grammar and limits (`guests/user/src/network.rs`, `parse_net`):
-/// at most 8 items joined by `+`, each `check`, `pingpong:SIZES` or `bw:SIZES`, SIZES 1
-/// to 16 byte counts of at most 64 MiB joined by `,`. Checked here so a bad value is
-/// one line before any guest runs, not an error from every guest.
+/// The guest's `net=` grammar (`guests/user/src/network.rs`, `parse_net`) with the
+/// limits kernel, runtime and kumo share (`kumo_abi::net`). Checked here so a bad value
+/// is one line before any guest runs, not an error from every guest.
 fn check_net_items(net: &str) -> Result<(), String> {
-    const MAX_ITEMS: usize = 8;
-    const MAX_SIZES: usize = 16;
-    const MAX_SIZE: u64 = 64 << 20;
+    use kumo_abi::net::{MAX_ITEMS, MAX_MESSAGE as MAX_SIZE, MAX_SIZES};
     let items: Vec<&str> = net.split('+').collect();
     if items.len() > MAX_ITEMS {
         return Err(format!("{} items, at most {MAX_ITEMS}", items.len()));
