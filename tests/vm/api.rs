@@ -63,14 +63,23 @@ fn assert_ep_a_verified(out: &std::process::Output) {
 /// that forbids: one clear error each; a client trickling one byte every 2 s is
 /// dropped; one that never reads its answers is not waited for; 140 clients at once
 /// are served up to the limit and told 503 beyond it. Meanwhile and after, the VM
-/// answers and EP.A verifies.
+/// answers and EP.B verifies.
 #[test]
 fn bad_clients_get_clear_errors_while_the_vm_runs_on() {
     if !kvm_available() {
         return;
     }
     let socket = scratch("api-bad.sock");
-    let source = ep_a_source(&socket, &[]);
+    // EP.B (~10 s here): it must outlast the slow client's 5 s and the rest, or the
+    // VM ends (and its socket goes) before the last requests.
+    let source = kumo_background(&[
+        "--npb",
+        "ep.B",
+        "--json",
+        "--api-socket",
+        socket.to_str().unwrap(),
+    ]);
+    wait_for_path(&socket);
     let info = || status_and_error(&exchange(&socket, &request("GET", "/api/v1/vm.info", "")));
 
     // Slow: the header, one byte every 2 s, on a thread of its own.
