@@ -90,6 +90,11 @@ pub fn build_for_boot_with_dirty_log(config: VmConfig, dirty: DirtyLogMode) -> R
                 .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
                 .map_err(ioctl("KVM_GET_SUPPORTED_CPUID"))?;
             tracing::debug!("boot: supported CPUID read");
+            crate::seccomp::prepare(&[
+                crate::seccomp::ThreadKind::Vcpu,
+                crate::seccomp::ThreadKind::Coordinator,
+            ]);
+            tracing::debug!("boot: seccomp filters compiled");
             Ok::<_, Error>((entry, supported))
         });
         let made = make_vm_and_vcpus(&kvm, &config, &memory, mem_size, dirty);

@@ -153,8 +153,8 @@ pub fn apply(kind: ThreadKind) -> Result<(), Error> {
         .is_some_and(|v| v.as_encoded_bytes() == kind.name().as_bytes());
     install_sigsys_handler()?;
     remember_thread_name();
-    let program = program(kind, mismatch)?;
-    seccompiler::apply_filter(&program).map_err(|source| Error::Install {
+    let program = compiled(kind, mismatch)?;
+    seccompiler::apply_filter(program).map_err(|source| Error::Install {
         kind: kind.name(),
         source,
     })?;
@@ -164,6 +164,36 @@ pub fn apply(kind: ThreadKind) -> Result<(), Error> {
         unsafe { libc::syscall(libc::SYS_personality, 0xffff_ffffu64) };
     }
     Ok(())
+}
+
+/// Each kind's program, compiled once per process and mode: compiling took ~0.1 ms a
+/// thread, and every VM starts a vCPU thread each and a coordinator on its boot path.
+static COMPILED: [[std::sync::OnceLock<BpfProgram>; ThreadKind::ALL.len()]; 2] =
+    [const { [const { std::sync::OnceLock::new() }; ThreadKind::ALL.len()] }; 2];
+
+fn compiled(kind: ThreadKind, mismatch: SeccompAction) -> Result<&'static BpfProgram, Error> {
+    let by_mode = usize::from(mismatch == SeccompAction::Trap);
+    let slot = &COMPILED[by_mode][kind as usize];
+    if let Some(program) = slot.get() {
+        return Ok(program);
+    }
+    let program = program(kind, mismatch)?;
+    Ok(slot.get_or_init(|| program))
+}
+
+/// Compiles `kinds`' programs for the current mode ahead of their threads (a VM's
+/// builder does it for its vCPUs and coordinator while KVM makes the VM).
+pub fn prepare(kinds: &[ThreadKind]) {
+    let mismatch = match mode() {
+        Mode::Off => return,
+        Mode::Log => SeccompAction::Log,
+        Mode::Kill => SeccompAction::Trap,
+    };
+    for &kind in kinds {
+        if let Err(e) = compiled(kind, mismatch.clone()) {
+            tracing::debug!("seccomp: {e} (the thread will report it)");
+        }
+    }
 }
 
 /// As [`apply`], for threads with no way to report an error: a thread that was to be
