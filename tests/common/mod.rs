@@ -431,3 +431,19 @@ pub fn ep_a_source(socket: &std::path::Path, extra: &[&str]) -> Background {
     wait_for_path(socket);
     source
 }
+
+/// A run of one EP (of `class`) that ended well: it verified, and the summary is ok.
+pub fn assert_ep_verified(out: &Output, class: &str) {
+    assert!(
+        out.status.success(),
+        "{:?}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines = json_lines(out);
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert_eq!(lines[0]["benchmark"], "ep");
+    assert_eq!(lines[0]["class"], class);
+    assert_eq!(lines[0]["verified"], true, "{}", lines[0]);
+    assert_eq!(lines[1]["ok"], true, "{}", lines[1]);
+}

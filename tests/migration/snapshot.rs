@@ -1,24 +1,9 @@
-//! Snapshot and restore of the embedded NPB guest through the control socket.
+//! Snapshot and restore of the embedded NPB guest through the control socket. The
+//! sources run EP.A: seconds of work, so a snapshot cannot find the VM already ended.
 
 use crate::common;
 
 use common::*;
-
-/// EP.A in the sources below: seconds of work, so a snapshot cannot find the VM already ended.
-fn assert_ep_a_verified(out: &std::process::Output) {
-    assert!(
-        out.status.success(),
-        "{:?}: {}",
-        out.status,
-        text(&out.stderr)
-    );
-    let lines = json_lines(out);
-    assert_eq!(lines.len(), 2, "{lines:?}");
-    assert_eq!(lines[0]["benchmark"], "ep");
-    assert_eq!(lines[0]["class"], "A");
-    assert_eq!(lines[0]["verified"], true, "{}", lines[0]);
-    assert_eq!(lines[1]["ok"], true, "{}", lines[1]);
-}
 
 #[test]
 fn a_vm_stopped_into_a_snapshot_finishes_its_run_when_restored() {
@@ -56,7 +41,7 @@ fn a_vm_stopped_into_a_snapshot_finishes_its_run_when_restored() {
         "the snapshot holds guest memory: private"
     );
     let restored = kumo(&["--restore", file.to_str().unwrap(), "--json"]);
-    assert_ep_a_verified(&restored);
+    assert_ep_verified(&restored, "A");
 }
 
 #[test]
@@ -69,8 +54,8 @@ fn a_vm_snapshotted_while_running_goes_on_and_its_snapshot_runs_too() {
     let source = ep_a_source(&socket, &[]);
     let ctl = snapshot(&socket, &file, false);
     assert!(ctl.status.success(), "snapshot: {}", text(&ctl.stderr));
-    assert_ep_a_verified(&source.finish());
-    assert_ep_a_verified(&kumo(&["--restore", file.to_str().unwrap(), "--json"]));
+    assert_ep_verified(&source.finish(), "A");
+    assert_ep_verified(&kumo(&["--restore", file.to_str().unwrap(), "--json"]), "A");
 
     // A damaged copy is refused with one line naming the damage.
     let mut bytes = std::fs::read(&file).unwrap();
@@ -106,7 +91,7 @@ fn a_vm_with_memory_above_4_gib_is_restored_from_its_snapshot() {
         "the source stopped midway"
     );
     let restored = kumo(&["--restore", file.to_str().unwrap(), "--json"]);
-    assert_ep_a_verified(&restored);
+    assert_ep_verified(&restored, "A");
     let (start, end) = arena(&json_lines(&restored)[0]);
     assert!(
         start >= 1 << 32 && end <= (1 << 32) + (1536 << 20),

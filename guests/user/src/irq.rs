@@ -9,8 +9,8 @@
 use core::fmt::Write;
 use core::ptr::read_volatile;
 
-use kumo_abi::irq_device::{DEVICE_ID, DOORBELL_STRIDE, VENDOR_ID};
 use kumo_abi::BootInfo;
+use kumo_abi::irq_device::{DEVICE_ID, DOORBELL_STRIDE, VENDOR_ID};
 
 use crate::pci::{Function, Msix, apic_id, count, records, write32};
 use crate::{Line, sys};
@@ -54,7 +54,7 @@ fn find_devices(ecam: u64) -> [Option<Device>; 2] {
 fn spin_until(tsc_khz: u64, mut done: impl FnMut() -> bool) -> bool {
     let start = sys::rdtsc();
     while !done() {
-        if sys::rdtsc() - start > TIMEOUT_MS * tsc_khz {
+        if sys::rdtsc().saturating_sub(start) > TIMEOUT_MS * tsc_khz {
             return false;
         }
         core::hint::spin_loop();
@@ -172,7 +172,7 @@ pub fn bench(info: &BootInfo, rounds: usize, target: u32) -> bool {
             continue;
         }
         // SAFETY: written by ring 0 before it incremented `count`.
-        *sample = unsafe { read_volatile(&log[0].tsc) }.saturating_sub(start);
+        *sample = sys::guest_clock(unsafe { read_volatile(&log[0].tsc) }).saturating_sub(start);
     }
     let noise_taken = count(&log[NOISE_VECTOR_INDEX]);
     if let Some(noise) = &noise {

@@ -128,7 +128,12 @@ pub fn sleep_until(until: u64) -> bool {
 /// does not count the time the snapshot waited on disk.
 pub fn rdtsc() -> u64 {
     // SAFETY: RDTSC is allowed in ring 3 (CR4.TSD clear) and has no side effects.
-    let tsc = unsafe { core::arch::x86_64::_rdtsc() };
+    guest_clock(unsafe { core::arch::x86_64::_rdtsc() })
+}
+
+/// A raw TSC value (one the supervisor recorded, such as an interrupt's arrival) on
+/// the guest's clock, comparable with [`rdtsc`].
+pub fn guest_clock(tsc: u64) -> u64 {
     tsc.wrapping_sub(clock_offset())
 }
 

@@ -112,7 +112,8 @@ fn build(
                     return Err(StreamError::Order("END".into()).into());
                 };
                 apply(&mut vm, &vcpus, &vm_state, devices)?;
-                if leave_out_time_saved && let Some(saved) = vcpus.first().and_then(VcpuState::tsc)
+                if leave_out_time_saved
+                    && let Some(saved) = vcpus.iter().filter_map(VcpuState::tsc).max()
                 {
                     continue_clock(&vm, saved)?;
                 }
@@ -228,8 +229,10 @@ fn create(meta: &Meta, kvm_device: &Path) -> Result<Vm, Error> {
 /// honours the restored TSC (it continues from the saved value) there is nothing to
 /// take; on kvm_pvm the guest's TSC is the host's, and neither `KVM_SET_MSRS` of
 /// IA32_TSC nor `KVM_VCPU_TSC_OFFSET` changes what the guest reads
-/// (docs/migration.md), so vCPU 0's TSC now, less its saved value, is added to the
-/// guest's clock offset word (`layout::CLOCK_OFFSET`), which kumo's guest subtracts.
+/// (docs/migration.md), so vCPU 0's TSC now, less `saved`, is added to the guest's
+/// clock offset word (`layout::CLOCK_OFFSET`), which kumo's guest subtracts. `saved`
+/// is the latest TSC any vCPU saved: the clock resumes there, so no vCPU reads a time
+/// earlier than one it read before the snapshot.
 fn continue_clock(vm: &Vm, saved: u64) -> Result<(), Error> {
     let Some(fd) = vm.vcpus.first() else {
         return Ok(());
