@@ -87,6 +87,15 @@ impl Client {
     }
 }
 
+/// The one-thread runtime every client call drives its connection on.
+fn client_runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .build()
+        .context("starting the API client's runtime")
+}
+
 /// One request on a connection of its own, waiting up to `timeout` for the answer
 /// (`None`: as long as it takes).
 pub fn request(
@@ -96,11 +105,7 @@ pub fn request(
     body: Option<Vec<u8>>,
     timeout: Option<Duration>,
 ) -> Result<Reply> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_io()
-        .enable_time()
-        .build()
-        .context("starting the client's runtime")?;
+    let runtime = client_runtime()?;
     runtime.block_on(async {
         let exchange = async {
             let mut client = Client::connect(socket).await?;
@@ -123,11 +128,7 @@ pub fn request(
 /// The duration of each of `n` round trips of `GET route` on one kept-alive
 /// connection (what a polling tool sees).
 pub fn round_trips(socket: &Path, route: &str, n: usize) -> Result<Vec<Duration>> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_io()
-        .enable_time()
-        .build()
-        .context("starting the client's runtime")?;
+    let runtime = client_runtime()?;
     runtime.block_on(async {
         let mut client = Client::connect(socket).await?;
         let mut times = Vec::with_capacity(n);
@@ -171,11 +172,7 @@ impl Pollers {
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let socket = socket.to_path_buf();
         let route = route.to_string();
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_io()
-            .enable_time()
-            .build()
-            .context("starting the pollers' runtime")?;
+        let runtime = client_runtime()?;
         let thread = std::thread::Builder::new()
             .name("kumo-api-pollers".into())
             .spawn(move || {
