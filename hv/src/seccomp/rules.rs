@@ -4,16 +4,8 @@
 //! say something: ioctls only of KVM's and VFIO's types, opens read-only where the
 //! thread only reads, prctl only to name a thread.
 
-use std::collections::BTreeMap;
-
-use seccompiler::{
-    BackendError, SeccompCmpArgLen as Len, SeccompCmpOp as Op, SeccompCondition as Cond,
-    SeccompRule,
-};
-
 use super::ThreadKind;
-
-type Rules = BTreeMap<i64, Vec<SeccompRule>>;
+use super::bpf::{Check, Rules};
 
 /// Every thread: memory (allocator, std), locks and parking, its own signals (kicks,
 /// SIGSYS), clocks and sleeps, logging to stderr, ending.
@@ -129,15 +121,15 @@ const SERVE: &[i64] = &[
 const SPAWN: &[i64] = &[libc::SYS_clone3, libc::SYS_clone];
 
 /// ioctl magic numbers (bits 8..16 of the request) a filter lets through.
-const KVM_TYPE: u64 = 0xAE;
-const VFIO_TYPE: u64 = 0x3B; // VFIO and iommufd both use ';'
+const KVM_TYPE: u32 = 0xAE;
+const VFIO_TYPE: u32 = 0x3B; // VFIO and iommufd both use ';'
 /// FIONBIO and FIOCLEX-style requests on sockets ('T' type, 0x54).
-const TTY_SOCKET_TYPE: u64 = 0x54;
+const TTY_SOCKET_TYPE: u32 = 0x54;
 
-pub(super) fn rules(kind: ThreadKind) -> Result<Rules, BackendError> {
+pub(super) fn rules(kind: ThreadKind) -> Rules {
     let mut r = Rules::new();
     allow(&mut r, BASE);
-    prctl_names(&mut r)?;
+    prctl_names(&mut r);
     match kind {
         ThreadKind::Vcpu => {
             // MMIO and port exits reach devices (vfio-user messages, disk I/O with
@@ -146,38 +138,38 @@ pub(super) fn rules(kind: ThreadKind) -> Result<Rules, BackendError> {
             allow(&mut r, POSITIONED_IO);
             allow(&mut r, SOCKET_IO);
             allow(&mut r, PLACEMENT);
-            ioctls(&mut r, &[KVM_TYPE, VFIO_TYPE])?;
-            open_read_only(&mut r)?;
+            ioctls(&mut r, &[KVM_TYPE, VFIO_TYPE]);
+            open_read_only(&mut r);
         }
         ThreadKind::Backend => {
             allow(&mut r, POSITIONED_IO);
             allow(&mut r, SOCKET_IO);
             allow(&mut r, EVENTS);
             allow(&mut r, PLACEMENT);
-            ioctls(&mut r, &[KVM_TYPE, VFIO_TYPE])?;
-            open_read_only(&mut r)?;
+            ioctls(&mut r, &[KVM_TYPE, VFIO_TYPE]);
+            open_read_only(&mut r);
         }
         ThreadKind::Coordinator => {
             // Waits for the vCPUs' ends, stops them (kicks), reads their counters.
             allow(&mut r, POSITIONED_IO);
             allow(&mut r, PLACEMENT);
-            ioctls(&mut r, &[KVM_TYPE, VFIO_TYPE])?;
-            open_read_only(&mut r)?;
+            ioctls(&mut r, &[KVM_TYPE, VFIO_TYPE]);
+            open_read_only(&mut r);
         }
         ThreadKind::Credit => {
             allow(&mut r, PLACEMENT);
             allow(&mut r, &[libc::SYS_pread64]);
-            open_read_only(&mut r)?;
+            open_read_only(&mut r);
         }
-        ThreadKind::Migration => migration(&mut r)?,
+        ThreadKind::Migration => migration(&mut r),
         ThreadKind::Api => {
             // Snapshots and migrations are sent from the API thread: its list holds
             // the migration threads'.
-            migration(&mut r)?;
+            migration(&mut r);
             allow(&mut r, EVENTS);
             allow(&mut r, SERVE);
             allow(&mut r, SPAWN);
-            ioctls(&mut r, &[KVM_TYPE, VFIO_TYPE, TTY_SOCKET_TYPE])?;
+            ioctls(&mut r, &[KVM_TYPE, VFIO_TYPE, TTY_SOCKET_TYPE]);
             open_any(&mut r);
         }
         ThreadKind::NicServer => {
@@ -188,16 +180,16 @@ pub(super) fn rules(kind: ThreadKind) -> Result<Rules, BackendError> {
             allow(&mut r, EVENTS);
             allow(&mut r, SERVE);
             allow(&mut r, SPAWN);
-            ioctls(&mut r, &[TTY_SOCKET_TYPE])?;
-            open_read_only(&mut r)?;
+            ioctls(&mut r, &[TTY_SOCKET_TYPE]);
+            open_read_only(&mut r);
         }
     }
-    Ok(r)
+    r
 }
 
 /// A migration stream: the socket or file it goes to, guest memory read through the
 /// memfd, KVM's dirty log and the vCPUs' state.
-fn migration(r: &mut Rules) -> Result<(), BackendError> {
+fn migration(r: &mut Rules) {
     allow(r, POSITIONED_IO);
     allow(r, SOCKET_IO);
     allow(r, PLACEMENT);
@@ -211,8 +203,8 @@ fn migration(r: &mut Rules) -> Result<(), BackendError> {
             libc::SYS_fstatfs,
         ],
     );
-    ioctls(r, &[KVM_TYPE, VFIO_TYPE, TTY_SOCKET_TYPE])?;
-    open_read_only(r)
+    ioctls(r, &[KVM_TYPE, VFIO_TYPE, TTY_SOCKET_TYPE]);
+    open_read_only(r);
 }
 
 fn allow(r: &mut Rules, calls: &[i64]) {
@@ -222,36 +214,31 @@ fn allow(r: &mut Rules, calls: &[i64]) {
 }
 
 /// ioctl only with requests of these types.
-fn ioctls(r: &mut Rules, types: &[u64]) -> Result<(), BackendError> {
-    let mut rules = r.remove(&libc::SYS_ioctl).unwrap_or_default();
+fn ioctls(r: &mut Rules, types: &[u32]) {
+    let rules = r.entry(libc::SYS_ioctl).or_default();
     for &t in types {
-        rules.push(SeccompRule::new(vec![Cond::new(
-            1,
-            Len::Dword,
-            Op::MaskedEq(0xff00),
-            t << 8,
-        )?])?);
+        rules.push(vec![Check {
+            arg: 1,
+            mask: 0xff00,
+            value: t << 8,
+        }]);
     }
-    r.insert(libc::SYS_ioctl, rules);
-    Ok(())
 }
 
 /// openat only without write access, creation or truncation (/proc reads).
-fn open_read_only(r: &mut Rules) -> Result<(), BackendError> {
+fn open_read_only(r: &mut Rules) {
     if r.get(&libc::SYS_openat).is_some_and(Vec::is_empty) {
-        return Ok(()); // already unconditional
+        return; // already unconditional
     }
-    let mask = (libc::O_ACCMODE | libc::O_CREAT | libc::O_TRUNC) as u64;
+    let mask = (libc::O_ACCMODE | libc::O_CREAT | libc::O_TRUNC) as u32;
     r.insert(
         libc::SYS_openat,
-        vec![SeccompRule::new(vec![Cond::new(
-            2,
-            Len::Dword,
-            Op::MaskedEq(mask),
-            0,
-        )?])?],
+        vec![vec![Check {
+            arg: 2,
+            mask,
+            value: 0,
+        }]],
     );
-    Ok(())
 }
 
 fn open_any(r: &mut Rules) {
@@ -259,11 +246,16 @@ fn open_any(r: &mut Rules) {
 }
 
 /// prctl only to set or read the thread's name (std names every thread it starts).
-fn prctl_names(r: &mut Rules) -> Result<(), BackendError> {
+fn prctl_names(r: &mut Rules) {
     let rules = [libc::PR_SET_NAME, libc::PR_GET_NAME]
         .into_iter()
-        .map(|op| SeccompRule::new(vec![Cond::new(0, Len::Dword, Op::Eq, op as u64)?]))
-        .collect::<Result<Vec<_>, _>>()?;
+        .map(|op| {
+            vec![Check {
+                arg: 0,
+                mask: u32::MAX,
+                value: op as u32,
+            }]
+        })
+        .collect();
     r.insert(libc::SYS_prctl, rules);
-    Ok(())
 }
