@@ -77,6 +77,19 @@ pub struct BootInfo {
     pub main_tsc: u64,
     /// TSC when the BSP, its set-up done, began to start the APs.
     pub aps_tsc: u64,
+    /// The supervisor's [`ApStart`]: the BSP does not wait for the APs in ring 0;
+    /// ring 3 waits on it before the workload starts.
+    pub ap_start: u64,
+}
+
+/// How the APs check in: each adds one to `ready` once it is on its way to ring 3,
+/// and interrupts the BSP if `bsp_waiting` is set (the BSP sleeps only after
+/// spinning a while; both sides use sequentially consistent order, so an AP either
+/// sees the flag or the BSP sees its count before it sleeps).
+#[repr(C)]
+pub struct ApStart {
+    pub ready: core::sync::atomic::AtomicU32,
+    pub bsp_waiting: core::sync::atomic::AtomicU32,
 }
 
 /// Page directories [`BootInfo::high_tables`] holds for a high range.
@@ -151,6 +164,9 @@ pub mod call {
     /// runnable, the CPU halts until an interrupt and looks again. Returns 0 once the
     /// caller is picked again. Handled in assembly (`boot.S`): never in `kumo_trap`.
     pub const SWITCH: u64 = 10;
+    /// `start_aps()`: send the start-up IPI to the APs again (the BSP's ring 3 does
+    /// it every 10 ms while it waits for them, as the supervisor once did).
+    pub const START_APS: u64 = 11;
 }
 
 /// The supervisor's preemptive scheduler of ring-3 tasks (several MPI ranks per vCPU):

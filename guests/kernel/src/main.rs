@@ -16,7 +16,8 @@ use core::ptr::{read_unaligned, read_volatile, write_volatile};
 use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use kumo_abi::{
-    BootInfo, MAX_CPUS, USER_IMAGE_BASE, USER_MAGIC, UserHeader, call, fault, high_table_count,
+    ApStart, BootInfo, MAX_CPUS, USER_IMAGE_BASE, USER_MAGIC, UserHeader, call, fault,
+    high_table_count,
 };
 
 global_asm!(include_str!("boot.S"), options(att_syntax));
@@ -113,6 +114,7 @@ static BOOT_INFO: BspWritten<BootInfo> = BspWritten(UnsafeCell::new(BootInfo {
     pdpt: 0,
     main_tsc: 0,
     aps_tsc: 0,
+    ap_start: 0,
 }));
 /// Ring-3 stacks: `USER_STACK_SIZE` per CPU from here.
 static USER_STACKS: BspWritten<u64> = BspWritten(UnsafeCell::new(0));
@@ -120,7 +122,10 @@ static USER_STACKS: BspWritten<u64> = BspWritten(UnsafeCell::new(0));
 static APIC_TIMER_KHZ: BspWritten<u64> = BspWritten(UnsafeCell::new(0));
 /// The BSP's APIC ID: APs interrupt it when they check in.
 static BSP_APIC_ID: BspWritten<u32> = BspWritten(UnsafeCell::new(0));
-static APS_READY: AtomicU32 = AtomicU32::new(0);
+static AP_START: ApStart = ApStart {
+    ready: AtomicU32::new(0),
+    bsp_waiting: AtomicU32::new(0),
+};
 /// x2APIC with a TSC-deadline timer: `call::SLEEP` can arm it.
 static TSC_DEADLINE: AtomicBool = AtomicBool::new(false);
 static SERIAL_LOCK: AtomicBool = AtomicBool::new(false);
@@ -186,10 +191,11 @@ extern "C" fn bsp_main(start_info: u32) -> ! {
         info.pci_ecam = pci_ecam(si);
         info.irq_log = &raw const irq_log as u64;
         info.apic_to_cpu = &raw const apic_to_cpu as u64;
+        info.ap_start = &raw const AP_START as u64;
     }
     serial_init();
-    // With a TSC-deadline timer the BSP can sleep while the APs start (they may share
-    // host cores with it) and still time out.
+    // With a TSC-deadline timer ring 3 can sleep (while the APs start, or in
+    // `call::SLEEP`) and still time out.
     let tsc_deadline = x2apic && leaf1[2] & (1 << 24) != 0;
     TSC_DEADLINE.store(tsc_deadline, Ordering::Relaxed);
     // SAFETY: BSP-only, before the APs start (see `BspWritten`).
@@ -198,7 +204,7 @@ extern "C" fn bsp_main(start_info: u32) -> ! {
         info.main_tsc = main_tsc;
         info.aps_tsc = rdtsc();
     }
-    start_aps(cpus, tsc_khz, tsc_deadline);
+    start_aps(cpus);
     enter_user(0, header.entry)
 }
 
@@ -210,9 +216,11 @@ extern "C" fn ap_main(cpu: u32) -> ! {
     // SAFETY: the BSP checked the header before starting us.
     let entry =
         unsafe { read_volatile(&raw const (*(USER_IMAGE_BASE as *const UserHeader)).entry) };
-    APS_READY.fetch_add(1, Ordering::Release);
-    // SAFETY: written by the BSP before it started us.
-    apic_send_to(unsafe { *BSP_APIC_ID.0.get() }, ICR_WAKE_ONE);
+    AP_START.ready.fetch_add(1, Ordering::SeqCst);
+    if AP_START.bsp_waiting.load(Ordering::SeqCst) != 0 {
+        // SAFETY: written by the BSP before it started us.
+        apic_send_to(unsafe { *BSP_APIC_ID.0.get() }, ICR_WAKE_ONE);
+    }
     enter_user(cpu, entry)
 }
 
@@ -248,6 +256,10 @@ extern "C" fn kumo_trap(number: u64, a: u64, b: u64, c: u64) -> u64 {
             0
         }
         call::FAULT => deliberate_fault(a),
+        call::START_APS => {
+            apic_send(ICR_STARTUP);
+            0
+        }
         call::SLEEP => {
             if !TSC_DEADLINE.load(Ordering::Relaxed) {
                 return 1;
@@ -528,11 +540,11 @@ fn high_memory(si: u64) -> (u64, u64) {
     (best_start, best_end)
 }
 
-/// INIT-SIPI-SIPI to all other CPUs at once, then wait until every one has checked in;
-/// the SIPI is repeated every 10 ms (harmless for CPUs already running), up to 1 s.
-/// With `tsc_deadline`, waits in `hlt` (each AP's check-in IPI or the deadline of the
-/// next SIPI wakes it) instead of spinning.
-fn start_aps(cpus: u32, tsc_khz: u64, tsc_deadline: bool) {
+/// INIT-SIPI to all other CPUs at once, and on: the BSP's ring 3 waits for their
+/// check-in (`ApStart`) while it sets itself up, at native speed where this code would
+/// halt in emulated ring 0 and be woken by each AP (~0.2 ms on PVM hosts), and sends
+/// the SIPI again every 10 ms (`call::START_APS`) until they are in, up to 1 s.
+fn start_aps(cpus: u32) {
     if cpus <= 1 {
         return;
     }
@@ -544,40 +556,8 @@ fn start_aps(cpus: u32, tsc_khz: u64, tsc_deadline: bool) {
         asm!("rep movsb", inout("rdi") AP_TRAMPOLINE => _, inout("rsi") start => _,
              inout("rcx") len => _, options(nostack, preserves_flags));
     }
-    if tsc_deadline {
-        wrmsr(0x832, LVT_TSC_DEADLINE);
-    }
     apic_send(ICR_INIT);
     apic_send(ICR_STARTUP);
-    let mut last = rdtsc();
-    let mut waited = 0;
-    let mut resend_at = last + 10 * tsc_khz;
-    while APS_READY.load(Ordering::Acquire) < cpus - 1 {
-        let now = rdtsc();
-        // The timeout is 1 s of this CPU's own waiting: a step counts at most two SIPI
-        // periods, so a VM paused meanwhile (a snapshot of a running VM) or a CPU taken
-        // away by the host does not fail the boot.
-        waited += (now - last).min(20 * tsc_khz);
-        last = now;
-        if waited > 1000 * tsc_khz {
-            boot_failure("ap-start-timeout");
-        }
-        if now > resend_at {
-            apic_send(ICR_STARTUP);
-            resend_at = now + 10 * tsc_khz;
-        }
-        if tsc_deadline {
-            wrmsr(MSR_TSC_DEADLINE, resend_at);
-            // SAFETY: the wake vector's handler only acknowledges; `sti; hlt` cannot
-            // miss an IPI sent after the check above (it stays pending until then).
-            unsafe { asm!("sti", "hlt", "cli", options(nomem, nostack)) };
-        } else {
-            core::hint::spin_loop();
-        }
-    }
-    if tsc_deadline {
-        wrmsr(MSR_TSC_DEADLINE, 0);
-    }
 }
 
 /// To ring 3 at the runtime's entry, with `rdi` = `&BootInfo`, `rsi` = CPU index and

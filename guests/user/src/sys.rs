@@ -106,6 +106,12 @@ pub fn pv_host_cpus(word: *const u32) {
     unsafe { core::ptr::write_volatile((PV_WAIT_PAGE + 0x10) as *mut u64, word as u64) };
 }
 
+/// Sends the APs' start-up IPI again.
+pub fn start_aps() {
+    // SAFETY: no pointers involved.
+    unsafe { trap(call::START_APS, 0, 0) };
+}
+
 pub fn mark_start() {
     // SAFETY: no pointers involved.
     unsafe { trap(call::MARK_START, 0, 0) };
