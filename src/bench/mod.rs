@@ -7,6 +7,7 @@
 pub mod api;
 pub mod compare;
 pub mod exit;
+pub mod handover;
 pub mod migrate;
 pub mod migrate_qemu;
 pub mod overhead;
@@ -17,4 +18,5 @@ pub mod record;
 pub mod soak;
 pub mod suite;
 pub mod switch;
+mod switch_native;
 pub mod wake;

@@ -20,9 +20,9 @@ use hv::migration::dirty::DirtyLogMode;
 use npb::Spec;
 use serde_json::Value;
 
+use crate::bench::handover::Mechanism;
 use crate::bench::migrate::MigrateBenchArgs;
 use crate::bench::record::{self, Better, Figure, Host, Record};
-use crate::bench::switch::Mechanism;
 use crate::bench::switch::SwitchArgs;
 use crate::bench::{exit, migrate, overhead, process, switch};
 use crate::mpi::NetBenchArgs;
@@ -282,7 +282,8 @@ fn one_round(
         ),
     );
 
-    c.figure("switch_fifo_us", None);
+    c.figure("switch_fifo_threads_us", None);
+    c.figure("switch_fifo_us", Some("switch_fifo_threads_us"));
     c.figure("switch_park_us", None);
     let (fifo, park) = pair(
         flip,
@@ -290,13 +291,17 @@ fn one_round(
         || switch_us(plan, Mechanism::Park, kvm),
     )
     .context("vCPU switch")?;
+    let threads = switch::native_quantiles(&switch_args(plan, Mechanism::Fifo, kvm))
+        .context("host threads' switch")?
+        .median_us;
     c.push("switch_fifo_us", "us", Lower, fifo);
     c.push("switch_park_us", "us", Lower, park);
+    c.push("switch_fifo_threads_us", "us", Lower, threads);
     progress(
         round,
         plan,
         "vCPU switch",
-        format!("fifo {fifo:.1} us, park {park:.1} us"),
+        format!("fifo {fifo:.1} us, park {park:.1} us, host threads {threads:.1} us"),
     );
 
     for (_, _, name) in MESSAGES {
@@ -405,16 +410,20 @@ fn irq(plan: &Plan, path: IrqPath, kvm: &Path) -> Result<(f64, f64)> {
 }
 
 /// Median cost of handing one host CPU from one vCPU to the other, by `mechanism`.
-fn switch_us(plan: &Plan, mechanism: Mechanism, kvm: &Path) -> Result<f64> {
-    let args = SwitchArgs {
+fn switch_args(plan: &Plan, mechanism: Mechanism, kvm: &Path) -> SwitchArgs {
+    SwitchArgs {
         mechanism,
         slice_us: 1000,
         millis: plan.switch_ms,
         pcpu: 1,
+        native: false,
         json: true,
         kvm_device: kvm.to_path_buf(),
-    };
-    Ok(switch::measure(&args, Instant::now())?.median_us)
+    }
+}
+
+fn switch_us(plan: &Plan, mechanism: Mechanism, kvm: &Path) -> Result<f64> {
+    Ok(switch::measure(&switch_args(plan, mechanism, kvm), Instant::now())?.median_us)
 }
 
 /// Median half round trip of each of `sizes` between two VMs whose ranks wait by

@@ -16,20 +16,19 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use hv::placement::{Policy, VcpuControl};
-use serde::Serialize;
-
 use clap::Args;
+use hv::placement::{Policy, VcpuControl};
 use kumo_vmm::guest;
 use kumo_vmm::run;
+use serde::Serialize;
 
-/// FIFO priorities: the chosen vCPU above the other; the controller above both.
-const RUNNING_RANK: u8 = 2;
-const WAITING_RANK: u8 = 1;
-const CONTROLLER_RANK: u8 = 3;
+use super::handover::{CONTROLLER_RANK, Mechanism, alternate};
 
 pub fn run_switch(args: &SwitchArgs, epoch: Instant) -> Result<u8> {
-    let row = measure(args, epoch)?;
+    let mut row = measure(args, epoch)?;
+    if args.native {
+        row.host_threads = Some(native_quantiles(args)?);
+    }
     if args.json {
         kumo_vmm::output::json_line(&row);
     } else {
@@ -46,8 +45,38 @@ pub fn run_switch(args: &SwitchArgs, epoch: Instant) -> Result<u8> {
             row.p99_us,
             row.max_us,
         );
+        if let Some(t) = &row.host_threads {
+            kumo_vmm::outln!(
+                "two host threads, same hand-over (no KVM): {} switches: median {:.2} us, \
+                 p90 {:.2} us, p99 {:.2} us, max {:.2} us; the vCPU switch is {:.2}x",
+                t.switches,
+                t.median_us,
+                t.p90_us,
+                t.p99_us,
+                t.max_us,
+                row.median_us / t.median_us,
+            );
+        }
     }
     Ok(0)
+}
+
+/// The native twin's switch costs (`switch_native`) as quantiles.
+pub fn native_quantiles(args: &SwitchArgs) -> Result<HostThreadSwitch> {
+    let costs = super::switch_native::measure(
+        args.pcpu,
+        args.millis,
+        Duration::from_micros(args.slice_us),
+        &args.kvm_device,
+    )?;
+    let at = |q| kumo_vmm::stats::quantile(&costs, q).unwrap_or(f64::NAN);
+    Ok(HostThreadSwitch {
+        switches: costs.len() as u64,
+        median_us: at(0.5),
+        p90_us: at(0.9),
+        p99_us: at(0.99),
+        max_us: at(1.0),
+    })
 }
 
 /// One run of the switch probe: the row `--json` prints (`bench record` takes its
@@ -56,6 +85,9 @@ pub fn measure(args: &SwitchArgs, epoch: Instant) -> Result<SwitchRow> {
     kumo_vmm::guest::check_host_cpu("--pcpu", args.pcpu)?;
     if args.slice_us < 100 {
         bail!("--slice-us must be at least 100");
+    }
+    if args.native && args.mechanism != Mechanism::Fifo {
+        bail!("--native measures host threads under fifo only (park gates KVM_RUN)");
     }
     if args.millis == 0 || args.millis > 600_000 {
         bail!("--millis must be between 1 and 600000");
@@ -102,6 +134,7 @@ pub fn measure(args: &SwitchArgs, epoch: Instant) -> Result<SwitchRow> {
         p90_us: get("p90_us")?,
         p99_us: get("p99_us")?,
         max_us: get("max_us")?,
+        host_threads: None,
     })
 }
 
@@ -117,6 +150,20 @@ pub struct SwitchRow {
     /// Switches the guest saw.
     pub switches_seen: u64,
     /// µs of a hand-over, guest TSC.
+    pub median_us: f64,
+    pub p90_us: f64,
+    pub p99_us: f64,
+    pub max_us: f64,
+    /// With `--native`: the same hand-over between two host threads, without KVM.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_threads: Option<HostThreadSwitch>,
+}
+
+/// The switch between two host threads spinning on the same CPU under the same
+/// controller (fifo): the host's floor for a vCPU switch.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct HostThreadSwitch {
+    pub switches: u64,
     pub median_us: f64,
     pub p90_us: f64,
     pub p99_us: f64,
@@ -151,70 +198,6 @@ fn control_loop(
     result
 }
 
-fn alternate(
-    control: &VcpuControl,
-    mechanism: Mechanism,
-    slice: Duration,
-    stop: &AtomicBool,
-) -> Result<u64> {
-    match mechanism {
-        Mechanism::Fifo => {
-            control.set_policy(0, Policy::Fifo(RUNNING_RANK))?;
-            control.set_policy(1, Policy::Fifo(WAITING_RANK))?;
-        }
-        Mechanism::Park => control.park(1)?,
-    }
-    let mut running = 0;
-    let mut switches = 0u64;
-    while !stop.load(Ordering::SeqCst) {
-        std::thread::sleep(slice);
-        let next = 1 - running;
-        match mechanism {
-            // An error here means the VM is ending (its vCPU threads are gone); the
-            // start-up calls above already proved the permissions.
-            Mechanism::Fifo => {
-                // Raise first: equal ranks do not preempt, so the switch happens at
-                // the lowering, in one step.
-                let raised = control.set_policy(next, Policy::Fifo(RUNNING_RANK));
-                if raised.is_err()
-                    || control
-                        .set_policy(running, Policy::Fifo(WAITING_RANK))
-                        .is_err()
-                {
-                    break;
-                }
-            }
-            Mechanism::Park => {
-                if control.park(running).is_err() {
-                    break;
-                }
-                control.unpark(next);
-            }
-        }
-        running = next;
-        switches += 1;
-    }
-    Ok(switches)
-}
-
-/// How a scheduler hands a host CPU from one vCPU to another (`hv::placement`).
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mechanism {
-    /// SCHED_FIFO ranks: the kernel preempts inside KVM_RUN.
-    Fifo,
-    /// Park the running vCPU outside KVM_RUN (signal kick), unpark the next.
-    Park,
-}
-
-impl Mechanism {
-    pub fn name(self) -> &'static str {
-        match self {
-            Mechanism::Fifo => "fifo",
-            Mechanism::Park => "park",
-        }
-    }
-}
-
 #[derive(Args, Debug)]
 pub struct SwitchArgs {
     /// The mechanism to measure.
@@ -232,6 +215,11 @@ pub struct SwitchArgs {
     /// The host CPU both vCPUs share (the controller runs on the next one).
     #[arg(long, value_name = "CPU", default_value_t = 1)]
     pub pcpu: usize,
+
+    /// Also measure the same hand-over between two host threads spinning on the CPU,
+    /// after the VM (fifo only): the host's own switch, without KVM.
+    #[arg(long)]
+    pub native: bool,
 
     /// Print one JSON object instead of a sentence.
     #[arg(long)]

@@ -43,6 +43,27 @@ fn both_mechanisms_switch_the_host_cpu_between_vcpus() {
 }
 
 #[test]
+fn the_native_twin_switches_two_host_threads_beside_the_vcpus() {
+    let _turn = take_turn();
+    if !kvm_available() {
+        return;
+    }
+    let out = kumo(&["bench", "switch", "--native", "--millis", "300", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let lines = json_lines(&out);
+    assert_numbers_are_numbers(&lines);
+    let threads = &lines[0]["host_threads"];
+    // Two host threads handed over every 1 ms for 300 ms: the matcher finds switches,
+    // each a positive time no longer than the longest.
+    assert!(threads["switches"].as_u64().unwrap() > 0, "{threads}");
+    let median = threads["median_us"].as_f64().unwrap();
+    assert!(
+        median > 0.0 && median <= threads["max_us"].as_f64().unwrap(),
+        "{threads}"
+    );
+}
+
+#[test]
 fn bad_switch_arguments_are_refused() {
     let _turn = take_turn();
     let out = kumo(&["bench", "switch", "--pcpu", "4096"]);
@@ -55,4 +76,11 @@ fn bad_switch_arguments_are_refused() {
     let out = kumo(&["bench", "switch", "--slice-us", "5"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("--slice-us must be at least 100"));
+    let out = kumo(&["bench", "switch", "--native", "--mechanism", "park"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("fifo only"),
+        "{}",
+        text(&out.stderr)
+    );
 }

@@ -307,3 +307,34 @@ pub mod net {
     /// Largest message size in an item, in bytes.
     pub const MAX_MESSAGE: u64 = 64 << 20;
 }
+
+/// The switch probe's method (`probe=switch:MS` in the guest; the same on host threads
+/// in `kumo bench switch`'s native twin, so the two measure alike).
+pub mod switch_probe {
+    /// Shorter interruptions (a host timer tick, an exit) are not descheduling.
+    pub const GAP_NS: u64 = 3_000;
+
+    /// Calls `cost` with each switch's cost, in TSC ticks, found in two spinners' gap
+    /// logs (`(last seen, first seen again)`, in time order). When the host runs both
+    /// spinners on one core and switches between them, a gap of A that starts at `s` is
+    /// a switch to B if B was itself stopped at `s` and resumed before A did; B's
+    /// resume time `r` then gives the switch's cost `r - s` (from A's last instruction
+    /// to B's first, on one TSC).
+    pub fn switch_costs(a: &[[u64; 2]], b: &[[u64; 2]], mut cost: impl FnMut(u64)) {
+        for (mine, theirs) in [(a, b), (b, a)] {
+            let mut j = 0;
+            for gap in mine {
+                let stop = gap[0];
+                // Their gaps are in time order: find the one that spans our stop.
+                while j < theirs.len() && theirs[j][1] <= stop {
+                    j += 1;
+                }
+                // A switch: they were stopped when we stopped, and resumed before we
+                // did (a short interruption of ours while they waited is no switch).
+                if j < theirs.len() && theirs[j][0] <= stop && theirs[j][1] <= gap[1] {
+                    cost(theirs[j][1] - stop);
+                }
+            }
+        }
+    }
+}

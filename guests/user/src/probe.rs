@@ -4,19 +4,16 @@
 //!
 //! Every CPU spins in ring 3 for MS milliseconds reading the TSC and logs each gap
 //! longer than [`GAP_NS`] (a time it was not running) as `(last seen, first seen
-//! again)`. When the host runs two vCPUs of this VM on one core and switches between
-//! them, a gap of CPU A that starts at `s` is a switch to CPU B if B was itself stopped
-//! at `s` and resumed before A did; B's resume time `r` then gives the switch's cost
-//! `r - s` (from A's last instruction to B's first, TSC shared by all vCPUs of a VM).
+//! again)`; the two CPUs' logs are matched into switches as
+//! `kumo_abi::switch_probe::switch_costs` says (kumo's native twin does the same on
+//! host threads).
 
 use core::fmt::Write;
 
 use kumo_abi::BootInfo;
+use kumo_abi::switch_probe::{GAP_NS, switch_costs};
 
 use crate::{Line, sys};
-
-/// Shorter interruptions (a host timer tick, an exit) are not descheduling.
-const GAP_NS: u64 = 3_000;
 
 /// One CPU's log region in the heap: `[count, (start, end)...]`.
 fn region(info: &BootInfo, cpu: u32) -> (*mut u64, usize) {
@@ -79,23 +76,13 @@ pub fn report(info: &BootInfo, millis: u64) -> bool {
         )
     };
     let mut n = 0usize;
-    for (mine, theirs) in [(a, b), (b, a)] {
-        let mut j = 0;
-        for gap in mine {
-            let stop = gap[0];
-            // Their gaps are in time order: find the one that spans our stop.
-            while j < theirs.len() && theirs[j][1] <= stop {
-                j += 1;
-            }
-            // A switch: they were stopped when we stopped, and resumed before we did
-            // (a short interruption of ours while they waited anyway is no switch).
-            if j < theirs.len() && theirs[j][0] <= stop && theirs[j][1] <= gap[1] && n < room {
-                // SAFETY: n < room, inside the scratch area.
-                unsafe { scratch.add(n).write(theirs[j][1] - stop) };
-                n += 1;
-            }
+    switch_costs(a, b, |cost| {
+        if n < room {
+            // SAFETY: n < room, inside the scratch area.
+            unsafe { scratch.add(n).write(cost) };
+            n += 1;
         }
-    }
+    });
     // SAFETY: the n values written above.
     let costs = unsafe { core::slice::from_raw_parts_mut(scratch, n) };
     let at = crate::stats::quantiles(costs, info.tsc_khz);
