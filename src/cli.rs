@@ -125,7 +125,27 @@ pub enum Mode {
 }
 
 /// Options every VM run reads.
-const VM_RUN: [&str; 5] = ["vcpus", "kvm_device", "timeout", "watchdog", "seccomp"];
+const VM_RUN: [&str; 6] = [
+    "vcpus",
+    "kvm_device",
+    "timeout",
+    "watchdog",
+    "seccomp",
+    "print_spec",
+];
+
+/// The options that go with `--spec FILE`: how the run is bounded and printed, not
+/// what the VM is (the file says that).
+const WITH_SPEC: [&str; 8] = [
+    "spec",
+    "print_spec",
+    "json",
+    "kvm_stats",
+    "kvm_device",
+    "timeout",
+    "watchdog",
+    "seccomp",
+];
 
 impl Mode {
     const ALL: [Mode; 6] = [
@@ -232,7 +252,18 @@ pub fn parse() -> Result<Cli, String> {
         .collect();
     let matches = command.get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
-    if matches.subcommand().is_none() {
+    if matches.subcommand().is_none() && cli.vm.spec.is_some() {
+        for (id, flag) in &args {
+            let given = matches.value_source(id) == Some(ValueSource::CommandLine);
+            if given && !WITH_SPEC.contains(&id.as_str()) {
+                return Err(format!(
+                    "{flag} does not go with --spec: the file describes the VM (only --json, \
+                     --kvm-stats, --kvm-device, --timeout, --watchdog, --seccomp and \
+                     --print-spec do)"
+                ));
+            }
+        }
+    } else if matches.subcommand().is_none() {
         let mode = Mode::of(&cli.vm);
         for (id, flag) in &args {
             let given = matches.value_source(id) == Some(ValueSource::CommandLine);

@@ -57,61 +57,49 @@ fn main() -> ExitCode {
         Some(Command::NicServer(args)) => args.seccomp,
         _ => vm.limits.seccomp,
     });
-    let result = match (&cli.command, &vm.dump_guest, &vm.kernel) {
-        (Some(Command::Native(args)), _, _) => kumo_lab::native::run_native(args),
-        (Some(Command::Bench(BenchCommand::Overhead(args))), _, _) => {
+    let result = match (&cli.command, &vm.dump_guest) {
+        (Some(Command::Native(args)), _) => kumo_lab::native::run_native(args),
+        (Some(Command::Bench(BenchCommand::Overhead(args))), _) => {
             kumo::bench::overhead::run_overhead(args)
         }
-        (Some(Command::Bench(BenchCommand::Api(args))), _, _) => kumo::bench::api::run_api(args),
-        (Some(Command::Node(args)), _, _) => kumo_vmm::node::run_node(args, epoch),
-        (Some(Command::Ctl(args)), _, _) => kumo_vmm::ctl::run_ctl(args),
-        (Some(Command::Sim(args)), _, _) => kumo_lab::sim::run_sim(args),
-        (Some(Command::Bench(BenchCommand::Wake(args))), _, _) => {
+        (Some(Command::Bench(BenchCommand::Api(args))), _) => kumo::bench::api::run_api(args),
+        (Some(Command::Node(args)), _) => kumo_vmm::node::run_node(args, epoch),
+        (Some(Command::Ctl(args)), _) => kumo_vmm::ctl::run_ctl(args),
+        (Some(Command::Sim(args)), _) => kumo_lab::sim::run_sim(args),
+        (Some(Command::Bench(BenchCommand::Wake(args))), _) => {
             kumo::bench::wake::run_wake(args, epoch)
         }
-        (Some(Command::Bench(BenchCommand::Preempt(args))), _, _) => {
+        (Some(Command::Bench(BenchCommand::Preempt(args))), _) => {
             kumo::bench::preempt::run_preempt(args)
         }
-        (Some(Command::Bench(BenchCommand::Switch(args))), _, _) => {
+        (Some(Command::Bench(BenchCommand::Switch(args))), _) => {
             kumo::bench::switch::run_switch(args, epoch)
         }
-        (Some(Command::Bench(BenchCommand::Irq(args))), _, _) => {
-            kumo_vmm::irq::run_bench(args, epoch)
-        }
-        (Some(Command::Bench(BenchCommand::Migrate(args))), _, _) => {
+        (Some(Command::Bench(BenchCommand::Irq(args))), _) => kumo_vmm::irq::run_bench(args, epoch),
+        (Some(Command::Bench(BenchCommand::Migrate(args))), _) => {
             kumo::bench::migrate::run_bench(args, epoch)
         }
-        (Some(Command::Bench(BenchCommand::Net(args))), _, _) => kumo::mpi::run_bench(args, epoch),
-        (Some(Command::Bench(BenchCommand::Process(args))), _, _) => {
+        (Some(Command::Bench(BenchCommand::Net(args))), _) => kumo::mpi::run_bench(args, epoch),
+        (Some(Command::Bench(BenchCommand::Process(args))), _) => {
             kumo::bench::process::run_process(args)
         }
-        (Some(Command::Bench(BenchCommand::Oversub(args))), _, _) => {
-            kumo::bench::oversub::run(args)
-        }
-        (Some(Command::Bench(BenchCommand::Soak(args))), _, _) => {
+        (Some(Command::Bench(BenchCommand::Oversub(args))), _) => kumo::bench::oversub::run(args),
+        (Some(Command::Bench(BenchCommand::Soak(args))), _) => {
             kumo::bench::soak::run_soak(args, epoch)
         }
-        (Some(Command::Bench(BenchCommand::Record(args))), _, _) => {
+        (Some(Command::Bench(BenchCommand::Record(args))), _) => {
             kumo::bench::suite::run_record(args)
         }
-        (Some(Command::Bench(BenchCommand::Compare(args))), _, _) => {
+        (Some(Command::Bench(BenchCommand::Compare(args))), _) => {
             kumo::bench::compare::run_compare(args)
         }
-        (Some(Command::Mpi(args)), _, _) => kumo::mpi::run_mpi(args, epoch),
-        (Some(Command::Experiment(args)), _, _) => {
-            kumo_lab::experiment::run_experiment(args, epoch)
-        }
-        (Some(Command::NicServer(args)), _, _) => kumo_vmm::nic_server::run(args),
-        (Some(Command::DiskImage(args)), _, _) => kumo::disk_image::run(args),
-        (None, Some(path), _) => run::dump_guest(path),
-        (None, None, None) if vm.restore.is_some() => kumo_vmm::migrate::run_restore(vm, epoch),
-        (None, None, None) if vm.incoming.is_some() => kumo_vmm::migrate::run_incoming(vm, epoch),
-        (None, None, None) if vm.api_socket.is_some() => {
-            kumo_vmm::migrate::run_controlled(vm, epoch)
-        }
-        (None, None, None) if vm.irq_check => kumo_vmm::irq::run_check(vm, epoch),
-        (None, None, Some(kernel)) => run::run_kernel(vm, kernel, epoch),
-        (None, None, None) => run::run_embedded(vm, epoch),
+        (Some(Command::Mpi(args)), _) => kumo::mpi::run_mpi(args, epoch),
+        (Some(Command::Experiment(args)), _) => kumo_lab::experiment::run_experiment(args, epoch),
+        (Some(Command::NicServer(args)), _) => kumo_vmm::nic_server::run(args),
+        (Some(Command::DiskImage(args)), _) => kumo::disk_image::run(args),
+        (None, Some(path)) => run::dump_guest(path),
+        // Every single-VM run: its flags (or --spec) as a VmSpec, run by its guest.
+        (None, None) => kumo_vmm::vm_command::run_args(vm, epoch),
     };
     // A signal stopped the VMs: whatever the command made of that (a verdict, or an
     // error from a bench that lost its measurement), the status says which signal.

@@ -24,6 +24,7 @@ use kumo_vmm::spec::job::{
     MEMORY_MIB, NicKind, Wait, WireAddr, WireSpec, npb_extra, npb_memory_mib, parse_npb,
     sched_words,
 };
+use kumo_vmm::spec::vm::{self, VmSpec};
 
 /// Why rank `rank`'s run has no `kind` line, or its fields.
 fn measurement<'a>(
@@ -447,18 +448,28 @@ pub fn run_controlled(args: &MpiArgs, specs: &[Spec], sched: &str, epoch: Instan
         guest_hz: args.guest_hz,
     };
     rank.job().check_shape(1, local)?;
-    kumo_vmm::run::check_guest_vcpus(args.vcpus, &args.kvm_device)?;
-    let config = kumo_vmm::run::embedded_config(
-        args.vcpus,
-        npb_memory_mib(specs, rank.job_size, local),
-        format!(
-            "mpi={first}:{}:{local} {}{sched}",
-            rank.job_size,
-            npb_extra(specs, args.wait)
-        ),
-        &args.kvm_device,
-    );
-    let vm = hv::builder::build_for_boot(config)?;
+    // The rank's NICs are attached by `migrate::run_vm` (as where it goes).
+    let spec = VmSpec {
+        machine: vm::Machine {
+            vcpus: args.vcpus,
+            memory_mib: Some(npb_memory_mib(specs, rank.job_size, local)),
+            huge_pages: false,
+        },
+        guest: vm::Guest::Npb {
+            benchmarks: specs.iter().map(ToString::to_string).collect(),
+            barrier_wait: vm::BarrierWait::Auto,
+            vcpu_balloon: vm::VcpuBalloon::Auto,
+            cmdline: Some(format!(
+                "mpi={first}:{}:{local} {}{sched}",
+                rank.job_size,
+                npb_extra(specs, args.wait)
+            )),
+        },
+        devices: vm::Devices::default(),
+        sched: None,
+        migration: vm::Migration::default(),
+    };
+    let vm = kumo_vmm::launch::build(&spec, &args.kvm_device, Default::default())?.vm;
     let app = AppState {
         guest: GUEST_NAME.into(),
         npb: kumo_vmm::spec::job::npb_list(specs),

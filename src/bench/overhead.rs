@@ -127,12 +127,9 @@ pub(crate) fn guest_time(
     kvm_device: &Path,
     huge_pages: bool,
 ) -> Result<f64> {
-    let options = run::GuestOptions {
-        huge_pages,
-        ..run::GuestOptions::default()
-    };
-    let verdict =
-        run::run_guest_scheduled(&[spec], vcpus, None, kvm_device, Instant::now(), &options)?;
+    let mut vm = run::npb_spec(&[spec], vcpus);
+    vm.machine.huge_pages = huge_pages;
+    let verdict = run::run_spec(&vm, kvm_device, Instant::now())?;
     if !verdict.problems.is_empty() {
         bail!("{spec} in the guest: {}", verdict.problems.join("; "));
     }

@@ -23,3 +23,4 @@ mod pvh_kernels;
 mod robustness;
 mod seccomp;
 mod soak;
+mod spec;

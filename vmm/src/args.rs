@@ -127,6 +127,17 @@ pub struct VmArgs {
     #[arg(long, value_name = "FILE", requires = "incoming")]
     pub token_file: Option<PathBuf>,
 
+    /// Print the VM these flags describe (a VmSpec, as JSON: docs/json.md) and exit
+    /// without booting it.
+    #[arg(long)]
+    pub print_spec: bool,
+
+    /// Boot the VM a VmSpec JSON file describes (as `--print-spec` prints it); the
+    /// VM's flags are then refused (only --json, --kvm-stats, --kvm-device,
+    /// --timeout, --watchdog, --seccomp and --print-spec go with it).
+    #[arg(long, value_name = "FILE")]
+    pub spec: Option<PathBuf>,
+
     #[command(flatten)]
     pub limits: LimitArgs,
 }

@@ -16,31 +16,35 @@ use hv::irq_device::{IrqDeviceSetup, IrqDevices};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::args::VmArgs;
 use crate::protocol::{GuestFields, WithGuest};
-use crate::run::{self, GuestRun};
+use crate::run::{self, GuestRun, RunOptions};
+use crate::spec::vm::VmSpec;
 
 /// Memory of the interrupt guests: the bench keeps one u64 sample per round on the heap.
-const MEMORY_MIB: u64 = 64;
+use crate::launch::IRQ_CHECK_MEMORY_MIB as MEMORY_MIB;
 /// Most rounds a bench may ask for (its samples must fit the guest heap).
 const MAX_ROUNDS: u32 = 1_000_000;
 
-/// `kumo --irq-check [--irq-path P] [--irq-rounds N]`.
-pub fn run_check(args: &VmArgs, epoch: Instant) -> Result<u8> {
-    run::check_guest_vcpus(args.vcpus, &args.kvm_device)?;
+/// `kumo --irq-check [--irq-path P] [--irq-rounds N]`: the embedded guest with the
+/// interrupt test device of `spec` (`devices.irq_test`), running its check.
+pub fn run_check(spec: &VmSpec, options: &RunOptions, epoch: Instant) -> Result<u8> {
+    let test = spec
+        .devices
+        .irq_test
+        .context("an interrupt check needs devices.irq_test")?;
     let run = IrqRun {
-        path: args.irq_path,
-        rounds: args.irq_rounds,
+        path: crate::launch::irq_path_of(test.irq_path),
+        rounds: test.rounds,
     };
     run.check_rounds()?;
-    let (guest, devices) = boot(
-        &run.cmdline(),
-        args.vcpus,
-        &run.setup(),
-        &args.kvm_device,
-        epoch,
-    )?;
-    run.report(&guest, args.vcpus, &devices, args.json)
+    let built = crate::launch::build(spec, &options.kvm_device, Backends::default())
+        .context("attaching the interrupt test device")?;
+    let guest = run::run_collecting(built.vm, epoch)?;
+    let devices = built
+        .attached
+        .irq_test
+        .context("the interrupt test device was not attached")?;
+    run.report(&guest, spec.machine.vcpus, &devices, options.json)
 }
 
 /// What the guest of an `--irq-check` run does, and on which path: all a restored
@@ -65,14 +69,7 @@ impl IrqRun {
 
     /// The guest's command line.
     pub fn cmdline(&self) -> String {
-        match self.rounds {
-            None => "irq=check".into(),
-            Some(rounds) => format!("irq=bench:{rounds}:0"),
-        }
-    }
-
-    pub fn memory_mib(&self) -> u64 {
-        MEMORY_MIB
+        crate::launch::irq_check_cmdline(self.rounds)
     }
 
     /// The test device as this run has it (no delay, no noise).

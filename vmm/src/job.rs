@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use devices::net::switch::SwitchConfig;
-use hv::builder::{Backends, DeviceSpec};
+use hv::builder::Backends;
 use hv::irq::IrqPath;
-use hv::net::{Network, NicSetup, WorkerStats};
+use hv::net::{Network, WorkerStats};
 use hv::passthrough::PassthroughSpec;
 use npb::Spec;
 use serde::Serialize;
@@ -19,6 +19,7 @@ use crate::nic_server::ServerProcess;
 use crate::protocol::{OkLine, WithGuest};
 use crate::run::{self, GuestRun};
 use crate::spec::job::{MAX_RANKS, MAX_VMS, MEMORY_MIB, NicKind, Wait, WireSpec, mac};
+use crate::spec::vm::{self, VmSpec};
 use crate::wire::WireAttach;
 
 /// Which ranks of a job this process runs, and the wire to the others.
@@ -125,41 +126,54 @@ pub fn run_job_in(
     let mut attached = Vec::new();
     let mut machines = Vec::new();
     for first in (0..vms).map(|i| job.first_rank + i * local) {
-        let config = run::embedded_config(
-            vcpus,
-            memory_mib,
-            format!("mpi={first}:{size}:{local} {extra}"),
-            kvm_device,
-        );
         // The guest gives its k-th NIC (in slot order, the order attached) to rank
         // first + k, on vCPU k.
         let ranks = first..first + local;
+        let path = crate::launch::irq_path_to_spec(irq_path);
         let devices = match &server {
-            None => DeviceSpec {
+            None => vm::Devices {
                 nics: ranks
-                    .map(|rank| NicSetup {
+                    .map(|rank| vm::Nic {
                         mac: mac(rank),
-                        irq_path,
+                        irq_path: path,
                     })
                     .collect(),
-                ..DeviceSpec::default()
+                ..vm::Devices::default()
             },
-            Some(server) => DeviceSpec {
+            Some(server) => vm::Devices {
                 passthrough: ranks
-                    .map(|rank| {
-                        let port = server.socket(rank - job.first_rank);
-                        (PassthroughSpec::VfioUser(port), irq_path)
+                    .map(|rank| vm::Passthrough {
+                        device: PassthroughSpec::VfioUser(server.socket(rank - job.first_rank))
+                            .to_string(),
+                        irq_path: path,
                     })
                     .collect(),
-                ..DeviceSpec::default()
+                ..vm::Devices::default()
             },
+        };
+        let spec = VmSpec {
+            machine: vm::Machine {
+                vcpus,
+                memory_mib: Some(memory_mib),
+                huge_pages: false,
+            },
+            guest: vm::Guest::Npb {
+                benchmarks: Vec::new(),
+                barrier_wait: vm::BarrierWait::Auto,
+                vcpu_balloon: vm::VcpuBalloon::Auto,
+                cmdline: Some(format!("mpi={first}:{size}:{local} {extra}")),
+            },
+            devices,
+            sched: None,
+            migration: vm::Migration::default(),
         };
         let backends = Backends {
             network: Some(&network),
             dom0: None,
         };
-        let (vm, devices) = hv::builder::build_with_devices(config, &devices, backends)
+        let built = crate::launch::build(&spec, kvm_device, backends)
             .with_context(|| format!("the VM of ranks {first}..{}", first + local))?;
+        let (vm, devices) = (built.vm, built.attached);
         attached.push(devices);
         machines.push(vm);
     }

@@ -20,17 +20,17 @@ use npb::Spec;
 use serde::{Deserialize, Serialize};
 
 use crate::api::{self, Controlled, Refused, SchedTarget};
-use crate::args::VmArgs;
 use crate::guest;
 use crate::irq::IrqRun;
 use crate::rank::RankApp;
 use crate::report::{self, EXIT_OK};
-use crate::run::{self, HANDED_OFF};
+use crate::run::{self, HANDED_OFF, RunOptions};
 use crate::sched_control::SchedControl;
 use crate::spec::control::{
     BalloonState, Counters, MigrateRequest, MigrationReply, RunKind, RunState, SchedParams,
     SchedUpdate, SnapshotReport, VmInfo,
 };
+use crate::spec::vm::{Guest, VmSpec};
 
 /// What a snapshot or migration stream carries for kumo itself (META's `app`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -424,18 +424,23 @@ pub fn send_vm(
 
 /// `kumo --incoming tcp:HOST:PORT`: waits for one VM, proves the token, receives
 /// it, tells the source once its vCPUs run here, and runs it to its end.
-pub fn run_incoming(args: &VmArgs, epoch: Instant) -> Result<u8> {
-    let address = parse_tcp(args.incoming.as_deref().unwrap_or_default())?;
-    let token = args.token_file.as_deref().map(read_token).transpose()?;
+pub fn run_incoming(spec: &VmSpec, options: &RunOptions, epoch: Instant) -> Result<u8> {
+    crate::launch::refuse_for_saved(spec)?;
+    let Guest::Incoming { addr, token_file } = &spec.guest else {
+        bail!("an --incoming run needs an incoming guest");
+    };
+    let address = parse_tcp(addr)?;
+    let token = token_file.as_deref().map(read_token).transpose()?;
     if token.is_none() {
         refuse_open_listener(address)?;
     }
     let listener =
         TcpListener::bind(address).with_context(|| format!("cannot listen on {address}"))?;
     eprintln!("kumo: waiting for a VM on {}", listener.local_addr()?);
-    let (vm, meta) = receive_vm(&listener, token.as_deref(), &args.kvm_device)?;
+    let (vm, meta) = receive_vm(&listener, token.as_deref(), &options.kvm_device)?;
     let app = AppState::parse(&meta.app)?;
-    run_vm(vm, app, args.api_socket.as_deref(), epoch, args.json)
+    let socket = spec.migration.api_socket.as_deref();
+    run_vm(vm, app, socket, epoch, options.json)
 }
 
 /// Without a token, whoever reaches the port may hand kumo a VM to run: only a
@@ -493,7 +498,7 @@ pub fn receive_vm_in(
         stream: &stream,
         peer: &source,
     };
-    let (vm, meta) = hv::builder::build_incoming(
+    let (vm, meta) = crate::launch::receive(
         &mut BufReader::with_capacity(1 << 20, watched()),
         kvm_device,
         |round| {
@@ -604,67 +609,74 @@ impl Controlled for VmTarget {
 
 /// `kumo --api-socket PATH [--npb ...]` (or `--irq-check`): the embedded guest,
 /// saveable while it runs.
-pub fn run_controlled(args: &VmArgs, epoch: Instant) -> Result<u8> {
-    run::check_guest_vcpus(args.vcpus, &args.kvm_device)?;
-    let sched = args
-        .sched
-        .as_deref()
-        .map(crate::spec::sched::parse_spec)
-        .transpose()?
-        .map(crate::spec::sched::view);
-    let (config, npb, irq) = if args.irq_check {
-        let irq = IrqRun {
-            path: args.irq_path,
-            rounds: args.irq_rounds,
-        };
-        irq.check_rounds()?;
-        let config = run::embedded_config(
-            args.vcpus,
-            irq.memory_mib(),
-            irq.cmdline(),
-            &args.kvm_device,
-        );
-        (config, String::new(), Some(irq))
-    } else {
-        let specs = match &args.npb {
-            Some(list) => guest::parse_specs(list)?,
-            None => guest::default_specs(),
-        };
-        let memory_mib =
-            guest::choose_memory_mib_paged(args.memory, &specs, args.vcpus, args.huge_pages)?;
-        let mut config = run::embedded_config(
-            args.vcpus,
-            memory_mib,
-            guest::npb_cmdline(&specs, args.vcpus, args.barrier_wait, args.vcpu_balloon),
-            &args.kvm_device,
-        );
-        config.huge_pages = args.huge_pages;
-        (config, crate::spec::job::npb_list(&specs), None)
+pub fn run_controlled(spec: &VmSpec, options: &RunOptions, epoch: Instant) -> Result<u8> {
+    let Guest::Npb { .. } = &spec.guest else {
+        bail!("--api-socket runs the embedded guest");
     };
-    let vm =
-        hv::builder::build_for_boot_with_dirty_log(config, args.dirty_log.unwrap_or_default())?;
+    // What a snapshot carries must rebuild the VM where it goes: these devices it
+    // cannot (a passthrough device's state is outside kumo).
+    let d = &spec.devices;
+    if !d.passthrough.is_empty() {
+        bail!("a passthrough device cannot be migrated: --api-socket refuses --passthrough");
+    }
+    if !d.disks.is_empty() || !d.nics.is_empty() {
+        bail!("--api-socket VMs of the embedded guest take no disks or NICs");
+    }
+    let irq = d
+        .irq_test
+        .map(|test| {
+            let irq = IrqRun {
+                path: crate::launch::irq_path_of(test.irq_path),
+                rounds: test.rounds,
+            };
+            irq.check_rounds().map(|()| irq)
+        })
+        .transpose()?;
+    let mut resolved = crate::launch::resolve(spec, &options.kvm_device)?;
+    // `run_vm` attaches the test device from `irq`, as it does on a restored VM.
+    resolved.devices.irq_test = None;
+    let built = crate::launch::build_resolved(resolved, hv::builder::Backends::default())?;
+    let sched = built
+        .sched
+        .as_ref()
+        .map(|(params, _)| crate::spec::sched::view(*params));
     let app = AppState {
         guest: GUEST_NAME.into(),
-        npb,
-        vcpus: args.vcpus,
+        npb: crate::spec::job::npb_list(&built.benchmarks),
+        vcpus: spec.machine.vcpus,
         console: Vec::new(),
         sched,
         irq,
         rank: None,
         host_cpus_word: None,
     };
-    run_vm(vm, app, args.api_socket.as_deref(), epoch, args.json)
+    run_vm(
+        built.vm,
+        app,
+        spec.migration.api_socket.as_deref(),
+        epoch,
+        options.json,
+    )
 }
 
 /// `kumo --restore PATH`: runs a saved VM on from where it was saved.
-pub fn run_restore(args: &VmArgs, epoch: Instant) -> Result<u8> {
-    let path = args.restore.as_deref().context("--restore needs a path")?;
+pub fn run_restore(spec: &VmSpec, options: &RunOptions, epoch: Instant) -> Result<u8> {
+    crate::launch::refuse_for_saved(spec)?;
+    let Guest::Snapshot { path } = &spec.guest else {
+        bail!("a --restore run needs a snapshot guest");
+    };
     // A regular file only: a FIFO without a writer would block the open for ever.
     let (file, _) = crate::input::open_regular("snapshot", path)?;
-    let (vm, meta) = hv::builder::build_from_snapshot(&mut BufReader::new(file), &args.kvm_device)
+    let (vm, meta) = crate::launch::restore(&mut BufReader::new(file), &options.kvm_device)
         .with_context(|| format!("cannot restore {}", path.display()))?;
     let app = AppState::parse(&meta.app)?;
-    run_vm(vm, app, args.api_socket.as_deref(), epoch, args.json)
+    run_vm(
+        vm,
+        app,
+        spec.migration.api_socket.as_deref(),
+        epoch,
+        options.json,
+    )
 }
 
 /// Runs a created or restored VM of the embedded guest, serving `socket` if given,
@@ -704,7 +716,7 @@ pub fn run_vm(
     let replay = app.console.clone();
     let credit = app
         .sched_params()?
-        .map(|params| run::start_credit_driver(&vm, params))
+        .map(|params| run::start_credit_driver(&vm, params, &crate::spec::vm::Sched::default()))
         .transpose()?;
     let driver = credit.as_ref().map(|c| c.driver.clone());
     let target = Arc::new(VmTarget {

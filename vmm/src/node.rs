@@ -25,8 +25,9 @@ use crate::run::{self, GuestRun};
 use crate::spec::control::SchedParams;
 use crate::spec::node::{self as config, Domain, Node};
 use crate::spec::sched as sched_params;
+use crate::spec::vm::{self, VmSpec};
 use crate::wire::WireAttach;
-use hv::builder::{Backends, DeviceSpec};
+use hv::builder::Backends;
 
 /// How long to wait for a domain's vCPU threads to start before placing them.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
@@ -98,42 +99,79 @@ fn domain_devices(
     node: &Node,
     domain: &Domain,
     server: &Option<crate::nic_server::ServerProcess>,
-) -> DeviceSpec {
-    let mut devices = DeviceSpec {
-        irq_test: domain.irq_path.map(|path| hv::irq_device::IrqDeviceSetup {
-            path,
-            delay: Duration::ZERO,
-            noise_hz: None,
+) -> vm::Devices {
+    let to_spec = crate::launch::irq_path_to_spec;
+    let mut devices = vm::Devices {
+        irq_test: domain.irq_path.map(|path| vm::IrqTest {
+            irq_path: to_spec(path),
+            rounds: None,
         }),
         passthrough: domain
             .passthrough
             .iter()
-            .map(|spec| (spec.clone(), domain.passthrough_irq_path))
+            .map(|spec| vm::Passthrough {
+                device: spec.to_string(),
+                irq_path: to_spec(domain.passthrough_irq_path),
+            })
             .collect(),
-        ..DeviceSpec::default()
+        ..vm::Devices::default()
     };
     if let Some(net) = &node.network
         && domain.passthrough.is_empty()
     {
         match server {
-            Some(server) => devices.passthrough.extend(domain.ranks().map(|rank| {
-                (
-                    hv::passthrough::PassthroughSpec::VfioUser(server.socket(rank)),
-                    net.irq_path,
-                )
-            })),
+            Some(server) => {
+                devices
+                    .passthrough
+                    .extend(domain.ranks().map(|rank| {
+                        vm::Passthrough {
+                            device: hv::passthrough::PassthroughSpec::VfioUser(server.socket(rank))
+                                .to_string(),
+                            irq_path: to_spec(net.irq_path),
+                        }
+                    }))
+            }
             None => {
                 devices.nics = domain
                     .ranks()
-                    .map(|rank| hv::net::NicSetup {
+                    .map(|rank| vm::Nic {
                         mac: crate::spec::job::mac(rank),
-                        irq_path: net.irq_path,
+                        irq_path: to_spec(net.irq_path),
                     })
                     .collect();
             }
         }
     }
     devices
+}
+
+/// A domain of `node` as the VM it boots.
+fn domain_spec(
+    node: &Node,
+    domain: &Domain,
+    server: &Option<crate::nic_server::ServerProcess>,
+) -> VmSpec {
+    VmSpec {
+        machine: vm::Machine {
+            vcpus: domain.vcpus,
+            memory_mib: Some(domain.memory_mib),
+            huge_pages: false,
+        },
+        guest: vm::Guest::Npb {
+            benchmarks: domain.specs.iter().map(ToString::to_string).collect(),
+            barrier_wait: crate::launch::barrier_wait_to_spec(domain.barrier_wait),
+            vcpu_balloon: if domain.vcpu_balloon {
+                vm::VcpuBalloon::On
+            } else {
+                vm::VcpuBalloon::Off
+            },
+            cmdline: Some(domain.cmdline()),
+        },
+        devices: domain_devices(node, domain, server),
+        // The node's credit driver schedules every domain together (below).
+        sched: None,
+        migration: vm::Migration::default(),
+    }
 }
 
 /// Where a passthrough NIC's server (the hardware) runs: under the credit scheduler
@@ -206,22 +244,13 @@ pub fn run(
             vms.push(None);
             continue;
         }
-        let config = run::embedded_config(
-            domain.vcpus,
-            domain.memory_mib,
-            domain.cmdline(),
-            kvm_device,
-        );
         let backends = Backends {
             network: network.as_ref(),
             dom0: Some(&dom0),
         };
-        let (vm, devices) = hv::builder::build_with_devices(
-            config,
-            &domain_devices(node, domain, &server),
-            backends,
-        )
-        .with_context(|| format!("domain '{}'", domain.name))?;
+        let built = crate::launch::build(&domain_spec(node, domain, &server), kvm_device, backends)
+            .with_context(|| format!("domain '{}'", domain.name))?;
+        let (vm, devices) = (built.vm, built.attached);
         // What a ballooning guest runs its teams on: the node's CPUs.
         let pcpus = u32::try_from(node.pcpus.len()).unwrap_or(u32::MAX);
         vm.control().host_cpus().set(pcpus);

@@ -1,62 +1,44 @@
 //! Runs a VM the way the command line asked and turns its ending into kumo's exit status.
 
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use hv::builder::{Backends, DeviceSpec};
-use hv::passthrough::PassthroughSpec;
+use hv::builder::Backends;
 use hv::{GuestExit, RunOutcome, Vm, VmConfig};
 use npb::Spec;
 use serde::Serialize;
 
-use crate::args::VmArgs;
 use crate::guest::{self, EMBEDDED_GUEST};
+pub use crate::launch::{check_guest_vcpus, embedded_config};
 use crate::protocol::{Event, GuestFields, LineParser, Probe, WithGuest};
 use crate::report::{self, Ending, Verdict};
+use crate::spec::vm::VmSpec;
 
 /// Why a run has no result here: its VM went to a snapshot or another kumo.
 pub const HANDED_OFF: &str = "the VM was handed off (snapshot or migration) and finishes elsewhere";
 
-/// Boots the embedded NPB guest, runs the requested benchmarks and reports them.
-pub fn run_embedded(args: &VmArgs, epoch: Instant) -> Result<u8> {
-    let devices = passthrough_specs(args)?;
-    let specs = match &args.npb {
-        Some(list) => guest::parse_specs(list)?,
-        None => guest::default_specs(),
-    };
-    check_guest_vcpus(args.vcpus, &args.kvm_device)?;
-    let options = GuestOptions {
-        sched: parse_sched(args)?,
-        passthrough: Passthrough {
-            devices,
-            irq_path: args.irq_path,
-        },
-        barrier_wait: args.barrier_wait,
-        vcpu_balloon: args.vcpu_balloon,
-        huge_pages: args.huge_pages,
-    };
-    let verdict = run_guest_scheduled(
-        &specs,
-        args.vcpus,
-        args.memory,
-        &args.kvm_device,
-        epoch,
-        &options,
-    )?;
-    report::print(&verdict, args.json);
-    if let (true, Some(stats)) = (args.kvm_stats, &verdict.kvm_stats) {
-        crate::kvm_stats::print(stats, args.json);
-    }
-    Ok(verdict.exit_code())
+/// What a single-VM run prints and which KVM it opens: the options that are not the
+/// VM's (its [`VmSpec`] says the rest).
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub kvm_device: PathBuf,
+    /// JSON lines instead of a table.
+    pub json: bool,
+    /// KVM's own counters when the VM ends.
+    pub kvm_stats: bool,
 }
 
-/// Checks a vCPU count for the embedded guest: KVM's limit, then the guest's.
-pub fn check_guest_vcpus(vcpus: u32, kvm_device: &Path) -> Result<()> {
-    check_vcpus(vcpus, kvm_device)?;
-    guest::check_vcpus(vcpus)
+/// Boots the embedded NPB guest `spec` describes, runs its benchmarks and reports them.
+pub fn run_embedded(spec: &VmSpec, options: &RunOptions, epoch: Instant) -> Result<u8> {
+    let verdict = run_spec(spec, &options.kvm_device, epoch)?;
+    report::print(&verdict, options.json);
+    if let (true, Some(stats)) = (options.kvm_stats, &verdict.kvm_stats) {
+        crate::kvm_stats::print(stats, options.json);
+    }
+    Ok(verdict.exit_code())
 }
 
 /// One VM of the embedded guest running `specs` in order, judged.
@@ -67,60 +49,16 @@ pub fn run_guest(
     kvm_device: &Path,
     epoch: Instant,
 ) -> Result<Verdict> {
-    run_guest_scheduled(
-        specs,
-        vcpus,
-        memory,
-        kvm_device,
-        epoch,
-        &GuestOptions::default(),
-    )
+    let mut spec = npb_spec(specs, vcpus);
+    spec.machine.memory_mib = memory;
+    run_spec(&spec, kvm_device, epoch)
 }
 
-/// How a VM of the embedded guest runs besides its workload and shape.
-#[derive(Debug, Default)]
-pub struct GuestOptions {
-    /// Under the credit scheduler with these parameters (None: the host schedules).
-    pub sched: Option<sched::Params>,
-    pub passthrough: Passthrough,
-    pub barrier_wait: guest::BarrierWait,
-    pub vcpu_balloon: guest::VcpuBalloon,
-    /// Guest RAM on the host's 2 MiB huge pages (`VmConfig::huge_pages`).
-    pub huge_pages: bool,
-}
-
-/// The `--passthrough` devices of a VM and their interrupt path.
-#[derive(Debug, Default)]
-pub struct Passthrough {
-    pub devices: Vec<PassthroughSpec>,
-    pub irq_path: hv::irq::IrqPath,
-}
-
-impl Passthrough {
-    /// The devices as the builder takes them, each on the one interrupt path.
-    pub fn devices(&self) -> Vec<(PassthroughSpec, hv::irq::IrqPath)> {
-        self.devices
-            .iter()
-            .map(|spec| (spec.clone(), self.irq_path))
-            .collect()
-    }
-}
-
-/// `--passthrough` parsed, and checked as far as it can be before a VM exists: a host
-/// device the kernel's VFIO cannot hand over is refused here, naming what is missing.
-pub fn passthrough_specs(args: &VmArgs) -> Result<Vec<PassthroughSpec>> {
-    args.passthrough
-        .iter()
-        .map(|text| crate::spec::devices::passthrough_spec(text))
-        .collect()
-}
-
-/// `--sched`, parsed.
-fn parse_sched(args: &VmArgs) -> Result<Option<sched::Params>> {
-    args.sched
-        .as_deref()
-        .map(crate::spec::sched::parse_spec)
-        .transpose()
+/// The embedded guest running `specs` on `vcpus`, everything else default.
+pub fn npb_spec(specs: &[Spec], vcpus: u32) -> VmSpec {
+    let names: Vec<String> = specs.iter().map(ToString::to_string).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    VmSpec::npb(vcpus, &names)
 }
 
 /// The credit scheduler driving one VM on every host CPU, with domain 0 (the
@@ -133,22 +71,27 @@ pub struct Credit {
     pub member: hv::placement::Membership,
 }
 
-/// Starts the credit scheduler for `vm` alone (the single-VM form of a node).
-pub fn start_credit_driver(vm: &Vm, params: sched::Params) -> Result<Credit> {
+/// Starts the credit scheduler for `vm` alone (the single-VM form of a node), its
+/// domain of `weight` and `cap`.
+pub fn start_credit_driver(
+    vm: &Vm,
+    params: sched::Params,
+    domain: &crate::spec::vm::Sched,
+) -> Result<Credit> {
     let dom0 = hv::placement::ThreadGroup::new();
     let member = dom0.join_current();
-    let weight = crate::spec::node::DEFAULT_WEIGHT as u16;
+    let dom0_weight = crate::spec::node::DEFAULT_WEIGHT as u16;
     let driver = hv::credit::CreditDriver::start(
         params,
         (0..guest::host_cpus()).collect(),
         vec![hv::credit::DomainSpec {
             name: "guest".into(),
-            weight,
-            cap: 0,
+            weight: u16::try_from(domain.weight).unwrap_or(u16::MAX),
+            cap: domain.cap,
             control: vm.control(),
         }],
         Some(hv::credit::Dom0Spec {
-            weight,
+            weight: dom0_weight,
             threads: dom0.clone(),
         }),
     )?;
@@ -163,12 +106,13 @@ pub fn start_credit_driver(vm: &Vm, params: sched::Params) -> Result<Credit> {
 fn start_credit(
     vm: &Vm,
     params: sched::Params,
+    domain: &crate::spec::vm::Sched,
 ) -> Result<(
     hv::placement::Membership,
     crate::api::Server,
     Arc<hv::credit::CreditDriver>,
 )> {
-    let credit = start_credit_driver(vm, params)?;
+    let credit = start_credit_driver(vm, params, domain)?;
     let socket = crate::api::default_socket_path();
     let server = crate::sched_control::serve(
         Some(credit.driver.clone()),
@@ -181,62 +125,27 @@ fn start_credit(
     Ok((credit.member, server, credit.driver))
 }
 
-/// As [`run_guest`], with `options` (the credit scheduler, passthrough devices, the
-/// barrier wait).
-pub fn run_guest_scheduled(
-    specs: &[Spec],
-    vcpus: u32,
-    memory: Option<u64>,
-    kvm_device: &Path,
-    epoch: Instant,
-    options: &GuestOptions,
-) -> Result<Verdict> {
-    let memory_mib = guest::choose_memory_mib_paged(memory, specs, vcpus, options.huge_pages)?;
-    let mut config = embedded_config(
-        vcpus,
-        memory_mib,
-        guest::npb_cmdline(specs, vcpus, options.barrier_wait, options.vcpu_balloon),
-        kvm_device,
-    );
-    config.huge_pages = options.huge_pages;
-    let devices = DeviceSpec {
-        passthrough: options.passthrough.devices(),
-        ..DeviceSpec::default()
-    };
-    let (vm, attached) = hv::builder::build_with_devices(config, &devices, Backends::default())?;
-    guest::tell_host_cpus(&vm);
-    let scheduler = options
+/// Runs the embedded guest `spec` describes (built by [`crate::launch`]), under the
+/// credit scheduler if it asks, and judges it.
+pub fn run_spec(spec: &VmSpec, kvm_device: &Path, epoch: Instant) -> Result<Verdict> {
+    let built = crate::launch::build(spec, kvm_device, Backends::default())?;
+    guest::tell_host_cpus(&built.vm);
+    let scheduler = built
         .sched
-        .map(|params| start_credit(&vm, params))
+        .as_ref()
+        .map(|(params, domain)| start_credit(&built.vm, *params, domain))
         .transpose();
-    let run = run_collecting(vm, epoch)?;
-    drop(attached);
+    let run = run_collecting(built.vm, epoch)?;
+    drop(built.attached);
     if let Some((member, server, driver)) = scheduler? {
         drop(server);
         drop(driver);
         drop(member);
     }
-    let mut verdict = run.judge(specs, vcpus);
+    let vcpus = spec.machine.vcpus;
+    let mut verdict = run.judge(&built.benchmarks, vcpus);
     verdict.kvm_stats = Some(run.outcome.kvm_stats);
     Ok(verdict)
-}
-
-/// The embedded guest on `vcpus` vCPUs with `cmdline`.
-pub fn embedded_config(
-    vcpus: u32,
-    memory_mib: u64,
-    cmdline: String,
-    kvm_device: &Path,
-) -> VmConfig {
-    VmConfig {
-        vcpus,
-        memory_mib,
-        kernel: EMBEDDED_GUEST.into(),
-        cmdline,
-        modules: Vec::new(),
-        kvm_device: kvm_device.to_path_buf(),
-        huge_pages: false,
-    }
 }
 
 /// What a run of the embedded guest printed and how it ended.
@@ -368,47 +277,20 @@ pub fn run_collecting_recorded(
     Ok(GuestRun { events, outcome })
 }
 
-/// Boots an arbitrary PVH kernel: its console is kumo's stdout, its debug-exit value
-/// kumo's exit status.
-pub fn run_kernel(args: &VmArgs, kernel: &Path, epoch: Instant) -> Result<u8> {
+/// Boots the PVH kernel `spec` names: its console is kumo's stdout, its debug-exit
+/// value kumo's exit status.
+pub fn run_kernel(spec: &VmSpec, options: &RunOptions, epoch: Instant) -> Result<u8> {
     // One VM, then kumo exits: its destruction need not hold up the exit.
     hv::teardown::defer_vm_destruction();
-    let memory_mib = args.memory.unwrap_or(256);
-    // Nothing larger than guest RAM below the hole can be loaded into it: the bound on
-    // every read.
-    let limit = hv::memory_map::low_ram_bytes(memory_mib.saturating_mul(1 << 20));
-    let image = crate::input::read_bounded("kernel", kernel, limit)?;
-    let modules = args
-        .module
-        .iter()
-        .map(|path| crate::input::read_bounded("module", path, limit))
-        .collect::<Result<Vec<_>>>()?;
-    let devices = DeviceSpec {
-        disks: args.disk.clone(),
-        passthrough: Passthrough {
-            devices: passthrough_specs(args)?,
-            irq_path: args.irq_path,
-        }
-        .devices(),
-        ..DeviceSpec::default()
-    };
-    check_vcpus(args.vcpus, &args.kvm_device)?;
-    let config = VmConfig {
-        vcpus: args.vcpus,
-        memory_mib,
-        kernel: image.into(),
-        cmdline: args.cmdline.clone().unwrap_or_default(),
-        modules,
-        kvm_device: args.kvm_device.clone(),
-        huge_pages: args.huge_pages,
-    };
+    let json = options.json;
     // Kept until the run ends (their backend threads stop when dropped).
-    let (vm, attached) = hv::builder::build_with_devices(config, &devices, Backends::default())?;
+    let built = crate::launch::build(spec, &options.kvm_device, Backends::default())?;
+    let (vm, attached) = (built.vm, built.attached);
     // The console never fails: a closed stdout loses output, not the verdict below.
     // With --json the guest's `@kumo` lines are collected (the rest goes to stderr)
     // and printed as JSON rows once it ends.
     let events = Arc::new(Mutex::new(Vec::new()));
-    let console: Box<dyn Write + Send> = if args.json {
+    let console: Box<dyn Write + Send> = if json {
         Box::new(GuestConsole {
             parser: LineParser::default(),
             events: Arc::clone(&events),
@@ -422,8 +304,8 @@ pub fn run_kernel(args: &VmArgs, kernel: &Path, epoch: Instant) -> Result<u8> {
         tracing::debug!("disk {index}: {:?}", disk.stats());
     }
     drop(attached);
-    if args.kvm_stats {
-        crate::kvm_stats::print(&outcome.kvm_stats, args.json);
+    if options.kvm_stats {
+        crate::kvm_stats::print(&outcome.kvm_stats, json);
     }
     if let Some(d) = outcome.workload_started {
         eprintln!(
@@ -450,7 +332,7 @@ pub fn run_kernel(args: &VmArgs, kernel: &Path, epoch: Instant) -> Result<u8> {
             report::stop_status(cause)
         }
     };
-    if args.json {
+    if json {
         let events = std::mem::take(&mut *events.lock().unwrap_or_else(|e| e.into_inner()));
         print_kernel_json(&events, code);
     }
@@ -517,18 +399,6 @@ pub fn dump_guest(path: &Path) -> Result<u8> {
     std::fs::write(path, EMBEDDED_GUEST)
         .with_context(|| format!("cannot write the guest to {}", path.display()))?;
     Ok(report::EXIT_OK)
-}
-
-/// Rejects a vCPU count KVM cannot give before sizing memory for it.
-fn check_vcpus(vcpus: u32, kvm_device: &Path) -> Result<()> {
-    if vcpus == 0 {
-        bail!("--vcpus must be at least 1");
-    }
-    let max = hv::max_vcpus(kvm_device)?;
-    if vcpus > max {
-        bail!("--vcpus {vcpus} is above this host's KVM limit of {max} vCPUs");
-    }
-    Ok(())
 }
 
 /// The embedded guest's console: structured lines become events, the rest is echoed to

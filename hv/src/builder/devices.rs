@@ -7,6 +7,7 @@ use std::sync::Arc;
 use crate::block::{self, Disk, DiskSetup};
 use crate::irq::IrqPath;
 use crate::irq_device::{self, IrqDeviceSetup, IrqDevices};
+use crate::migration::dirty::DirtyLogMode;
 use crate::net::{Network, NicSetup};
 use crate::passthrough::{self, Attached, PassthroughSpec};
 use crate::placement::ThreadGroup;
@@ -51,13 +52,24 @@ pub fn build_with_devices(
     devices: &DeviceSpec,
     backends: Backends<'_>,
 ) -> Result<(Vm, AttachedDevices), Error> {
+    build_with_devices_dirty_log(config, devices, backends, DirtyLogMode::default())
+}
+
+/// As [`build_with_devices`], tracking written pages with `dirty` (as
+/// [`super::build_for_boot_with_dirty_log`]).
+pub fn build_with_devices_dirty_log(
+    config: VmConfig,
+    devices: &DeviceSpec,
+    backends: Backends<'_>,
+    dirty: DirtyLogMode,
+) -> Result<(Vm, AttachedDevices), Error> {
     if !devices.nics.is_empty() && backends.network.is_none() {
         return Err(Error::Device(
             "NICs were asked for without a network to plug them into".into(),
         ));
     }
     let disks = block::open(&devices.disks)?;
-    let mut vm = super::build_for_boot(config)?;
+    let mut vm = super::build_for_boot_with_dirty_log(config, dirty)?;
     let irq_test = devices
         .irq_test
         .as_ref()

@@ -10,7 +10,9 @@ use std::sync::Arc;
 
 use kvm_bindings::KVM_MAX_CPUID_ENTRIES;
 
-pub use devices::{AttachedDevices, Backends, DeviceSpec, build_with_devices};
+pub use devices::{
+    AttachedDevices, Backends, DeviceSpec, build_with_devices, build_with_devices_dirty_log,
+};
 pub use from_stream::{build_from_snapshot, build_incoming};
 
 use crate::kvm::{self, ioctl};

@@ -8,3 +8,4 @@ pub mod devices;
 pub mod job;
 pub mod node;
 pub mod sched;
+pub mod vm;
