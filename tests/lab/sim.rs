@@ -256,14 +256,24 @@ fn s1_node_domain_0_at_weight_64_slows_the_ranks_only_when_domain_0_is_loaded() 
     let w64 = "[[scenario]]\nname = \"w64\"\ntslice_ms = 30\ntick_ms = 10\n\
                ratelimit_us = 0\naccounting = \"tick\"\ndom0_weight = 64\n";
     // kumo's switch, as measured: weight 64 changes nothing.
-    let idle = runs(&s1_node_with("s1-node-idle.toml", "dom0_per_message_us", "8.578", w64));
+    let idle = runs(&s1_node_with(
+        "s1-node-idle.toml",
+        "dom0_per_message_us",
+        "8.578",
+        w64,
+    ));
     for program in ["bt.S", "cg.W", "sp.S"] {
         let base = time(run(&idle, program, "xen3.4-30/10"));
         let low = time(run(&idle, program, "w64"));
         assert!(low < base * 1.01, "{program}: {low} against {base}");
     }
     // A domain 0 busy for ~500 us a message side: every communicating code slows.
-    let busy = runs(&s1_node_with("s1-node-busy.toml", "dom0_per_message_us", "508.578", w64));
+    let busy = runs(&s1_node_with(
+        "s1-node-busy.toml",
+        "dom0_per_message_us",
+        "508.578",
+        w64,
+    ));
     for program in ["bt.S", "cg.W", "sp.S"] {
         let base = time(run(&busy, program, "xen3.4-30/10"));
         let low = time(run(&busy, program, "w64"));
@@ -302,7 +312,11 @@ fn s1_two_nodes_at_kumos_domain_0_cost_match_one_node() {
         assert!((a - b).abs() < 0.01, "{program}: {a} against {b}");
     }
     // The second node's ranks do cross the wire through both domain 0s.
-    let dom0 = |runs: &[Value]| run(runs, "cg.W", "xen3.4-30/10")["dom0_cpu_s"].as_f64().unwrap();
+    let dom0 = |runs: &[Value]| {
+        run(runs, "cg.W", "xen3.4-30/10")["dom0_cpu_s"]
+            .as_f64()
+            .unwrap()
+    };
     assert!(dom0(&two) > dom0(&one), "{} {}", dom0(&two), dom0(&one));
 }
 
