@@ -280,7 +280,8 @@ fn s1_node_domain_0_at_weight_64_slows_the_ranks_only_when_domain_0_is_loaded() 
         assert!(low > base * 2.0, "{program}: {low} against {base}");
     }
     let ep = |runs: &[Value], s: &str| time(run(runs, "ep.A", s));
-    assert!(ep(&busy, "w64") < ep(&busy, "xen3.4-30/10") * 1.01);
+    // EP (three reductions in all) stays within S1's "no change" (3 %).
+    assert!(ep(&busy, "w64") < ep(&busy, "xen3.4-30/10") * 1.03);
 }
 
 /// Xen's 1-3 us vCPU switch instead of this host's 29-82 us does not make the 1 ms
