@@ -10,4 +10,5 @@ pub mod bench;
 pub mod bzimage;
 pub mod cli;
 pub mod disk_image;
+pub mod heap;
 pub mod mpi;

@@ -6,11 +6,9 @@
 use std::fs::File;
 use std::io::Write;
 use std::os::fd::FromRawFd;
-use std::sync::Arc;
 
 use devices::virtio::block::{BlockConfig, VirtioBlock, default_id};
-use devices::virtio::{Activation, VirtioDevice, features};
-use kumo_fuzz::{Input, Sink, guest_memory, queue};
+use kumo_fuzz::{Input, activate, guest_memory};
 use libfuzzer_sys::fuzz_target;
 
 /// The image: 16 sectors, each byte its offset's low bits.
@@ -33,21 +31,7 @@ fuzz_target!(|data: &[u8]| {
     ) else {
         return;
     };
-    let features = (blk.features() & setup.u64()) | features::VERSION_1;
-    let queues = blk
-        .queue_max_sizes()
-        .into_iter()
-        .map(|max| queue(&mut setup, max))
-        .collect();
-    let sink = Arc::new(Sink::default());
-    if blk
-        .activate(Activation {
-            features,
-            queues,
-            interrupt: sink,
-        })
-        .is_err()
-    {
+    if !activate(&blk, &mut setup) {
         return;
     }
     for _ in 0..passes {

@@ -4,11 +4,8 @@
 //! the input, as a driver would choose them.
 #![no_main]
 
-use std::sync::Arc;
-
 use devices::virtio::net::{NetConfig, VirtioNet};
-use devices::virtio::{Activation, VirtioDevice, features};
-use kumo_fuzz::{Input, Sink, guest_memory, queue};
+use kumo_fuzz::{Input, activate, guest_memory};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -29,21 +26,7 @@ fuzz_target!(|data: &[u8]| {
     ) else {
         return;
     };
-    let features = (net.features() & setup.u64()) | features::VERSION_1;
-    let queues = net
-        .queue_max_sizes()
-        .into_iter()
-        .map(|max| queue(&mut setup, max))
-        .collect();
-    let sink = Arc::new(Sink::default());
-    if net
-        .activate(Activation {
-            features,
-            queues,
-            interrupt: sink,
-        })
-        .is_err()
-    {
+    if !activate(&net, &mut setup) {
         return;
     }
     for op in ops {

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use devices::interrupt::{InterruptSourceGroup, MsiMessage};
 use devices::virtio::transport::{ActionSink, TransportAction};
-use devices::virtio::{InterruptCause, VirtioInterrupt};
+use devices::virtio::{Activation, InterruptCause, VirtioDevice, VirtioInterrupt, features};
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
@@ -82,6 +82,26 @@ pub fn queue(input: &mut Input<'_>, max_size: u16) -> Queue {
     queue.set_event_idx(input.u8() & 1 == 1);
     queue.set_ready(true);
     queue
+}
+
+/// Activates `device` as a driver would: the features it offers masked by a word of
+/// `setup`, with VERSION_1, and each of its queues placed by [`queue`] from `setup`;
+/// interrupts go to a [`Sink`]. False if the device refused the activation (then the
+/// target has nothing more to drive).
+pub fn activate(device: &dyn VirtioDevice, setup: &mut Input<'_>) -> bool {
+    let features = (device.features() & setup.u64()) | features::VERSION_1;
+    let queues = device
+        .queue_max_sizes()
+        .into_iter()
+        .map(|max| queue(setup, max))
+        .collect();
+    device
+        .activate(Activation {
+            features,
+            queues,
+            interrupt: std::sync::Arc::new(Sink::default()),
+        })
+        .is_ok()
 }
 
 /// Interrupts and transport actions, counted and otherwise dropped.

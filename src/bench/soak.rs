@@ -19,6 +19,7 @@ use hv::migration::dirty::DirtyLogMode;
 use serde::Serialize;
 
 use super::migrate::{self, MigrateBenchArgs};
+use crate::heap::Heap;
 use kumo_vmm::{guest, run};
 
 /// How much RSS may grow after the warm-up (allocator noise, not a leak per VM).
@@ -85,12 +86,9 @@ impl Resources {
     }
 }
 
-/// glibc's malloc gives each thread that allocates under contention an arena of its
-/// own (up to 8 per CPU) and keeps freed memory in it; every VM's threads come and go,
-/// so RSS climbs in steps as arenas are taken (with `MALLOC_ARENA_MAX=1` it stayed
-/// within 1 MiB: docs/results/2026-11-28-soak.md). `malloc_trim` returns the free pages
-/// it can, so a sample counts less of what malloc merely keeps; a leak, which cannot
-/// be trimmed, still shows.
+/// `malloc_trim` returns the free pages malloc can, so a sample counts less of what
+/// the allocator merely keeps (kumo also caps its arenas: `crate::heap`); a leak,
+/// which cannot be trimmed, still shows.
 fn return_free_heap() {
     // SAFETY: malloc_trim only releases free pages of malloc's own heaps; it takes
     // malloc's locks and touches no memory of ours.
@@ -137,6 +135,10 @@ pub struct SampleLine {
     pub seconds: f64,
     #[serde(flatten)]
     pub resources: Resources,
+    /// What glibc malloc held at the sample (after the trim): the evidence for whether
+    /// RSS growth is memory kumo holds or memory the allocator keeps.
+    #[serde(flatten)]
+    pub heap: Heap,
 }
 
 /// The `--json` verdict line: the baseline after the warm-up, the last sample, and
@@ -251,13 +253,19 @@ pub fn run_soak(args: &SoakArgs, epoch: Instant) -> Result<u8> {
         }
         if done % args.every == 0 || done == total {
             last = Resources::trimmed()?;
+            let heap = Heap::now();
             let seconds = start.elapsed().as_secs_f64();
+            let mib = |b: u64| b as f64 / f64::from(1 << 20);
             eprintln!(
                 "kumo: soak {done}/{total} ({boots} boots, {migrations} migrations, {seconds:.1} s): \
-                 RSS {:.2} MiB, {} fds, {} threads",
-                last.rss_bytes as f64 / f64::from(1 << 20),
+                 RSS {:.2} MiB, {} fds, {} threads; malloc: {:.2} MiB in use, {:.2} MiB free, \
+                 {} arenas",
+                mib(last.rss_bytes),
                 last.fds,
-                last.threads
+                last.threads,
+                mib(heap.heap_in_use_bytes),
+                mib(heap.heap_free_bytes),
+                heap.arenas
             );
             if args.json {
                 kumo_vmm::output::json_line(&SampleLine {
@@ -266,6 +274,7 @@ pub fn run_soak(args: &SoakArgs, epoch: Instant) -> Result<u8> {
                     migrations,
                     seconds,
                     resources: last,
+                    heap,
                 });
             }
         }

@@ -238,6 +238,30 @@ fn self_perpetuating_image(name: &str) -> std::path::PathBuf {
     path
 }
 
+/// The disk's two I/O paths, each hostile probe run against both.
+const IO_MODES: [&str; 2] = ["thread", "vcpu"];
+
+/// kumo's arguments for `guest`'s hostile disk probe `blk=PROBE` (one vCPU) on
+/// `image`, its requests served by `io`.
+fn blk_probe_args(
+    guest: &std::path::Path,
+    probe: &str,
+    image: &std::path::Path,
+    io: &str,
+) -> Vec<String> {
+    [
+        "--kernel".into(),
+        guest.to_str().unwrap().into(),
+        "--cmdline".into(),
+        format!("blk={probe}"),
+        "--vcpus".into(),
+        "1".into(),
+        "--disk".into(),
+        format!("{},io={io}", image.display()),
+    ]
+    .into()
+}
+
 /// Runs kumo; `None` if it had not ended after `limit` (then it is killed).
 fn kumo_within(args: &[&str], limit: std::time::Duration) -> Option<std::process::Output> {
     let mut run = kumo_background(args);
@@ -258,20 +282,10 @@ fn a_self_perpetuating_queue_cannot_keep_kumo_running() {
     }
     let image = self_perpetuating_image("blk-loop.img");
     let guest = dumped_guest();
-    for io in ["thread", "vcpu"] {
-        let disk = format!("{},io={io}", image.display());
-        let args = [
-            "--kernel",
-            guest.to_str().unwrap(),
-            "--cmdline",
-            "blk=loop",
-            "--vcpus",
-            "1",
-            "--disk",
-            &disk,
-            "--timeout",
-            "20",
-        ];
+    for io in IO_MODES {
+        let mut args = blk_probe_args(&guest, "loop", &image, io);
+        args.extend(["--timeout".into(), "20".into()]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         // The guest ends at once; kumo must follow it, well before --timeout's 20 s
         // would have to (the limit only keeps a hung kumo from hanging the suite).
         let out = kumo_within(&args, std::time::Duration::from_secs(60))
@@ -293,18 +307,9 @@ fn a_bad_ring_rung_many_times_is_reported_in_a_few_lines() {
     }
     let (image, _) = image("blk-badring.img");
     let guest = dumped_guest();
-    for io in ["thread", "vcpu"] {
-        let disk = format!("{},io={io}", image.display());
-        let out = kumo(&[
-            "--kernel",
-            guest.to_str().unwrap(),
-            "--cmdline",
-            "blk=badring",
-            "--vcpus",
-            "1",
-            "--disk",
-            &disk,
-        ]);
+    for io in IO_MODES {
+        let args = blk_probe_args(&guest, "badring", &image, io);
+        let out = kumo(&args.iter().map(String::as_str).collect::<Vec<_>>());
         let stderr = text(&out.stderr);
         assert_eq!(out.status.code(), Some(PROBE_DONE), "io={io}: {stderr}");
         // 2000 doorbells on a ring the device refuses: said, but not 2000 times.

@@ -200,17 +200,7 @@ mod tests {
     /// land on vCPU threads) must not lose the reply.
     #[test]
     fn a_signal_during_a_receive_does_not_lose_the_message() {
-        // SAFETY: installs a handler that does nothing, without SA_RESTART, so a
-        // blocked recvmsg returns EINTR; the struct is zeroed then filled.
-        unsafe {
-            let mut action: libc::sigaction = std::mem::zeroed();
-            action.sa_sigaction = ignore as extern "C" fn(libc::c_int) as usize;
-            libc::sigemptyset(&mut action.sa_mask);
-            assert_eq!(
-                libc::sigaction(libc::SIGUSR1, &action, std::ptr::null_mut()),
-                0
-            );
-        }
+        install_ignore();
         let (ours, theirs) = UnixStream::pair().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         let waiter = std::thread::spawn(move || {
@@ -264,8 +254,10 @@ mod tests {
         got
     }
 
+    /// SIGUSR1 (the tests' kick) gets a handler that does nothing, without
+    /// SA_RESTART, so a blocked recvmsg returns EINTR as a kicked vCPU thread's does.
     fn install_ignore() {
-        // SAFETY: as in the test above: a no-op handler without SA_RESTART.
+        // SAFETY: installs a no-op handler; the struct is zeroed then filled.
         unsafe {
             let mut action: libc::sigaction = std::mem::zeroed();
             action.sa_sigaction = ignore as extern "C" fn(libc::c_int) as usize;
