@@ -1,31 +1,18 @@
-//! glibc malloc's set-up for the whole process, and what it holds at a moment.
+//! What glibc malloc holds at a moment (the soak's samples), and why kumo leaves its
+//! arenas as glibc sets them.
 //!
 //! glibc gives a thread that meets contention an arena of its own (up to 8 per CPU)
 //! and keeps the memory freed in it. Every VM's vCPU and device threads come and go, so
 //! a process that runs many VMs takes arena after arena and its RSS climbs in steps
 //! that `malloc_trim` does not return (docs/results/2026-11-28-soak.md: +4.6 MiB over
-//! 1,000 boots with glibc's default, flat with one arena). kumo caps the arenas at
-//! [`ARENAS`] before its first thread starts; each thread's tcache still serves its
-//! small allocations without the arena lock, and no exit path allocates.
-
-/// Arenas glibc may create: the main one only. Measured flat in the soak; against
-/// glibc's default no `kumo bench overhead` or `kumo bench record` figure moved
-/// consistently on a loaded host (docs/results/2026-11-28-soak.md).
-pub const ARENAS: i32 = 1;
-
-/// Caps glibc's arenas at [`ARENAS`], unless the operator chose a bound through
-/// `MALLOC_ARENA_MAX` or `GLIBC_TUNABLES` (glibc has applied theirs already). Call it
-/// first in `main`, before any thread exists.
-pub fn cap_arenas() {
-    let chosen = std::env::var_os("MALLOC_ARENA_MAX").is_some()
-        || std::env::var("GLIBC_TUNABLES").is_ok_and(|t| t.contains("arena_max"));
-    if chosen {
-        return;
-    }
-    // SAFETY: mallopt sets one of malloc's parameters under its own lock; it touches no
-    // memory of ours. A refusal (0) leaves glibc's default, which only costs RSS.
-    unsafe { libc::mallopt(libc::M_ARENA_MAX, ARENAS) };
-}
+//! 1,000 boots with glibc's default, flat with one arena).
+//!
+//! kumo does **not** cap the arenas: with one arena every thread shares one lock, and
+//! a SCHED_FIFO thread of kumo's own scheduler (the credit driver, domain 0's switch)
+//! that blocks on it behind a vCPU thread preempted by a spinning vCPU waits as long as
+//! that vCPU spins. With the cap on, an S1 quick run's FT.W timed out in CI (it passed
+//! without); that inversion would explain it, but it was not proven. A process that wants the flat RSS and runs no credit scheduler can set
+//! `MALLOC_ARENA_MAX=1`. What is left here is the soak's view of the heap.
 
 /// What glibc malloc holds at one moment, over all its arenas.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]

@@ -10,8 +10,6 @@ const EXIT_USAGE: u8 = 2;
 fn main() -> ExitCode {
     // The boot-time figure is measured from here: as close to process start as we get.
     let epoch = Instant::now();
-    // Before any thread exists (tracing's included): see kumo::heap.
-    kumo::heap::cap_arenas();
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
