@@ -36,9 +36,13 @@ use crate::irq::fast_group;
 use crate::vm::Vm;
 
 /// Which thread serves a disk's requests (see the module documentation).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum DiskIo {
+    /// On the vCPU that rang the doorbell.
     Vcpu,
+    /// On a backend thread (kumo's default).
+    #[default]
     Thread,
 }
 

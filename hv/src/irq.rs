@@ -44,10 +44,13 @@ fn kvm_msi(msi: MsiMessage) -> kvm_msi {
 }
 
 /// Which path a device's interrupts take (`--irq-path`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum IrqPath {
+    /// One event-loop thread, KVM_SIGNAL_MSI.
     #[default]
     Generic,
+    /// An irqfd per vector, routed where the guest aims it.
     Fast,
 }
 

@@ -60,7 +60,18 @@ pub fn balloon_keys(on: bool) -> String {
 
 /// vCPU ballooning (VCPU-Bal): whether the guest runs its team as green threads on
 /// only as many vCPUs as there are host CPUs for it, parking the others (`npb::green`).
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(
+    clap::ValueEnum,
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
 pub enum VcpuBalloon {
     /// On when the vCPUs outnumber the host CPUs kumo may use.
     #[default]
@@ -97,7 +108,18 @@ pub fn tell_host_cpus(vm: &hv::Vm) {
 }
 
 /// How the embedded guest's threads sleep at a barrier once their spin is over.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(
+    clap::ValueEnum,
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
 pub enum BarrierWait {
     /// `pv` when the vCPUs outnumber the host's CPUs, `hlt` when each has one.
     #[default]

@@ -33,7 +33,7 @@ pub fn run_check(spec: &VmSpec, options: &RunOptions, epoch: Instant) -> Result<
         .irq_test
         .context("an interrupt check needs devices.irq_test")?;
     let run = IrqRun {
-        path: crate::launch::irq_path_of(test.irq_path),
+        path: test.irq_path,
         rounds: test.rounds,
     };
     run.check_rounds()?;

@@ -129,7 +129,7 @@ pub fn run_job_in(
         // The guest gives its k-th NIC (in slot order, the order attached) to rank
         // first + k, on vCPU k.
         let ranks = first..first + local;
-        let path = crate::launch::irq_path_to_spec(irq_path);
+        let path = irq_path;
         let devices = match &server {
             None => vm::Devices {
                 nics: ranks

@@ -154,12 +154,7 @@ pub fn resolve(spec: &VmSpec, kvm_device: &Path) -> Result<Resolved> {
                         machine.vcpus,
                         machine.huge_pages,
                     )?,
-                    guest::npb_cmdline(
-                        &specs,
-                        machine.vcpus,
-                        barrier_wait_of(*barrier_wait),
-                        vcpu_balloon_of(*vcpu_balloon),
-                    ),
+                    guest::npb_cmdline(&specs, machine.vcpus, *barrier_wait, *vcpu_balloon),
                 )
             };
             let mut config = embedded_config(machine.vcpus, memory_mib, line, kvm_device);
@@ -210,7 +205,7 @@ pub fn resolve(spec: &VmSpec, kvm_device: &Path) -> Result<Resolved> {
 pub fn device_spec(devices: &vm::Devices) -> Result<DeviceSpec> {
     Ok(DeviceSpec {
         irq_test: devices.irq_test.map(|test| hv::irq_device::IrqDeviceSetup {
-            path: irq_path_of(test.irq_path),
+            path: test.irq_path,
             delay: std::time::Duration::ZERO,
             noise_hz: None,
         }),
@@ -220,10 +215,7 @@ pub fn device_spec(devices: &vm::Devices) -> Result<DeviceSpec> {
             .map(|d| hv::block::DiskSetup {
                 path: d.path.clone(),
                 readonly: d.readonly,
-                io: match d.io {
-                    vm::DiskIo::Vcpu => hv::block::DiskIo::Vcpu,
-                    vm::DiskIo::Thread => hv::block::DiskIo::Thread,
-                },
+                io: d.io,
             })
             .collect(),
         passthrough: devices
@@ -232,7 +224,7 @@ pub fn device_spec(devices: &vm::Devices) -> Result<DeviceSpec> {
             .map(|p| {
                 Ok((
                     crate::spec::devices::passthrough_spec(&p.device)?,
-                    irq_path_of(p.irq_path),
+                    p.irq_path,
                 ))
             })
             .collect::<Result<_>>()?,
@@ -241,7 +233,7 @@ pub fn device_spec(devices: &vm::Devices) -> Result<DeviceSpec> {
             .iter()
             .map(|nic| hv::net::NicSetup {
                 mac: nic.mac,
-                irq_path: irq_path_of(nic.irq_path),
+                irq_path: nic.irq_path,
             })
             .collect(),
     })
@@ -293,59 +285,10 @@ pub fn embedded_config(
     }
 }
 
-pub fn irq_path_of(path: vm::IrqPath) -> hv::irq::IrqPath {
-    match path {
-        vm::IrqPath::Generic => hv::irq::IrqPath::Generic,
-        vm::IrqPath::Fast => hv::irq::IrqPath::Fast,
-    }
-}
-
-pub fn irq_path_to_spec(path: hv::irq::IrqPath) -> vm::IrqPath {
-    match path {
-        hv::irq::IrqPath::Generic => vm::IrqPath::Generic,
-        hv::irq::IrqPath::Fast => vm::IrqPath::Fast,
-    }
-}
-
-pub fn barrier_wait_of(wait: vm::BarrierWait) -> guest::BarrierWait {
-    match wait {
-        vm::BarrierWait::Auto => guest::BarrierWait::Auto,
-        vm::BarrierWait::Pv => guest::BarrierWait::Pv,
-        vm::BarrierWait::Hlt => guest::BarrierWait::Hlt,
-    }
-}
-
-pub fn barrier_wait_to_spec(wait: guest::BarrierWait) -> vm::BarrierWait {
-    match wait {
-        guest::BarrierWait::Auto => vm::BarrierWait::Auto,
-        guest::BarrierWait::Pv => vm::BarrierWait::Pv,
-        guest::BarrierWait::Hlt => vm::BarrierWait::Hlt,
-    }
-}
-
-pub fn vcpu_balloon_of(balloon: vm::VcpuBalloon) -> guest::VcpuBalloon {
-    match balloon {
-        vm::VcpuBalloon::Auto => guest::VcpuBalloon::Auto,
-        vm::VcpuBalloon::On => guest::VcpuBalloon::On,
-        vm::VcpuBalloon::Off => guest::VcpuBalloon::Off,
-    }
-}
-
-pub fn vcpu_balloon_to_spec(balloon: guest::VcpuBalloon) -> vm::VcpuBalloon {
-    match balloon {
-        guest::VcpuBalloon::Auto => vm::VcpuBalloon::Auto,
-        guest::VcpuBalloon::On => vm::VcpuBalloon::On,
-        guest::VcpuBalloon::Off => vm::VcpuBalloon::Off,
-    }
-}
-
 pub fn disk_to_spec(disk: &hv::block::DiskSetup) -> vm::Disk {
     vm::Disk {
         path: disk.path.clone(),
         readonly: disk.readonly,
-        io: match disk.io {
-            hv::block::DiskIo::Vcpu => vm::DiskIo::Vcpu,
-            hv::block::DiskIo::Thread => vm::DiskIo::Thread,
-        },
+        io: disk.io,
     }
 }

@@ -626,7 +626,7 @@ pub fn run_controlled(spec: &VmSpec, options: &RunOptions, epoch: Instant) -> Re
         .irq_test
         .map(|test| {
             let irq = IrqRun {
-                path: crate::launch::irq_path_of(test.irq_path),
+                path: test.irq_path,
                 rounds: test.rounds,
             };
             irq.check_rounds().map(|()| irq)

@@ -100,10 +100,9 @@ fn domain_devices(
     domain: &Domain,
     server: &Option<crate::nic_server::ServerProcess>,
 ) -> vm::Devices {
-    let to_spec = crate::launch::irq_path_to_spec;
     let mut devices = vm::Devices {
         irq_test: domain.irq_path.map(|path| vm::IrqTest {
-            irq_path: to_spec(path),
+            irq_path: path,
             rounds: None,
         }),
         passthrough: domain
@@ -111,7 +110,7 @@ fn domain_devices(
             .iter()
             .map(|spec| vm::Passthrough {
                 device: spec.to_string(),
-                irq_path: to_spec(domain.passthrough_irq_path),
+                irq_path: domain.passthrough_irq_path,
             })
             .collect(),
         ..vm::Devices::default()
@@ -127,7 +126,7 @@ fn domain_devices(
                         vm::Passthrough {
                             device: hv::passthrough::PassthroughSpec::VfioUser(server.socket(rank))
                                 .to_string(),
-                            irq_path: to_spec(net.irq_path),
+                            irq_path: net.irq_path,
                         }
                     }))
             }
@@ -136,7 +135,7 @@ fn domain_devices(
                     .ranks()
                     .map(|rank| vm::Nic {
                         mac: crate::spec::job::mac(rank),
-                        irq_path: to_spec(net.irq_path),
+                        irq_path: net.irq_path,
                     })
                     .collect();
             }
@@ -159,7 +158,7 @@ fn domain_spec(
         },
         guest: vm::Guest::Npb {
             benchmarks: domain.specs.iter().map(ToString::to_string).collect(),
-            barrier_wait: crate::launch::barrier_wait_to_spec(domain.barrier_wait),
+            barrier_wait: domain.barrier_wait,
             vcpu_balloon: if domain.vcpu_balloon {
                 vm::VcpuBalloon::On
             } else {

@@ -104,12 +104,12 @@ pub fn spec_of_args(args: &VmArgs) -> Result<VmSpec> {
         };
         Guest::Npb {
             benchmarks,
-            barrier_wait: launch::barrier_wait_to_spec(args.barrier_wait),
-            vcpu_balloon: launch::vcpu_balloon_to_spec(args.vcpu_balloon),
+            barrier_wait: args.barrier_wait,
+            vcpu_balloon: args.vcpu_balloon,
             cmdline: None,
         }
     };
-    let irq_path = launch::irq_path_to_spec(args.irq_path);
+    let irq_path = args.irq_path;
     let passthrough = args
         .passthrough
         .iter()

@@ -2,7 +2,8 @@
 //! or its file into `VmSpec`s and hands them to `crate::launch`, the one place they
 //! become a `hv::VmConfig`, a `hv::builder::DeviceSpec` and a dirty-log mode.
 //!
-//! Plain types only (they import serde and nothing else): values are checked against
+//! Plain types only (serde's, and the four value enums of the guest, hv's disks and
+//! hv's interrupt paths, which carry serde themselves): values are checked against
 //! the host (KVM's vCPU limit, VFIO devices, disk files) when the spec is launched.
 //! `kumo --print-spec ...` prints the spec a command line makes; `kumo --spec FILE`
 //! boots one (docs/json.md has the schema, docs/usage.md the flags).
@@ -10,6 +11,10 @@
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
+
+pub use crate::guest::{BarrierWait, VcpuBalloon};
+pub use hv::block::DiskIo;
+pub use hv::irq::IrqPath;
 
 /// One VM: its machine, what it boots, its devices, how it is scheduled and migrated.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -84,26 +89,6 @@ pub enum Guest {
     },
 }
 
-/// How the embedded guest's threads sleep at a barrier after their spin (`--barrier-wait`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum BarrierWait {
-    #[default]
-    Auto,
-    Pv,
-    Hlt,
-}
-
-/// vCPU ballooning of the embedded guest (`--vcpu-balloon`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum VcpuBalloon {
-    #[default]
-    Auto,
-    On,
-    Off,
-}
-
 /// Devices besides the platform's (serial, timers, PCI host), attached in this order:
 /// the interrupt test device, disks, passthrough devices, NICs (so a VM described
 /// twice the same way has each device in the same PCI slot).
@@ -161,17 +146,6 @@ pub struct Disk {
     pub io: DiskIo,
 }
 
-/// Where a disk's requests are served.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DiskIo {
-    /// On the vCPU that rang the doorbell.
-    Vcpu,
-    /// On a backend thread (kumo's default).
-    #[default]
-    Thread,
-}
-
 /// One NIC.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -180,17 +154,6 @@ pub struct Nic {
     pub mac: [u8; 6],
     #[serde(default)]
     pub irq_path: IrqPath,
-}
-
-/// A device interrupt path (`--irq-path`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum IrqPath {
-    /// One event-loop thread, KVM_SIGNAL_MSI.
-    #[default]
-    Generic,
-    /// An irqfd per vector, routed where the guest aims it.
-    Fast,
 }
 
 /// The VM's domain under the credit scheduler.
