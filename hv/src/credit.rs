@@ -228,6 +228,10 @@ struct State {
     last_ns: u64,
     /// Every change of the parameters at run time, in order.
     changes: Vec<ParamChange>,
+    /// Reused by [`State::hint_barriers`], so the driver's loop does not allocate once
+    /// they have grown to the domains' size.
+    barrier_words: Vec<u64>,
+    laggards: Vec<VcpuId>,
 }
 
 /// A change of the scheduler's parameters while it ran: when (since the driver
@@ -351,6 +355,8 @@ impl CreditDriver {
                 epoch,
                 last_ns: 0,
                 changes: Vec::new(),
+                barrier_words: Vec::new(),
+                laggards: Vec::new(),
             }),
             stop: AtomicBool::new(false),
             driver: OnceLock::new(),
@@ -561,7 +567,9 @@ impl State {
     /// wakes that says so: every pCPU has at most one vCPU that runs there or could
     /// wake there unseen, nothing is parked and no domain is capped.
     fn nothing_to_decide(&self) -> bool {
-        let mut contenders = vec![0u32; self.host_cpus.len()];
+        // A bitmap, not a Vec: the driver runs this every time it runs, and must not
+        // allocate (a malloc lock held by a preempted thread would stall it).
+        let mut occupied = Tickles::new();
         for (v, r) in self.vcpus.iter().enumerate() {
             if r.removed {
                 continue;
@@ -573,13 +581,10 @@ impl State {
             if r.blocked && r.runner.reports_wakeups() {
                 continue;
             }
-            let Some(count) = contenders.get_mut(stats.pcpu.0 as usize) else {
-                return false;
-            };
-            *count += 1;
-            if *count > 1 {
+            if stats.pcpu.0 as usize >= self.host_cpus.len() || occupied.contains(stats.pcpu) {
                 return false;
             }
+            occupied.insert(stats.pcpu);
         }
         self.doms
             .iter()
@@ -661,7 +666,8 @@ impl State {
     /// further waiters at the same barrier would name the same laggards.
     fn hint_barriers(&mut self, now: u64) -> Tickles {
         let mut tickles = Tickles::new();
-        let mut words = Vec::new();
+        let mut words = std::mem::take(&mut self.barrier_words);
+        let mut laggards = std::mem::take(&mut self.laggards);
         for d in &self.doms {
             words.clear();
             for &waiter in &d.vcpus {
@@ -676,18 +682,16 @@ impl State {
                     continue;
                 }
                 words.push(word);
-                let laggards: Vec<VcpuId> = d
-                    .vcpus
-                    .iter()
-                    .copied()
-                    .filter(|v| {
-                        let r = &self.vcpus[v.0 as usize];
-                        !r.removed && !r.blocked && r.runner.pv_waiting_on() != Some(word)
-                    })
-                    .collect();
+                laggards.clear();
+                laggards.extend(d.vcpus.iter().copied().filter(|v| {
+                    let r = &self.vcpus[v.0 as usize];
+                    !r.removed && !r.blocked && r.runner.pv_waiting_on() != Some(word)
+                }));
                 tickles.extend(self.sched.yield_to(now, waiter, &laggards));
             }
         }
+        self.barrier_words = words;
+        self.laggards = laggards;
         tickles
     }
 
@@ -877,6 +881,8 @@ mod tests {
             epoch: Instant::now(),
             last_ns: 0,
             changes: Vec::new(),
+            barrier_words: Vec::new(),
+            laggards: Vec::new(),
         }
     }
 

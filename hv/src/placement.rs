@@ -521,13 +521,14 @@ impl ThreadGroup {
         self.watched.store(false, Ordering::SeqCst);
     }
 
-    fn tids(&self) -> Vec<libc::pid_t> {
-        self.members
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .map(|m| m.tid)
-            .collect()
+    /// Runs `f` on every member's thread id, under the members' lock and without
+    /// allocating (the credit driver calls this on its loop: see `credit::drive`).
+    fn try_each_tid(
+        &self,
+        mut f: impl FnMut(libc::pid_t) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        let members = self.members.lock().unwrap_or_else(|e| e.into_inner());
+        members.iter().try_for_each(|m| f(m.tid))
     }
 
     /// Whether any member is runnable; `None` when the group has no members.
@@ -552,31 +553,24 @@ impl ThreadGroup {
 
     /// Binds every member to `cpus`.
     pub fn confine(&self, cpus: &[usize]) -> Result<(), Error> {
-        for tid in self.tids() {
-            confine_thread(tid, cpus)?;
-        }
-        Ok(())
+        self.try_each_tid(|tid| confine_thread(tid, cpus))
     }
 
     /// Sets every member's scheduling class.
     pub fn set_policy(&self, policy: Policy) -> Result<(), Error> {
-        for tid in self.tids() {
-            set_policy(tid, policy)?;
-        }
-        Ok(())
+        self.try_each_tid(|tid| set_policy(tid, policy))
     }
 
     /// CPU time of the members, present and past.
     pub fn cpu_time(&self) -> Duration {
-        let live: u64 = self
-            .tids()
-            .into_iter()
-            .filter_map(|tid| {
-                let text =
-                    std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?;
-                text.split_ascii_whitespace().next()?.parse::<u64>().ok()
-            })
-            .sum();
+        let mut live = 0;
+        let _ = self.try_each_tid(|tid| {
+            let ns = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat"))
+                .ok()
+                .and_then(|text| text.split_ascii_whitespace().next()?.parse::<u64>().ok());
+            live += ns.unwrap_or(0);
+            Ok(())
+        });
         Duration::from_nanos(live + self.departed_ns.load(Ordering::Relaxed))
     }
 }
