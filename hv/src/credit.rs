@@ -751,6 +751,17 @@ impl State {
         }
     }
 
+    /// One run of the driver at `now`: what fell due, what the threads show, the
+    /// decisions, and the threads made to follow them. It must not allocate (see
+    /// `the_drivers_run_does_not_allocate_once_warm`): a malloc lock held by a thread
+    /// the driver itself preempted would stall it.
+    fn step(&mut self, now: u64) {
+        self.catch_up(now);
+        let tickles = self.observe(now);
+        self.reschedule(now, tickles);
+        self.apply();
+    }
+
     /// When the driver must run next: the earliest deadline, and at least every tick
     /// (to notice blocks and wake-ups).
     fn next_run(&self, now: u64) -> u64 {
@@ -792,10 +803,7 @@ fn drive(shared: &Shared) {
     while !shared.stop.load(Ordering::SeqCst) {
         shared.counts.runs.fetch_add(1, Ordering::Relaxed);
         let now = state.stamp();
-        state.catch_up(now);
-        let tickles = state.observe(now);
-        state.reschedule(now, tickles);
-        state.apply();
+        state.step(now);
 
         let activity = dom0.as_ref().map_or(0, |g| g.activity());
         let quiet = activity == seen_activity && state.nothing_to_decide();
@@ -890,6 +898,99 @@ mod tests {
         let tickles = state.sched.block(0, VcpuId(v as u32));
         state.reschedule(0, tickles);
         state.vcpus[v].blocked = true;
+    }
+
+    /// Counts the allocations made on the calling thread (other tests' threads do
+    /// not disturb a count).
+    mod counting {
+        use std::alloc::{GlobalAlloc, Layout, System};
+        use std::cell::Cell;
+
+        pub struct Counting;
+
+        thread_local! {
+            static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+        }
+
+        // SAFETY: every call is passed on to the system allocator unchanged; the
+        // count is a const-initialised thread-local Cell, which never allocates.
+        unsafe impl GlobalAlloc for Counting {
+            unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+                ALLOCATIONS.with(|a| a.set(a.get() + 1));
+                // SAFETY: the caller's contract is System's.
+                unsafe { System.alloc(layout) }
+            }
+            unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+                // SAFETY: `ptr` came from `alloc` above, that is from System.
+                unsafe { System.dealloc(ptr, layout) }
+            }
+            unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+                ALLOCATIONS.with(|a| a.set(a.get() + 1));
+                // SAFETY: as for dealloc; the caller's contract is System's.
+                unsafe { System.realloc(ptr, layout, new_size) }
+            }
+        }
+
+        pub fn on_this_thread() -> u64 {
+            ALLOCATIONS.with(Cell::get)
+        }
+    }
+
+    #[global_allocator]
+    static COUNTING: counting::Counting = counting::Counting;
+
+    #[test]
+    fn the_drivers_run_does_not_allocate_once_warm() {
+        for directed_yield in [false, true] {
+            let mut state = one_pcpu(3, 0);
+            let params = Params {
+                directed_yield,
+                ..state.sched.params()
+            };
+            state.sched.set_params(0, params).unwrap();
+            block(&mut state, 2);
+            // Each vCPU is a thread that sleeps, as a halted vCPU does: the driver pins
+            // it and sets its class like a real one.
+            let (stop, sleep) = std::sync::mpsc::channel::<()>();
+            let sleep = Arc::new(Mutex::new(sleep));
+            let sleepers: Vec<_> = state
+                .vcpus
+                .iter()
+                .filter_map(|r| match &r.runner {
+                    Runner::Vcpu { control, index } => Some((control.clone(), *index)),
+                    Runner::Dom0(_) => None,
+                })
+                .map(|(control, index)| {
+                    let (sleep, (started, up)) = (sleep.clone(), std::sync::mpsc::channel());
+                    let thread = std::thread::spawn(move || {
+                        control.register(index);
+                        let _ = started.send(());
+                        let _ = sleep.lock().unwrap().recv();
+                    });
+                    up.recv().unwrap();
+                    thread
+                })
+                .collect();
+            let tick = params.tick_ns;
+            // Warm-up: buffers grow to their size once.
+            state.step(tick);
+            let before = counting::on_this_thread();
+            for i in 2..200 {
+                let now = i * tick / 2;
+                state.step(now);
+                let _ = state.nothing_to_decide();
+                let _ = state.next_run(now);
+            }
+            let made = counting::on_this_thread() - before;
+            drop(stop);
+            for thread in sleepers {
+                thread.join().unwrap();
+            }
+            assert_eq!(
+                made, 0,
+                "directed_yield {directed_yield}: {made} allocations"
+            );
+        }
     }
 
     #[test]
