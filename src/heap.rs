@@ -1,18 +1,38 @@
-//! What glibc malloc holds at a moment (the soak's samples), and why kumo leaves its
-//! arenas as glibc sets them.
+//! glibc malloc's set-up for the whole process, and what it holds at a moment.
 //!
-//! glibc gives a thread that meets contention an arena of its own (up to 8 per CPU)
-//! and keeps the memory freed in it. Every VM's vCPU and device threads come and go, so
-//! a process that runs many VMs takes arena after arena and its RSS climbs in steps
-//! that `malloc_trim` does not return (docs/results/2026-11-28-soak.md: +4.6 MiB over
-//! 1,000 boots with glibc's default, flat with one arena).
+//! glibc serves a request of at least its *mmap threshold* (128 KiB at start) with a
+//! mapping of its own, returned to the kernel on free. But when such a mapping is
+//! freed, glibc raises the threshold to its size (up to 32 MiB), so later buffers of
+//! that size come from an arena instead, and stay there, free, after the VM that used
+//! them is gone. Every VM's vCPU and device threads come and go and are spread over up
+//! to 8 arenas per CPU, so a process that runs many VMs kept more and more free memory:
+//! +13.6 MiB RSS over 300 boots and 30 migrations with 15.6 MiB free in 11 arenas
+//! (docs/results/2026-11-28-soak.md). [`fix_mmap_threshold`] pins the threshold at
+//! glibc's own starting value, which turns the raising off: large buffers go back to
+//! the kernel when freed, and RSS stays flat.
 //!
-//! kumo does **not** cap the arenas: with one arena every thread shares one lock, and
-//! a SCHED_FIFO thread of kumo's own scheduler (the credit driver, domain 0's switch)
-//! that blocks on it behind a vCPU thread preempted by a spinning vCPU waits as long as
-//! that vCPU spins. With the cap on, an S1 quick run's FT.W timed out in CI (it passed
-//! without); that inversion would explain it, but it was not proven. A process that wants the flat RSS and runs no credit scheduler can set
-//! `MALLOC_ARENA_MAX=1`. What is left here is the soak's view of the heap.
+//! kumo does **not** cap the arenas (`M_ARENA_MAX`), which also flattens RSS: with one
+//! arena every thread shares one lock, and a SCHED_FIFO thread of kumo's own scheduler
+//! (the credit driver, domain 0's switch) that blocks on it behind a vCPU thread
+//! preempted by a spinning vCPU waits as long as that vCPU spins. With the cap on, an
+//! S1 quick run's FT.W timed out in CI; that inversion would explain it.
+
+/// glibc's starting mmap threshold (`DEFAULT_MMAP_THRESHOLD_MIN`), kept fixed.
+pub const MMAP_THRESHOLD_BYTES: i32 = 128 * 1024;
+
+/// Fixes glibc's mmap threshold at [`MMAP_THRESHOLD_BYTES`] (turning off its dynamic
+/// raising), unless the operator chose one through `MALLOC_MMAP_THRESHOLD_` or
+/// `GLIBC_TUNABLES` (glibc has applied theirs already). Call it first in `main`.
+pub fn fix_mmap_threshold() {
+    let chosen = std::env::var_os("MALLOC_MMAP_THRESHOLD_").is_some()
+        || std::env::var("GLIBC_TUNABLES").is_ok_and(|t| t.contains("mmap_threshold"));
+    if chosen {
+        return;
+    }
+    // SAFETY: mallopt sets one of malloc's parameters under its own lock; it touches no
+    // memory of ours. A refusal (0) leaves glibc's default, which only costs RSS.
+    unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) };
+}
 
 /// What glibc malloc holds at one moment, over all its arenas.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]

@@ -10,6 +10,8 @@ const EXIT_USAGE: u8 = 2;
 fn main() -> ExitCode {
     // The boot-time figure is measured from here: as close to process start as we get.
     let epoch = Instant::now();
+    // Before the first large allocation: see kumo::heap.
+    kumo::heap::fix_mmap_threshold();
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(

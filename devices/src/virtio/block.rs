@@ -48,6 +48,14 @@ use crate::guest_errors::GuestErrorLog;
 pub const SECTOR_SIZE: u64 = 512;
 /// Most data bytes one request may carry (larger ones get `IOERR`).
 pub const MAX_DATA: usize = 4 << 20;
+
+thread_local! {
+    /// Each serving thread's bounce buffer, grown to the largest request it served
+    /// and kept until the thread (the VM's disk or vCPU thread) ends: a fresh buffer
+    /// per request of 128 KiB or more would be a new mapping, faulted in page by page
+    /// (kumo keeps glibc's mmap threshold fixed: `kumo::heap`).
+    static BOUNCE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
 /// Bytes of `virtio_blk_outhdr` (type, reserved, sector).
 pub const HEADER_LEN: usize = 16;
 /// Bytes of the serial `GET_ID` returns.
@@ -310,12 +318,16 @@ impl<M: GuestMemory + Send + Sync> VirtioBlock<M> {
         let Some(offset) = self.range(sector, len) else {
             return Done::err();
         };
-        let mut bytes = vec![0u8; len];
-        if let Err(e) = self.image.read_exact_at(&mut bytes, offset) {
-            tracing::debug!("virtio-blk: reading {len} bytes at {offset:#x}: {e}");
-            return Done::err();
-        }
-        if chain::scatter(&self.mem, data_out, &[&bytes]).is_err() {
+        let copied = BOUNCE.with_borrow_mut(|bytes| {
+            bytes.clear();
+            bytes.resize(len, 0);
+            if let Err(e) = self.image.read_exact_at(bytes, offset) {
+                tracing::debug!("virtio-blk: reading {len} bytes at {offset:#x}: {e}");
+                return false;
+            }
+            chain::scatter(&self.mem, data_out, &[bytes]).is_ok()
+        });
+        if !copied {
             return Done::err();
         }
         count(&self.counters.reads, 1);
@@ -330,12 +342,18 @@ impl<M: GuestMemory + Send + Sync> VirtioBlock<M> {
         let Some(offset) = self.range(sector, len) else {
             return Done::err();
         };
-        let mut bytes = Vec::with_capacity(len);
-        if chain::gather(&self.mem, readable, HEADER_LEN, &mut bytes).is_err() {
-            return Done::err();
-        }
-        if let Err(e) = self.image.write_all_at(&bytes, offset) {
-            tracing::debug!("virtio-blk: writing {len} bytes at {offset:#x}: {e}");
+        let written = BOUNCE.with_borrow_mut(|bytes| {
+            bytes.clear();
+            if chain::gather(&self.mem, readable, HEADER_LEN, bytes).is_err() {
+                return false;
+            }
+            if let Err(e) = self.image.write_all_at(bytes, offset) {
+                tracing::debug!("virtio-blk: writing {len} bytes at {offset:#x}: {e}");
+                return false;
+            }
+            true
+        });
+        if !written {
             return Done::err();
         }
         count(&self.counters.writes, 1);

@@ -62,8 +62,9 @@ fn build(
     let mut devices: Option<DeviceStates> = None;
     let mut app: Option<String> = None;
     let mut last_sync: Option<u32> = None;
+    let mut section = stream::Section::default();
     loop {
-        let section = stream::read_section(r)?;
+        stream::read_section_into(r, &mut section)?;
         match section.tag {
             TAG_RAM if vcpus.is_none() => {
                 // Runs of zero pages (rounds list pages in address order) are zeroed

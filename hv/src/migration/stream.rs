@@ -188,7 +188,7 @@ pub fn write_json<T: Serialize>(
 }
 
 /// One checked section.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Section {
     pub tag: [u8; 4],
     pub payload: Vec<u8>,
@@ -230,12 +230,33 @@ impl Section {
 
 /// Reads the next section (tag, length, checksum verified).
 pub fn read_section(r: &mut impl Read) -> Result<Section, StreamError> {
-    read_framed(r, &STREAM_TAGS, MAX_SECTION)
+    let mut section = Section::default();
+    read_section_into(r, &mut section)?;
+    Ok(section)
+}
+
+/// Reads the next section into `section`, reusing its payload's buffer: a receiver
+/// takes RAM in sections of up to 4 MiB, and a fresh buffer for each would be a new
+/// mapping, faulted in page by page (kumo keeps glibc's mmap threshold fixed:
+/// `kumo::heap`).
+pub fn read_section_into(r: &mut impl Read, section: &mut Section) -> Result<(), StreamError> {
+    read_framed_into(r, &STREAM_TAGS, MAX_SECTION, section)
 }
 
 /// Reads one frame whose tag must be one of `tags` and whose payload is at most
 /// `max` bytes, checking its checksum.
 fn read_framed(r: &mut impl Read, tags: &[[u8; 4]], max: u32) -> Result<Section, StreamError> {
+    let mut section = Section::default();
+    read_framed_into(r, tags, max, &mut section)?;
+    Ok(section)
+}
+
+fn read_framed_into(
+    r: &mut impl Read,
+    tags: &[[u8; 4]],
+    max: u32,
+    section: &mut Section,
+) -> Result<(), StreamError> {
     let mut head = [0u8; 12];
     read_exact(r, &mut head)?;
     let tag: [u8; 4] = [head[0], head[1], head[2], head[3]];
@@ -250,14 +271,16 @@ fn read_framed(r: &mut impl Read, tags: &[[u8; 4]], max: u32) -> Result<Section,
             len,
         });
     }
-    let mut payload = vec![0u8; len as usize];
-    read_exact(r, &mut payload)?;
-    if crc32fast::hash(&payload) != crc {
+    section.tag = tag;
+    section.payload.clear();
+    section.payload.resize(len as usize, 0);
+    read_exact(r, &mut section.payload)?;
+    if crc32fast::hash(&section.payload) != crc {
         return Err(StreamError::Checksum {
             tag: tag_name(&tag),
         });
     }
-    Ok(Section { tag, payload })
+    Ok(())
 }
 
 /// Ends copy round `round` (see the module comment).
@@ -441,8 +464,9 @@ pub fn parse(r: &mut impl Read) -> Result<Parsed, StreamError> {
     let (mut vcpus, mut vm, mut devices) = (None, None, None);
     let mut app = None;
     let mut syncs = Vec::new();
+    let mut section = Section::default();
     loop {
-        let section = read_section(r)?;
+        read_section_into(r, &mut section)?;
         match section.tag {
             TAG_RAM if vcpus.is_none() => {
                 for page in section.pages(meta.memory_bytes) {
