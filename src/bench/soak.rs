@@ -87,7 +87,7 @@ impl Resources {
 }
 
 /// `malloc_trim` returns the free pages malloc can, so a sample counts less of what
-/// the allocator merely keeps (kumo also caps its arenas: `crate::heap`); a leak,
+/// the allocator merely keeps (`crate::heap` says what else keeps RSS flat); a leak,
 /// which cannot be trimmed, still shows.
 fn return_free_heap() {
     // SAFETY: malloc_trim only releases free pages of malloc's own heaps; it takes
