@@ -284,6 +284,33 @@ fn s1_node_domain_0_at_weight_64_slows_the_ranks_only_when_domain_0_is_loaded() 
     assert!(ep(&busy, "w64") < ep(&busy, "xen3.4-30/10") * 1.03);
 }
 
+/// Yielding ranks on S1's node finish (the model once deadlocked here: a rank that
+/// sent through shared memory right after a receive was taken for a yielding poller
+/// and parked mid-phase, spinning for ever), and faster than spinning ones, which wait
+/// for a guest tick per hand-over (real CG.W: 0.31-0.47 s yielding, 5 s spinning).
+#[test]
+fn s1_node_with_two_yielding_ranks_per_vcpu_finishes_faster_than_spinning() {
+    let yielding = "[[scenario]]\nname = \"yield\"\ntslice_ms = 30\ntick_ms = 10\n\
+                    ratelimit_us = 0\naccounting = \"tick\"\nwait = \"yield\"\n";
+    let runs = runs(&s1_node_with(
+        "s1-node-yield.toml",
+        "duration_s",
+        "60",
+        yielding,
+    ));
+    for program in ["bt.S", "cg.W", "sp.S"] {
+        let y = run(&runs, program, "yield");
+        assert_eq!(y["finished"], true, "{y}");
+        assert!(y["guest_switches"].as_u64().unwrap() > 0, "{y}");
+        let spin = time(run(&runs, program, "xen3.4-30/10"));
+        assert!(
+            time(y) < spin / 3.0,
+            "{program}: yield {} spin {spin}",
+            time(y)
+        );
+    }
+}
+
 /// Xen's 1-3 us vCPU switch instead of this host's 29-82 us does not make the 1 ms
 /// slice pay in S1's node: the waits are inside each vCPU, on the guest's tick.
 #[test]

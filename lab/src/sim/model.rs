@@ -944,6 +944,9 @@ impl<'a> Model<'a> {
     fn advance(&mut self, r: usize) {
         let v = self.ranks[r].vcpu;
         let n = self.vcpus[v].node;
+        // It goes on, so it no longer polls: a shared-memory send below must not
+        // take it for a yielding poller and hand its vCPU over mid-phase (`hand_over`).
+        self.vcpus[v].act = Act::Work(0);
         loop {
             let Some(phase) = self.phase(r) else {
                 self.ranks[r].finish = Some(self.now);
