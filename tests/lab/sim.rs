@@ -274,7 +274,8 @@ fn retransmissions_add_domain_0_work_only_when_domain_0_is_loaded() {
             .as_f64()
             .unwrap()
     };
-    assert_eq!(dom0("17", "10"), dom0("17", "0"));
+    let (on, off) = (dom0("17", "10"), dom0("17", "0"));
+    assert!(on < off * 1.01, "{on} against {off}");
     let (on, off) = (dom0("1017", "10"), dom0("1017", "0"));
     assert!(on > off * 1.2, "{on} against {off}");
 }
