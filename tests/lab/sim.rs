@@ -224,6 +224,62 @@ fn two_ranks_per_vcpu_spinning_wait_a_guest_tick_per_message_and_yielding_do_not
     assert!(!text(&out.stdout).contains("guest"));
 }
 
+/// Domain 0's per-frame cost as kumo's switch charges it: once per frame, a message
+/// being ceil((bytes + 16) / frame_payload_bytes) data frames plus the extra ones.
+#[test]
+fn domain_0_pays_per_frame_once_per_message_as_the_real_switch() {
+    let body = "duration_s = 60\n[costs]\nswitch_us = 29\nwake_us = 46\n\
+         dom0_per_message_us = 0\ndom0_per_kib_us = 0\n\
+         dom0_per_frame_us = 10\nextra_frames_per_message = 1\n\
+         [[node]]\nname = \"n\"\npcpus = 2\n\
+         [[node.domain]]\nname = \"u0\"\n[[node.domain]]\nname = \"u1\"\n\
+         [[program]]\nname = \"ring\"\niterations = 50\n\
+         phases = [\"compute:1\", \"exchange:ring:20000\"]\n";
+    let runs = runs(&write("sim-per-frame.toml", body));
+    let r = run(&runs, "ring", "base");
+    assert_eq!(r["messages"].as_u64(), Some(100), "{r}");
+    // 20 016 bytes are 3 jumbo frames (8 968 bytes each), and one acknowledgement.
+    let dom0 = r["domains"][0]["work_s"].as_f64().unwrap();
+    assert!((dom0 - 100.0 * 4.0 * 10e-6).abs() < 1e-9, "{dom0}");
+    // Frames carry at least one byte.
+    let bad = body.replace("extra_frames_per_message = 1", "frame_payload_bytes = 0");
+    assert_refused(
+        "sim-frame-bytes.toml",
+        &bad,
+        "costs.frame_payload_bytes 0 is outside 1..=1000000 (bytes)",
+    );
+}
+
+/// The guest MPI's retransmission timer loads domain 0 only when domain 0 is slow
+/// enough for acknowledgements to come later than 10 ms (real CG.W at 1000 us a
+/// frame and 1/1: 750 timeouts, 3 000 frames resent; at kumo's own cost: 0-23).
+#[test]
+fn retransmissions_add_domain_0_work_only_when_domain_0_is_loaded() {
+    let dom0 = |frame_us: &str, rto: &str| {
+        let path = write(
+            &format!("sim-rto-{frame_us}-{rto}.toml"),
+            &std::fs::read_to_string("examples/sim-s1-cg-frames.toml")
+                .unwrap()
+                .replace(
+                    "dom0_per_frame_us = 17",
+                    &format!("dom0_per_frame_us = {frame_us}"),
+                )
+                .replace(
+                    "retransmit_after_ms = 10",
+                    &format!("retransmit_after_ms = {rto}"),
+                ),
+        );
+        let runs = runs(&path);
+        run(&runs, "cg.W", "xen3.4-1/1")["domains"][0]["work_s"]
+            .as_f64()
+            .unwrap()
+    };
+    let (on, off) = (dom0("17", "10"), dom0("17", "0"));
+    assert!(on < off * 1.01, "{on} against {off}");
+    let (on, off) = (dom0("1017", "10"), dom0("1017", "0"));
+    assert!(on > off * 1.2, "{on} against {off}");
+}
+
 /// Runs kumo on `body`, expects exit status 2 and a single `kumo: error:` line
 /// containing `needle`, and nothing on stdout.
 /// `examples/sim-s1-node.toml` with every `key = ...` line set to `value`, and
@@ -282,6 +338,33 @@ fn s1_node_domain_0_at_weight_64_slows_the_ranks_only_when_domain_0_is_loaded() 
     let ep = |runs: &[Value], s: &str| time(run(runs, "ep.A", s));
     // EP (three reductions in all) stays within S1's "no change" (3 %).
     assert!(ep(&busy, "w64") < ep(&busy, "xen3.4-30/10") * 1.03);
+}
+
+/// Yielding ranks on S1's node finish (the model once deadlocked here: a rank that
+/// sent through shared memory right after a receive was taken for a yielding poller
+/// and parked mid-phase, spinning for ever), and faster than spinning ones, which wait
+/// for a guest tick per hand-over (real CG.W: 0.31-0.47 s yielding, 5 s spinning).
+#[test]
+fn s1_node_with_two_yielding_ranks_per_vcpu_finishes_faster_than_spinning() {
+    let yielding = "[[scenario]]\nname = \"yield\"\ntslice_ms = 30\ntick_ms = 10\n\
+                    ratelimit_us = 0\naccounting = \"tick\"\nwait = \"yield\"\n";
+    let runs = runs(&s1_node_with(
+        "s1-node-yield.toml",
+        "duration_s",
+        "60",
+        yielding,
+    ));
+    for program in ["bt.S", "cg.W", "sp.S"] {
+        let y = run(&runs, program, "yield");
+        assert_eq!(y["finished"], true, "{y}");
+        assert!(y["guest_switches"].as_u64().unwrap() > 0, "{y}");
+        let spin = time(run(&runs, program, "xen3.4-30/10"));
+        assert!(
+            time(y) < spin / 3.0,
+            "{program}: yield {} spin {spin}",
+            time(y)
+        );
+    }
 }
 
 /// Xen's 1-3 us vCPU switch instead of this host's 29-82 us does not make the 1 ms

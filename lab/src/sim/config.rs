@@ -34,6 +34,9 @@ const MAX_VCPUS: u32 = sched::MAX_PCPUS;
 /// The guest's tick when a domain runs several ranks per vCPU and gives none (a 2009
 /// Linux guest's HZ, as kumo's guest: `docs/guests-multirank.md`).
 pub const DEFAULT_GUEST_HZ: u32 = 250;
+/// Payload bytes in one frame of kumo's guest MPI: a 9014-byte frame less the
+/// Ethernet (14) and kumo (32) headers (`guests/user/src/mpi.rs`, `PAYLOAD`).
+pub const GUEST_FRAME_PAYLOAD: f64 = 8968.0;
 /// Longest simulated time of one run (one day).
 const MAX_DURATION_S: f64 = 86_400.0;
 
@@ -84,6 +87,23 @@ pub struct Costs {
     /// Domain 0's CPU per message and side (netback), plus per KiB copied.
     pub dom0_per_message_us: f64,
     pub dom0_per_kib_us: f64,
+    /// Domain 0's CPU per frame it forwards, plus per KiB of those frames, charged
+    /// once where kumo's switch charges it (a frame entering a node's switch: from the
+    /// sender's NIC, or from the wire): a node file's `[dom0] frame_cost_us` and
+    /// `kib_cost_us`.
+    pub dom0_per_frame_us: f64,
+    pub dom0_per_frame_kib_us: f64,
+    /// Message bytes one data frame carries: kumo's guest MPI's jumbo payload
+    /// (`guests/user/src/mpi.rs`, `PAYLOAD`). A message of B bytes is
+    /// ceil((B + 16) / this) frames (16: its header in the stream).
+    pub frame_payload_bytes: f64,
+    /// Frames per message besides its data (the receiver's acknowledgements, probes),
+    /// each a minimum-size frame, calibrated on a real run's `mpistats` counters.
+    pub extra_frames_per_message: f64,
+    /// The guest MPI's first retransmission timeout (10 ms in kumo's guest; 0: none
+    /// modelled): a message domain 0 forwards later than this after it was sent
+    /// costs domain 0 the frames the sender's timer adds (`model.rs`, `dom0_resend`).
+    pub retransmit_after_ms: f64,
     /// Between nodes: latency of the wire and switch, and each node's link rate.
     pub network_latency_us: f64,
     pub network_mb_s: f64,
@@ -107,6 +127,12 @@ impl Default for Costs {
             send_us: 5.0,
             dom0_per_message_us: 20.0,
             dom0_per_kib_us: 5.0,
+            // Per frame: none in files written before it (unchanged results).
+            dom0_per_frame_us: 0.0,
+            dom0_per_frame_kib_us: 0.0,
+            frame_payload_bytes: GUEST_FRAME_PAYLOAD,
+            extra_frames_per_message: 0.0,
+            retransmit_after_ms: 0.0,
             network_latency_us: 30.0,
             network_mb_s: 117.0,
             // No guest scheduler in files written before it: unchanged results.
@@ -383,6 +409,10 @@ fn check_costs(c: Costs) -> Result<Costs> {
         ("send_us", c.send_us),
         ("dom0_per_message_us", c.dom0_per_message_us),
         ("dom0_per_kib_us", c.dom0_per_kib_us),
+        ("dom0_per_frame_us", c.dom0_per_frame_us),
+        ("dom0_per_frame_kib_us", c.dom0_per_frame_kib_us),
+        ("extra_frames_per_message", c.extra_frames_per_message),
+        ("retransmit_after_ms", c.retransmit_after_ms),
         ("network_latency_us", c.network_latency_us),
         ("guest_tick_us", c.guest_tick_us),
         ("guest_switch_us", c.guest_switch_us),
@@ -392,6 +422,12 @@ fn check_costs(c: Costs) -> Result<Costs> {
         if !(0.0..=1e6).contains(&value) {
             bail!("costs.{name} {value} is outside 0..=1000000 (microseconds)");
         }
+    }
+    if !(c.frame_payload_bytes >= 1.0 && c.frame_payload_bytes <= 1e6) {
+        bail!(
+            "costs.frame_payload_bytes {} is outside 1..=1000000 (bytes)",
+            c.frame_payload_bytes
+        );
     }
     if !(c.network_mb_s > 0.0 && c.network_mb_s <= 1e7) {
         bail!(

@@ -61,6 +61,17 @@
 //!   receiving node's domain 0 the same again, then is in the receiver's mailbox.
 //!   Between two domains of one node there is no wire, but domain 0 does both
 //!   sides (it copies out of one domain and into the other).
+//!   Per frame, as kumo's switch charges (`[dom0] frame_cost_us`, `kib_cost_us`),
+//!   domain 0 also pays `dom0_per_frame_us` per frame and `dom0_per_frame_kib_us`
+//!   per KiB once where a frame enters a node's switch (the sending node, and the
+//!   receiving one after a wire): a message is ceil((bytes + 16) /
+//!   `frame_payload_bytes`) data frames (the guest MPI's 8968-byte jumbo payload)
+//!   plus `extra_frames_per_message` minimum frames (acknowledgements). With
+//!   `retransmit_after_ms` (the guest MPI's 10 ms timer; 0, off, by default) a
+//!   message its receiver consumes later than that after it was sent (or after its
+//!   last acknowledgement to that sender) costs domain 0 a probe and its answer per
+//!   timeout (doubling) and, if it had not arrived by the first, its data again
+//!   (docs/results/2026-11-28-sim-loaded-dom0.md).
 //! - **Domain 0** works through its node's job queue in order (message sides, `io`
 //!   requests). A domain 0 vCPU with nothing to do halts; new work wakes one (unless
 //!   one is awake between jobs), and the credit scheduler BOOSTs it on that wake-up

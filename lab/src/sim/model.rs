@@ -53,6 +53,11 @@ struct Costs {
     shm: u64,
     dom0_message: u64,
     dom0_kib_us: f64,
+    dom0_frame: u64,
+    dom0_frame_kib_us: f64,
+    frame_payload: f64,
+    extra_frames: f64,
+    rto: u64,
     latency: u64,
     mb_s: f64,
 }
@@ -69,6 +74,11 @@ impl Costs {
             shm: ns(c.shm_us),
             dom0_message: ns(c.dom0_per_message_us),
             dom0_kib_us: c.dom0_per_kib_us,
+            dom0_frame: ns(c.dom0_per_frame_us),
+            dom0_frame_kib_us: c.dom0_per_frame_kib_us,
+            frame_payload: c.frame_payload_bytes,
+            extra_frames: c.extra_frames_per_message,
+            rto: ns(c.retransmit_after_ms * 1e3),
             latency: ns(c.network_latency_us),
             mb_s: c.network_mb_s,
         }
@@ -77,6 +87,55 @@ impl Costs {
     /// Domain 0's CPU for one side of a message.
     fn dom0(&self, bytes: u64) -> u64 {
         self.dom0_message + ns(self.dom0_kib_us * bytes as f64 / 1024.0)
+    }
+
+    /// Frames a message of `bytes` takes through a switch: its data frames (the
+    /// stream's 16-byte message header included) and the extra ones (acknowledgements),
+    /// with the bytes they carry (an extra frame is a minimum frame: 60 bytes).
+    fn frames(&self, bytes: u64) -> (f64, f64) {
+        let data = ((bytes as f64 + 16.0) / self.frame_payload).ceil();
+        (
+            data + self.extra_frames,
+            bytes as f64 + 60.0 * self.extra_frames,
+        )
+    }
+
+    /// Domain 0's per-frame CPU for a message entering a node's switch.
+    fn dom0_frames(&self, bytes: u64) -> u64 {
+        if self.dom0_frame == 0 && self.dom0_frame_kib_us == 0.0 {
+            return 0;
+        }
+        let (frames, wire_bytes) = self.frames(bytes);
+        (frames * self.dom0_frame as f64).round() as u64
+            + ns(self.dom0_frame_kib_us * wire_bytes / 1024.0)
+    }
+
+    /// Domain 0's CPU for what the sender's retransmission timer adds to a message
+    /// acknowledged `delay` after it was sent (its receiver consumed it), as kumo's
+    /// guest MPI does (`guests/user/src/mpi.rs`): a probe and its answer per timeout
+    /// (the timer doubles from `rto`, up to 20 times it), and the message's frames
+    /// again (go-back-N) if it had not arrived by the first timeout (`arrived`
+    /// after it was sent). 0 if it was acknowledged in time.
+    fn dom0_resend(&self, bytes: u64, delay: u64, arrived: u64) -> u64 {
+        if self.rto == 0 || delay <= self.rto {
+            return 0;
+        }
+        let (mut timeouts, mut at, mut rto) = (0u64, 0u64, self.rto);
+        while at + rto < delay {
+            at += rto;
+            timeouts += 1;
+            rto = (rto * 2).min(20 * self.rto);
+        }
+        let late = arrived > self.rto;
+        let data = if late {
+            ((bytes as f64 + 16.0) / self.frame_payload).ceil()
+        } else {
+            0.0
+        };
+        let frames = 2.0 * timeouts as f64 + data;
+        let wire_bytes = if late { bytes as f64 } else { 0.0 } + 120.0 * timeouts as f64;
+        (frames * self.dom0_frame as f64).round() as u64
+            + ns(self.dom0_frame_kib_us * wire_bytes / 1024.0)
     }
 
     /// Time on the link (1 MB/s = 1 byte/us, so bytes * 1000 / MB/s is ns).
@@ -139,6 +198,8 @@ struct Msg {
     from: u32,
     to: u32,
     bytes: u64,
+    /// When its sender handed it on (its retransmission timer starts).
+    sent_at: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -169,6 +230,8 @@ enum Job {
     Receive(Msg),
     /// Work a rank asked for (`io:US`); the rank waits for it.
     Io(u32),
+    /// Frames a sender's retransmission timer sent again (no effect but the CPU).
+    Resend,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -225,6 +288,14 @@ struct Rank {
     io_done: bool,
     /// Messages arrived and not yet received, by sender.
     mailbox: Vec<u32>,
+    /// When the messages in its mailbox that came through domain 0 were sent, their
+    /// bytes and when they arrived, by
+    /// sender, oldest first (their senders' retransmission timers run until it
+    /// consumes them and acknowledges).
+    unacked: std::collections::BTreeMap<u32, VecDeque<(u64, u64, u64)>>,
+    /// By sender: when this rank last acknowledged one (a sender has one timer per
+    /// peer, restarted by progress).
+    acked_at: std::collections::BTreeMap<u32, u64>,
     finish: Option<u64>,
 }
 
@@ -337,6 +408,8 @@ impl<'a> Model<'a> {
                                 started: false,
                                 io_done: false,
                                 mailbox: vec![0; n_ranks],
+                                unacked: Default::default(),
+                                acked_at: Default::default(),
                                 finish: None,
                             });
                         }
@@ -517,7 +590,8 @@ impl<'a> Model<'a> {
     fn on_wire(&mut self, msg: Msg) {
         self.in_flight -= 1;
         let n = self.vcpus[self.ranks[msg.to as usize].vcpu].node;
-        self.dom0_enqueue(n, Job::Receive(msg), self.costs.dom0(msg.bytes));
+        let cost = self.costs.dom0(msg.bytes) + self.costs.dom0_frames(msg.bytes);
+        self.dom0_enqueue(n, Job::Receive(msg), cost);
         self.reschedule(n);
     }
 
@@ -717,12 +791,17 @@ impl<'a> Model<'a> {
             Job::Receive(msg) => {
                 let r = msg.to as usize;
                 self.ranks[r].mailbox[msg.from as usize] += 1;
+                if self.costs.rto > 0 {
+                    let q = self.ranks[r].unacked.entry(msg.from).or_default();
+                    q.push_back((msg.sent_at, msg.bytes, self.now));
+                }
                 self.notify(r, None);
             }
             Job::Io(r) => {
                 self.ranks[r as usize].io_done = true;
                 self.notify(r as usize, None);
             }
+            Job::Resend => {}
         }
     }
 
@@ -944,6 +1023,9 @@ impl<'a> Model<'a> {
     fn advance(&mut self, r: usize) {
         let v = self.ranks[r].vcpu;
         let n = self.vcpus[v].node;
+        // It goes on, so it no longer polls: a shared-memory send below must not
+        // take it for a yielding poller and hand its vCPU over mid-phase (`hand_over`).
+        self.vcpus[v].act = Act::Work(0);
         loop {
             let Some(phase) = self.phase(r) else {
                 self.ranks[r].finish = Some(self.now);
@@ -982,8 +1064,10 @@ impl<'a> Model<'a> {
                             from: r as u32,
                             to,
                             bytes,
+                            sent_at: self.now,
                         };
-                        self.dom0_enqueue(n, Job::Send(msg), self.costs.dom0(bytes));
+                        let cost = self.costs.dom0(bytes) + self.costs.dom0_frames(bytes);
+                        self.dom0_enqueue(n, Job::Send(msg), cost);
                     }
                 }
                 Phase::Recv { from } => {
@@ -993,6 +1077,7 @@ impl<'a> Model<'a> {
                         return;
                     }
                     *mailbox -= 1;
+                    self.acknowledge(r, from);
                 }
                 Phase::Io(ns) => {
                     if !started {
@@ -1026,6 +1111,29 @@ impl<'a> Model<'a> {
                 }
             }
             self.next_phase(r);
+        }
+    }
+
+    /// Rank `r` consumed a message from `from`: if it came through domain 0 later
+    /// than the sender's retransmission timeout, domain 0 forwards what the timer
+    /// added (`Costs::dom0_resend`). Messages of one sender all take one path, so
+    /// the oldest time is this message's.
+    fn acknowledge(&mut self, r: usize, from: u32) {
+        let Some((sent_at, bytes, arrived)) = self.ranks[r]
+            .unacked
+            .get_mut(&from)
+            .and_then(VecDeque::pop_front)
+        else {
+            return;
+        };
+        let last = self.ranks[r].acked_at.insert(from, self.now).unwrap_or(0);
+        let start = sent_at.max(last);
+        let cost = self
+            .costs
+            .dom0_resend(bytes, self.now - start, arrived.saturating_sub(start));
+        if cost > 0 {
+            let n = self.vcpus[self.ranks[r].vcpu].node;
+            self.dom0_enqueue(n, Job::Resend, cost);
         }
     }
 
