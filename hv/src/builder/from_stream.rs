@@ -62,7 +62,7 @@ fn build(
     let mut devices: Option<DeviceStates> = None;
     let mut app: Option<String> = None;
     let mut last_sync: Option<u32> = None;
-    let mut section = stream::Section::default();
+    let mut section = stream::PooledSection::new();
     loop {
         stream::read_section_into(r, &mut section)?;
         match section.tag {

@@ -238,7 +238,7 @@ pub fn read_section(r: &mut impl Read) -> Result<Section, StreamError> {
 /// Reads the next section into `section`, reusing its payload's buffer: a receiver
 /// takes RAM in sections of up to 4 MiB, and a fresh buffer for each would be a new
 /// mapping, faulted in page by page (kumo keeps glibc's mmap threshold fixed:
-/// `kumo::heap`).
+/// `kumo::heap`); a [`PooledSection`] also keeps it for the next migration.
 pub fn read_section_into(r: &mut impl Read, section: &mut Section) -> Result<(), StreamError> {
     read_framed_into(r, &STREAM_TAGS, MAX_SECTION, section)
 }
@@ -401,10 +401,101 @@ impl Default for RamWriter {
     }
 }
 
+/// A RAM section's largest size: a buffer this big is mapped on its own by glibc
+/// (kumo keeps its mmap threshold fixed: `kumo::heap`).
+const SECTION_BUFFER_BYTES: usize = PAGES_PER_SECTION * (PAGE_SIZE + 9);
+
+/// Section buffers kept for the next migration in this process (at most
+/// [`SPARE_BUFFERS`]: a sender's and a receiver's): a fresh 4 MiB mapping is faulted
+/// in page by page, ~1 ms a migration on this host for the two buffers.
+static SPARE: Spares = Spares::new(SPARE_BUFFERS);
+const SPARE_BUFFERS: usize = 2;
+
+struct Spares {
+    buffers: std::sync::Mutex<Vec<Vec<u8>>>,
+    most: usize,
+}
+
+impl Spares {
+    const fn new(most: usize) -> Self {
+        Spares {
+            buffers: std::sync::Mutex::new(Vec::new()),
+            most,
+        }
+    }
+
+    /// An empty buffer with room for a RAM section, kept from earlier if any.
+    fn take(&self) -> Vec<u8> {
+        let spare = self.buffers.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let mut buf = spare.unwrap_or_default();
+        buf.clear();
+        buf.reserve(SECTION_BUFFER_BYTES);
+        buf
+    }
+
+    /// Keeps `buf` for a later [`Spares::take`] if it is section-sized and fewer
+    /// than `most` are kept (their memory is then held, bounded, for the process's
+    /// life).
+    fn keep(&self, buf: Vec<u8>) {
+        if buf.capacity() < SECTION_BUFFER_BYTES || buf.capacity() > 2 * SECTION_BUFFER_BYTES {
+            return;
+        }
+        let mut buffers = self.buffers.lock().unwrap_or_else(|e| e.into_inner());
+        if buffers.len() < self.most {
+            buffers.push(buf);
+        }
+    }
+}
+
+/// A [`Section`] whose payload buffer comes from, and goes back to, the spares: for
+/// a receiver that reads section after section ([`read_section_into`]).
+#[derive(Debug)]
+pub struct PooledSection(Section);
+
+impl PooledSection {
+    pub fn new() -> Self {
+        PooledSection(Section {
+            tag: [0; 4],
+            payload: SPARE.take(),
+        })
+    }
+}
+
+impl Default for PooledSection {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::ops::Deref for PooledSection {
+    type Target = Section;
+    fn deref(&self) -> &Section {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for PooledSection {
+    fn deref_mut(&mut self) -> &mut Section {
+        &mut self.0
+    }
+}
+
+impl Drop for PooledSection {
+    fn drop(&mut self) {
+        SPARE.keep(std::mem::take(&mut self.0.payload));
+    }
+}
+
+impl Drop for RamWriter {
+    fn drop(&mut self) {
+        SPARE.keep(std::mem::take(&mut self.buf));
+    }
+}
+
 impl RamWriter {
     pub fn new() -> Self {
         RamWriter {
-            buf: Vec::with_capacity(PAGES_PER_SECTION * (PAGE_SIZE + 9)),
+            buf: SPARE.take(),
             pages: 0,
             total_pages: 0,
             total_bytes: 0,
@@ -464,7 +555,7 @@ pub fn parse(r: &mut impl Read) -> Result<Parsed, StreamError> {
     let (mut vcpus, mut vm, mut devices) = (None, None, None);
     let mut app = None;
     let mut syncs = Vec::new();
-    let mut section = Section::default();
+    let mut section = PooledSection::new();
     loop {
         read_section_into(r, &mut section)?;
         match section.tag {
@@ -539,4 +630,37 @@ pub fn check_meta(meta: &Meta) -> Result<(), StreamError> {
         return Err(bad("a CPUID table is too long".into()));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn section_buffers_are_kept_for_reuse_up_to_a_bound() {
+        let spares = Spares::new(2);
+        let (a, b, c) = (spares.take(), spares.take(), spares.take());
+        assert!(a.capacity() >= SECTION_BUFFER_BYTES && a.is_empty());
+        let a_at = a.as_ptr();
+        spares.keep(a);
+        let again = spares.take();
+        assert_eq!(again.as_ptr(), a_at, "the kept buffer is handed out again");
+        spares.keep(again);
+        spares.keep(b);
+        spares.keep(c);
+        spares.keep(vec![0; SECTION_BUFFER_BYTES]);
+        assert_eq!(
+            spares.buffers.lock().unwrap().len(),
+            2,
+            "never more than the bound"
+        );
+        spares.keep(Vec::with_capacity(4096));
+        assert_eq!(spares.buffers.lock().unwrap().len(), 2);
+        let small = Spares::new(2);
+        small.keep(Vec::with_capacity(4096));
+        assert!(
+            small.buffers.lock().unwrap().is_empty(),
+            "small buffers are not kept"
+        );
+    }
 }
