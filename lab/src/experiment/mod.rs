@@ -237,7 +237,7 @@ pub struct ExperimentArgs {
 
     /// Shorter: s1 runs its seven benchmarks at class W (BT, LU, SP at S; EP at A)
     /// instead of A, and only Xen 3.4.2's baseline and the settings the paper gives
-    /// numbers for (in its loaded domain 0 family on BT, CG, EP and SP only); s2 runs 3 message sizes instead of 6;
+    /// numbers for (in its loaded domain 0 family on BT, CG and SP only); s2 runs 3 message sizes instead of 6;
     /// s4 runs CG and IS at class S; migrate runs CG.W instead of CG.A, and no
     /// migration and one stop-and-copy one only.
     #[arg(long)]
