@@ -30,7 +30,7 @@ fn quick_run(name: &str) -> (serde_json::Value, std::path::PathBuf) {
 }
 
 #[test]
-#[ignore = "slow (80 s in a debug build): .ci/run runs it with --include-ignored"]
+#[ignore = "slow (117 s in a debug build, both families): .ci/run runs it with --include-ignored"]
 fn s1_quick_runs_real_vms_and_writes_its_report_and_figure() {
     if !kvm_available() {
         return;
