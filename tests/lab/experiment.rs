@@ -30,7 +30,7 @@ fn quick_run(name: &str) -> (serde_json::Value, std::path::PathBuf) {
 }
 
 #[test]
-#[ignore = "slow (80 s in a debug build): .ci/run runs it with --include-ignored"]
+#[ignore = "slow (117 s in a debug build, both families): .ci/run runs it with --include-ignored"]
 fn s1_quick_runs_real_vms_and_writes_its_report_and_figure() {
     if !kvm_available() {
         return;
@@ -44,8 +44,23 @@ fn s1_quick_runs_real_vms_and_writes_its_report_and_figure() {
     for row in rows {
         assert_eq!(row["verified"], true, "{row}");
         assert!(row["time_s"]["median"].as_f64().unwrap() > 0.0, "{row}");
-        assert!(row["sim_time_s"].as_f64().is_some(), "simulated too: {row}");
+        // The simulator runs kumo's own domain 0 family only.
+        let kumo_family = row["scenario"]["dom0"] == "kumo";
+        assert_eq!(
+            row["sim_time_s"].as_f64().is_some(),
+            kumo_family,
+            "simulated if kumo's: {row}"
+        );
     }
+    assert_eq!(
+        report["dom0_families"],
+        serde_json::json!(["kumo", "loaded"])
+    );
+    assert!(
+        rows.iter()
+            .any(|r| r["scenario"]["name"] == "loaded-xen3.4-1/1"),
+        "the loaded family ran"
+    );
     for benchmark in ["cg.W", "ep.A"] {
         let speedup = rows
             .iter()
@@ -68,6 +83,57 @@ fn s1_quick_runs_real_vms_and_writes_its_report_and_figure() {
     let sim = std::fs::read_to_string(out_dir.join("s1-sim.toml")).unwrap();
     assert!(sim.contains("[[scenario]]"), "{sim}");
     let _ = std::fs::remove_dir_all(&out_dir);
+}
+
+#[test]
+fn s1_loaded_domain_0_runs_its_quick_scenarios_on_real_vms() {
+    if !kvm_available() {
+        return;
+    }
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    // EP.S: the family's three quick scenarios in a few seconds; the switch still costs
+    // each of its frames.
+    let out = kumo(&[
+        "experiment",
+        "s1",
+        "--quick",
+        "--runs",
+        "1",
+        "--dom0",
+        "loaded",
+        "--bench",
+        "ep.S",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(report["ok"], true, "{report}");
+    assert_eq!(report["dom0_families"], serde_json::json!(["loaded"]));
+    let cost = report["loaded_dom0_frame_cost_us"].as_f64().unwrap();
+    assert!(cost > 0.0, "{report}");
+    let rows = report["rows"].as_array().unwrap();
+    let names: Vec<&str> = rows
+        .iter()
+        .map(|r| r["scenario"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "loaded-xen3.4-30/10",
+            "loaded-xen3.4-1/1",
+            "loaded-xen3.4-1/1-dom0-1024"
+        ]
+    );
+    for row in rows {
+        assert_eq!(row["scenario"]["dom0"], "loaded", "{row}");
+        assert_eq!(row["benchmark"], "ep.S", "{row}");
+        assert_eq!(row["verified"], true, "{row}");
+        assert!(row["sim_time_s"].is_null(), "not simulated: {row}");
+    }
+    for run in report["real_runs"].as_array().unwrap() {
+        assert_eq!(run["dom0"], "loaded", "{run}");
+        assert!(run["frames"].as_u64().unwrap() > 0, "{run}");
+    }
 }
 
 #[test]
@@ -178,6 +244,22 @@ fn bad_experiment_input_is_refused_in_one_line() {
     assert_refused(
         &["experiment", "s1", "--runs", "0"],
         "--runs must be at least 1",
+    );
+    assert_refused(
+        &["experiment", "s2", "--dom0", "loaded"],
+        "--dom0 is for s1 only",
+    );
+    // clap's own refusal (its usage lines follow), exit 2.
+    let out = kumo(&["experiment", "s1", "--dom0", "xen"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("invalid value 'xen'"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_refused(
+        &["experiment", "s1", "--bench", "is.A"],
+        "--bench is.A: S1 runs only BT, CG, EP, FT, LU, MG and SP",
     );
     let file = scratch("not-a-dir");
     std::fs::write(&file, b"").unwrap();

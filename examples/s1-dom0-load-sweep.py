@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""S1's node under `kumo node` with a loaded domain 0: for each `[dom0] frame_cost_us`
+in COSTS, each benchmark and each scheduler setting, one run, rounds interleaved
+(costs inside benchmarks inside settings inside rounds). One JSON line a run: time
+(rank 0's), verified, domain 0's CPU and the switch's frames. The node file is the
+one `kumo experiment s1` writes (lab/src/experiment/s1.rs, rank_node_toml).
+
+    examples/s1-dom0-load-sweep.py KUMO COSTS BENCHES SETTINGS [ROUNDS]
+    examples/s1-dom0-load-sweep.py target/release/kumo 200,250,300 \\
+        cg.W,sp.S,bt.S,ep.A 30:10:256,30:10:64 3
+
+SETTINGS are SLICE_MS:TICK_MS:DOM0_WEIGHT (Xen 3.4.2: tick accounting, no ratelimit).
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+
+def node_toml(npb, tslice, tick, weight, cost):
+    text = (
+        f'pcpus = [0, 1]\n[scheduler]\nkind = "credit"\ntslice_ms = {tslice}\n'
+        f'tick_ms = {tick}\nratelimit_us = 0\naccounting = "tick"\n'
+        f"[dom0]\nweight = {weight}\n"
+    )
+    if cost:
+        text += f"frame_cost_us = {cost}\n"
+    text += f'[network]\nnpb = "{npb}"\nwait = "spin"\n'
+    for i in range(2):
+        text += f'[[domain]]\nname = "u{i}"\nmpi = true\nranks_per_vcpu = 2\nguest_hz = 250\n'
+    return text
+
+
+def run(kumo, path):
+    out = subprocess.run(
+        [kumo, "node", "--config", path, "--json"], capture_output=True, text=True
+    )
+    found = {"time": None, "verified": False, "dom0": None, "frames": None}
+    for line in out.stdout.splitlines():
+        try:
+            item = json.loads(line)
+        except ValueError:
+            continue
+        for result in item.get("results", []):
+            found["time"], found["verified"] = result["time_s"], result["verified"]
+        if item.get("node"):
+            found["dom0"] = item["dom0_cpu_s"]
+            found["frames"] = item["switch"]["frames"]
+    return found
+
+
+def main():
+    if len(sys.argv) not in (5, 6):
+        sys.exit(__doc__)
+    kumo = sys.argv[1]
+    costs = [float(c) for c in sys.argv[2].split(",")]
+    benches = sys.argv[3].split(",")
+    settings = [s.split(":") for s in sys.argv[4].split(",")]
+    rounds = int(sys.argv[5]) if len(sys.argv) == 6 else 1
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "node.toml")
+        for r in range(rounds):
+            for cost in costs:
+                for bench in benches:
+                    for tslice, tick, weight in settings:
+                        with open(path, "w") as f:
+                            f.write(node_toml(bench, tslice, tick, weight, cost))
+                        row = {"round": r, "cost_us": cost, "bench": bench,
+                               "setting": f"{tslice}/{tick} w{weight}"}
+                        row.update(run(kumo, path))
+                        print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()
