@@ -288,14 +288,20 @@ pub struct CreditDriver {
 impl CreditDriver {
     /// Starts scheduling `domains` on `host_cpus` (scheduler pCPU `i` is host CPU
     /// `host_cpus[i]`). vCPU threads not started yet are placed once they exist.
+    /// `modules` (pCPUs grouped as `host_cpus` is ordered) makes picks module-aware
+    /// from the first wake-up on.
     pub fn start(
         params: Params,
         host_cpus: Vec<usize>,
+        modules: Option<sched::Modules>,
         domains: Vec<DomainSpec>,
         dom0: Option<Dom0Spec>,
     ) -> Result<CreditDriver, Error> {
         let epoch = Instant::now();
         let mut sched = Scheduler::new(params, host_cpus.len() as u32, 0)
+            .map_err(|e| Error::Scheduler(e.to_string()))?;
+        sched
+            .set_modules(modules)
             .map_err(|e| Error::Scheduler(e.to_string()))?;
         let mut doms = Vec::new();
         let mut vcpus = Vec::new();
@@ -402,6 +408,11 @@ impl CreditDriver {
         drop(state);
         self.shared.poke();
         Ok(())
+    }
+
+    /// Whether picks are module-aware, and over how many modules.
+    pub fn modules(&self) -> Option<u32> {
+        self.lock().sched.modules().map(sched::Modules::modules)
     }
 
     /// Adds a domain to the running scheduler (a node's domain that arrived by

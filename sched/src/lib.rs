@@ -59,8 +59,10 @@
 //!   may take a vCPU that just yielded (Xen skips those), so that an idle pCPU
 //!   never leaves a queued vCPU waiting. Yield only puts a vCPU behind its
 //!   equals (Xen also tries to put it behind one lower-priority vCPU).
-//! - No affinity, topology, pCPU hot-plug or migration at tick
-//!   (`_csched_cpu_pick`); removing a cap unparks at once.
+//! - No affinity, pCPU hot-plug or migration at tick (`_csched_cpu_pick`);
+//!   removing a cap unparks at once. Topology is only modules (cores sharing a
+//!   front end and L2, [`Modules`]), and only with [`Scheduler::set_modules`]: a
+//!   module-aware pick, off by default, that S3 names as future work for Xen.
 #![forbid(unsafe_code)]
 
 mod accounting;
@@ -73,9 +75,11 @@ mod params;
 mod runq;
 mod scheduler;
 mod stats;
+mod topology;
 
 pub use error::DomainError;
 pub use ids::{DomainId, MAX_PCPUS, PcpuId, Tickles, VcpuId};
 pub use params::*;
 pub use scheduler::{DEFAULT_WEIGHT, Decision, Scheduler};
 pub use stats::{DomainStats, Priority, VcpuState, VcpuStats};
+pub use topology::Modules;

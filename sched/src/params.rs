@@ -197,4 +197,10 @@ pub enum ParamError {
     MigrationDelay(u64),
     #[error("pcpus = {0}: must be in 1..=256")]
     Pcpus(u32),
+    #[error(
+        "cores_per_module = {cores_per_module}: must be at least 1 and divide the {pcpus} pCPUs"
+    )]
+    Modules { pcpus: u32, cores_per_module: u32 },
+    #[error("the module topology describes {given} pCPUs; the scheduler has {pcpus}")]
+    ModulesSize { given: u32, pcpus: u32 },
 }

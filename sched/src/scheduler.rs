@@ -5,6 +5,7 @@ use crate::ids::{DomainId, MAX_PCPUS, PcpuId, Tickles, VcpuId};
 use crate::params::{Accounting, NS_PER_MCREDIT, ParamError, Params};
 use crate::runq::RunQueue;
 use crate::stats::{DomainStats, Priority, VcpuState, VcpuStats};
+use crate::topology::Modules;
 
 /// Xen `CSCHED_DEFAULT_WEIGHT`.
 pub const DEFAULT_WEIGHT: u16 = 256;
@@ -92,6 +93,8 @@ pub struct Scheduler {
     pub(crate) credit_balance: i64,
     pub(crate) next_acct_ns: u64,
     pub(crate) scratch: Vec<VcpuId>,
+    /// Set: picks are module-aware ([`Self::set_modules`]).
+    pub(crate) modules: Option<Modules>,
 }
 
 /// The accounting master (Xen `prv->master`, the first pCPU of the pool).
@@ -121,6 +124,7 @@ impl Scheduler {
             credit_balance: 0,
             next_acct_ns: now.saturating_add(params.tslice_ns),
             scratch: Vec::new(),
+            modules: None,
         })
     }
 
@@ -284,12 +288,41 @@ impl Scheduler {
     }
 
     /// First free pCPU, scanning cyclically from `from` (Xen cycles over the
-    /// idlers mask starting after the last tickled one).
+    /// idlers mask starting after the last tickled one). Module-aware: the first
+    /// free one whose module siblings are all free, if any.
     fn find_free(&self, from: PcpuId) -> Option<PcpuId> {
         let n = self.pcpus.len() as u32;
-        (0..n)
-            .map(|i| PcpuId((from.0 + i) % n))
-            .find(|p| self.is_free(*p))
+        let cyclic = (0..n).map(|i| PcpuId((from.0 + i) % n));
+        if let Some(m) = &self.modules
+            && let Some(p) = cyclic
+                .clone()
+                .find(|p| self.is_free(*p) && m.siblings(*p).all(|q| self.is_free(q)))
+        {
+            return Some(p);
+        }
+        cyclic.into_iter().find(|p| self.is_free(*p))
+    }
+
+    /// Makes picks module-aware (`Some`) or not (`None`, the default, Xen's): a
+    /// waking vCPU, or an idle pCPU tickled to steal queued work, prefers a free
+    /// pCPU whose module siblings are free too, so two busy vCPUs share a module
+    /// only when every module already has a busy core. Running vCPUs are not moved.
+    pub fn set_modules(&mut self, modules: Option<Modules>) -> Result<(), ParamError> {
+        if let Some(m) = &modules
+            && m.pcpus() != self.pcpus.len() as u32
+        {
+            return Err(ParamError::ModulesSize {
+                given: m.pcpus(),
+                pcpus: self.pcpus.len() as u32,
+            });
+        }
+        self.modules = modules;
+        Ok(())
+    }
+
+    /// The module topology picks follow, if any.
+    pub fn modules(&self) -> Option<&Modules> {
+        self.modules.as_ref()
     }
 
     /// Burns the running vCPU's credit for the time since its last burn

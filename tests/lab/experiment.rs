@@ -1,5 +1,5 @@
 //! `kumo experiment`: S1 (and its migration), S2 and S4 on real VMs end to end (quick
-//! forms), and bad input.
+//! forms), S3 simulated, and bad input.
 
 use crate::common;
 
@@ -235,11 +235,61 @@ fn migrate_quick_moves_a_domu_of_a_running_mpi_job_to_a_standby_node_under_both_
     let _ = std::fs::remove_dir_all(&out_dir);
 }
 
+/// S3 is simulated: no KVM, no CPUs taken, a few seconds.
+#[test]
+fn s3_quick_is_simulated_and_writes_its_report_and_figure() {
+    let (report, out_dir) = quick_run("s3");
+    assert_eq!(report["experiment"], "s3");
+    assert_eq!(report["simulated"], true);
+    assert!(report["note"].as_str().unwrap().starts_with("SIMULATED"));
+    let sim = &report["sim"];
+    assert_eq!(sim["topology"]["sockets"], 2);
+    assert_eq!(sim["topology"]["cores_per_socket"], 16);
+    assert_eq!(sim["workload"]["vcpus"], 16);
+    let placements: Vec<&str> = sim["placements"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    for name in [
+        "one-socket",
+        "8-8",
+        "7-9",
+        "even-cores",
+        "free",
+        "free-module-aware",
+    ] {
+        assert!(placements.contains(&name), "{name} in {placements:?}");
+    }
+    let runs = sim["runs"].as_array().unwrap();
+    let threads = sim["workload"]["threads"].as_array().unwrap().len();
+    assert_eq!(runs.len(), placements.len() * threads);
+    for run in runs {
+        for key in ["time_ms", "speedup", "efficiency", "contended_modules"] {
+            assert!(run[key].as_f64().is_some_and(|v| v >= 0.0), "{key}: {run}");
+        }
+        assert!(run["contended_modules_max"].is_u64(), "{run}");
+        assert!(run["threads"].is_u64(), "{run}");
+    }
+    let findings = report["findings"].as_array().unwrap();
+    assert_eq!(findings.len(), 6);
+    for f in findings {
+        assert!(f["paper"].is_string() && f["simulated"].is_string() && f["holds"].is_boolean());
+    }
+    let saved: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out_dir.join("s3.json")).unwrap()).unwrap();
+    assert_eq!(saved, report, "the file is the report printed");
+    let svg = std::fs::read_to_string(out_dir.join("s3.svg")).unwrap();
+    roxmltree::Document::parse(&svg).expect("well-formed SVG");
+    let _ = std::fs::remove_dir_all(&out_dir);
+}
+
 #[test]
 fn bad_experiment_input_is_refused_in_one_line() {
     assert_refused(
         &["experiment", "s9"],
-        "unknown experiment 's9' (known: s1, s2, s4, migrate)",
+        "unknown experiment 's9' (known: s1, s2, s3, s4, migrate)",
     );
     assert_refused(
         &["experiment", "s1", "--runs", "0"],

@@ -473,3 +473,41 @@ fn bad_simulation_files_are_refused_with_the_reason() {
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("cannot read simulation file /nonexistent/sim.toml"));
 }
+
+/// `kumo sim` runs a fork-join file (`[forkjoin]`, S3's shape) with its topology.
+#[test]
+fn a_forkjoin_file_runs_with_its_topology() {
+    let body = "[topology]\nsockets = 1\ncores_per_socket = 4\nmodule_contention = 0.5\n\
+                [forkjoin]\nvcpus = 2\nthreads = [2]\nfib = 20\ncutoff = 12\n\
+                ns_per_call = 2.0\nspawn_ns = 10\nsteal_ns = 100\n\
+                [[placement]]\nname = \"siblings\"\npcpus = \"0-1\"\npin = true\n\
+                [[placement]]\nname = \"apart\"\npcpus = \"0,2\"\npin = true\n";
+    let path = write("forkjoin", body);
+    let out = kumo(&["sim", "--config", &path, "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["simulated"], true);
+    let runs = report["runs"].as_array().unwrap();
+    let (siblings, apart) = (&runs[0], &runs[1]);
+    assert_eq!(siblings["contended_modules_max"], 1);
+    assert_eq!(apart["contended_modules_max"], 0);
+    // Both cores busy all along at half speed: close to twice as long.
+    let ratio = siblings["time_ms"].as_f64().unwrap() / apart["time_ms"].as_f64().unwrap();
+    assert!((ratio - 2.0).abs() < 0.1, "{ratio}");
+    let table = kumo(&["sim", "--config", &path]);
+    assert!(
+        text(&table.stdout).starts_with("SIMULATED"),
+        "{}",
+        text(&table.stdout)
+    );
+    assert_refused(
+        "forkjoin-bad",
+        &body.replace("module_contention = 0.5", "module_contention = 2"),
+        "module_contention 2 is outside",
+    );
+    assert_refused(
+        "forkjoin-pin",
+        &body.replace("pcpus = \"0,2\"", "pcpus = \"0,2,3\""),
+        "pin = true needs one pCPU per vCPU (2), not 3",
+    );
+}

@@ -285,15 +285,17 @@ pub fn run(
                 control: control.clone(),
             })
             .collect();
-        Some(Arc::new(CreditDriver::start(
+        let driver = CreditDriver::start(
             node.params,
             node.pcpus.clone(),
+            node.scheduler.modules(node.pcpus.len())?,
             specs,
             Some(Dom0Spec {
                 weight: node.dom0_weight as u16,
                 threads: dom0.clone(),
             }),
-        )?))
+        )?;
+        Some(Arc::new(driver))
     } else {
         None
     };

@@ -84,6 +84,7 @@ pub fn start_credit_driver(
     let driver = hv::credit::CreditDriver::start(
         params,
         (0..guest::host_cpus()).collect(),
+        None,
         vec![hv::credit::DomainSpec {
             name: "guest".into(),
             weight: u16::try_from(domain.weight).unwrap_or(u16::MAX),

@@ -10,6 +10,7 @@ pub mod plot;
 mod process;
 pub mod s1;
 pub mod s2;
+pub mod s3;
 pub mod s4;
 
 use std::path::{Path, PathBuf};
@@ -28,6 +29,10 @@ pub const EXPERIMENTS: &[(&str, &str)] = &[
     (
         "s2",
         "one-way MPI latency and throughput: passthrough and emulated NICs beside bare metal",
+    ),
+    (
+        "s3",
+        "SIMULATED: S3's vCPU placements on 2 x 16 Bulldozer cores, and a module-aware credit scheduler",
     ),
     (
         "s4",
@@ -58,6 +63,7 @@ pub fn run_experiment(args: &ExperimentArgs, epoch: Instant) -> Result<u8> {
     match args.name.as_str() {
         "s1" => s1::run(args, epoch),
         "s2" => s2::run(args, epoch),
+        "s3" => s3::run(args, epoch),
         "s4" => s4::run(args, epoch),
         "migrate" => migrate::run(args, epoch),
         other => {
@@ -230,14 +236,15 @@ impl Progress {
 pub struct ExperimentArgs {
     /// The experiment: s1 (credit-scheduler slice, tick and domain-0 weight for MPI
     /// ranks that busy-wait), s2 (MPI latency and throughput through passthrough and
-    /// emulated NICs), s4 (a passthrough NIC and its fast interrupt path) or migrate
+    /// emulated NICs), s3 (SIMULATED: vCPU placement on Bulldozer modules), s4 (a passthrough NIC and its fast interrupt path) or migrate
     /// (S1's migration of a VM of a running MPI job, default against tuned slice).
     #[arg(value_name = "NAME")]
     pub name: String,
 
     /// Shorter: s1 runs its seven benchmarks at class W (BT, LU, SP at S; EP at A)
     /// instead of A, and only Xen 3.4.2's baseline and the settings the paper gives
-    /// numbers for (in its loaded domain 0 family on BT, CG and SP only); s2 runs 3 message sizes instead of 6;
+    /// numbers for (in its loaded domain 0 family on BT, CG and SP only); s2 runs 3
+    /// message sizes instead of 6; s3 simulates 8 worker counts instead of 16;
     /// s4 runs CG and IS at class S; migrate runs CG.W instead of CG.A, and no
     /// migration and one stop-and-copy one only.
     #[arg(long)]

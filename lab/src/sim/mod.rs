@@ -114,16 +114,31 @@
 //! gives the same bytes.
 
 pub mod config;
+pub mod forkjoin;
 pub mod model;
 pub mod program;
 pub mod report;
+pub mod topology;
 
 use anyhow::{Context, Result};
 use clap::Args;
 use std::path::PathBuf;
 
 pub fn run_sim(args: &SimArgs) -> Result<u8> {
-    let sim = config::load(&args.config)?;
+    let text = kumo_vmm::input::read_config("simulation file", &args.config)?;
+    if forkjoin::is_forkjoin(&text) {
+        let sim = forkjoin::parse(&text)
+            .with_context(|| format!("in simulation file {}", args.config.display()))?;
+        let report = forkjoin::run(&sim)?;
+        if args.json {
+            kumo_vmm::outln!("{}", serde_json::to_string(&report)?);
+        } else {
+            kumo_vmm::out!("{}", report.text());
+        }
+        return Ok(0);
+    }
+    let sim = config::parse(&text)
+        .with_context(|| format!("in simulation file {}", args.config.display()))?;
     let report = run(&sim)?;
     if args.json {
         kumo_vmm::outln!("{}", report.json());

@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use npb::Spec;
 use serde::Deserialize;
 
@@ -110,6 +110,21 @@ pub struct SchedulerFile {
     pub accounting: Option<super::control::Accounting>,
     /// Directed yield at barriers (default false).
     pub directed_yield: Option<bool>,
+    /// Declared topology: every `cores_per_module` consecutive entries of `pcpus`
+    /// share a module (a front end and L2, or SMT siblings), and the credit scheduler
+    /// picks module-aware (`sched::Scheduler::set_modules`). Absent: no topology.
+    pub cores_per_module: Option<u32>,
+}
+
+impl SchedulerFile {
+    /// The module topology of `pcpus` host CPUs that `cores_per_module` declares.
+    pub fn modules(&self, pcpus: usize) -> Result<Option<sched::Modules>> {
+        self.cores_per_module
+            .map(|n| {
+                sched::Modules::uniform(pcpus as u32, n).map_err(|e| anyhow!("[scheduler] {e}"))
+            })
+            .transpose()
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -365,6 +380,7 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
         directed_yield: file.scheduler.directed_yield,
     })
     .context("[scheduler]")?;
+    file.scheduler.modules(file.pcpus.len())?;
     let dom0_weight = file.dom0.weight.unwrap_or(DEFAULT_WEIGHT);
     if !(WEIGHT_RANGE.0..=WEIGHT_RANGE.1).contains(&dom0_weight) {
         bail!(
@@ -825,6 +841,38 @@ npb = "ep.S"
 
     fn error(text: &str) -> String {
         format!("{:#}", node(text).unwrap_err())
+    }
+
+    #[test]
+    fn a_declared_module_topology_is_checked_against_the_pcpus() {
+        let d = "[[domain]]\nname = \"a\"\nnpb = \"ep.S\"\n";
+        let n = node(&format!("pcpus = [0]\n{d}")).unwrap();
+        assert!(n.scheduler.modules(1).unwrap().is_none(), "off by default");
+        let n = node(&format!(
+            "pcpus = [0]\n[scheduler]\ncores_per_module = 1\n{d}"
+        ))
+        .unwrap();
+        assert_eq!(
+            n.scheduler.modules(1).unwrap().map(|m| m.modules()),
+            Some(1)
+        );
+        // Two host CPUs as one module (this host's, declared): one module of two.
+        assert_eq!(
+            n.scheduler.modules(2).unwrap().map(|m| m.modules()),
+            Some(2)
+        );
+        let two = SchedulerFile {
+            cores_per_module: Some(2),
+            ..SchedulerFile::default()
+        };
+        assert_eq!(two.modules(2).unwrap().map(|m| m.modules()), Some(1));
+        let err = error(&format!(
+            "pcpus = [0]\n[scheduler]\ncores_per_module = 2\n{d}"
+        ));
+        assert!(
+            err.contains("cores_per_module = 2") && err.contains("divide"),
+            "{err}"
+        );
     }
 
     #[test]
