@@ -86,6 +86,7 @@ fn s1_quick_runs_real_vms_and_writes_its_report_and_figure() {
 }
 
 #[test]
+#[ignore = "real VMs, one at a time (keeps the default run under 6 minutes): .ci/run runs it with --include-ignored"]
 fn s1_loaded_domain_0_runs_its_quick_scenarios_on_real_vms() {
     if !kvm_available() {
         return;
