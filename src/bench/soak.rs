@@ -201,9 +201,20 @@ pub fn is_migration(i: u32, total: u32, migrations: u32) -> bool {
     k < migrations && k * total / migrations == i
 }
 
-/// Iterations of the warm-up: the first tenth, at least one.
-pub fn warmup(total: u32) -> u32 {
-    total.div_ceil(10).max(1)
+/// Migrations the warm-up holds, where there are that many: the migration buffers
+/// kumo keeps for the next migration (two: `hv::migration::stream`'s spares) fill
+/// their pages over the first few, up to the largest section seen.
+const WARMUP_MIGRATIONS: u32 = 3;
+
+/// Iterations of the warm-up: the first tenth (at least one), and at least up to the
+/// end of the [`WARMUP_MIGRATIONS`]-th migration.
+pub fn warmup(total: u32, migrations: u32) -> u32 {
+    let tenth = total.div_ceil(10).max(1);
+    let nth_migration = (0..total)
+        .filter(|&i| is_migration(i, total, migrations))
+        .nth(WARMUP_MIGRATIONS.min(migrations).saturating_sub(1) as usize)
+        .map_or(0, |i| i + 1);
+    tenth.max(nth_migration)
 }
 
 pub fn run_soak(args: &SoakArgs, epoch: Instant) -> Result<u8> {
@@ -217,7 +228,7 @@ pub fn run_soak(args: &SoakArgs, epoch: Instant) -> Result<u8> {
         "--boots plus --migrations must be at least 2 (a warm-up and a run after it)"
     );
     run::check_guest_vcpus(VCPUS, &args.kvm_device)?;
-    let warmup = warmup(total).min(total - 1);
+    let warmup = warmup(total, args.migrations).min(total - 1);
     let memory_mib = guest::choose_memory_mib(None, &[], VCPUS)?;
     let migrate_args = MigrateBenchArgs {
         vcpus: VCPUS,
@@ -361,7 +372,11 @@ mod tests {
             }
         }
         // The warm-up of 1,100 iterations (110) holds migrations.
-        assert!((0..warmup(1100)).any(|i| is_migration(i, 1100, 100)));
+        assert_eq!(warmup(1100, 100), 110);
+        assert!((0..warmup(1100, 100)).any(|i| is_migration(i, 1100, 100)));
+        // The CI form's (110 iterations, 10 migrations) holds three: 0, 11 and 22.
+        assert_eq!(warmup(110, 10), 23);
+        assert_eq!(warmup(4, 0), 1);
     }
 
     #[test]
