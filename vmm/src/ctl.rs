@@ -233,10 +233,7 @@ pub fn run_ctl(args: &CtlArgs) -> Result<u8> {
             p.tslice_ms,
             p.tick_ms,
             p.ratelimit_us,
-            match p.accounting {
-                Accounting::Exact => "exact",
-                Accounting::Tick => "tick",
-            },
+            p.accounting.name(),
             if p.directed_yield { "on" } else { "off" }
         ),
         ReplyValue::Domains(list) => {

@@ -34,6 +34,13 @@ pub enum Accounting {
     Tick,
 }
 
+impl Accounting {
+    /// Its name in the API, node files and reports (`sched`'s).
+    pub fn name(self) -> &'static str {
+        sched::Accounting::from(self).name()
+    }
+}
+
 impl From<Accounting> for sched::Accounting {
     fn from(a: Accounting) -> sched::Accounting {
         match a {
