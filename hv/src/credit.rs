@@ -410,6 +410,22 @@ impl CreditDriver {
         Ok(())
     }
 
+    /// Turns the auto slice on (from the parameters in force: its long setting) or off
+    /// (back to them). See `sched::auto_slice`.
+    pub fn set_auto(&self, on: bool) {
+        let mut state = self.lock();
+        let now = state.stamp();
+        state.sched.set_auto(now, on);
+        drop(state);
+        self.shared.poke();
+    }
+
+    /// The auto slice's state and record (None while it is off). Its times are
+    /// scheduler times: nanoseconds since the driver started.
+    pub fn auto_slice(&self) -> Option<sched::auto_slice::AutoSlice> {
+        self.lock().sched.auto().cloned()
+    }
+
     /// Whether picks are module-aware, and over how many modules.
     pub fn modules(&self) -> Option<u32> {
         self.lock().sched.modules().map(sched::Modules::modules)
@@ -817,6 +833,8 @@ fn drive(shared: &Shared) {
         state.step(now);
 
         let activity = dom0.as_ref().map_or(0, |g| g.activity());
+        // Domain 0's wake-ups since the last run: the auto slice's message signal.
+        state.sched.note_wakes(activity.wrapping_sub(seen_activity));
         let quiet = activity == seen_activity && state.nothing_to_decide();
         seen_activity = activity;
         quiet_since = quiet.then(|| quiet_since.unwrap_or(now));
@@ -952,13 +970,15 @@ mod tests {
 
     #[test]
     fn the_drivers_run_does_not_allocate_once_warm() {
-        for directed_yield in [false, true] {
+        for (directed_yield, auto) in [(false, false), (true, false), (false, true)] {
             let mut state = one_pcpu(3, 0);
             let params = Params {
                 directed_yield,
                 ..state.sched.params()
             };
             state.sched.set_params(0, params).unwrap();
+            // The auto slice decides every 100 ms: ten times in this run.
+            state.sched.set_auto(0, auto);
             block(&mut state, 2);
             // Each vCPU is a thread that sleeps, as a halted vCPU does: the driver pins
             // it and sets its class like a real one.
@@ -989,6 +1009,7 @@ mod tests {
             for i in 2..200 {
                 let now = i * tick / 2;
                 state.step(now);
+                state.sched.note_wakes(3);
                 let _ = state.nothing_to_decide();
                 let _ = state.next_run(now);
             }
@@ -999,7 +1020,7 @@ mod tests {
             }
             assert_eq!(
                 made, 0,
-                "directed_yield {directed_yield}: {made} allocations"
+                "directed_yield {directed_yield}, auto {auto}: {made} allocations"
             );
         }
     }

@@ -66,6 +66,7 @@
 #![forbid(unsafe_code)]
 
 mod accounting;
+pub mod auto_slice;
 pub mod drive;
 mod error;
 mod hints;

@@ -1,5 +1,6 @@
 //! The scheduler state and its event handlers (Xen `csched_*` hooks).
 
+use crate::auto_slice::AutoSlice;
 use crate::error::DomainError;
 use crate::ids::{DomainId, MAX_PCPUS, PcpuId, Tickles, VcpuId};
 use crate::params::{Accounting, NS_PER_MCREDIT, ParamError, Params};
@@ -95,6 +96,8 @@ pub struct Scheduler {
     pub(crate) scratch: Vec<VcpuId>,
     /// Set: picks are module-aware ([`Self::set_modules`]).
     pub(crate) modules: Option<Modules>,
+    /// Set: the scheduler picks its own slice ([`Self::set_auto`]).
+    pub(crate) auto: Option<AutoSlice>,
 }
 
 /// The accounting master (Xen `prv->master`, the first pCPU of the pool).
@@ -125,6 +128,7 @@ impl Scheduler {
             next_acct_ns: now.saturating_add(params.tslice_ns),
             scratch: Vec::new(),
             modules: None,
+            auto: None,
         })
     }
 
@@ -251,8 +255,42 @@ impl Scheduler {
     /// the tick). Credits already held are kept; the new per-slice amount and
     /// clamps apply from the next accounting. Pending deadlines are pulled in
     /// so none lies further away than the new period.
+    ///
+    /// Fixed parameters turn [`Self::set_auto`] off.
     pub fn set_params(&mut self, now: u64, params: Params) -> Result<(), ParamError> {
         params.validate()?;
+        self.auto = None;
+        self.apply_params(now, params);
+        Ok(())
+    }
+
+    /// Turns the auto slice on (from the parameters in force, the long setting) or
+    /// off (back to the long setting's parameters). See [`crate::auto_slice`].
+    pub fn set_auto(&mut self, now: u64, on: bool) {
+        match (on, self.auto.take()) {
+            (true, Some(auto)) => self.auto = Some(auto),
+            (true, None) => self.auto = Some(AutoSlice::new(self.params, now)),
+            (false, Some(auto)) => self.apply_params(now, auto.long()),
+            (false, None) => {}
+        }
+    }
+
+    /// Counts `n` wake-ups the scheduler did not see as [`Self::wake`] calls, for the
+    /// auto slice's message signal: a real driver's domain 0 threads wake inside the
+    /// host kernel, many times between two of its observations.
+    pub fn note_wakes(&mut self, n: u64) {
+        if let Some(auto) = &mut self.auto {
+            auto.note_wakes(n);
+        }
+    }
+
+    /// The auto slice's state, while it is on.
+    pub fn auto(&self) -> Option<&AutoSlice> {
+        self.auto.as_ref()
+    }
+
+    /// Puts valid parameters in force.
+    fn apply_params(&mut self, now: u64, params: Params) {
         self.params = params;
         self.next_acct_ns = self.next_acct_ns.min(now.saturating_add(params.tslice_ns));
         for p in &mut self.pcpus {
@@ -261,7 +299,6 @@ impl Scheduler {
                 p.slice_end_ns = p.slice_end_ns.min(now.saturating_add(params.tslice_ns));
             }
         }
-        Ok(())
     }
 
     pub(crate) fn vcpu(&self, v: VcpuId) -> &Vcpu {
@@ -411,9 +448,14 @@ impl Scheduler {
         vc.blocked = false;
         // Still current (blocked, its pCPU not yet rescheduled): it simply
         // keeps running, as Xen's wake returns early for a running unit.
-        if vc.parked || vc.place != Place::Off {
+        let stays = vc.parked || vc.place != Place::Off;
+        if let Some(auto) = &mut self.auto {
+            auto.note_wake();
+        }
+        if stays {
             return t;
         }
+        let vc = self.vcpu_mut(v);
         if vc.pri == Priority::Under {
             vc.pri = Priority::Boost;
         }
@@ -471,6 +513,10 @@ impl Scheduler {
                     if pc.next_tick_ns <= now {
                         pc.next_tick_ns = now + tick_ns;
                     }
+                    if let Some(auto) = &mut self.auto {
+                        // Does the vCPU running here make another wait?
+                        auto.note_tick(!pc.runq.is_empty());
+                    }
                     self.tick_running(c, now);
                 }
                 None => pc.next_tick_ns = u64::MAX,
@@ -482,6 +528,12 @@ impl Scheduler {
                 self.next_acct_ns = now + self.params.tslice_ns;
             }
             self.account(now, &mut t);
+        }
+        if p == MASTER
+            && let Some(auto) = &mut self.auto
+            && let Some(params) = auto.decide(now, self.pcpus.len() as u32)
+        {
+            self.apply_params(now, params);
         }
         if now >= self.pcpus[p.0 as usize].slice_end_ns {
             self.tickle(p, &mut t);

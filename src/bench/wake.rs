@@ -40,6 +40,7 @@ pub fn run_wake(args: &WakeArgs, epoch: Instant) -> Result<u8> {
             pcpus: vec![args.pcpu],
             scheduler: SchedulerFile::default(),
             params,
+            auto_slice: false,
             domains: vec![
                 domain(
                     "sleeper",

@@ -511,3 +511,45 @@ fn a_forkjoin_file_runs_with_its_topology() {
         "pin = true needs one pCPU per vCPU (2), not 3",
     );
 }
+
+#[test]
+fn the_auto_slice_takes_1_ms_for_spinning_ranks_queued_behind_each_other_and_not_for_ep() {
+    // Four single-vCPU DomUs spinning on two pCPUs: every message waits for a slice
+    // at 30 ms, 1 ms cuts that; EP computes, where 1 ms only adds switches.
+    let mut body = cluster(
+        2,
+        &[256, 256, 256, 256],
+        "iterations = 200\nwait = \"spin\"\nphases = [\"compute:1\", \"exchange:ring:1000\"]",
+        120.0,
+    );
+    body.push_str(
+        "[[program]]\nname = \"ep\"\niterations = 1\nwait = \"spin\"\n\
+         phases = [\"compute:2000\", \"allreduce:8\"]\n\
+         [[scenario]]\nname = \"30/10\"\n\
+         [[scenario]]\nname = \"1/1\"\ntslice_ms = 1\ntick_ms = 1\n\
+         [[scenario]]\nname = \"auto\"\nauto_slice = true\n",
+    );
+    let runs = runs(&write("sim-auto-slice.toml", &body));
+    let (long, short, auto) = (
+        time(run(&runs, "p", "30/10")),
+        time(run(&runs, "p", "1/1")),
+        time(run(&runs, "p", "auto")),
+    );
+    assert!(
+        short < 0.2 * long,
+        "the shape where 1 ms wins: {short} vs {long}"
+    );
+    // Auto runs the long slice until three epochs agree, then the short one to the end.
+    let p = run(&runs, "p", "auto");
+    assert_eq!(p["auto_changes"], 1, "{p}");
+    assert!(p["auto_short_share"].as_f64().unwrap() > 0.4, "{p}");
+    assert!(
+        auto < 0.25 * long,
+        "auto {auto} vs 30/10 {long} and 1/1 {short}"
+    );
+    // EP: auto never leaves the long slice, so it takes exactly 30/10's time.
+    let ep = run(&runs, "ep", "auto");
+    assert_eq!(ep["auto_changes"], 0, "{ep}");
+    assert_eq!(time(ep), time(run(&runs, "ep", "30/10")));
+    assert!(run(&runs, "ep", "30/10")["auto_changes"].is_null());
+}

@@ -303,6 +303,102 @@ fn the_node_report_shows_each_parameter_change_and_when() {
     assert!(first > 0.0 && second >= first, "{report}");
 }
 
+/// `kumo ctl sched-credit --tslice-ms auto` turns the auto slice on, a change of
+/// another parameter keeps it (on its long setting), a fixed slice turns it off, and
+/// the node's report carries its record.
+#[test]
+fn the_auto_slice_is_turned_on_and_off_by_ctl_and_reported() {
+    if !kvm_available() {
+        return;
+    }
+    let _one = ONE_NODE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let config = node_file(
+        "auto",
+        "pcpus = [1]
+[scheduler]
+tslice_ms = \"auto\"
+         [[domain]]
+name = \"a\"
+npb = \"ep.S\"
+probe = \"busy:1200\"
+",
+    );
+    let node = spawn_node(&config, "auto.sock");
+    std::thread::sleep(Duration::from_millis(200));
+    let shown = ctl(&node.socket, &["sched-credit"]);
+    assert_eq!(shown["auto_slice"], true, "{shown}");
+    // One vCPU alone: nothing is ever queued, the long setting (Xen's 30 ms) stays.
+    assert_eq!(shown["tslice_ms"], 30.0, "{shown}");
+    let kept = ctl(&node.socket, &["sched-credit", "--directed-yield", "on"]);
+    assert_eq!(
+        (kept["auto_slice"].clone(), kept["directed_yield"].clone()),
+        (true.into(), true.into()),
+        "{kept}"
+    );
+    let fixed = ctl(&node.socket, &["sched-credit", "--tslice-ms", "10"]);
+    assert_eq!(fixed["auto_slice"], false, "{fixed}");
+    assert_eq!(fixed["tslice_ms"], 10.0, "{fixed}");
+    let again = ctl(&node.socket, &["sched-credit", "--tslice-ms", "auto"]);
+    assert_eq!(again["auto_slice"], true, "{again}");
+    assert_eq!(
+        again["tslice_ms"], 10.0,
+        "its long setting is now 10 ms: {again}"
+    );
+    let lines = node.finish();
+    let report = lines.last().unwrap();
+    let auto = &report["auto_slice"];
+    assert_eq!(auto["setting"], "long", "{report}");
+    assert!(auto["epochs"].as_u64().unwrap() >= 1, "{report}");
+    assert_eq!(auto["short_epochs"], 0, "{report}");
+    let (ticks, queued) = (auto["ticks"].as_u64(), auto["queued_ticks"].as_u64());
+    assert!(queued.unwrap() * 2 < ticks.unwrap(), "{report}");
+    assert_eq!(report["sched"]["auto_slice"], true, "{report}");
+}
+
+/// The shape where 1 ms wins (four spinning single-vCPU ranks on two CPUs, every
+/// message waiting for a slice at 30 ms): the auto slice takes the short setting once,
+/// early, and keeps it; CG verifies. Under CI's `--include-ignored` (a few seconds in
+/// the short setting, twenty if it never took it).
+#[test]
+#[ignore]
+fn the_auto_slice_takes_1_ms_for_four_spinning_ranks_on_two_cpus() {
+    if !kvm_available() {
+        return;
+    }
+    let _one = ONE_NODE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut text = String::from(
+        "pcpus = [0, 1]
+[scheduler]
+tslice_ms = \"auto\"
+tick_ms = 10
+ratelimit_us = 0
+         accounting = \"tick\"
+[network]
+npb = \"cg.W\"
+wait = \"spin\"
+",
+    );
+    for i in 0..4 {
+        text.push_str(&format!("[[domain]]\nname = \"u{i}\"\nmpi = true\n"));
+    }
+    let config = node_file("auto-over", &text);
+    let out = kumo(&["node", "--config", config.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{}", text_of(&out.stderr));
+    let lines = json_lines(&out);
+    let verified = lines
+        .iter()
+        .flat_map(|l| l["results"].as_array().cloned().unwrap_or_default())
+        .filter(|r| r["verified"] == true)
+        .count();
+    assert!(verified >= 1, "{lines:?}");
+    let auto = &lines.last().unwrap()["auto_slice"];
+    assert_eq!(auto["setting"], "short", "{auto}");
+    let changes = auto["changes"].as_array().unwrap();
+    assert_eq!(changes.len(), 1, "{auto}");
+    assert_eq!(changes[0]["tslice_ms"], 1.0, "{auto}");
+    assert!(changes[0]["at_s"].as_f64().unwrap() < 1.0, "{auto}");
+}
+
 #[test]
 fn the_single_vm_form_runs_under_the_credit_scheduler() {
     if !kvm_available() {

@@ -110,7 +110,11 @@ pub fn run_ctl(args: &CtlArgs) -> Result<u8> {
             directed_yield,
         } => {
             let update = SchedUpdate {
-                tslice_ms: *tslice_ms,
+                tslice_ms: match tslice_ms {
+                    Some(Slice::Ms(ms)) => Some(*ms),
+                    _ => None,
+                },
+                auto_slice: matches!(tslice_ms, Some(Slice::Auto)).then_some(true),
                 tick_ms: *tick_ms,
                 ratelimit_us: *ratelimit_us,
                 accounting: accounting.map(Accounting::from),
@@ -229,8 +233,9 @@ pub fn run_ctl(args: &CtlArgs) -> Result<u8> {
     }
     match reply {
         ReplyValue::Sched(p) => crate::outln!(
-            "credit: tslice {:?} ms, tick {:?} ms, ratelimit {} us, accounting {}, directed yield {}",
+            "credit: tslice {:?} ms{}, tick {:?} ms, ratelimit {} us, accounting {}, directed yield {}",
             p.tslice_ms,
+            if p.auto_slice { " (auto)" } else { "" },
             p.tick_ms,
             p.ratelimit_us,
             p.accounting.name(),
@@ -309,13 +314,31 @@ pub struct CtlArgs {
     pub command: CtlCommand,
 }
 
+/// `--tslice-ms`: milliseconds, or auto.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Slice {
+    Ms(f64),
+    Auto,
+}
+
+fn parse_slice(text: &str) -> Result<Slice, String> {
+    if text == "auto" {
+        return Ok(Slice::Auto);
+    }
+    text.parse()
+        .map(Slice::Ms)
+        .map_err(|_| format!("'{text}' is not milliseconds or auto"))
+}
+
 #[derive(Subcommand, Debug)]
 pub enum CtlCommand {
     /// Show the credit scheduler's parameters, or set some of them.
     SchedCredit {
-        /// Time slice in milliseconds.
-        #[arg(long, value_name = "MS")]
-        tslice_ms: Option<f64>,
+        /// Time slice in milliseconds, or auto: the scheduler picks it (S1's 1 ms
+        /// while spinning vCPUs queue behind each other and messages move, else the
+        /// other parameters' long setting).
+        #[arg(long, value_name = "MS|auto", value_parser = parse_slice)]
+        tslice_ms: Option<Slice>,
         /// Accounting tick in milliseconds.
         #[arg(long, value_name = "MS")]
         tick_ms: Option<f64>,
@@ -396,4 +419,18 @@ pub enum DomainCommand {
         #[arg(long, value_name = "C")]
         cap: Option<u32>,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_slice_flag_takes_milliseconds_or_auto() {
+        assert_eq!(parse_slice("auto"), Ok(Slice::Auto));
+        assert_eq!(parse_slice("1"), Ok(Slice::Ms(1.0)));
+        assert_eq!(parse_slice("0.5"), Ok(Slice::Ms(0.5)));
+        let e = parse_slice("fast").unwrap_err();
+        assert!(e.contains("not milliseconds or auto"), "{e}");
+    }
 }

@@ -92,6 +92,7 @@ impl AppState {
                     ratelimit_us: Some(p.ratelimit_us),
                     accounting: Some(p.accounting),
                     directed_yield: Some(p.directed_yield),
+                    auto_slice: None,
                 })
                 .context("the stream's scheduler parameters")
             })

@@ -59,17 +59,9 @@ pub fn run_node(args: &NodeArgs, epoch: Instant) -> Result<u8> {
         .clone()
         .unwrap_or_else(api::default_socket_path);
     let outcome = run(&node, &args.kvm_device, Some(&socket), epoch)?;
-    let (reports, overhead, wall) = (&outcome.reports, outcome.overhead, outcome.wall);
-    print(
-        &node,
-        reports,
-        overhead,
-        wall,
-        outcome.switch,
-        &outcome.changes,
-        args.json,
-    )?;
-    let code = reports
+    print(&node, &outcome, args.json)?;
+    let code = outcome
+        .reports
         .iter()
         .map(|r| r.verdict.exit_code())
         .max()
@@ -87,6 +79,8 @@ pub struct NodeOutcome {
     /// The credit scheduler's parameter changes made while it ran (`kumo ctl
     /// sched-credit`).
     pub changes: Vec<ParamChange>,
+    /// The auto slice's record, if it was on at the end.
+    pub auto_slice: Option<AutoSliceLine>,
 }
 
 /// Creates every domain's VM, runs them together on the node's CPUs under the node's
@@ -295,6 +289,9 @@ pub fn run(
                 threads: dom0.clone(),
             }),
         )?;
+        if node.auto_slice {
+            driver.set_auto(true);
+        }
         Some(Arc::new(driver))
     } else {
         None
@@ -449,6 +446,10 @@ pub fn run(
         .map(|d| d.param_changes())
         .unwrap_or_default();
     let driver_stats = driver.as_ref().map(|d| d.stats());
+    let auto_slice = driver
+        .as_ref()
+        .and_then(|d| d.auto_slice())
+        .map(|a| AutoSliceLine::of(&a, node.pcpus.len() as u32));
     // Where each domain was sent, if it was (a migration sets it before it starts).
     let sent_to: Vec<Option<String>> = node
         .domains
@@ -558,6 +559,7 @@ pub fn run(
         wall,
         switch,
         changes,
+        auto_slice,
     })
 }
 
@@ -669,6 +671,76 @@ pub struct NodeLine {
     pub credit_driver: Option<hv::credit::DriverStats>,
     pub wall_s: f64,
     pub switch: Option<SwitchLine>,
+    /// What the auto slice chose (`null` unless it was on at the end).
+    pub auto_slice: Option<AutoSliceLine>,
+}
+
+/// The auto slice's record (`sched::auto_slice`): its epochs and every change of
+/// setting with the signals that made it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AutoSliceLine {
+    pub epoch_ms: f64,
+    pub epochs: u64,
+    pub short_epochs: u64,
+    /// "long" or "short", at the end.
+    pub setting: &'static str,
+    pub changes: Vec<AutoSliceChange>,
+    /// The signals over the whole run: credit ticks that found a vCPU running, those
+    /// that found another queued, and wake-ups per pCPU and second.
+    pub ticks: u64,
+    pub queued_ticks: u64,
+    pub wakes_per_pcpu_s: f64,
+    /// Changes beyond the record's bound, not listed.
+    pub unrecorded_changes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AutoSliceChange {
+    /// Seconds since the scheduler started.
+    pub at_s: f64,
+    pub setting: &'static str,
+    pub tslice_ms: f64,
+    pub tick_ms: f64,
+    pub ratelimit_us: u64,
+    /// The deciding epoch's signals: credit ticks that found a vCPU running, those
+    /// that found another queued, and wake-ups.
+    pub ticks: u64,
+    pub queued_ticks: u64,
+    pub wakes_per_pcpu_s: f64,
+}
+
+impl AutoSliceLine {
+    pub fn of(auto: &sched::auto_slice::AutoSlice, pcpus: u32) -> AutoSliceLine {
+        let (epochs, short_epochs) = auto.epochs();
+        let total = auto.total();
+        AutoSliceLine {
+            ticks: total.ticks,
+            queued_ticks: total.queued,
+            wakes_per_pcpu_s: total.wakes_per_pcpu_s(pcpus),
+            epoch_ms: sched::auto_slice::EPOCH_NS as f64 / 1e6,
+            epochs,
+            short_epochs,
+            setting: auto.setting().name(),
+            changes: auto
+                .changes()
+                .iter()
+                .map(|c| {
+                    let p = sched_params::view(c.params);
+                    AutoSliceChange {
+                        at_s: c.at_ns as f64 / 1e9,
+                        setting: c.setting.name(),
+                        tslice_ms: p.tslice_ms,
+                        tick_ms: p.tick_ms,
+                        ratelimit_us: p.ratelimit_us,
+                        ticks: c.signals.ticks,
+                        queued_ticks: c.signals.queued,
+                        wakes_per_pcpu_s: c.signals.wakes_per_pcpu_s(pcpus),
+                    }
+                })
+                .collect(),
+            unrecorded_changes: auto.dropped(),
+        }
+    }
 }
 
 /// A line of `kumo node --json`.
@@ -680,14 +752,9 @@ pub enum NodeJsonLine {
 }
 
 /// One JSON object per domain, then the node's line.
-pub fn json_lines(
-    node: &Node,
-    reports: &[DomainReport],
-    overhead: Overhead,
-    wall: Duration,
-    switch: Option<SwitchStats>,
-    changes: &[ParamChange],
-) -> Vec<NodeJsonLine> {
+pub fn json_lines(node: &Node, outcome: &NodeOutcome) -> Vec<NodeJsonLine> {
+    let (reports, overhead, wall) = (&outcome.reports, outcome.overhead, outcome.wall);
+    let (switch, changes) = (outcome.switch, &outcome.changes);
     let mut lines: Vec<NodeJsonLine> = reports
         .iter()
         .map(|r| {
@@ -734,7 +801,10 @@ pub fn json_lines(
         node: true,
         pcpus: node.pcpus.clone(),
         scheduler: if credit { "credit" } else { "host" },
-        sched: credit.then(|| sched_params::view(changes.last().map_or(node.params, |c| c.params))),
+        sched: credit.then(|| SchedParams {
+            auto_slice: outcome.auto_slice.is_some(),
+            ..sched_params::view(changes.last().map_or(node.params, |c| c.params))
+        }),
         sched_initial: credit.then(|| sched_params::view(node.params)),
         sched_changes: changes
             .iter()
@@ -756,21 +826,15 @@ pub fn json_lines(
             held: s.held,
             spoofed: s.spoofed,
         }),
+        auto_slice: outcome.auto_slice.clone(),
     })));
     lines
 }
 
-fn print(
-    node: &Node,
-    reports: &[DomainReport],
-    overhead: Overhead,
-    wall: Duration,
-    switch: Option<SwitchStats>,
-    changes: &[ParamChange],
-    json: bool,
-) -> Result<()> {
+fn print(node: &Node, outcome: &NodeOutcome, json: bool) -> Result<()> {
+    let (reports, overhead, wall) = (&outcome.reports, outcome.overhead, outcome.wall);
     if json {
-        for line in json_lines(node, reports, overhead, wall, switch, changes) {
+        for line in json_lines(node, outcome) {
             crate::output::json_line(&line);
         }
         return Ok(());
@@ -845,7 +909,28 @@ fn print(
         overhead.dom0.as_secs_f64(),
         overhead.vmm.as_secs_f64(),
     );
-    for change in changes {
+    if let Some(auto) = &outcome.auto_slice {
+        crate::outln!(
+            "auto slice: {} epochs of {} ms, {} in the short setting; ended {}",
+            auto.epochs,
+            auto.epoch_ms,
+            auto.short_epochs,
+            auto.setting
+        );
+        for c in &auto.changes {
+            crate::outln!(
+                "  {:.3} s: {} (slice {} ms): {} of {} ticks found a vCPU queued, \
+                 {:.0} wake-ups per pCPU and second",
+                c.at_s,
+                c.setting,
+                c.tslice_ms,
+                c.queued_ticks,
+                c.ticks,
+                c.wakes_per_pcpu_s
+            );
+        }
+    }
+    for change in &outcome.changes {
         let p = sched_params::view(change.params);
         crate::outln!(
             "scheduler changed at {:.3} s: slice {} ms, tick {} ms, ratelimit {} us, {:?} accounting, \

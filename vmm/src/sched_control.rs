@@ -57,25 +57,40 @@ impl Controlled for SchedControl {
 impl SchedTarget for SchedControl {
     fn sched_params(&self) -> SchedParams {
         match &self.driver {
-            Some(d) => sched_params::view(d.params()),
+            Some(d) => match d.auto_slice() {
+                Some(_) => SchedParams {
+                    auto_slice: true,
+                    ..sched_params::view(d.params())
+                },
+                None => sched_params::view(d.params()),
+            },
             None => SchedParams {
                 tslice_ms: 0.0,
                 tick_ms: 0.0,
                 ratelimit_us: 0,
                 accounting: crate::spec::control::Accounting::Exact,
                 directed_yield: false,
+                auto_slice: false,
             },
         }
     }
 
     fn set_sched_params(&self, update: SchedUpdate) -> Result<SchedParams, Refused> {
         let driver = self.driver()?;
-        let params = sched_params::apply(driver.params(), update)
-            .map_err(|e| Refused::bad(e.to_string()))?;
+        // Under auto the update changes its long setting.
+        let auto = driver.auto_slice();
+        let base = auto.as_ref().map_or_else(|| driver.params(), |a| a.long());
+        let params = sched_params::apply(base, update).map_err(|e| Refused::bad(e.to_string()))?;
+        let fixes_slice =
+            update.tslice_ms.is_some() || update.tick_ms.is_some() || update.ratelimit_us.is_some();
+        let auto_on = update.auto_slice.unwrap_or(auto.is_some() && !fixes_slice);
         driver
             .set_params(params)
             .map_err(|e| Refused::bad(e.to_string()))?;
-        Ok(sched_params::view(params))
+        if auto_on {
+            driver.set_auto(true);
+        }
+        Ok(SchedTarget::sched_params(self))
     }
 
     fn domains(&self) -> Vec<DomainInfo> {

@@ -234,6 +234,9 @@ struct ScenarioFile {
     /// Directed yield: a rank waiting for a message BOOSTs the sender's vCPU when it
     /// is a queued sibling in its own domain (`sched::Params::directed_yield`).
     directed_yield: Option<bool>,
+    /// The scheduler picks its slice (`sched::auto_slice`), from the scenario's
+    /// parameters as its long setting.
+    auto_slice: Option<bool>,
     /// Domain 0's weight on every node.
     dom0_weight: Option<u32>,
     /// Overrides every program's way of waiting.
@@ -309,6 +312,9 @@ pub struct Program {
 pub struct Scenario {
     pub name: String,
     pub params: sched::Params,
+    /// The scheduler picks its slice (`sched::auto_slice`); `params` is its long
+    /// setting.
+    pub auto_slice: bool,
     pub wait: Option<Wait>,
     /// Overrides every domain's guest tick.
     pub guest_hz: Option<u32>,
@@ -386,6 +392,7 @@ fn validate(file: SimFile) -> Result<Sim> {
         ratelimit_us: file.scheduler.ratelimit_us,
         accounting: file.scheduler.accounting,
         directed_yield: file.scheduler.directed_yield,
+        auto_slice: None,
     })
     .context("[scheduler]")?;
     let (nodes, ranks) = check_nodes(file.nodes)?;
@@ -660,6 +667,7 @@ fn check_scenarios(
         return Ok(vec![Scenario {
             name: "base".into(),
             params: base,
+            auto_slice: false,
             wait: None,
             guest_hz: None,
             shares: file_shares,
@@ -681,6 +689,7 @@ fn check_scenarios(
                 ratelimit_us: s.ratelimit_us,
                 accounting: s.accounting,
                 directed_yield: s.directed_yield,
+                auto_slice: None,
             },
         )
         .with_context(|| what.clone())?;
@@ -738,6 +747,7 @@ fn check_scenarios(
         scenarios.push(Scenario {
             name: s.name,
             params,
+            auto_slice: s.auto_slice.unwrap_or(false),
             wait: s.wait,
             guest_hz: s.guest_hz,
             shares,

@@ -163,6 +163,9 @@ pub struct Outcome {
     /// Guest ticks delivered and rank switches inside guests, all vCPUs.
     pub guest_ticks: u64,
     pub guest_switches: u64,
+    /// With the auto slice: per node, its epochs, those in the short setting, and its
+    /// changes of setting.
+    pub auto_slice: Option<Vec<(u64, u64, usize)>>,
 }
 
 /// CPU a vCPU (or domain) received, split by what it did with it.
@@ -375,6 +378,7 @@ impl<'a> Model<'a> {
         for (n, node) in sim.nodes.iter().enumerate() {
             let mut sched = Scheduler::new(scenario.params, node.pcpus, 0)
                 .map_err(|e| anyhow!("node '{}': {e}", node.name))?;
+            sched.set_auto(0, scenario.auto_slice);
             let mut local = Vec::new();
             let mut dom0 = Vec::new();
             for (d, domain) in node.domains.iter().enumerate() {
@@ -1231,6 +1235,13 @@ impl<'a> Model<'a> {
                 .sum(),
             guest_ticks: self.guest_ticks,
             guest_switches: self.guest_switches,
+            auto_slice: self.nodes[0].sched.auto().is_some().then(|| {
+                self.nodes
+                    .iter()
+                    .filter_map(|n| n.sched.auto())
+                    .map(|a| (a.epochs().0, a.epochs().1, a.changes().len()))
+                    .collect()
+            }),
         }
     }
 }

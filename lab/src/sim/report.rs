@@ -49,6 +49,12 @@ pub struct Run {
     pub guest_ticks: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub guest_switches: Option<u64>,
+    /// With the auto slice (`auto_slice = true`): the share of its epochs that ran
+    /// the short setting, and its changes of setting, over all nodes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub auto_short_share: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub auto_changes: Option<u64>,
     pub domains: Vec<DomainRow>,
     pub ranks: Vec<RankRow>,
 }
@@ -151,6 +157,20 @@ impl Run {
             directed_boosts: o.directed_boosts,
             guest_ticks: guest.then_some(o.guest_ticks),
             guest_switches: guest.then_some(o.guest_switches),
+            auto_short_share: o.auto_slice.as_ref().map(|nodes| {
+                let (epochs, short) = nodes
+                    .iter()
+                    .fold((0, 0), |(e, s), &(ne, ns, _)| (e + ne, s + ns));
+                if epochs == 0 {
+                    0.0
+                } else {
+                    short as f64 / epochs as f64
+                }
+            }),
+            auto_changes: o
+                .auto_slice
+                .as_ref()
+                .map(|nodes| nodes.iter().map(|&(_, _, c)| c as u64).sum()),
             domains,
             ranks,
         }

@@ -87,6 +87,7 @@ fn fake() -> Arc<Fake> {
             ratelimit_us: 1000,
             accounting: Accounting::Exact,
             directed_yield: false,
+            auto_slice: false,
         }),
         weight: Mutex::new(256),
     })

@@ -19,6 +19,10 @@ pub struct SchedParams {
     /// Directed yield at barriers (`sched::Params::directed_yield`).
     #[serde(default)]
     pub directed_yield: bool,
+    /// The scheduler picks its slice (`sched::auto_slice`); the values above are then
+    /// those in force.
+    #[serde(default)]
+    pub auto_slice: bool,
 }
 
 fn exact() -> Accounting {
@@ -73,6 +77,11 @@ pub struct SchedUpdate {
     pub accounting: Option<Accounting>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub directed_yield: Option<bool>,
+    /// true: the scheduler picks its slice from now on (the other values set its long
+    /// setting); false: fixed again. Left out: a new slice, tick or ratelimit turns it
+    /// off, other changes keep it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_slice: Option<bool>,
 }
 
 /// A change to a domain's weight and/or cap (`PUT /api/v1/domains/{name}`).

@@ -103,7 +103,8 @@ pub struct BackendCost {
 pub struct SchedulerFile {
     /// `credit` (default) or `host` (no kumo scheduler: Linux shares the pCPUs).
     pub kind: Option<String>,
-    pub tslice_ms: Option<f64>,
+    /// Milliseconds, or "auto": the scheduler picks it (`sched::auto_slice`).
+    pub tslice_ms: Option<SliceFile>,
     pub tick_ms: Option<f64>,
     pub ratelimit_us: Option<u64>,
     /// "exact" (default) or "tick" (Xen 3.4).
@@ -116,7 +117,28 @@ pub struct SchedulerFile {
     pub cores_per_module: Option<u32>,
 }
 
+/// `tslice_ms`: a number of milliseconds, or "auto".
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum SliceFile {
+    Ms(f64),
+    Word(String),
+}
+
 impl SchedulerFile {
+    /// The fixed slice the file gives (None: Xen's default, or auto's long setting),
+    /// and whether it asks for the auto slice.
+    pub fn slice(&self) -> Result<(Option<f64>, bool)> {
+        match &self.tslice_ms {
+            None => Ok((None, false)),
+            Some(SliceFile::Ms(ms)) => Ok((Some(*ms), false)),
+            Some(SliceFile::Word(w)) if w == "auto" => Ok((None, true)),
+            Some(SliceFile::Word(w)) => {
+                bail!("[scheduler] tslice_ms = \"{w}\": give milliseconds or \"auto\"")
+            }
+        }
+    }
+
     /// The module topology of `pcpus` host CPUs that `cores_per_module` declares.
     pub fn modules(&self, pcpus: usize) -> Result<Option<sched::Modules>> {
         self.cores_per_module
@@ -324,7 +346,10 @@ pub struct Node {
     pub pcpus: Vec<usize>,
     pub scheduler: SchedulerFile,
     /// The credit scheduler's parameters (Xen's defaults for what the file omits).
+    /// With `auto_slice`, those of its long setting.
     pub params: sched::Params,
+    /// `tslice_ms = "auto"`: the scheduler picks its slice (`sched::auto_slice`).
+    pub auto_slice: bool,
     pub domains: Vec<Domain>,
     pub dom0_weight: u32,
     pub dom0_cost: BackendCost,
@@ -372,12 +397,14 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
     {
         bail!("scheduler.kind '{kind}' is unknown (known: credit, host)");
     }
+    let (tslice_ms, auto_slice) = file.scheduler.slice()?;
     let params = sched_params::from_update(SchedUpdate {
-        tslice_ms: file.scheduler.tslice_ms,
+        tslice_ms,
         tick_ms: file.scheduler.tick_ms,
         ratelimit_us: file.scheduler.ratelimit_us,
         accounting: file.scheduler.accounting,
         directed_yield: file.scheduler.directed_yield,
+        auto_slice: None,
     })
     .context("[scheduler]")?;
     file.scheduler.modules(file.pcpus.len())?;
@@ -654,6 +681,7 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
         pcpus: file.pcpus,
         scheduler: file.scheduler,
         params,
+        auto_slice,
         domains,
         dom0_weight,
         dom0_cost,
@@ -841,6 +869,26 @@ npb = "ep.S"
 
     fn error(text: &str) -> String {
         format!("{:#}", node(text).unwrap_err())
+    }
+
+    #[test]
+    fn the_slice_is_milliseconds_or_auto() {
+        let d = "[[domain]]\nname = \"a\"\nnpb = \"ep.S\"\n";
+        let with = |slice: &str| node(&format!("pcpus = [0]\n[scheduler]\n{slice}\n{d}"));
+        let fixed = with("tslice_ms = 1").unwrap();
+        assert!(!fixed.auto_slice);
+        assert_eq!(fixed.params.tslice_ns, sched::NS_PER_MS);
+        // Auto starts from the rest of the file: Xen's defaults here, a tick given.
+        let auto = with("tslice_ms = \"auto\"").unwrap();
+        assert!(auto.auto_slice);
+        assert_eq!(auto.params, sched::Params::default());
+        let auto = with("tslice_ms = \"auto\"\ntick_ms = 5\naccounting = \"tick\"").unwrap();
+        assert!(auto.auto_slice);
+        assert_eq!(auto.params.tick_ns, 5 * sched::NS_PER_MS);
+        assert_eq!(auto.params.accounting, sched::Accounting::Tick);
+        assert!(!node(TWO).unwrap().auto_slice);
+        let e = format!("{:#}", with("tslice_ms = \"fast\"").unwrap_err());
+        assert!(e.contains("give milliseconds or \"auto\""), "{e}");
     }
 
     #[test]

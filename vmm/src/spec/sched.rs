@@ -65,6 +65,7 @@ pub fn view(p: Params) -> SchedParams {
         ratelimit_us: p.ratelimit_ns / NS_PER_US,
         accounting: p.accounting.into(),
         directed_yield: p.directed_yield,
+        auto_slice: false,
     }
 }
 
@@ -147,6 +148,7 @@ mod tests {
                 ratelimit_us: 1000,
                 accounting: crate::spec::control::Accounting::Exact,
                 directed_yield: false,
+                auto_slice: false,
             }
         );
         // S1's setting: 1 ms slice; the tick follows, the ratelimit no longer fits.
@@ -166,6 +168,7 @@ mod tests {
                 ratelimit_us: 0,
                 accounting: crate::spec::control::Accounting::Exact,
                 directed_yield: false,
+                auto_slice: false,
             }
         );
         // The tick is independent when given.
@@ -177,6 +180,7 @@ mod tests {
                 ratelimit_us: None,
                 accounting: None,
                 directed_yield: None,
+                auto_slice: None,
             },
         )
         .unwrap();
