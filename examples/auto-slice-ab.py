@@ -12,11 +12,12 @@ Shapes:
         ([dom0] frame_cost_us = 300), where 1/1 is slower than 30/10
 Settings: 30/10, 1/1 (slice/tick ms) and auto (its long setting 30/10).
 
-    examples/auto-slice-ab.py KUMO SHAPES BENCHES [ROUNDS]
-    examples/auto-slice-ab.py target/release/kumo s1,over cg.W,ep.A 3
+    examples/auto-slice-ab.py KUMO SHAPES BENCHES [ROUNDS [SVG]]
+    examples/auto-slice-ab.py target/release/kumo s1,over cg.W,ep.A 3 auto.svg
 
 One JSON line a run, then a table of medians: each setting's time, auto over the best
-fixed setting, and the share of auto's epochs in the short setting.
+fixed setting, and the share of auto's epochs in the short setting. SVG: the slice
+auto chose over time in each shape's and benchmark's first auto run.
 """
 import json
 import statistics
@@ -50,7 +51,8 @@ def run(kumo, path):
     out = subprocess.run(
         [kumo, "node", "--config", path, "--json"], capture_output=True, text=True
     )
-    found = {"time": None, "verified": False, "short_share": None, "changes": None}
+    found = {"time": None, "verified": False, "short_share": None, "changes": None,
+             "timeline": None}
     for line in out.stdout.splitlines():
         try:
             item = json.loads(line)
@@ -62,14 +64,54 @@ def run(kumo, path):
         if auto:
             found["short_share"] = auto["short_epochs"] / max(auto["epochs"], 1)
             found["changes"] = len(auto["changes"])
+            # (seconds, slice ms) from the start to the last epoch decided.
+            found["timeline"] = [(0.0, 30.0)] + [
+                (c["at_s"], c["tslice_ms"]) for c in auto["changes"]
+            ] + [(auto["epochs"] * auto["epoch_ms"] / 1e3, None)]
     return found
 
 
+def svg(rows, path):
+    """Each shape's and benchmark's first auto run: its slice over time, a bar per
+    setting (long: grey, 1 ms: blue)."""
+    runs = []
+    for x in rows:
+        key = (x["shape"], x["npb"])
+        if x["setting"] == "auto" and x["timeline"] and key not in [k for k, _ in runs]:
+            runs.append((key, x["timeline"]))
+    if not runs:
+        return
+    end = max(t[-1][0] for _, t in runs) or 1.0
+    left, width, row = 150, 600, 28
+    height = 60 + row * len(runs)
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{left + width + 40}" '
+           f'height="{height}" font-family="sans-serif" font-size="12">',
+           f'<text x="10" y="18">The slice the auto slice chose over time '
+           f'(grey: its long setting, 30 ms; blue: 1 ms)</text>']
+    for i, ((shape, npb), timeline) in enumerate(runs):
+        y = 35 + i * row
+        out.append(f'<text x="10" y="{y + 14}">{shape} {npb}</text>')
+        for (t0, ms), (t1, _) in zip(timeline, timeline[1:]):
+            x0, x1 = left + width * t0 / end, left + width * t1 / end
+            color = "#3465a4" if ms is not None and ms <= 1.0 else "#babdb6"
+            out.append(f'<rect x="{x0:.1f}" y="{y}" width="{max(x1 - x0, 0.5):.1f}" '
+                       f'height="18" fill="{color}"/>')
+    axis = 40 + row * len(runs)
+    out.append(f'<line x1="{left}" y1="{axis}" x2="{left + width}" y2="{axis}" stroke="black"/>')
+    for k in range(6):
+        x = left + width * k / 5
+        out.append(f'<text x="{x:.1f}" y="{axis + 14}" text-anchor="middle">'
+                   f'{end * k / 5:.1f} s</text>')
+    out.append("</svg>")
+    with open(path, "w") as f:
+        f.write("\n".join(out) + "\n")
+
+
 def main():
-    if len(sys.argv) not in (4, 5):
+    if len(sys.argv) not in (4, 5, 6):
         sys.exit(__doc__)
     kumo, shapes, benches = sys.argv[1], sys.argv[2].split(","), sys.argv[3].split(",")
-    rounds = int(sys.argv[4]) if len(sys.argv) == 5 else 3
+    rounds = int(sys.argv[4]) if len(sys.argv) >= 5 else 3
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(rounds):
@@ -102,6 +144,8 @@ def main():
             print(f"{shape:5}  {npb:5}  {med['30/10']:9.3f}  {med['1/1']:7.3f}  {med['auto']:8.3f}"
                   f"  {med['auto'] / best:9.3f}  {statistics.median(shares) if shares else float('nan'):16.2f}"
                   f"  {ok}")
+    if len(sys.argv) == 6:
+        svg(rows, sys.argv[5])
 
 
 if __name__ == "__main__":

@@ -104,6 +104,8 @@ pub struct SchedulerFile {
     /// `credit` (default) or `host` (no kumo scheduler: Linux shares the pCPUs).
     pub kind: Option<String>,
     /// Milliseconds, or "auto": the scheduler picks it (`sched::auto_slice`).
+    /// `tslice = "auto"` says the same.
+    #[serde(alias = "tslice")]
     pub tslice_ms: Option<SliceFile>,
     pub tick_ms: Option<f64>,
     pub ratelimit_us: Option<u64>,
@@ -886,6 +888,7 @@ npb = "ep.S"
         assert!(auto.auto_slice);
         assert_eq!(auto.params.tick_ns, 5 * sched::NS_PER_MS);
         assert_eq!(auto.params.accounting, sched::Accounting::Tick);
+        assert!(with("tslice = \"auto\"").unwrap().auto_slice);
         assert!(!node(TWO).unwrap().auto_slice);
         let e = format!("{:#}", with("tslice_ms = \"fast\"").unwrap_err());
         assert!(e.contains("give milliseconds or \"auto\""), "{e}");
