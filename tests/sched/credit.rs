@@ -305,8 +305,10 @@ fn the_node_report_shows_each_parameter_change_and_when() {
 
 /// `kumo ctl sched-credit --tslice-ms auto` turns the auto slice on, a change of
 /// another parameter keeps it (on its long setting), a fixed slice turns it off, and
-/// the node's report carries its record.
+/// the node's report carries its record. Under CI's `--include-ignored` (the default
+/// run keeps its time; the unit and simulator tests cover the controller).
 #[test]
+#[ignore]
 fn the_auto_slice_is_turned_on_and_off_by_ctl_and_reported() {
     if !kvm_available() {
         return;
