@@ -119,6 +119,9 @@ pub struct Scenario {
     /// Run with `--quick` too.
     #[serde(skip)]
     quick: bool,
+    /// The scheduler picks its slice (`tslice_ms = "auto"`, issue 31): the slice and
+    /// tick above are its long setting.
+    pub auto_slice: bool,
 }
 
 const XEN4: &str = "xen4-30/10";
@@ -144,6 +147,7 @@ const fn xen34(
         baseline: XEN34,
         quick,
         dom0: Dom0::Kumo,
+        auto_slice: false,
     }
 }
 
@@ -173,6 +177,36 @@ const fn xen4(name: &'static str, (tslice_ms, tick_ms, ratelimit_us): (f64, f64,
         baseline: XEN4,
         quick: false,
         dom0: Dom0::Kumo,
+        auto_slice: false,
+    }
+}
+
+impl Scenario {
+    /// Its slice in a node file: milliseconds, or "auto".
+    fn slice_toml(&self) -> String {
+        if self.auto_slice {
+            "\"auto\"".into()
+        } else {
+            self.tslice_ms.to_string()
+        }
+    }
+
+    /// Its slice and tick in the table.
+    fn slice_tick(&self) -> String {
+        if self.auto_slice {
+            format!("auto ({}/{} ms)", self.tslice_ms, self.tick_ms)
+        } else {
+            format!("{}/{} ms", self.tslice_ms, self.tick_ms)
+        }
+    }
+}
+
+/// `scenario` with the auto slice, its long setting the scenario's slice and tick.
+/// Not one of S1's settings: the scheduler answering S1's question itself.
+const fn auto_slice(scenario: Scenario) -> Scenario {
+    Scenario {
+        auto_slice: true,
+        ..scenario
     }
 }
 
@@ -192,6 +226,8 @@ pub const SCENARIOS: &[Scenario] = &[
     xen34("xen3.4-30/10-dom0-128", (30.0, 10.0), 128, false),
     xen34("xen3.4-30/10-dom0-512", (30.0, 10.0), 512, false),
     xen34("xen3.4-30/10-dom0-1024", (30.0, 10.0), 1024, false),
+    // Not S1's: the scheduler picks 30/10 or 1/1 itself (`tslice_ms = "auto"`).
+    auto_slice(xen34("xen3.4-auto", (30.0, 10.0), 256, false)),
     xen4(XEN4, (30.0, 10.0, 1000)),
     // A slice not above the ratelimit turns it off, as `xl sched-credit` must.
     xen4("xen4-1/1", (1.0, 1.0, 0)),
@@ -209,6 +245,7 @@ pub const SCENARIOS: &[Scenario] = &[
     loaded("loaded-xen3.4-30/10-dom0-128", (30.0, 10.0), 128, false),
     loaded("loaded-xen3.4-30/10-dom0-512", (30.0, 10.0), 512, false),
     loaded("loaded-xen3.4-30/10-dom0-1024", (30.0, 10.0), 1024, false),
+    auto_slice(loaded("loaded-xen3.4-auto", (30.0, 10.0), 256, false)),
 ];
 
 /// S1's published speed-up (percent over 30/10 ms, domain 0 at 256) of `kernel` under
@@ -388,7 +425,7 @@ pub fn rank_node_toml(
          accounting = \"{}\"\n[dom0]\nweight = {}\n{load}[network]\nnpb = \"{spec}\"\n\
          wait = \"spin\"\n{network_extra}{}",
         cpus_toml(cpus),
-        scenario.tslice_ms,
+        scenario.slice_toml(),
         scenario.tick_ms,
         scenario.ratelimit_us,
         scenario.accounting.name(),
@@ -733,13 +770,14 @@ pub fn sim_toml(
     for s in scenarios {
         text.push_str(&format!(
             "[[scenario]]\nname = \"{}\"\ntslice_ms = {}\ntick_ms = {}\nratelimit_us = {}\n\
-             accounting = \"{}\"\ndom0_weight = {}\n",
+             accounting = \"{}\"\ndom0_weight = {}\nauto_slice = {}\n",
             s.name,
             s.tslice_ms,
             s.tick_ms,
             s.ratelimit_us,
             s.accounting.name(),
-            s.dom0_weight
+            s.dom0_weight,
+            s.auto_slice,
         ));
     }
     text
@@ -1203,7 +1241,7 @@ pub fn text(report: &Report) -> String {
             r.benchmark.clone(),
             s.dom0.name().to_string(),
             s.name.to_string(),
-            format!("{}/{} ms", s.tslice_ms, s.tick_ms),
+            s.slice_tick(),
             format!("{} us", s.ratelimit_us),
             s.accounting.name().to_string(),
             s.dom0_weight.to_string(),
@@ -1478,7 +1516,27 @@ mod tests {
                 Dom0::Loaded => LOADED_FRAME_COST_US,
             };
             assert_eq!(node.dom0_cost.frame_us, cost, "{}", s.name);
+            // The auto slice's node files ask for it, from 30/10 ms; the others do not.
+            assert_eq!(node.auto_slice, s.auto_slice, "{}", s.name);
+            assert_eq!(
+                node.params.tslice_ns,
+                (s.tslice_ms * 1e6) as u64,
+                "{}",
+                s.name
+            );
         }
+        let auto: Vec<&str> = SCENARIOS
+            .iter()
+            .filter(|s| s.auto_slice)
+            .map(|s| s.name)
+            .collect();
+        assert_eq!(auto, ["xen3.4-auto", "loaded-xen3.4-auto"]);
+        assert!(
+            scenarios(true, Dom0Families::Both)
+                .iter()
+                .all(|s| !s.auto_slice)
+        );
+        assert_eq!(paper_pct("xen3.4-auto", Kernel::Cg), None);
     }
 
     #[test]
