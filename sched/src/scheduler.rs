@@ -95,6 +95,8 @@ pub struct Scheduler {
     pub(crate) scratch: Vec<VcpuId>,
     /// Set: picks are module-aware ([`Self::set_modules`]).
     pub(crate) modules: Option<Modules>,
+    /// The host's speed in percent of its pCPUs ([`Self::set_speed_percent`]; 100 = full).
+    pub(crate) speed_percent: u32,
 }
 
 /// The accounting master (Xen `prv->master`, the first pCPU of the pool).
@@ -125,6 +127,7 @@ impl Scheduler {
             next_acct_ns: now.saturating_add(params.tslice_ns),
             scratch: Vec::new(),
             modules: None,
+            speed_percent: 100,
         })
     }
 
@@ -659,6 +662,24 @@ impl Scheduler {
         if !vc.blocked && vc.place == Place::Off {
             self.enqueue_and_tickle(v, t);
         }
+    }
+
+    /// Runs the whole pool at `percent` of its pCPUs' speed, as a slower host: at each
+    /// accounting every active domain's cap becomes at most its weight share of
+    /// `percent x pCPUs` (its own cap still applies if lower), so every domain runs at
+    /// `percent` of the rate it would have on a full-speed pool, however many domains
+    /// share it and as they come and go. 100 turns it off.
+    pub fn set_speed_percent(&mut self, percent: u32) -> Result<(), ParamError> {
+        if !(1..=100).contains(&percent) {
+            return Err(ParamError::Speed(percent));
+        }
+        self.speed_percent = percent;
+        Ok(())
+    }
+
+    /// The pool's speed in percent ([`Self::set_speed_percent`]).
+    pub fn speed_percent(&self) -> u32 {
+        self.speed_percent
     }
 
     // ---- introspection ----
