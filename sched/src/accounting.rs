@@ -74,6 +74,8 @@ impl Scheduler {
             if balance < 0 {
                 peak += div_ceil(-balance * weight * n, weight_total);
             }
+            // A slower host caps every domain at its weight share of the host's speed.
+            let cap = self.speed_capped(cap, weight * n, weight_total);
             let mut cap_per_vcpu = 0;
             if cap != 0 {
                 let credit_cap = div_ceil(cap * cpt, 100);
@@ -121,6 +123,17 @@ impl Scheduler {
         self.scratch = scratch;
     }
 
+    /// A domain's cap under [`Scheduler::set_speed_percent`]: its own `cap` (0 = none)
+    /// or its share `share / total` of `speed% x pCPUs`, whichever is lower (at least 1).
+    fn speed_capped(&self, cap: i128, share: i128, total: i128) -> i128 {
+        if self.speed_percent >= 100 {
+            return cap;
+        }
+        let pool = i128::from(self.speed_percent) * self.pcpus.len() as i128;
+        let slow = (pool * share / total).max(1);
+        if cap == 0 { slow } else { cap.min(slow) }
+    }
+
     /// Credits the active vCPUs of `dom` with `fair` each; returns the sum of
     /// their credit afterwards (Xen's `credit_balance` contribution).
     fn credit_vcpus(
@@ -131,7 +144,8 @@ impl Scheduler {
         t: &mut Tickles,
     ) -> i64 {
         let cpt = self.params.mcredits_per_tslice();
-        let capped = self.domains[dom.0 as usize].cap != 0;
+        // Capped by its own cap or by the pool's speed (cap_per_vcpu > 0 either way).
+        let capped = cap_per_vcpu != 0;
         let mut sum = 0;
         for k in 0..self.domains[dom.0 as usize].vcpus.len() {
             let v = self.domains[dom.0 as usize].vcpus[k];

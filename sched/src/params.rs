@@ -203,4 +203,6 @@ pub enum ParamError {
     Modules { pcpus: u32, cores_per_module: u32 },
     #[error("the module topology describes {given} pCPUs; the scheduler has {pcpus}")]
     ModulesSize { given: u32, pcpus: u32 },
+    #[error("speed_percent = {0}: must be in 1..=100")]
+    Speed(u32),
 }

@@ -98,6 +98,8 @@ pub struct Scheduler {
     pub(crate) modules: Option<Modules>,
     /// Set: the scheduler picks its own slice ([`Self::set_auto`]).
     pub(crate) auto: Option<AutoSlice>,
+    /// The host's speed in percent of its pCPUs ([`Self::set_speed_percent`]; 100 = full).
+    pub(crate) speed_percent: u32,
 }
 
 /// The accounting master (Xen `prv->master`, the first pCPU of the pool).
@@ -129,6 +131,7 @@ impl Scheduler {
             scratch: Vec::new(),
             modules: None,
             auto: None,
+            speed_percent: 100,
         })
     }
 
@@ -711,6 +714,24 @@ impl Scheduler {
         if !vc.blocked && vc.place == Place::Off {
             self.enqueue_and_tickle(v, t);
         }
+    }
+
+    /// Runs the whole pool at `percent` of its pCPUs' speed, as a slower host: at each
+    /// accounting every active domain's cap becomes at most its weight share of
+    /// `percent x pCPUs` (its own cap still applies if lower), so every domain runs at
+    /// `percent` of the rate it would have on a full-speed pool, however many domains
+    /// share it and as they come and go. 100 turns it off.
+    pub fn set_speed_percent(&mut self, percent: u32) -> Result<(), ParamError> {
+        if !(1..=100).contains(&percent) {
+            return Err(ParamError::Speed(percent));
+        }
+        self.speed_percent = percent;
+        Ok(())
+    }
+
+    /// The pool's speed in percent ([`Self::set_speed_percent`]).
+    pub fn speed_percent(&self) -> u32 {
+        self.speed_percent
     }
 
     // ---- introspection ----

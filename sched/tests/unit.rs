@@ -635,3 +635,53 @@ fn tick_accounting_has_no_ratelimit() {
     assert_eq!("tick".parse::<Accounting>(), Ok(Accounting::Tick));
     assert!("xen".parse::<Accounting>().is_err());
 }
+
+/// A half-speed pool (`set_speed_percent(50)`): every domain runs at half the rate it
+/// would have on a full-speed pool, alone or sharing, and as domains arrive. A fixed
+/// per-domain cap of 50 would let two domains sharing the pCPU run 50 % each.
+#[test]
+fn a_half_speed_pool_halves_every_domains_rate_however_many_share_it() {
+    let (mut sim, d) = sim(Params::default(), 1, &[(256, 0), (256, 0)]);
+    sim.scheduler_mut().set_speed_percent(50).unwrap();
+    let a = sim.add_vcpu(d[0], Workload::Busy);
+    // Alone: half the pCPU (a full-speed pool would give it all of it).
+    sim.run_until(6_000 * MS, |_| {});
+    let alone = sim.run_ns(a) as i64;
+    assert!(
+        (alone - 3_000 * MS as i64).abs() <= 60 * MS as i64,
+        "{alone}"
+    );
+    // A second domain arrives: each gets a quarter (half of its full-speed half).
+    let b = sim.add_vcpu(d[1], Workload::Busy);
+    sim.run_until(12_000 * MS, |_| {});
+    let ra = sim.run_ns(a) as i64 - alone;
+    let rb = sim.run_ns(b) as i64;
+    assert!((ra - 1_500 * MS as i64).abs() <= 90 * MS as i64, "{ra}");
+    assert!((rb - 1_500 * MS as i64).abs() <= 90 * MS as i64, "{rb}");
+}
+
+#[test]
+fn a_full_speed_pool_is_uncapped_and_a_speed_out_of_range_is_refused() {
+    let (mut sim, d) = sim(Params::default(), 1, &[(256, 0)]);
+    assert_eq!(sim.scheduler().speed_percent(), 100);
+    let a = sim.add_vcpu(d[0], Workload::Busy);
+    sim.run_until(3_000 * MS, |_| {});
+    assert_eq!(sim.run_ns(a), 3_000 * MS);
+    let s = sim.scheduler_mut();
+    assert_eq!(s.set_speed_percent(0), Err(ParamError::Speed(0)));
+    assert_eq!(s.set_speed_percent(101), Err(ParamError::Speed(101)));
+}
+
+/// The speed share is by weight: at 50 % a domain of weight 512 gets twice the
+/// run time of one of 256, together half the pCPU.
+#[test]
+fn a_slow_pool_shares_its_speed_by_weight() {
+    let (mut sim, d) = sim(Params::default(), 1, &[(512, 0), (256, 0)]);
+    sim.scheduler_mut().set_speed_percent(50).unwrap();
+    let a = sim.add_vcpu(d[0], Workload::Busy);
+    let b = sim.add_vcpu(d[1], Workload::Busy);
+    sim.run_until(9_000 * MS, |_| {});
+    let (ra, rb) = (sim.run_ns(a) as i64, sim.run_ns(b) as i64);
+    assert!((ra - 3_000 * MS as i64).abs() <= 90 * MS as i64, "{ra}");
+    assert!((rb - 1_500 * MS as i64).abs() <= 90 * MS as i64, "{rb}");
+}
