@@ -238,7 +238,8 @@ impl AutoSlice {
         if self.setting == Setting::Short {
             self.short_epochs += 1;
         }
-        if signals.wants(pcpus) == self.setting {
+        let wants = signals.wants(pcpus);
+        if wants == self.setting {
             self.agreeing = 0;
             return None;
         }
@@ -247,7 +248,7 @@ impl AutoSlice {
             return None;
         }
         self.agreeing = 0;
-        self.setting = signals.wants(pcpus);
+        self.setting = wants;
         let params = self.params();
         let change = AutoChange {
             at_ns: now,
