@@ -303,6 +303,7 @@ fn an_incoming_listener_beyond_loopback_needs_a_token() {
 }
 
 #[test]
+#[ignore = "slow (10 s in a debug build): .ci/run runs it with --include-ignored"]
 fn a_client_that_trickles_its_handshake_is_dropped_at_the_handshake_deadline() {
     // It sends one byte, then one more every 20 s whenever it is not dropped: each read
     // of the destination gets a byte within its own timeout, so only a deadline for the
@@ -512,6 +513,7 @@ fn a_corrupted_acknowledgement_is_refused_and_the_source_runs_on() {
 }
 
 #[test]
+#[ignore = "slow (7 s in a debug build): .ci/run runs it with --include-ignored"]
 fn cut_connections_leave_the_source_running_until_a_clean_one_moves_it() {
     if !kvm_available() {
         return;
@@ -676,6 +678,7 @@ fn migrate_irq_guest(path: &str) {
 }
 
 #[test]
+#[ignore = "slow (7 s in a debug build): .ci/run runs it with --include-ignored"]
 fn the_interrupt_test_device_keeps_delivering_after_a_move_on_the_generic_path() {
     if !kvm_available() {
         return;

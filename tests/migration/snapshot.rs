@@ -291,6 +291,7 @@ fn a_vm_with_the_interrupt_test_device_is_snapshotted_mid_run_and_both_copies_de
 /// a restored EP timed the wait too; now kumo tells the guest, at restore, how long it
 /// was away (`kumo_abi::CLOCK_OFFSET`).
 #[test]
+#[ignore = "slow (7 s in a debug build): .ci/run runs it with --include-ignored"]
 fn a_restored_runs_time_leaves_out_the_time_its_snapshot_waited() {
     if !kvm_available() {
         return;

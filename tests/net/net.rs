@@ -287,6 +287,7 @@ fn bad_wire_input_is_refused_in_one_line() {
 }
 
 #[test]
+#[ignore = "slow (8 s in a debug build): .ci/run runs it with --include-ignored"]
 fn a_node_runs_an_mpi_job_under_the_credit_scheduler_with_its_switch_in_domain_0() {
     if kvm_available() {
         let _one = one_job();

@@ -78,6 +78,7 @@ impl Drop for Server {
 }
 
 #[test]
+#[ignore = "slow (11 s in a debug build): .ci/run runs it with --include-ignored"]
 fn cg_and_is_verify_over_the_passthrough_nic_on_both_irq_paths() {
     if !kvm_available() {
         return;
@@ -553,6 +554,7 @@ fn stalling_proxy(
 /// timeout nor `--timeout` ended the run. Now the device fails at the deadline with
 /// one report naming the server and the request it did not answer.
 #[test]
+#[ignore = "slow (11 s in a debug build): .ci/run runs it with --include-ignored"]
 fn a_server_that_stops_answering_fails_the_device_with_one_report() {
     if !kvm_available() {
         return;

@@ -26,6 +26,7 @@ const FIGURES: [&str; 15] = [
 ];
 
 #[test]
+#[ignore = "slow (14 s in a debug build): .ci/run runs it with --include-ignored"]
 fn a_quick_record_has_every_figure_and_compares_with_itself() {
     if !kvm_available() {
         return;
