@@ -420,6 +420,14 @@ impl CreditDriver {
         self.shared.poke();
     }
 
+    /// Runs the pool at `percent` of its pCPUs' speed, as a slower host
+    /// (`sched::Scheduler::set_speed_percent`; 100: full speed).
+    pub fn set_speed_percent(&self, percent: u32) -> Result<(), Error> {
+        let result = self.lock().sched.set_speed_percent(percent);
+        self.shared.poke();
+        result.map_err(|e| Error::Scheduler(e.to_string()))
+    }
+
     /// The auto slice's state and record (None while it is off). Its times are
     /// scheduler times: nanoseconds since the driver started.
     pub fn auto_slice(&self) -> Option<sched::auto_slice::AutoSlice> {

@@ -41,6 +41,7 @@ pub fn run_wake(args: &WakeArgs, epoch: Instant) -> Result<u8> {
             scheduler: SchedulerFile::default(),
             params,
             auto_slice: false,
+            speed_percent: 100,
             domains: vec![
                 domain(
                     "sleeper",

@@ -18,7 +18,7 @@ use hv::placement::ThreadGroup;
 
 use crate::api;
 use crate::args::LimitArgs;
-use crate::node_move::{Movable, NodeControl, Slot};
+use crate::node_move::{Movable, NodeControl, Slot, Watch};
 use crate::protocol::{GuestFields, Probe, WithGuest};
 use crate::report::{self, Verdict};
 use crate::run::{self, GuestRun};
@@ -292,6 +292,11 @@ pub fn run(
         if node.auto_slice {
             driver.set_auto(true);
         }
+        if node.speed_percent < 100 {
+            driver
+                .set_speed_percent(node.speed_percent)
+                .context("[scheduler] speed_percent")?;
+        }
         Some(Arc::new(driver))
     } else {
         None
@@ -303,6 +308,7 @@ pub fn run(
         .iter()
         .map(|_| Arc::new(std::sync::Mutex::new(Vec::new())))
         .collect();
+    let mut watches = Vec::new();
     let slots = node
         .domains
         .iter()
@@ -311,10 +317,14 @@ pub fn run(
         .map(|((d, vm), console)| {
             let slot = match vm {
                 None => Slot::Waiting,
-                Some(vm) => match crate::node_move::app_of(node, d) {
-                    Ok(app) => Slot::Movable(Arc::new(Movable::new(vm, console.clone(), app))),
-                    Err(why) => Slot::Fixed(why),
-                },
+                Some(vm) => {
+                    let watch = Watch::new(vm, console.clone());
+                    watches.push((d.name.clone(), watch.clone()));
+                    match crate::node_move::app_of(node, d) {
+                        Ok(app) => Slot::Movable(Arc::new(Movable::new(vm, watch, app))),
+                        Err(why) => Slot::Fixed(why),
+                    }
+                }
             };
             (d.name.clone(), slot)
         })
@@ -331,6 +341,7 @@ pub fn run(
         ),
         driver.clone(),
         slots,
+        watches,
     ));
     let _server = match socket {
         Some(path) => Some(crate::node_move::serve(
@@ -381,8 +392,9 @@ pub fn run(
                         // not the node's.
                         (None, Some(arrival)) => Ok(
                             match crate::node_move::receive_and_run(destination, domain, arrival) {
-                                Ok(arrived) => Ran::Arrived(Box::new(arrived)),
-                                Err(e) => Ran::NeverArrived(format!("{e:#}")),
+                                Ok(Some(arrived)) => Ran::Arrived(Box::new(arrived)),
+                                Ok(None) => Ran::NeverArrived(None),
+                                Err(e) => Ran::NeverArrived(Some(format!("{e:#}"))),
                             },
                         ),
                         (None, None) => Err(anyhow!("an incoming domain without its listener")),
@@ -502,8 +514,10 @@ pub fn run(
                 (arrived.run, verdict)
             }
             Ran::NeverArrived(error) => {
+                // Not sent before the node stopped: nothing arrived on that address.
+                let arrived_on = arrived_on.filter(|_| error.is_some());
                 reports.push(DomainReport {
-                    verdict: moved_verdict(domain.vcpus, vec![error]),
+                    verdict: moved_verdict(domain.vcpus, error.into_iter().collect()),
                     domain,
                     cpu: Duration::ZERO,
                     cpu_contended: Duration::ZERO,
@@ -564,11 +578,12 @@ pub fn run(
 }
 
 /// How a domain's thread ended: its VM ran here (to its end, or until it moved on),
-/// or arrived by migration and ran here, or never arrived.
+/// or arrived by migration and ran here, or never arrived: why, or None if the node
+/// was told to stop before a source came (a standby left unused is not a failure).
 enum Ran {
     Here(Box<GuestRun>),
     Arrived(Box<crate::node_move::Arrived>),
-    NeverArrived(String),
+    NeverArrived(Option<String>),
 }
 
 /// The verdict on a domain that has no results here: it moved to another node (no
@@ -673,6 +688,8 @@ pub struct NodeLine {
     pub switch: Option<SwitchLine>,
     /// What the auto slice chose (`null` unless it was on at the end).
     pub auto_slice: Option<AutoSliceLine>,
+    /// The pool's speed in percent of its host CPUs (`[scheduler] speed_percent`).
+    pub speed_percent: u32,
 }
 
 /// The auto slice's record (`sched::auto_slice`): its epochs and every change of
@@ -827,6 +844,7 @@ pub fn json_lines(node: &Node, outcome: &NodeOutcome) -> Vec<NodeJsonLine> {
             spoofed: s.spoofed,
         }),
         auto_slice: outcome.auto_slice.clone(),
+        speed_percent: node.speed_percent,
     })));
     lines
 }
@@ -909,6 +927,12 @@ fn print(node: &Node, outcome: &NodeOutcome, json: bool) -> Result<()> {
         overhead.dom0.as_secs_f64(),
         overhead.vmm.as_secs_f64(),
     );
+    if node.speed_percent < 100 {
+        crate::outln!(
+            "the node ran at {} % of its host CPUs' speed (speed_percent)",
+            node.speed_percent
+        );
+    }
     if let Some(auto) = &outcome.auto_slice {
         crate::outln!(
             "auto slice: {} epochs of {} ms, {} in the short setting; ended {}",

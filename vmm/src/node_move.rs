@@ -32,16 +32,64 @@ use crate::migrate::{self, AppState, GUEST_NAME};
 use crate::rank::RankApp;
 use crate::run::{self, GuestRun};
 use crate::sched_control::SchedControl;
-use crate::spec::control::{MigrateRequest, MigrationReply};
+use crate::spec::control::{
+    DomainInfo, DomainProgress, DomainState, MigrateRequest, MigrationReply,
+};
 use crate::spec::job::{NicKind, Wait};
 use crate::spec::node::{Domain, Node};
+
+/// What the node watches of a domain running here: its vCPUs (have they ended?) and
+/// its console so far, kept by its running VM (how many results?).
+#[derive(Clone)]
+pub struct Watch {
+    control: Arc<VcpuControl>,
+    console: Arc<Mutex<Vec<u8>>>,
+}
+
+impl Watch {
+    pub fn new(vm: &Vm, console: Arc<Mutex<Vec<u8>>>) -> Watch {
+        Watch {
+            control: vm.control(),
+            console,
+        }
+    }
+
+    fn console(&self) -> Vec<u8> {
+        self.console
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Its progress; `sent`: a migration of it started (and has not failed).
+    fn progress(&self, sent: bool) -> DomainProgress {
+        let vcpus = self.control.vcpus();
+        let ended = vcpus > 0 && (0..vcpus).all(|v| self.control.has_ended(v));
+        let results = {
+            let console = self.console.lock().unwrap_or_else(|e| e.into_inner());
+            crate::protocol::count_results(&console)
+        };
+        DomainProgress {
+            state: state(ended, sent),
+            results,
+        }
+    }
+}
+
+/// A domain's state from whether its vCPUs ended and whether it was sent away.
+fn state(ended: bool, sent: bool) -> DomainState {
+    match (ended, sent) {
+        (true, true) => DomainState::Moved,
+        (false, true) => DomainState::Moving,
+        (true, false) => DomainState::Ended,
+        (false, false) => DomainState::Running,
+    }
+}
 
 /// A domain of this node that can be sent elsewhere.
 pub struct Movable {
     hub: Arc<Hub>,
-    /// Its console so far, kept by its running VM.
-    console: Arc<Mutex<Vec<u8>>>,
-    control: Arc<VcpuControl>,
+    watch: Watch,
     /// What the stream says of it (the console and what changes filled in at send).
     app: AppState,
     /// Where it is being (or was) sent: set before the send, cleared if it fails.
@@ -50,11 +98,10 @@ pub struct Movable {
 
 impl Movable {
     /// A running domain's VM, with the console its run records into.
-    pub fn new(vm: &Vm, console: Arc<Mutex<Vec<u8>>>, app: AppState) -> Movable {
+    pub fn new(vm: &Vm, watch: Watch, app: AppState) -> Movable {
         Movable {
             hub: vm.migration_hub(),
-            console,
-            control: vm.control(),
+            watch,
             app,
             migrated_to: Mutex::new(None),
         }
@@ -69,15 +116,10 @@ impl Movable {
     }
 
     fn app_json(&self, driver: Option<&CreditDriver>) -> String {
-        let console = self
-            .console
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
         let app = AppState {
-            console,
+            console: self.watch.console(),
             sched: driver.map(|d| crate::spec::sched::view(d.params())),
-            host_cpus_word: self.control.host_cpus().word_gpa(),
+            host_cpus_word: self.watch.control.host_cpus().word_gpa(),
             ..self.app.clone()
         };
         serde_json::to_string(&app).unwrap_or_default()
@@ -161,6 +203,8 @@ pub struct NodeControl {
     sched: SchedControl,
     driver: Option<Arc<CreditDriver>>,
     slots: Mutex<Vec<(String, Slot)>>,
+    /// The domains that run (or ran) here, by name: their progress.
+    watches: Mutex<Vec<(String, Watch)>>,
 }
 
 impl NodeControl {
@@ -168,12 +212,37 @@ impl NodeControl {
         sched: SchedControl,
         driver: Option<Arc<CreditDriver>>,
         slots: Vec<(String, Slot)>,
+        watches: Vec<(String, Watch)>,
     ) -> NodeControl {
         NodeControl {
             sched,
             driver,
             slots: Mutex::new(slots),
+            watches: Mutex::new(watches),
         }
+    }
+
+    /// Watches `name`, which arrived here.
+    fn watch(&self, name: &str, watch: Watch) {
+        let mut watches = self.watches.lock().unwrap_or_else(|e| e.into_inner());
+        watches.retain(|(n, _)| n != name);
+        watches.push((name.to_string(), watch));
+    }
+
+    /// `name`'s progress here, if it runs or ran here.
+    fn progress(&self, name: &str) -> Option<DomainProgress> {
+        let watch = self
+            .watches
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, w)| w.clone())?;
+        let sent = match self.slot(name) {
+            Some(Slot::Movable(m)) => m.migrated_to().is_some(),
+            _ => false,
+        };
+        Some(watch.progress(sent))
     }
 
     fn slots(&self) -> std::sync::MutexGuard<'_, Vec<(String, Slot)>> {
@@ -286,6 +355,13 @@ impl Controlled for NodeControl {
     fn sched(&self) -> &dyn SchedTarget {
         &self.sched
     }
+    fn domains(&self) -> Vec<DomainInfo> {
+        let mut domains = SchedTarget::domains(&self.sched);
+        for info in &mut domains {
+            info.progress = self.progress(&info.domain);
+        }
+        domains
+    }
     fn check_migrate(&self, request: &MigrateRequest) -> Result<(), Refused> {
         self.check_domain_move(request)
     }
@@ -363,9 +439,16 @@ impl Arrived {
 }
 
 /// Waits for `domain`'s VM on `arrival`, receives it, puts it on this node (NICs on
-/// the switch, under the scheduler, movable again) and runs it to its end.
-pub fn receive_and_run(to: &Destination, domain: &Domain, arrival: Arrival) -> Result<Arrived> {
-    wait_for_source(&arrival.listener)?;
+/// the switch, under the scheduler, movable again) and runs it to its end. None: the
+/// node was told to stop before any source came (nothing was sent, nothing is lost).
+pub fn receive_and_run(
+    to: &Destination,
+    domain: &Domain,
+    arrival: Arrival,
+) -> Result<Option<Arrived>> {
+    if !wait_for_source(&arrival.listener)? {
+        return Ok(None);
+    }
     let (mut vm, meta) = migrate::receive_vm_in(
         &arrival.listener,
         arrival.token.as_deref(),
@@ -418,11 +501,13 @@ pub fn receive_and_run(to: &Destination, domain: &Domain, arrival: Arrival) -> R
         None => confine_when_started(control.clone(), to.node.pcpus.clone()),
     }
     let console = Arc::new(Mutex::new(app.console.clone()));
+    let watch = Watch::new(&vm, console.clone());
+    to.control.watch(&domain.name, watch.clone());
     to.control.set_slot(
         &domain.name,
         Slot::Movable(Arc::new(Movable::new(
             &vm,
-            console.clone(),
+            watch,
             AppState {
                 console: Vec::new(),
                 ..app.clone()
@@ -436,14 +521,14 @@ pub fn receive_and_run(to: &Destination, domain: &Domain, arrival: Arrival) -> R
     }
     eprintln!("kumo: domain '{}' arrived", domain.name);
     let run = run::run_collecting_recorded(vm, to.epoch, Some(console), &app.console)?;
-    Ok(Arrived { run, app })
+    Ok(Some(Arrived { run, app }))
 }
 
-/// Waits until a source connects to `listener` (or kumo is told to stop).
-fn wait_for_source(listener: &TcpListener) -> Result<()> {
+/// Waits until a source connects to `listener` (true) or kumo is told to stop (false).
+fn wait_for_source(listener: &TcpListener) -> Result<bool> {
     loop {
-        if let Some(signal) = hv::stop::requested() {
-            bail!("stopped by signal {signal} before its VM arrived");
+        if hv::stop::requested().is_some() {
+            return Ok(false);
         }
         let mut fd = libc::pollfd {
             fd: listener.as_raw_fd(),
@@ -453,7 +538,7 @@ fn wait_for_source(listener: &TcpListener) -> Result<()> {
         // SAFETY: one valid pollfd, for the length given; the listener outlives it.
         let n = unsafe { libc::poll(&mut fd, 1, 100) };
         if n > 0 {
-            return Ok(());
+            return Ok(true);
         }
         if n < 0 {
             let e = std::io::Error::last_os_error();
@@ -532,6 +617,14 @@ mod tests {
     }
 
     #[test]
+    fn a_domain_sent_away_is_moving_until_its_vcpus_end() {
+        assert_eq!(state(false, false), DomainState::Running);
+        assert_eq!(state(false, true), DomainState::Moving);
+        assert_eq!(state(true, true), DomainState::Moved);
+        assert_eq!(state(true, false), DomainState::Ended);
+    }
+
+    #[test]
     fn a_node_refuses_what_it_cannot_move_in_one_line() {
         use crate::api::Refusal;
         let control = NodeControl::new(
@@ -541,6 +634,7 @@ mod tests {
                 ("fixed".into(), Slot::Fixed("it cannot".into())),
                 ("later".into(), Slot::Waiting),
             ],
+            Vec::new(),
         );
         let request = |domain: Option<&str>| MigrateRequest {
             target: "tcp:127.0.0.1:1".into(),

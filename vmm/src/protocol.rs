@@ -148,6 +148,22 @@ pub struct OkLine {
     pub ok: bool,
 }
 
+/// How many benchmark results (`@kumo result`, verified or not) a console holds: a
+/// running guest's progress through its `npb=` list.
+pub fn count_results(console: &[u8]) -> u32 {
+    let results = console
+        .split(|&b| b == b'\n')
+        .filter(|line| line.starts_with(b"@kumo result "))
+        .filter(|line| {
+            matches!(
+                parse_line(&String::from_utf8_lossy(line)),
+                Some(Event::Result(_))
+            )
+        })
+        .count();
+    u32::try_from(results).unwrap_or(u32::MAX)
+}
+
 /// Parses one console line; `None` if it is ordinary guest text.
 pub fn parse_line(line: &str) -> Option<Event> {
     let rest = line.trim_end_matches(['\r', '\n']).strip_prefix(PREFIX)?;
@@ -353,6 +369,20 @@ mod tests {
     fn ordinary_text_is_not_an_event() {
         assert_eq!(parse_line("hello from the guest"), None);
         assert_eq!(parse_line("@kumoboot cpus=1"), None);
+    }
+
+    #[test]
+    fn results_are_counted_only_when_they_parse() {
+        let good = "@kumo result benchmark=ep class=S threads=1 time_s=0.5 mops=1 verified=true";
+        let failed = "@kumo result benchmark=cg class=S threads=1 time_s=0.5 mops=1 verified=false";
+        let console = format!(
+            "booting\n@kumo boot cpus=1 tsc_khz=1\n{good}\r\n{failed}\n\
+             @kumo result class=S time_s=1\n{good}"
+        );
+        // The malformed line (no benchmark) is not progress; an unverified one is.
+        assert_eq!(count_results(console.as_bytes()), 3);
+        assert_eq!(count_results(b""), 0);
+        assert_eq!(count_results(&[0xff, b'\n', 0xfe]), 0);
     }
 
     #[test]

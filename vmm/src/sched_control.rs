@@ -104,6 +104,7 @@ impl SchedTarget for SchedControl {
                     cap: v.cap,
                     vcpus: v.vcpus,
                     cpu_s: v.cpu.as_secs_f64(),
+                    progress: None,
                 })
                 .collect(),
             None => self
@@ -118,6 +119,7 @@ impl SchedTarget for SchedControl {
                         .filter_map(|v| control.cpu_time(v))
                         .sum::<Duration>()
                         .as_secs_f64(),
+                    progress: None,
                 })
                 .collect(),
         }
@@ -178,6 +180,7 @@ impl SchedTarget for SchedControl {
             cap: v.cap,
             vcpus: v.vcpus,
             cpu_s: v.cpu.as_secs_f64(),
+            progress: None,
         })
     }
 

@@ -42,6 +42,7 @@ impl SchedTarget for Fake {
             cap: 0,
             vcpus: 1,
             cpu_s: 0.5,
+            progress: None,
         }]
     }
     fn set_domain(

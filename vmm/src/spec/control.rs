@@ -215,6 +215,32 @@ pub struct DomainInfo {
     pub cap: u32,
     pub vcpus: u32,
     pub cpu_s: f64,
+    /// A node's domain: where it is and how far its guest got (absent for a single
+    /// VM, whose progress its own console shows).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<DomainProgress>,
+}
+
+/// A node's domain's progress, as a balancer reads it (`kumo experiment s5`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DomainProgress {
+    pub state: DomainState,
+    /// Benchmark results its guest has printed so far, wherever it ran (a migration
+    /// carries its console).
+    pub results: u32,
+}
+
+/// Where a node's domain is in its life on this node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DomainState {
+    Running,
+    /// Being sent to another node (it runs on here until the hand-off).
+    Moving,
+    /// Handed off to another node, where it runs on.
+    Moved,
+    /// Its guest ended here.
+    Ended,
 }
 
 /// `PUT /api/v1/vm.migrate`'s body.

@@ -117,6 +117,10 @@ pub struct SchedulerFile {
     /// share a module (a front end and L2, or SMT siblings), and the credit scheduler
     /// picks module-aware (`sched::Scheduler::set_modules`). Absent: no topology.
     pub cores_per_module: Option<u32>,
+    /// The node's speed in percent of its pCPUs (1 to 100, default 100): a slower
+    /// host, every domain capped at its weight share of this fraction of the pool
+    /// (`sched::Scheduler::set_speed_percent`). Needs the credit scheduler.
+    pub speed_percent: Option<u32>,
 }
 
 /// `tslice_ms`: a number of milliseconds, or "auto".
@@ -352,6 +356,8 @@ pub struct Node {
     pub params: sched::Params,
     /// `tslice_ms = "auto"`: the scheduler picks its slice (`sched::auto_slice`).
     pub auto_slice: bool,
+    /// `speed_percent`: the pool runs at this fraction of its pCPUs (100: full).
+    pub speed_percent: u32,
     pub domains: Vec<Domain>,
     pub dom0_weight: u32,
     pub dom0_cost: BackendCost,
@@ -410,6 +416,13 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
     })
     .context("[scheduler]")?;
     file.scheduler.modules(file.pcpus.len())?;
+    let speed_percent = file.scheduler.speed_percent.unwrap_or(100);
+    if !(1..=100).contains(&speed_percent) {
+        bail!("[scheduler] speed_percent = {speed_percent}: give 1 to 100 (percent of the pCPUs)");
+    }
+    if speed_percent < 100 && file.scheduler.kind.as_deref() == Some("host") {
+        bail!("[scheduler] speed_percent needs kumo's credit scheduler (kind = \"host\" has none)");
+    }
     let dom0_weight = file.dom0.weight.unwrap_or(DEFAULT_WEIGHT);
     if !(WEIGHT_RANGE.0..=WEIGHT_RANGE.1).contains(&dom0_weight) {
         bail!(
@@ -684,6 +697,7 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
         scheduler: file.scheduler,
         params,
         auto_slice,
+        speed_percent,
         domains,
         dom0_weight,
         dom0_cost,
@@ -892,6 +906,27 @@ npb = "ep.S"
         assert!(!node(TWO).unwrap().auto_slice);
         let e = format!("{:#}", with("tslice_ms = \"fast\"").unwrap_err());
         assert!(e.contains("give milliseconds or \"auto\""), "{e}");
+    }
+
+    #[test]
+    fn the_speed_is_a_percentage_for_the_credit_scheduler() {
+        let d = "[[domain]]\nname = \"a\"\nnpb = \"ep.S\"\n";
+        let with = |keys: &str| node(&format!("pcpus = [0]\n[scheduler]\n{keys}\n{d}"));
+        assert_eq!(
+            node(TWO).unwrap().speed_percent,
+            100,
+            "full speed by default"
+        );
+        assert_eq!(with("speed_percent = 50").unwrap().speed_percent, 50);
+        for bad in ["speed_percent = 0", "speed_percent = 101"] {
+            let e = format!("{:#}", with(bad).unwrap_err());
+            assert!(e.contains("give 1 to 100"), "{bad}: {e}");
+        }
+        let e = format!(
+            "{:#}",
+            with("kind = \"host\"\nspeed_percent = 50").unwrap_err()
+        );
+        assert!(e.contains("needs kumo's credit scheduler"), "{e}");
     }
 
     #[test]
