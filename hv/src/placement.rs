@@ -265,15 +265,30 @@ impl VcpuControl {
     }
 
     /// Called by vCPU thread `vcpu` before each KVM_RUN: returns at once if its gate
-    /// is open (one atomic load), else waits until it opens or the VM stops.
-    pub(crate) fn pass(&self, vcpu: usize) {
+    /// is open (one atomic load), else waits until it opens, the VM stops, or
+    /// `called_away` holds (checked whenever [`Self::call_away`] wakes the gates): a
+    /// parked vCPU is outside the guest already, and a pause for a migration must not
+    /// wait for the scheduler to let it back in (on a capped host that took up to 1 s).
+    pub(crate) fn pass(&self, vcpu: usize, called_away: impl Fn() -> bool) {
         let gate = &self.slots[vcpu].gate;
         if gate.open.load(Ordering::Acquire) {
             return;
         }
         let mut guard = gate.lock.lock().unwrap_or_else(|e| e.into_inner());
-        while !gate.open.load(Ordering::Acquire) && !self.released.load(Ordering::Acquire) {
+        while !gate.open.load(Ordering::Acquire)
+            && !self.released.load(Ordering::Acquire)
+            && !called_away()
+        {
             guard = gate.opened.wait(guard).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Wakes every vCPU held at its gate to look at its `called_away` condition (set
+    /// it first); the gates stay closed.
+    pub(crate) fn call_away(&self) {
+        for slot in &self.slots {
+            let _guard = slot.gate.lock.lock().unwrap_or_else(|e| e.into_inner());
+            slot.gate.opened.notify_all();
         }
     }
 

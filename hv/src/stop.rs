@@ -67,6 +67,22 @@ impl Drop for Running {
     }
 }
 
+/// Counts a wait that looks at [`requested`] itself (a node's domain waiting for its
+/// VM to arrive) as a running VM while it lives: a signal then asks it to end, and the
+/// node reports what ran, instead of ending the process at once.
+pub struct Waiting {
+    _running: Running,
+}
+
+impl Waiting {
+    pub fn enter() -> Waiting {
+        // It polls `requested` on its own: nothing to wake.
+        Waiting {
+            _running: Running::enter(Box::new(|| {})),
+        }
+    }
+}
+
 /// How often a running VM's coordinator looks at its vCPUs while any of them is idle
 /// (the halt detector's pace: it notices a guest stopped for good within a few polls).
 pub const POLL: Duration = Duration::from_millis(20);

@@ -172,11 +172,18 @@ fn run_loop(index: u32, vcpu: &mut VcpuFd, shared: &Shared) -> VcpuEnd {
         if shared.stop.load(Ordering::SeqCst) {
             return VcpuEnd::Stopped;
         }
-        // Parked by a scheduler: wait outside the guest (not once the VM stops).
-        shared.control.pass(index as usize);
+        // Parked by a scheduler: wait outside the guest (not once the VM stops, nor
+        // when a pause asks for the vCPU's state).
+        shared
+            .control
+            .pass(index as usize, || shared.hub.pause_requested());
         // Paused for a snapshot or migration: saves its state here, on its own thread.
-        if shared.hub.pause_requested() && shared.hub.pause_point(index, vcpu) {
-            return VcpuEnd::Exit(GuestExit::HandedOff);
+        if shared.hub.pause_requested() {
+            if shared.hub.pause_point(index, vcpu) {
+                return VcpuEnd::Exit(GuestExit::HandedOff);
+            }
+            // Resumed: back through the gate (a parked vCPU paused at it).
+            continue;
         }
         if shared.stop.load(Ordering::SeqCst) {
             return VcpuEnd::Stopped;

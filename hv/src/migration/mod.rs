@@ -367,6 +367,8 @@ impl Hub {
         st.saved = (0..self.vcpus).map(|_| None).collect();
         st.stopped = vec![false; self.vcpus];
         self.requested.store(true, Ordering::SeqCst);
+        // vCPUs a scheduler parked are out of the guest: they pause at their gates.
+        self.control.call_away();
         while st.paused < self.vcpus && !st.ending && started.elapsed() < timeout {
             drop(st);
             for v in 0..self.vcpus {

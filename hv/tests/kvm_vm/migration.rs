@@ -116,6 +116,50 @@ fn a_paused_vm_resumes_and_finishes() {
     assert_eq!(&*console.0.lock().unwrap(), b"done\n");
 }
 
+/// A vCPU a scheduler parked is outside the guest already: a pause takes its state at
+/// its gate. Before, the pause waited for the scheduler to unpark it (on S5's capped
+/// host a migration's downtime grew to 1 s); here nothing ever unparks it.
+#[test]
+fn a_parked_vcpu_pauses_without_being_let_back_in() {
+    if !kvm_available() {
+        return;
+    }
+    let vm = hv::builder::build_for_boot(config(2)).unwrap();
+    let hub = vm.migration_hub();
+    let control = vm.control();
+    let memory = vm.memory().clone();
+    let runner = std::thread::spawn(move || vm.run(Box::new(std::io::sink()), Instant::now()));
+    wait_for_count(&memory, 100);
+    control.park(0).unwrap();
+    control.park(1).unwrap();
+    // Both are held once the counter stops moving.
+    let mut last = counter(&memory);
+    loop {
+        std::thread::sleep(Duration::from_millis(5));
+        let now = counter(&memory);
+        if now == last {
+            break;
+        }
+        last = now;
+    }
+    let paused = hub
+        .pause_within(Duration::from_secs(10))
+        .expect("parked vCPUs pause at their gates");
+    assert_eq!(paused.vcpus().len(), 2);
+    drop(paused);
+    // Resumed, they are still parked: the guest has not counted on.
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(
+        counter(&memory),
+        last,
+        "the pause let no parked vCPU into the guest"
+    );
+    control.unpark(0);
+    control.unpark(1);
+    let outcome = runner.join().unwrap().unwrap();
+    assert_eq!(outcome.exit, GuestExit::DebugExit(ITERATIONS));
+}
+
 #[test]
 fn a_snapshot_taken_midway_restores_and_finishes() {
     if !kvm_available() {
@@ -427,22 +471,25 @@ fn a_vcpu_that_cannot_stop_fails_the_pause_and_the_vm_runs_on() {
     }
     let vm = hv::builder::build_for_boot(config(1)).unwrap();
     let hub = vm.migration_hub();
-    let control = vm.control();
     let memory = vm.memory().clone();
-    let runner = std::thread::spawn(move || vm.run(Box::new(std::io::sink()), Instant::now()));
-    wait_for_count(&memory, 100);
-    // Held at a scheduler's gate, the vCPU never reaches its pause point.
-    control.park(0).unwrap();
+    let console = Console::default();
+    let out = console.clone();
+    // Held in its console write (the test holds the console), the vCPU never reaches
+    // its pause point. (A vCPU a scheduler parked pauses at its gate: see
+    // `a_parked_vcpu_pauses_without_being_let_back_in`.)
+    let held = console.0.lock().unwrap();
+    let runner = std::thread::spawn(move || vm.run(Box::new(out), Instant::now()));
+    wait_for_count(&memory, ITERATIONS);
     let err = hub
         .pause_within(Duration::from_millis(100))
         .unwrap_err()
         .to_string();
     assert!(err.contains("vCPU 0 did not stop"), "{err}");
-    control.unpark(0);
-    // The next pause works, and after it the VM still finishes.
-    drop(hub.pause().expect("a second pause"));
+    drop(held);
     assert_eq!(
         runner.join().unwrap().unwrap().exit,
-        GuestExit::DebugExit(ITERATIONS)
+        GuestExit::DebugExit(ITERATIONS),
+        "the VM ran on to its end"
     );
+    assert_eq!(&*console.0.lock().unwrap(), b"done\n");
 }
