@@ -236,6 +236,39 @@ fn migrate_quick_moves_a_domu_of_a_running_mpi_job_to_a_standby_node_under_both_
     let _ = std::fs::remove_dir_all(&out_dir);
 }
 
+#[test]
+#[ignore = "slow (about 25 s): .ci/run runs it with --include-ignored"]
+fn s5_quick_balances_vms_from_the_slow_host_and_loses_no_result() {
+    if !kvm_available() {
+        return;
+    }
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (report, out_dir) = quick_run("s5");
+    assert_eq!(report["experiment"], "s5");
+    assert_eq!(report["simulated"], false);
+    assert_eq!(report["ok"], true, "{report}");
+    let runs = report["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2, "static and balanced, once each: {report}");
+    for run in runs {
+        // Every VM printed every result verified, wherever it ended.
+        assert_eq!(run["verified"], true, "{run}");
+        assert_eq!(run["verified_results"], 6 * 6, "{run}");
+        let moves = run["moves"].as_array().unwrap();
+        if run["placement"] == "static" {
+            assert!(moves.is_empty(), "{run}");
+        } else {
+            // A 2x speed difference: the balancer moves a VM off the slow host.
+            assert!(!moves.is_empty(), "{run}");
+            assert_eq!(moves[0]["from"], "slow", "{run}");
+            assert_eq!(moves[0]["to"], "fast", "{run}");
+        }
+    }
+    assert!(report["speedup"].as_f64().is_some(), "{report}");
+    let svg = std::fs::read_to_string(out_dir.join("s5-timeline.svg")).unwrap();
+    roxmltree::Document::parse(&svg).expect("well-formed SVG");
+    let _ = std::fs::remove_dir_all(&out_dir);
+}
+
 /// S3 is simulated: no KVM, no CPUs taken, a few seconds.
 #[test]
 fn s3_quick_is_simulated_and_writes_its_report_and_figure() {

@@ -228,7 +228,7 @@ pub fn standby_toml(
 }
 
 /// A loopback port free now, for a destination to listen on.
-fn free_port() -> Result<u16> {
+pub(super) fn free_port() -> Result<u16> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
     Ok(listener.local_addr()?.port())
 }
@@ -380,7 +380,7 @@ fn standby_side(
 }
 
 /// One `kumo ctl ... migrate --json`, its reply read into a [`Migration`].
-fn migrate(args: &[String], at_s: f64) -> Result<Migration> {
+pub(super) fn migrate(args: &[String], at_s: f64) -> Result<Migration> {
     let exe = std::env::current_exe().context("finding kumo's own executable")?;
     let mut child = Command::new(exe)
         .args(args)

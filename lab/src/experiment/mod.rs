@@ -12,6 +12,7 @@ pub mod s1;
 pub mod s2;
 pub mod s3;
 pub mod s4;
+pub mod s5;
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -37,6 +38,10 @@ pub const EXPERIMENTS: &[(&str, &str)] = &[
     (
         "s4",
         "a passthrough NIC and its fast interrupt path against an emulated NIC and bare metal",
+    ),
+    (
+        "s5",
+        "VMs on a fast and a half-speed host, static against balanced by live migration from measured progress",
     ),
     (
         "migrate",
@@ -65,6 +70,7 @@ pub fn run_experiment(args: &ExperimentArgs, epoch: Instant) -> Result<u8> {
         "s2" => s2::run(args, epoch),
         "s3" => s3::run(args, epoch),
         "s4" => s4::run(args, epoch),
+        "s5" => s5::run(args, epoch),
         "migrate" => migrate::run(args, epoch),
         other => {
             let known: Vec<&str> = EXPERIMENTS.iter().map(|(name, _)| *name).collect();
@@ -236,7 +242,9 @@ impl Progress {
 pub struct ExperimentArgs {
     /// The experiment: s1 (credit-scheduler slice, tick and domain-0 weight for MPI
     /// ranks that busy-wait), s2 (MPI latency and throughput through passthrough and
-    /// emulated NICs), s3 (SIMULATED: vCPU placement on Bulldozer modules), s4 (a passthrough NIC and its fast interrupt path) or migrate
+    /// emulated NICs), s3 (SIMULATED: vCPU placement on Bulldozer modules), s4 (a
+    /// passthrough NIC and its fast interrupt path), s5 (VMs balanced by live migration
+    /// across a fast and a half-speed host) or migrate
     /// (S1's migration of a VM of a running MPI job, default against tuned slice).
     #[arg(value_name = "NAME")]
     pub name: String,
@@ -245,7 +253,8 @@ pub struct ExperimentArgs {
     /// instead of A, and only Xen 3.4.2's baseline and the settings the paper gives
     /// numbers for (in its loaded domain 0 family on BT, CG and SP only); s2 runs 3
     /// message sizes instead of 6; s3 simulates 8 worker counts instead of 16;
-    /// s4 runs CG and IS at class S; migrate runs CG.W instead of CG.A, and no
+    /// s4 runs CG and IS at class S; s5 gives each VM 6 runs of EP.S instead of 10;
+    /// migrate runs CG.W instead of CG.A, and no
     /// migration and one stop-and-copy one only.
     #[arg(long)]
     pub quick: bool,

@@ -168,6 +168,99 @@ pub fn lines(title: &str, x_desc: &str, y_desc: &str, series: &[Line]) -> Result
     Ok(svg)
 }
 
+/// One row of a [`timeline`]: its label, its bars (start and end in seconds, and the
+/// lane, i.e. the colour, each ran in) and its marks (a moment in seconds each).
+#[derive(Debug, Clone)]
+pub struct TimelineRow {
+    pub label: String,
+    pub bars: Vec<(f64, f64, usize)>,
+    pub marks: Vec<f64>,
+}
+
+/// A Gantt chart on a linear time axis: a row per [`TimelineRow`] (top to bottom),
+/// its bars coloured by lane (named in `lanes`, the legend), its marks as black
+/// ticks.
+pub fn timeline(title: &str, lanes: &[&str], rows: &[TimelineRow]) -> Result<String> {
+    let end = rows
+        .iter()
+        .flat_map(|r| r.bars.iter().map(|b| b.1).chain(r.marks.iter().copied()))
+        .filter(|t| t.is_finite())
+        .fold(1.0, f64::max)
+        * 1.05;
+    let n = rows.len().max(1) as f64;
+    let mut svg = String::new();
+    {
+        let height = (120 + 28 * rows.len()) as u32;
+        let root = SVGBackend::with_string(&mut svg, (760, height.max(240))).into_drawing_area();
+        root.fill(&WHITE).map_err(plot_error)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 16))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(150)
+            .build_cartesian_2d(0f64..end, 0f64..n)
+            .map_err(plot_error)?;
+        chart
+            .configure_mesh()
+            .disable_y_mesh()
+            .x_desc("seconds")
+            .y_labels(rows.len() * 2 + 1)
+            .y_label_formatter(&|y| {
+                // Labels at row centres only; row 0 at the top.
+                let centre = y - y.floor();
+                if (centre - 0.5).abs() < 1e-6 {
+                    let k = rows.len().saturating_sub(1 + y.floor() as usize);
+                    rows.get(k).map(|r| r.label.clone()).unwrap_or_default()
+                } else {
+                    String::new()
+                }
+            })
+            .y_label_style(("sans-serif", 11))
+            .draw()
+            .map_err(plot_error)?;
+        let y_of = |k: usize| n - 1.0 - k as f64;
+        for (lane, (name, &colour)) in lanes.iter().zip(PALETTE.iter().cycle()).enumerate() {
+            let rects: Vec<_> = rows
+                .iter()
+                .enumerate()
+                .flat_map(|(k, row)| {
+                    row.bars
+                        .iter()
+                        .filter(move |b| b.2 == lane && b.0.is_finite() && b.1.is_finite())
+                        .map(move |b| {
+                            let y = y_of(k);
+                            Rectangle::new([(b.0, y + 0.15), (b.1, y + 0.85)], colour.filled())
+                        })
+                })
+                .collect();
+            chart
+                .draw_series(rects)
+                .map_err(plot_error)?
+                .label(*name)
+                .legend(move |(x, y)| {
+                    Rectangle::new([(x, y - 5), (x + 10, y + 5)], colour.filled())
+                });
+        }
+        for (k, row) in rows.iter().enumerate() {
+            let y = y_of(k);
+            chart
+                .draw_series(row.marks.iter().filter(|t| t.is_finite()).map(|&t| {
+                    PathElement::new([(t, y + 0.05), (t, y + 0.95)], BLACK.stroke_width(2))
+                }))
+                .map_err(plot_error)?;
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .position(SeriesLabelPosition::LowerRight)
+            .draw()
+            .map_err(plot_error)?;
+        root.present().map_err(plot_error)?;
+    }
+    Ok(svg)
+}
+
 fn plot_error<E: std::fmt::Display>(e: E) -> anyhow::Error {
     anyhow!("cannot draw the figure: {e}")
 }
@@ -175,6 +268,38 @@ fn plot_error<E: std::fmt::Display>(e: E) -> anyhow::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_timeline_draws_a_bar_per_segment_and_a_tick_per_mark() {
+        let rows = [
+            TimelineRow {
+                label: "static j0".into(),
+                bars: vec![(0.5, 9.0, 0)],
+                marks: Vec::new(),
+            },
+            TimelineRow {
+                label: "balanced j3".into(),
+                bars: vec![(0.5, 3.0, 1), (3.2, 8.0, 0), (8.0, f64::NAN, 0)],
+                marks: vec![3.0],
+            },
+        ];
+        let svg = timeline("t", &["fast", "slow"], &rows).unwrap();
+        let doc = roxmltree::Document::parse(&svg).expect("well-formed SVG");
+        let text: String = doc
+            .descendants()
+            .filter(|n| n.is_text())
+            .filter_map(|n| n.text())
+            .collect();
+        for word in ["static j0", "balanced j3", "fast", "slow"] {
+            assert!(text.contains(word), "{word} in {text}");
+        }
+        // Three valid bars, two legend swatches, the background and the plot area.
+        let rects = doc
+            .descendants()
+            .filter(|n| n.tag_name().name() == "rect")
+            .count();
+        assert!(rects >= 5, "{rects} rects");
+    }
 
     #[test]
     fn a_line_chart_is_well_formed_svg_with_a_marker_per_valid_point() {

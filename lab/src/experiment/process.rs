@@ -81,6 +81,36 @@ impl Process {
         }
     }
 
+    /// Asks the process to stop (SIGTERM) and waits up to `patience` for it: a problem
+    /// unless it ended with status 0 or by the request (a node then ends the domains
+    /// still waiting for a VM, reports what ran, and exits with 128 + SIGTERM).
+    pub fn stop(&mut self, patience: Duration) -> Option<String> {
+        if let Ok(pid) = libc::pid_t::try_from(self.child.id()) {
+            // SAFETY: kill(2) with our own child's pid (not reaped before the wait
+            // below, so not reused) and a valid signal.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        }
+        let deadline = Instant::now() + patience;
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) if status.success() => return None,
+                Ok(Some(status)) if status.code() == Some(128 + libc::SIGTERM) => return None,
+                Ok(Some(status)) => {
+                    return Some(format!("{} {status}: {}", self.name, self.last_line()));
+                }
+                Ok(None) if Instant::now() >= deadline => {
+                    return Some(format!(
+                        "{} did not stop within {:.1} s",
+                        self.name,
+                        patience.as_secs_f64()
+                    ));
+                }
+                Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+                Err(e) => return Some(format!("{}: {e}", self.name)),
+            }
+        }
+    }
+
     fn last_line(&self) -> String {
         std::fs::read_to_string(&self.stderr)
             .ok()
