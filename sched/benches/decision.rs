@@ -1,4 +1,5 @@
-//! Cost of one scheduling decision, one tick and one accounting pass.
+//! Cost of one scheduling decision, one tick (with the auto slice off and on) and one
+//! accounting pass.
 
 use std::hint::black_box;
 
@@ -42,6 +43,17 @@ fn bench(c: &mut Criterion) {
         });
         g.bench_with_input(BenchmarkId::new("tick", n), &n, |b, _| {
             let (mut s, mut now) = (base.clone(), start);
+            let tick = s.params().tick_ns;
+            b.iter(|| {
+                now += tick;
+                black_box(s.tick(now, PcpuId(1)))
+            });
+        });
+        // The same with the auto slice on: a comparison and a counter per tick, and
+        // an epoch decision every 100 ms of scheduler time.
+        g.bench_with_input(BenchmarkId::new("tick_auto", n), &n, |b, _| {
+            let (mut s, mut now) = (base.clone(), start);
+            s.set_auto(now, true);
             let tick = s.params().tick_ns;
             b.iter(|| {
                 now += tick;

@@ -526,6 +526,7 @@ pub fn receive_and_run(
 
 /// Waits until a source connects to `listener` (true) or kumo is told to stop (false).
 fn wait_for_source(listener: &TcpListener) -> Result<bool> {
+    let _counted = hv::stop::Waiting::enter();
     loop {
         if hv::stop::requested().is_some() {
             return Ok(false);
