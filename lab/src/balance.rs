@@ -19,6 +19,13 @@
 //!   window: a capped (slower) host shows its cap here, whatever its VMs do.
 //! - A host **finishes** when its VMs' remaining work is done at its rate (the VMs of
 //!   one host share it fairly: equal weights).
+//!
+//! The VMs of one MPI job whose ranks spin at their waits ([`Balancer::lockstep`])
+//! progress together, and a spinning rank's CPU time is not its work: the job's
+//! remaining time is its progress left (the guest's steps, `@kumo progress`, of the
+//! slowest VM) at its present pace, and its pace follows its slowest host's CPU per
+//! VM (each host's rate divided among the job's VMs there). A move's prediction is
+//! the remaining time scaled by the pace before over the pace after, plus its cost.
 
 /// What a host reports of one of its VMs at one moment.
 #[derive(Debug, Clone, PartialEq)]
@@ -30,6 +37,18 @@ pub struct Seen {
     pub cpu_s: f64,
     /// Its vCPUs still run here (not ended, not moving or moved away).
     pub running: bool,
+    /// Its list's length or its steps in all (an MPI kernel's timed loop), if the
+    /// host reports it; `results` then counts the same units.
+    pub of: Option<u32>,
+}
+
+/// How the VMs' work relates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Model {
+    /// Independent jobs: each VM's remaining work is its own.
+    Independent,
+    /// One job whose VMs progress together (MPI ranks that spin at their waits).
+    Lockstep,
 }
 
 /// A migration the balancer proposes.
@@ -107,12 +126,15 @@ impl Vm {
 #[derive(Debug, Clone)]
 pub struct Balancer {
     config: Config,
+    model: Model,
     hosts: usize,
     vms: Vec<Vm>,
     /// Per host, its running VMs' total CPU at recent observations: (time, cpu).
     history: Vec<Vec<(f64, f64)>>,
     /// The rate each host showed last while it had running VMs.
     last_rate: Vec<Option<f64>>,
+    /// The job's progress (0 to 1) at recent observations, lockstep only.
+    progress: Vec<(f64, f64)>,
     /// No proposal before this time.
     quiet_until_s: f64,
     /// Measured migration costs, in seconds.
@@ -123,8 +145,28 @@ impl Balancer {
     /// `vms`: each VM's name, its list's length, the host it starts on, and the hosts
     /// it may move to.
     pub fn new(config: Config, hosts: usize, vms: &[(&str, u32, usize, Vec<usize>)]) -> Balancer {
+        Balancer::with_model(config, Model::Independent, hosts, vms)
+    }
+
+    /// The VMs of one job whose ranks spin at their waits (see the module's text);
+    /// their step counts come with their first observation ([`Seen::of`]).
+    pub fn lockstep(config: Config, hosts: usize, vms: &[(&str, usize, Vec<usize>)]) -> Balancer {
+        let vms: Vec<(&str, u32, usize, Vec<usize>)> = vms
+            .iter()
+            .map(|(name, host, may_go)| (*name, 0, *host, may_go.clone()))
+            .collect();
+        Balancer::with_model(config, Model::Lockstep, hosts, &vms)
+    }
+
+    fn with_model(
+        config: Config,
+        model: Model,
+        hosts: usize,
+        vms: &[(&str, u32, usize, Vec<usize>)],
+    ) -> Balancer {
         Balancer {
             config,
+            model,
             hosts,
             vms: vms
                 .iter()
@@ -142,6 +184,7 @@ impl Balancer {
                 .collect(),
             history: vec![Vec::new(); hosts],
             last_rate: vec![None; hosts],
+            progress: Vec::new(),
             quiet_until_s: 0.0,
             costs: Vec::new(),
         }
@@ -158,6 +201,9 @@ impl Balancer {
                 continue;
             }
             vm.cpu_here_s = s.cpu_s.max(0.0);
+            if let Some(of) = s.of.filter(|&of| of > 0) {
+                vm.items = of;
+            }
             if s.results > vm.results {
                 vm.results = s.results.min(vm.items);
                 vm.cpu_at_result_s = vm.cpu_s();
@@ -169,12 +215,10 @@ impl Balancer {
         let here = self.vms.iter().filter(|v| v.host == host);
         let total: f64 = here.clone().map(|v| v.cpu_here_s).sum();
         let running = here.clone().any(|v| v.running);
-        let history = &mut self.history[host];
-        history.push((at_s, total));
-        // Keep one window, plus the observation that opens it.
         let horizon = at_s - self.config.window_s;
-        while history.len() > 2 && history[1].0 <= horizon {
-            history.remove(0);
+        keep_window(&mut self.history[host], (at_s, total), horizon);
+        if let Some(done) = self.job_done() {
+            keep_window(&mut self.progress, (at_s, done), horizon);
         }
         // A host with nothing running keeps the rate it showed last.
         if let Some(rate) = self.measured_rate(host).filter(|&r| running && r > 0.0) {
@@ -191,10 +235,12 @@ impl Balancer {
             v.may_go.retain(|&h| h != to);
             v.running = true;
         }
-        // A VM that left or came changes both hosts' sums: start their windows anew.
+        // A VM that left or came changes both hosts' sums, and the job's pace: start
+        // their windows anew.
         for history in &mut self.history {
             history.clear();
         }
+        self.progress.clear();
         self.costs.push(cost_s.max(0.0));
         self.quiet_until_s = at_s + self.config.settle_s;
     }
@@ -202,10 +248,54 @@ impl Balancer {
     /// The CPU per second `host`'s running VMs received over the window, once the
     /// window is covered.
     fn measured_rate(&self, host: usize) -> Option<f64> {
-        let history = &self.history[host];
-        let (first, last) = (history.first()?, history.last()?);
+        self.slope(&self.history[host])
+    }
+
+    /// How fast `series` rose over the window, once the window is covered.
+    fn slope(&self, series: &[(f64, f64)]) -> Option<f64> {
+        let (first, last) = (series.first()?, series.last()?);
         let span = last.0 - first.0;
         (span >= self.config.window_s * 0.9 && last.1 >= first.1).then(|| (last.1 - first.1) / span)
+    }
+
+    /// A lockstep job's progress (0 to 1): its slowest running VM's steps, once every
+    /// running VM has shown some.
+    fn job_done(&self) -> Option<f64> {
+        if self.model != Model::Lockstep {
+            return None;
+        }
+        let running = self.vms.iter().filter(|v| v.running);
+        running
+            .map(|v| (v.items > 0).then(|| f64::from(v.results) / f64::from(v.items)))
+            .try_fold(1.0f64, |lo, f| f.map(|f| lo.min(f)))
+            .filter(|_| self.vms.iter().any(|v| v.running))
+    }
+
+    /// A lockstep job's remaining time with `moving` placed (None: as it is): its
+    /// progress left at its pace, scaled by its slowest host's CPU per VM.
+    fn job_finish(&self, moving: Option<(usize, usize)>) -> Option<f64> {
+        let rate = self.slope(&self.progress).filter(|&r| r > 0.0)?;
+        let left = (1.0 - self.job_done()?) / rate;
+        let pace = |moving: Option<(usize, usize)>| -> Option<f64> {
+            let mut count = vec![0u32; self.hosts];
+            for (i, vm) in self.vms.iter().enumerate().filter(|(_, v)| v.running) {
+                match moving {
+                    Some((m, to)) if m == i => count[to] += 1,
+                    _ => count[vm.host] += 1,
+                }
+            }
+            (0..self.hosts)
+                .filter(|&h| count[h] > 0)
+                .map(|h| self.last_rate[h].map(|r| r / f64::from(count[h])))
+                .try_fold(f64::INFINITY, |lo, p| p.map(|p| lo.min(p)))
+        };
+        let (now, then) = (pace(None)?, pace(moving)?);
+        let cost = if moving.is_some() {
+            self.expected_cost_s()
+        } else {
+            0.0
+        };
+        (then > 0.0).then(|| left * now / then + cost)
     }
 
     fn work_per_item(&self, vm: &Vm) -> Option<f64> {
@@ -239,6 +329,9 @@ impl Balancer {
     /// placed on `to` (None: as they are). None while a rate or a VM's work is not
     /// known yet.
     fn finishes(&self, moving: Option<(usize, usize)>) -> Option<Vec<f64>> {
+        if self.model == Model::Lockstep {
+            return self.job_finish(moving).map(|t| vec![t]);
+        }
         let mut work = vec![0.0; self.hosts];
         for (i, vm) in self.vms.iter().enumerate().filter(|(_, v)| v.running) {
             let host = match moving {
@@ -293,6 +386,14 @@ impl Balancer {
     }
 }
 
+/// Adds `point` to `series`, keeping the points since `horizon` and the one before.
+fn keep_window(series: &mut Vec<(f64, f64)>, point: (f64, f64), horizon: f64) {
+    series.push(point);
+    while series.len() > 2 && series[1].0 <= horizon {
+        series.remove(0);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -318,6 +419,7 @@ mod tests {
                 results,
                 cpu_s: cpu,
                 running: true,
+                of: None,
             })
             .collect()
     }
@@ -396,6 +498,7 @@ mod tests {
             results: 4,
             cpu_s: 4.0,
             running: false,
+            of: None,
         };
         b.observe(0, 20.0, &[done("j0"), done("j1"), done("j2")]);
         let last = |cpu: f64| {
@@ -404,6 +507,7 @@ mod tests {
                 results: 3,
                 cpu_s: cpu,
                 running: true,
+                of: None,
             };
             vec![j3, done("j4"), done("j5")]
         };
@@ -441,6 +545,7 @@ mod tests {
                     results: 4,
                     cpu_s: 4.0,
                     running: false,
+                    of: None,
                 })
                 .collect()
         };
@@ -456,6 +561,61 @@ mod tests {
         assert_eq!((m.from, m.to), (1, 0));
     }
 
+    /// An MPI job of four spinning ranks, two on each host, the second host at half
+    /// speed: each fast rank gets 0.5 CPU/s, each slow one 0.25, and the job shows
+    /// 1 % of its 100 steps every 0.1 s.
+    fn lockstep_at(b: &mut Balancer, t: f64, with_steps: bool) {
+        let step = |t: f64| (t * 10.0).floor() as u32;
+        for host in 0..2 {
+            let per_rank = if host == 0 { 0.5 } else { 0.25 };
+            let seen: Vec<Seen> = (0..2)
+                .map(|k| Seen {
+                    vm: format!("u{}", host * 2 + k),
+                    results: if with_steps { step(t) } else { 0 },
+                    cpu_s: t * per_rank,
+                    running: true,
+                    of: with_steps.then_some(100),
+                })
+                .collect();
+            b.observe(host, t, &seen);
+        }
+    }
+
+    fn mpi_job() -> Balancer {
+        let vms: Vec<(String, usize, Vec<usize>)> = (0..4)
+            .map(|k| (format!("u{k}"), k / 2, vec![1 - k / 2]))
+            .collect();
+        let vms: Vec<(&str, usize, Vec<usize>)> = vms
+            .iter()
+            .map(|(n, h, g)| (n.as_str(), *h, g.clone()))
+            .collect();
+        Balancer::lockstep(Config::default(), 2, &vms)
+    }
+
+    #[test]
+    fn a_rank_of_a_lockstep_job_moves_to_where_its_pace_is_best() {
+        let mut b = mpi_job();
+        for k in 0..=20 {
+            lockstep_at(&mut b, f64::from(k) * 0.1, true);
+        }
+        let m = b.propose(2.0).expect("a move");
+        assert_eq!((m.from, m.to), (1, 0), "{m:?}");
+        // 80 % left at 10 % a second: 8 s. With three ranks on the fast host the
+        // slowest gets 1/3 instead of 1/4: 8 x 0.75 + 0.3 s for the move.
+        assert!((m.finish_before_s - 8.0).abs() < 0.2, "{m:?}");
+        assert!((m.finish_after_s - 6.3).abs() < 0.2, "{m:?}");
+    }
+
+    #[test]
+    fn a_lockstep_job_waits_for_every_ranks_steps() {
+        let mut b = mpi_job();
+        for k in 0..=20 {
+            lockstep_at(&mut b, f64::from(k) * 0.1, false);
+        }
+        assert_eq!(b.propose(2.0), None, "no steps shown: no prediction");
+        assert_eq!(b.job_done(), None);
+    }
+
     #[test]
     fn a_vm_of_a_stranger_is_ignored() {
         let mut b = two_hosts(4);
@@ -467,6 +627,7 @@ mod tests {
                 results: 9,
                 cpu_s: 9.0,
                 running: true,
+                of: None,
             }],
         );
         assert!(b.vms.iter().all(|v| v.results == 0));

@@ -88,6 +88,7 @@ fn npb(spec: Spec, ranks: usize, group: usize, wait: Wait) -> Vec<Outcome> {
         let mut comm = comm::MpiComm {
             mpi,
             tsc_khz: 1_000_000,
+            progress: comm::Progress::new(|_, _| {}),
         };
         npb::mpi::run(spec, &mut comm, &mut arena)
             .unwrap_or_else(|e| panic!("rank {rank}: {spec}: {e}"))

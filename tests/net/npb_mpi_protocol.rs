@@ -28,6 +28,7 @@ fn run(spec: Spec, ranks: usize, drop_one_in: u64) -> Vec<(Outcome, u64)> {
         let mut comm = comm::MpiComm {
             mpi,
             tsc_khz: 1_000_000,
+            progress: comm::Progress::new(|_, _| {}),
         };
         assert_eq!((comm.rank(), comm.size()), (rank, ranks));
         npb::mpi::run(spec, &mut comm, &mut arena)
@@ -103,4 +104,35 @@ fn is_and_cg_verify_on_a_lossy_wire() {
     // One frame in 40 lost: go-back-N resends underneath the kernels' collectives.
     assert!(assert_verified(spec(Kernel::Is), 2, 40) > 0);
     assert!(assert_verified(spec(Kernel::Cg), 2, 40) > 0);
+}
+
+/// Each rank shows a kernel's timed loop in at most `PROGRESS_STEPS` steps, the last
+/// one its end: what a node reads of an MPI job while it runs (`kumo experiment s5`).
+#[test]
+fn a_kernel_shows_its_progress_to_the_end_in_at_most_twenty_steps() {
+    use std::sync::Mutex;
+    static SHOWN: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
+    let spec = Spec {
+        kernel: Kernel::Cg,
+        class: Class::S,
+    };
+    let heap = npb::mpi::heap_bytes(spec, 1);
+    wire::run_ranks(1, 0, 256 << 10, |_, mpi| {
+        let mut heap_memory = vec![0u64; heap / 8 + 8];
+        // SAFETY: the vector outlives the arena and is this thread's alone.
+        let mut arena =
+            unsafe { Arena::new(heap_memory.as_mut_ptr().cast(), heap_memory.len() * 8) };
+        let mut comm = comm::MpiComm {
+            mpi,
+            tsc_khz: 1_000_000,
+            progress: comm::Progress::new(|done, of| SHOWN.lock().unwrap().push((done, of))),
+        };
+        npb::mpi::run(spec, &mut comm, &mut arena).unwrap()
+    });
+    let shown = SHOWN.lock().unwrap().clone();
+    // CG.S: 15 iterations, each past a twentieth of the loop: all 15 shown.
+    assert_eq!(shown.len(), 15, "{shown:?}");
+    assert!(shown.len() <= comm::PROGRESS_STEPS);
+    assert!(shown.windows(2).all(|w| w[0].0 < w[1].0), "{shown:?}");
+    assert_eq!(shown.last(), Some(&(15, 15)));
 }

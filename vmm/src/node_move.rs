@@ -65,13 +65,11 @@ impl Watch {
     fn progress(&self, sent: bool) -> DomainProgress {
         let vcpus = self.control.vcpus();
         let ended = vcpus > 0 && (0..vcpus).all(|v| self.control.has_ended(v));
-        let results = {
-            let console = self.console.lock().unwrap_or_else(|e| e.into_inner());
-            crate::protocol::count_results(&console)
-        };
+        let console = self.console.lock().unwrap_or_else(|e| e.into_inner());
         DomainProgress {
             state: state(ended, sent),
-            results,
+            results: crate::protocol::count_results(&console),
+            steps: crate::protocol::last_steps(&console),
         }
     }
 }

@@ -8,6 +8,13 @@ use serde::{Deserialize, Serialize};
 
 const PREFIX: &str = "@kumo ";
 
+/// Steps of a kernel's timed loop: `done` of `of`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Steps {
+    pub done: u32,
+    pub of: u32,
+}
+
 /// One benchmark's outcome as the guest reported it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BenchResult {
@@ -37,6 +44,8 @@ pub enum Event {
     End {
         status: u32,
     },
+    /// An MPI kernel's timed loop finished step `done` of `of` (`done <= of`).
+    Progress(Steps),
     /// A measurement workload's summary (`switchprobe`, `wakeprobe`, `irqbench`,
     /// `irqcheck`, and the network's `mpi`, `netcheck`, `pingpong`, `bandwidth`,
     /// `mpistats`, and the guest scheduler's `sched`).
@@ -184,6 +193,7 @@ pub fn parse_line(line: &str) -> Option<Event> {
         "error" => Some(Event::Error { fields }),
         "fault" => Some(Event::Fault { fields }),
         "end" => num(&fields, "status").map(|status| Event::End { status }),
+        "progress" => parse_progress(&fields),
         "switchprobe" | "wakeprobe" | "gapprobe" | "irqbench" | "irqcheck" | "mpi" | "netcheck"
         | "pingpong" | "bandwidth" | "mpistats" | "barrierstats" | "sched" => {
             Some(Event::Measurement {
@@ -198,6 +208,25 @@ pub fn parse_line(line: &str) -> Option<Event> {
 
 fn num<T: std::str::FromStr>(fields: &BTreeMap<String, String>, key: &str) -> Option<T> {
     fields.get(key)?.parse().ok()
+}
+
+fn parse_progress(fields: &BTreeMap<String, String>) -> Option<Event> {
+    let steps = Steps {
+        done: num(fields, "done")?,
+        of: num(fields, "of")?,
+    };
+    (steps.of > 0 && steps.done <= steps.of).then_some(Event::Progress(steps))
+}
+
+/// The last progress line a console holds (an MPI kernel's steps so far).
+pub fn last_steps(console: &[u8]) -> Option<Steps> {
+    console
+        .rsplit(|&b| b == b'\n')
+        .filter(|line| line.starts_with(b"@kumo progress "))
+        .find_map(|line| match parse_line(&String::from_utf8_lossy(line)) {
+            Some(Event::Progress(steps)) => Some(steps),
+            _ => None,
+        })
 }
 
 fn parse_boot(fields: &BTreeMap<String, String>) -> Option<Event> {
@@ -369,6 +398,29 @@ mod tests {
     fn ordinary_text_is_not_an_event() {
         assert_eq!(parse_line("hello from the guest"), None);
         assert_eq!(parse_line("@kumoboot cpus=1"), None);
+    }
+
+    #[test]
+    fn progress_lines_parse_and_the_last_one_counts() {
+        assert_eq!(
+            parse_line("@kumo progress done=3 of=20\r"),
+            Some(Event::Progress(Steps { done: 3, of: 20 }))
+        );
+        for bad in [
+            "@kumo progress done=21 of=20",
+            "@kumo progress done=1 of=0",
+            "@kumo progress done=x of=2",
+            "@kumo progress of=2",
+        ] {
+            assert!(
+                matches!(parse_line(bad), Some(Event::Malformed(_))),
+                "{bad}"
+            );
+        }
+        let console = b"@kumo progress done=1 of=4\n@kumo progress done=2 of=4\n\
+                        @kumo progress done=9 of=4\ntext\n";
+        assert_eq!(last_steps(console), Some(Steps { done: 2, of: 4 }));
+        assert_eq!(last_steps(b"nothing\n"), None);
     }
 
     #[test]

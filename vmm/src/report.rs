@@ -150,8 +150,9 @@ pub fn judge(
             }
             Event::End { status } => end_status = Some(*status),
             Event::Malformed(line) => problems.push(format!("malformed guest line: {line:?}")),
-            // Probe results: reported by whoever asked for the probe.
-            Event::Measurement { .. } => {}
+            // Probe results: reported by whoever asked for the probe; progress: read
+            // while the guest runs (a node's domain list).
+            Event::Measurement { .. } | Event::Progress(_) => {}
         }
     }
     let rows = match_rows(specs, threads, results, &mut problems);

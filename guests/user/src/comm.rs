@@ -9,7 +9,26 @@ pub struct MpiComm<'a, L: Link> {
     pub mpi: &'a mut Mpi<L>,
     /// Clock ticks per millisecond (the link's clock is the TSC).
     pub tsc_khz: u64,
+    pub progress: Progress,
 }
+
+/// Where a kernel's progress goes (the guest: an `@kumo progress` line, which a
+/// host's balancer reads; `kumo experiment s5`), and how much was shown.
+pub struct Progress {
+    pub show: fn(done: usize, of: usize),
+    /// The last step shown, in [`PROGRESS_STEPS`]ths of the timed loop.
+    shown: usize,
+}
+
+impl Progress {
+    pub fn new(show: fn(done: usize, of: usize)) -> Progress {
+        Progress { show, shown: 0 }
+    }
+}
+
+/// Steps of progress a rank shows over a kernel's timed loop: each line is a trap
+/// (ring 0, emulated on kvm_pvm hosts), so a 400-step SP shows 20 of them.
+pub const PROGRESS_STEPS: usize = 20;
 
 fn error(e: mpi::Error) -> Error {
     Error(e.name())
@@ -49,6 +68,16 @@ impl<L: Link> Comm for MpiComm<'_, L> {
 
     fn barrier(&mut self) -> Result<(), Error> {
         self.mpi.barrier().map_err(error)
+    }
+
+    /// Shown in twentieths: an MPI job's one result comes at its end, and a balancer
+    /// wants to see it move.
+    fn progress(&mut self, done: usize, of: usize) {
+        let step = done.saturating_mul(PROGRESS_STEPS) / of.max(1);
+        if step > self.progress.shown {
+            self.progress.shown = step;
+            (self.progress.show)(done, of);
+        }
     }
 
     fn send(&mut self, dst: usize, tag: u32, data: &[u8]) -> Result<(), Error> {

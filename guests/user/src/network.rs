@@ -15,7 +15,7 @@ use kumo_abi::net::{MAX_ITEMS, MAX_MESSAGE as MAX_PINGPONG, MAX_SIZES};
 use npb::Spec;
 use npb::team::Arena;
 
-use crate::comm::MpiComm;
+use crate::comm::{MpiComm, Progress};
 use crate::mpi::{self, Mpi, Op, Request, Shared, Wait};
 use crate::net::{MAX_NICS, Nic};
 use crate::virtio::Bump;
@@ -428,6 +428,7 @@ fn run_npb(
     let mut comm = MpiComm {
         mpi,
         tsc_khz: info.tsc_khz,
+        progress: Progress::new(show_progress),
     };
     let outcome = npb::mpi::run(spec, &mut comm, &mut arena)?;
     if comm.mpi.rank() == 0 {
@@ -448,6 +449,13 @@ fn run_npb(
         line.emit();
     }
     Ok(outcome.verified)
+}
+
+/// `@kumo progress done=K of=N`: a kernel's timed loop so far.
+fn show_progress(done: usize, of: usize) {
+    let mut line = Line::new();
+    let _ = write!(line, "@kumo progress done={done} of={of}");
+    line.emit();
 }
 
 /// `@kumo error what=mpi item=NAME [details]`.

@@ -130,6 +130,8 @@ fn a_parked_vcpu_pauses_without_being_let_back_in() {
     let memory = vm.memory().clone();
     let runner = std::thread::spawn(move || vm.run(Box::new(std::io::sink()), Instant::now()));
     wait_for_count(&memory, 100);
+    // Both vCPU threads exist (the second may start after the first has counted).
+    assert!(control.wait_started(Duration::from_secs(10)));
     control.park(0).unwrap();
     control.park(1).unwrap();
     // Both are held once the counter stops moving.

@@ -57,8 +57,59 @@ pub const HOSTS: [Host; 2] = [
     },
 ];
 
+/// What runs on the two hosts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Workload {
+    /// Six independent 1-vCPU VMs, each a list of EP.S runs, three per host.
+    Jobs,
+    /// One NPB-MPI job of four 1-vCPU rank VMs, two per host, joined by a wire
+    /// between the nodes; the ranks spin at their waits, under 1 ms slices.
+    Mpi,
+}
+
+impl Workload {
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::Jobs => "jobs",
+            Workload::Mpi => "mpi",
+        }
+    }
+
+    /// The VMs' names, and the host each starts on.
+    fn vms(self) -> Vec<(String, usize)> {
+        let (prefix, per_host) = match self {
+            Workload::Jobs => ("j", VMS_PER_HOST),
+            Workload::Mpi => ("u", RANKS_PER_HOST),
+        };
+        (0..HOSTS.len() * per_host)
+            .map(|k| (format!("{prefix}{k}"), k / per_host))
+            .collect()
+    }
+
+    /// The best balance can do, as a speed-up over the even split: the jobs' six
+    /// units of work end at 4 on both hosts' 1.5 units a second instead of at 6 on
+    /// the slow host (1.5x); the MPI job goes at its slowest rank's pace, at best from
+    /// a half CPU shared by two (0.25) to a CPU shared by three (0.33: 1.33x).
+    pub fn ideal_speedup(self) -> f64 {
+        match self {
+            Workload::Jobs => 1.5,
+            Workload::Mpi => 4.0 / 3.0,
+        }
+    }
+}
+
+pub const WORKLOADS: [Workload; 2] = [Workload::Jobs, Workload::Mpi];
+
 const VMS_PER_HOST: usize = 3;
+const RANKS_PER_HOST: usize = 2;
 const BENCHMARK: &str = "ep.S";
+
+/// The MPI job's benchmark: SP, as S1 moved a DomU running SP (class A, W with
+/// `--quick`: at 1 ms slices SP.S lasts 3 s here, too short to measure and move).
+pub fn mpi_benchmark(quick: bool) -> &'static str {
+    if quick { "sp.W" } else { "sp.A" }
+}
 /// The speed-up of balanced over static placement issue 31 asks for.
 pub const TARGET_SPEEDUP: f64 = 1.3;
 const POLL: Duration = Duration::from_millis(100);
@@ -70,13 +121,6 @@ const END_PATIENCE: Duration = Duration::from_secs(30);
 /// Items of each VM's list: `ep.S` takes about 0.3 s of CPU.
 pub fn items(quick: bool) -> u32 {
     if quick { 6 } else { 10 }
-}
-
-/// The VMs' names, and the host each starts on.
-fn vms() -> Vec<(String, usize)> {
-    (0..HOSTS.len() * VMS_PER_HOST)
-        .map(|k| (format!("j{k}"), k / VMS_PER_HOST))
-        .collect()
 }
 
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -124,6 +168,7 @@ pub struct Segment {
 /// One run of one placement.
 #[derive(Debug, Clone, Serialize)]
 pub struct Run {
+    pub workload: Workload,
     pub placement: &'static str,
     pub round: u32,
     /// From the nodes' start to the last VM's end (None unless every VM ended).
@@ -141,6 +186,7 @@ pub struct Run {
 /// A placement's runs summed up.
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
+    pub workload: Workload,
     pub placement: &'static str,
     pub makespan_s: Option<Summary>,
     /// Medians over the runs: migrations per run, and over every migration its time
@@ -151,6 +197,15 @@ pub struct Row {
     pub verified: bool,
 }
 
+/// Static's median makespan over balanced's, for one workload.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Speedup {
+    pub workload: Workload,
+    pub speedup: Option<f64>,
+    /// What perfect balance would give ([`Workload::ideal_speedup`]).
+    pub ideal: f64,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     pub experiment: &'static str,
@@ -158,32 +213,84 @@ pub struct Report {
     pub simulated: bool,
     pub quick: bool,
     pub hosts: Vec<Host>,
+    /// The jobs: their VMs, benchmark and list length.
     pub vms: usize,
     pub benchmark: String,
     pub items_per_vm: u32,
+    /// The MPI job: its rank VMs and benchmark.
+    pub mpi_ranks: usize,
+    pub mpi_benchmark: String,
     pub runs_per_placement: u32,
     pub rows: Vec<Row>,
-    /// Static's median makespan over balanced's.
-    pub speedup: Option<f64>,
+    pub speedups: Vec<Speedup>,
+    /// The jobs' speed-up against [`TARGET_SPEEDUP`].
     pub target_speedup: f64,
     pub target_met: bool,
     pub runs: Vec<Run>,
     pub ok: bool,
 }
 
+/// What a node file needs beyond the host: the workload, its size (the jobs' list
+/// length or the MPI job's benchmark), and the MPI job's wire between the nodes.
+#[derive(Clone, Copy)]
+pub struct Shape<'a> {
+    pub workload: Workload,
+    pub items: u32,
+    pub mpi_benchmark: &'a str,
+    pub wire: &'a Path,
+}
+
 /// A host's node file: its CPU and speed, the VMs placed on it, and a domain waiting
-/// (`incoming`) for each of the other host's.
-pub fn node_toml(host: usize, items: u32, incoming: &[(String, String)], token: &Path) -> String {
+/// (`incoming`) for each of the other host's. The MPI job's first host listens for
+/// the wire, the second connects and numbers its ranks on.
+pub fn node_toml(
+    host: usize,
+    shape: &Shape,
+    incoming: &[(String, String)],
+    token: &Path,
+) -> String {
     let h = HOSTS[host];
-    let list = vec![BENCHMARK; items as usize].join(",");
     let mut text = format!(
         "pcpus = [{}]\n[scheduler]\nspeed_percent = {}\n",
         h.cpu, h.speed_percent
     );
-    for (name, _) in vms().iter().filter(|(_, home)| *home == host) {
-        text.push_str(&format!(
-            "[[domain]]\nname = \"{name}\"\nnpb = \"{list}\"\n"
-        ));
+    let here: Vec<String> = shape
+        .workload
+        .vms()
+        .into_iter()
+        .filter(|(_, home)| *home == host)
+        .map(|(name, _)| name)
+        .collect();
+    match shape.workload {
+        Workload::Jobs => {
+            let list = vec![BENCHMARK; shape.items as usize].join(",");
+            for name in &here {
+                text.push_str(&format!(
+                    "[[domain]]\nname = \"{name}\"\nnpb = \"{list}\"\n"
+                ));
+            }
+        }
+        Workload::Mpi => {
+            let wire = match host {
+                0 => format!("listen:unix:{}", shape.wire.display()),
+                _ => format!("unix:{}", shape.wire.display()),
+            };
+            // S1's tuned slice: a rank spinning at a wait hands its CPU over within a
+            // millisecond, so the job's pace follows each host's CPU per rank (at
+            // 30 ms SP.S took 57 s here, its pace set by slices, not by CPU).
+            text.push_str("tslice_ms = 1\ntick_ms = 1\nratelimit_us = 0\n");
+            text.push_str(&format!(
+                "[network]\nnpb = \"{}\"\nwait = \"spin\"\njob_size = {}\nfirst_rank = {}\n\
+                 wire = \"{wire}\"\nwire_wait_s = {}\n",
+                shape.mpi_benchmark,
+                HOSTS.len() * RANKS_PER_HOST,
+                host * RANKS_PER_HOST,
+                START_PATIENCE.as_secs()
+            ));
+            for name in &here {
+                text.push_str(&format!("[[domain]]\nname = \"{name}\"\nmpi = true\n"));
+            }
+        }
     }
     for (name, address) in incoming {
         text.push_str(&format!(
@@ -236,7 +343,7 @@ fn wait_for_sockets(sockets: &[PathBuf]) -> Result<()> {
 }
 
 /// One run: both nodes, the VMs followed (and, balanced, moved) to their end.
-fn one_run(placement: Placement, items: u32, round: u32) -> Result<Run> {
+fn one_run(shape: &Shape, placement: Placement, round: u32) -> Result<Run> {
     let dir = RunDir::new()?;
     let token = dir.0.join("token");
     std::fs::write(
@@ -244,7 +351,7 @@ fn one_run(placement: Placement, items: u32, round: u32) -> Result<Run> {
         format!("kumo-s5-{}-{:?}", std::process::id(), Instant::now()),
     )?;
     let mut tracks = Vec::new();
-    for (name, home) in vms() {
+    for (name, home) in shape.workload.vms() {
         let mut addresses = vec![None; HOSTS.len()];
         for (h, address) in addresses.iter_mut().enumerate() {
             if h != home {
@@ -275,7 +382,12 @@ fn one_run(placement: Placement, items: u32, round: u32) -> Result<Run> {
             .filter_map(|t| Some((t.name.clone(), t.addresses[h].clone()?)))
             .collect();
         let config = dir.0.join(format!("{}.toml", host.name));
-        std::fs::write(&config, node_toml(h, items, &incoming, &token))?;
+        let wire = dir.0.join("wire");
+        let shape = Shape {
+            wire: &wire,
+            ..*shape
+        };
+        std::fs::write(&config, node_toml(h, &shape, &incoming, &token))?;
         let args: Vec<String> = [
             "node",
             "--config",
@@ -299,14 +411,27 @@ fn one_run(placement: Placement, items: u32, round: u32) -> Result<Run> {
     let mut problems = Vec::new();
     let mut moves = Vec::new();
     let mut segments = Vec::new();
-    let plan: Vec<(&str, u32, usize, Vec<usize>)> = tracks
-        .iter()
-        .map(|t| {
-            let may_go = (0..HOSTS.len()).filter(|&h| h != t.host).collect();
-            (t.name.as_str(), items, t.host, may_go)
-        })
-        .collect();
-    let mut balancer = Balancer::new(Config::default(), HOSTS.len(), &plan);
+    let may_go = |t: &Track| {
+        (0..HOSTS.len())
+            .filter(|&h| h != t.host)
+            .collect::<Vec<_>>()
+    };
+    let mut balancer = match shape.workload {
+        Workload::Jobs => {
+            let plan: Vec<(&str, u32, usize, Vec<usize>)> = tracks
+                .iter()
+                .map(|t| (t.name.as_str(), shape.items, t.host, may_go(t)))
+                .collect();
+            Balancer::new(Config::default(), HOSTS.len(), &plan)
+        }
+        Workload::Mpi => {
+            let plan: Vec<(&str, usize, Vec<usize>)> = tracks
+                .iter()
+                .map(|t| (t.name.as_str(), t.host, may_go(t)))
+                .collect();
+            Balancer::lockstep(Config::default(), HOSTS.len(), &plan)
+        }
+    };
     let mut balancing = placement.balanced;
     let mut end = None;
     while end.is_none() {
@@ -344,11 +469,18 @@ fn one_run(placement: Placement, items: u32, round: u32) -> Result<Run> {
                         });
                     }
                 }
+                // The jobs count results; the MPI job's ranks their kernel's steps.
+                let (done, of) = match (shape.workload, progress.steps) {
+                    (Workload::Jobs, _) => (progress.results, None),
+                    (Workload::Mpi, Some(steps)) => (steps.done, Some(steps.of)),
+                    (Workload::Mpi, None) => (0, None),
+                };
                 seen.push(Seen {
                     vm: d.domain,
-                    results: progress.results,
+                    results: done,
                     cpu_s: d.cpu_s,
                     running,
+                    of,
                 });
             }
             balancer.observe(h, now, &seen);
@@ -427,9 +559,14 @@ fn one_run(placement: Placement, items: u32, round: u32) -> Result<Run> {
     }
     let (verified_results, reported) = tally(&outs, &tracks);
     problems.extend(reported);
-    let expected_results = items * tracks.len() as u32;
+    // The MPI job's one result is rank 0's.
+    let expected_results = match shape.workload {
+        Workload::Jobs => shape.items * tracks.len() as u32,
+        Workload::Mpi => 1,
+    };
     let verified = end.is_some() && verified_results == expected_results && problems.is_empty();
     Ok(Run {
+        workload: shape.workload,
         placement: placement.name,
         round,
         makespan_s: end,
@@ -481,15 +618,22 @@ fn tally(outs: &[PathBuf], tracks: &[Track]) -> (u32, Vec<String>) {
 }
 
 pub fn rows(runs: &[Run]) -> Vec<Row> {
-    PLACEMENTS
+    let pairs = WORKLOADS
         .iter()
-        .map(|p| {
-            let of: Vec<&Run> = runs.iter().filter(|r| r.placement == p.name).collect();
+        .flat_map(|&w| PLACEMENTS.iter().map(move |p| (w, p)));
+    pairs
+        .filter(|(w, _)| runs.iter().any(|r| r.workload == *w))
+        .map(|(workload, p)| {
+            let of: Vec<&Run> = runs
+                .iter()
+                .filter(|r| r.workload == workload && r.placement == p.name)
+                .collect();
             let spans: Vec<f64> = of.iter().filter_map(|r| r.makespan_s).collect();
             let counts: Vec<f64> = of.iter().map(|r| r.moves.len() as f64).collect();
             let all: Vec<&Move> = of.iter().flat_map(|r| r.moves.iter()).collect();
             let median = |v: Vec<f64>| Summary::of(&v).map(|s| s.median);
             Row {
+                workload,
                 placement: p.name,
                 makespan_s: Summary::of(&spans),
                 moves: median(counts),
@@ -501,11 +645,11 @@ pub fn rows(runs: &[Run]) -> Vec<Row> {
         .collect()
 }
 
-/// Static's median makespan over balanced's.
-pub fn speedup(rows: &[Row]) -> Option<f64> {
+/// Static's median makespan over balanced's, for `workload`.
+pub fn speedup(rows: &[Row], workload: Workload) -> Option<f64> {
     let span = |name: &str| {
         rows.iter()
-            .find(|r| r.placement == name)
+            .find(|r| r.workload == workload && r.placement == name)
             .and_then(|r| r.makespan_s)
             .map(|s| s.median)
     };
@@ -517,40 +661,65 @@ pub fn run(args: &ExperimentArgs, _epoch: Instant) -> Result<u8> {
         bail!("s5 needs two host CPUs (one per host)");
     }
     let items = items(args.quick);
-    let plan = super::interleaved(PLACEMENTS.len(), args.runs);
+    let mpi = mpi_benchmark(args.quick);
+    let wire = PathBuf::new(); // each run names its own
+    // Every (workload, placement) once per round.
+    let cases: Vec<(Workload, Placement)> = WORKLOADS
+        .iter()
+        .flat_map(|&w| PLACEMENTS.iter().map(move |&p| (w, p)))
+        .collect();
+    let plan = super::interleaved(cases.len(), args.runs);
     let progress = Progress::new(plan.len());
     let mut runs = Vec::new();
     for (round, k) in plan {
         if hv::stop::requested().is_some() {
             break;
         }
+        let (workload, placement) = cases[k];
         progress.step(&format!(
-            "run {} of {}: {}",
+            "run {} of {}: {} {}",
             round + 1,
             args.runs,
-            PLACEMENTS[k].name
+            workload.name(),
+            placement.name
         ));
-        runs.push(one_run(PLACEMENTS[k], items, round)?);
+        let shape = Shape {
+            workload,
+            items,
+            mpi_benchmark: mpi,
+            wire: &wire,
+        };
+        runs.push(one_run(&shape, placement, round)?);
         progress.done_one();
     }
     progress.finish();
     let rows = rows(&runs);
-    let speedup = speedup(&rows);
-    let complete = runs.len() == PLACEMENTS.len() * args.runs as usize;
+    let speedups: Vec<Speedup> = WORKLOADS
+        .iter()
+        .map(|&workload| Speedup {
+            workload,
+            speedup: speedup(&rows, workload),
+            ideal: workload.ideal_speedup(),
+        })
+        .collect();
+    let jobs = speedup(&rows, Workload::Jobs);
+    let complete = runs.len() == cases.len() * args.runs as usize;
     let ok = complete && rows.iter().all(|r| r.verified);
     let report = Report {
         experiment: "s5",
         simulated: false,
         quick: args.quick,
         hosts: HOSTS.to_vec(),
-        vms: vms().len(),
+        vms: Workload::Jobs.vms().len(),
         benchmark: BENCHMARK.into(),
         items_per_vm: items,
+        mpi_ranks: Workload::Mpi.vms().len(),
+        mpi_benchmark: mpi.into(),
         runs_per_placement: args.runs,
         rows,
-        speedup,
+        speedups,
         target_speedup: TARGET_SPEEDUP,
-        target_met: speedup.is_some_and(|s| s >= TARGET_SPEEDUP),
+        target_met: jobs.is_some_and(|s| s >= TARGET_SPEEDUP),
         runs,
         ok,
     };
@@ -560,7 +729,8 @@ pub fn run(args: &ExperimentArgs, _epoch: Instant) -> Result<u8> {
         .filter(|r| !r.verified)
         .map(|r| {
             format!(
-                "{} (run {}) did not verify: {}",
+                "{} {} (run {}) did not verify: {}",
+                r.workload.name(),
                 r.placement,
                 r.round + 1,
                 r.problems.join("; ")
@@ -577,67 +747,72 @@ pub fn run(args: &ExperimentArgs, _epoch: Instant) -> Result<u8> {
     )
 }
 
-/// The last round's static and balanced runs as timelines: a row per VM, coloured by
-/// the host it ran on, a tick at each migration.
+/// The last round's runs as timelines, static and balanced for each workload: a row
+/// per VM, coloured by the host it ran on, a tick at each migration.
 fn figure(report: &Report) -> Result<String> {
     let mut rows = Vec::new();
-    for p in PLACEMENTS {
-        let Some(run) = report.runs.iter().rev().find(|r| r.placement == p.name) else {
-            continue;
-        };
-        for (name, _) in vms() {
-            let lane = |host: &str| HOSTS.iter().position(|h| h.name == host).unwrap_or(0);
-            rows.push(super::plot::TimelineRow {
-                label: format!("{} {name}", p.name),
-                bars: run
-                    .segments
-                    .iter()
-                    .filter(|s| s.vm == name)
-                    .map(|s| (s.start_s, s.end_s.unwrap_or(f64::NAN), lane(s.host)))
-                    .collect(),
-                marks: run
-                    .moves
-                    .iter()
-                    .filter(|m| m.vm == name)
-                    .map(|m| m.at_s + m.total_ms / 1e3)
-                    .collect(),
-            });
+    for workload in WORKLOADS {
+        for p in PLACEMENTS {
+            let mut last = report.runs.iter().rev();
+            let Some(run) = last.find(|r| r.workload == workload && r.placement == p.name) else {
+                continue;
+            };
+            for (name, _) in workload.vms() {
+                let lane = |host: &str| HOSTS.iter().position(|h| h.name == host).unwrap_or(0);
+                rows.push(super::plot::TimelineRow {
+                    label: format!("{} {} {name}", workload.name(), p.name),
+                    bars: run
+                        .segments
+                        .iter()
+                        .filter(|s| s.vm == name)
+                        .map(|s| (s.start_s, s.end_s.unwrap_or(f64::NAN), lane(s.host)))
+                        .collect(),
+                    marks: run
+                        .moves
+                        .iter()
+                        .filter(|m| m.vm == name)
+                        .map(|m| m.at_s + m.total_ms / 1e3)
+                        .collect(),
+                });
+            }
         }
     }
+    let speedups: Vec<String> = report
+        .speedups
+        .iter()
+        .map(|s| {
+            let x = s.speedup.map_or("-".into(), |x| format!("{x:.2}x"));
+            format!("{} {x}", s.workload.name())
+        })
+        .collect();
     let title = format!(
-        "S5 on kumo: 6 VMs x {} {} on a fast and a half-speed host; static {}, balanced {}",
-        report.items_per_vm,
-        report.benchmark,
-        span_text(&report.rows, "static"),
-        span_text(&report.rows, "balanced"),
+        "S5 on kumo: a fast and a half-speed host, balanced over static: {}",
+        speedups.join(", ")
     );
     let lanes: Vec<&str> = HOSTS.iter().map(|h| h.name).collect();
     super::plot::timeline(&title, &lanes, &rows)
 }
 
-fn span_text(rows: &[Row], placement: &str) -> String {
-    rows.iter()
-        .find(|r| r.placement == placement)
-        .and_then(|r| r.makespan_s)
-        .map_or("-".into(), |s| format!("{:.1} s", s.median))
-}
-
 pub fn text(report: &Report) -> String {
     let mut out = format!(
-        "S5 on kumo, real VMs: {} independent 1-vCPU VMs, each running {} x {}, spread \
-         evenly over two node processes: 'fast' (host CPU {}) and 'slow' (host CPU {} at \
-         {} % speed); balanced placement moves VMs by live migration from measured \
-         progress; {} run(s) per row, medians [min-max]\n\n",
-        report.vms,
-        report.items_per_vm,
-        report.benchmark,
+        "S5 on kumo, real VMs, two node processes: 'fast' (host CPU {}) and 'slow' (host CPU \
+         {} at {} % speed). jobs: {} independent 1-vCPU VMs, each running {} x {}, three \
+         per host. mpi: NPB-MPI {} on {} 1-vCPU rank VMs, two per host, ranks spinning at \
+         their waits, the nodes joined by a wire. Balanced placement moves VMs by live \
+         migration from measured progress; {} run(s) per row, medians [min-max]\n\n",
         HOSTS[0].cpu,
         HOSTS[1].cpu,
         HOSTS[1].speed_percent,
+        report.vms,
+        report.items_per_vm,
+        report.benchmark,
+        report.mpi_benchmark,
+        report.mpi_ranks,
         report.runs_per_placement
     );
     let mut table = vec![
         [
+            "workload",
             "placement",
             "makespan (s)",
             "migrations",
@@ -651,6 +826,7 @@ pub fn text(report: &Report) -> String {
     let num = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.1}"));
     for r in &report.rows {
         table.push(vec![
+            r.workload.name().to_string(),
             r.placement.to_string(),
             summary_cell(r.makespan_s),
             num(r.moves),
@@ -660,20 +836,45 @@ pub fn text(report: &Report) -> String {
         ]);
     }
     out.push_str(&kumo_vmm::output::table(&table, 2));
-    out.push_str(&format!(
-        "\nbalanced over static: {} (target {TARGET_SPEEDUP:.1}x; perfect balance of a 2x \
-         speed difference: 1.5x)\n",
-        report.speedup.map_or("-".into(), |s| format!(
-            "{s:.2}x {}",
-            if report.target_met { "met" } else { "NOT met" }
-        ))
-    ));
+    out.push('\n');
+    for s in &report.speedups {
+        let got = s.speedup.map_or("-".into(), |x| format!("{x:.2}x"));
+        let target = match s.workload {
+            Workload::Jobs => format!(
+                "; target {TARGET_SPEEDUP:.1}x: {}",
+                if report.target_met { "met" } else { "NOT met" }
+            ),
+            Workload::Mpi => String::new(),
+        };
+        out.push_str(&format!(
+            "{}: balanced over static {got} (perfect balance: {:.2}x{target})\n",
+            s.workload.name(),
+            s.ideal
+        ));
+    }
     out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn shape(workload: Workload) -> Shape<'static> {
+        Shape {
+            workload,
+            items: 4,
+            mpi_benchmark: "sp.S",
+            wire: Path::new("/tmp/s5-wire"),
+        }
+    }
+
+    fn parse(text: &str) -> kumo_vmm::spec::node::Node {
+        kumo_vmm::spec::node::parse(text).unwrap_or_else(|e| panic!("{text}\n{e:#}"))
+    }
+
+    fn names(node: &kumo_vmm::spec::node::Node) -> Vec<&str> {
+        node.domains.iter().map(|d| d.name.as_str()).collect()
+    }
 
     #[test]
     fn each_host_runs_its_three_vms_and_waits_for_the_others() {
@@ -683,29 +884,82 @@ mod tests {
         let incoming: Vec<(String, String)> = (3..6)
             .map(|k| (format!("j{k}"), format!("tcp:127.0.0.1:{}", 4000 + k)))
             .collect();
-        let text = node_toml(0, 4, &incoming, Path::new("/tmp/token"));
-        let fast = kumo_vmm::spec::node::parse(&text).unwrap_or_else(|e| panic!("{text}\n{e:#}"));
+        let jobs = shape(Workload::Jobs);
+        let fast = parse(&node_toml(0, &jobs, &incoming, Path::new("/tmp/token")));
         assert_eq!(fast.pcpus, [0]);
         assert_eq!(fast.speed_percent, 100);
-        let names: Vec<&str> = fast.domains.iter().map(|d| d.name.as_str()).collect();
-        assert_eq!(names, ["j0", "j1", "j2", "j3", "j4", "j5"]);
+        assert_eq!(names(&fast), ["j0", "j1", "j2", "j3", "j4", "j5"]);
+        let placed = &fast.domains[..3];
         assert!(
-            fast.domains[..3]
+            placed
                 .iter()
                 .all(|d| d.specs.len() == 4 && d.incoming.is_none())
         );
         assert!(fast.domains[3..].iter().all(|d| d.incoming.is_some()));
-        let slow = kumo_vmm::spec::node::parse(&node_toml(1, 4, &[], Path::new("/t"))).unwrap();
+        let slow = parse(&node_toml(1, &jobs, &[], Path::new("/t")));
         assert_eq!(
             (slow.pcpus.as_slice(), slow.speed_percent),
             ([1].as_slice(), 50)
         );
-        let names: Vec<&str> = slow.domains.iter().map(|d| d.name.as_str()).collect();
-        assert_eq!(names, ["j3", "j4", "j5"]);
+        assert_eq!(names(&slow), ["j3", "j4", "j5"]);
+    }
+
+    #[test]
+    fn the_mpi_jobs_ranks_are_split_over_both_hosts_and_joined_by_a_wire() {
+        if kumo_vmm::guest::host_cpus() < 2 {
+            return;
+        }
+        let mpi = shape(Workload::Mpi);
+        let incoming = |names: [&str; 2]| -> Vec<(String, String)> {
+            names
+                .iter()
+                .enumerate()
+                .map(|(k, n)| (n.to_string(), format!("tcp:127.0.0.1:{}", 4100 + k)))
+                .collect()
+        };
+        let fast = parse(&node_toml(
+            0,
+            &mpi,
+            &incoming(["u2", "u3"]),
+            Path::new("/t"),
+        ));
+        let slow = parse(&node_toml(
+            1,
+            &mpi,
+            &incoming(["u0", "u1"]),
+            Path::new("/t"),
+        ));
+        assert_eq!(names(&fast), ["u0", "u1", "u2", "u3"]);
+        assert_eq!(names(&slow), ["u2", "u3", "u0", "u1"]);
+        // Ranks 0-1 on the fast host, which listens; 2-3 on the slow one.
+        assert!(
+            fast.domains[1].cmdline().contains("mpi=1:4:1"),
+            "{}",
+            fast.domains[1].cmdline()
+        );
+        assert!(
+            slow.domains[0].cmdline().contains("mpi=2:4:1"),
+            "{}",
+            slow.domains[0].cmdline()
+        );
+        let wire = |n: &kumo_vmm::spec::node::Node| n.network.clone().unwrap().wire.unwrap();
+        assert!(matches!(
+            wire(&fast),
+            kumo_vmm::spec::job::WireSpec::Listen(_)
+        ));
+        assert!(matches!(
+            wire(&slow),
+            kumo_vmm::spec::job::WireSpec::Connect(_)
+        ));
+        // The rank VMs can move (each host has a slot for the other's).
+        for d in fast.domains.iter().filter(|d| d.incoming.is_none()) {
+            assert!(kumo_vmm::node_move::app_of(&fast, d).is_ok());
+        }
     }
 
     fn run(placement: &'static str, span: f64, moves: usize, verified: bool) -> Run {
         Run {
+            workload: Workload::Jobs,
             placement,
             round: 0,
             makespan_s: Some(span),
@@ -733,7 +987,7 @@ mod tests {
 
     #[test]
     fn the_speedup_is_statics_median_makespan_over_balanceds() {
-        let runs = [
+        let mut runs = vec![
             run("static", 20.0, 0, true),
             run("balanced", 14.0, 1, true),
             run("static", 22.0, 0, true),
@@ -741,18 +995,27 @@ mod tests {
             run("static", 21.0, 0, true),
             run("balanced", 15.0, 1, true),
         ];
+        let mut mpi = run("static", 9.0, 0, true);
+        mpi.workload = Workload::Mpi;
+        runs.push(mpi);
         let rows = rows(&runs);
+        assert_eq!(rows.len(), 4, "both placements of both workloads");
         assert_eq!(rows[0].makespan_s.unwrap().median, 21.0);
         assert_eq!(rows[1].moves, Some(1.0));
         assert_eq!(rows[1].migration_ms, Some(100.0));
         assert_eq!(rows[0].moves, Some(0.0));
         assert_eq!(rows[0].migration_ms, None);
-        assert!((speedup(&rows).unwrap() - 1.4).abs() < 1e-9);
-        assert!(rows.iter().all(|r| r.verified));
+        assert!((speedup(&rows, Workload::Jobs).unwrap() - 1.4).abs() < 1e-9);
+        assert_eq!(speedup(&rows, Workload::Mpi), None, "no balanced MPI run");
+        assert!(
+            !rows[3].verified,
+            "a placement without a run is not verified"
+        );
         let unverified = super::rows(&[
             run("static", 20.0, 0, true),
             run("balanced", 10.0, 1, false),
         ]);
+        assert_eq!(unverified.len(), 2, "no MPI runs, no MPI rows");
         assert!(
             !unverified[1].verified,
             "one run that lost a result fails the row"
@@ -763,6 +1026,14 @@ mod tests {
     fn the_table_and_the_figure_show_both_placements() {
         let runs = vec![run("static", 20.0, 0, true), run("balanced", 14.0, 1, true)];
         let rows = rows(&runs);
+        let speedups = WORKLOADS
+            .iter()
+            .map(|&workload| Speedup {
+                workload,
+                speedup: speedup(&rows, workload),
+                ideal: workload.ideal_speedup(),
+            })
+            .collect();
         let report = Report {
             experiment: "s5",
             simulated: false,
@@ -771,8 +1042,10 @@ mod tests {
             vms: 6,
             benchmark: BENCHMARK.into(),
             items_per_vm: 10,
+            mpi_ranks: 4,
+            mpi_benchmark: "sp.S".into(),
             runs_per_placement: 1,
-            speedup: speedup(&rows),
+            speedups,
             target_speedup: TARGET_SPEEDUP,
             target_met: true,
             rows,
@@ -780,18 +1053,22 @@ mod tests {
             ok: true,
         };
         let table = text(&report);
-        assert!(table.contains("1.43x met"), "{table}");
         assert!(
-            table.contains("static") && table.contains("balanced"),
+            table.contains("jobs: balanced over static 1.43x"),
             "{table}"
         );
+        assert!(table.contains("target 1.3x: met"), "{table}");
+        assert!(table.contains("mpi: balanced over static -"), "{table}");
         let svg = figure(&report).unwrap();
-        assert!(svg.contains("balanced j3") && svg.contains("static j0"));
+        assert!(svg.contains("jobs balanced j3") && svg.contains("jobs static j0"));
         let json: serde_json::Value = serde_json::to_value(&report).unwrap();
         assert_eq!(json["runs"][1]["moves"][0]["total_ms"], 100.0);
+        assert_eq!(json["runs"][1]["workload"], "jobs");
+        let jobs = &json["speedups"][0];
         assert_eq!(
-            json["speedup"].as_f64().map(|s| (s * 100.0).round()),
+            jobs["speedup"].as_f64().map(|s| (s * 100.0).round()),
             Some(143.0)
         );
+        assert_eq!(jobs["ideal"], 1.5);
     }
 }

@@ -228,6 +228,10 @@ pub struct DomainProgress {
     /// Benchmark results its guest has printed so far, wherever it ran (a migration
     /// carries its console).
     pub results: u32,
+    /// An MPI kernel's timed loop: the steps its ranks last showed (absent before
+    /// the first, and for plain NPB).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steps: Option<crate::protocol::Steps>,
 }
 
 /// Where a node's domain is in its life on this node.

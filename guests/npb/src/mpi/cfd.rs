@@ -624,8 +624,9 @@ pub fn drive<C: Comm + ?Sized>(
     run.initialize();
     comm.barrier()?;
     let start = comm.seconds();
-    for _ in 0..niter {
+    for step in 0..niter {
         adi(comm, run)?;
+        comm.progress(step + 1, niter);
     }
     let seconds = max_seconds(comm, comm.seconds() - start)?;
     let (xcr, xce) = run.norms(comm)?;

@@ -378,10 +378,11 @@ pub fn run<C: Comm + ?Sized>(
     let start = comm.seconds();
     let mut zeta = 0.0;
     let mut rnorm = 0.0;
-    for _ in 0..params.niter {
+    for it in 0..params.niter {
         rnorm = conj_grad(comm, &grid, &mut l)?;
         let xz = normalise(comm, &grid, &mut l)?;
         zeta = params.shift + 1.0 / xz;
+        comm.progress(it + 1, params.niter);
     }
     let seconds = max_seconds(comm, comm.seconds() - start)?;
 

@@ -191,7 +191,7 @@ pub fn run<C: Comm + ?Sized>(
     let start = comm.seconds();
     forward(comm, &mut w)?;
     let mut checks = [Complex::ZERO; MAX_ITERATIONS];
-    for check in &mut checks[..niter] {
+    for (step, check) in checks[..niter].iter_mut().enumerate() {
         // evolve: u0 *= decay, u1 = u0 (layout B: my rows of every plane).
         {
             // SAFETY: one thread per rank; u0 and u1 are distinct arrays.
@@ -230,6 +230,7 @@ pub fn run<C: Comm + ?Sized>(
         comm.allreduce_f64(&mut sum, Op::Sum)?;
         let n = g.total() as f64;
         *check = Complex::new(sum[0] / n, sum[1] / n);
+        comm.progress(step + 1, niter);
     }
     let verified = ft::verify(class, &checks[..niter]);
     let seconds = max_seconds(comm, comm.seconds() - start)?;

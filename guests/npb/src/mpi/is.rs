@@ -123,6 +123,7 @@ pub fn run<C: Comm + ?Sized>(
         let (ok, ranked) = rank(class, comm, &mut a, &test_values, iteration)?;
         passed += ok;
         last = Some(ranked);
+        comm.progress(iteration, ITERATIONS);
     }
     let seconds = max_seconds(comm, comm.seconds() - start)?;
     let ranked = last.ok_or(Error("no-ranking"))?;

@@ -567,8 +567,9 @@ fn ssor<C: Comm + ?Sized>(
     rhs(comm, b, c, f)?;
     comm.barrier()?;
     let start = comm.seconds();
-    for _ in 0..niter {
+    for step in 0..niter {
         iterate(comm, b, c, f)?;
+        comm.progress(step + 1, niter);
     }
     let rsd = &*f.rsd;
     let rsdnm = norms(comm, b, |i, j, k| rsd[b.at(i, j, k)].map(|x| x * x))?;

@@ -652,9 +652,10 @@ pub fn run<C: Comm + ?Sized>(
     let start = comm.seconds();
     g.residual(comm)?;
     let (initial, _) = g.norm(comm)?;
-    for _ in 0..nit {
+    for it in 0..nit {
         g.mg3p(comm, &c)?;
         g.residual(comm)?;
+        comm.progress(it + 1, nit);
     }
     let (rnm2, rnmu) = g.norm(comm)?;
     let seconds = max_seconds(comm, comm.seconds() - start)?;

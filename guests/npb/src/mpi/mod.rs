@@ -66,6 +66,9 @@ pub trait Comm {
     /// Wall-clock seconds since some fixed point of this rank.
     fn seconds(&self) -> f64;
     fn barrier(&mut self) -> Result<(), Error>;
+    /// The timed loop finished step `done` of `of` (every rank, in step): an MPI that
+    /// shows progress (the guest's, to a balancer) reports it; others need not.
+    fn progress(&mut self, _done: usize, _of: usize) {}
     fn send(&mut self, dst: usize, tag: u32, data: &[u8]) -> Result<(), Error>;
     /// Receives the next message from `src`, which must carry `tag`; returns its length.
     fn recv(&mut self, src: usize, tag: u32, buf: &mut [u8]) -> Result<usize, Error>;
