@@ -333,7 +333,7 @@ fn s3_quick_is_simulated_and_writes_its_report_and_figure() {
 fn bad_experiment_input_is_refused_in_one_line() {
     assert_refused(
         &["experiment", "s9"],
-        "unknown experiment 's9' (known: s1, s2, s3, s4, migrate)",
+        "unknown experiment 's9' (known: s1, s2, s3, s4, s5, migrate)",
     );
     assert_refused(
         &["experiment", "s1", "--runs", "0"],
