@@ -133,7 +133,8 @@ pub struct Balancer {
     history: Vec<Vec<(f64, f64)>>,
     /// The rate each host showed last while it had running VMs.
     last_rate: Vec<Option<f64>>,
-    /// The job's progress (0 to 1) at recent observations, lockstep only.
+    /// A lockstep job's progress (0 to 1) when first seen and at each change since,
+    /// since the last move.
     progress: Vec<(f64, f64)>,
     /// No proposal before this time.
     quiet_until_s: f64,
@@ -218,7 +219,11 @@ impl Balancer {
         let horizon = at_s - self.config.window_s;
         keep_window(&mut self.history[host], (at_s, total), horizon);
         if let Some(done) = self.job_done() {
-            keep_window(&mut self.progress, (at_s, done), horizon);
+            // Every change since the last move: the guest shows its steps in
+            // twentieths, seconds apart, too coarse for one window.
+            if self.progress.last().is_none_or(|&(_, last)| done > last) {
+                self.progress.push((at_s, done));
+            }
         }
         // A host with nothing running keeps the rate it showed last.
         if let Some(rate) = self.measured_rate(host).filter(|&r| running && r > 0.0) {
@@ -271,10 +276,19 @@ impl Balancer {
             .filter(|_| self.vms.iter().any(|v| v.running))
     }
 
+    /// A lockstep job's pace (progress a second) between the first and the latest
+    /// step it was seen to take since the last move; None before two.
+    fn job_rate(&self) -> Option<f64> {
+        let steps = self.progress.get(1..)?;
+        let (first, last) = (steps.first()?, steps.last()?);
+        let span = last.0 - first.0;
+        (span > 0.0 && last.1 > first.1).then(|| (last.1 - first.1) / span)
+    }
+
     /// A lockstep job's remaining time with `moving` placed (None: as it is): its
     /// progress left at its pace, scaled by its slowest host's CPU per VM.
     fn job_finish(&self, moving: Option<(usize, usize)>) -> Option<f64> {
-        let rate = self.slope(&self.progress).filter(|&r| r > 0.0)?;
+        let rate = self.job_rate()?;
         let left = (1.0 - self.job_done()?) / rate;
         let pace = |moving: Option<(usize, usize)>| -> Option<f64> {
             let mut count = vec![0u32; self.hosts];
@@ -604,6 +618,34 @@ mod tests {
         // slowest gets 1/3 instead of 1/4: 8 x 0.75 + 0.3 s for the move.
         assert!((m.finish_before_s - 8.0).abs() < 0.2, "{m:?}");
         assert!((m.finish_after_s - 6.3).abs() < 0.2, "{m:?}");
+    }
+
+    #[test]
+    fn a_lockstep_jobs_pace_is_taken_between_the_steps_it_shows() {
+        // SP.A shows 5 % every 2.5 s: a one-second window would see 0 or 5 % a second.
+        let mut b = mpi_job();
+        for k in 0..=100 {
+            let t = f64::from(k) * 0.1;
+            let done = 20 * (k / 25) as u32 + 20; // 1 of 20 shown at once, then +1 per 2.5 s
+            for host in 0..2 {
+                let seen: Vec<Seen> = (0..2)
+                    .map(|r| Seen {
+                        vm: format!("u{}", host * 2 + r),
+                        results: done,
+                        cpu_s: t * 0.5,
+                        running: true,
+                        of: Some(400),
+                    })
+                    .collect();
+                b.observe(host, t, &seen);
+            }
+        }
+        // From 5 % at 0 s... 10 % at 2.5 s to 25 % at 10 s: 2 % a second.
+        assert!(
+            (b.job_rate().unwrap() - 0.02).abs() < 1e-9,
+            "{:?}",
+            b.progress
+        );
     }
 
     #[test]
