@@ -117,6 +117,10 @@ const START_PATIENCE: Duration = Duration::from_secs(30);
 /// A hang guard for one run (static runs take about 20 s).
 const RUN_PATIENCE: Duration = Duration::from_secs(600);
 const END_PATIENCE: Duration = Duration::from_secs(30);
+/// The longest wait for a node's domain list. A node's API runs on its domain 0,
+/// which spinning ranks and a migration can keep off the CPU for seconds in a debug
+/// build (a CI replica saw no reply within 5 s); a hung node is `RUN_PATIENCE`'s.
+const API_PATIENCE: Duration = Duration::from_secs(30);
 
 /// Items of each VM's list: `ep.S` takes about 0.3 s of CPU.
 pub fn items(quick: bool) -> u32 {
@@ -314,13 +318,8 @@ struct Track {
 
 /// The domain list of the node at `socket`.
 fn domains(socket: &Path) -> Result<DomainList> {
-    let reply = kumo_vmm::api::client::request(
-        socket,
-        "GET",
-        "/api/v1/domains",
-        None,
-        Some(Duration::from_secs(5)),
-    )?;
+    let reply =
+        kumo_vmm::api::client::request(socket, "GET", "/api/v1/domains", None, Some(API_PATIENCE))?;
     if reply.status != 200 {
         bail!(
             "GET /api/v1/domains: {} {}",
