@@ -644,6 +644,18 @@ pub fn rows(runs: &[Run]) -> Vec<Row> {
         .collect()
 }
 
+/// Every workload's speed-up beside its ideal.
+pub fn speedups(rows: &[Row]) -> Vec<Speedup> {
+    WORKLOADS
+        .iter()
+        .map(|&workload| Speedup {
+            workload,
+            speedup: speedup(rows, workload),
+            ideal: workload.ideal_speedup(),
+        })
+        .collect()
+}
+
 /// Static's median makespan over balanced's, for `workload`.
 pub fn speedup(rows: &[Row], workload: Workload) -> Option<f64> {
     let span = |name: &str| {
@@ -700,14 +712,7 @@ pub fn run(args: &ExperimentArgs, _epoch: Instant) -> Result<u8> {
     }
     progress.finish();
     let rows = rows(&runs);
-    let speedups: Vec<Speedup> = WORKLOADS
-        .iter()
-        .map(|&workload| Speedup {
-            workload,
-            speedup: speedup(&rows, workload),
-            ideal: workload.ideal_speedup(),
-        })
-        .collect();
+    let speedups = speedups(&rows);
     let jobs = speedup(&rows, Workload::Jobs);
     let complete = runs.len() == cases.len() * args.runs as usize;
     let ok = complete && rows.iter().all(|r| r.verified);
@@ -1032,14 +1037,7 @@ mod tests {
     fn the_table_and_the_figure_show_both_placements() {
         let runs = vec![run("static", 20.0, 0, true), run("balanced", 14.0, 1, true)];
         let rows = rows(&runs);
-        let speedups = WORKLOADS
-            .iter()
-            .map(|&workload| Speedup {
-                workload,
-                speedup: speedup(&rows, workload),
-                ideal: workload.ideal_speedup(),
-            })
-            .collect();
+        let speedups = speedups(&rows);
         let report = Report {
             experiment: "s5",
             simulated: false,
