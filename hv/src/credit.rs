@@ -47,7 +47,7 @@ use sched::{DomainId, Params, PcpuId, Priority, Scheduler, Tickles, VcpuId, Vcpu
 use crate::Error;
 use crate::placement::{self, Policy, ThreadGroup, VcpuControl};
 
-/// SCHED_FIFO priorities, low to high.
+/// Real-time priorities (SCHED_FIFO; SCHED_RR for domain 0's threads), low to high.
 pub const RANK_QUEUED: u8 = 2;
 /// A queued vCPU a directed yield BOOSTed (only with `Params::directed_yield`).
 pub const RANK_HURRIED: u8 = 3;
@@ -128,6 +128,17 @@ impl Runner {
         match self {
             Runner::Vcpu { control, index } => control.set_policy(*index, policy),
             Runner::Dom0(group) => group.set_policy(policy),
+        }
+    }
+
+    /// Gives it scheduler rank `rank` on its host CPU. Domain 0's threads share one
+    /// rank and one CPU, so they take turns (SCHED_RR), as a dom0 vCPU's kernel shares
+    /// it among its processes: under SCHED_FIFO one busy member (a migration's
+    /// sender) kept the others (the API, the switch) off the CPU until it blocked.
+    fn set_rank(&self, rank: u8) -> Result<(), Error> {
+        match self {
+            Runner::Vcpu { .. } => self.set_policy(Policy::Fifo(rank)),
+            Runner::Dom0(_) => self.set_policy(Policy::RoundRobin(rank)),
         }
     }
 
@@ -771,7 +782,7 @@ impl State {
             let placed = (same_threads && before.map(|a| a.host_cpu) == Some(want.host_cpu)
                 || runner.pin(want.host_cpu).is_ok())
                 && (same_threads && before.map(|a| a.rank) == Some(want.rank)
-                    || runner.set_policy(Policy::Fifo(want.rank)).is_ok());
+                    || runner.set_rank(want.rank).is_ok());
             if !placed {
                 continue;
             }
@@ -1100,6 +1111,82 @@ mod tests {
         assert!(
             before - after_replay > before - after_one,
             "replayed {before} -> {after_replay}, collapsed {before} -> {after_one}"
+        );
+    }
+
+    /// Waits (up to 5 s) until the calling thread has a real-time policy, as the
+    /// driver gives domain 0's members once it has placed them.
+    fn placed_by_the_driver() -> bool {
+        let until = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < until {
+            // SAFETY: sched_getscheduler(0) reads the calling thread's policy.
+            let policy = unsafe { libc::sched_getscheduler(0) } & !libc::SCHED_RESET_ON_FORK;
+            if policy == libc::SCHED_FIFO || policy == libc::SCHED_RR {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        false
+    }
+
+    /// Domain 0's threads share its CPU: while one of them computes without blocking
+    /// (a migration's sender), another that wakes (the API, the switch) still runs.
+    /// Under SCHED_FIFO the waking one waited for the busy one to block.
+    #[test]
+    fn domain_0s_threads_take_turns_on_its_cpu() {
+        let host_cpu = placement::host_cpus() - 1;
+        let group = ThreadGroup::new();
+        let params = Params {
+            tslice_ns: 30_000_000,
+            tick_ns: 10_000_000,
+            ..Params::default()
+        };
+        let dom0 = Dom0Spec {
+            weight: 256,
+            threads: group.clone(),
+        };
+        let driver = CreditDriver::start(params, vec![host_cpu], None, vec![], Some(dom0)).unwrap();
+        let answered = Arc::new(AtomicBool::new(false));
+        let busy = {
+            let (group, answered) = (group.clone(), answered.clone());
+            std::thread::spawn(move || {
+                let _member = group.join_current();
+                if !placed_by_the_driver() {
+                    return None;
+                }
+                // Busy until the other member ran, or for 3 s.
+                let until = Instant::now() + Duration::from_secs(3);
+                while !answered.load(Ordering::SeqCst) && Instant::now() < until {
+                    std::hint::spin_loop();
+                }
+                Some(answered.load(Ordering::SeqCst))
+            })
+        };
+        let waking = {
+            let (group, answered) = (group.clone(), answered.clone());
+            std::thread::spawn(move || {
+                let _member = group.join_current();
+                if !placed_by_the_driver() {
+                    return false;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+                answered.store(true, Ordering::SeqCst);
+                true
+            })
+        };
+        let placed = waking.join().unwrap();
+        let answered_while_busy = busy.join().unwrap();
+        drop(driver);
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            // Real-time policies need root (or CAP_SYS_NICE): nothing to check.
+            return;
+        }
+        assert!(placed, "the driver did not place domain 0's threads");
+        assert_eq!(
+            answered_while_busy,
+            Some(true),
+            "the waking thread ran only once the busy one stopped"
         );
     }
 }

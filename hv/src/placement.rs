@@ -24,6 +24,10 @@ pub enum Policy {
     /// SCHED_FIFO with this priority (1..=99): runs until it blocks or a higher one
     /// becomes runnable on its CPU.
     Fifo(u8),
+    /// SCHED_RR with this priority (1..=99): as `Fifo` against other priorities, but
+    /// threads of the same priority on one CPU take turns (the host's RR quantum,
+    /// 100 ms by default) instead of the first running until it blocks.
+    RoundRobin(u8),
 }
 
 /// Whether a vCPU may enter the guest.
@@ -383,6 +387,10 @@ pub fn set_policy(tid: libc::pid_t, policy: Policy) -> Result<(), Error> {
         Policy::Normal => (libc::SCHED_OTHER, 0),
         Policy::Fifo(p) => (
             libc::SCHED_FIFO | libc::SCHED_RESET_ON_FORK,
+            i32::from(p.clamp(1, 99)),
+        ),
+        Policy::RoundRobin(p) => (
+            libc::SCHED_RR | libc::SCHED_RESET_ON_FORK,
             i32::from(p.clamp(1, 99)),
         ),
     };
