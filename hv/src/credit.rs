@@ -37,7 +37,7 @@
 //! observes changed in between, or it would not have slept), so credits and
 //! decisions are those of the ticking driver.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -259,6 +259,12 @@ struct Shared {
     /// The driver's thread: unparked to run early (a parameter or domain change, the
     /// end), and by domain 0's wake-ups while it sleeps tickless.
     driver: OnceLock<std::thread::Thread>,
+    /// The driver thread's kernel id, for its CPU time (0 until it starts).
+    driver_tid: AtomicI32,
+    /// Whether it runs on the node's own CPUs (the host has none to spare).
+    on_node_cpus: AtomicBool,
+    /// Its CPU time in microseconds, recorded as it ends.
+    final_cpu_us: AtomicU64,
     counts: DriverCounts,
 }
 
@@ -287,6 +293,11 @@ pub struct DriverStats {
     pub tickless_sleeps: u64,
     /// Tickless sleeps that domain 0's wake-up ended early.
     pub woken_by_dom0: u64,
+    /// CPU time its thread used so far, in microseconds.
+    pub cpu_us: u64,
+    /// Whether it runs on the node's own CPUs, preempting a vCPU at each run (the host
+    /// has no CPU to spare), rather than beside them.
+    pub on_node_cpus: bool,
 }
 
 /// The running driver; dropping it stops it and returns every vCPU thread to the
@@ -377,6 +388,9 @@ impl CreditDriver {
             }),
             stop: AtomicBool::new(false),
             driver: OnceLock::new(),
+            driver_tid: AtomicI32::new(0),
+            on_node_cpus: AtomicBool::new(false),
+            final_cpu_us: AtomicU64::new(0),
             counts: DriverCounts::default(),
         });
         let thread_shared = shared.clone();
@@ -511,6 +525,14 @@ impl CreditDriver {
             runs: c.runs.load(Ordering::Relaxed),
             tickless_sleeps: c.tickless.load(Ordering::Relaxed),
             woken_by_dom0: c.woken_by_dom0.load(Ordering::Relaxed),
+            cpu_us: match self.shared.driver_tid.load(Ordering::Acquire) {
+                0 => 0,
+                tid => placement::cpu_time_of(tid).map_or_else(
+                    || self.shared.final_cpu_us.load(Ordering::Acquire),
+                    |t| t.as_micros() as u64,
+                ),
+            },
+            on_node_cpus: self.shared.on_node_cpus.load(Ordering::Relaxed),
         }
     }
 
@@ -839,6 +861,13 @@ fn drive(shared: &Shared) {
     } else {
         spare
     };
+    shared
+        .on_node_cpus
+        .store(home == state.host_cpus, Ordering::Relaxed);
+    // SAFETY: gettid has no preconditions.
+    shared
+        .driver_tid
+        .store(unsafe { libc::gettid() }, Ordering::Release);
     if let Err(e) = placement::confine_thread(0, &home) {
         tracing::warn!("cannot confine the credit driver: {e}");
     }
@@ -878,6 +907,10 @@ fn drive(shared: &Shared) {
         }
         state = shared.state.lock().unwrap_or_else(|e| e.into_inner());
     }
+    shared.final_cpu_us.store(
+        placement::thread_cpu_time().as_micros() as u64,
+        Ordering::Release,
+    );
 }
 
 #[cfg(test)]

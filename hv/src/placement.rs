@@ -170,10 +170,7 @@ impl VcpuControl {
         if tid <= 0 {
             return None;
         }
-        // The first field of schedstat: nanoseconds on a CPU.
-        let text = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?;
-        let ns = text.split_ascii_whitespace().next()?.parse().ok()?;
-        Some(Duration::from_nanos(ns))
+        cpu_time_of(tid)
     }
 
     /// Whether vCPU `vcpu`'s thread is runnable (`Some(true)`: running or waiting for a
@@ -347,6 +344,14 @@ pub fn thread_cpu_time() -> Duration {
     // SAFETY: `ts` is a valid timespec to write.
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// CPU time of this process's thread `tid` so far (`None` once it has ended).
+pub fn cpu_time_of(tid: libc::pid_t) -> Option<Duration> {
+    // The first field of schedstat: nanoseconds on a CPU.
+    let text = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?;
+    let ns = text.split_ascii_whitespace().next()?.parse().ok()?;
+    Some(Duration::from_nanos(ns))
 }
 
 /// Binds thread `tid` (0 = the caller) to host CPU `cpu`.
@@ -588,10 +593,7 @@ impl ThreadGroup {
     pub fn cpu_time(&self) -> Duration {
         let mut live = 0;
         let _ = self.try_each_tid(|tid| {
-            let ns = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat"))
-                .ok()
-                .and_then(|text| text.split_ascii_whitespace().next()?.parse::<u64>().ok());
-            live += ns.unwrap_or(0);
+            live += cpu_time_of(tid).map_or(0, |t| t.as_nanos() as u64);
             Ok(())
         });
         Duration::from_nanos(live + self.departed_ns.load(Ordering::Relaxed))

@@ -563,13 +563,64 @@ fn measured(
 }
 
 /// Domain 0's CPU per frame and per KiB through the switch, fitted to two ping-pong
-/// runs (small and large messages) of two VMs on the node's CPUs.
+/// runs (small and large messages) of two VMs on the node's CPUs; and the credit
+/// driver's cost, from a third under 1/1 ms.
 #[derive(Debug, Clone, Serialize)]
 pub struct Calibration {
     pub per_frame_us: f64,
     pub per_kib_us: f64,
     pub points: Vec<CalibrationPoint>,
+    pub driver: DriverCost,
 }
+
+/// What the credit driver costs the node's CPUs, measured on the small-message
+/// ping-pong under S1's 1/1 ms (Xen 3.4's tick accounting): the driver ran `runs`
+/// times for `cpu_us` of its own CPU in `wall_s`.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct DriverCost {
+    pub runs: u64,
+    pub cpu_us: u64,
+    pub wall_s: f64,
+    /// It ran on the node's CPUs (the host has no CPU to spare), preempting a vCPU at
+    /// each run; beside them it costs the node nothing.
+    pub on_node_cpus: bool,
+    /// The simulator's `tick_us` this gives (see [`DriverCost::tick_us`]).
+    pub tick_us: f64,
+}
+
+impl DriverCost {
+    fn measured(stats: hv::credit::DriverStats, wall: Duration, pcpus: usize) -> DriverCost {
+        let mut cost = DriverCost {
+            runs: stats.runs,
+            cpu_us: stats.cpu_us,
+            wall_s: wall.as_secs_f64(),
+            on_node_cpus: stats.on_node_cpus,
+            tick_us: 0.0,
+        };
+        cost.tick_us = cost.tick_us_for(pcpus);
+        cost
+    }
+
+    /// The model's cost per tick of a busy pCPU: what a run takes from the vCPU it
+    /// preempts (the driver's own CPU and two vCPU switches, `switch_us` each), times
+    /// the runs per pCPU tick (one run can serve both pCPUs' ticks; domain 0's
+    /// wake-ups add runs): the runs' whole cost spread over the ticks. 0 when the
+    /// driver has a CPU of its own.
+    fn tick_us_for(&self, pcpus: usize) -> f64 {
+        let ticks = self.wall_s * 1e3 / CALIBRATION_TICK_MS * pcpus as f64;
+        if !self.on_node_cpus || self.runs == 0 || ticks <= 0.0 {
+            return 0.0;
+        }
+        let per_run = self.cpu_us as f64 / self.runs as f64 + 2.0 * SWITCH_US;
+        per_run * self.runs as f64 / ticks
+    }
+}
+
+/// The vCPU switch the simulator charges (`kumo bench switch --mechanism fifo`'s
+/// median on this host).
+const SWITCH_US: f64 = 29.0;
+/// The slice and tick of the driver's calibration run: S1's 1/1 ms.
+const CALIBRATION_TICK_MS: f64 = 1.0;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct CalibrationPoint {
@@ -610,10 +661,34 @@ fn calibrate(cpus: &[usize], kvm_device: &Path, epoch: Instant) -> Result<Calibr
         });
     }
     let (per_frame_us, per_kib_us) = fit(&points);
+    // The driver under S1's 1/1 ms, on the small messages' ping-pong.
+    let toml = format!(
+        "{}[scheduler]\nkind = \"credit\"\ntslice_ms = {CALIBRATION_TICK_MS}\n\
+         tick_ms = {CALIBRATION_TICK_MS}\nratelimit_us = 0\naccounting = \"tick\"\n\
+         [network]\nnet = \"pingpong:8\"\nwait = \"spin\"\n{}",
+        cpus_toml(cpus),
+        domains_toml(2, 1),
+    );
+    let outcome = run_node_text(&toml, kvm_device, epoch)
+        .context("calibration of the credit driver (ping-pong at 1/1 ms)")?;
+    if let Some(problem) = outcome
+        .reports
+        .iter()
+        .flat_map(|r| &r.verdict.problems)
+        .next()
+    {
+        bail!("calibration of the credit driver: {problem}");
+    }
+    let driver = DriverCost::measured(
+        outcome.overhead.driver.unwrap_or_default(),
+        outcome.wall,
+        cpus.len(),
+    );
     Ok(Calibration {
         per_frame_us,
         per_kib_us,
         points,
+        driver,
     })
 }
 
@@ -718,10 +793,11 @@ pub fn sim_toml(
     // In the model domain 0 works on both sides of a message: half the cost per side.
     let mut text = format!(
         "duration_s = 3600\n[scheduler]\ntslice_ms = 30\ntick_ms = 10\nratelimit_us = 1000\n\
-         [costs]\nswitch_us = 29\nwake_us = 46\ntick_us = 0\nsend_us = 5\n\
+         [costs]\nswitch_us = {SWITCH_US}\nwake_us = 46\ntick_us = {:.1}\nsend_us = 5\n\
          guest_tick_us = {GUEST_TICK_US}\nguest_switch_us = {GUEST_SWITCH_US}\n\
          dom0_per_message_us = {:.3}\ndom0_per_kib_us = {:.3}\nnetwork_latency_us = 0\n\
          network_mb_s = 100000\n[[node]]\nname = \"node\"\npcpus = {cpus}\ndom0_vcpus = 1\n",
+        calibration.driver.tick_us,
         calibration.per_frame_us / 2.0,
         calibration.per_kib_us / 2.0,
     );
@@ -1012,13 +1088,14 @@ pub fn run(args: &ExperimentArgs, epoch: Instant) -> Result<u8> {
         Some(Dom0::Kumo) => family_plan[0].clone(),
         _ => (Vec::new(), Vec::new()),
     };
-    // Calibration (2 runs), the plan, the serial times and the simulation.
-    let progress = Progress::new(plan.len() + 2 + specs.len() + 1);
+    // Calibration (3 runs), the plan, the serial times and the simulation.
+    let progress = Progress::new(plan.len() + 3 + specs.len() + 1);
 
-    progress.step("calibrating domain 0 on the switch");
+    progress.step("calibrating domain 0 on the switch, and the credit driver");
     let calibration = calibrate(&cpus, &args.kvm_device, epoch)?;
-    progress.done_one();
-    progress.done_one();
+    for _ in 0..3 {
+        progress.done_one();
+    }
 
     let mut real_runs = Vec::new();
     for (round, item) in plan {
@@ -1592,6 +1669,7 @@ mod tests {
             per_frame_us: 4.0,
             per_kib_us: 0.3,
             points: vec![],
+            driver: DriverCost::default(),
         };
         let all = scenarios(true, Dom0Families::Kumo);
         let traffic = Traffic {
@@ -1636,12 +1714,41 @@ mod tests {
         assert!(report.runs.iter().all(|r| r.finished), "{}", report.text());
     }
 
+    /// The driver's cost per pCPU tick: its CPU and two switches a run, spread over
+    /// the pCPUs' ticks; nothing when it has a CPU of its own.
+    #[test]
+    fn the_drivers_tick_cost_is_its_run_and_two_switches_per_tick_it_served() {
+        let stats = |on_node_cpus| hv::credit::DriverStats {
+            runs: 2000,
+            cpu_us: 200_000,
+            on_node_cpus,
+            ..Default::default()
+        };
+        // 2 s at 1 ms on 2 pCPUs: 4000 pCPU ticks, a run for every two.
+        let cost = DriverCost::measured(stats(true), Duration::from_secs(2), 2);
+        assert!(
+            (cost.tick_us - (100.0 + 2.0 * SWITCH_US) / 2.0).abs() < 1e-9,
+            "{cost:?}"
+        );
+        // More runs than ticks (domain 0's wake-ups): all of their cost is charged.
+        let busy = DriverCost::measured(stats(true), Duration::from_millis(500), 2);
+        assert!(
+            (busy.tick_us - 2.0 * (100.0 + 2.0 * SWITCH_US)).abs() < 1e-9,
+            "{busy:?}"
+        );
+        let beside = DriverCost::measured(stats(false), Duration::from_secs(2), 2);
+        assert_eq!(beside.tick_us, 0.0);
+        let idle = DriverCost::measured(hv::credit::DriverStats::default(), Duration::ZERO, 2);
+        assert_eq!(idle.tick_us, 0.0);
+    }
+
     #[test]
     fn the_fit_finds_the_exchanges_that_give_the_baselines_time() {
         let calibration = Calibration {
             per_frame_us: 4.0,
             per_kib_us: 0.0,
             points: vec![],
+            driver: DriverCost::default(),
         };
         let traffic = |k| Traffic {
             frames: 600.0,

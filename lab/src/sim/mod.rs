@@ -84,7 +84,8 @@
 //!   starts running another vCPU than the one it ran last loses `switch_us` before
 //!   that vCPU progresses (resuming the same one, or the first vCPU of the run, is
 //!   free); `tick_us` is taken from the running vCPU at each scheduler timer
-//!   interrupt of a busy pCPU; `guest_tick_us`, `guest_switch_us` and `shm_us`
+//!   interrupt of a busy pCPU while kumo's driver ticks (it sleeps tickless while no
+//!   vCPU waits for a pCPU and domain 0 had no work for 10 ms); `guest_tick_us`, `guest_switch_us` and `shm_us`
 //!   (default 0) are the guest scheduler's (above): kumo measured a tick that does not
 //!   switch at ~56 µs and a rank switch at ~94 µs (docs/guests-multirank.md, ring 0
 //!   emulated on its hosts). Calibration, as in `examples/sim-s1.toml`:
@@ -92,9 +93,11 @@
 //!   hand-over between two vCPU threads, p99 44); `wake_us = 46` is `kumo bench wake`
 //!   (75 µs median from a halted vCPU's interrupt to its running beside a busy one,
 //!   slice 30 ms) minus that switch, which the model adds itself; it agrees with
-//!   `kumo bench irq`'s fast path (43–55 µs to a halted vCPU). `tick_us = 0`:
-//!   kumo's credit driver ticks on a spare host CPU (0.8 % of it at 10 ms, ~5 % at
-//!   1 ms), not on the guests' pCPUs. Domain 0's and the network's costs cannot be
+//!   `kumo bench irq`'s fast path (43–55 µs to a halted vCPU). `tick_us = 0`
+//!   in this example: kumo's credit driver ticks on a spare host CPU (0.8 % of it at
+//!   10 ms, ~5 % at 1 ms), not on the guests' pCPUs. Where the host has no spare CPU
+//!   `kumo experiment s1` measures it (the driver's CPU a run and two switches, over
+//!   the pCPUs' ticks). Domain 0's and the network's costs cannot be
 //!   measured here (kumo has no netback nor NIC yet); the example takes them from
 //!   the hardware of S1's time (see the file).
 //!
@@ -387,6 +390,34 @@ mod tests {
         // Blocking with the other rank runnable switches to it, as a yield does.
         let block = round_trip(3);
         assert!((block - yielding).abs() < 1e-9, "{block} {yielding}");
+    }
+
+    /// kumo's driver sleeps tickless while each pCPU has one vCPU and domain 0 is
+    /// idle: computing ranks then pay no `tick_us`. With a vCPU more than pCPUs it
+    /// ticks, and every tick takes `tick_us` from the vCPU it preempts.
+    #[test]
+    fn the_tick_costs_only_while_the_driver_ticks() {
+        let node = |pcpus: u32, domains: u32, tick_us: u32| {
+            let mut text = format!(
+                "duration_s = 60\n[costs]\ntick_us = {tick_us}\n\
+                 [[node]]\nname = \"n\"\npcpus = {pcpus}\n"
+            );
+            for d in 0..domains {
+                text.push_str(&format!("[[node.domain]]\nname = \"d{d}\"\n"));
+            }
+            text.push_str(
+                "[[program]]\nname = \"p\"\niterations = 1\nphases = [\"compute:100\"]\n\
+                 [[scenario]]\nname = \"1/1\"\ntslice_ms = 1\ntick_ms = 1\n",
+            );
+            run_text(&text).runs[0].time_s.unwrap()
+        };
+        // A vCPU a pCPU, domain 0 idle: tickless, the tick costs nothing.
+        assert_eq!(node(2, 2, 0), node(2, 2, 100));
+        // Three vCPUs on two pCPUs: the ticks cost (here +3.4 %: the last vCPU to
+        // finish runs alone, tickless, and a tick that switches vCPUs is not charged
+        // twice).
+        let (free, costly) = (node(2, 3, 0), node(2, 3, 100));
+        assert!(costly > 1.02 * free, "{free} {costly}");
     }
 
     #[test]

@@ -325,6 +325,8 @@ struct Node {
     link_free: u64,
     tickles: Tickles,
     switches: u64,
+    /// When domain 0 was last given work (kumo's driver ticks while it is busy).
+    dom0_busy_at: Option<u64>,
 }
 
 struct Model<'a> {
@@ -460,6 +462,7 @@ impl<'a> Model<'a> {
                 link_free: 0,
                 tickles: Tickles::new(),
                 switches: 0,
+                dom0_busy_at: None,
             });
         }
         if m.ranks.len() != n_ranks {
@@ -545,7 +548,7 @@ impl<'a> Model<'a> {
         self.nodes[n].pcpus[p].timer_at = u64::MAX;
         let t = self.nodes[n].sched.tick(self.now, PcpuId(p as u32));
         self.nodes[n].tickles.extend(t);
-        if self.costs.tick > 0 && self.nodes[n].pcpus[p].running.is_some() {
+        if self.costs.tick > 0 && self.nodes[n].pcpus[p].running.is_some() && self.ticking(n) {
             self.settle(n, p);
             let pc = &mut self.nodes[n].pcpus[p];
             pc.progress_from = pc.progress_from.max(self.now) + self.costs.tick;
@@ -553,6 +556,20 @@ impl<'a> Model<'a> {
         }
         self.refresh_timer(n, p);
         self.reschedule(n);
+    }
+
+    /// Whether kumo's credit driver runs at this tick: it sleeps tickless while no
+    /// tick can change who runs (`hv::credit`): no pCPU has a vCPU waiting for it, and
+    /// domain 0 has had no work for [`hv::credit::QUIET_BEFORE_TICKLESS`].
+    fn ticking(&self, n: usize) -> bool {
+        let node = &self.nodes[n];
+        let quiet = hv::credit::QUIET_BEFORE_TICKLESS.as_nanos() as u64;
+        let dom0_busy = node
+            .dom0_busy_at
+            .is_some_and(|at| self.now.saturating_sub(at) < quiet);
+        let waiting = (0..node.local.len())
+            .any(|i| node.sched.vcpu_stats(VcpuId(i as u32)).state == sched::VcpuState::Runnable);
+        dom0_busy || waiting
     }
 
     fn on_done(&mut self, n: usize, p: usize, epoch: u32) {
@@ -743,6 +760,7 @@ impl<'a> Model<'a> {
 
     fn dom0_enqueue(&mut self, n: usize, job: Job, cost: u64) {
         self.nodes[n].jobs.push_back((job, cost));
+        self.nodes[n].dom0_busy_at = Some(self.now);
         // A domain 0 vCPU awake and between jobs will take it; else wake one.
         let dom0 = &self.nodes[n].dom0;
         let free = dom0
