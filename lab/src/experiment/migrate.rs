@@ -308,7 +308,10 @@ fn standby_side(
     let mut problems = Vec::new();
     let mut migrations = Vec::new();
     if !wait_for(node_ctl, Instant::now() + START_PATIENCE, job_over) {
-        bail!("the node's control socket did not appear");
+        bail!(
+            "the node's control socket did not appear; {}",
+            standby.state()
+        );
     }
     let up = Instant::now();
     for (k, (name, target)) in incoming.iter().enumerate().take(mode.migrations) {
@@ -452,7 +455,14 @@ fn one_run(
             .unwrap_or_else(|_| Err(anyhow::anyhow!("the standby side's thread panicked")));
         (outcome, ended, standby)
     });
-    let outcome = outcome.with_context(|| format!("{} {}", scenario.name, mode.name))?;
+    // A node that failed (its wire waits for the standby's) may fail because of the
+    // standby: say what the standby side saw.
+    let standby_said = match (&outcome, &standby) {
+        (Err(_), Err(e)) => format!(" (the standby side: {e:#})"),
+        _ => String::new(),
+    };
+    let outcome =
+        outcome.with_context(|| format!("{} {}{standby_said}", scenario.name, mode.name))?;
     let standby = standby?;
     let (up, migrations, mut problems) = (standby.up, standby.migrations, standby.problems);
     problems.extend(node_problems(&outcome));

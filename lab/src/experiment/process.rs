@@ -111,6 +111,22 @@ impl Process {
         }
     }
 
+    /// What became of it so far, for an error elsewhere that it may explain: its exit
+    /// status and last line, or that it still runs (with its last line, if any).
+    pub fn state(&mut self) -> String {
+        let line = self.last_line();
+        let said = if line.is_empty() {
+            String::new()
+        } else {
+            format!(": {line}")
+        };
+        match self.child.try_wait() {
+            Ok(Some(status)) => format!("{} ended ({status}){said}", self.name),
+            Ok(None) => format!("{} still ran{said}", self.name),
+            Err(e) => format!("{}: {e}", self.name),
+        }
+    }
+
     fn last_line(&self) -> String {
         std::fs::read_to_string(&self.stderr)
             .ok()
