@@ -634,24 +634,42 @@ pub struct CalibrationPoint {
 /// many full jumbo frames.
 const CALIBRATION_SIZES: [(u64, &str); 2] = [(8, "8"), (65536, "65536")];
 
+/// One calibration run: two single-rank VMs ping-ponging `bytes`-byte messages on the
+/// node's CPUs under `scheduler` (its `[scheduler]` keys); any problem fails it.
+fn calibration_run(
+    cpus: &[usize],
+    scheduler: &str,
+    bytes: &str,
+    what: &str,
+    (kvm_device, epoch): (&Path, Instant),
+) -> Result<node::NodeOutcome> {
+    let toml = format!(
+        "{}[scheduler]\n{scheduler}[network]\nnet = \"pingpong:{bytes}\"\nwait = \"spin\"\n{}",
+        cpus_toml(cpus),
+        domains_toml(2, 1),
+    );
+    let outcome = run_node_text(&toml, kvm_device, epoch).context(what.to_string())?;
+    if let Some(problem) = outcome
+        .reports
+        .iter()
+        .flat_map(|r| &r.verdict.problems)
+        .next()
+    {
+        bail!("{what}: {problem}");
+    }
+    Ok(outcome)
+}
+
 fn calibrate(cpus: &[usize], kvm_device: &Path, epoch: Instant) -> Result<Calibration> {
     let mut points = Vec::new();
     for (bytes, text) in CALIBRATION_SIZES {
-        let toml = format!(
-            "{}[scheduler]\nkind = \"host\"\n[network]\nnet = \"pingpong:{text}\"\nwait = \"spin\"\n{}",
-            cpus_toml(cpus),
-            domains_toml(2, 1),
-        );
-        let outcome = run_node_text(&toml, kvm_device, epoch)
-            .with_context(|| format!("calibration ping-pong of {text} bytes"))?;
-        if let Some(problem) = outcome
-            .reports
-            .iter()
-            .flat_map(|r| &r.verdict.problems)
-            .next()
-        {
-            bail!("calibration ping-pong of {text} bytes: {problem}");
-        }
+        let outcome = calibration_run(
+            cpus,
+            "kind = \"host\"\n",
+            text,
+            &format!("calibration ping-pong of {text} bytes"),
+            (kvm_device, epoch),
+        )?;
         let switch = outcome.switch.unwrap_or_default();
         points.push(CalibrationPoint {
             message_bytes: bytes,
@@ -662,23 +680,16 @@ fn calibrate(cpus: &[usize], kvm_device: &Path, epoch: Instant) -> Result<Calibr
     }
     let (per_frame_us, per_kib_us) = fit(&points);
     // The driver under S1's 1/1 ms, on the small messages' ping-pong.
-    let toml = format!(
-        "{}[scheduler]\nkind = \"credit\"\ntslice_ms = {CALIBRATION_TICK_MS}\n\
-         tick_ms = {CALIBRATION_TICK_MS}\nratelimit_us = 0\naccounting = \"tick\"\n\
-         [network]\nnet = \"pingpong:8\"\nwait = \"spin\"\n{}",
-        cpus_toml(cpus),
-        domains_toml(2, 1),
-    );
-    let outcome = run_node_text(&toml, kvm_device, epoch)
-        .context("calibration of the credit driver (ping-pong at 1/1 ms)")?;
-    if let Some(problem) = outcome
-        .reports
-        .iter()
-        .flat_map(|r| &r.verdict.problems)
-        .next()
-    {
-        bail!("calibration of the credit driver: {problem}");
-    }
+    let outcome = calibration_run(
+        cpus,
+        &format!(
+            "kind = \"credit\"\ntslice_ms = {CALIBRATION_TICK_MS}\ntick_ms = {CALIBRATION_TICK_MS}\n\
+             ratelimit_us = 0\naccounting = \"tick\"\n"
+        ),
+        "8",
+        "calibration of the credit driver (ping-pong at 1/1 ms)",
+        (kvm_device, epoch),
+    )?;
     let driver = DriverCost::measured(
         outcome.overhead.driver.unwrap_or_default(),
         outcome.wall,
