@@ -584,7 +584,7 @@ pub struct DriverCost {
     /// It ran on the node's CPUs (the host has no CPU to spare), preempting a vCPU at
     /// each run; beside them it costs the node nothing.
     pub on_node_cpus: bool,
-    /// The simulator's `tick_us` this gives (see [`DriverCost::tick_us`]).
+    /// The simulator's `tick_us` this gives (`DriverCost::tick_us_for`).
     pub tick_us: f64,
 }
 
@@ -608,11 +608,10 @@ impl DriverCost {
     /// driver has a CPU of its own.
     fn tick_us_for(&self, pcpus: usize) -> f64 {
         let ticks = self.wall_s * 1e3 / CALIBRATION_TICK_MS * pcpus as f64;
-        if !self.on_node_cpus || self.runs == 0 || ticks <= 0.0 {
+        if !self.on_node_cpus || ticks <= 0.0 {
             return 0.0;
         }
-        let per_run = self.cpu_us as f64 / self.runs as f64 + 2.0 * SWITCH_US;
-        per_run * self.runs as f64 / ticks
+        (self.cpu_us as f64 + 2.0 * SWITCH_US * self.runs as f64) / ticks
     }
 }
 
