@@ -15,7 +15,7 @@ pub const SCHEMA: u32 = 1;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Record {
     pub schema: u32,
-    /// `git rev-parse HEAD` where the record was taken (null outside a checkout).
+    /// The commit the measuring binary was built from (null if built outside a checkout).
     pub commit: Option<String>,
     /// When the suite started, UTC, RFC 3339 (`2026-11-29T08:15:00Z`).
     pub date: String,
@@ -212,15 +212,10 @@ pub fn load_average() -> Option<f64> {
         .ok()
 }
 
-/// `git rev-parse HEAD` in the current directory, if it is a checkout.
+/// The commit this binary was built from (`build.rs`; None when built outside a git
+/// checkout). Not the checkout it runs in: an old binary keeps its own name.
 pub fn commit() -> Option<String> {
-    let out = Command::new("git")
-        .args(["rev-parse", "HEAD"])
-        .stderr(std::process::Stdio::null())
-        .output()
-        .ok()?;
-    let rev = String::from_utf8(out.stdout).ok()?.trim().to_string();
-    (out.status.success() && !rev.is_empty()).then_some(rev)
+    option_env!("KUMO_COMMIT").map(str::to_string)
 }
 
 /// Now, UTC, as RFC 3339 to the second.
@@ -332,6 +327,15 @@ mod tests {
         let mut v = serde_json::to_value(sample_record()).unwrap();
         v["figures"][0]["median"] = 0.into();
         assert!(Record::parse(&v.to_string()).is_err());
+    }
+
+    #[test]
+    fn the_commit_is_the_one_built_from_a_full_hash() {
+        // Built from a checkout (as tests are): the build script's full hash.
+        if let Some(rev) = commit() {
+            assert_eq!(rev.len(), 40, "{rev}");
+            assert!(rev.bytes().all(|b| b.is_ascii_hexdigit()), "{rev}");
+        }
     }
 
     #[test]
