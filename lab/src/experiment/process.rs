@@ -111,6 +111,11 @@ impl Process {
         }
     }
 
+    /// Whether it has ended (its status is kept for [`Process::state`]).
+    pub fn ended(&mut self) -> bool {
+        !matches!(self.child.try_wait(), Ok(None))
+    }
+
     /// What became of it so far, for an error elsewhere that it may explain: its exit
     /// status and last line, or that it still runs (with its last line, if any).
     pub fn state(&mut self) -> String {
