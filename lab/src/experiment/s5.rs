@@ -330,11 +330,24 @@ fn domains(socket: &Path) -> Result<DomainList> {
     serde_json::from_slice(&reply.body).context("reading the domain list")
 }
 
-fn wait_for_sockets(sockets: &[PathBuf]) -> Result<()> {
+/// Waits for every node's control socket, or until a node ends first (a node that
+/// could not start); the error says which socket did not appear and what became of
+/// each node.
+fn wait_for_sockets(sockets: &[PathBuf], nodes: &mut [Process]) -> Result<()> {
     let until = Instant::now() + START_PATIENCE;
     while !sockets.iter().all(|s| s.exists()) {
-        if Instant::now() >= until {
-            bail!("the nodes' control sockets did not appear");
+        if Instant::now() >= until || nodes.iter_mut().any(Process::ended) {
+            let missing: Vec<String> = sockets
+                .iter()
+                .filter(|s| !s.exists())
+                .filter_map(|s| Some(s.file_name()?.to_string_lossy().into_owned()))
+                .collect();
+            let states: Vec<String> = nodes.iter_mut().map(Process::state).collect();
+            bail!(
+                "the nodes' control sockets ({}) did not appear; {}",
+                missing.join(", "),
+                states.join("; ")
+            );
         }
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -406,7 +419,7 @@ fn one_run(shape: &Shape, placement: Placement, round: u32) -> Result<Run> {
         )?);
     }
     let start = Instant::now();
-    wait_for_sockets(&sockets)?;
+    wait_for_sockets(&sockets, &mut nodes)?;
     let mut problems = Vec::new();
     let mut moves = Vec::new();
     let mut segments = Vec::new();
@@ -675,14 +688,7 @@ pub fn run(args: &ExperimentArgs, _epoch: Instant) -> Result<u8> {
     let mpi = mpi_benchmark(args.quick);
     let wire = PathBuf::new(); // each run names its own
     // Every (workload, placement) once per round.
-    // The MPI job runs in the full form only: in debug builds its ranks' start across
-    // the wire timed out in CI replicas.
-    let workloads: &[Workload] = if args.quick {
-        &WORKLOADS[..1]
-    } else {
-        &WORKLOADS
-    };
-    let cases: Vec<(Workload, Placement)> = workloads
+    let cases: Vec<(Workload, Placement)> = WORKLOADS
         .iter()
         .flat_map(|&w| PLACEMENTS.iter().map(move |&p| (w, p)))
         .collect();
