@@ -7,7 +7,8 @@ Every line `KEY = ...` of CONFIG (all nodes', all sections') is set to each valu
 turn (several KEY=... sweep together, value by value; the key `compute*` multiplies
 every `compute:MS` phase instead), `KUMO sim --json` runs the
 result, and one row per value gives, per program, the first scenario's simulated
-time (and domain 0's CPU in it) and every other scenario's speed-up over it (the simulator's own numbers; this
+time (and domain 0's CPU in it) and every other scenario's speed-up over it, with the
+messages lost for a full receive ring where the file models one (the simulator's own numbers; this
 script only rewrites the file and tabulates). Used by
 docs/results/2026-11-28-s1-what-it-takes.md.
 """
@@ -74,14 +75,20 @@ def main():
         runs = json.loads(out)["runs"]
         programs = list(dict.fromkeys(r["program"] for r in runs))
         cells, names = [], []
+
+        def lost(r):
+            # Messages lost for a full receive ring (files with rx_ring_frames).
+            n = r.get("lost_messages")
+            return "" if n is None else f" [lost {n}]"
+
         for p in programs:
             mine = [r for r in runs if r["program"] == p]
             base = mine[0]
             names.append(f"{p} {base['scenario']} s (dom0 s)")
-            cells.append(f"{base['time_s']:.3f} ({base['dom0_cpu_s']:.3f})")
+            cells.append(f"{base['time_s']:.3f} ({base['dom0_cpu_s']:.3f}){lost(base)}")
             for r in mine[1:]:
                 names.append(f"{p} {r['scenario']}")
-                cells.append(f"{(r['speedup'] - 1) * 100:+.1f} %")
+                cells.append(f"{(r['speedup'] - 1) * 100:+.1f} %{lost(r)}")
         keys = " ".join(k for k, _ in sweeps)
         if header is None:
             header = [keys] + names

@@ -104,6 +104,16 @@ pub struct Costs {
     /// modelled): a message domain 0 forwards later than this after it was sent
     /// costs domain 0 the frames the sender's timer adds (`model.rs`, `dom0_resend`).
     pub retransmit_after_ms: f64,
+    /// A DomU's receive ring, in frames (0: unlimited, kumo's switch, which queues
+    /// for a slow reader). A message domain 0 delivers to a DomU whose vCPU is not
+    /// running takes ring slots until that vCPU runs again and drains them; one that
+    /// does not fit is lost (a netback dropping for a full ring: 256 slots in Xen
+    /// 3.4's netfront, 64 posted at first) and its sender's TCP resends it after
+    /// `lost_resend_ms`.
+    pub rx_ring_frames: f64,
+    /// A lost message's resend, in ms: Linux TCP's minimum retransmission timeout
+    /// (200), doubling for each loss of the same message, up to 120 s.
+    pub lost_resend_ms: f64,
     /// Between nodes: latency of the wire and switch, and each node's link rate.
     pub network_latency_us: f64,
     pub network_mb_s: f64,
@@ -133,6 +143,8 @@ impl Default for Costs {
             frame_payload_bytes: GUEST_FRAME_PAYLOAD,
             extra_frames_per_message: 0.0,
             retransmit_after_ms: 0.0,
+            rx_ring_frames: 0.0,
+            lost_resend_ms: 200.0,
             network_latency_us: 30.0,
             network_mb_s: 117.0,
             // No guest scheduler in files written before it: unchanged results.
@@ -420,6 +432,7 @@ fn check_costs(c: Costs) -> Result<Costs> {
         ("dom0_per_frame_kib_us", c.dom0_per_frame_kib_us),
         ("extra_frames_per_message", c.extra_frames_per_message),
         ("retransmit_after_ms", c.retransmit_after_ms),
+        ("lost_resend_ms", c.lost_resend_ms),
         ("network_latency_us", c.network_latency_us),
         ("guest_tick_us", c.guest_tick_us),
         ("guest_switch_us", c.guest_switch_us),
@@ -435,6 +448,15 @@ fn check_costs(c: Costs) -> Result<Costs> {
             "costs.frame_payload_bytes {} is outside 1..=1000000 (bytes)",
             c.frame_payload_bytes
         );
+    }
+    if !(0.0..=1e6).contains(&c.rx_ring_frames) {
+        bail!(
+            "costs.rx_ring_frames {} is outside 0..=1000000 (frames; 0: unlimited)",
+            c.rx_ring_frames
+        );
+    }
+    if c.rx_ring_frames > 0.0 && c.lost_resend_ms <= 0.0 {
+        bail!("costs.lost_resend_ms must be above 0 with a finite rx_ring_frames");
     }
     if !(c.network_mb_s > 0.0 && c.network_mb_s <= 1e7) {
         bail!(
@@ -1037,6 +1059,14 @@ phases = ["compute:1.5", "exchange:ring:100"]
             (
                 format!("{SMALL}[costs]\nswitch_us = -1\n"),
                 "costs.switch_us -1 is outside",
+            ),
+            (
+                format!("{SMALL}[costs]\nrx_ring_frames = -64\n"),
+                "costs.rx_ring_frames -64 is outside",
+            ),
+            (
+                format!("{SMALL}[costs]\nrx_ring_frames = 64\nlost_resend_ms = 0\n"),
+                "lost_resend_ms must be above 0",
             ),
             (
                 format!("duration_s = 0\n{SMALL}"),

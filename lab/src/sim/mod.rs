@@ -72,6 +72,12 @@
 //!   last acknowledgement to that sender) costs domain 0 a probe and its answer per
 //!   timeout (doubling) and, if it had not arrived by the first, its data again
 //!   (docs/results/2026-11-28-sim-loaded-dom0.md).
+//!   With `rx_ring_frames` (0, unlimited, by default: kumo's switch queues for a slow
+//!   reader) each DomU has a receive ring: what domain 0 delivers while the DomU's
+//!   vCPU is off its pCPU waits in it until the vCPU is next dispatched; of a message
+//!   that does not fit, the rest is lost and its sender's domain 0 sends it again
+//!   `lost_resend_ms` later (TCP's 200 ms minimum, doubling per loss; no window, no
+//!   fast retransmit) (docs/results/2026-11-29-sim-s1-tcp.md).
 //! - **Domain 0** works through its node's job queue in order (message sides, `io`
 //!   requests). A domain 0 vCPU with nothing to do halts; new work wakes one (unless
 //!   one is awake between jobs), and the credit scheduler BOOSTs it on that wake-up
@@ -246,6 +252,52 @@ mod tests {
         assert!((r.runs[0].dom0_cpu_s - 44e-6).abs() < 1e-12);
         // The receiver spun all along (it had its own pCPU).
         assert!((r.runs[0].ranks[1].busy_wait_s - t).abs() < 1e-12);
+    }
+
+    /// One pCPU: rank 0 sends 100 frames of 1000 bytes to rank 1, which computes
+    /// 50 ms first. Domain 0 delivers on the one pCPU, so rank 1's vCPU never runs
+    /// as the frames come: they wait in its receive ring of `ring` frames.
+    fn one_message_through_a_ring(ring: u32) -> report::Run {
+        let text = format!(
+            "duration_s = 60\n[costs]\nswitch_us = 0\nwake_us = 0\nsend_us = 0\n\
+             dom0_per_message_us = 10\nframe_payload_bytes = 1000\n\
+             rx_ring_frames = {ring}\nlost_resend_ms = 100\n\
+             [[node]]\nname = \"n\"\npcpus = 1\n\
+             [[node.domain]]\nname = \"x\"\n[[node.domain]]\nname = \"y\"\n\
+             [[program]]\nname = \"p\"\n\
+             [[program.rank]]\nranks = [0]\nphases = [\"send:1:99984\"]\n\
+             [[program.rank]]\nranks = [1]\nphases = [\"compute:50\", \"recv:0\"]\n"
+        );
+        run_text(&text).runs.remove(0)
+    }
+
+    #[test]
+    fn a_message_larger_than_a_descheduled_receivers_ring_waits_for_its_resend() {
+        // Unlimited (kumo's switch queues for a slow reader): no loss, done when
+        // rank 1's compute is.
+        let unlimited = one_message_through_a_ring(0);
+        assert_eq!(unlimited.lost_messages, None);
+        let t = unlimited.time_s.unwrap();
+        assert!(t < 0.06, "{t}");
+        // A ring of 200 frames holds it all.
+        let roomy = one_message_through_a_ring(200);
+        assert_eq!(roomy.lost_messages, Some(0));
+        assert_eq!(roomy.time_s, unlimited.time_s);
+        // A ring of 60: 60 frames wait in it, the other 40 are lost and resent
+        // 100 ms later, when rank 1 has drained the ring (it ran meanwhile). The
+        // loss came about 31 ms in (rank 1 ran first, domain 0 after its slice).
+        let small = one_message_through_a_ring(60);
+        assert_eq!(small.lost_messages, Some(1));
+        let t = small.time_s.unwrap();
+        assert!((0.13..0.14).contains(&t), "{t}");
+        // Domain 0 carries the lost 40 % of the bytes a second time.
+        let extra = small.dom0_cpu_s / unlimited.dom0_cpu_s;
+        assert!((1.35..1.45).contains(&extra), "{extra} {small:?}");
+        // A ring of 10: 10 frames a trip, the timer doubling each time: nine losses,
+        // 100 ms x (2^9 - 1) of waiting.
+        let tiny = one_message_through_a_ring(10);
+        assert_eq!(tiny.lost_messages, Some(9), "{tiny:?}");
+        assert!(tiny.time_s.unwrap() > 51.1, "{tiny:?}");
     }
 
     #[test]

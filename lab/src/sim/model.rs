@@ -12,6 +12,8 @@
 //! - `Wire`: a message reaches the receiving node's domain 0.
 //! - `Alarm`: a sleeping rank's timer, on a vCPU of several ranks (with one rank,
 //!   the timer is its vCPU's `Wake`).
+//! - `Lost`: a message lost for a full receive ring is resent by its sender's
+//!   domain 0 (the sender's TCP retransmission timer expired).
 //!
 //! A rank vCPU runs its ranks as tasks of a guest scheduler (one task, and no guest
 //! tick, unless the domain says otherwise): `Vcpu::act` is what its current task
@@ -58,6 +60,9 @@ struct Costs {
     frame_payload: f64,
     extra_frames: f64,
     rto: u64,
+    /// Receive ring frames per DomU (0: unlimited), and a lost message's first resend.
+    ring: f64,
+    lost_resend: u64,
     latency: u64,
     mb_s: f64,
 }
@@ -79,6 +84,8 @@ impl Costs {
             frame_payload: c.frame_payload_bytes,
             extra_frames: c.extra_frames_per_message,
             rto: ns(c.retransmit_after_ms * 1e3),
+            ring: c.rx_ring_frames,
+            lost_resend: ns(c.lost_resend_ms * 1e3),
             latency: ns(c.network_latency_us),
             mb_s: c.network_mb_s,
         }
@@ -93,7 +100,7 @@ impl Costs {
     /// stream's 16-byte message header included) and the extra ones (acknowledgements),
     /// with the bytes they carry (an extra frame is a minimum frame: 60 bytes).
     fn frames(&self, bytes: u64) -> (f64, f64) {
-        let data = ((bytes as f64 + 16.0) / self.frame_payload).ceil();
+        let data = self.data_frames(bytes);
         (
             data + self.extra_frames,
             bytes as f64 + 60.0 * self.extra_frames,
@@ -127,15 +134,23 @@ impl Costs {
             rto = (rto * 2).min(20 * self.rto);
         }
         let late = arrived > self.rto;
-        let data = if late {
-            ((bytes as f64 + 16.0) / self.frame_payload).ceil()
-        } else {
-            0.0
-        };
+        let data = if late { self.data_frames(bytes) } else { 0.0 };
         let frames = 2.0 * timeouts as f64 + data;
         let wire_bytes = if late { bytes as f64 } else { 0.0 } + 120.0 * timeouts as f64;
         (frames * self.dom0_frame as f64).round() as u64
             + ns(self.dom0_frame_kib_us * wire_bytes / 1024.0)
+    }
+
+    /// A message's data frames (the stream's 16-byte header included).
+    fn data_frames(&self, bytes: u64) -> f64 {
+        ((bytes as f64 + 16.0) / self.frame_payload).ceil()
+    }
+
+    /// When a message lost `losses` times so far is resent, after its latest loss:
+    /// the retransmission timeout, doubled per earlier loss, at most 120 s (Linux's
+    /// TCP_RTO_MAX).
+    fn resend_after(&self, losses: u32) -> u64 {
+        (self.lost_resend << losses.min(20)).min(120_000_000_000)
     }
 
     /// Time on the link (1 MB/s = 1 byte/us, so bytes * 1000 / MB/s is ns).
@@ -163,6 +178,8 @@ pub struct Outcome {
     /// Guest ticks delivered and rank switches inside guests, all vCPUs.
     pub guest_ticks: u64,
     pub guest_switches: u64,
+    /// Messages lost for a full receive ring (each loss counted; `rx_ring_frames`).
+    pub lost: u64,
     /// With the auto slice: per node, its epochs, those in the short setting, and its
     /// changes of setting.
     pub auto_slice: Option<Vec<(u64, u64, usize)>>,
@@ -203,6 +220,8 @@ struct Msg {
     bytes: u64,
     /// When its sender handed it on (its retransmission timer starts).
     sent_at: u64,
+    /// Times it was lost for a full receive ring.
+    losses: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -212,6 +231,7 @@ enum Event {
     Wake { vcpu: u32 },
     Wire { msg: Msg },
     Alarm { rank: u32 },
+    Lost { msg: Msg },
 }
 
 /// What a vCPU is doing.
@@ -274,6 +294,9 @@ struct Vcpu {
     wake_pending: bool,
     usage: Usage,
     guest: Guest,
+    /// Frames in its domain's receive ring that the guest has not drained (it drains
+    /// them when it runs).
+    ring: f64,
 }
 
 struct Rank {
@@ -347,6 +370,7 @@ struct Model<'a> {
     events: u64,
     guest_ticks: u64,
     guest_switches: u64,
+    lost: u64,
 }
 
 /// Runs `program` on the cluster of `sim` under `scenario`.
@@ -376,6 +400,7 @@ impl<'a> Model<'a> {
             events: 0,
             guest_ticks: 0,
             guest_switches: 0,
+            lost: 0,
         };
         for (n, node) in sim.nodes.iter().enumerate() {
             let mut sched = Scheduler::new(scenario.params, node.pcpus, 0)
@@ -439,6 +464,7 @@ impl<'a> Model<'a> {
                             next_tick: period,
                             debt: 0,
                         },
+                        ring: 0.0,
                     });
                 }
             }
@@ -497,7 +523,7 @@ impl<'a> Model<'a> {
     fn push(&mut self, at: u64, event: Event) {
         if matches!(
             event,
-            Event::Wake { .. } | Event::Wire { .. } | Event::Alarm { .. }
+            Event::Wake { .. } | Event::Wire { .. } | Event::Alarm { .. } | Event::Lost { .. }
         ) {
             self.in_flight += 1;
         }
@@ -531,6 +557,7 @@ impl<'a> Model<'a> {
                 Event::Wake { vcpu } => self.on_wake(vcpu as usize),
                 Event::Wire { msg } => self.on_wire(msg),
                 Event::Alarm { rank } => self.on_alarm(rank as usize),
+                Event::Lost { msg } => self.on_lost(msg),
             }
             if self.in_flight == 0 && self.events.is_multiple_of(DEADLOCK_CHECK_EVERY) {
                 self.check_deadlock()?;
@@ -613,6 +640,15 @@ impl<'a> Model<'a> {
         let n = self.vcpus[self.ranks[msg.to as usize].vcpu].node;
         let cost = self.costs.dom0(msg.bytes) + self.costs.dom0_frames(msg.bytes);
         self.dom0_enqueue(n, Job::Receive(msg), cost);
+        self.reschedule(n);
+    }
+
+    /// A lost message's resend: its sender's domain 0 sends it again.
+    fn on_lost(&mut self, msg: Msg) {
+        self.in_flight -= 1;
+        let n = self.vcpus[self.ranks[msg.from as usize].vcpu].node;
+        let cost = self.costs.dom0(msg.bytes) + self.costs.dom0_frames(msg.bytes);
+        self.dom0_enqueue(n, Job::Send(msg), cost);
         self.reschedule(n);
     }
 
@@ -737,6 +773,8 @@ impl<'a> Model<'a> {
             pc.dispatched = now;
             pc.progress_from = now + cost;
             self.vcpus[v].pcpu = Some(p);
+            // The guest drains its receive ring as soon as it runs.
+            self.vcpus[v].ring = 0.0;
         }
         self.refresh_done(n, p);
     }
@@ -812,6 +850,9 @@ impl<'a> Model<'a> {
             }
             Job::Receive(msg) => {
                 let r = msg.to as usize;
+                if !self.fits_ring(r, msg) {
+                    return;
+                }
                 self.ranks[r].mailbox[msg.from as usize] += 1;
                 if self.costs.rto > 0 {
                     let q = self.ranks[r].unacked.entry(msg.from).or_default();
@@ -825,6 +866,37 @@ impl<'a> Model<'a> {
             }
             Job::Resend => {}
         }
+    }
+
+    /// Whether domain 0 can put all of `msg` into its receiver's ring: always while
+    /// the receiving vCPU runs (it drains what comes) or with an unlimited ring; else
+    /// if its frames fit beside those waiting. Of one that does not fit, the frames
+    /// that do are kept (the ring is then full) and the rest is lost: the sender's
+    /// TCP resends that rest later (`Event::Lost`), and the message is there when
+    /// all of it is.
+    fn fits_ring(&mut self, r: usize, msg: Msg) -> bool {
+        let v = self.ranks[r].vcpu;
+        if self.costs.ring <= 0.0 || self.vcpus[v].pcpu.is_some() {
+            return true;
+        }
+        let frames = self.costs.data_frames(msg.bytes);
+        let vc = &mut self.vcpus[v];
+        let free = (self.costs.ring - vc.ring).floor();
+        if frames <= free {
+            vc.ring += frames;
+            return true;
+        }
+        vc.ring = self.costs.ring;
+        self.lost += 1;
+        let kept = (free * self.costs.frame_payload) as u64;
+        let at = self.now + self.costs.resend_after(msg.losses);
+        let rest = Msg {
+            bytes: msg.bytes.saturating_sub(kept).max(1),
+            losses: msg.losses + 1,
+            ..msg
+        };
+        self.push(at, Event::Lost { msg: rest });
+        false
     }
 
     // ---- ranks ----
@@ -1087,6 +1159,7 @@ impl<'a> Model<'a> {
                             to,
                             bytes,
                             sent_at: self.now,
+                            losses: 0,
                         };
                         let cost = self.costs.dom0(bytes) + self.costs.dom0_frames(bytes);
                         self.dom0_enqueue(n, Job::Send(msg), cost);
@@ -1253,6 +1326,7 @@ impl<'a> Model<'a> {
                 .sum(),
             guest_ticks: self.guest_ticks,
             guest_switches: self.guest_switches,
+            lost: self.lost,
             auto_slice: self.nodes[0].sched.auto().is_some().then(|| {
                 self.nodes
                     .iter()

@@ -49,6 +49,10 @@ pub struct Run {
     pub guest_ticks: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub guest_switches: Option<u64>,
+    /// Messages lost for a full receive ring and resent (absent with an unlimited
+    /// ring, `rx_ring_frames = 0`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lost_messages: Option<u64>,
     /// With the auto slice (`auto_slice = true`): the share of its epochs that ran
     /// the short setting, and its changes of setting, over all nodes.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -157,6 +161,7 @@ impl Run {
             directed_boosts: o.directed_boosts,
             guest_ticks: guest.then_some(o.guest_ticks),
             guest_switches: guest.then_some(o.guest_switches),
+            lost_messages: (sim.costs.rx_ring_frames > 0.0).then_some(o.lost),
             auto_short_share: o.auto_slice.as_ref().map(|nodes| {
                 let (epochs, short) = nodes
                     .iter()
