@@ -156,9 +156,8 @@ pub fn migrate_once(
     std::fs::write(&guest, kumo_vmm::guest::EMBEDDED_GUEST)?;
     // A migratable `+invtsc` CPU needs its TSC rate stated.
     let khz = hv::host_tsc_khz(kvm_device)?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
+    // For the destination QEMU to listen on (below the ephemeral range: see the helper).
+    let port = kumo_lab::experiment::process::free_port()?;
     let qmp_arg = |name: &str| format!("unix:{},server=on,wait=off", dir.join(name).display());
     let console = dir.join("src.console");
     let start_qemu = |extra: &[String], console: Option<&Path>| -> Result<Child> {

@@ -10,13 +10,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use common::*;
 
-/// A loopback port nobody listens on now.
+/// A loopback port nobody listens on now, below the ephemeral range (the
+/// experiments' helper: a kernel-picked port could meanwhile become some outgoing
+/// connection's local port).
 pub(crate) fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    kumo_lab::experiment::process::free_port().unwrap()
 }
 
 /// Waits (hang guard of the test's process) until something listens on `port`.

@@ -289,12 +289,8 @@ fn a_kumo_vm_and_a_qemu_vm_share_a_tcp_wire_and_both_verify() {
     if !kvm_available() || !qemu_available() {
         return;
     }
-    // A free port, taken from the kernel and released for QEMU.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    // A free port for QEMU to listen on (below the ephemeral range: see the helper).
+    let port = kumo_lab::experiment::process::free_port().unwrap();
     let server =
         format!("stream,id=n0,server=on,addr.type=inet,addr.host=127.0.0.1,addr.port={port}");
     let (ours, theirs) =

@@ -228,27 +228,6 @@ pub fn standby_toml(
 }
 
 /// A loopback port free now, for a destination to listen on.
-/// A port on 127.0.0.1 that is free now, for a node to listen on later. Taken below
-/// Linux's ephemeral range (32768-60999 by default): a port the kernel picked (bind
-/// to port 0) could be handed out again, in the meantime, as the local port of any
-/// outgoing connection on the host, and the node's bind would then fail.
-pub(super) fn free_port() -> Result<u16> {
-    const FIRST: u16 = 20_000;
-    const COUNT: u16 = 12_000;
-    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    // Start where this process's earlier calls left off, spread by its pid so that
-    // concurrent experiments start apart.
-    let start = std::process::id().wrapping_mul(2_654_435_761) % u32::from(COUNT);
-    for _ in 0..COUNT {
-        let k = (start + NEXT.fetch_add(1, Ordering::Relaxed)) % u32::from(COUNT);
-        let port = FIRST + k as u16;
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return Ok(port);
-        }
-    }
-    anyhow::bail!("no free port on 127.0.0.1 in {FIRST}..{}", FIRST + COUNT)
-}
-
 fn wait_for(path: &Path, until: Instant, stop: &AtomicBool) -> bool {
     while !path.exists() {
         if Instant::now() >= until || stop.load(Ordering::SeqCst) {
@@ -297,7 +276,12 @@ fn standby_side(
     let words = |list: &[&str]| -> Vec<String> { list.iter().map(|w| w.to_string()).collect() };
     let incoming = MOVING[..mode.migrations.max(1)]
         .iter()
-        .map(|name| Ok((*name, format!("tcp:127.0.0.1:{}", free_port()?))))
+        .map(|name| {
+            Ok((
+                *name,
+                format!("tcp:127.0.0.1:{}", super::process::free_port()?),
+            ))
+        })
         .collect::<Result<Vec<_>>>()?;
     let config = dir.join("standby.toml");
     std::fs::write(

@@ -7,7 +7,7 @@
 
 pub mod migrate;
 pub mod plot;
-mod process;
+pub mod process;
 pub mod s1;
 pub mod s2;
 pub mod s3;

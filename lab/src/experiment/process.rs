@@ -1,6 +1,6 @@
-//! The processes and scratch directories of experiments that run more than one kumo:
-//! a child kumo killed if the experiment ends first, and a directory removed with
-//! the run.
+//! The processes, scratch directories and ports of experiments that run more than
+//! one kumo: a child kumo killed if the experiment ends first, a directory removed
+//! with the run, and a port for a node to listen on.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -169,4 +169,25 @@ impl Drop for RunDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+/// A port on 127.0.0.1 that is free now, for a node to listen on later. Taken below
+/// Linux's ephemeral range (32768-60999 by default): a port the kernel picked (bind
+/// to port 0) could be handed out again, in the meantime, as the local port of any
+/// outgoing connection on the host, and the node's bind would then fail.
+pub fn free_port() -> Result<u16> {
+    const FIRST: u16 = 20_000;
+    const COUNT: u16 = 12_000;
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    // Start where this process's earlier calls left off, spread by its pid so that
+    // concurrent experiments start apart.
+    let start = std::process::id().wrapping_mul(2_654_435_761) % u32::from(COUNT);
+    for _ in 0..COUNT {
+        let k = (start + NEXT.fetch_add(1, Ordering::Relaxed)) % u32::from(COUNT);
+        let port = FIRST + k as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    anyhow::bail!("no free port on 127.0.0.1 in {FIRST}..{}", FIRST + COUNT)
 }

@@ -367,7 +367,7 @@ fn one_run(shape: &Shape, placement: Placement, round: u32) -> Result<Run> {
         let mut addresses = vec![None; HOSTS.len()];
         for (h, address) in addresses.iter_mut().enumerate() {
             if h != home {
-                *address = Some(format!("tcp:127.0.0.1:{}", super::migrate::free_port()?));
+                *address = Some(format!("tcp:127.0.0.1:{}", super::process::free_port()?));
             }
         }
         tracks.push(Track {
