@@ -107,6 +107,12 @@ impl Costs {
         )
     }
 
+    /// Domain 0's CPU for a message entering a node's switch (from a rank, or from
+    /// the wire): its side of the message and its frames.
+    fn dom0_entering(&self, bytes: u64) -> u64 {
+        self.dom0(bytes) + self.dom0_frames(bytes)
+    }
+
     /// Domain 0's per-frame CPU for a message entering a node's switch.
     fn dom0_frames(&self, bytes: u64) -> u64 {
         if self.dom0_frame == 0 && self.dom0_frame_kib_us == 0.0 {
@@ -638,7 +644,7 @@ impl<'a> Model<'a> {
     fn on_wire(&mut self, msg: Msg) {
         self.in_flight -= 1;
         let n = self.vcpus[self.ranks[msg.to as usize].vcpu].node;
-        let cost = self.costs.dom0(msg.bytes) + self.costs.dom0_frames(msg.bytes);
+        let cost = self.costs.dom0_entering(msg.bytes);
         self.dom0_enqueue(n, Job::Receive(msg), cost);
         self.reschedule(n);
     }
@@ -647,7 +653,7 @@ impl<'a> Model<'a> {
     fn on_lost(&mut self, msg: Msg) {
         self.in_flight -= 1;
         let n = self.vcpus[self.ranks[msg.from as usize].vcpu].node;
-        let cost = self.costs.dom0(msg.bytes) + self.costs.dom0_frames(msg.bytes);
+        let cost = self.costs.dom0_entering(msg.bytes);
         self.dom0_enqueue(n, Job::Send(msg), cost);
         self.reschedule(n);
     }
@@ -1161,7 +1167,7 @@ impl<'a> Model<'a> {
                             sent_at: self.now,
                             losses: 0,
                         };
-                        let cost = self.costs.dom0(bytes) + self.costs.dom0_frames(bytes);
+                        let cost = self.costs.dom0_entering(bytes);
                         self.dom0_enqueue(n, Job::Send(msg), cost);
                     }
                 }
