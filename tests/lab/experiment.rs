@@ -250,8 +250,8 @@ fn s5_quick_balances_vms_from_the_slow_host_and_loses_no_result() {
     let runs = report["runs"].as_array().unwrap();
     assert_eq!(
         runs.len(),
-        4,
-        "static and balanced, jobs and MPI, once each: {report}"
+        2,
+        "static and balanced jobs, once each (MPI in the full form only): {report}"
     );
     for run in runs {
         // Every VM printed every result verified, wherever it ended.

@@ -688,7 +688,15 @@ pub fn run(args: &ExperimentArgs, _epoch: Instant) -> Result<u8> {
     let mpi = mpi_benchmark(args.quick);
     let wire = PathBuf::new(); // each run names its own
     // Every (workload, placement) once per round.
-    let cases: Vec<(Workload, Placement)> = WORKLOADS
+    // The MPI job runs in the full form only: in debug builds under CI its ranks'
+    // streams stalled (every rank's guest MPI gave up after 20 s without progress,
+    // 2026-11-29, and its start across the wire timed out before).
+    let workloads: &[Workload] = if args.quick {
+        &WORKLOADS[..1]
+    } else {
+        &WORKLOADS
+    };
+    let cases: Vec<(Workload, Placement)> = workloads
         .iter()
         .flat_map(|&w| PLACEMENTS.iter().map(move |&p| (w, p)))
         .collect();
