@@ -227,7 +227,6 @@ pub fn standby_toml(
     text
 }
 
-/// A loopback port free now, for a destination to listen on.
 fn wait_for(path: &Path, until: Instant, stop: &AtomicBool) -> bool {
     while !path.exists() {
         if Instant::now() >= until || stop.load(Ordering::SeqCst) {
