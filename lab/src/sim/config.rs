@@ -34,6 +34,8 @@ const MAX_VCPUS: u32 = sched::MAX_PCPUS;
 /// The guest's tick when a domain runs several ranks per vCPU and gives none (a 2009
 /// Linux guest's HZ, as kumo's guest: `docs/guests-multirank.md`).
 pub const DEFAULT_GUEST_HZ: u32 = 250;
+/// The longest guest slice: 1000 ticks, 4 s at 250 Hz.
+pub const MAX_GUEST_SLICE_TICKS: u32 = 1000;
 /// Payload bytes in one frame of kumo's guest MPI: a 9014-byte frame less the
 /// Ethernet (14) and kumo (32) headers (`guests/user/src/mpi.rs`, `PAYLOAD`).
 pub const GUEST_FRAME_PAYLOAD: f64 = 8968.0;
@@ -184,6 +186,10 @@ struct DomainFile {
     /// The guest's tick in Hz (default [`DEFAULT_GUEST_HZ`] when `ranks_per_vcpu` > 1;
     /// none with one rank per vCPU unless given).
     guest_hz: Option<u32>,
+    /// Guest ticks a spinning rank keeps its vCPU before the guest switches (default
+    /// 1, kumo's guest; Linux 2.6's O(1) scheduler gave a CPU-bound task 100 ms, 25
+    /// ticks at 250 Hz).
+    guest_slice_ticks: Option<u32>,
 }
 
 fn one() -> u32 {
@@ -255,6 +261,8 @@ struct ScenarioFile {
     wait: Option<Wait>,
     /// Every domain's guest tick in Hz (a domain of one rank per vCPU then ticks too).
     guest_hz: Option<u32>,
+    /// Every domain's guest slice in ticks.
+    guest_slice_ticks: Option<u32>,
     #[serde(rename = "domain", default)]
     domains: Vec<ScenarioDomainFile>,
 }
@@ -300,6 +308,8 @@ pub struct Domain {
     pub ranks_per_vcpu: u32,
     /// The guest's tick (`None`: not modelled).
     pub guest_hz: Option<u32>,
+    /// Ticks a task keeps the vCPU before the guest switches round robin.
+    pub guest_slice_ticks: u32,
 }
 
 /// A rank's node, domain (index into `Node::domains`) and vCPU within the domain
@@ -330,6 +340,8 @@ pub struct Scenario {
     pub wait: Option<Wait>,
     /// Overrides every domain's guest tick.
     pub guest_hz: Option<u32>,
+    /// Overrides every domain's guest slice.
+    pub guest_slice_ticks: Option<u32>,
     /// Weight and cap of every domain of every node (same shape as `Node::domains`).
     pub shares: Vec<Vec<(u32, u32)>>,
 }
@@ -374,6 +386,13 @@ fn check_cap(what: &str, cap: u32, pcpus: u32) -> Result<()> {
             "{what}: cap {cap} is above {} (100 per pCPU of the node; 0 = no cap)",
             100 * pcpus
         );
+    }
+    Ok(())
+}
+
+fn check_guest_slice(what: &str, ticks: u32) -> Result<()> {
+    if !(1..=MAX_GUEST_SLICE_TICKS).contains(&ticks) {
+        bail!("{what}: guest_slice_ticks {ticks} is outside 1..={MAX_GUEST_SLICE_TICKS}");
     }
     Ok(())
 }
@@ -501,6 +520,7 @@ fn check_nodes(files: Vec<NodeFile>) -> Result<(Vec<Node>, Vec<RankPlace>)> {
             cap: 0,
             ranks_per_vcpu: 1,
             guest_hz: None,
+            guest_slice_ticks: 1,
         }];
         for d in n.domains {
             check_name("domain", &d.name)?;
@@ -525,6 +545,9 @@ fn check_nodes(files: Vec<NodeFile>) -> Result<(Vec<Node>, Vec<RankPlace>)> {
             if let Some(hz) = d.guest_hz {
                 check_guest_hz(&what, hz)?;
             }
+            if let Some(ticks) = d.guest_slice_ticks {
+                check_guest_slice(&what, ticks)?;
+            }
             // vCPU v runs ranks first + v*R + k, k < R: the guest's own numbering.
             for vcpu in 0..d.vcpus {
                 for _ in 0..d.ranks_per_vcpu {
@@ -546,6 +569,7 @@ fn check_nodes(files: Vec<NodeFile>) -> Result<(Vec<Node>, Vec<RankPlace>)> {
                 cap: d.cap,
                 ranks_per_vcpu: d.ranks_per_vcpu,
                 guest_hz,
+                guest_slice_ticks: d.guest_slice_ticks.unwrap_or(1),
             });
         }
         nodes.push(Node {
@@ -692,6 +716,7 @@ fn check_scenarios(
             auto_slice: false,
             wait: None,
             guest_hz: None,
+            guest_slice_ticks: None,
             shares: file_shares,
         }]);
     }
@@ -717,6 +742,9 @@ fn check_scenarios(
         .with_context(|| what.clone())?;
         if let Some(hz) = s.guest_hz {
             check_guest_hz(&what, hz)?;
+        }
+        if let Some(ticks) = s.guest_slice_ticks {
+            check_guest_slice(&what, ticks)?;
         }
         let mut shares = file_shares.clone();
         if let Some(w) = s.dom0_weight {
@@ -772,6 +800,7 @@ fn check_scenarios(
             auto_slice: s.auto_slice.unwrap_or(false),
             wait: s.wait,
             guest_hz: s.guest_hz,
+            guest_slice_ticks: s.guest_slice_ticks,
             shares,
         });
     }
@@ -933,6 +962,10 @@ phases = ["compute:1.5", "exchange:ring:100"]
                 "guest_hz = 5001",
                 "node 'n0' domain 'b': guest_hz 5001 is outside 1..=5000",
             ),
+            (
+                "guest_slice_ticks = 0",
+                "node 'n0' domain 'b': guest_slice_ticks 0 is outside 1..=1000",
+            ),
             ("ranks_per_vcpu = -1", "invalid value: integer `-1`"),
             ("ranks = 2", "unknown field `ranks`"),
         ];
@@ -950,6 +983,12 @@ phases = ["compute:1.5", "exchange:ring:100"]
                 "{SMALL}[[scenario]]\nname = \"x\"\nguest_hz = 9000\n"
             )),
             "scenario 'x': guest_hz 9000 is outside 1..=5000"
+        );
+        assert_eq!(
+            error(&format!(
+                "{SMALL}[[scenario]]\nname = \"x\"\nguest_slice_ticks = 1001\n"
+            )),
+            "scenario 'x': guest_slice_ticks 1001 is outside 1..=1000"
         );
         assert_eq!(
             error(&format!("{SMALL}[costs]\nguest_switch_us = -94\n")),

@@ -30,8 +30,11 @@
 //!   of 1/guest_hz of host time, as the LAPIC timer runs; one that comes while the
 //!   vCPU does not run is delivered when it next runs (at most one pending). Each
 //!   tick costs the vCPU `guest_tick_us`, and if another task can run the guest
-//!   switches to the next one round robin (slices of one tick) for `guest_switch_us`
-//!   more. Waits: `spin` polls until the tick preempts it (the vCPU stays runnable);
+//!   switches to the next one round robin for `guest_switch_us` more, once the
+//!   current one has had its slice: `guest_slice_ticks` ticks (1, kumo's guest, by
+//!   default; Linux 2.6's O(1) scheduler gave a CPU-bound task 100 ms, 25 ticks at
+//!   250 Hz). The slice counts ticks received, so it lasts longer in host time on a
+//!   vCPU often kept off its pCPU. Waits: `spin` polls until the tick preempts it (the vCPU stays runnable);
 //!   `yield` hands the vCPU to the next task that can go on at once (a
 //!   `guest_switch_us`), or polls if there is none and yields as soon as one can;
 //!   `block` puts the task to sleep and switches to another (`guest_switch_us`), and
@@ -442,6 +445,34 @@ mod tests {
         // Blocking with the other rank runnable switches to it, as a yield does.
         let block = round_trip(3);
         assert!((block - yielding).abs() < 1e-9, "{block} {yielding}");
+    }
+
+    /// Linux's O(1) scheduler let a CPU-bound task keep its CPU for 100 ms (25 ticks
+    /// at 250 Hz): two ranks spinning on one vCPU then wait a whole slice for each
+    /// other, where a yielding rank hands over at once, whatever the slice.
+    #[test]
+    fn a_guest_slice_of_several_ticks_stretches_spinning_waits_not_yielding_ones() {
+        let extra = [
+            scenario("spin-5", "wait = \"spin\"\nguest_slice_ticks = 5"),
+            scenario("spin-25", "wait = \"spin\"\nguest_slice_ticks = 25"),
+            scenario("yield-1", "wait = \"yield\""),
+            scenario("yield-25", "wait = \"yield\"\nguest_slice_ticks = 25"),
+        ]
+        .concat();
+        let r = run_text(&multirank(1, 2, PING_PONG, &extra));
+        let round_trip = |i: usize| {
+            assert!(r.runs[i].finished, "{}", r.runs[i].scenario);
+            r.runs[i].time_s.unwrap() / 100.0
+        };
+        // Each message waits for its receiver's turn: a slice of 5 or 25 4-ms ticks.
+        let spin_5 = round_trip(0);
+        assert!((spin_5 - 40e-3).abs() < 0.01 * 40e-3, "{spin_5}");
+        let spin_25 = round_trip(1);
+        assert!((spin_25 - 200e-3).abs() < 0.01 * 200e-3, "{spin_25}");
+        assert_eq!(r.runs[1].domains[1].guest_slice_ticks, Some(25));
+        assert_eq!(r.runs[2].domains[1].guest_slice_ticks, None);
+        let (yield_1, yield_25) = (round_trip(2), round_trip(3));
+        assert!((yield_1 - yield_25).abs() < 1e-9, "{yield_1} {yield_25}");
     }
 
     /// kumo's driver sleeps tickless while each pCPU has one vCPU and domain 0 is

@@ -270,14 +270,19 @@ enum Role {
     Ranks,
 }
 
-/// The guest scheduler of a rank vCPU: its ranks are tasks, switched round robin at
-/// its periodic tick (a slice of one tick) and when the current one yields or sleeps.
+/// The guest scheduler of a rank vCPU: its ranks are tasks, switched round robin
+/// when the current one has had `slice_ticks` of its periodic ticks, and when it
+/// yields or sleeps.
 struct Guest {
     /// Its ranks, task order (task k is rank `tasks[0] + k`).
     tasks: Vec<usize>,
     current: usize,
     /// Nanoseconds between ticks (0: no tick).
     period: u64,
+    /// Ticks a task keeps the vCPU (1: it is switched at every tick).
+    slice_ticks: u32,
+    /// Ticks the current task has left of its slice.
+    slice_left: u32,
     /// When the next tick comes (host time, a multiple of `period`); one in the past
     /// is pending (it came while the vCPU did not run).
     next_tick: u64,
@@ -418,6 +423,9 @@ impl<'a> Model<'a> {
                 let (weight, cap) = scenario.shares[n][d];
                 let hz = scenario.guest_hz.or(domain.guest_hz);
                 let period = hz.map_or(0, |hz| (1e9 / f64::from(hz)).round() as u64);
+                let slice_ticks = scenario
+                    .guest_slice_ticks
+                    .unwrap_or(domain.guest_slice_ticks);
                 let dom = sched
                     .add_domain(weight as u16, cap)
                     .map_err(|e| anyhow!("node '{}' domain '{}': {e}", node.name, domain.name))?;
@@ -467,6 +475,8 @@ impl<'a> Model<'a> {
                             tasks,
                             current: 0,
                             period,
+                            slice_ticks,
+                            slice_left: slice_ticks,
                             next_tick: period,
                             debt: 0,
                         },
@@ -987,13 +997,17 @@ impl<'a> Model<'a> {
         self.ranks[old].parked = vc.act;
         vc.act = self.ranks[new].parked;
         vc.guest.current = k;
+        vc.guest.slice_left = vc.guest.slice_ticks;
         vc.guest.debt += self.costs.guest_switch;
         self.guest_switches += 1;
     }
 
     /// Delivers running vCPU `v`'s guest tick if one is due (one that came while it
-    /// did not run comes now: coalesced, at most one): the tick's cost, and the next
-    /// task round robin. True if it ticked.
+    /// did not run comes now: coalesced, at most one): the tick's cost, and, if the
+    /// current task's slice is over, the next task round robin. True if it ticked.
+    /// The slice counts the ticks the vCPU received, as Linux's `scheduler_tick`
+    /// does: a vCPU kept off its pCPU for many tick periods gets one, so its tasks'
+    /// slices last longer in host time.
     fn guest_tick(&mut self, v: usize) -> bool {
         let vc = &mut self.vcpus[v];
         let g = &mut vc.guest;
@@ -1003,6 +1017,11 @@ impl<'a> Model<'a> {
         g.next_tick = (self.now / g.period + 1) * g.period;
         g.debt += self.costs.guest_tick;
         self.guest_ticks += 1;
+        g.slice_left = g.slice_left.saturating_sub(1);
+        if g.slice_left > 0 {
+            return true;
+        }
+        g.slice_left = g.slice_ticks;
         if let Some(k) = self.pick(v) {
             self.switch_task(v, k);
         }

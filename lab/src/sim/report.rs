@@ -74,6 +74,9 @@ pub struct DomainRow {
     pub ranks_per_vcpu: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub guest_hz: Option<u32>,
+    /// The guest's slice in ticks, where longer than one tick.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub guest_slice_ticks: Option<u32>,
     pub cpu_s: f64,
     pub work_s: f64,
     pub busy_wait_s: f64,
@@ -112,6 +115,9 @@ impl Run {
                     _ => scenario.guest_hz.or(domain.guest_hz),
                 };
                 guest |= guest_hz.is_some();
+                let slice = scenario
+                    .guest_slice_ticks
+                    .unwrap_or(domain.guest_slice_ticks);
                 domains.push(DomainRow {
                     node: node.name.clone(),
                     domain: domain.name.clone(),
@@ -120,6 +126,7 @@ impl Run {
                     ranks_per_vcpu: (domain.ranks_per_vcpu > 1 || guest_hz.is_some())
                         .then_some(domain.ranks_per_vcpu),
                     guest_hz,
+                    guest_slice_ticks: (guest_hz.is_some() && slice > 1).then_some(slice),
                     cpu_s: secs(u.cpu_ns),
                     work_s: secs(u.work_ns),
                     busy_wait_s: secs(u.spin_ns),
