@@ -39,6 +39,7 @@ use super::process::{Process, RunDir};
 use super::s1::{self, Scenario};
 use super::{Progress, Summary, node_problems, summary_cell};
 use crate::experiment::ExperimentArgs;
+use kumo_vmm::spec::job::Wait;
 
 /// The node's host CPU and the standby node's.
 const NODE_CPU: usize = 0;
@@ -187,7 +188,7 @@ pub fn node_toml(scenario: &Scenario, spec: Spec, wire: &Path) -> String {
         scenario,
         spec,
         &[NODE_CPU],
-        (DOMUS, RANKS_PER_VCPU),
+        (DOMUS, RANKS_PER_VCPU, Wait::Spin),
         &format!(
             "wire = \"listen:unix:{}\"\nwire_wait_s = {}\n",
             wire.display(),
@@ -210,7 +211,7 @@ pub fn standby_toml(
         scenario,
         spec,
         &[STANDBY_CPU],
-        (0, RANKS_PER_VCPU),
+        (0, RANKS_PER_VCPU, Wait::Spin),
         &format!(
             "job_size = {}\nwire = \"unix:{}\"\nwire_wait_s = {}\n",
             DOMUS as u32 * RANKS_PER_VCPU,

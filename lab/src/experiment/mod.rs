@@ -64,6 +64,9 @@ pub fn run_experiment(args: &ExperimentArgs, epoch: Instant) -> Result<u8> {
         if !args.bench.is_empty() {
             bail!("--bench is for s1 only");
         }
+        if args.wait.is_some() {
+            bail!("--wait is for s1 only");
+        }
     }
     match args.name.as_str() {
         "s1" => s1::run(args, epoch),
@@ -281,6 +284,12 @@ pub struct ExperimentArgs {
     /// the family's own list.
     #[arg(long, value_delimiter = ',', value_name = "SPECS")]
     pub bench: Vec<String>,
+
+    /// s1 only: how a rank waits for a message: spin (poll until the guest's tick
+    /// switches ranks, the default, as S1 describes MPICH's MPI_Wait), yield (poll,
+    /// then hand the vCPU to the other rank) or block (halt until the NIC interrupts).
+    #[arg(long, value_enum, value_name = "HOW")]
+    pub wait: Option<kumo_vmm::spec::job::Wait>,
 
     /// The KVM device to open.
     #[arg(long, value_name = "PATH", default_value = "/dev/kvm")]

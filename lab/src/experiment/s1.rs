@@ -30,6 +30,7 @@ use super::{Progress, Summary, interleaved, node_problems, run_node_text, summar
 use crate::experiment::ExperimentArgs;
 use kumo_vmm::ctl::Accounting;
 use kumo_vmm::node;
+use kumo_vmm::spec::job::Wait;
 use kumo_vmm::stats;
 
 /// DomUs of the node, each with one vCPU.
@@ -362,9 +363,9 @@ fn domains_toml(count: usize, ranks_per_vcpu: u32) -> String {
         .collect()
 }
 
-/// The node file of one real run: S1's node.
-pub fn node_toml(scenario: &Scenario, spec: Spec, cpus: &[usize]) -> String {
-    rank_node_toml(scenario, spec, cpus, (DOMUS, RANKS_PER_VCPU), "")
+/// The node file of one real run: S1's node, its ranks waiting as `wait` says.
+pub fn node_toml(scenario: &Scenario, spec: Spec, cpus: &[usize], wait: Wait) -> String {
+    rank_node_toml(scenario, spec, cpus, (DOMUS, RANKS_PER_VCPU, wait), "")
 }
 
 /// S1's two nodes: the host's first four CPUs, two a node (None on a smaller host).
@@ -385,9 +386,10 @@ pub fn two_node_tomls(
     spec: Spec,
     cpus: &[Vec<usize>; 2],
     wire: &str,
+    wait: Wait,
 ) -> [String; 2] {
     let size = 2 * RANKS;
-    let shape = (DOMUS, RANKS_PER_VCPU);
+    let shape = (DOMUS, RANKS_PER_VCPU, wait);
     [
         rank_node_toml(
             scenario,
@@ -406,14 +408,14 @@ pub fn two_node_tomls(
     ]
 }
 
-/// A node of `domains` single-vCPU rank VMs of `spec`, `ranks_per_vcpu` ranks each,
-/// under `scenario`'s credit parameters, with `network_extra` lines in its
-/// `[network]` (a wire to ranks outside the node).
+/// A node of `domains` single-vCPU rank VMs of `spec`, `ranks_per_vcpu` ranks each
+/// waiting as `wait` says, under `scenario`'s credit parameters, with
+/// `network_extra` lines in its `[network]` (a wire to ranks outside the node).
 pub fn rank_node_toml(
     scenario: &Scenario,
     spec: Spec,
     cpus: &[usize],
-    (domains, ranks_per_vcpu): (usize, u32),
+    (domains, ranks_per_vcpu, wait): (usize, u32, Wait),
     network_extra: &str,
 ) -> String {
     let load = match scenario.dom0 {
@@ -423,13 +425,14 @@ pub fn rank_node_toml(
     format!(
         "{}[scheduler]\nkind = \"credit\"\ntslice_ms = {}\ntick_ms = {}\nratelimit_us = {}\n\
          accounting = \"{}\"\n[dom0]\nweight = {}\n{load}[network]\nnpb = \"{spec}\"\n\
-         wait = \"spin\"\n{network_extra}{}",
+         wait = \"{}\"\n{network_extra}{}",
         cpus_toml(cpus),
         scenario.slice_toml(),
         scenario.tick_ms,
         scenario.ratelimit_us,
         scenario.accounting.name(),
         scenario.dom0_weight,
+        wait.name(),
         domains_toml(domains, ranks_per_vcpu),
     )
 }
@@ -468,11 +471,11 @@ fn real_run(
     scenario: &Scenario,
     spec: Spec,
     round: u32,
-    cpus: &[usize],
+    (cpus, wait): (&[usize], Wait),
     kvm_device: &Path,
     epoch: Instant,
 ) -> Result<RealRun> {
-    let outcome = run_node_text(&node_toml(scenario, spec, cpus), kvm_device, epoch)
+    let outcome = run_node_text(&node_toml(scenario, spec, cpus, wait), kvm_device, epoch)
         .with_context(|| format!("scenario {} {spec}", scenario.name))?;
     Ok(measured(1, scenario, spec, round, &outcome))
 }
@@ -484,13 +487,13 @@ fn real_run_two_nodes(
     scenario: &Scenario,
     spec: Spec,
     round: u32,
-    cpus: &[Vec<usize>; 2],
+    (cpus, wait): (&[Vec<usize>; 2], Wait),
     kvm_device: &Path,
     epoch: Instant,
 ) -> Result<RealRun> {
     let dir = RunDir::new()?;
     let wire = format!("unix:{}", dir.0.join("wire.sock").display());
-    let [first, second] = two_node_tomls(scenario, spec, cpus, &wire);
+    let [first, second] = two_node_tomls(scenario, spec, cpus, &wire, wait);
     let second_file = dir.0.join("second-node.toml");
     std::fs::write(&second_file, second)
         .with_context(|| format!("writing {}", second_file.display()))?;
@@ -790,7 +793,7 @@ const GUEST_SWITCH_US: f64 = 94.0;
 /// (in this numbering half of a ring's messages cross between the DomUs) as many and
 /// as large as `traffic` says the real runs sent.
 pub fn sim_toml(
-    cpus: usize,
+    (cpus, wait): (usize, Wait),
     calibration: &Calibration,
     compute: &[(Spec, f64, Traffic)],
     scenarios: &[Scenario],
@@ -849,8 +852,9 @@ pub fn sim_toml(
             }
         };
         text.push_str(&format!(
-            "[[program]]\nname = \"{spec}\"\niterations = {steps}\nwait = \"spin\"\n\
-             phases = [{phases}]\n"
+            "[[program]]\nname = \"{spec}\"\niterations = {steps}\nwait = \"{}\"\n\
+             phases = [{phases}]\n",
+            wait.name()
         ));
     }
     for s in scenarios {
@@ -894,7 +898,7 @@ pub fn traffic(runs: &[RealRun], spec: Spec, baseline: &str) -> Traffic {
 
 /// The simulated time of `spec` alone under `scenario`.
 fn simulated_s(
-    cpus: usize,
+    cpus: (usize, Wait),
     calibration: &Calibration,
     program: (Spec, f64, Traffic),
     scenario: &Scenario,
@@ -915,7 +919,7 @@ fn simulated_s(
 /// waits for (messages between ranks of one DomU use shared memory, which domain 0
 /// never sees). The simulated time grows with the count, so it is a bisection.
 fn fit_exchanges(
-    cpus: usize,
+    cpus: (usize, Wait),
     calibration: &Calibration,
     (spec, serial_s, traffic): (Spec, f64, Traffic),
     baseline: &Scenario,
@@ -974,6 +978,8 @@ pub struct Report {
     pub domus: usize,
     pub ranks_per_vcpu: u32,
     pub guest_hz: u32,
+    /// How the ranks wait for a message (`--wait`).
+    pub wait: Wait,
     pub ranks: usize,
     /// Whether S1's two-node shape ran, and where (or why not).
     pub two_nodes: String,
@@ -1058,6 +1064,7 @@ pub fn rows(
 
 pub fn run(args: &ExperimentArgs, epoch: Instant) -> Result<u8> {
     let cpus = node_cpus();
+    let wait = args.wait.unwrap_or(Wait::Spin);
     let families: Vec<Dom0> = [Dom0::Kumo, Dom0::Loaded]
         .into_iter()
         .filter(|&d| args.dom0.unwrap_or(Dom0Families::Both).covers(d))
@@ -1123,9 +1130,16 @@ pub fn run(args: &ExperimentArgs, epoch: Instant) -> Result<u8> {
         ));
         let run = match &two_nodes {
             Some(pair) if nodes == 2 => {
-                real_run_two_nodes(scenario, spec, round, pair, &args.kvm_device, epoch)?
+                real_run_two_nodes(scenario, spec, round, (pair, wait), &args.kvm_device, epoch)?
             }
-            _ => real_run(scenario, spec, round, &cpus, &args.kvm_device, epoch)?,
+            _ => real_run(
+                scenario,
+                spec,
+                round,
+                (&cpus, wait),
+                &args.kvm_device,
+                epoch,
+            )?,
         };
         real_runs.push(run);
         progress.done_one();
@@ -1148,7 +1162,7 @@ pub fn run(args: &ExperimentArgs, epoch: Instant) -> Result<u8> {
         .filter(|_| !matches!(spec.kernel, Kernel::Cg | Kernel::Ep));
         if let Some(target_s) = target_s {
             traffic.exchanges_per_step = Some(fit_exchanges(
-                cpus.len(),
+                (cpus.len(), wait),
                 &calibration,
                 (spec, serial_s, traffic),
                 baseline,
@@ -1168,7 +1182,7 @@ pub fn run(args: &ExperimentArgs, epoch: Instant) -> Result<u8> {
     let mut sim_times: Vec<(String, String, Option<f64>)> = Vec::new();
     if !scenarios.is_empty() {
         progress.step("simulating the same node");
-        let text = sim_toml(cpus.len(), &calibration, &compute, &scenarios);
+        let text = sim_toml((cpus.len(), wait), &calibration, &compute, &scenarios);
         let sim = crate::sim::config::parse(&text).context("the experiment's simulation")?;
         let sim_report = crate::sim::run(&sim)?;
         sim_times = sim_report
@@ -1195,6 +1209,7 @@ pub fn run(args: &ExperimentArgs, epoch: Instant) -> Result<u8> {
         domus: DOMUS,
         ranks_per_vcpu: RANKS_PER_VCPU,
         guest_hz: GUEST_HZ,
+        wait,
         ranks: RANKS,
         two_nodes: match &two_nodes {
             Some(pair) => format!("ran on host CPUs {:?} and {:?}", pair[0], pair[1]),
@@ -1257,12 +1272,17 @@ pub(super) fn secs(v: Option<f64>) -> String {
 /// The table beside S1's figures.
 pub fn text(report: &Report) -> String {
     let mut out = format!(
-        "S1 on real VMs: {} DomUs x 1 vCPU x {} ranks (guest tick {} Hz) spin-waiting on \
+        "S1 on real VMs: {} DomUs x 1 vCPU x {} ranks (guest tick {} Hz) {} on \
          host CPUs {:?}, domain 0 = kumo's switch; {} run(s) per scenario, medians [min-max]\n\
          domain 0 measured on the switch: {:.2} us per frame + {:.2} us per KiB\n\n",
         report.domus,
         report.ranks_per_vcpu,
         report.guest_hz,
+        match report.wait {
+            Wait::Spin => "spin-waiting",
+            Wait::Yield => "yielding to each other while they wait",
+            Wait::Block => "blocking while they wait",
+        },
         report.node_cpus,
         report.runs_per_scenario,
         report.calibration.per_frame_us,
@@ -1505,7 +1525,7 @@ mod tests {
     #[test]
     fn the_loaded_familys_node_file_costs_every_frame_and_kumos_does_not() {
         let base = |dom0| *SCENARIOS.iter().find(|s| s.dom0 == dom0).unwrap();
-        let loaded = node_toml(&base(Dom0::Loaded), spec("cg.W"), &[0, 1]);
+        let loaded = node_toml(&base(Dom0::Loaded), spec("cg.W"), &[0, 1], Wait::Spin);
         assert!(
             loaded.contains(&format!(
                 "[dom0]\nweight = 256\nframe_cost_us = {LOADED_FRAME_COST_US}\n[network]\n"
@@ -1516,7 +1536,7 @@ mod tests {
             kumo_vmm::spec::node::parse(&loaded).unwrap_or_else(|e| panic!("{loaded}\n{e:#}"));
         assert_eq!(node.dom0_cost.frame_us, LOADED_FRAME_COST_US);
         assert_eq!(node.dom0_cost.kib_us, 0.0);
-        let own = node_toml(&base(Dom0::Kumo), spec("cg.W"), &[0, 1]);
+        let own = node_toml(&base(Dom0::Kumo), spec("cg.W"), &[0, 1], Wait::Spin);
         assert!(!own.contains("cost"), "{own}");
         // The loaded node is the same node otherwise.
         let strip = |t: &str| t.replace(&format!("frame_cost_us = {LOADED_FRAME_COST_US}\n"), "");
@@ -1586,15 +1606,19 @@ mod tests {
 
     #[test]
     fn every_real_node_file_is_a_valid_node() {
-        for s in SCENARIOS {
-            let text = node_toml(s, spec("cg.W"), &[0]);
+        for (s, wait) in SCENARIOS
+            .iter()
+            .zip([Wait::Spin, Wait::Yield, Wait::Block].iter().cycle())
+        {
+            let text = node_toml(s, spec("cg.W"), &[0], *wait);
             let node =
                 kumo_vmm::spec::node::parse(&text).unwrap_or_else(|e| panic!("{text}\n{e:#}"));
             assert_eq!(node.domains.len(), DOMUS);
             for d in &node.domains {
                 assert_eq!((d.vcpus, d.ranks_per_vcpu), (1, RANKS_PER_VCPU));
                 assert_eq!(d.guest_hz, Some(GUEST_HZ));
-                assert!(d.cmdline().contains("wait=spin"), "{}", d.cmdline());
+                let want = format!("wait={}", wait.name());
+                assert!(d.cmdline().contains(&want), "{}", d.cmdline());
             }
             assert_eq!(node.dom0_weight, s.dom0_weight);
             assert_eq!(node.params.accounting, s.accounting.into());
@@ -1631,7 +1655,13 @@ mod tests {
         assert_eq!(two_node_cpus(2), None);
         let cpus = two_node_cpus(4).unwrap();
         assert_eq!(cpus, [vec![0, 1], vec![2, 3]]);
-        let [first, second] = two_node_tomls(&SCENARIOS[0], spec("cg.S"), &cpus, "unix:/tmp/w");
+        let [first, second] = two_node_tomls(
+            &SCENARIOS[0],
+            spec("cg.S"),
+            &cpus,
+            "unix:/tmp/w",
+            Wait::Spin,
+        );
         let first =
             kumo_vmm::spec::node::parse(&first).unwrap_or_else(|e| panic!("{first}\n{e:#}"));
         // This host may not have CPUs 2 and 3: the second file is checked on 0 and 1.
@@ -1700,8 +1730,12 @@ mod tests {
                 )
             })
             .collect();
-        let text = sim_toml(2, &calibration, &compute, &all);
+        let text = sim_toml((2, Wait::Spin), &calibration, &compute, &all);
         let sim = crate::sim::config::parse(&text).unwrap_or_else(|e| panic!("{text}\n{e:#}"));
+        assert!(sim.programs.iter().all(|p| p.wait == Wait::Spin));
+        let yielding = sim_toml((2, Wait::Yield), &calibration, &compute, &all);
+        let yielding = crate::sim::config::parse(&yielding).unwrap();
+        assert!(yielding.programs.iter().all(|p| p.wait == Wait::Yield));
         assert_eq!(
             sim.nodes[0].domains.len(),
             1 + DOMUS,
@@ -1768,11 +1802,11 @@ mod tests {
         let base = &SCENARIOS[0];
         for k in [1, 5, 12] {
             let program = (spec("mg.S"), 0.02, traffic(k));
-            let target = simulated_s(2, &calibration, program, base)
+            let target = simulated_s((2, Wait::Spin), &calibration, program, base)
                 .unwrap()
                 .unwrap();
             let fitted = fit_exchanges(
-                2,
+                (2, Wait::Spin),
                 &calibration,
                 (spec("mg.S"), 0.02, traffic(1)),
                 base,
