@@ -343,6 +343,10 @@ fn bad_experiment_input_is_refused_in_one_line() {
         &["experiment", "s2", "--dom0", "loaded"],
         "--dom0 is for s1 only",
     );
+    assert_refused(
+        &["experiment", "migrate", "--wait", "yield"],
+        "--wait is for s1 only",
+    );
     // clap's own refusal (its usage lines follow), exit 2.
     let out = kumo(&["experiment", "s1", "--dom0", "xen"]);
     assert_eq!(out.status.code(), Some(2));

@@ -285,9 +285,9 @@ pub struct ExperimentArgs {
     #[arg(long, value_delimiter = ',', value_name = "SPECS")]
     pub bench: Vec<String>,
 
-    /// s1 only: how a rank waits for a message: spin (poll until the guest's tick
-    /// switches ranks, the default, as S1 describes MPICH's MPI_Wait), yield (poll,
-    /// then hand the vCPU to the other rank) or block (halt until the NIC interrupts).
+    /// s1 only: how a rank waits for a message: yield (poll, handing the vCPU to the
+    /// other rank: the default), spin (poll until the guest's tick switches ranks) or
+    /// block (halt until the NIC interrupts).
     #[arg(long, value_enum, value_name = "HOW")]
     pub wait: Option<kumo_vmm::spec::job::Wait>,
 

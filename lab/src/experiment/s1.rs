@@ -5,9 +5,10 @@
 //! The node is S1's: this host's first two CPUs (S1's nodes were dual-core), domain 0,
 //! and two DomUs of one vCPU with two MPI ranks each, multiplexed by the guest's own
 //! scheduler at its 250 Hz tick (`ranks_per_vcpu = 2`, as S1's Linux DomUs ran two
-//! MPICH processes each): 4 ranks, spin-waiting (`wait = "spin"`, as MPICH's
-//! `MPI_Wait`). Ranks of one DomU talk through guest shared memory; messages between
-//! the DomUs go through domain 0. S1 ran two such nodes (8 ranks); this is one of them.
+//! MPICH processes each): 4 ranks that busy-wait in `MPI_Wait` and hand the vCPU to
+//! the other rank while they do ([`DEFAULT_WAIT`], `--wait`). Ranks of one DomU talk
+//! through guest shared memory; messages between the DomUs go through domain 0. S1
+//! ran two such nodes (8 ranks); this is one of them.
 //!
 //! Each scenario runs the same job under different credit parameters; speed-ups are
 //! over the scenario family's baseline (Xen 3.4.2's 30/10 ms with tick accounting for
@@ -38,6 +39,12 @@ const DOMUS: usize = 2;
 /// MPI ranks on each DomU's vCPU, and the guest's tick that multiplexes them.
 pub const RANKS_PER_VCPU: u32 = 2;
 pub const GUEST_HZ: u32 = 250;
+/// How ranks wait unless `--wait` says: polling, handing the vCPU to the other rank
+/// (as a Linux process in `sched_yield()`), so the DomU's vCPU stays busy, as S1's
+/// waiting VMs did. Spinning until the guest's tick switches ranks cannot be S1's:
+/// with Linux 2.6's 100 ms slice it makes CG 25 times slower and no slice setting
+/// moves it (docs/results/2026-11-29-s1-guest-wait.md).
+pub const DEFAULT_WAIT: Wait = Wait::Yield;
 /// Ranks of the job.
 const RANKS: usize = DOMUS * RANKS_PER_VCPU as usize;
 /// Host CPUs of the node, as S1's dual-core nodes.
@@ -1064,7 +1071,7 @@ pub fn rows(
 
 pub fn run(args: &ExperimentArgs, epoch: Instant) -> Result<u8> {
     let cpus = node_cpus();
-    let wait = args.wait.unwrap_or(Wait::Spin);
+    let wait = args.wait.unwrap_or(DEFAULT_WAIT);
     let families: Vec<Dom0> = [Dom0::Kumo, Dom0::Loaded]
         .into_iter()
         .filter(|&d| args.dom0.unwrap_or(Dom0Families::Both).covers(d))
