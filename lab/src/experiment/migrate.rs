@@ -182,7 +182,9 @@ pub struct Run {
 }
 
 /// The node file: S1's node of two DomUs on the node's CPU, its switch listening on
-/// `wire` for the standby node's.
+/// `wire` for the standby node's. Its ranks spin, as when this experiment's results
+/// were measured (docs/results/2026-11-29-migrate-spa.md); `s1` has since made
+/// yielding its default, not rerun here.
 pub fn node_toml(scenario: &Scenario, spec: Spec, wire: &Path) -> String {
     s1::rank_node_toml(
         scenario,

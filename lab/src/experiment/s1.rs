@@ -903,15 +903,16 @@ pub fn traffic(runs: &[RealRun], spec: Spec, baseline: &str) -> Traffic {
     }
 }
 
-/// The simulated time of `spec` alone under `scenario`.
+/// The simulated time of `spec` alone under `scenario`, on a node of `node.0` pCPUs
+/// whose ranks wait as `node.1` says.
 fn simulated_s(
-    cpus: (usize, Wait),
+    node: (usize, Wait),
     calibration: &Calibration,
     program: (Spec, f64, Traffic),
     scenario: &Scenario,
 ) -> Result<Option<f64>> {
     let text = sim_toml(
-        cpus,
+        node,
         calibration,
         &[program],
         std::slice::from_ref(scenario),
@@ -926,7 +927,7 @@ fn simulated_s(
 /// waits for (messages between ranks of one DomU use shared memory, which domain 0
 /// never sees). The simulated time grows with the count, so it is a bisection.
 fn fit_exchanges(
-    cpus: (usize, Wait),
+    node: (usize, Wait),
     calibration: &Calibration,
     (spec, serial_s, traffic): (Spec, f64, Traffic),
     baseline: &Scenario,
@@ -937,7 +938,7 @@ fn fit_exchanges(
             exchanges_per_step: Some(k),
             ..traffic
         };
-        Ok(simulated_s(cpus, calibration, (spec, serial_s, fixed), baseline)?.unwrap_or(f64::MAX))
+        Ok(simulated_s(node, calibration, (spec, serial_s, fixed), baseline)?.unwrap_or(f64::MAX))
     };
     let (mut low, mut high) = (1, MAX_EXCHANGES);
     while low < high {
