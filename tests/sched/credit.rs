@@ -359,8 +359,9 @@ probe = \"busy:1200\"
 
 /// The shape where 1 ms wins (four spinning single-vCPU ranks on two CPUs, every
 /// message waiting for a slice at 30 ms): the auto slice takes the short setting once,
-/// early (for most of the run's epochs), and keeps it; CG verifies. Under CI's `--include-ignored` (a few seconds in
-/// the short setting, twenty if it never took it).
+/// early (for most of the run's epochs), and keeps it; CG verifies. Under CI's
+/// `--include-ignored` (a few seconds in the short setting, twenty if it never took
+/// it).
 #[test]
 #[ignore]
 fn the_auto_slice_takes_1_ms_for_four_spinning_ranks_on_two_cpus() {

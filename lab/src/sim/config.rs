@@ -346,6 +346,17 @@ pub struct Scenario {
     pub shares: Vec<Vec<(u32, u32)>>,
 }
 
+impl Scenario {
+    /// `domain`'s guest tick and guest slice in this scenario: the scenario's
+    /// overrides, else the domain's own.
+    pub fn guest(&self, domain: &Domain) -> (Option<u32>, u32) {
+        (
+            self.guest_hz.or(domain.guest_hz),
+            self.guest_slice_ticks.unwrap_or(domain.guest_slice_ticks),
+        )
+    }
+}
+
 pub fn load(path: &Path) -> Result<Sim> {
     let text = kumo_vmm::input::read_config("simulation file", path)?;
     parse(&text).with_context(|| format!("in simulation file {}", path.display()))

@@ -421,11 +421,8 @@ impl<'a> Model<'a> {
             let mut dom0 = Vec::new();
             for (d, domain) in node.domains.iter().enumerate() {
                 let (weight, cap) = scenario.shares[n][d];
-                let hz = scenario.guest_hz.or(domain.guest_hz);
+                let (hz, slice_ticks) = scenario.guest(domain);
                 let period = hz.map_or(0, |hz| (1e9 / f64::from(hz)).round() as u64);
-                let slice_ticks = scenario
-                    .guest_slice_ticks
-                    .unwrap_or(domain.guest_slice_ticks);
                 let dom = sched
                     .add_domain(weight as u16, cap)
                     .map_err(|e| anyhow!("node '{}' domain '{}': {e}", node.name, domain.name))?;

@@ -110,14 +110,10 @@ impl Run {
                     total.spin_ns += u.spin_ns;
                 }
                 let (weight, cap) = scenario.shares[n][d];
-                let guest_hz = match d {
-                    0 => None,
-                    _ => scenario.guest_hz.or(domain.guest_hz),
-                };
+                // Domain 0 runs no ranks, so no guest scheduler.
+                let (hz, slice) = scenario.guest(domain);
+                let guest_hz = hz.filter(|_| d != 0);
                 guest |= guest_hz.is_some();
-                let slice = scenario
-                    .guest_slice_ticks
-                    .unwrap_or(domain.guest_slice_ticks);
                 domains.push(DomainRow {
                     node: node.name.clone(),
                     domain: domain.name.clone(),
