@@ -309,14 +309,14 @@ fn run(
         // the stop eventfd's event.
         if control.wanted.load(Ordering::SeqCst) > 0 {
             handler.quiesce();
-            if control.park() {
+            if crate::presence::asleep(|| control.park()) {
                 return;
             }
         }
         let timeout = handler
             .timeout()
             .map_or(-1, |t| i32::try_from(t.as_millis()).unwrap_or(i32::MAX));
-        let n = match events.epoll.wait(timeout, &mut ready) {
+        let n = match crate::presence::asleep(|| events.epoll.wait(timeout, &mut ready)) {
             Ok(0) => {
                 // Polled, nothing yet (the stop and pause checks are behind us).
                 handler.timed_out();
@@ -558,8 +558,8 @@ mod tests {
         .unwrap();
         assert_eq!(rx.recv_timeout(WAIT), Ok("started"));
         assert_eq!(dom0.joins(), 1);
-        assert_eq!(dom0.runnable().map(|_| ()), Some(()), "a member now");
+        assert_eq!(dom0.runnable(false).map(|_| ()), Some(()), "a member now");
         drop(worker);
-        assert_eq!(dom0.runnable(), None, "left when it stopped");
+        assert_eq!(dom0.runnable(false), None, "left when it stopped");
     }
 }

@@ -96,10 +96,11 @@ impl Runner {
         matches!(self, Runner::Dom0(_))
     }
 
-    fn runnable(&self) -> Option<bool> {
+    /// `wakes_run_at_once`: see `VcpuControl::runnable`.
+    fn runnable(&self, wakes_run_at_once: bool) -> Option<bool> {
         match self {
-            Runner::Vcpu { control, index } => control.runnable(*index),
-            Runner::Dom0(group) => group.runnable(),
+            Runner::Vcpu { control, index } => control.runnable(*index, wakes_run_at_once),
+            Runner::Dom0(group) => group.runnable(wakes_run_at_once),
         }
     }
 
@@ -711,7 +712,13 @@ impl State {
             if r.runner.is_parked() {
                 continue;
             }
-            let Some(runnable) = r.runner.runnable() else {
+            // Ranked to run or to preempt, a thread that wakes runs at once (only this
+            // driver ranks above it), so its own word and KVM's say whether it sleeps;
+            // a queued one may have woken and still wait, which only `/proc` shows.
+            let wakes_run_at_once = r
+                .applied
+                .is_some_and(|a| a.rank >= RANK_RUNNING && !a.parked);
+            let Some(runnable) = r.runner.runnable(wakes_run_at_once) else {
                 continue;
             };
             if runnable && r.blocked {
@@ -1046,7 +1053,7 @@ mod tests {
                 .map(|(control, index)| {
                     let (sleep, (started, up)) = (sleep.clone(), std::sync::mpsc::channel());
                     let thread = std::thread::spawn(move || {
-                        control.register(index);
+                        control.register(index, None);
                         let _ = started.send(());
                         let _ = sleep.lock().unwrap().recv();
                     });

@@ -42,6 +42,7 @@ pub mod migration;
 pub mod net;
 pub mod passthrough;
 pub mod placement;
+pub mod presence;
 pub mod pvwait;
 pub mod regs;
 pub mod seccomp;

@@ -9,12 +9,21 @@
 //!
 //! `kumo bench switch` measures the cost of a switch with each (DESIGN.md asks for both
 //! to be measured before one is kept).
+//!
+//! And sensing: whether a thread is runnable. `/proc/<tid>/stat` says so exactly, for
+//! ~5 µs a read. A scheduler that asks every millisecond for ten threads spends most
+//! of its run there, so threads that can say it cheaper do: a vCPU's halt in the
+//! kernel is KVM's `blocking` value (`kvm_stats::InstantStat`), and a thread's own
+//! sleeps in user space are a flag it sets around them (`presence::asleep`). Both
+//! clear only once the thread runs again: they are exact only for a thread that runs
+//! as soon as it wakes (see `VcpuControl::runnable`).
 
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::Error;
+use crate::presence::{self, Presence};
 
 /// A vCPU thread's host scheduling class.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,6 +37,19 @@ pub enum Policy {
     /// threads of the same priority on one CPU take turns (the host's RR quantum,
     /// 100 ms by default) instead of the first running until it blocks.
     RoundRobin(u8),
+}
+
+/// Whether `/proc/<tid>/stat`, open in `file`, says runnable ('R').
+fn proc_runnable(file: &std::fs::File) -> Option<bool> {
+    let mut buf = [0u8; 512];
+    let n = std::os::unix::fs::FileExt::read_at(file, &mut buf, 0).ok()?;
+    // "tid (comm) S ...": the state follows the last ')' (comm may hold any byte).
+    let text = &buf[..n];
+    let close = text.iter().rposition(|&b| b == b')')?;
+    let state = text[close + 1..]
+        .iter()
+        .find(|b| !b.is_ascii_whitespace())?;
+    Some(*state == b'R')
 }
 
 /// Whether a vCPU may enter the guest.
@@ -53,6 +75,10 @@ struct Slot {
     /// `/proc/self/task/<tid>/stat`, kept open: a scheduler reads it every tick, and
     /// one `pread` is much cheaper than open-read-close.
     stat: Mutex<Option<std::fs::File>>,
+    /// KVM's `blocking` for this vCPU, where the kernel has it.
+    halted: OnceLock<crate::kvm_stats::InstantStat>,
+    /// The thread's sleeps outside the guest (paravirtual waits, its gate, pauses).
+    presence: Arc<Presence>,
 }
 
 /// Control over a VM's vCPU threads, usable from any thread while the VM runs.
@@ -76,6 +102,8 @@ impl VcpuControl {
                     final_run_delay_ns: AtomicU64::new(0),
                     pv_word: AtomicU64::new(0),
                     stat: Mutex::new(None),
+                    halted: OnceLock::new(),
+                    presence: Arc::default(),
                     gate: Gate {
                         open: AtomicBool::new(true),
                         lock: Mutex::new(()),
@@ -176,7 +204,14 @@ impl VcpuControl {
     /// Whether vCPU `vcpu`'s thread is runnable (`Some(true)`: running or waiting for a
     /// host CPU) or asleep (`Some(false)`: halted in KVM_RUN, waiting for SIPI, or parked
     /// at its gate); `None` if it has not started or has ended.
-    pub fn runnable(&self, vcpu: usize) -> Option<bool> {
+    ///
+    /// `wakes_run_at_once`: the caller knows that this thread, when it wakes, runs
+    /// within microseconds (it ranks above every thread on its CPU but the caller).
+    /// Then KVM's `blocking` and the thread's own word answer (an atomic load and one
+    /// 8-byte `pread`). They still say asleep for a thread that woke and waits for a
+    /// CPU, which only such a thread does not do for long; without that knowledge the
+    /// answer comes from `/proc`, exact for every thread.
+    pub fn runnable(&self, vcpu: usize, wakes_run_at_once: bool) -> Option<bool> {
         let slot = self.slots.get(vcpu)?;
         if slot.final_cpu_ns.load(Ordering::Acquire) != u64::MAX {
             return None;
@@ -185,19 +220,19 @@ impl VcpuControl {
         if tid <= 0 {
             return None;
         }
+        if wakes_run_at_once && let Some(halted) = slot.halted.get() {
+            if slot.presence.reported_asleep() {
+                return Some(false);
+            }
+            if let Ok(blocking) = halted.read() {
+                return Some(blocking == 0);
+            }
+        }
         let mut file = slot.stat.lock().unwrap_or_else(|e| e.into_inner());
         if file.is_none() {
             *file = std::fs::File::open(format!("/proc/self/task/{tid}/stat")).ok();
         }
-        let mut buf = [0u8; 512];
-        let n = std::os::unix::fs::FileExt::read_at(file.as_ref()?, &mut buf, 0).ok()?;
-        // "tid (comm) S ...": the state follows the last ')' (comm may hold any byte).
-        let text = &buf[..n];
-        let close = text.iter().rposition(|&b| b == b')')?;
-        let state = text[close + 1..]
-            .iter()
-            .find(|b| !b.is_ascii_whitespace())?;
-        Some(*state == b'R')
+        proc_runnable(file.as_ref()?)
     }
 
     /// Whether vCPU `vcpu`'s thread has ended (the VM stopped).
@@ -255,11 +290,17 @@ impl VcpuControl {
         })
     }
 
-    /// Called by vCPU thread `vcpu` when it starts.
-    pub(crate) fn register(&self, vcpu: usize) {
+    /// Called by vCPU thread `vcpu` when it starts, with KVM's `blocking` value for it
+    /// where the kernel has one.
+    pub(crate) fn register(&self, vcpu: usize, halted: Option<crate::kvm_stats::InstantStat>) {
         // SAFETY: gettid has no preconditions.
         let tid = unsafe { libc::gettid() };
-        self.slots[vcpu].tid.store(tid, Ordering::Release);
+        let slot = &self.slots[vcpu];
+        if let Some(halted) = halted {
+            let _ = slot.halted.set(halted);
+        }
+        presence::sense_current_thread(Some(slot.presence.clone()));
+        slot.tid.store(tid, Ordering::Release);
         let mut started = self.started.lock().unwrap_or_else(|e| e.into_inner());
         *started += 1;
         self.all_started.notify_all();
@@ -280,7 +321,7 @@ impl VcpuControl {
             && !self.released.load(Ordering::Acquire)
             && !called_away()
         {
-            guard = gate.opened.wait(guard).unwrap_or_else(|e| e.into_inner());
+            guard = presence::asleep(|| gate.opened.wait(guard)).unwrap_or_else(|e| e.into_inner());
         }
     }
 
@@ -454,6 +495,7 @@ pub struct ThreadGroup {
 struct Member {
     tid: libc::pid_t,
     stat: Option<std::fs::File>,
+    presence: Arc<Presence>,
 }
 
 /// Membership of the calling thread in a [`ThreadGroup`]; dropping it (on the same
@@ -478,6 +520,7 @@ impl Drop for Membership {
             .fetch_add(thread_cpu_time().as_nanos() as u64, Ordering::Relaxed);
         let mut members = self.group.members.lock().unwrap_or_else(|e| e.into_inner());
         members.retain(|m| m.tid != self.tid);
+        presence::sense_current_thread(None);
     }
 }
 
@@ -491,10 +534,16 @@ impl ThreadGroup {
         // SAFETY: gettid has no preconditions.
         let tid = unsafe { libc::gettid() };
         let stat = std::fs::File::open(format!("/proc/self/task/{tid}/stat")).ok();
+        let presence = Arc::new(Presence::default());
+        presence::sense_current_thread(Some(presence.clone()));
         self.members
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .push(Member { tid, stat });
+            .push(Member {
+                tid,
+                stat,
+                presence,
+            });
         self.joins.fetch_add(1, Ordering::Release);
         Membership {
             group: self.clone(),
@@ -560,23 +609,27 @@ impl ThreadGroup {
     }
 
     /// Whether any member is runnable; `None` when the group has no members.
-    pub fn runnable(&self) -> Option<bool> {
+    /// `wakes_run_at_once` as for [`VcpuControl::runnable`]: then the members that
+    /// report their sleeps (`presence::asleep`) answer for themselves, and only the others
+    /// are read from `/proc`.
+    pub fn runnable(&self, wakes_run_at_once: bool) -> Option<bool> {
         let members = self.members.lock().unwrap_or_else(|e| e.into_inner());
         if members.is_empty() {
             return None;
         }
-        let mut buf = [0u8; 512];
-        Some(members.iter().any(|m| {
-            let Some(file) = &m.stat else { return false };
-            let Ok(n) = std::os::unix::fs::FileExt::read_at(file, &mut buf, 0) else {
-                return false;
-            };
-            let text = &buf[..n];
-            text.iter()
-                .rposition(|&b| b == b')')
-                .and_then(|close| text[close + 1..].iter().find(|b| !b.is_ascii_whitespace()))
-                == Some(&b'R')
-        }))
+        let from_proc = |m: &Member| m.stat.as_ref().and_then(proc_runnable) == Some(true);
+        if !wakes_run_at_once {
+            return Some(members.iter().any(from_proc));
+        }
+        if members.iter().any(|m| m.presence.reported_awake()) {
+            return Some(true);
+        }
+        Some(
+            members
+                .iter()
+                .filter(|m| !m.presence.reports.load(Ordering::Acquire))
+                .any(from_proc),
+        )
     }
 
     /// Binds every member to `cpus`.
@@ -597,5 +650,72 @@ impl ThreadGroup {
             Ok(())
         });
         Duration::from_nanos(live + self.departed_ns.load(Ordering::Relaxed))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::presence::set_asleep;
+    use std::sync::atomic::AtomicU32;
+
+    /// Spins until `step` reaches `until`.
+    fn spin_until(step: &AtomicU32, until: u32) {
+        while step.load(Ordering::Acquire) < until {
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Waits until `step` reaches `at`.
+    fn wait_for(step: &AtomicU32, at: u32) {
+        while step.load(Ordering::Acquire) < at {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// A member that reports its sleeps is taken at its word when its wake-ups run at
+    /// once, and `/proc` answers otherwise: a member that says it sleeps while it
+    /// spins shows which look was taken. A member that never reported is read from
+    /// `/proc` either way.
+    #[test]
+    fn a_member_that_reports_its_sleeps_answers_for_itself() {
+        let group = ThreadGroup::new();
+        let step = Arc::new(AtomicU32::new(0));
+        let member = {
+            let (group, step) = (group.clone(), step.clone());
+            std::thread::spawn(move || {
+                let _member = group.join_current();
+                set_asleep(true);
+                step.store(1, Ordering::Release);
+                spin_until(&step, 2);
+                set_asleep(false);
+                step.store(3, Ordering::Release);
+                spin_until(&step, 4);
+            })
+        };
+        wait_for(&step, 1);
+        assert_eq!(group.runnable(true), Some(false), "its word: asleep");
+        assert_eq!(group.runnable(false), Some(true), "/proc: it spins");
+        step.store(2, Ordering::Release);
+        wait_for(&step, 3);
+        assert_eq!(group.runnable(true), Some(true), "its word: awake");
+        step.store(4, Ordering::Release);
+        member.join().unwrap();
+        assert_eq!(group.runnable(true), None, "it left");
+
+        let silent = ThreadGroup::new();
+        let done = Arc::new(AtomicU32::new(0));
+        let spinner = {
+            let (silent, done) = (silent.clone(), done.clone());
+            std::thread::spawn(move || {
+                let _member = silent.join_current();
+                done.store(1, Ordering::Release);
+                spin_until(&done, 2);
+            })
+        };
+        wait_for(&done, 1);
+        assert_eq!(silent.runnable(true), Some(true), "never reported: /proc");
+        done.store(2, Ordering::Release);
+        spinner.join().unwrap();
     }
 }

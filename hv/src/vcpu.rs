@@ -142,7 +142,9 @@ pub(crate) fn thread_main(
     };
     let _ = vmm_sys_util::signal::unblock_signal(kick::kick_signal());
     kick::set_kvm_run(vcpu.get_kvm_run());
-    shared.control.register(index as usize);
+    // KVM's `blocking`: the credit driver's cheap look at whether this vCPU halted.
+    let halted = crate::kvm_stats::InstantStat::open(&vcpu, "blocking");
+    shared.control.register(index as usize, halted);
     // Set up: from here on the thread only runs the guest and serves its exits.
     let end = match crate::seccomp::apply(crate::seccomp::ThreadKind::Vcpu) {
         Ok(()) => run_loop(index, &mut vcpu, &shared),
@@ -179,7 +181,7 @@ fn run_loop(index: u32, vcpu: &mut VcpuFd, shared: &Shared) -> VcpuEnd {
             .pass(index as usize, || shared.hub.pause_requested());
         // Paused for a snapshot or migration: saves its state here, on its own thread.
         if shared.hub.pause_requested() {
-            if shared.hub.pause_point(index, vcpu) {
+            if crate::presence::asleep(|| shared.hub.pause_point(index, vcpu)) {
                 return VcpuEnd::Exit(GuestExit::HandedOff);
             }
             // Resumed: back through the gate (a parked vCPU paused at it).

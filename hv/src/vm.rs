@@ -229,7 +229,8 @@ impl Vm {
                     what: "spawning the coordinator thread",
                     source,
                 })?;
-            coordinator.join().unwrap_or_else(|_| {
+            // The calling thread may be domain 0's: it sleeps here for the whole run.
+            crate::presence::asleep(|| coordinator.join()).unwrap_or_else(|_| {
                 Err(Error::Os {
                     what: "the coordinator thread",
                     source: std::io::Error::other("it panicked"),

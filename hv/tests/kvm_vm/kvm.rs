@@ -475,3 +475,40 @@ fn bad_configurations_are_refused_with_the_right_error() {
     let e = hv::max_vcpus(Path::new("/nonexistent/kvm")).unwrap_err();
     assert!(matches!(e, Error::KvmMissing { .. }), "{e}");
 }
+
+/// The credit driver's two looks at whether a vCPU sleeps agree: KVM's `blocking` (the
+/// cheap one, for a vCPU whose wake-up runs at once) and `/proc` (exact for any). The
+/// AP halts in the kernel; the BSP spins until the test lets it exit.
+#[test]
+fn kvm_and_proc_agree_on_a_halted_and_a_spinning_vcpu() {
+    if !kvm_available() {
+        return;
+    }
+    const GO: u32 = 0x8200;
+    let ap = [0xfa, 0xf4, 0xeb, 0xfd]; // cli; hlt; jmp hlt
+    let guest = code(&[
+        start_ap(&ap),
+        vec![0x80, 0x3d, 0x00, 0x82, 0x00, 0x00, 0x01, 0x75, 0xf7], // until [GO] = 1
+        asm::out8_imm(0xf4, 0x33),
+    ]);
+    let vm = hv::builder::build_for_boot(config(2, PvhImage::new(&guest).build())).unwrap();
+    let control = vm.control();
+    let memory = vm.memory().clone();
+    let runner = std::thread::spawn(move || vm.run(Box::new(std::io::sink()), Instant::now()));
+    assert!(control.wait_started(HANG_LIMIT));
+    let deadline = Instant::now() + HANG_LIMIT;
+    let looks = |v| (control.runnable(v, true), control.runnable(v, false));
+    while looks(1) != (Some(false), Some(false)) {
+        assert!(
+            Instant::now() < deadline,
+            "the AP never looked halted: {:?}",
+            looks(1)
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(looks(0), (Some(true), Some(true)), "the BSP spins");
+    memory.write_obj(1u8, GuestAddress(u64::from(GO))).unwrap();
+    let outcome = runner.join().unwrap().unwrap();
+    assert_eq!(outcome.exit, GuestExit::DebugExit(0x33));
+    assert_eq!(control.runnable(0, true), None, "ended");
+}

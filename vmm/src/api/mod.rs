@@ -193,7 +193,7 @@ pub fn vcpu_counters(
             domain: domain.map(str::to_string),
             vcpu: u32::try_from(v).unwrap_or(u32::MAX),
             cpu_s: control.cpu_time(v).unwrap_or_default().as_secs_f64(),
-            runnable: control.runnable(v).unwrap_or(false),
+            runnable: control.runnable(v, false).unwrap_or(false),
             parked: control.is_parked(v),
         })
         .collect()

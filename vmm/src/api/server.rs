@@ -104,9 +104,13 @@ impl Server {
             .name(THREAD_NAME.into())
             .spawn(move || {
                 let _kept = setup();
+                // Its sleeps are reported: the credit driver then need not read
+                // `/proc` to learn that domain 0's API thread is idle.
                 let runtime = match tokio::runtime::Builder::new_current_thread()
                     .enable_io()
                     .enable_time()
+                    .on_thread_park(|| hv::presence::set_asleep(true))
+                    .on_thread_unpark(|| hv::presence::set_asleep(false))
                     .build()
                 {
                     Ok(r) => r,
