@@ -45,8 +45,9 @@ pub fn cumulative(fd: &impl AsRawFd) -> io::Result<Vec<Counter>> {
 /// One instant value of a VM or vCPU, read where it lies with one 8-byte `pread`.
 ///
 /// The credit driver reads a vCPU's `blocking` (1 from the moment it halts in the
-/// kernel until its thread runs again) at every run: ~1 µs, where the thread's
-/// `/proc/<tid>/stat` takes ~5 µs (`kumo bench driver`).
+/// kernel until its thread runs again) at every run: a syscall that copies 8 bytes,
+/// where the thread's `/proc/<tid>/stat` formats 52 fields for ~5 µs
+/// (docs/results/2026-11-29-driver-sensing.md).
 #[derive(Debug)]
 pub struct InstantStat {
     stats: File,
