@@ -301,6 +301,44 @@ pub struct DriverStats {
     pub on_node_cpus: bool,
 }
 
+/// Where the driver thread runs. Each of its runs on a node CPU preempts a vCPU (its
+/// own CPU and two switches), so beside the node it costs the node nothing; on a
+/// one-CPU node, beside against on it moved 1/1 ms by 7-11 % and the 30/10 baseline
+/// by 26-32 % (docs/results/2026-11-29-driver-sensing.md).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum DriverPlace {
+    /// Beside the node where the process has a CPU outside it, else on the node.
+    #[default]
+    Auto,
+    /// On CPUs outside the node; refused where the process has none.
+    Beside,
+    /// On the node's own CPUs, even where a CPU outside it is free: what a host with
+    /// no CPU to spare does, measured on one that has.
+    Node,
+}
+
+impl DriverPlace {
+    /// The host CPUs the driver may run on, of `process_cpus`, for a node on
+    /// `node_cpus`.
+    fn home(self, node_cpus: &[usize], process_cpus: &[usize]) -> Result<Vec<usize>, Error> {
+        let spare: Vec<usize> = process_cpus
+            .iter()
+            .copied()
+            .filter(|c| !node_cpus.contains(c))
+            .collect();
+        match self {
+            DriverPlace::Node => Ok(node_cpus.to_vec()),
+            DriverPlace::Auto if spare.is_empty() => Ok(node_cpus.to_vec()),
+            DriverPlace::Auto => Ok(spare),
+            DriverPlace::Beside if spare.is_empty() => Err(Error::Scheduler(format!(
+                "the credit driver cannot run beside the node: the process may use host CPUs \
+                 {process_cpus:?}, all of them the node's"
+            ))),
+            DriverPlace::Beside => Ok(spare),
+        }
+    }
+}
+
 /// The running driver; dropping it stops it and returns every vCPU thread to the
 /// host's normal scheduling.
 pub struct CreditDriver {
@@ -312,14 +350,16 @@ impl CreditDriver {
     /// Starts scheduling `domains` on `host_cpus` (scheduler pCPU `i` is host CPU
     /// `host_cpus[i]`). vCPU threads not started yet are placed once they exist.
     /// `modules` (pCPUs grouped as `host_cpus` is ordered) makes picks module-aware
-    /// from the first wake-up on.
+    /// from the first wake-up on. The driver itself runs where `place` says.
     pub fn start(
         params: Params,
         host_cpus: Vec<usize>,
         modules: Option<sched::Modules>,
         domains: Vec<DomainSpec>,
         dom0: Option<Dom0Spec>,
+        place: DriverPlace,
     ) -> Result<CreditDriver, Error> {
+        let home = place.home(&host_cpus, &placement::process_cpus())?;
         let epoch = Instant::now();
         let mut sched = Scheduler::new(params, host_cpus.len() as u32, 0)
             .map_err(|e| Error::Scheduler(e.to_string()))?;
@@ -397,7 +437,7 @@ impl CreditDriver {
         let thread_shared = shared.clone();
         let thread = std::thread::Builder::new()
             .name("credit".into())
-            .spawn(move || drive(&thread_shared))
+            .spawn(move || drive(&thread_shared, home))
             .map_err(|source| Error::Os {
                 what: "spawning the credit scheduler thread",
                 source,
@@ -851,23 +891,13 @@ impl State {
 /// A bound on the deadlines one run replays (see [`State::catch_up`]).
 const MAX_REPLAYED_DEADLINES: usize = 4096;
 
-fn drive(shared: &Shared) {
+/// The driver's thread, confined to `home` (`DriverPlace::home`).
+fn drive(shared: &Shared, home: Vec<usize>) {
     let _ = shared.driver.set(std::thread::current());
     if let Err(e) = placement::set_policy(0, Policy::Fifo(RANK_DRIVER)) {
         tracing::warn!("the credit driver runs without real-time priority: {e}");
     }
     let mut state = shared.state.lock().unwrap_or_else(|e| e.into_inner());
-    // Run beside the node where the host has a CPU to spare (each run of the driver on
-    // a node CPU preempts a vCPU: two switches, ~60 us here), else on the node's CPUs.
-    let host_cpus = placement::host_cpus();
-    let spare: Vec<usize> = (0..host_cpus)
-        .filter(|c| !state.host_cpus.contains(c))
-        .collect();
-    let home = if spare.is_empty() {
-        state.host_cpus.clone()
-    } else {
-        spare
-    };
     shared
         .on_node_cpus
         .store(home == state.host_cpus, Ordering::Relaxed);
@@ -1085,6 +1115,22 @@ mod tests {
     }
 
     #[test]
+    fn the_driver_runs_beside_the_node_only_where_a_cpu_is_spare_or_where_told() {
+        let (node, host) = (&[0, 1][..], &[0, 1, 2, 3][..]);
+        assert_eq!(DriverPlace::Auto.home(node, host).unwrap(), vec![2, 3]);
+        assert_eq!(DriverPlace::Beside.home(node, host).unwrap(), vec![2, 3]);
+        assert_eq!(DriverPlace::Node.home(node, host).unwrap(), vec![0, 1]);
+        let full = &[0, 1][..];
+        assert_eq!(DriverPlace::Auto.home(node, full).unwrap(), vec![0, 1]);
+        assert_eq!(DriverPlace::Node.home(node, full).unwrap(), vec![0, 1]);
+        let refused = DriverPlace::Beside
+            .home(node, full)
+            .unwrap_err()
+            .to_string();
+        assert!(refused.contains("cannot run beside the node"), "{refused}");
+    }
+
+    #[test]
     fn one_vcpu_beside_a_sleeping_domain_0_leaves_nothing_to_decide() {
         let mut state = one_pcpu(1, 0);
         block(&mut state, 0);
@@ -1185,7 +1231,15 @@ mod tests {
             weight: 256,
             threads: group.clone(),
         };
-        let driver = CreditDriver::start(params, vec![host_cpu], None, vec![], Some(dom0)).unwrap();
+        let driver = CreditDriver::start(
+            params,
+            vec![host_cpu],
+            None,
+            vec![],
+            Some(dom0),
+            DriverPlace::Auto,
+        )
+        .unwrap();
         let answered = Arc::new(AtomicBool::new(false));
         let busy = {
             let (group, answered) = (group.clone(), answered.clone());

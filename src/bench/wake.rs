@@ -42,6 +42,7 @@ pub fn run_wake(args: &WakeArgs, epoch: Instant) -> Result<u8> {
             params,
             auto_slice: false,
             speed_percent: 100,
+            driver: hv::credit::DriverPlace::Auto,
             domains: vec![
                 domain(
                     "sleeper",

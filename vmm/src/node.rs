@@ -288,6 +288,7 @@ pub fn run(
                 weight: node.dom0_weight as u16,
                 threads: dom0.clone(),
             }),
+            node.driver,
         )?;
         if node.auto_slice {
             driver.set_auto(true);

@@ -95,6 +95,7 @@ pub fn start_credit_driver(
             weight: dom0_weight,
             threads: dom0.clone(),
         }),
+        hv::credit::DriverPlace::Auto,
     )?;
     Ok(Credit {
         driver: Arc::new(driver),

@@ -121,6 +121,10 @@ pub struct SchedulerFile {
     /// host, every domain capped at its weight share of this fraction of the pool
     /// (`sched::Scheduler::set_speed_percent`). Needs the credit scheduler.
     pub speed_percent: Option<u32>,
+    /// Where the credit driver's thread runs: "auto" (default: beside the node where
+    /// the process has a CPU outside it, else on the node), "beside" or "node"
+    /// (`hv::credit::DriverPlace`).
+    pub driver: Option<String>,
 }
 
 /// `tslice_ms`: a number of milliseconds, or "auto".
@@ -358,6 +362,8 @@ pub struct Node {
     pub auto_slice: bool,
     /// `speed_percent`: the pool runs at this fraction of its pCPUs (100: full).
     pub speed_percent: u32,
+    /// `driver`: where the credit driver runs.
+    pub driver: hv::credit::DriverPlace,
     pub domains: Vec<Domain>,
     pub dom0_weight: u32,
     pub dom0_cost: BackendCost,
@@ -419,6 +425,18 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
     let speed_percent = file.scheduler.speed_percent.unwrap_or(100);
     if !(1..=100).contains(&speed_percent) {
         bail!("[scheduler] speed_percent = {speed_percent}: give 1 to 100 (percent of the pCPUs)");
+    }
+    let driver = match file.scheduler.driver.as_deref() {
+        None | Some("auto") => hv::credit::DriverPlace::Auto,
+        Some("beside") => hv::credit::DriverPlace::Beside,
+        Some("node") => hv::credit::DriverPlace::Node,
+        Some(other) => bail!(
+            "[scheduler] driver = {other:?}: give \"auto\", \"beside\" (the credit driver on a \
+             CPU outside the node) or \"node\" (on the node's own CPUs)"
+        ),
+    };
+    if driver != hv::credit::DriverPlace::Auto && file.scheduler.kind.as_deref() == Some("host") {
+        bail!("[scheduler] driver needs kumo's credit scheduler (kind = \"host\" has none)");
     }
     if speed_percent < 100 && file.scheduler.kind.as_deref() == Some("host") {
         bail!("[scheduler] speed_percent needs kumo's credit scheduler (kind = \"host\" has none)");
@@ -698,6 +716,7 @@ fn validate(file: NodeFile, host_cpus: usize) -> Result<Node> {
         params,
         auto_slice,
         speed_percent,
+        driver,
         domains,
         dom0_weight,
         dom0_cost,
@@ -885,6 +904,30 @@ npb = "ep.S"
 
     fn error(text: &str) -> String {
         format!("{:#}", node(text).unwrap_err())
+    }
+
+    #[test]
+    fn the_driver_runs_where_the_file_says() {
+        use hv::credit::DriverPlace;
+        let d = "[[domain]]\nname = \"a\"\nnpb = \"ep.S\"\n";
+        let with = |line: &str| node(&format!("pcpus = [0]\n[scheduler]\n{line}\n{d}"));
+        assert_eq!(node(TWO).unwrap().driver, DriverPlace::Auto);
+        assert_eq!(with("driver = \"auto\"").unwrap().driver, DriverPlace::Auto);
+        assert_eq!(
+            with("driver = \"beside\"").unwrap().driver,
+            DriverPlace::Beside
+        );
+        assert_eq!(with("driver = \"node\"").unwrap().driver, DriverPlace::Node);
+        assert!(
+            error(&format!("pcpus = [0]\n[scheduler]\ndriver = \"cpu1\"\n{d}"))
+                .contains("\"beside\"")
+        );
+        assert!(
+            error(&format!(
+                "pcpus = [0]\n[scheduler]\nkind = \"host\"\ndriver = \"node\"\n{d}"
+            ))
+            .contains("needs kumo's credit scheduler")
+        );
     }
 
     #[test]
