@@ -8,9 +8,10 @@ runs and CPU.
     examples/s1-driver-ab.py ROUNDS BENCHES PCPUS A=KUMO_A B=KUMO_B
     e.g. examples/s1-driver-ab.py 3 cg.W,bt.S,sp.S 0,1 old=/tmp/kumo-old new=target/release/kumo
 
-A build's command may carry a prefix: with `beside=kumo on-node="taskset -c 0 kumo"` on
-a node of CPU 0 alone, the credit driver runs on CPU 1 in the first and on the node's
-CPU in the second (it runs beside the node only where the process has a CPU to spare).
+A build's command may carry a prefix, and `@PLACE` after it sets the node file's
+`[scheduler] driver` (auto, beside, node). On a node of CPU 0 alone:
+`beside=kumo@beside on-node=kumo@node` runs the credit driver on CPU 1, then on CPU 0;
+`on-node="taskset -c 0 kumo"` gets the second by leaving the process no CPU to spare.
 """
 import json, os, subprocess, sys, tempfile
 
@@ -19,14 +20,14 @@ builds = [a.split("=", 1) for a in sys.argv[4:]]
 scenarios = [("30/10", 30, 10, 256), ("1/1", 1, 1, 256), ("1/1-w1024", 1, 1, 1024)]
 
 
-def toml(bench, ts, tick, weight):
+def toml(bench, ts, tick, weight, driver):
     doms = "".join(
         f'[[domain]]\nname = "u{i}"\nmpi = true\nranks_per_vcpu = 2\nguest_hz = 250\n'
         for i in range(2)
     )
     return (
         f'pcpus = [{pcpus}]\n[scheduler]\nkind = "credit"\ntslice_ms = {ts}\ntick_ms = {tick}\n'
-        f'ratelimit_us = 0\naccounting = "tick"\n[dom0]\nweight = {weight}\nframe_cost_us = 300\n'
+        f'ratelimit_us = 0\naccounting = "tick"\ndriver = "{driver}"\n[dom0]\nweight = {weight}\nframe_cost_us = 300\n'
         f'[network]\nnpb = "{bench}"\nwait = "yield"\n{doms}'
     )
 
@@ -34,9 +35,10 @@ def toml(bench, ts, tick, weight):
 for r in range(1, rounds + 1):
     for bench in benches:
         for name, ts, tick, weight in scenarios:
-            for build, kumo in builds:
+            for build, spec in builds:
+                kumo, _, driver = spec.partition("@")
                 with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
-                    f.write(toml(bench, ts, tick, weight))
+                    f.write(toml(bench, ts, tick, weight, driver or "auto"))
                 out = subprocess.run(
                     [*kumo.split(), "node", "--config", f.name, "--json"], capture_output=True, text=True
                 )
