@@ -34,12 +34,10 @@ impl Handover for VcpuControl {
     }
 }
 
-pub fn alternate(
-    control: &dyn Handover,
-    mechanism: Mechanism,
-    slice: Duration,
-    stop: &AtomicBool,
-) -> Result<u64> {
+/// Lets the first hold the CPU and the second wait (ranked below it, or parked). Call
+/// it before the two share a CPU: pinned there first, they would take turns under the
+/// host's own scheduler, switches the guest sees and the controller never asked for.
+pub fn hold_first(control: &dyn Handover, mechanism: Mechanism) -> Result<()> {
     match mechanism {
         Mechanism::Fifo => {
             control.set_policy(0, Policy::Fifo(RUNNING_RANK))?;
@@ -47,6 +45,17 @@ pub fn alternate(
         }
         Mechanism::Park => control.park(1)?,
     }
+    Ok(())
+}
+
+/// Hands the CPU to the other one every `slice` until `stop`, the first holding it
+/// ([`hold_first`]); returns how many hand-overs it made.
+pub fn alternate(
+    control: &dyn Handover,
+    mechanism: Mechanism,
+    slice: Duration,
+    stop: &AtomicBool,
+) -> Result<u64> {
     let mut running = 0;
     let mut switches = 0u64;
     while !stop.load(Ordering::SeqCst) {

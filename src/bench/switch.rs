@@ -22,7 +22,7 @@ use kumo_vmm::guest;
 use kumo_vmm::run;
 use serde::Serialize;
 
-use super::handover::{CONTROLLER_RANK, Mechanism, alternate};
+use super::handover::{CONTROLLER_RANK, Mechanism, alternate, hold_first};
 
 pub fn run_switch(args: &SwitchArgs, epoch: Instant) -> Result<u8> {
     let mut row = measure(args, epoch)?;
@@ -185,10 +185,9 @@ fn control_loop(
     }
     hv::placement::pin_thread(0, own_cpu)?;
     hv::placement::set_policy(0, Policy::Fifo(CONTROLLER_RANK))?;
-    for vcpu in 0..2 {
-        control.pin(vcpu, pcpu)?;
-    }
-    let result = alternate(control, mechanism, slice, stop);
+    let result = hold_first(control, mechanism)
+        .and_then(|()| (0..2).try_for_each(|vcpu| Ok(control.pin(vcpu, pcpu)?)))
+        .and_then(|()| alternate(control, mechanism, slice, stop));
     // Leave nothing parked or real-time behind, whatever happened.
     for vcpu in 0..2 {
         control.unpark(vcpu);
