@@ -77,7 +77,8 @@ struct Slot {
     stat: Mutex<Option<std::fs::File>>,
     /// KVM's `blocking` for this vCPU, where the kernel has it.
     halted: OnceLock<crate::kvm_stats::InstantStat>,
-    /// The thread's sleeps outside the guest (paravirtual waits, its gate, pauses).
+    /// The thread's sleeps outside the guest at its gate and in pauses (its
+    /// paravirtual waits are `pv_word`).
     presence: Arc<Presence>,
 }
 
@@ -221,7 +222,9 @@ impl VcpuControl {
             return None;
         }
         if wakes_run_at_once && let Some(halted) = slot.halted.get() {
-            if slot.presence.reported_asleep() {
+            // Blocked on the paravirtual wait page (`pv_word`, set around its futex
+            // wait), or in another wait it reports (the gate, a pause).
+            if slot.pv_word.load(Ordering::Acquire) != 0 || slot.presence.reported_asleep() {
                 return Some(false);
             }
             if let Ok(blocking) = halted.read() {
@@ -673,6 +676,19 @@ mod tests {
         }
     }
 
+    /// A thread that joins `group`, then runs `body` with `step`.
+    fn member(
+        group: &Arc<ThreadGroup>,
+        step: &Arc<AtomicU32>,
+        body: impl FnOnce(&AtomicU32) + Send + 'static,
+    ) -> std::thread::JoinHandle<()> {
+        let (group, step) = (group.clone(), step.clone());
+        std::thread::spawn(move || {
+            let _member = group.join_current();
+            body(&step);
+        })
+    }
+
     /// A member that reports its sleeps is taken at its word when its wake-ups run at
     /// once, and `/proc` answers otherwise: a member that says it sleeps while it
     /// spins shows which look was taken. A member that never reported is read from
@@ -681,18 +697,14 @@ mod tests {
     fn a_member_that_reports_its_sleeps_answers_for_itself() {
         let group = ThreadGroup::new();
         let step = Arc::new(AtomicU32::new(0));
-        let member = {
-            let (group, step) = (group.clone(), step.clone());
-            std::thread::spawn(move || {
-                let _member = group.join_current();
-                set_asleep(true);
-                step.store(1, Ordering::Release);
-                spin_until(&step, 2);
-                set_asleep(false);
-                step.store(3, Ordering::Release);
-                spin_until(&step, 4);
-            })
-        };
+        let reporter = member(&group, &step, |step| {
+            set_asleep(true);
+            step.store(1, Ordering::Release);
+            spin_until(step, 2);
+            set_asleep(false);
+            step.store(3, Ordering::Release);
+            spin_until(step, 4);
+        });
         wait_for(&step, 1);
         assert_eq!(group.runnable(true), Some(false), "its word: asleep");
         assert_eq!(group.runnable(false), Some(true), "/proc: it spins");
@@ -700,19 +712,15 @@ mod tests {
         wait_for(&step, 3);
         assert_eq!(group.runnable(true), Some(true), "its word: awake");
         step.store(4, Ordering::Release);
-        member.join().unwrap();
+        reporter.join().unwrap();
         assert_eq!(group.runnable(true), None, "it left");
 
         let silent = ThreadGroup::new();
         let done = Arc::new(AtomicU32::new(0));
-        let spinner = {
-            let (silent, done) = (silent.clone(), done.clone());
-            std::thread::spawn(move || {
-                let _member = silent.join_current();
-                done.store(1, Ordering::Release);
-                spin_until(&done, 2);
-            })
-        };
+        let spinner = member(&silent, &done, |done| {
+            done.store(1, Ordering::Release);
+            spin_until(done, 2);
+        });
         wait_for(&done, 1);
         assert_eq!(silent.runnable(true), Some(true), "never reported: /proc");
         done.store(2, Ordering::Release);

@@ -166,7 +166,7 @@ pub fn write(
             } else {
                 MAX_BLOCK
             };
-            crate::presence::asleep(|| futex_wait(word, expected, limit));
+            futex_wait(word, expected, limit);
             waiting_on.store(0, Ordering::Release);
             counters
                 .blocked_ns
