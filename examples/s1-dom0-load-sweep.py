@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
-"""S1's node under `kumo node` with a loaded domain 0: for each `[dom0] frame_cost_us`
-in COSTS, each benchmark and each scheduler setting, one run, rounds interleaved
-(costs inside benchmarks inside settings inside rounds). One JSON line a run: time
-(rank 0's), verified, domain 0's CPU and the switch's frames. The node file is the
-one `kumo experiment s1` writes (lab/src/experiment/s1.rs, rank_node_toml).
+"""S1's node under `kumo node` with a loaded domain 0: for each domain-0 cost in
+COSTS (`F`: `[dom0] frame_cost_us = F`; `F+K`: also `kib_cost_us = K`), each
+benchmark and each scheduler setting, one run, rounds interleaved (settings inside
+benchmarks inside costs inside rounds). One JSON line a run: time
+(rank 0's), verified, domain 0's CPU and the switch's frames and bytes. The node file
+is the one `kumo experiment s1` writes (lab/src/experiment/s1.rs, rank_node_toml); the
+ranks' wait is `WAIT` from the environment (default `yield`, as `s1`'s).
 
     examples/s1-dom0-load-sweep.py KUMO COSTS BENCHES SETTINGS [ROUNDS]
     examples/s1-dom0-load-sweep.py target/release/kumo 200,250,300 \\
         cg.W,sp.S,bt.S,ep.A 30:10:256,30:10:64 3
+    examples/s1-dom0-load-sweep.py target/release/kumo 0,300,20+30 lu.S 30:10:256,1:1:256
 
 SETTINGS are SLICE_MS:TICK_MS:DOM0_WEIGHT (Xen 3.4.2: tick accounting, no ratelimit).
 """
@@ -24,9 +27,13 @@ def node_toml(npb, tslice, tick, weight, cost):
         f'tick_ms = {tick}\nratelimit_us = 0\naccounting = "tick"\n'
         f"[dom0]\nweight = {weight}\n"
     )
-    if cost:
-        text += f"frame_cost_us = {cost}\n"
-    text += f'[network]\nnpb = "{npb}"\nwait = "spin"\n'
+    frame, _, kib = cost.partition("+")
+    if float(frame):
+        text += f"frame_cost_us = {frame}\n"
+    if kib and float(kib):
+        text += f"kib_cost_us = {kib}\n"
+    wait = os.environ.get("WAIT", "yield")
+    text += f'[network]\nnpb = "{npb}"\nwait = "{wait}"\n'
     for i in range(2):
         text += f'[[domain]]\nname = "u{i}"\nmpi = true\nranks_per_vcpu = 2\nguest_hz = 250\n'
     return text
@@ -36,7 +43,7 @@ def run(kumo, path):
     out = subprocess.run(
         [kumo, "node", "--config", path, "--json"], capture_output=True, text=True
     )
-    found = {"time": None, "verified": False, "dom0": None, "frames": None}
+    found = {"time": None, "verified": False, "dom0": None, "frames": None, "bytes": None}
     for line in out.stdout.splitlines():
         try:
             item = json.loads(line)
@@ -47,6 +54,7 @@ def run(kumo, path):
         if item.get("node"):
             found["dom0"] = item["dom0_cpu_s"]
             found["frames"] = item["switch"]["frames"]
+            found["bytes"] = item["switch"]["bytes"]
     return found
 
 
@@ -54,7 +62,7 @@ def main():
     if len(sys.argv) not in (5, 6):
         sys.exit(__doc__)
     kumo = sys.argv[1]
-    costs = [float(c) for c in sys.argv[2].split(",")]
+    costs = sys.argv[2].split(",")
     benches = sys.argv[3].split(",")
     settings = [s.split(":") for s in sys.argv[4].split(",")]
     rounds = int(sys.argv[5]) if len(sys.argv) == 6 else 1

@@ -275,7 +275,7 @@ pub struct ExperimentArgs {
     pub out: Option<PathBuf>,
 
     /// s1 only: which domain 0 its scenarios run with: kumo's own (the switch), one
-    /// loaded to S1's regime (a modelled backend cost per frame), or both families
+    /// loaded to S1's regime (a modelled backend cost per TCP segment), or both families
     /// (the default; kumo's first).
     #[arg(long, value_enum, value_name = "WHICH")]
     pub dom0: Option<s1::Dom0Families>,

@@ -56,8 +56,8 @@ const NODE_CPUS: usize = 2;
 pub enum Dom0 {
     /// kumo's own: the switch, 1-2 % of a CPU in S1's node.
     Kumo,
-    /// "loaded domain 0": the switch with a modelled backend cost per frame
-    /// ([`LOADED_FRAME_COST_US`]) that puts it in S1's regime.
+    /// "loaded domain 0": the switch with a modelled backend cost per TCP segment
+    /// ([`LOADED_DOM0_COST`]) that puts it in S1's regime.
     Loaded,
 }
 
@@ -97,19 +97,54 @@ impl Dom0Families {
     }
 }
 
-/// The loaded domain 0's modelled backend CPU per frame it forwards, in µs
-/// (`[dom0] frame_cost_us`). A model of S1's domain 0 cost, not a measurement of Xen:
-/// S1's Xen 3.4 domain 0 ran netback, the bridge, the NIC's driver and TCP for every
-/// frame, and S1's one observation of its load is that domain 0 at weight 64 (30/10
-/// ms) gave "large slow-downs for every benchmark but EP". This is the smallest cost
-/// of those tried (50, 100, 200, 250, 300, 600 µs) that gives that in every round of
-/// this host's real runs: BT.S, CG.W and SP.S at weight 64 at least 1.5x as slow as
-/// at 256 (at 250 CG.W was 1.2-1.4x), EP.A unmoved beyond noise (`examples/
-/// s1-dom0-load-sweep.py`, `docs/results/2026-11-28-s1-loaded-dom0.md`). Domain 0
-/// then uses about a quarter (CG.W) to a half (BT.S, SP.S) of a CPU at 30/10.
-pub const LOADED_FRAME_COST_US: f64 = 300.0;
+/// The loaded domain 0's modelled backend CPU per TCP segment it forwards, in µs. A
+/// model of S1's domain 0 cost, not a measurement of Xen: S1's Xen 3.4 domain 0 ran
+/// netback, the bridge, the NIC's driver and TCP for every packet, and its cost went by
+/// packets, which over S1's gigabit Ethernet (MTU 1500) carry [`S1_SEGMENT_BYTES`] of
+/// data each. kumo's guest MPI sends frames of up to 9 KiB instead, so a cost per frame
+/// would charge LU's 240-byte messages as much as six segments of SP's data; charged so
+/// (300 µs a frame), LU.S gained +44 % at 1/1 where S1 saw little change.
+///
+/// The size: the same domain-0 CPU in all, on BT.S, CG.W and SP.S at 30/10, as the
+/// 300 µs a frame that S1's weight-64 observation calibrated ("large slow-downs for
+/// every benchmark but EP": the smallest of 50-1000 µs a frame that gave BT.S, CG.W and
+/// SP.S at weight 64 at least 1.5x as slow as at 256 in every round here). Both put
+/// 4.5 s of domain-0 CPU into those three runs; per segment, BT's and SP's small
+/// messages cost less and CG's large ones more (`examples/s1-dom0-load-sweep.py`,
+/// `docs/results/2026-11-29-s1-dom0-per-segment.md`).
+pub const LOADED_SEGMENT_COST_US: f64 = 100.0;
+/// The data one TCP segment carries over a 1500-byte Ethernet MTU: 1500 less 20 bytes
+/// of IP header, 20 of TCP and 12 of TCP timestamps.
+pub const S1_SEGMENT_BYTES: f64 = 1448.0;
+/// What the switch charges for that, in its terms (`[dom0] frame_cost_us` and
+/// `kib_cost_us`): a segment's cost for each frame, and one for every 1448 bytes it
+/// carries (a linear stand-in for the number of segments).
+pub const LOADED_DOM0_COST: LoadedCost = LoadedCost {
+    frame_us: LOADED_SEGMENT_COST_US,
+    kib_us: LOADED_SEGMENT_COST_US * 1024.0 / S1_SEGMENT_BYTES,
+};
 // A node file refuses costs above its limit: checked when this compiles.
-const _: () = assert!(LOADED_FRAME_COST_US <= kumo_vmm::spec::node::MAX_BACKEND_COST_US);
+const _: () = assert!(
+    LOADED_DOM0_COST.frame_us <= kumo_vmm::spec::node::MAX_BACKEND_COST_US
+        && LOADED_DOM0_COST.kib_us <= kumo_vmm::spec::node::MAX_BACKEND_COST_US
+);
+
+/// The loaded domain 0's modelled cost, as a node file's `[dom0]` takes it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct LoadedCost {
+    pub frame_us: f64,
+    pub kib_us: f64,
+}
+
+impl LoadedCost {
+    /// The lines of a node file's `[dom0]` that set it.
+    pub fn toml(self) -> String {
+        format!(
+            "frame_cost_us = {}\nkib_cost_us = {:.3}\n",
+            self.frame_us, self.kib_us
+        )
+    }
+}
 
 /// One setting of the credit scheduler.
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -427,7 +462,7 @@ pub fn rank_node_toml(
 ) -> String {
     let load = match scenario.dom0 {
         Dom0::Kumo => String::new(),
-        Dom0::Loaded => format!("frame_cost_us = {LOADED_FRAME_COST_US}\n"),
+        Dom0::Loaded => LOADED_DOM0_COST.toml(),
     };
     format!(
         "{}[scheduler]\nkind = \"credit\"\ntslice_ms = {}\ntick_ms = {}\nratelimit_us = {}\n\
@@ -993,8 +1028,8 @@ pub struct Report {
     pub two_nodes: String,
     /// The scenario families that ran (`--dom0`), kumo's first.
     pub dom0_families: Vec<Dom0>,
-    /// The loaded family's modelled domain 0 cost per frame (None: it did not run).
-    pub loaded_dom0_frame_cost_us: Option<f64>,
+    /// The loaded family's modelled domain 0 cost (None: it did not run).
+    pub loaded_dom0_cost: Option<LoadedCost>,
     pub calibration: Calibration,
     pub sim_inputs: Vec<SimInput>,
     pub rows: Vec<Row>,
@@ -1227,9 +1262,7 @@ pub fn run(args: &ExperimentArgs, epoch: Instant) -> Result<u8> {
                 hv::placement::host_cpus()
             ),
         },
-        loaded_dom0_frame_cost_us: families
-            .contains(&Dom0::Loaded)
-            .then_some(LOADED_FRAME_COST_US),
+        loaded_dom0_cost: families.contains(&Dom0::Loaded).then_some(LOADED_DOM0_COST),
         dom0_families: families,
         calibration,
         sim_inputs,
@@ -1296,11 +1329,13 @@ pub fn text(report: &Report) -> String {
         report.calibration.per_frame_us,
         report.calibration.per_kib_us,
     );
-    if let Some(us) = report.loaded_dom0_frame_cost_us {
+    if let Some(cost) = report.loaded_dom0_cost {
         out.push_str(&format!(
-            "loaded domain 0 (scenarios loaded-*): the switch plus a modelled backend of {us} us \
-             per frame (S1's domain 0 load modelled, not Xen measured; calibrated by S1's \
-             weight-64 slow-downs)\n"
+            "loaded domain 0 (scenarios loaded-*): the switch plus a modelled backend of {} us \
+             a frame and {:.1} us a KiB, {} us for each TCP segment S1's MTU of 1500 would \
+             carry (S1's domain 0 load modelled, not Xen measured; sized by S1's weight-64 \
+             slow-downs)\n",
+            cost.frame_us, cost.kib_us, LOADED_SEGMENT_COST_US
         ));
     }
     out.push_str(&format!(
@@ -1531,23 +1566,29 @@ mod tests {
     }
 
     #[test]
-    fn the_loaded_familys_node_file_costs_every_frame_and_kumos_does_not() {
+    fn the_loaded_familys_node_file_costs_every_segment_and_kumos_does_not() {
         let base = |dom0| *SCENARIOS.iter().find(|s| s.dom0 == dom0).unwrap();
         let loaded = node_toml(&base(Dom0::Loaded), spec("cg.W"), &[0, 1], Wait::Spin);
         assert!(
             loaded.contains(&format!(
-                "[dom0]\nweight = 256\nframe_cost_us = {LOADED_FRAME_COST_US}\n[network]\n"
+                "[dom0]\nweight = 256\n{}[network]\n",
+                LOADED_DOM0_COST.toml()
             )),
             "{loaded}"
         );
         let node =
             kumo_vmm::spec::node::parse(&loaded).unwrap_or_else(|e| panic!("{loaded}\n{e:#}"));
-        assert_eq!(node.dom0_cost.frame_us, LOADED_FRAME_COST_US);
-        assert_eq!(node.dom0_cost.kib_us, 0.0);
+        assert_eq!(node.dom0_cost.frame_us, LOADED_SEGMENT_COST_US);
+        // A full segment's worth of bytes costs one more segment, to the file's rounding.
+        let segment_us = node.dom0_cost.kib_us * S1_SEGMENT_BYTES / 1024.0;
+        assert!(
+            (segment_us - LOADED_SEGMENT_COST_US).abs() < 0.01,
+            "{segment_us}"
+        );
         let own = node_toml(&base(Dom0::Kumo), spec("cg.W"), &[0, 1], Wait::Spin);
         assert!(!own.contains("cost"), "{own}");
         // The loaded node is the same node otherwise.
-        let strip = |t: &str| t.replace(&format!("frame_cost_us = {LOADED_FRAME_COST_US}\n"), "");
+        let strip = |t: &str| t.replace(&LOADED_DOM0_COST.toml(), "");
         assert_eq!(strip(&loaded), own);
     }
 
@@ -1632,9 +1673,15 @@ mod tests {
             assert_eq!(node.params.accounting, s.accounting.into());
             let cost = match s.dom0 {
                 Dom0::Kumo => 0.0,
-                Dom0::Loaded => LOADED_FRAME_COST_US,
+                Dom0::Loaded => LOADED_SEGMENT_COST_US,
             };
             assert_eq!(node.dom0_cost.frame_us, cost, "{}", s.name);
+            assert_eq!(
+                node.dom0_cost.kib_us > 0.0,
+                s.dom0 == Dom0::Loaded,
+                "{}",
+                s.name
+            );
             // The auto slice's node files ask for it, from 30/10 ms; the others do not.
             assert_eq!(node.auto_slice, s.auto_slice, "{}", s.name);
             assert_eq!(
