@@ -201,6 +201,8 @@ fn migrate_quick_moves_a_domu_of_a_running_mpi_job_to_a_standby_node_under_both_
     assert_eq!(report["ok"], true, "{report}");
     // S1's benchmark, its DomU moved between two nodes (`kumo ctl migrate --domain`).
     assert_eq!(report["benchmark"], "sp.S", "{report}");
+    // Its ranks wait as `s1`'s do by default.
+    assert_eq!(report["wait"], "yield", "{report}");
     let runs = report["runs"].as_array().unwrap();
     // Both scenarios, each without and with one stop-and-copy migration.
     assert_eq!(runs.len(), 2 * 2, "{report}");
@@ -345,8 +347,8 @@ fn bad_experiment_input_is_refused_in_one_line() {
         "--dom0 is for s1 only",
     );
     assert_refused(
-        &["experiment", "migrate", "--wait", "yield"],
-        "--wait is for s1 only",
+        &["experiment", "s2", "--wait", "yield"],
+        "--wait is for s1 and migrate only",
     );
     // clap's own refusal (its usage lines follow), exit 2.
     let out = kumo(&["experiment", "s1", "--dom0", "xen"]);

@@ -157,6 +157,10 @@ pub struct Migration {
     pub at_s: f64,
     pub total_ms: f64,
     pub downtime_ms: f64,
+    /// Of the downtime: stopping the vCPUs, and everything until the last pages and
+    /// state were sent (the rest is the standby building and starting the VM).
+    pub pause_ms: f64,
+    pub sent_ms: f64,
     pub bytes: u64,
     pub rounds: usize,
 }
@@ -181,16 +185,14 @@ pub struct Run {
     pub problems: Vec<String>,
 }
 
-/// The node file: S1's node of two DomUs on the node's CPU, its switch listening on
-/// `wire` for the standby node's. Its ranks spin, as when this experiment's results
-/// were measured (docs/results/2026-11-29-migrate-spa.md); `s1` has since made
-/// yielding its default, not rerun here.
-pub fn node_toml(scenario: &Scenario, spec: Spec, wire: &Path) -> String {
+/// The node file: S1's node of two DomUs on the node's CPU, its ranks waiting as
+/// `wait` says, its switch listening on `wire` for the standby node's.
+pub fn node_toml(scenario: &Scenario, (spec, wait): (Spec, Wait), wire: &Path) -> String {
     s1::rank_node_toml(
         scenario,
         spec,
         &[NODE_CPU],
-        (DOMUS, RANKS_PER_VCPU, Wait::Spin),
+        (DOMUS, RANKS_PER_VCPU, wait),
         &format!(
             "wire = \"listen:unix:{}\"\nwire_wait_s = {}\n",
             wire.display(),
@@ -201,10 +203,11 @@ pub fn node_toml(scenario: &Scenario, spec: Spec, wire: &Path) -> String {
 
 /// The standby node's file: the same scheduler and domain 0 on the standby CPU, its
 /// switch connected to the node's by `wire`, and a domain waiting at each of
-/// `incoming` (name, `tcp:HOST:PORT`) for the DomU of that name.
+/// `incoming` (name, `tcp:HOST:PORT`) for the DomU of that name. (A DomU that moves
+/// brings its own ranks and their wait; `wait` keeps the file the node's twin.)
 pub fn standby_toml(
     scenario: &Scenario,
-    spec: Spec,
+    (spec, wait): (Spec, Wait),
     wire: &Path,
     token: &Path,
     incoming: &[(&str, String)],
@@ -213,7 +216,7 @@ pub fn standby_toml(
         scenario,
         spec,
         &[STANDBY_CPU],
-        (0, RANKS_PER_VCPU, Wait::Spin),
+        (0, RANKS_PER_VCPU, wait),
         &format!(
             "job_size = {}\nwire = \"unix:{}\"\nwire_wait_s = {}\n",
             DOMUS as u32 * RANKS_PER_VCPU,
@@ -259,7 +262,7 @@ struct StandbySide {
 /// arrived (else it is stopped).
 fn standby_side(
     dir: &Path,
-    (scenario, spec): (&Scenario, Spec),
+    (scenario, job): (&Scenario, (Spec, Wait)),
     mode: &Mode,
     moments: &[f64],
     node_ctl: &Path,
@@ -288,7 +291,7 @@ fn standby_side(
     let config = dir.join("standby.toml");
     std::fs::write(
         &config,
-        standby_toml(scenario, spec, &dir.join("wire"), &token, &incoming),
+        standby_toml(scenario, job, &dir.join("wire"), &token, &incoming),
     )?;
     let out = dir.join("standby.out");
     // The standby node sees the whole host (its file names its CPU); this thread and
@@ -417,6 +420,8 @@ pub(super) fn migrate(args: &[String], at_s: f64) -> Result<Migration> {
         at_s,
         total_ms: number("total_ms")?,
         downtime_ms: number("downtime_ms")?,
+        pause_ms: number("pause_ms")?,
+        sent_ms: number("sent_ms")?,
         bytes: number("total_bytes")? as u64,
         rounds: reply["rounds"].as_array().map_or(0, Vec::len),
     })
@@ -425,14 +430,14 @@ pub(super) fn migrate(args: &[String], at_s: f64) -> Result<Migration> {
 fn one_run(
     scenario: &Scenario,
     mode: &Mode,
-    spec: Spec,
+    (spec, wait): (Spec, Wait),
     round: u32,
     moments: &[f64],
     kvm_device: &Path,
     epoch: Instant,
 ) -> Result<Run> {
     let dir = RunDir::new()?;
-    let text = node_toml(scenario, spec, &dir.0.join("wire"));
+    let text = node_toml(scenario, (spec, wait), &dir.0.join("wire"));
     let node_ctl = dir.0.join("node.sock");
     let job_over = AtomicBool::new(false);
     let start = Instant::now();
@@ -440,7 +445,7 @@ fn one_run(
         let standby = scope.spawn(|| {
             standby_side(
                 &dir.0,
-                (scenario, spec),
+                (scenario, (spec, wait)),
                 mode,
                 moments,
                 &node_ctl,
@@ -567,6 +572,8 @@ pub struct Report {
     pub experiment: &'static str,
     pub quick: bool,
     pub benchmark: String,
+    /// How the ranks wait for a message (`--wait`, default as `s1`'s).
+    pub wait: Wait,
     pub runs_per_scenario: u32,
     pub rows: Vec<Row>,
     pub runs: Vec<Run>,
@@ -591,6 +598,7 @@ pub fn run(args: &ExperimentArgs, epoch: Instant) -> Result<u8> {
     let scenarios = scenarios()?;
     let modes = modes(args.quick);
     let spec = benchmark(args.quick);
+    let wait = args.wait.unwrap_or(s1::DEFAULT_WAIT);
     let progress = Progress::new(scenarios.len() * modes.len() * args.runs as usize);
     let mut runs: Vec<Run> = Vec::new();
     'rounds: for round in 0..args.runs {
@@ -611,7 +619,7 @@ pub fn run(args: &ExperimentArgs, epoch: Instant) -> Result<u8> {
                 let run = one_run(
                     scenario,
                     mode,
-                    spec,
+                    (spec, wait),
                     round,
                     &moments,
                     &args.kvm_device,
@@ -633,6 +641,7 @@ pub fn run(args: &ExperimentArgs, epoch: Instant) -> Result<u8> {
         experiment: "migrate",
         quick: args.quick,
         benchmark: spec.to_string(),
+        wait,
         runs_per_scenario: args.runs,
         rows,
         runs,
@@ -691,12 +700,14 @@ fn figure(report: &Report) -> Result<String> {
 /// The table beside S1's figures.
 pub fn text(report: &Report) -> String {
     let mut out = format!(
-        "S1's migration experiment on real VMs: NPB-MPI {} on 4 ranks, spin-waiting, in S1's \
+        "S1's migration experiment on real VMs: NPB-MPI {} on 4 ranks, {}, in S1's \
          node: 2 DomUs x 1 vCPU x 2 ranks and domain 0 under the credit scheduler on host CPU \
          {NODE_CPU}; DomU u1 (then u0) moves to a standby node (domain 0 and the same \
          scheduler) on host CPU {STANDBY_CPU}: this 2-CPU host gives each node one CPU; \
          {} run(s) per row, medians [min-max]\n\n",
-        report.benchmark, report.runs_per_scenario,
+        report.benchmark,
+        s1::wait_phrase(report.wait),
+        report.runs_per_scenario,
     );
     let mut table = vec![
         [
@@ -792,6 +803,8 @@ mod tests {
                 at_s: 1.0,
                 total_ms: 900.0,
                 downtime_ms: 5.0,
+                pause_ms: 1.0,
+                sent_ms: 4.0,
                 bytes: 3 << 20,
                 rounds: 2,
             }],
@@ -806,7 +819,7 @@ mod tests {
             return; // the standby node's CPU is host CPU 1
         }
         for s in scenarios().unwrap() {
-            let text = node_toml(&s, benchmark(true), Path::new("/tmp/w.sock"));
+            let text = node_toml(&s, (benchmark(true), Wait::Yield), Path::new("/tmp/w.sock"));
             let node =
                 kumo_vmm::spec::node::parse(&text).unwrap_or_else(|e| panic!("{text}\n{e:#}"));
             assert_eq!(node.domains.len(), DOMUS);
@@ -831,7 +844,7 @@ mod tests {
             ];
             let text = standby_toml(
                 &s,
-                benchmark(true),
+                (benchmark(true), Wait::Yield),
                 Path::new("/tmp/w.sock"),
                 Path::new("/tmp/token"),
                 &incoming,
@@ -890,12 +903,14 @@ mod tests {
             experiment: "migrate",
             quick: true,
             benchmark: "cg.W".into(),
+            wait: Wait::Spin,
             runs_per_scenario: 1,
             rows: rows.clone(),
             runs: runs.clone(),
             ok: true,
         });
         assert!(text.contains("+900.0 %"), "{text}");
+        assert!(text.contains("4 ranks, spin-waiting,"), "{text}");
     }
 
     #[test]

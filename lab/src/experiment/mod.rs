@@ -57,15 +57,15 @@ pub fn run_experiment(args: &ExperimentArgs, epoch: Instant) -> Result<u8> {
     if let Some(dir) = &args.out {
         prepare_out(dir)?;
     }
+    if args.wait.is_some() && !matches!(args.name.as_str(), "s1" | "migrate") {
+        bail!("--wait is for s1 and migrate only");
+    }
     if args.name != "s1" {
         if args.dom0.is_some() {
             bail!("--dom0 is for s1 only");
         }
         if !args.bench.is_empty() {
             bail!("--bench is for s1 only");
-        }
-        if args.wait.is_some() {
-            bail!("--wait is for s1 only");
         }
     }
     match args.name.as_str() {
@@ -257,8 +257,8 @@ pub struct ExperimentArgs {
     /// numbers for (in its loaded domain 0 family on BT, CG and SP only); s2 runs 3
     /// message sizes instead of 6; s3 simulates 8 worker counts instead of 16;
     /// s4 runs CG and IS at class S; s5 gives each VM 6 runs of EP.S instead of 10;
-    /// migrate runs CG.W instead of CG.A, and no
-    /// migration and one stop-and-copy one only.
+    /// migrate runs SP.S instead of SP.A, and no migration and one stop-and-copy one
+    /// only.
     #[arg(long)]
     pub quick: bool,
 
@@ -285,9 +285,9 @@ pub struct ExperimentArgs {
     #[arg(long, value_delimiter = ',', value_name = "SPECS")]
     pub bench: Vec<String>,
 
-    /// s1 only: how a rank waits for a message: yield (poll, handing the vCPU to the
-    /// other rank: the default), spin (poll until the guest's tick switches ranks) or
-    /// block (halt until the NIC interrupts).
+    /// s1 and migrate: how a rank waits for a message: yield (poll, handing the vCPU
+    /// to the other rank: the default), spin (poll until the guest's tick switches
+    /// ranks) or block (halt until the NIC interrupts).
     #[arg(long, value_enum, value_name = "HOW")]
     pub wait: Option<kumo_vmm::spec::job::Wait>,
 

@@ -45,6 +45,15 @@ pub const GUEST_HZ: u32 = 250;
 /// with Linux 2.6's 100 ms slice it makes CG 25 times slower and no slice setting
 /// moves it (docs/results/2026-11-29-s1-guest-wait.md).
 pub const DEFAULT_WAIT: Wait = Wait::Yield;
+
+/// How ranks that wait `wait` are described in a table's heading.
+pub fn wait_phrase(wait: Wait) -> &'static str {
+    match wait {
+        Wait::Spin => "spin-waiting",
+        Wait::Yield => "yielding to each other while they wait",
+        Wait::Block => "blocking while they wait",
+    }
+}
 /// Ranks of the job.
 const RANKS: usize = DOMUS * RANKS_PER_VCPU as usize;
 /// Host CPUs of the node, as S1's dual-core nodes.
@@ -1319,11 +1328,7 @@ pub fn text(report: &Report) -> String {
         report.domus,
         report.ranks_per_vcpu,
         report.guest_hz,
-        match report.wait {
-            Wait::Spin => "spin-waiting",
-            Wait::Yield => "yielding to each other while they wait",
-            Wait::Block => "blocking while they wait",
-        },
+        wait_phrase(report.wait),
         report.node_cpus,
         report.runs_per_scenario,
         report.calibration.per_frame_us,
