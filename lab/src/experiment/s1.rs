@@ -54,6 +54,7 @@ pub fn wait_phrase(wait: Wait) -> &'static str {
         Wait::Block => "blocking while they wait",
     }
 }
+
 /// Ranks of the job.
 const RANKS: usize = DOMUS * RANKS_PER_VCPU as usize;
 /// Host CPUs of the node, as S1's dual-core nodes.
@@ -117,8 +118,9 @@ impl Dom0Families {
 /// The size: the same domain-0 CPU in all, on BT.S, CG.W and SP.S at 30/10, as the
 /// 300 µs a frame that S1's weight-64 observation calibrated ("large slow-downs for
 /// every benchmark but EP": the smallest of 50-1000 µs a frame that gave BT.S, CG.W and
-/// SP.S at weight 64 at least 1.5x as slow as at 256 in every round here). Both put
-/// 4.5 s of domain-0 CPU into those three runs; per segment, BT's and SP's small
+/// SP.S at weight 64 at least 1.5x as slow as at 256 in every round here). Of the
+/// sizes tried (60, 100, 150 µs), 100 is the one at which both put 4.5 s of domain-0
+/// CPU into those three runs; per segment, BT's and SP's small
 /// messages cost less and CG's large ones more (`examples/s1-dom0-load-sweep.py`,
 /// `docs/results/2026-11-29-s1-dom0-per-segment.md`).
 pub const LOADED_SEGMENT_COST_US: f64 = 100.0;
