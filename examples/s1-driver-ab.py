@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A/B of two kumo builds on S1's node (docs/results/2026-11-29-driver-sensing.md): the
-node files lab/src/experiment/s1.rs's rank_node_toml writes for the loaded domain 0
-(300 us a frame) and yielding ranks; rounds outermost, then benchmarks, scenarios and
+node files lab/src/experiment/s1.rs's rank_node_toml wrote for the loaded domain 0
+when those results were taken (300 us a frame; `s1` has charged per TCP segment since,
+docs/results/2026-11-29-s1-dom0-per-segment.md) and yielding ranks; rounds outermost, then benchmarks, scenarios and
 builds interleaved. One JSON line per run: the benchmark's time, the credit driver's
 runs and CPU.
 

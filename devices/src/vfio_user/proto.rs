@@ -688,6 +688,8 @@ pub fn encode_region_write(region: u32, offset: u64, count: u32) -> Vec<u8> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use proptest::prelude::*;
 
     /// Found by the `vfio_user` fuzz target in CI: capabilities of 1,000 bytes that
     /// are not UTF-8 were replaced lossily into a 3,000-byte string that the same
@@ -713,9 +715,6 @@ mod tests {
             Ok(request)
         );
     }
-
-    use super::*;
-    use proptest::prelude::*;
 
     fn roundtrip(request: Request) {
         let bytes = request.encode(7);

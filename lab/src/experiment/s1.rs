@@ -32,6 +32,7 @@ use crate::experiment::ExperimentArgs;
 use kumo_vmm::ctl::Accounting;
 use kumo_vmm::node;
 use kumo_vmm::spec::job::Wait;
+use kumo_vmm::spec::node::BackendCost;
 use kumo_vmm::stats;
 
 /// DomUs of the node, each with one vCPU.
@@ -130,7 +131,7 @@ pub const S1_SEGMENT_BYTES: f64 = 1448.0;
 /// What the switch charges for that, in its terms (`[dom0] frame_cost_us` and
 /// `kib_cost_us`): a segment's cost for each frame, and one for every 1448 bytes it
 /// carries (a linear stand-in for the number of segments).
-pub const LOADED_DOM0_COST: LoadedCost = LoadedCost {
+pub const LOADED_DOM0_COST: BackendCost = BackendCost {
     frame_us: LOADED_SEGMENT_COST_US,
     kib_us: LOADED_SEGMENT_COST_US * 1024.0 / S1_SEGMENT_BYTES,
 };
@@ -140,21 +141,12 @@ const _: () = assert!(
         && LOADED_DOM0_COST.kib_us <= kumo_vmm::spec::node::MAX_BACKEND_COST_US
 );
 
-/// The loaded domain 0's modelled cost, as a node file's `[dom0]` takes it.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct LoadedCost {
-    pub frame_us: f64,
-    pub kib_us: f64,
-}
-
-impl LoadedCost {
-    /// The lines of a node file's `[dom0]` that set it.
-    pub fn toml(self) -> String {
-        format!(
-            "frame_cost_us = {}\nkib_cost_us = {:.3}\n",
-            self.frame_us, self.kib_us
-        )
-    }
+/// The lines of a node file's `[dom0]` that set `cost`.
+pub fn dom0_cost_toml(cost: BackendCost) -> String {
+    format!(
+        "frame_cost_us = {}\nkib_cost_us = {:.3}\n",
+        cost.frame_us, cost.kib_us
+    )
 }
 
 /// One setting of the credit scheduler.
@@ -473,7 +465,7 @@ pub fn rank_node_toml(
 ) -> String {
     let load = match scenario.dom0 {
         Dom0::Kumo => String::new(),
-        Dom0::Loaded => LOADED_DOM0_COST.toml(),
+        Dom0::Loaded => dom0_cost_toml(LOADED_DOM0_COST),
     };
     format!(
         "{}[scheduler]\nkind = \"credit\"\ntslice_ms = {}\ntick_ms = {}\nratelimit_us = {}\n\
@@ -1040,7 +1032,7 @@ pub struct Report {
     /// The scenario families that ran (`--dom0`), kumo's first.
     pub dom0_families: Vec<Dom0>,
     /// The loaded family's modelled domain 0 cost (None: it did not run).
-    pub loaded_dom0_cost: Option<LoadedCost>,
+    pub loaded_dom0_cost: Option<BackendCost>,
     pub calibration: Calibration,
     pub sim_inputs: Vec<SimInput>,
     pub rows: Vec<Row>,
@@ -1579,7 +1571,7 @@ mod tests {
         assert!(
             loaded.contains(&format!(
                 "[dom0]\nweight = 256\n{}[network]\n",
-                LOADED_DOM0_COST.toml()
+                dom0_cost_toml(LOADED_DOM0_COST)
             )),
             "{loaded}"
         );
@@ -1595,7 +1587,7 @@ mod tests {
         let own = node_toml(&base(Dom0::Kumo), spec("cg.W"), &[0, 1], Wait::Spin);
         assert!(!own.contains("cost"), "{own}");
         // The loaded node is the same node otherwise.
-        let strip = |t: &str| t.replace(&LOADED_DOM0_COST.toml(), "");
+        let strip = |t: &str| t.replace(&dom0_cost_toml(LOADED_DOM0_COST), "");
         assert_eq!(strip(&loaded), own);
     }
 

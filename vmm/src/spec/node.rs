@@ -8,7 +8,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result, anyhow, bail};
 use npb::Spec;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::control::SchedUpdate;
 use super::sched as sched_params;
@@ -92,7 +92,7 @@ pub struct Dom0File {
 pub const MAX_BACKEND_COST_US: f64 = 1000.0;
 
 /// Domain 0's modelled backend cost (zero: none).
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct BackendCost {
     pub frame_us: f64,
     pub kib_us: f64,
