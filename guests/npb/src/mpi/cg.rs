@@ -109,6 +109,21 @@ impl Grid {
         }
     }
 
+    /// The part of a row block of `len` sums that reduction `step` sends: off a square
+    /// grid the first exchange (between the two halves' keepers) sends the half this
+    /// rank does not keep; later ones the kept half.
+    fn row_sum_sent(&self, step: usize, len: usize) -> Range<usize> {
+        if !self.square && step == self.steps - 1 {
+            if self.kept.start == 0 {
+                self.kept.end..len
+            } else {
+                0..self.kept.start
+            }
+        } else {
+            self.kept.clone()
+        }
+    }
+
     /// Adds `values` across the process row: every rank of it ends with the same sums.
     fn sum<C: Comm + ?Sized>(&self, comm: &mut C, values: &mut [f64]) -> Result<(), Error> {
         let mut theirs = [0.0; 2];
@@ -142,17 +157,7 @@ impl Grid {
     ) -> Result<(), Error> {
         for step in (0..self.steps).rev() {
             let partner = self.reduce[step];
-            // Off a square grid the first exchange (between the two halves' keepers)
-            // sends the half this rank does not keep; later ones the kept half.
-            let send = if !self.square && step == self.steps - 1 {
-                if self.kept.start == 0 {
-                    self.kept.end..w.len()
-                } else {
-                    0..self.kept.start
-                }
-            } else {
-                self.kept.clone()
-            };
+            let send = self.row_sum_sent(step, w.len());
             let kept = self.kept.clone();
             comm.sendrecv(
                 partner,
@@ -182,6 +187,62 @@ impl Grid {
             )
             .map(|_| ())
         }
+    }
+}
+
+/// A `sendrecv` of CG's: `bytes` to `partner` and as many back.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Exchange {
+    pub partner: usize,
+    pub bytes: usize,
+}
+
+/// One rank's messages in an iteration, in order, for models of CG's traffic (`kumo
+/// sim`): the product's row reductions and its transpose (none on a square grid's
+/// diagonal), and the partners each dot product's 8-byte sum goes to.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Traffic {
+    product: [Exchange; MAX_STEPS + 1],
+    product_len: usize,
+    dots: [usize; MAX_STEPS],
+    dots_len: usize,
+}
+
+impl Traffic {
+    /// Rank `me` of `ranks` (a power of two up to 64) on a matrix of order `n`: the
+    /// messages [`run`] sends.
+    pub fn of(n: usize, me: usize, ranks: usize) -> Traffic {
+        let g = Grid::new(n, me, ranks);
+        let mut t = Traffic {
+            dots_len: g.steps,
+            ..Traffic::default()
+        };
+        t.dots[..g.steps].copy_from_slice(&g.reduce[..g.steps]);
+        for step in (0..g.steps).rev() {
+            t.product[t.product_len] = Exchange {
+                partner: g.reduce[step],
+                bytes: g.row_sum_sent(step, g.rows.len()).len() * 8,
+            };
+            t.product_len += 1;
+        }
+        if g.exch != me {
+            t.product[t.product_len] = Exchange {
+                partner: g.exch,
+                bytes: g.kept.len() * 8,
+            };
+            t.product_len += 1;
+        }
+        t
+    }
+
+    /// A product's exchanges, in order.
+    pub fn product(&self) -> &[Exchange] {
+        &self.product[..self.product_len]
+    }
+
+    /// The partners of a dot product's sums, in order.
+    pub fn dot_partners(&self) -> &[usize] {
+        &self.dots[..self.dots_len]
     }
 }
 
@@ -431,6 +492,38 @@ mod tests {
         // 1 rank: no partners, everything local.
         let one = Grid::new(1400, 0, 1);
         assert_eq!((one.steps, one.exch, one.rows.len()), (0, 0, 1400));
+    }
+
+    #[test]
+    fn the_traffic_is_the_grids_messages_and_every_one_has_its_partners() {
+        let e = |partner, bytes| Exchange { partner, bytes };
+        // 4 ranks (CG.W's order 7000): rows 0-1 and 2-3 sum row blocks of 3500 values;
+        // only 1 and 2 trade transposes.
+        let t = Traffic::of(7000, 0, 4);
+        assert_eq!(
+            (t.product(), t.dot_partners()),
+            (&[e(1, 28000)][..], &[1][..])
+        );
+        let t = Traffic::of(7000, 1, 4);
+        assert_eq!(t.product(), &[e(0, 28000), e(2, 28000)]);
+        // 8 ranks (2 x 4): rank 6 first trades the half it does not keep with 7.
+        let t = Traffic::of(7000, 6, 8);
+        assert_eq!(t.product(), &[e(7, 14000), e(4, 14000)]);
+        assert_eq!(t.dot_partners(), &[4, 7]);
+        for ranks in [1, 2, 4, 8, 16, 32, 64] {
+            for me in 0..ranks {
+                let mine = Traffic::of(14000, me, ranks);
+                for (i, x) in mine.product().iter().enumerate() {
+                    let theirs = Traffic::of(14000, x.partner, ranks);
+                    assert!(
+                        theirs.product().iter().any(|y| y.partner == me),
+                        "{me} of {ranks}: exchange {i} with {} is not returned",
+                        x.partner
+                    );
+                }
+            }
+        }
+        assert!(Traffic::of(1400, 0, 1).product().is_empty());
     }
 
     #[test]
