@@ -128,6 +128,11 @@ pub struct Costs {
     /// A message between ranks of one domain through shared memory (several ranks
     /// per vCPU), charged to the sender.
     pub shm_us: f64,
+    /// With `wait = "yield"`: how long a rank that starts waiting polls before it
+    /// hands its vCPU to another rank that is not blocked, a poller too, so ranks
+    /// that all wait take turns (the guest MPI's `spin_us`: 50 µs where ranks share a
+    /// vCPU). 0: it hands over at once, and only to a rank that can go on.
+    pub yield_spin_us: f64,
 }
 
 impl Default for Costs {
@@ -153,6 +158,7 @@ impl Default for Costs {
             guest_tick_us: 0.0,
             guest_switch_us: 0.0,
             shm_us: 0.0,
+            yield_spin_us: 0.0,
         }
     }
 }
@@ -467,6 +473,7 @@ fn check_costs(c: Costs) -> Result<Costs> {
         ("guest_tick_us", c.guest_tick_us),
         ("guest_switch_us", c.guest_switch_us),
         ("shm_us", c.shm_us),
+        ("yield_spin_us", c.yield_spin_us),
     ];
     for (name, value) in named {
         if !(0.0..=1e6).contains(&value) {
@@ -1000,6 +1007,10 @@ phases = ["compute:1.5", "exchange:ring:100"]
                 "{SMALL}[[scenario]]\nname = \"x\"\nguest_slice_ticks = 1001\n"
             )),
             "scenario 'x': guest_slice_ticks 1001 is outside 1..=1000"
+        );
+        assert_eq!(
+            error(&format!("{SMALL}[costs]\nyield_spin_us = -50\n")),
+            "costs.yield_spin_us -50 is outside 0..=1000000 (microseconds)"
         );
         assert_eq!(
             error(&format!("{SMALL}[costs]\nguest_switch_us = -94\n")),

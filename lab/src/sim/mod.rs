@@ -37,6 +37,10 @@
 //!   vCPU often kept off its pCPU. Waits: `spin` polls until the tick preempts it (the vCPU stays runnable);
 //!   `yield` hands the vCPU to the next task that can go on at once (a
 //!   `guest_switch_us`), or polls if there is none and yields as soon as one can;
+//!   with `yield_spin_us` (the guest MPI's 50 µs `spin_us`) it polls that long
+//!   first, then yields to the next task that is not blocked, a poller too, as
+//!   `sched_yield` does: tasks that all wait take turns polling, and a message for
+//!   one off the vCPU waits for its turn;
 //!   `block` puts the task to sleep and switches to another (`guest_switch_us`), and
 //!   when all sleep the vCPU halts. A message for a sleeping task from outside its
 //!   vCPU (domain 0's delivery, or a rank of another vCPU) switches to it at once,
@@ -48,7 +52,8 @@
 //!   With one rank per vCPU they go through domain 0, as before. Per rank, the
 //!   report's CPU is then the vCPU time it was current (its work, busy-waiting and
 //!   the guest's costs charged meanwhile); the host's switch costs stay with the vCPU.
-//!   What this leaves out of the guest: the 50 µs of polling before a yield or block,
+//!   What this leaves out of the guest: the 50 µs of polling before a block (and
+//!   before a yield, unless `yield_spin_us` says it),
 //!   the tick waking a halted vCPU (only messages and timers do here), and a
 //!   yielding task picked by a tick while it only polls (it would hand straight on).
 //! - **Directed yield** (`directed_yield = true` in `[scheduler]` or a scenario): a
@@ -445,6 +450,49 @@ mod tests {
         // Blocking with the other rank runnable switches to it, as a yield does.
         let block = round_trip(3);
         assert!((block - yielding).abs() < 1e-9, "{block} {yielding}");
+    }
+
+    /// The guest MPI polls `spin_us` before it yields: with `yield_spin_us` each
+    /// hand-over of the ping-pong costs that poll as well as the switch.
+    #[test]
+    fn a_yielding_rank_polls_its_spin_before_it_hands_over() {
+        let extra = scenario("yield", "wait = \"yield\"");
+        let file = multirank(1, 2, PING_PONG, &extra)
+            .replace("shm_us = 2\n", "shm_us = 2\nyield_spin_us = 50\n");
+        let r = run_text(&file);
+        let run = &r.runs[0];
+        assert!(run.finished);
+        let round_trip = run.time_s.unwrap() / 100.0;
+        // Two hand-overs of 50 + 94 us, and the two copies.
+        assert!(
+            (2.0 * 146e-6..2.0 * 146e-6 + 5e-6).contains(&round_trip),
+            "{round_trip}"
+        );
+        assert_eq!(run.guest_switches, Some(200));
+    }
+
+    /// Ranks that all wait take turns polling, as `sched_yield` runs any runnable
+    /// task: while ranks 0 and 1 wait for rank 2 (another vCPU, 1 ms of compute),
+    /// their vCPU switches every poll and switch; without a poll it never switches.
+    #[test]
+    fn ranks_that_all_wait_take_turns_polling() {
+        let program = "iterations = 20\nwait = \"yield\"\n\
+             [[program.rank]]\nranks = [0, 1]\nphases = [\"recv:2\"]\n\
+             [[program.rank]]\nranks = [2]\nphases = [\"compute:1\", \"send:0:8\", \"send:1:8\"]\n\
+             [[program.rank]]\nranks = [3]\nphases = [\"compute:1\"]\n";
+        let switches = |spin: &str| {
+            let file = multirank(2, 2, program, "").replace(
+                "shm_us = 2\n",
+                &format!("shm_us = 2\nyield_spin_us = {spin}\n"),
+            );
+            let r = run_text(&file);
+            assert!(r.runs[0].finished);
+            r.runs[0].guest_switches.unwrap()
+        };
+        let (polling, at_once) = (switches("50"), switches("0"));
+        // 1 ms of waiting is about 7 turns of 50 + 94 us, each iteration.
+        assert!(polling >= 20 * 5, "{polling}");
+        assert!(polling >= 4 * at_once, "{polling} against {at_once}");
     }
 
     /// Linux's O(1) scheduler let a CPU-bound task keep its CPU for 100 ms (25 ticks

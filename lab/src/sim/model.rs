@@ -53,6 +53,7 @@ struct Costs {
     guest_tick: u64,
     guest_switch: u64,
     shm: u64,
+    yield_spin: u64,
     dom0_message: u64,
     dom0_kib_us: f64,
     dom0_frame: u64,
@@ -77,6 +78,7 @@ impl Costs {
             guest_tick: ns(c.guest_tick_us),
             guest_switch: ns(c.guest_switch_us),
             shm: ns(c.shm_us),
+            yield_spin: ns(c.yield_spin_us),
             dom0_message: ns(c.dom0_per_message_us),
             dom0_kib_us: c.dom0_per_kib_us,
             dom0_frame: ns(c.dom0_per_frame_us),
@@ -288,6 +290,9 @@ struct Guest {
     next_tick: u64,
     /// Guest kernel CPU (ticks, switches) the vCPU owes before its task progresses.
     debt: u64,
+    /// With `wait = "yield"` and `yield_spin_us`: the current task's poll left before
+    /// it yields, in progress of the vCPU.
+    poll_left: u64,
 }
 
 struct Vcpu {
@@ -476,6 +481,7 @@ impl<'a> Model<'a> {
                             slice_left: slice_ticks,
                             next_tick: period,
                             debt: 0,
+                            poll_left: 0,
                         },
                         ring: 0.0,
                     });
@@ -633,7 +639,18 @@ impl<'a> Model<'a> {
                 Role::Ranks => self.advance(self.current(v)),
             }
         }
-        if (complete || ticked) && self.vcpus[v].pcpu == Some(p) {
+        // A yielding poller whose poll ended hands the vCPU on.
+        let vc = &self.vcpus[v];
+        let polled = !complete && vc.act == Act::Spin && vc.guest.debt == 0;
+        let mut yielded = false;
+        if polled
+            && vc.guest.poll_left == 0
+            && let Some(k) = self.yield_target(v)
+        {
+            self.switch_task(v, k);
+            yielded = true;
+        }
+        if (complete || ticked || yielded) && self.vcpus[v].pcpu == Some(p) {
             self.refresh_done(n, p);
         }
         self.reschedule(n);
@@ -689,6 +706,9 @@ impl<'a> Model<'a> {
         let paid = d.min(vc.guest.debt);
         vc.guest.debt -= paid;
         let rest = d - paid;
+        if vc.act == Act::Spin {
+            vc.guest.poll_left = vc.guest.poll_left.saturating_sub(rest);
+        }
         let (work, spin) = match &mut vc.act {
             Act::Work(left) => {
                 let done = rest.min(*left);
@@ -720,6 +740,8 @@ impl<'a> Model<'a> {
         let done = match self.vcpus[v].act {
             Act::Work(left) => Some(from + g.debt + left),
             Act::Spin if self.ready(v) => Some(from + g.debt),
+            // Its poll ends and it yields.
+            Act::Spin if self.yield_target(v).is_some() => Some(from + g.debt + g.poll_left),
             Act::Spin => None,
             Act::Off => return,
         };
@@ -984,6 +1006,21 @@ impl<'a> Model<'a> {
             })
     }
 
+    /// With `yield_spin_us`, the task a polling task of vCPU `v` yields to when its
+    /// poll ends: the next in round-robin order that is not blocked, a poller too
+    /// (`sched_yield` runs any runnable task, so ranks that all wait take turns
+    /// polling, each for `yield_spin_us` and a switch); none when it has no other.
+    fn yield_target(&self, v: usize) -> Option<usize> {
+        if self.wait != Wait::Yield || self.costs.yield_spin == 0 {
+            return None;
+        }
+        let g = &self.vcpus[v].guest;
+        let k = g.tasks.len();
+        (1..k)
+            .map(|i| (g.current + i) % k)
+            .find(|&t| self.ranks[g.tasks[t]].parked != Act::Off)
+    }
+
     /// The guest switches vCPU `v` to its task `k` (at `guest_switch_us`).
     fn switch_task(&mut self, v: usize, k: usize) {
         if let Some(p) = self.vcpus[v].pcpu {
@@ -996,6 +1033,7 @@ impl<'a> Model<'a> {
         vc.guest.current = k;
         vc.guest.slice_left = vc.guest.slice_ticks;
         vc.guest.debt += self.costs.guest_switch;
+        vc.guest.poll_left = self.costs.yield_spin;
         self.guest_switches += 1;
     }
 
@@ -1054,7 +1092,11 @@ impl<'a> Model<'a> {
     /// block picks it (as a shared-memory bell rung on the same vCPU).
     fn hand_over(&mut self, v: usize, r: usize, interrupt: bool) {
         let halted = self.vcpus[v].act == Act::Off;
-        let polling = self.wait == Wait::Yield && self.vcpus[v].act == Act::Spin && !self.ready(v);
+        // A yielding poller with a poll of its own hands over when that poll ends.
+        let polling = self.wait == Wait::Yield
+            && self.costs.yield_spin == 0
+            && self.vcpus[v].act == Act::Spin
+            && !self.ready(v);
         if !(halted || interrupt || polling) {
             return;
         }
@@ -1100,7 +1142,10 @@ impl<'a> Model<'a> {
             }
             Wait::Yield => {
                 self.vcpus[v].act = Act::Spin;
-                if let Some(k) = self.pick(v) {
+                if self.costs.yield_spin > 0 {
+                    // It polls first; `on_done` yields when the poll ends.
+                    self.vcpus[v].guest.poll_left = self.costs.yield_spin;
+                } else if let Some(k) = self.pick(v) {
                     self.switch_task(v, k);
                 }
             }
