@@ -88,6 +88,22 @@ impl Dom0 {
             Dom0::Loaded => "loaded",
         }
     }
+
+    /// The backend its node files add to the switch (none for kumo's own).
+    pub fn backend(self) -> Option<BackendCost> {
+        match self {
+            Dom0::Kumo => None,
+            Dom0::Loaded => Some(LOADED_DOM0_COST),
+        }
+    }
+
+    /// The name of its simulation file in the output directory.
+    fn sim_file(self) -> &'static str {
+        match self {
+            Dom0::Kumo => "s1-sim.toml",
+            Dom0::Loaded => "s1-sim-loaded.toml",
+        }
+    }
 }
 
 impl Dom0Families {
@@ -463,10 +479,10 @@ pub fn rank_node_toml(
     (domains, ranks_per_vcpu, wait): (usize, u32, Wait),
     network_extra: &str,
 ) -> String {
-    let load = match scenario.dom0 {
-        Dom0::Kumo => String::new(),
-        Dom0::Loaded => dom0_cost_toml(LOADED_DOM0_COST),
-    };
+    let load = scenario
+        .dom0
+        .backend()
+        .map_or(String::new(), dom0_cost_toml);
     format!(
         "{}[scheduler]\nkind = \"credit\"\ntslice_ms = {}\ntick_ms = {}\nratelimit_us = {}\n\
          accounting = \"{}\"\n[dom0]\nweight = {}\n{load}[network]\nnpb = \"{spec}\"\n\
@@ -774,14 +790,33 @@ pub fn fit(points: &[CalibrationPoint]) -> (f64, f64) {
     (us(small) / small.frames as f64, 0.0)
 }
 
-/// A benchmark's serial CPU time on the host (this thread's CPU clock, not the wall
-/// clock, so a busy host does not inflate it), for the simulator's compute phases.
-fn serial_seconds(spec: Spec) -> f64 {
-    let before = hv::placement::thread_cpu_time();
-    let _ = npb::host::run(spec, 1);
-    hv::placement::thread_cpu_time()
-        .saturating_sub(before)
-        .as_secs_f64()
+/// A benchmark's serial time in kumo's guest, for the simulator's compute phases:
+/// one thread in a VM of one vCPU alone on the node's first CPU, the timed section as
+/// the guest reports it (as the real runs time only that: CG's set-up, `makea`, is a
+/// third of CG.W's CPU). The guest, not the host: EP.A takes 8 % longer in it than
+/// the same code on a host thread (7.09 s against 6.55 s, 2026-11-29).
+fn guest_serial_seconds(
+    spec: Spec,
+    cpu: usize,
+    (kvm_device, epoch): (&Path, Instant),
+) -> Result<f64> {
+    let toml = format!(
+        "{}[scheduler]\nkind = \"host\"\n[[domain]]\nname = \"serial\"\nnpb = \"{spec}\"\n",
+        cpus_toml(&[cpu]),
+    );
+    let what = format!("{spec} on one vCPU, for the simulator");
+    let outcome = run_node_text(&toml, kvm_device, epoch).context(what.clone())?;
+    if let Some(problem) = node_problems(&outcome).first() {
+        bail!("{what}: {problem}");
+    }
+    outcome
+        .reports
+        .iter()
+        .flat_map(|r| r.verdict.rows.iter())
+        .find_map(|row| row.result.as_ref())
+        .filter(|r| r.verified)
+        .map(|r| r.time_s)
+        .with_context(|| format!("{what}: no verified result"))
 }
 
 /// What a benchmark sent between the DomUs in one run (domain 0's frames and bytes),
@@ -793,13 +828,18 @@ pub struct Traffic {
     /// Ring exchanges a time step in the simulation, where fitted to the real
     /// baseline's time (else derived from `frames`).
     pub exchanges_per_step: Option<u64>,
+    /// CG: guest CPU a rank spends a step beyond its share of the serial compute, in
+    /// µs, fitted to the real baseline's time (the guest's cost of a step's messages
+    /// through shared memory, which the model's switch and tick costs do not cover).
+    pub guest_us_per_step: Option<u64>,
 }
 
 /// What the simulation of one benchmark was built from.
 #[derive(Debug, Clone, Serialize)]
 pub struct SimInput {
     pub benchmark: String,
-    /// Serial CPU time on the host.
+    /// Serial time of the timed section in a one-vCPU VM: the median of one run a
+    /// round.
     pub serial_s: f64,
     pub traffic: Traffic,
     /// The real baseline's median time the exchanges were fitted to.
@@ -807,7 +847,9 @@ pub struct SimInput {
 }
 
 /// Most ring exchanges a time step the fit tries.
-const MAX_EXCHANGES: u64 = 64;
+const MAX_EXCHANGES: u64 = 256;
+/// Most guest CPU a CG step the fit tries, in µs.
+const MAX_GUEST_US_PER_STEP: u64 = 4000;
 
 /// Time steps of a benchmark's main loop, each a compute phase and its messages in
 /// the simulation (CG: 25 inner iterations and a normalisation per outer one).
@@ -825,21 +867,27 @@ fn steps(spec: Spec) -> u64 {
     steps as u64
 }
 
+/// The guest MPI's first retransmission timeout (`guests/user/src/mpi.rs`,
+/// `RTO_MIN_MS`).
+const GUEST_MPI_RETRANSMIT_MS: u64 = 10;
+
 /// Measured guest costs (`docs/guests-multirank.md`): a tick that does not switch
 /// (ring-0 work, emulated on this host), and a switch between ranks.
 const GUEST_TICK_US: f64 = 56.0;
 const GUEST_SWITCH_US: f64 = 94.0;
 
 /// The simulation file of the same node: two domains of one vCPU with two ranks each
-/// and the guest's tick on the node's CPUs, domain 0 with one vCPU and its costs from
-/// the calibration, and each benchmark as the phases its MPI form runs: CG per inner
-/// iteration a product, two 8-byte allreduces and the allgather of `p`; EP its share,
-/// then three reductions; the others per time step their compute, then ring exchanges
-/// (in this numbering half of a ring's messages cross between the DomUs) as many and
-/// as large as `traffic` says the real runs sent.
+/// and the guest's tick on the node's CPUs, domain 0 with one vCPU, its costs from
+/// the calibration and `backend`'s (the loaded family's) on top, and each benchmark
+/// as the phases its MPI form runs: CG its messages rank by rank
+/// ([`cg_rank_phases`]); EP its share, then three reductions; the others per time
+/// step their compute, then ring exchanges (in this numbering half of a ring's
+/// messages cross between the DomUs) as many and as large as `traffic` says the real
+/// runs sent.
 pub fn sim_toml(
     (cpus, wait): (usize, Wait),
     calibration: &Calibration,
+    backend: Option<BackendCost>,
     compute: &[(Spec, f64, Traffic)],
     scenarios: &[Scenario],
 ) -> String {
@@ -853,12 +901,25 @@ pub fn sim_toml(
         "duration_s = 3600\n[scheduler]\ntslice_ms = 30\ntick_ms = 10\nratelimit_us = 1000\n\
          [costs]\nswitch_us = {SWITCH_US}\nwake_us = 46\ntick_us = {:.1}\nsend_us = 5\n\
          guest_tick_us = {GUEST_TICK_US}\nguest_switch_us = {GUEST_SWITCH_US}\n\
+         yield_spin_us = {}\n\
          dom0_per_message_us = {:.3}\ndom0_per_kib_us = {:.3}\nnetwork_latency_us = 0\n\
-         network_mb_s = 100000\n[[node]]\nname = \"node\"\npcpus = {cpus}\ndom0_vcpus = 1\n",
+         network_mb_s = 100000\n",
         calibration.driver.tick_us,
+        kumo_vmm::guest::SHARED_SPIN_US,
         calibration.per_frame_us / 2.0,
         calibration.per_kib_us / 2.0,
     );
+    // The loaded family's modelled backend, per frame as the switch charges it, with
+    // the guest MPI's retransmission timer (a late acknowledgement costs frames).
+    if let Some(cost) = backend {
+        text.push_str(&format!(
+            "dom0_per_frame_us = {}\ndom0_per_frame_kib_us = {}\nretransmit_after_ms = {}\n",
+            cost.frame_us, cost.kib_us, GUEST_MPI_RETRANSMIT_MS
+        ));
+    }
+    text.push_str(&format!(
+        "[[node]]\nname = \"node\"\npcpus = {cpus}\ndom0_vcpus = 1\n"
+    ));
     for i in 0..DOMUS {
         text.push_str(&format!(
             "[[node.domain]]\nname = \"u{i}\"\nranks_per_vcpu = {RANKS_PER_VCPU}\n\
@@ -871,16 +932,12 @@ pub fn sim_toml(
         let step_ms = per_rank_ms / steps as f64;
         let phases = match spec.kernel {
             Kernel::Cg => {
-                let block = npb::cg::params(spec.class).na.div_ceil(RANKS) * 8;
-                format!(
-                    "\"compute:{:.4}\", \"allreduce:8\", \"compute:{:.4}\", \"allreduce:8\", \
-                     \"exchange:alltoall:{block}\"",
-                    step_ms * 0.9,
-                    step_ms * 0.1,
-                )
+                let guest_ms = traffic.guest_us_per_step.unwrap_or(0) as f64 / 1e3;
+                cg_rank_phases(spec, step_ms, guest_ms)
             }
             Kernel::Ep => format!(
-                "\"compute:{per_rank_ms:.3}\", \"allreduce:8\", \"allreduce:8\", \"allreduce:80\""
+                "phases = [\"compute:{per_rank_ms:.3}\", \"allreduce:8\", \"allreduce:8\", \
+                 \"allreduce:80\"]\n"
             ),
             _ => {
                 // Two of a ring's four messages cross between the DomUs.
@@ -893,12 +950,11 @@ pub fn sim_toml(
                 for _ in 0..exchanges {
                     list.push_str(&format!(", \"exchange:ring:{bytes}\""));
                 }
-                list
+                format!("phases = [{list}]\n")
             }
         };
         text.push_str(&format!(
-            "[[program]]\nname = \"{spec}\"\niterations = {steps}\nwait = \"{}\"\n\
-             phases = [{phases}]\n",
+            "[[program]]\nname = \"{spec}\"\niterations = {steps}\nwait = \"{}\"\n{phases}",
             wait.name()
         ));
     }
@@ -916,6 +972,35 @@ pub fn sim_toml(
         ));
     }
     text
+}
+
+/// CG's phases rank by rank, as its MPI form runs them (`npb::mpi::cg::Traffic`):
+/// each iteration the product (nine tenths of a step's compute) with its row sums and
+/// transpose, a dot product's sums, the vector updates, and another dot product. On
+/// S1's node the row sums stay in a DomU (shared memory) and only ranks 1 and 2 trade
+/// transposes through domain 0.
+fn cg_rank_phases(spec: Spec, step_ms: f64, guest_ms: f64) -> String {
+    let n = npb::cg::params(spec.class).na;
+    let exchange =
+        |partner: usize, bytes: usize| format!(", \"send:{partner}:{bytes}\", \"recv:{partner}\"");
+    let mut out = String::new();
+    for me in 0..RANKS {
+        let traffic = npb::mpi::cg::Traffic::of(n, me, RANKS);
+        let dot: String = traffic
+            .dot_partners()
+            .iter()
+            .map(|&p| exchange(p, 8))
+            .collect();
+        let mut list = format!("\"compute:{:.4}\"", step_ms * 0.9 + guest_ms);
+        for x in traffic.product() {
+            list.push_str(&exchange(x.partner, x.bytes));
+        }
+        list.push_str(&format!("{dot}, \"compute:{:.4}\"{dot}", step_ms * 0.1));
+        out.push_str(&format!(
+            "[[program.rank]]\nranks = [{me}]\nphases = [{list}]\n"
+        ));
+    }
+    out
 }
 
 /// Each benchmark's traffic: the median over its baseline's runs (the first
@@ -938,6 +1023,7 @@ pub fn traffic(runs: &[RealRun], spec: Spec, baseline: &str) -> Traffic {
         frames: stats::median_of(mine.iter().map(|r| r.frames as f64)).unwrap_or(0.0),
         bytes: stats::median_of(mine.iter().map(|r| r.bytes as f64)).unwrap_or(0.0),
         exchanges_per_step: None,
+        guest_us_per_step: None,
     }
 }
 
@@ -952,6 +1038,7 @@ fn simulated_s(
     let text = sim_toml(
         node,
         calibration,
+        scenario.dom0.backend(),
         &[program],
         std::slice::from_ref(scenario),
     );
@@ -959,26 +1046,44 @@ fn simulated_s(
     Ok(report.runs.first().and_then(|r| r.time_s))
 }
 
-/// The ring exchanges a time step (1 to [`MAX_EXCHANGES`]) whose simulated time
-/// under `baseline` is nearest `target_s`, the real baseline's median: the one thing
-/// the model cannot count from the traffic is how many of a step's messages a rank
-/// waits for (messages between ranks of one DomU use shared memory, which domain 0
-/// never sees). The simulated time grows with the count, so it is a bisection.
-fn fit_exchanges(
+/// The benchmark's one free parameter, fitted so that its simulated time under
+/// `baseline` is nearest `target_s`, the real baseline's median: for the ring
+/// benchmarks the ring exchanges a time step (1 to [`MAX_EXCHANGES`]: the model cannot
+/// count from the traffic how many of a step's messages a rank waits for, as messages
+/// between ranks of one DomU use shared memory, which domain 0 never sees); for CG,
+/// whose messages are its MPI form's, the guest's CPU a step (0 to
+/// [`MAX_GUEST_US_PER_STEP`]). None for EP (its compute is all there is). The simulated
+/// time grows with either (in small steps, where guest ticks fall), so it is a
+/// bisection.
+fn fit_to_baseline(
     node: (usize, Wait),
     calibration: &Calibration,
     (spec, serial_s, traffic): (Spec, f64, Traffic),
     baseline: &Scenario,
     target_s: f64,
-) -> Result<u64> {
-    let time = |k: u64| -> Result<f64> {
-        let fixed = Traffic {
+) -> Result<Traffic> {
+    let with = |k: u64| match spec.kernel {
+        Kernel::Cg => Traffic {
+            guest_us_per_step: Some(k),
+            ..traffic
+        },
+        _ => Traffic {
             exchanges_per_step: Some(k),
             ..traffic
-        };
-        Ok(simulated_s(node, calibration, (spec, serial_s, fixed), baseline)?.unwrap_or(f64::MAX))
+        },
     };
-    let (mut low, mut high) = (1, MAX_EXCHANGES);
+    let (mut low, mut high) = match spec.kernel {
+        Kernel::Ep => return Ok(traffic),
+        Kernel::Cg => (0, MAX_GUEST_US_PER_STEP),
+        _ => (1, MAX_EXCHANGES),
+    };
+    let first = low;
+    let time = |k: u64| -> Result<f64> {
+        Ok(
+            simulated_s(node, calibration, (spec, serial_s, with(k)), baseline)?
+                .unwrap_or(f64::MAX),
+        )
+    };
     while low < high {
         let mid = (low + high) / 2;
         if time(mid)? < target_s {
@@ -988,10 +1093,10 @@ fn fit_exchanges(
         }
     }
     // `low` is the first at or above the target; its predecessor may be nearer.
-    if low > 1 && (time(low - 1)? - target_s).abs() < (time(low)? - target_s).abs() {
-        return Ok(low - 1);
+    if low > first && (time(low - 1)? - target_s).abs() < (time(low)? - target_s).abs() {
+        low -= 1;
     }
-    Ok(low)
+    Ok(with(low))
 }
 
 /// One row of the table: a scenario and a benchmark.
@@ -1146,13 +1251,19 @@ pub fn run(args: &ExperimentArgs, epoch: Instant) -> Result<u8> {
         })
         .collect();
     let plan: Vec<(u32, usize)> = interleaved(items.len(), args.runs);
-    // The simulator runs kumo's family (the loaded domain 0 is a real-run model).
-    let (scenarios, specs) = match families.first() {
-        Some(Dom0::Kumo) => family_plan[0].clone(),
-        _ => (Vec::new(), Vec::new()),
-    };
-    // Calibration (3 runs), the plan, the serial times and the simulation.
-    let progress = Progress::new(plan.len() + 3 + specs.len() + 1);
+    // The simulator's input for each benchmark comes from the first family that runs
+    // it (its baseline's traffic and time); every family is then simulated with it.
+    let mut sim_plan: Vec<(Spec, &Scenario)> = Vec::new();
+    for (scenarios, specs) in &family_plan {
+        for &spec in specs {
+            if !sim_plan.iter().any(|&(s, _)| s == spec) {
+                sim_plan.push((spec, &scenarios[0]));
+            }
+        }
+    }
+    // Calibration (3 runs), the plan with each round's serial times, the fits and
+    // the simulations.
+    let progress = Progress::new(plan.len() + 3 + sim_plan.len() * (args.runs as usize + 1) + 1);
 
     progress.step("calibrating domain 0 on the switch, and the credit driver");
     let calibration = calibrate(&cpus, &args.kvm_device, epoch)?;
@@ -1161,9 +1272,30 @@ pub fn run(args: &ExperimentArgs, epoch: Instant) -> Result<u8> {
     }
 
     let mut real_runs = Vec::new();
+    // Each benchmark's serial time in a VM, once a round: the host's speed state
+    // changes within a run, so the simulator's compute is taken in the same rounds as
+    // the times it is set beside.
+    let mut serial_s: Vec<Vec<f64>> = vec![Vec::new(); sim_plan.len()];
+    let mut serial_round = None;
     for (round, item) in plan {
         if hv::stop::requested().is_some() {
             break;
+        }
+        if serial_round != Some(round) {
+            serial_round = Some(round);
+            for (&(spec, _), times) in sim_plan.iter().zip(&mut serial_s) {
+                progress.step(&format!(
+                    "round {} of {}: serial {spec} in a VM, for the simulator",
+                    round + 1,
+                    args.runs
+                ));
+                times.push(guest_serial_seconds(
+                    spec,
+                    cpus[0],
+                    (&args.kvm_device, epoch),
+                )?);
+                progress.done_one();
+            }
         }
         let (nodes, scenario, spec) = &items[item];
         let (nodes, spec) = (*nodes, *spec);
@@ -1193,11 +1325,10 @@ pub fn run(args: &ExperimentArgs, epoch: Instant) -> Result<u8> {
 
     let mut compute = Vec::new();
     let mut sim_inputs = Vec::new();
-    for &spec in &specs {
-        let baseline = &scenarios[0];
-        progress.step(&format!("serial {spec} on the host, for the simulator"));
+    for (&(spec, baseline), serial) in sim_plan.iter().zip(&serial_s) {
+        progress.step(&format!("fitting {spec}'s simulation to its baseline"));
         let mut traffic = traffic(&real_runs, spec, baseline.baseline);
-        let serial_s = serial_seconds(spec);
+        let serial_s = stats::median_of(serial.iter().copied()).unwrap_or(0.0);
         let bench = spec.to_string();
         let target_s = stats::median_of(
             real_runs
@@ -1205,15 +1336,15 @@ pub fn run(args: &ExperimentArgs, epoch: Instant) -> Result<u8> {
                 .filter(|r| r.nodes == 1 && r.scenario == baseline.name && r.benchmark == bench)
                 .filter_map(|r| r.time_s),
         )
-        .filter(|_| !matches!(spec.kernel, Kernel::Cg | Kernel::Ep));
+        .filter(|_| spec.kernel != Kernel::Ep);
         if let Some(target_s) = target_s {
-            traffic.exchanges_per_step = Some(fit_exchanges(
+            traffic = fit_to_baseline(
                 (cpus.len(), wait),
                 &calibration,
                 (spec, serial_s, traffic),
                 baseline,
                 target_s,
-            )?);
+            )?;
         }
         compute.push((spec, serial_s, traffic));
         sim_inputs.push(SimInput {
@@ -1224,19 +1355,32 @@ pub fn run(args: &ExperimentArgs, epoch: Instant) -> Result<u8> {
         });
         progress.done_one();
     }
-    let mut sim_text = None;
+    // One simulation per family: its scenarios, its benchmarks, its domain 0.
+    let mut sim_files = Vec::new();
     let mut sim_times: Vec<(String, String, Option<f64>)> = Vec::new();
-    if !scenarios.is_empty() {
-        progress.step("simulating the same node");
-        let text = sim_toml((cpus.len(), wait), &calibration, &compute, &scenarios);
+    progress.step("simulating the same node");
+    for (&family, (scenarios, specs)) in families.iter().zip(&family_plan) {
+        let programs: Vec<(Spec, f64, Traffic)> = compute
+            .iter()
+            .filter(|(spec, ..)| specs.contains(spec))
+            .copied()
+            .collect();
+        let text = sim_toml(
+            (cpus.len(), wait),
+            &calibration,
+            family.backend(),
+            &programs,
+            scenarios,
+        );
         let sim = crate::sim::config::parse(&text).context("the experiment's simulation")?;
         let sim_report = crate::sim::run(&sim)?;
-        sim_times = sim_report
-            .runs
-            .iter()
-            .map(|r| (r.scenario.clone(), r.program.clone(), r.time_s))
-            .collect();
-        sim_text = Some(text);
+        sim_times.extend(
+            sim_report
+                .runs
+                .iter()
+                .map(|r| (r.scenario.clone(), r.program.clone(), r.time_s)),
+        );
+        sim_files.push((family.sim_file(), text));
     }
     progress.done_one();
     progress.finish();
@@ -1297,7 +1441,7 @@ pub fn run(args: &ExperimentArgs, epoch: Instant) -> Result<u8> {
                 &r.rows,
             )?;
             let mut files = vec![("s1-speedup.svg", svg)];
-            files.extend(sim_text.map(|text| ("s1-sim.toml", text)));
+            files.extend(sim_files);
             Ok(files)
         },
         &problems,
@@ -1344,17 +1488,19 @@ pub fn text(report: &Report) -> String {
     let fitted: Vec<String> = report
         .sim_inputs
         .iter()
+        .filter(|i| i.fitted_to_s.is_some())
         .filter_map(|i| {
-            let k = i
-                .traffic
-                .exchanges_per_step
-                .filter(|_| i.fitted_to_s.is_some())?;
-            Some(format!("{} {k}", i.benchmark))
+            let t = i.traffic;
+            match (t.exchanges_per_step, t.guest_us_per_step) {
+                (_, Some(us)) => Some(format!("{} {us} us", i.benchmark)),
+                (Some(k), None) => Some(format!("{} {k}", i.benchmark)),
+                (None, None) => None,
+            }
         })
         .collect();
     out.push_str(&format!(
-        "simulator: CG and EP as their MPI forms run; the others' ring exchanges a step \
-         fitted to the real baseline: {}\n\n",
+        "simulator: EP as it runs, CG's messages as its MPI form sends them; fitted to the \
+         real baseline: ring exchanges a step, or CG's guest CPU a step: {}\n\n",
         if fitted.is_empty() {
             "none".to_string()
         } else {
@@ -1408,7 +1554,7 @@ pub fn text(report: &Report) -> String {
     out.push_str(
         "\nspeed-up: over the scenario family's 30/10 ms baseline (xen3.4-* over xen3.4-30/10, \
          xen4-* over xen4-30/10, loaded-* over loaded-xen3.4-30/10). dom0: kumo's own, or \
-         loaded to S1's regime (no simulation). S1 paper: Xen 3.4.2, 2 nodes x 4 processes, class A; LU \
+         loaded to S1's regime (each family simulated with its own). S1 paper: Xen 3.4.2, 2 nodes x 4 processes, class A; LU \
          \"little change\", domain 0 at 64 and 128 \"large slow-downs\" (no numbers). MPI wait: \
          the ranks' time in blocking MPI calls, summed. kumo cpu: the credit driver (on the \
          node's CPUs) and set-up.\n",
@@ -1770,6 +1916,7 @@ mod tests {
             frames: 4000.0,
             bytes: 4000.0 * 900.0,
             exchanges_per_step: None,
+            guest_us_per_step: None,
         };
         let compute: Vec<(Spec, f64, Traffic)> = benchmarks(true)
             .into_iter()
@@ -1784,10 +1931,14 @@ mod tests {
                 )
             })
             .collect();
-        let text = sim_toml((2, Wait::Spin), &calibration, &compute, &all);
+        let text = sim_toml((2, Wait::Spin), &calibration, None, &compute, &all);
         let sim = crate::sim::config::parse(&text).unwrap_or_else(|e| panic!("{text}\n{e:#}"));
         assert!(sim.programs.iter().all(|p| p.wait == Wait::Spin));
-        let yielding = sim_toml((2, Wait::Yield), &calibration, &compute, &all);
+        assert_eq!(
+            sim.costs.dom0_per_frame_us, 0.0,
+            "kumo's domain 0 is the switch"
+        );
+        let yielding = sim_toml((2, Wait::Yield), &calibration, None, &compute, &all);
         let yielding = crate::sim::config::parse(&yielding).unwrap();
         assert!(yielding.programs.iter().all(|p| p.wait == Wait::Yield));
         assert_eq!(
@@ -1807,8 +1958,42 @@ mod tests {
             .find(|l| l.contains("exchange:ring:909"))
             .unwrap();
         assert_eq!(bt.matches("exchange:ring:909").count(), 33, "{bt}");
+        // CG.S (order 1400) as its MPI form: rows sum through shared memory, and only
+        // ranks 1 and 2 trade transposes (700 values) across the DomUs.
+        let cg = |rank: u32| {
+            let p = sim.programs.iter().find(|p| p.name == "cg.S").unwrap();
+            p.bodies[rank as usize].clone()
+        };
+        let sends = |rank| -> Vec<(u32, u64)> {
+            cg(rank)
+                .iter()
+                .filter_map(|p| match *p {
+                    crate::sim::program::Phase::Send { to, bytes } => Some((to, bytes)),
+                    _ => None,
+                })
+                .collect()
+        };
+        assert_eq!(sends(0), [(1, 5600), (1, 8), (1, 8)]);
+        assert_eq!(sends(1), [(0, 5600), (2, 5600), (0, 8), (0, 8)]);
         let report = crate::sim::run(&sim).unwrap();
         assert_eq!(report.runs.len(), compute.len() * all.len());
+        assert!(report.runs.iter().all(|r| r.finished), "{}", report.text());
+        // The loaded family: the same programs, domain 0 charged per frame as the
+        // switch charges it, with the guest MPI's resend timer.
+        let loaded = scenarios(true, Dom0Families::Loaded);
+        let text = sim_toml(
+            (2, Wait::Yield),
+            &calibration,
+            Dom0::Loaded.backend(),
+            &compute,
+            &loaded,
+        );
+        let sim = crate::sim::config::parse(&text).unwrap();
+        assert_eq!(sim.costs.dom0_per_frame_us, LOADED_DOM0_COST.frame_us);
+        assert_eq!(sim.costs.dom0_per_frame_kib_us, LOADED_DOM0_COST.kib_us);
+        assert_eq!(sim.costs.retransmit_after_ms, 10.0);
+        let report = crate::sim::run(&sim).unwrap();
+        assert_eq!(report.runs.len(), compute.len() * loaded.len());
         assert!(report.runs.iter().all(|r| r.finished), "{}", report.text());
     }
 
@@ -1848,26 +2033,58 @@ mod tests {
             points: vec![],
             driver: DriverCost::default(),
         };
-        let traffic = |k| Traffic {
+        let traffic = |k, us| Traffic {
             frames: 600.0,
             bytes: 600.0 * 500.0,
-            exchanges_per_step: Some(k),
+            exchanges_per_step: k,
+            guest_us_per_step: us,
         };
         let base = &SCENARIOS[0];
-        for k in [1, 5, 12] {
-            let program = (spec("mg.S"), 0.02, traffic(k));
-            let target = simulated_s((2, Wait::Spin), &calibration, program, base)
+        let time = |name: &str, wait: Wait, t: Traffic| {
+            simulated_s((2, wait), &calibration, (spec(name), 0.02, t), base)
                 .unwrap()
-                .unwrap();
-            let fitted = fit_exchanges(
-                (2, Wait::Spin),
+                .unwrap()
+        };
+        let fit = |name: &str, wait: Wait, truth: Traffic| {
+            let target = time(name, wait, truth);
+            let start = traffic(None, None);
+            let fitted = fit_to_baseline(
+                (2, wait),
                 &calibration,
-                (spec("mg.S"), 0.02, traffic(1)),
+                (spec(name), 0.02, start),
                 base,
                 target,
+            )
+            .unwrap();
+            (fitted, target)
+        };
+        for k in [1, 5, 12] {
+            let (fitted, _) = fit("mg.S", Wait::Spin, traffic(Some(k), None));
+            assert_eq!(
+                (fitted.exchanges_per_step, fitted.guest_us_per_step),
+                (Some(k), None)
             );
-            assert_eq!(fitted.unwrap(), k);
         }
+        // CG: its guest CPU a step, in whole µs. The simulated time grows with it in
+        // small steps (where a guest tick falls), so the fit lands near it, at a time
+        // near the target.
+        for us in [0, 40, 300] {
+            let (fitted, target) = fit("cg.S", Wait::Yield, traffic(None, Some(us)));
+            let found = fitted.guest_us_per_step.unwrap();
+            assert_eq!(fitted.exchanges_per_step, None);
+            assert!(found.abs_diff(us) <= us / 5, "{found} for {us}");
+            let again = time("cg.S", Wait::Yield, fitted);
+            assert!(
+                (again / target - 1.0).abs() < 0.02,
+                "{found} us: {again} s for {target} s ({us} us)"
+            );
+        }
+        // EP has nothing to fit.
+        let (fitted, _) = fit("ep.S", Wait::Yield, traffic(None, None));
+        assert_eq!(
+            (fitted.exchanges_per_step, fitted.guest_us_per_step),
+            (None, None)
+        );
     }
 
     #[test]
