@@ -85,11 +85,29 @@ pub fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-/// A scratch path unique to this test process and name.
+/// A scratch path unique to this test process and name, in a directory removed when
+/// the process exits (a test binary's scratch held ~50 MB of guest images and disks,
+/// and every run left one behind).
 pub fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("kumo-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+    SCRATCH
+        .get_or_init(|| {
+            let dir = std::env::temp_dir().join(format!("kumo-test-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            // SAFETY: `remove_scratch` is an `extern "C"` function that takes nothing
+            // and only reads `SCRATCH`, which is set before the process can exit.
+            unsafe { libc::atexit(remove_scratch) };
+            dir
+        })
+        .join(name)
+}
+
+static SCRATCH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// Runs at exit (the harness returns from `main`, or exits 101 on a failure).
+extern "C" fn remove_scratch() {
+    if let Some(dir) = SCRATCH.get() {
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }
 
 /// Writes the embedded guest ELF to a scratch file of its own via `kumo --dump-guest`
