@@ -390,6 +390,16 @@ pub fn thread_cpu_time() -> Duration {
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
+/// Spins until this thread has run for `cpu` more of its own CPU time: work that is
+/// preempted half way is still owed when the thread runs again, as a real copy's
+/// would be (a spin on the wall clock would count the time others ran as done).
+pub fn spin_cpu(cpu: Duration) {
+    let until = thread_cpu_time() + cpu;
+    while thread_cpu_time() < until {
+        std::hint::spin_loop();
+    }
+}
+
 /// CPU time of this process's thread `tid` so far (`None` once it has ended).
 pub fn cpu_time_of(tid: libc::pid_t) -> Option<Duration> {
     // The first field of schedstat: nanoseconds on a CPU.
@@ -687,6 +697,35 @@ mod tests {
             let _member = group.join_current();
             body(&step);
         })
+    }
+
+    /// `spin_cpu` burns its CPU time even when another thread shares its CPU: it
+    /// then takes longer on the wall clock, not less CPU.
+    #[test]
+    fn spinning_cpu_time_is_owed_through_preemption() {
+        let cpu = [0];
+        let done = Arc::new(AtomicU32::new(0));
+        let rival = {
+            let done = done.clone();
+            std::thread::spawn(move || {
+                confine_thread(0, &cpu).unwrap();
+                spin_until(&done, 1);
+            })
+        };
+        let spinner = std::thread::spawn(move || {
+            confine_thread(0, &cpu).unwrap();
+            let (start, wall) = (thread_cpu_time(), std::time::Instant::now());
+            spin_cpu(Duration::from_millis(40));
+            (thread_cpu_time() - start, wall.elapsed())
+        });
+        let (used, wall) = spinner.join().unwrap();
+        done.store(1, Ordering::Release);
+        rival.join().unwrap();
+        assert!(used >= Duration::from_millis(40), "{used:?} of CPU");
+        assert!(
+            wall >= used,
+            "{wall:?} on the wall clock for {used:?} of CPU"
+        );
     }
 
     /// A member that reports its sleeps is taken at its word when its wake-ups run at
