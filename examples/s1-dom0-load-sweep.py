@@ -5,12 +5,15 @@ benchmark and each scheduler setting, one run, rounds interleaved (settings insi
 benchmarks inside costs inside rounds). One JSON line a run: time
 (rank 0's), verified, domain 0's CPU and the switch's frames and bytes. The node file
 is the one `kumo experiment s1` writes (lab/src/experiment/s1.rs, rank_node_toml); the
-ranks' wait is `WAIT` from the environment (default `yield`, as `s1`'s).
+ranks' wait is `WAIT` from the environment (default `yield`, as `s1`'s). KUMO may be
+a comma-separated list of binaries (an A/B of two builds): each runs every item in
+turn, inside the settings.
 
     examples/s1-dom0-load-sweep.py KUMO COSTS BENCHES SETTINGS [ROUNDS]
     examples/s1-dom0-load-sweep.py target/release/kumo 200,250,300 \\
         cg.W,sp.S,bt.S,ep.A 30:10:256,30:10:64 3
     examples/s1-dom0-load-sweep.py target/release/kumo 0,300,20+30 lu.S 30:10:256,1:1:256
+    examples/s1-dom0-load-sweep.py OLD/kumo,NEW/kumo 100+70.718 cg.W 30:10:256,1:1:256 2
 
 SETTINGS are SLICE_MS:TICK_MS:DOM0_WEIGHT (Xen 3.4.2: tick accounting, no ratelimit).
 """
@@ -61,7 +64,7 @@ def run(kumo, path):
 def main():
     if len(sys.argv) not in (5, 6):
         sys.exit(__doc__)
-    kumo = sys.argv[1]
+    kumos = sys.argv[1].split(",")
     costs = sys.argv[2].split(",")
     benches = sys.argv[3].split(",")
     settings = [s.split(":") for s in sys.argv[4].split(",")]
@@ -74,10 +77,13 @@ def main():
                     for tslice, tick, weight in settings:
                         with open(path, "w") as f:
                             f.write(node_toml(bench, tslice, tick, weight, cost))
-                        row = {"round": r, "cost_us": cost, "bench": bench,
-                               "setting": f"{tslice}/{tick} w{weight}"}
-                        row.update(run(kumo, path))
-                        print(json.dumps(row), flush=True)
+                        for kumo in kumos:
+                            row = {"round": r, "cost_us": cost, "bench": bench,
+                                   "setting": f"{tslice}/{tick} w{weight}"}
+                            if len(kumos) > 1:
+                                row["kumo"] = kumo
+                            row.update(run(kumo, path))
+                            print(json.dumps(row), flush=True)
 
 
 if __name__ == "__main__":
