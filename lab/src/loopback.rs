@@ -1,18 +1,49 @@
 //! The guest's MPI on host threads: an in-memory wire (one receive queue per rank,
-//! optional loss, a nanosecond clock) in place of virtio-net and the switch. The
+//! optional loss and delay, a nanosecond clock) in place of virtio-net and the switch. The
 //! protocol tests run on it (`tests/mpi_protocol.rs`, `tests/npb_mpi_protocol.rs`), and
 //! `kumo experiment s2` takes it as bare metal: the same MPI, no NIC, no VM.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::guest_mpi::{Config, Link, MAX_FRAME, Mpi, Wait};
 
+/// Frames on their way to one rank, in order (as on a switch), each with when it
+/// arrives (ns since the wire's `epoch`).
+type InFlight = Mutex<VecDeque<(u64, Vec<u8>)>>;
+
 pub struct Wire {
-    pub queues: Vec<Mutex<VecDeque<Vec<u8>>>>,
+    queues: Vec<InFlight>,
     /// Drop a sent frame with probability `1 / drop_one_in` (0: never).
-    pub drop_one_in: u64,
+    drop_one_in: u64,
+    /// How long a frame takes to arrive (a busy domain 0's queue, in effect).
+    delay_ns: u64,
+    epoch: Instant,
+}
+
+impl Wire {
+    /// A wire for `ranks` ranks that drops one frame in `drop_one_in` (0: none).
+    pub fn new(ranks: usize, drop_one_in: u64) -> Wire {
+        Wire {
+            queues: (0..ranks).map(|_| Mutex::new(VecDeque::new())).collect(),
+            drop_one_in,
+            delay_ns: 0,
+            epoch: Instant::now(),
+        }
+    }
+
+    /// The same wire, on which every frame takes `delay` to arrive.
+    pub fn delayed(self, delay: Duration) -> Wire {
+        Wire {
+            delay_ns: delay.as_nanos() as u64,
+            ..self
+        }
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
 }
 
 pub struct MemoryLink<'w> {
@@ -67,6 +98,7 @@ impl Link for MemoryLink<'_> {
     }
 
     fn flush(&mut self) {
+        let arrives = self.wire.now_ns() + self.wire.delay_ns;
         for frame in std::mem::take(&mut self.queued) {
             if self.lose() {
                 self.dropped += 1;
@@ -76,24 +108,30 @@ impl Link for MemoryLink<'_> {
             if frame[0..6] == [0xFF; 6] {
                 for (rank, queue) in self.wire.queues.iter().enumerate() {
                     if rank != self.rank {
-                        queue.lock().unwrap().push_back(frame.clone());
+                        queue.lock().unwrap().push_back((arrives, frame.clone()));
                     }
                 }
             } else if usize::from(frame[5]) < ranks {
                 self.wire.queues[usize::from(frame[5])]
                     .lock()
                     .unwrap()
-                    .push_back(frame);
+                    .push_back((arrives, frame));
             }
         }
     }
 
     fn poll(&mut self, limit: usize, mut handle: impl FnMut(&[u8])) -> usize {
         let mut n = 0;
+        let now = self.wire.now_ns();
         while n < limit {
-            let Some(frame) = self.wire.queues[self.rank].lock().unwrap().pop_front() else {
+            let mut queue = self.wire.queues[self.rank].lock().unwrap();
+            if queue.front().is_none_or(|(arrives, _)| *arrives > now) {
+                break;
+            }
+            let Some((_, frame)) = queue.pop_front() else {
                 break;
             };
+            drop(queue);
             handle(&frame);
             n += 1;
         }
@@ -125,21 +163,17 @@ pub fn run_ranks<T: Send>(
     window: u64,
     job: impl Fn(usize, &mut Mpi<MemoryLink>) -> T + Sync,
 ) -> Vec<(T, u64)> {
-    run_ranks_with(ranks, drop_one_in, window, Wait::Block, job)
+    run_ranks_with(Wire::new(ranks, drop_one_in), window, Wait::Block, job)
 }
 
-/// As [`run_ranks`], the ranks waiting as `wait` says.
+/// As [`run_ranks`], on `wire` (one rank per queue), the ranks waiting as `wait` says.
 pub fn run_ranks_with<T: Send>(
-    ranks: usize,
-    drop_one_in: u64,
+    wire: Wire,
     window: u64,
     wait: Wait,
     job: impl Fn(usize, &mut Mpi<MemoryLink>) -> T + Sync,
 ) -> Vec<(T, u64)> {
-    let wire = Wire {
-        queues: (0..ranks).map(|_| Mutex::new(VecDeque::new())).collect(),
-        drop_one_in,
-    };
+    let ranks = wire.queues.len();
     std::thread::scope(|scope| {
         let handles: Vec<_> = (0..ranks)
             .map(|rank| {

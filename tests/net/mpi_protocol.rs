@@ -8,8 +8,10 @@ use kumo_lab::guest_mpi as mpi;
 
 use mpi::{Error, Mpi, Op, Request};
 
+use std::time::Duration;
+
 use kumo_lab::loopback as wire;
-use wire::MemoryLink;
+use wire::{MemoryLink, Wire};
 
 /// Runs `job(mpi)` on `ranks` threads over one wire (64 KiB windows, so messages wrap
 /// the rings many times); returns each rank's result.
@@ -98,6 +100,45 @@ fn a_wire_that_drops_one_frame_in_fifty_loses_nothing() {
         resent += stats.resent;
     }
     assert!(resent > 0, "nothing was resent: was anything dropped?");
+}
+
+#[test]
+fn a_slow_wire_costs_probes_not_resends() {
+    // Every frame takes 30 ms to arrive, three retransmission timeouts, as frames do
+    // queued behind a busy domain 0. Nothing is lost: a timeout may send its one probe,
+    // but the probe's answer must not send again what is still on its way.
+    let slow = Wire::new(2, 0).delayed(Duration::from_millis(30));
+    let results = wire::run_ranks_with(slow, 64 << 10, mpi::Wait::Block, |rank, mpi| {
+        exchange(mpi, 14).unwrap_or_else(|e| panic!("rank {rank}: {e:?}"))
+    });
+    let (mut timeouts, mut resent) = (0, 0);
+    for (rank, ((bad, stats), _)) in results.iter().enumerate() {
+        assert_eq!(*bad, 0, "rank {rank}");
+        timeouts += stats.timeouts;
+        resent += stats.resent;
+    }
+    assert!(
+        timeouts > 0,
+        "no timeout: the wire was not slow enough to test this"
+    );
+    assert!(
+        resent <= timeouts,
+        "{resent} frames resent for {timeouts} timeouts on a wire that lost nothing"
+    );
+}
+
+#[test]
+fn a_slow_wire_that_drops_one_frame_in_fifty_loses_nothing() {
+    // Losses found by probes whose answers come late: the probe that fills a hole
+    // still brings the rest back.
+    let slow = Wire::new(2, 50).delayed(Duration::from_millis(30));
+    let results = wire::run_ranks_with(slow, 64 << 10, mpi::Wait::Block, |rank, mpi| {
+        exchange(mpi, 14).unwrap_or_else(|e| panic!("rank {rank}: {e:?}"))
+    });
+    for (rank, ((bad, _), dropped)) in results.iter().enumerate() {
+        assert_eq!(*bad, 0, "rank {rank}");
+        assert!(*dropped > 0, "rank {rank}: the wire dropped nothing");
+    }
 }
 
 #[test]

@@ -4,9 +4,6 @@
 //! NPB-MPI kernels must give every placement the same bits as the wire alone, and
 //! messages larger than a ring must stream through it.
 
-use std::collections::VecDeque;
-use std::sync::Mutex;
-
 use kumo_lab::guest_mpi as mpi;
 use kumo_lab::loopback::{MemoryLink, Wire};
 use mpi::{Config, Mpi, Shared, Wait};
@@ -27,10 +24,7 @@ fn run_grouped<T: Send>(
     wait: Wait,
     job: impl Fn(usize, &mut Mpi<MemoryLink>) -> T + Sync,
 ) -> Vec<T> {
-    let wire = Wire {
-        queues: (0..ranks).map(|_| Mutex::new(VecDeque::new())).collect(),
-        drop_one_in: 0,
-    };
+    let wire = Wire::new(ranks, 0);
     // One zeroed block per group, as the guest's master zeroes its VM's.
     let blocks: Vec<Vec<u64>> = (0..ranks / group)
         .map(|_| vec![0u64; (Shared::bytes(group, WINDOW) / 8) as usize])

@@ -29,9 +29,11 @@
 //! has sent and the receiver has not yet received (at most a window: credit bounds
 //! it) in a send ring per peer; every frame to a peer also carries the receiver's
 //! in-order received offset (`aux` of DATA, `seq` of ACK). A receiver that sees a gap
-//! or a duplicate answers at once with an ACK flagged GAP, and the sender resends from
-//! that offset; a sender whose data stays unacknowledged sends one probe frame after
-//! 10 ms (doubling up to 200 ms), which the receiver answers the same way. A congestion
+//! answers at once with an ACK flagged GAP, and the sender resends from that offset; a
+//! duplicate is answered at once too, unflagged. A sender whose data stays
+//! unacknowledged sends one probe frame after 10 ms (doubling up to 200 ms), which the
+//! receiver answers with GAP only if the probe filled a hole: a probe it already had
+//! means the timeout was spurious (the frames were delayed, not lost). A congestion
 //! window (halved per loss) keeps bursts within what such a wire takes.
 
 /// What the MPI needs of a NIC (kumo's guest: the virtio-net driver) and a clock.
@@ -1500,10 +1502,17 @@ fn handle_frame(
                 stats.out_of_order += 1;
                 return;
             }
-            if flags & FLAG_PROBE != 0 {
+            // A probe is answered at once. Only one that fills a hole answers GAP: the
+            // frames sent before it did not arrive (a wire keeps order), so the ones
+            // after it were lost too. A probe we already have says only that its
+            // sender timed out while the frames were on their way (queued behind a
+            // busy domain 0): going back then would send them all twice, and the
+            // copies would queue behind them. (Linux's F-RTO spots the same spurious
+            // timeouts.)
+            if flags & FLAG_PROBE != 0 && seq == peer.received {
                 peer.gap_due = true;
             }
-            if flags & FLAG_ACK_REQUEST != 0 {
+            if flags & (FLAG_ACK_REQUEST | FLAG_PROBE) != 0 {
                 peer.dup_due = true;
             }
             if seq != peer.received || end > peer.consumed + window {

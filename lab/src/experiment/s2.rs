@@ -20,7 +20,7 @@ use serde::Serialize;
 use super::{Summary, run_interleaved, summary_cell};
 use crate::experiment::ExperimentArgs;
 use crate::guest_mpi::{self, Mpi, Wait};
-use crate::loopback::MemoryLink;
+use crate::loopback::{MemoryLink, Wire};
 use hv::irq::IrqPath;
 use kumo_vmm::args::NicKind;
 use kumo_vmm::protocol::Event;
@@ -121,9 +121,10 @@ const BURST: usize = 64;
 /// ping-pong and streaming loops.
 fn bare_metal(sizes: &[u64], rounds: Option<usize>, round: u32) -> Result<Run> {
     let largest = sizes.iter().copied().max().unwrap_or(8) as usize;
-    let results = crate::loopback::run_ranks_with(2, 0, 1 << 20, Wait::Spin, |rank, mpi| {
-        measure_loopback(mpi, rank, sizes, rounds, largest)
-    });
+    let results =
+        crate::loopback::run_ranks_with(Wire::new(2, 0), 1 << 20, Wait::Spin, |rank, mpi| {
+            measure_loopback(mpi, rank, sizes, rounds, largest)
+        });
     let mut latency_us = Vec::new();
     let mut mbps = Vec::new();
     for (result, _) in results {
