@@ -3,7 +3,8 @@
 COSTS (`F`: `[dom0] frame_cost_us = F`; `F+K`: also `kib_cost_us = K`), each
 benchmark and each scheduler setting, one run, rounds interleaved (settings inside
 benchmarks inside costs inside rounds). One JSON line a run: time
-(rank 0's), verified, domain 0's CPU and the switch's frames and bytes. The node file
+(rank 0's), verified, domain 0's CPU, the switch's frames and bytes, and the ranks'
+timeouts and resent frames (summed). The node file
 is the one `kumo experiment s1` writes (lab/src/experiment/s1.rs, rank_node_toml); the
 ranks' wait is `WAIT` from the environment (default `yield`, as `s1`'s). KUMO may be
 a comma-separated list of binaries (an A/B of two builds): each runs every item in
@@ -46,7 +47,8 @@ def run(kumo, path):
     out = subprocess.run(
         [kumo, "node", "--config", path, "--json"], capture_output=True, text=True
     )
-    found = {"time": None, "verified": False, "dom0": None, "frames": None, "bytes": None}
+    found = {"time": None, "verified": False, "dom0": None, "frames": None, "bytes": None,
+             "timeouts": 0, "resent": 0}
     for line in out.stdout.splitlines():
         try:
             item = json.loads(line)
@@ -54,6 +56,10 @@ def run(kumo, path):
             continue
         for result in item.get("results", []):
             found["time"], found["verified"] = result["time_s"], result["verified"]
+        for probe in item.get("probes", []):
+            if probe.get("probe") == "mpistats":
+                found["timeouts"] += probe["timeouts"]
+                found["resent"] += probe["resent"]
         if item.get("node"):
             found["dom0"] = item["dom0_cpu_s"]
             found["frames"] = item["switch"]["frames"]

@@ -128,10 +128,10 @@ impl Costs {
     /// Domain 0's CPU for what the sender's retransmission timer adds to a message
     /// acknowledged `delay` after it was sent (its receiver consumed it), as kumo's
     /// guest MPI does (`guests/user/src/mpi.rs`): a probe and its answer per timeout
-    /// (the timer doubles from `rto`, up to 20 times it), and the message's frames
-    /// again (go-back-N) if it had not arrived by the first timeout (`arrived`
-    /// after it was sent). 0 if it was acknowledged in time.
-    fn dom0_resend(&self, bytes: u64, delay: u64, arrived: u64) -> u64 {
+    /// (the timer doubles from `rto`, up to 20 times it). Nothing is sent again: a
+    /// probe that arrives after the data it repeats is answered without GAP. 0 if
+    /// it was acknowledged in time.
+    fn dom0_resend(&self, delay: u64) -> u64 {
         if self.rto == 0 || delay <= self.rto {
             return 0;
         }
@@ -141,10 +141,8 @@ impl Costs {
             timeouts += 1;
             rto = (rto * 2).min(20 * self.rto);
         }
-        let late = arrived > self.rto;
-        let data = if late { self.data_frames(bytes) } else { 0.0 };
-        let frames = 2.0 * timeouts as f64 + data;
-        let wire_bytes = if late { bytes as f64 } else { 0.0 } + 120.0 * timeouts as f64;
+        let frames = 2.0 * timeouts as f64;
+        let wire_bytes = 120.0 * timeouts as f64;
         (frames * self.dom0_frame as f64).round() as u64
             + ns(self.dom0_frame_kib_us * wire_bytes / 1024.0)
     }
@@ -330,11 +328,10 @@ struct Rank {
     io_done: bool,
     /// Messages arrived and not yet received, by sender.
     mailbox: Vec<u32>,
-    /// When the messages in its mailbox that came through domain 0 were sent, their
-    /// bytes and when they arrived, by
+    /// When the messages in its mailbox that came through domain 0 were sent, by
     /// sender, oldest first (their senders' retransmission timers run until it
     /// consumes them and acknowledges).
-    unacked: std::collections::BTreeMap<u32, VecDeque<(u64, u64, u64)>>,
+    unacked: std::collections::BTreeMap<u32, VecDeque<u64>>,
     /// By sender: when this rank last acknowledged one (a sender has one timer per
     /// peer, restarted by progress).
     acked_at: std::collections::BTreeMap<u32, u64>,
@@ -891,7 +888,7 @@ impl<'a> Model<'a> {
                 self.ranks[r].mailbox[msg.from as usize] += 1;
                 if self.costs.rto > 0 {
                     let q = self.ranks[r].unacked.entry(msg.from).or_default();
-                    q.push_back((msg.sent_at, msg.bytes, self.now));
+                    q.push_back(msg.sent_at);
                 }
                 self.notify(r, None);
             }
@@ -1281,7 +1278,7 @@ impl<'a> Model<'a> {
     /// added (`Costs::dom0_resend`). Messages of one sender all take one path, so
     /// the oldest time is this message's.
     fn acknowledge(&mut self, r: usize, from: u32) {
-        let Some((sent_at, bytes, arrived)) = self.ranks[r]
+        let Some(sent_at) = self.ranks[r]
             .unacked
             .get_mut(&from)
             .and_then(VecDeque::pop_front)
@@ -1289,10 +1286,7 @@ impl<'a> Model<'a> {
             return;
         };
         let last = self.ranks[r].acked_at.insert(from, self.now).unwrap_or(0);
-        let start = sent_at.max(last);
-        let cost = self
-            .costs
-            .dom0_resend(bytes, self.now - start, arrived.saturating_sub(start));
+        let cost = self.costs.dom0_resend(self.now - sent_at.max(last));
         if cost > 0 {
             let n = self.vcpus[self.ranks[r].vcpu].node;
             self.dom0_enqueue(n, Job::Resend, cost);
