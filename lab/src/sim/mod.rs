@@ -79,7 +79,7 @@
 //!   message its receiver consumes later than that after it was sent (or after its
 //!   last acknowledgement to that sender) costs domain 0 a probe and its answer per
 //!   timeout (doubling); the guest sends no data again for a probe that comes after
-//!   it (docs/results/2026-11-28-sim-loaded-dom0.md, 2026-11-30-spurious-timeouts.md).
+//!   it (docs/results/2026-11-28-sim-loaded-dom0.md, 2026-11-29-spurious-timeouts.md).
 //!   With `rx_ring_frames` (0, unlimited, by default: kumo's switch queues for a slow
 //!   reader) each DomU has a receive ring: what domain 0 delivers while the DomU's
 //!   vCPU is off its pCPU waits in it until the vCPU is next dispatched; of a message
