@@ -83,6 +83,17 @@ pub struct NodeOutcome {
     pub auto_slice: Option<AutoSliceLine>,
 }
 
+impl NodeOutcome {
+    /// The first benchmark result any of its domains reported (in an MPI job, rank
+    /// 0's: the other ranks report none).
+    pub fn first_result(&self) -> Option<&crate::protocol::BenchResult> {
+        self.reports
+            .iter()
+            .flat_map(|r| r.verdict.rows.iter())
+            .find_map(|row| row.result.as_ref())
+    }
+}
+
 /// Creates every domain's VM, runs them together on the node's CPUs under the node's
 /// scheduler (serving the control socket at `socket`, if given) and waits for all.
 /// The devices of `domain`'s VM: its interrupt test device and its own passthrough

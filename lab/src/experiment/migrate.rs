@@ -474,11 +474,7 @@ fn one_run(
     let (up, migrations, mut problems) = (standby.up, standby.migrations, standby.problems);
     problems.extend(node_problems(&outcome));
     // Rank 0's results: its DomU's, on the node or, once it moved, on the standby.
-    let here = outcome
-        .reports
-        .iter()
-        .flat_map(|r| r.verdict.rows.iter())
-        .find_map(|row| row.result.as_ref().map(|r| (r.time_s, r.verified)));
+    let here = outcome.first_result().map(|r| (r.time_s, r.verified));
     let there = standby.lines.iter().find_map(|line| {
         let row = line["results"].as_array()?.first()?;
         Some((row["time_s"].as_f64()?, row["verified"] == true))

@@ -589,11 +589,7 @@ fn measured(
     round: u32,
     outcome: &node::NodeOutcome,
 ) -> RealRun {
-    let result = outcome
-        .reports
-        .iter()
-        .flat_map(|r| r.verdict.rows.iter())
-        .find_map(|row| row.result.clone());
+    let result = outcome.first_result().cloned();
     let waits = |r: &node::DomainReport| -> Vec<f64> {
         r.measurements
             .iter()
@@ -810,10 +806,7 @@ fn guest_serial_seconds(
         bail!("{what}: {problem}");
     }
     outcome
-        .reports
-        .iter()
-        .flat_map(|r| r.verdict.rows.iter())
-        .find_map(|row| row.result.as_ref())
+        .first_result()
         .filter(|r| r.verified)
         .map(|r| r.time_s)
         .with_context(|| format!("{what}: no verified result"))
