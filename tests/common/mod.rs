@@ -4,7 +4,7 @@
 
 #[allow(unused_imports)] // not every test crate boots a VM
 pub use hv::testing::kvm_available;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -26,8 +26,17 @@ pub fn kumo_bin() -> &'static str {
     env!("CARGO_BIN_EXE_kumo")
 }
 
+/// A `kumo` command whose default API socket (`$XDG_RUNTIME_DIR/kumo-<pid>.sock`) is
+/// in this process's scratch directory: a kumo a test kills leaves nothing in /tmp
+/// (one socket a test run did).
+pub fn kumo_command() -> Command {
+    let mut command = Command::new(kumo_bin());
+    command.env("XDG_RUNTIME_DIR", scratch_dir());
+    command
+}
+
 pub fn kumo(args: &[&str]) -> Output {
-    run_with_hang_guard(Command::new(kumo_bin()).args(args))
+    run_with_hang_guard(kumo_command().args(args))
 }
 
 /// Runs a command to completion; a process still running after HANG_LIMIT is killed
@@ -41,7 +50,7 @@ pub fn run_with_hang_guard(cmd: &mut Command) -> Output {
 pub fn kumo_with_stdout_closed(args: &[&str]) -> Output {
     let (reader, writer) = std::io::pipe().expect("pipe");
     drop(reader);
-    run_guarded(Command::new(kumo_bin()).args(args).stdout(writer))
+    run_guarded(kumo_command().args(args).stdout(writer))
 }
 
 /// As [`run_with_hang_guard`], with stdout as the caller set it (captured if piped).
@@ -89,16 +98,19 @@ pub fn text(bytes: &[u8]) -> String {
 /// the process exits (a test binary's scratch held ~50 MB of guest images and disks,
 /// and every run left one behind).
 pub fn scratch(name: &str) -> PathBuf {
-    SCRATCH
-        .get_or_init(|| {
-            let dir = std::env::temp_dir().join(format!("kumo-test-{}", std::process::id()));
-            std::fs::create_dir_all(&dir).unwrap();
-            // SAFETY: `remove_scratch` is an `extern "C"` function that takes nothing
-            // and only reads `SCRATCH`, which is set before the process can exit.
-            unsafe { libc::atexit(remove_scratch) };
-            dir
-        })
-        .join(name)
+    scratch_dir().join(name)
+}
+
+/// This test process's scratch directory (see [`scratch`]).
+pub fn scratch_dir() -> &'static Path {
+    SCRATCH.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("kumo-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // SAFETY: `remove_scratch` is an `extern "C"` function that takes nothing
+        // and only reads `SCRATCH`, which is set before the process can exit.
+        unsafe { libc::atexit(remove_scratch) };
+        dir
+    })
 }
 
 static SCRATCH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
@@ -220,7 +232,7 @@ pub fn kumo_background(args: &[&str]) -> Background {
 
 /// [`kumo_background`] with environment variables set.
 pub fn kumo_background_with_env(args: &[&str], env: &[(&str, &str)]) -> Background {
-    let mut child = Command::new(kumo_bin())
+    let mut child = kumo_command()
         .args(args)
         .envs(env.iter().copied())
         .stdin(Stdio::null())

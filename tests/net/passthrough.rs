@@ -7,7 +7,7 @@ use crate::common;
 
 use std::io::{BufRead, Write};
 use std::os::unix::net::UnixStream;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 
 use common::*;
 use devices::vfio_user::proto::{self, Request};
@@ -32,7 +32,7 @@ impl Server {
         let dir = scratch(name);
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let mut child = Command::new(kumo_bin())
+        let mut child = kumo_command()
             .args(["nic-server", "--dir", dir.to_str().unwrap(), "--ports"])
             .arg(ports.to_string())
             .stdin(Stdio::null())

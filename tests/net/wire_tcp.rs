@@ -70,7 +70,7 @@ fn an_npb_job_verifies_over_a_tcp_wire_between_two_kumo_processes() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     // Port 0: the listener takes a free port and names it on stderr (no port race
     // with tests running beside this one).
-    let mut listening = Command::new(kumo_bin())
+    let mut listening = kumo_command()
         .args(rank_args(0, "listen:tcp:127.0.0.1:0"))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -166,7 +166,8 @@ impl Namespaces {
     fn kumo(&self, i: usize, args: &[String]) -> Command {
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", &self.names[i], kumo_bin()])
-            .args(args);
+            .args(args)
+            .env("XDG_RUNTIME_DIR", scratch_dir());
         cmd
     }
 }

@@ -6,7 +6,7 @@
 use crate::common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -127,7 +127,7 @@ struct Node {
 fn spawn_node(config: &Path, socket_name: &str) -> Node {
     let socket = scratch(socket_name);
     let _ = std::fs::remove_file(&socket);
-    let child = Command::new(kumo_bin())
+    let child = kumo_command()
         .args([
             "node",
             "--json",

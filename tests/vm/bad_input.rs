@@ -205,7 +205,7 @@ fn more_vcpus_than_the_guest_supports_are_refused() {
 /// `kumo ... | head` closes our stdout early: kumo stops quietly, not with an error.
 #[test]
 fn a_closed_stdout_ends_kumo_quietly() {
-    let mut child = std::process::Command::new(kumo_bin())
+    let mut child = kumo_command()
         .args(["native", "--npb", "ep.S", "--threads", "1"])
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())

@@ -218,8 +218,8 @@ fn signalled(
     signal: i32,
     mut ready: impl FnMut(u32) -> bool,
 ) -> std::process::Output {
-    use std::process::{Command, Stdio};
-    let child = Command::new(kumo_bin())
+    use std::process::Stdio;
+    let child = kumo_command()
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -240,7 +240,7 @@ fn signalled(
 #[test]
 fn sigterm_stops_a_scheduled_run_reports_what_finished_and_removes_its_socket() {
     if kvm_available() {
-        let socket = |pid: u32| std::path::PathBuf::from(format!("/tmp/kumo-{pid}.sock"));
+        let socket = |pid: u32| scratch_dir().join(format!("kumo-{pid}.sock"));
         let mut seen = None;
         let out = signalled(
             &[

@@ -6,12 +6,12 @@
 
 use crate::common;
 use common::*;
-use std::process::{Command, Output};
+use std::process::Output;
 
 /// Runs kumo with the hook aimed at thread kind `kind`.
 fn forbidden(kind: &str, args: &[&str]) -> Output {
     run_with_hang_guard(
-        Command::new(kumo_bin())
+        kumo_command()
             .env(hv::seccomp::TEST_FORBIDDEN_ENV, kind)
             .args(args),
     )
