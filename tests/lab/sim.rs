@@ -252,7 +252,8 @@ fn domain_0_pays_per_frame_once_per_message_as_the_real_switch() {
 
 /// The guest MPI's retransmission timer loads domain 0 only when domain 0 is slow
 /// enough for acknowledgements to come later than 10 ms (real CG.W at 1000 us a
-/// frame and 1/1: 750 timeouts, 3 000 frames resent; at kumo's own cost: 0-23).
+/// frame and 1/1: 750 timeouts; at kumo's own cost: 0-23). Each costs its probe and
+/// the answer: since 2026-11-29 a spurious timeout resends no data.
 #[test]
 fn retransmissions_add_domain_0_work_only_when_domain_0_is_loaded() {
     let dom0 = |frame_us: &str, rto: &str| {
