@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use crate::guest_mpi::{Config, Link, MAX_FRAME, Mpi, Wait};
 
 /// Frames on their way to one rank, in order (as on a switch), each with when it
-/// arrives (ns since the wire's `epoch`).
+/// arrives ([`Wire::arrival`]).
 type InFlight = Mutex<VecDeque<(u64, Vec<u8>)>>;
 
 pub struct Wire {
@@ -41,8 +41,18 @@ impl Wire {
         }
     }
 
-    fn now_ns(&self) -> u64 {
-        self.epoch.elapsed().as_nanos() as u64
+    /// When a frame sent now arrives, in ns since `epoch`; 0 (at once) with no delay,
+    /// so an undelayed wire (`kumo experiment s2`'s bare metal) reads no clock.
+    fn arrival(&self) -> u64 {
+        if self.delay_ns == 0 {
+            return 0;
+        }
+        self.epoch.elapsed().as_nanos() as u64 + self.delay_ns
+    }
+
+    /// Whether a frame arriving at `at` (from [`Wire::arrival`]) is there now.
+    fn arrived(&self, at: u64) -> bool {
+        at == 0 || at <= self.epoch.elapsed().as_nanos() as u64
     }
 }
 
@@ -98,7 +108,7 @@ impl Link for MemoryLink<'_> {
     }
 
     fn flush(&mut self) {
-        let arrives = self.wire.now_ns() + self.wire.delay_ns;
+        let arrives = self.wire.arrival();
         for frame in std::mem::take(&mut self.queued) {
             if self.lose() {
                 self.dropped += 1;
@@ -122,10 +132,9 @@ impl Link for MemoryLink<'_> {
 
     fn poll(&mut self, limit: usize, mut handle: impl FnMut(&[u8])) -> usize {
         let mut n = 0;
-        let now = self.wire.now_ns();
         while n < limit {
             let mut queue = self.wire.queues[self.rank].lock().unwrap();
-            if queue.front().is_none_or(|(arrives, _)| *arrives > now) {
+            if queue.front().is_none_or(|(at, _)| !self.wire.arrived(*at)) {
                 break;
             }
             let Some((_, frame)) = queue.pop_front() else {

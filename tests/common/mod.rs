@@ -27,8 +27,8 @@ pub fn kumo_bin() -> &'static str {
 }
 
 /// A `kumo` command whose default API socket (`$XDG_RUNTIME_DIR/kumo-<pid>.sock`) is
-/// in this process's scratch directory: a kumo a test kills leaves nothing in /tmp
-/// (one socket a test run did).
+/// in this process's scratch directory, so a kumo a test kills leaves nothing in /tmp
+/// (a run of the tests used to leave one socket there).
 pub fn kumo_command() -> Command {
     let mut command = Command::new(kumo_bin());
     command.env("XDG_RUNTIME_DIR", scratch_dir());

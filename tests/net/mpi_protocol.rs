@@ -102,15 +102,20 @@ fn a_wire_that_drops_one_frame_in_fifty_loses_nothing() {
     assert!(resent > 0, "nothing was resent: was anything dropped?");
 }
 
+/// Ranks 0 and 1 run 14 rounds of [`exchange`] over `wire`; per rank, its wrong bytes
+/// and stats, and the frames its link dropped.
+fn exchange_over(wire: Wire) -> Vec<((u64, mpi::Stats), u64)> {
+    wire::run_ranks_with(wire, 64 << 10, mpi::Wait::Block, |rank, mpi| {
+        exchange(mpi, 14).unwrap_or_else(|e| panic!("rank {rank}: {e:?}"))
+    })
+}
+
 #[test]
 fn a_slow_wire_costs_probes_not_resends() {
     // Every frame takes 30 ms to arrive, three retransmission timeouts, as frames do
     // queued behind a busy domain 0. Nothing is lost: a timeout may send its one probe,
     // but the probe's answer must not send again what is still on its way.
-    let slow = Wire::new(2, 0).delayed(Duration::from_millis(30));
-    let results = wire::run_ranks_with(slow, 64 << 10, mpi::Wait::Block, |rank, mpi| {
-        exchange(mpi, 14).unwrap_or_else(|e| panic!("rank {rank}: {e:?}"))
-    });
+    let results = exchange_over(Wire::new(2, 0).delayed(Duration::from_millis(30)));
     let (mut timeouts, mut resent) = (0, 0);
     for (rank, ((bad, stats), _)) in results.iter().enumerate() {
         assert_eq!(*bad, 0, "rank {rank}");
@@ -131,10 +136,7 @@ fn a_slow_wire_costs_probes_not_resends() {
 fn a_slow_wire_that_drops_one_frame_in_fifty_loses_nothing() {
     // Losses found by probes whose answers come late: the probe that fills a hole
     // still brings the rest back.
-    let slow = Wire::new(2, 50).delayed(Duration::from_millis(30));
-    let results = wire::run_ranks_with(slow, 64 << 10, mpi::Wait::Block, |rank, mpi| {
-        exchange(mpi, 14).unwrap_or_else(|e| panic!("rank {rank}: {e:?}"))
-    });
+    let results = exchange_over(Wire::new(2, 50).delayed(Duration::from_millis(30)));
     for (rank, ((bad, _), dropped)) in results.iter().enumerate() {
         assert_eq!(*bad, 0, "rank {rank}");
         assert!(*dropped > 0, "rank {rank}: the wire dropped nothing");

@@ -1502,17 +1502,16 @@ fn handle_frame(
                 stats.out_of_order += 1;
                 return;
             }
-            // A probe is answered at once. Only one that fills a hole answers GAP: the
-            // frames sent before it did not arrive (a wire keeps order), so the ones
-            // after it were lost too. A probe we already have says only that its
-            // sender timed out while the frames were on their way (queued behind a
-            // busy domain 0): going back then would send them all twice, and the
-            // copies would queue behind them. (Linux's F-RTO spots the same spurious
-            // timeouts.)
+            // A probe is answered at once, and only one that fills a hole answers GAP:
+            // the frames sent before it did not arrive (a wire keeps order), so the
+            // ones after it were lost too. A probe we already have is a duplicate,
+            // answered unflagged below: its sender timed out while the frames were on
+            // their way (queued behind a busy domain 0), and going back would send
+            // them all twice. (Linux's F-RTO spots the same spurious timeouts.)
             if flags & FLAG_PROBE != 0 && seq == peer.received {
                 peer.gap_due = true;
             }
-            if flags & (FLAG_ACK_REQUEST | FLAG_PROBE) != 0 {
+            if flags & FLAG_ACK_REQUEST != 0 {
                 peer.dup_due = true;
             }
             if seq != peer.received || end > peer.consumed + window {
